@@ -1,0 +1,67 @@
+"""gradcodec: framework-agnostic gradient compression into self-describing byte frames.
+
+>>> import codec, numpy as np
+>>> c = codec.get_codec("fp16")
+>>> frame = c.encode(np.ones(4, np.float32))
+>>> codec.decode(frame)
+array([1., 1., 1., 1.], dtype=float32)
+
+Importing this package imports no Numba kernel and compiles nothing: kernels load on first use.
+"""
+
+from __future__ import annotations
+
+from codec import entropy as _entropy  # noqa: F401  (registers zstd, crc32)
+from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
+from codec.feedback import ErrorFeedback
+from codec.frame import parse_frame as _parse_frame
+from codec.pipeline import Codec, decode, get_codec, list_codecs
+from codec.quant import floats as _floats  # noqa: F401  (registers none, fp16, bf16)
+from codec.sparse import threshold as _threshold  # noqa: F401  (registers threshold)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Codec",
+    "CodecError",
+    "CorruptFrameError",
+    "ErrorFeedback",
+    "UnknownCodecError",
+    "decode",
+    "get_codec",
+    "inspect",
+    "list_codecs",
+]
+
+
+def inspect(frame) -> dict:
+    """The validated header of ``frame`` as a dict (nothing is decoded).
+
+    Keys: ``format_version``, ``codec`` (canonical spec), ``dtype``, ``shape``, ``elements``,
+    ``payload_checksum``, ``header_bytes``, ``payload_bytes``, ``frame_bytes``, and
+    ``sections``: a list of {kind, encoding, bits, count, raw_bytes, stored_bytes}.
+    """
+    fr = _parse_frame(frame)
+    payload = sum(s.stored_len for s in fr.sections)
+    return {
+        "format_version": fr.version,
+        "codec": fr.spec,
+        "dtype": fr.dtype.name,
+        "shape": list(fr.shape),
+        "elements": fr.n,
+        "payload_checksum": bool(fr.flags & 1),
+        "header_bytes": fr.header_len,
+        "payload_bytes": payload,
+        "frame_bytes": fr.header_len + payload,
+        "sections": [
+            {
+                "kind": s.kind_name,
+                "encoding": "zstd" if s.encoding else "raw",
+                "bits": s.bits,
+                "count": s.count,
+                "raw_bytes": s.raw_len,
+                "stored_bytes": s.stored_len,
+            }
+            for s in fr.sections
+        ],
+    }

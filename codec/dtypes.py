@@ -1,0 +1,95 @@
+"""Element dtypes gradcodec accepts, their one-byte codes in a frame, and input coercion.
+
+Accepted: float16, bfloat16 (``ml_dtypes.bfloat16``), float32, float64.  A bfloat16 array
+may arrive as an ``ml_dtypes.bfloat16`` NumPy array, a ``torch.bfloat16`` tensor, or any
+buffer together with ``dtype="bfloat16"`` (the buffer's bytes are reinterpreted).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import ml_dtypes
+import numpy as np
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+
+#: frame code -> dtype (the code is part of the frame format, never renumber)
+CODES = {1: np.dtype(np.float16), 2: bfloat16, 3: np.dtype(np.float32), 4: np.dtype(np.float64)}
+_BY_DTYPE = {dt: code for code, dt in CODES.items()}
+NAMES = {dt.name: dt for dt in CODES.values()}
+
+
+def code_of(dtype: np.dtype) -> int:
+    return _BY_DTYPE[np.dtype(dtype)]
+
+
+def dtype_of(code: int) -> np.dtype:
+    return CODES[code]
+
+
+def resolve_dtype(dtype, argname: str = "dtype") -> np.dtype:
+    """The supported float dtype named by ``dtype`` (a name, NumPy dtype or type)."""
+    if isinstance(dtype, str) and dtype in NAMES:
+        return NAMES[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{argname}: {dtype!r} is not a dtype; supported: {sorted(NAMES)}") from None
+    if dt not in _BY_DTYPE:
+        raise TypeError(f"{argname}: dtype {dt} is not supported; supported: {sorted(NAMES)}")
+    return dt
+
+
+def _from_torch(x):
+    torch = sys.modules["torch"]
+    if x.device.type != "cpu":
+        raise TypeError("x: a torch tensor on a device must be moved to the CPU first (CUDA kernels are not available yet)")
+    x = x.detach()
+    if x.dtype == torch.bfloat16:
+        return x.contiguous().view(torch.int16).numpy().view(bfloat16).reshape(tuple(x.shape))
+    return x.numpy()
+
+
+def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
+    """A C-contiguous NumPy view (or copy) of ``x`` with a supported float dtype.
+
+    ``x`` may be a NumPy array, anything with ``__array__``, DLPack (CPU), a torch tensor, or
+    a buffer (bytes, bytearray, memoryview).  With ``dtype`` given, the raw bytes of ``x`` are
+    reinterpreted as that dtype (bytes input, or a same-width integer view such as uint16 for
+    bfloat16); the result is then 1-D unless ``x`` already had that dtype.  Integer, bool,
+    complex and object input without ``dtype`` raise TypeError naming ``argname``.
+    """
+    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
+        raise TypeError(f"{argname}: device (CUDA) arrays are not supported yet; copy to host memory first")
+    if type(x).__module__.startswith("torch"):
+        arr = _from_torch(x)
+    elif isinstance(x, np.ndarray):
+        arr = x
+    elif isinstance(x, (bytes, bytearray, memoryview)):
+        arr = np.asarray(memoryview(x))
+        if dtype is None and arr.dtype == np.uint8:
+            raise TypeError(f"{argname}: a byte buffer has no float dtype; pass dtype=")
+    elif hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
+        arr = np.asarray(x)
+    elif hasattr(x, "__dlpack__"):
+        arr = np.from_dlpack(x)
+    else:
+        try:
+            arr = np.asarray(memoryview(x))
+        except TypeError:
+            raise TypeError(f"{argname}: expected an array-like of floats, got {type(x).__name__}") from None
+    if dtype is not None:
+        want = resolve_dtype(dtype)
+        if arr.dtype != want:
+            if arr.dtype.kind == "O":
+                raise TypeError(f"{argname}: object arrays are not supported")
+            raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            if raw.size % want.itemsize:
+                raise ValueError(f"{argname}: {raw.size} bytes is not a whole number of {want} elements")
+            arr = raw.view(want)
+    if arr.dtype not in _BY_DTYPE:
+        raise TypeError(
+            f"{argname}: dtype {arr.dtype} is not supported; gradcodec encodes float16, bfloat16, float32 or float64"
+        )
+    return np.ascontiguousarray(arr)

@@ -1,0 +1,44 @@
+"""Byte stages: ``zstd`` (per-section compression) and ``crc32`` (payload checksum)."""
+
+from __future__ import annotations
+
+import functools
+
+from codec.frame import Encoding
+from codec.stage import Param, Stage, register
+
+
+@functools.lru_cache(maxsize=32)
+def _compressor(level: int):
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+
+
+@register
+class Zstd(Stage):
+    """zstd on every section; a section is kept raw when zstd does not make it smaller."""
+
+    name = "zstd"
+    kind = "bytes"
+    params = (Param("level", int, 3, "zstd compression level (negative levels are faster)", low=-7, high=22),)
+
+    def compress(self, raw):
+        packed = _compressor(self.level).compress(raw)
+        if len(packed) < raw.nbytes:
+            return Encoding.ZSTD, packed
+        return Encoding.RAW, raw
+
+    def frame_options(self) -> dict:
+        return {"compressor": self.compress}
+
+
+@register
+class Crc32(Stage):
+    """A CRC32 of all section bytes in the header, checked before decoding."""
+
+    name = "crc32"
+    kind = "bytes"
+
+    def frame_options(self) -> dict:
+        return {"checksum": True}

@@ -1,0 +1,290 @@
+"""Frame format v1: the self-describing bytes every codec produces (docs/format.md, byte by byte).
+
+A frame is a header followed by sections.  The header names the pipeline (its canonical
+spec string), the element dtype and shape, and describes every section: its role (kind),
+how it is stored (raw or zstd), the width in bits of one item, the number of items, its raw
+length and its stored length.  A CRC32 closes the header.  All integers are little-endian.
+
+``parse_frame`` validates, in this order and before allocating anything: length >= fixed
+header; magic; version; reserved bits; full header length; header CRC32; dtype, ndim and
+spec text; every section's lengths against its item count and against the real buffer
+length; element count against ``max_elements``; the optional payload CRC32; every zstd
+section's declared content size against the raw length the header implies.  Each failure
+raises :class:`CorruptFrameError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from codec import dtypes
+from codec.errors import CorruptFrameError
+
+MAGIC = b"\x89GCF"
+VERSION = 1
+FLAG_PAYLOAD_CRC = 0x01
+_RESERVED_FLAGS = 0xFE
+MAX_NDIM = 32
+MAX_SPEC = 4096
+#: default ceiling on the element count a frame may declare (2**40 elements)
+MAX_ELEMENTS = 1 << 40
+
+_FIXED = struct.Struct("<4sBBBBBBH")  # magic, version, flags, dtype, ndim, nsections, reserved, spec_len
+_SECTION = struct.Struct("<BBHQQQ")  # kind, encoding, bits, count, raw_len, stored_len
+_CRC = struct.Struct("<I")
+FIXED_SIZE = _FIXED.size  # 12
+SECTION_SIZE = _SECTION.size  # 28
+MIN_FRAME = FIXED_SIZE + _CRC.size  # 16
+
+
+class Kind(IntEnum):
+    """Role of a section.  Codes are part of the format: add new ones, never renumber."""
+
+    VALUES = 1  #: coded values, one item per kept element
+    INDEX_BITMAP = 2  #: one bit per element, set where kept
+    INDEX_DELTA = 3  #: gaps between kept positions minus one, bit-packed
+    SCALARS = 4  #: per-tensor or per-block float parameters (scales, norms)
+    INTS = 5  #: per-frame integer parameters (seeds, steps, counts)
+    FACTORS = 6  #: dense factor matrices (low rank)
+
+
+class Encoding(IntEnum):
+    RAW = 0
+    ZSTD = 1
+
+
+@dataclass
+class Section:
+    """A section as a stage produces it: ``count`` items of ``bits`` bits in ``data`` (raw bytes)."""
+
+    kind: int
+    bits: int
+    count: int
+    data: object  # bytes-like, len == ceil(count*bits/8)
+
+    def __post_init__(self):
+        if isinstance(self.data, np.ndarray):  # any dtype (bfloat16 has no buffer format) as bytes
+            self.data = np.ascontiguousarray(self.data).reshape(-1).view(np.uint8)
+        want = raw_length(self.count, self.bits)
+        got = memoryview(self.data).nbytes
+        if got != want:
+            raise AssertionError(f"section {Kind(self.kind).name}: {got} bytes for {self.count} x {self.bits} bits (want {want})")
+
+
+@dataclass
+class SectionInfo:
+    kind: int
+    encoding: int
+    bits: int
+    count: int
+    raw_len: int
+    stored_len: int
+    offset: int
+
+    @property
+    def kind_name(self) -> str:
+        try:
+            return Kind(self.kind).name.lower()
+        except ValueError:
+            return f"kind{self.kind}"
+
+
+def raw_length(count: int, bits: int) -> int:
+    return (count * bits + 7) // 8
+
+
+def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum: bool = False) -> bytes:
+    """Assemble a frame.  ``compressor(raw) -> (Encoding, stored)`` may store sections compressed."""
+    spec_b = spec.encode("utf-8")
+    if len(spec_b) > MAX_SPEC:
+        raise ValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
+    if len(shape) > MAX_NDIM:
+        raise ValueError(f"x: {len(shape)} dimensions; the frame format allows {MAX_NDIM}")
+    if len(sections) > 255:
+        raise ValueError("a frame holds at most 255 sections")
+    stored = []
+    table = []
+    for s in sections:
+        raw = memoryview(s.data).cast("B")
+        enc, data = (Encoding.RAW, raw) if compressor is None else compressor(raw)
+        stored.append(data)
+        table.append(_SECTION.pack(s.kind, enc, s.bits, s.count, raw.nbytes, memoryview(data).nbytes))
+    flags = FLAG_PAYLOAD_CRC if checksum else 0
+    head = bytearray(_FIXED.pack(MAGIC, VERSION, flags, dtypes.code_of(dtype), len(shape), len(sections), 0, len(spec_b)))
+    for d in shape:
+        head += struct.pack("<Q", int(d))
+    head += spec_b
+    for t in table:
+        head += t
+    if checksum:
+        crc = 0
+        for d in stored:
+            crc = zlib.crc32(d, crc)
+        head += _CRC.pack(crc)
+    head += _CRC.pack(zlib.crc32(head))
+    return b"".join([bytes(head), *stored])
+
+
+@dataclass
+class Frame:
+    """A validated frame: header fields plus lazy access to each section's raw bytes."""
+
+    buf: memoryview
+    version: int
+    flags: int
+    dtype: np.dtype
+    shape: tuple
+    spec: str
+    sections: list
+    header_len: int
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.shape)
+
+    def raw(self, i: int) -> np.ndarray:
+        """Raw (decompressed) bytes of section ``i`` as a uint8 array."""
+        s = self.sections[i]
+        stored = self.buf[s.offset : s.offset + s.stored_len]
+        if s.encoding == Encoding.RAW:
+            return np.frombuffer(stored, np.uint8)
+        import zstandard
+
+        try:
+            out = zstandard.ZstdDecompressor().decompress(stored, max_output_size=s.raw_len, allow_extra_data=False)
+        except zstandard.ZstdError as e:
+            raise CorruptFrameError(f"section {i} ({s.kind_name}): zstd data is damaged: {e}") from None
+        if len(out) != s.raw_len:
+            raise CorruptFrameError(f"section {i} ({s.kind_name}): zstd gave {len(out)} bytes, header says {s.raw_len}")
+        return np.frombuffer(out, np.uint8)
+
+    def reader(self) -> "SectionReader":
+        return SectionReader(self)
+
+
+class SectionReader:
+    """Hands sections to stages in frame order, checking each against what the stage expects."""
+
+    def __init__(self, frame: Frame):
+        self.frame = frame
+        self.i = 0
+
+    def take(self, kind, bits=None, count=None, max_count=None) -> tuple[SectionInfo, np.ndarray]:
+        """The next section, which must have ``kind`` (a Kind or tuple of them; ``bits``/``count`` if
+        given): returns (info, raw bytes)."""
+        f = self.frame
+        if self.i >= len(f.sections):
+            raise CorruptFrameError(f"frame has {len(f.sections)} sections; codec {f.spec!r} needs another section")
+        s = f.sections[self.i]
+        where = f"section {self.i} ({s.kind_name})"
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if s.kind not in kinds:
+            want = " or ".join(k.name.lower() for k in kinds)
+            raise CorruptFrameError(f"{where}: codec {f.spec!r} expects a {want} section here")
+        if bits is not None and s.bits not in (bits if isinstance(bits, tuple) else (bits,)):
+            raise CorruptFrameError(f"{where}: {s.bits}-bit items, codec expects {bits}")
+        if count is not None and s.count != count:
+            raise CorruptFrameError(f"{where}: {s.count} items, codec expects {count}")
+        if max_count is not None and s.count > max_count:
+            raise CorruptFrameError(f"{where}: {s.count} items, at most {max_count} possible")
+        data = f.raw(self.i)
+        self.i += 1
+        return s, data
+
+    def done(self) -> None:
+        if self.i != len(self.frame.sections):
+            raise CorruptFrameError(f"frame has {len(self.frame.sections) - self.i} section(s) that codec {self.frame.spec!r} does not use")
+
+
+def _as_buffer(buf) -> memoryview:
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.uint8 or buf.ndim != 1:
+            raise TypeError(f"frame: expected bytes or a 1-D uint8 array, got an array of {buf.dtype} with shape {buf.shape}")
+        buf = np.ascontiguousarray(buf)
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise TypeError(f"frame: expected a bytes-like object, got {type(buf).__name__}") from None
+    if not mv.c_contiguous:
+        mv = memoryview(mv.tobytes())
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def parse_frame(buf, *, max_elements: int | None = None) -> Frame:
+    """Validate ``buf`` as a frame and return its parsed header (sections are read lazily)."""
+    mv = _as_buffer(buf)
+    size = mv.nbytes
+    if size < MIN_FRAME:
+        raise CorruptFrameError(f"frame is {size} bytes, shorter than the {MIN_FRAME}-byte minimum header")
+    magic, version, flags, dcode, ndim, nsec, reserved, spec_len = _FIXED.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise CorruptFrameError(f"not a gradcodec frame (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise CorruptFrameError(f"frame format version {version} is not supported (this gradcodec reads version {VERSION})")
+    if flags & _RESERVED_FLAGS or reserved:
+        raise CorruptFrameError(f"reserved header bits are set (flags={flags:#04x}, reserved={reserved:#04x})")
+    if ndim > MAX_NDIM or spec_len > MAX_SPEC:
+        raise CorruptFrameError(f"header declares ndim={ndim}, spec length {spec_len}: beyond the format's limits")
+    pos = FIXED_SIZE + 8 * ndim + spec_len + SECTION_SIZE * nsec + (_CRC.size if flags & FLAG_PAYLOAD_CRC else 0)
+    header_len = pos + _CRC.size
+    if size < header_len:
+        raise CorruptFrameError(f"frame is {size} bytes, shorter than its {header_len}-byte header")
+    (crc,) = _CRC.unpack_from(mv, pos)
+    if zlib.crc32(mv[:pos]) != crc:
+        raise CorruptFrameError("header checksum mismatch: the header is damaged")
+    if dcode not in dtypes.CODES:
+        raise CorruptFrameError(f"unknown dtype code {dcode}")
+    off = FIXED_SIZE
+    shape = struct.unpack_from(f"<{ndim}Q", mv, off)
+    off += 8 * ndim
+    try:
+        spec = bytes(mv[off : off + spec_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptFrameError("spec text is not UTF-8") from None
+    off += spec_len
+    n = math.prod(shape)
+    sections = []
+    data_off = header_len
+    for i in range(nsec):
+        kind, enc, bits, count, raw_len, stored_len = _SECTION.unpack_from(mv, off)
+        off += SECTION_SIZE
+        if enc not in (Encoding.RAW, Encoding.ZSTD) or not 1 <= bits <= 64:
+            raise CorruptFrameError(f"section {i}: unknown encoding {enc} or item width {bits} bits")
+        if raw_len != raw_length(count, bits):
+            raise CorruptFrameError(f"section {i}: raw length {raw_len} does not hold {count} items of {bits} bits")
+        if raw_len > 8 * n + 1024:
+            raise CorruptFrameError(f"section {i}: {raw_len} raw bytes is more than {n} elements can need")
+        if enc == Encoding.RAW and stored_len != raw_len:
+            raise CorruptFrameError(f"section {i}: stored length {stored_len} != raw length {raw_len}")
+        if stored_len > size - data_off:
+            raise CorruptFrameError(f"section {i}: {stored_len} bytes declared, only {size - data_off} left in the frame")
+        sections.append(SectionInfo(kind, enc, bits, count, raw_len, stored_len, data_off))
+        data_off += stored_len
+    if data_off != size:
+        raise CorruptFrameError(f"frame is {size} bytes but its sections end at byte {data_off}")
+    limit = MAX_ELEMENTS if max_elements is None else max_elements
+    if n > limit:
+        raise CorruptFrameError(f"frame declares {n} elements, more than the limit of {limit}")
+    if flags & FLAG_PAYLOAD_CRC:
+        (pcrc,) = _CRC.unpack_from(mv, pos - _CRC.size)
+        if zlib.crc32(mv[header_len:]) != pcrc:
+            raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
+    if any(s.encoding == Encoding.ZSTD for s in sections):
+        import zstandard
+
+        for i, s in enumerate(sections):
+            if s.encoding != Encoding.ZSTD:
+                continue
+            try:
+                params = zstandard.get_frame_parameters(mv[s.offset : s.offset + s.stored_len])
+            except zstandard.ZstdError as e:
+                raise CorruptFrameError(f"section {i}: bad zstd header: {e}") from None
+            if params.content_size != s.raw_len:
+                raise CorruptFrameError(f"section {i}: zstd declares {params.content_size} bytes, header implies {s.raw_len}")
+    return Frame(mv, version, flags, dtypes.dtype_of(dcode), tuple(int(d) for d in shape), spec, sections, header_len)

@@ -1,0 +1,27 @@
+"""Kernel layer: one module per family, a CPU file and (later) a CUDA twin with the same names.
+
+``codec.kernels.cpu.pack`` and ``codec.kernels.cuda.pack`` define the same functions; callers
+never import either directly but ask :func:`backend` for the module that matches where the
+arrays live.  Kernel modules import Numba at import time, so only call this from inside a
+stage method, never at module level.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+def on_device(*arrays) -> bool:
+    """True when any argument exposes ``__cuda_array_interface__`` (a CUDA array)."""
+    return any(hasattr(a, "__cuda_array_interface__") for a in arrays)
+
+
+def backend(family: str, *arrays):
+    """The kernel module of ``family`` ("pack", "convert", "scatter") for ``arrays``."""
+    device = "cuda" if on_device(*arrays) else "cpu"
+    try:
+        return importlib.import_module(f"codec.kernels.{device}.{family}")
+    except ModuleNotFoundError:
+        if device == "cuda":
+            raise TypeError(f"no CUDA kernels for {family!r} yet; pass host (NumPy) arrays") from None
+        raise

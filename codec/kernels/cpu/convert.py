@@ -1,0 +1,181 @@
+"""Float format conversion kernels (Numba CPU): float32/float64 -> fp16/bf16 codes and back.
+
+Encoders work on the raw bits of the input (a ``uint32`` view of float32), round to nearest,
+ties to even, and count non-finite inputs in the same pass (branch-free, so the loop
+vectorises).  Decoders expand 16-bit codes through a 65,536-entry float32 table (exact for
+every code, NaN payloads included) and either store, add or subtract into the output.
+
+Work is cut into chunks whose boundaries depend only on the array length, so results never
+depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec._jit import jit, prange
+
+_CHUNK = 1 << 16
+
+from codec.modes import ADD, SET, SUB  # noqa: F401  (decode modes)
+
+
+@jit
+def _f32_to_f16_bits(u):
+    """IEEE binary16 bits of the float32 whose bits are ``u`` (uint32), round to nearest even."""
+    sign = (u >> np.uint32(16)) & np.uint32(0x8000)
+    a = u & np.uint32(0x7FFFFFFF)
+    # normal half: rebias the exponent, round the 13 dropped mantissa bits to nearest even
+    normal = (a - np.uint32(0x38000000) + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+    # subnormal half (|x| < 2**-14): value = round(|x| * 2**24), done on the integer significand
+    e = a >> np.uint32(23)
+    m = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+    s = np.uint32(126) - min(e, np.uint32(126))
+    s = min(s, np.uint32(31))
+    q = m >> s
+    rem = m & ((np.uint32(1) << s) - np.uint32(1))
+    half = np.uint32(1) << (s - np.uint32(1))
+    sub = q + np.uint32((rem > half) | ((rem == half) & ((q & np.uint32(1)) == np.uint32(1))))
+    if e == np.uint32(0):
+        sub = np.uint32(0)
+    # |x| >= 65520 rounds to inf through the normal path; inf and NaN handled explicitly
+    big = np.uint32(0x7C00) if a <= np.uint32(0x7F800000) else np.uint32(0x7E00) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
+    h = normal
+    if a < np.uint32(0x38800000):
+        h = sub
+    if a >= np.uint32(0x47800000):
+        h = big
+    return np.uint16(h | sign)
+
+
+@jit
+def _f32_to_bf16_bits(u):
+    """bfloat16 bits of the float32 whose bits are ``u``, round to nearest even; NaN stays NaN."""
+    r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        r = (u >> np.uint32(16)) | np.uint32(0x40)
+    return np.uint16(r)
+
+
+@jit
+def _nonfinite(u):
+    return np.int64((u & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+
+
+@jit(parallel=True)
+def f32_to_f16(bits, out):
+    """fp16 codes of float32 input given as its ``uint32`` bits; returns the non-finite count."""
+    n = bits.size
+    nchunk = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunk, np.int64)
+    for c in prange(nchunk):
+        lo = c * _CHUNK
+        hi = min(n, lo + _CHUNK)
+        k = np.int64(0)
+        for i in range(lo, hi):
+            u = bits[i]
+            out[i] = _f32_to_f16_bits(u)
+            k += _nonfinite(u)
+        bad[c] = k
+    return bad.sum()
+
+
+@jit(parallel=True)
+def f32_to_bf16(bits, out):
+    """bf16 codes of float32 input given as its ``uint32`` bits; returns the non-finite count."""
+    n = bits.size
+    nchunk = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunk, np.int64)
+    for c in prange(nchunk):
+        lo = c * _CHUNK
+        hi = min(n, lo + _CHUNK)
+        k = np.int64(0)
+        for i in range(lo, hi):
+            u = bits[i]
+            out[i] = _f32_to_bf16_bits(u)
+            k += _nonfinite(u)
+        bad[c] = k
+    return bad.sum()
+
+
+@jit(parallel=True)
+def f64_to_f32_odd(x, out):
+    """float32 bits of float64 ``x`` rounded to odd (toward zero, then the last bit set if inexact).
+
+    Rounding to odd first and to nearest-even second gives the correctly rounded result for
+    any narrower format with at least two fewer significand bits (fp16, bf16), so float64
+    input is converted without double-rounding errors.
+    """
+    n = x.size
+    nchunk = (n + _CHUNK - 1) // _CHUNK
+    for c in prange(nchunk):
+        lo = c * _CHUNK
+        hi = min(n, lo + _CHUNK)
+        f = np.empty(hi - lo, np.float32)
+        for i in range(lo, hi):
+            d = x[i]
+            v = np.float32(d)
+            if abs(np.float64(v)) > abs(d):
+                v = np.nextafter(v, np.float32(0.0))
+            f[i - lo] = v
+        fb = f.view(np.uint32)
+        for i in range(lo, hi):
+            b = fb[i - lo]
+            if np.float64(f[i - lo]) != x[i] and x[i] == x[i]:
+                b |= np.uint32(1)
+            out[i] = b
+
+
+@jit(parallel=True)
+def lut_decode(codes, lut, out, mode):
+    """``out (=|+=|-=) lut[codes]`` for 16-bit codes; ``mode`` is SET, ADD or SUB."""
+    n = codes.size
+    nchunk = (n + _CHUNK - 1) // _CHUNK
+    for c in prange(nchunk):
+        lo = c * _CHUNK
+        hi = min(n, lo + _CHUNK)
+        if mode == SET:
+            for i in range(lo, hi):
+                out[i] = lut[codes[i]]
+        elif mode == ADD:
+            for i in range(lo, hi):
+                out[i] += lut[codes[i]]
+        else:
+            for i in range(lo, hi):
+                out[i] -= lut[codes[i]]
+
+
+@jit(parallel=True)
+def combine(src, out, mode):
+    """``out (=|+=|-=) src`` elementwise (same length); casting to ``out``'s dtype."""
+    n = src.size
+    nchunk = (n + _CHUNK - 1) // _CHUNK
+    for c in prange(nchunk):
+        lo = c * _CHUNK
+        hi = min(n, lo + _CHUNK)
+        if mode == SET:
+            for i in range(lo, hi):
+                out[i] = src[i]
+        elif mode == ADD:
+            for i in range(lo, hi):
+                out[i] += src[i]
+        else:
+            for i in range(lo, hi):
+                out[i] -= src[i]
+
+
+@jit(parallel=True)
+def count_nonfinite(x):
+    """Number of NaN/inf entries of a float array (branch-free, chunked)."""
+    n = x.size
+    nchunk = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunk, np.int64)
+    for c in prange(nchunk):
+        lo = c * _CHUNK
+        hi = min(n, lo + _CHUNK)
+        k = np.int64(0)
+        for i in range(lo, hi):
+            v = x[i]
+            k += np.int64(not (v - v == 0))
+        bad[c] = k
+    return bad.sum()

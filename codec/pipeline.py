@@ -1,0 +1,285 @@
+"""``Codec``: a pipeline of stages named by a spec string, with the numcodecs-shaped API.
+
+    encode:  array -> [transform] -> [select] -> value -> sections -> [bytes] -> frame
+    decode:  frame -> validate header -> sections -> value -> [scatter] -> [inverse] -> array
+
+Decoding always takes its parameters from the frame (``codec.decode(frame)`` needs nothing
+else); ``Codec.decode`` additionally checks that the frame was made by the same pipeline.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+
+from codec import spec as specmod
+from codec.dtypes import as_float_array
+from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
+from codec.frame import build_frame, parse_frame
+from codec.modes import ADD, SET, SUB
+from codec.stage import KINDS, Context, Stage, lookup, registered
+
+
+class Codec:
+    """A gradient codec.  Build one with :func:`codec.get_codec` (or ``Codec(spec)``).
+
+    ``encode(x)`` returns a self-describing frame (``bytes``); ``decode(frame)`` returns a new
+    array of the original dtype and shape; ``decode(frame, out=y)`` fills ``y``;
+    ``decode_add(frame, out=acc)`` adds the decoded array into ``acc``.
+    """
+
+    def __init__(self, spec):
+        stages = [lookup(name)(**params) for name, params in specmod.parse(spec)] if isinstance(spec, str) else list(spec)
+        self.stages = _arrange(stages, spec if isinstance(spec, str) else None)
+        by_kind = {k: [s for s in self.stages if s.kind == k] for k in KINDS}
+        self.select = by_kind["select"][0] if by_kind["select"] else None
+        self.value = by_kind["value"][0]
+        self.post = tuple(by_kind["bytes"])
+        self._frame_options = {}
+        for s in self.post:
+            self._frame_options.update(s.frame_options())
+        self._implicit_value = self.select is not None and self.value == _default_value(self.select)
+        self.spec = specmod.format_spec(
+            (s.name, _non_default(s)) for s in self.stages if not (s is self.value and self._implicit_value)
+        )
+        self.codec_id = "+".join(s.name for s in self.stages)
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def lossless(self) -> bool:
+        """True when decode(encode(x)) reproduces x bit for bit (NaN and inf included)."""
+        return all(s.lossless for s in self.stages)
+
+    # ---------------------------------------------------------------- encode
+    def encode(self, x, *, dtype=None) -> bytes:
+        """Encode ``x`` (any float array-like; ``dtype`` reinterprets raw buffers) into a frame."""
+        arr = as_float_array(x, dtype)
+        return self._encode(arr, Context(arr.shape, arr.dtype))
+
+    def _encode(self, arr: np.ndarray, ctx: Context) -> bytes:
+        sections = []
+        values = arr.reshape(-1)
+        if self.select is not None:
+            ctx.positions, values = self.select.select(values, ctx, sections)
+        self.value.encode(values, ctx, sections)
+        return build_frame(self.spec, arr.dtype, arr.shape, sections, **self._frame_options)
+
+    def encode_feedback(self, x: np.ndarray, slot) -> bytes:
+        """One error-feedback step for ``ErrorFeedback``: encode ``x + slot.residual`` and leave
+        ``acc - decoded`` in ``slot.residual``.  A stage that defines ``encode_feedback(x, slot,
+        ctx, sections)`` (a fused kernel) is used instead of the generic three-pass path."""
+        ctx = Context(x.shape, x.dtype, key=slot.key, step=slot.step, state=slot.state)
+        for stage in (self.select, self.value):
+            fused = getattr(stage, "encode_feedback", None)
+            if fused is not None and (self.select is None or stage is self.select):
+                sections = []
+                fused(x.reshape(-1), slot, ctx, sections)
+                return build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options)
+        acc = np.add(x, slot.residual, dtype=x.dtype)  # a new buffer: on error the residual is untouched
+        frame = self._encode(acc, ctx)
+        self._decode_into(parse_frame(frame), acc.reshape(-1), SUB)
+        slot.residual = acc
+        return frame
+
+    # ---------------------------------------------------------------- decode
+    def decode(self, frame, out=None, *, max_elements=None):
+        """Decode ``frame`` into a new array (or into ``out``, which must match size and dtype)."""
+        fr = parse_frame(frame, max_elements=max_elements)
+        self._check_same(fr)
+        return _decode(fr, out)
+
+    def decode_add(self, frame, out, *, subtract: bool = False):
+        """``out += decoded`` (``-=`` with ``subtract=True``) without a dense temporary for sparse codecs.
+
+        ``out`` must have the frame's element count and any supported float dtype; returns ``out``.
+        """
+        fr = parse_frame(frame)
+        self._check_same(fr)
+        return _decode_add(fr, out, subtract)
+
+    def _check_same(self, fr) -> None:
+        names = "+".join(s.name for s in _codec_of(fr).stages)
+        if names != self.codec_id:
+            raise CodecError(f"frame was encoded by {fr.spec!r}, not by this codec ({self.spec!r}); use codec.decode(frame)")
+
+    def _decode_into(self, fr, out: np.ndarray, mode: int) -> None:
+        """Decode parsed frame ``fr`` into flat ``out`` (store, add or subtract per ``mode``)."""
+        from codec.ops import WIDE, scatter, store
+
+        if out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one
+            wide = np.empty(out.size, np.float32)
+            self._decode_into(fr, wide, SET)
+            store(wide, out, mode)
+            return
+        ctx = Context(fr.shape, fr.dtype)
+        rd = fr.reader()
+        if self.select is None:
+            self.value.decode(rd, ctx, fr.n, out, mode)
+        else:
+            ctx.positions = self.select.positions(rd, ctx)
+            values = np.empty(ctx.positions.size, out.dtype)
+            self.value.decode(rd, ctx, values.size, values, SET)
+            scatter(values, ctx.positions, out, mode)
+        rd.done()
+
+    # ---------------------------------------------------------------- config
+    def get_config(self) -> dict:
+        """A flat JSON-serialisable dict with ``"id"``; ``get_codec(cfg) == self``.
+
+        Parameters are keyed by name for a one-stage codec, ``"stage.param"`` otherwise.
+        """
+        named = [s for s in self.stages if not (s is self.value and self._implicit_value)]
+        cfg = {"id": "+".join(s.name for s in named)}
+        for s in named:
+            for k, v in s.config.items():
+                if v is not None:
+                    cfg[k if len(named) == 1 else f"{s.name}.{k}"] = v if not isinstance(v, specmod.Call) else str(v)
+        return cfg
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Codec":
+        if not isinstance(config, dict) or not isinstance(config.get("id"), str):
+            raise ValueError(f"config: expected a dict with a string 'id', got {config!r}")
+        names = config["id"].split("+")
+        params = {n: {} for n in names}
+        for key, v in config.items():
+            if key == "id":
+                continue
+            stage, _, pname = key.rpartition(".")
+            if not stage and len(names) == 1:
+                stage = names[0]
+            if stage not in params:
+                raise ValueError(f"config: key {key!r} names no stage of {config['id']!r}")
+            params[stage][pname] = v
+        return cls([lookup(n)(**params[n]) for n in names])
+
+    def __eq__(self, other):
+        return isinstance(other, Codec) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash(json.dumps(self.get_config(), sort_keys=True))
+
+    def __repr__(self):
+        return f"Codec({self.spec!r})"
+
+    def __reduce__(self):
+        return (get_codec, (self.get_config(),))
+
+
+# -------------------------------------------------------------------- helpers
+def _default_value(select) -> Stage:
+    name = getattr(select, "default_value", "none") if select is not None else "none"
+    return lookup(name)()
+
+
+def _non_default(stage: Stage) -> dict:
+    defaults = {p.name: p.default for p in stage.params}
+    return {k: v for k, v in stage.config.items() if v != defaults[k] and v is not None}
+
+
+def _arrange(stages, text):
+    where = f"bad spec {text!r}" if text else "bad pipeline"
+    seen = {}
+    for s in stages:
+        if not isinstance(s, Stage):
+            raise TypeError(f"{where}: {s!r} is not a stage")
+        if s.kind != "bytes" and s.kind in seen:
+            raise ValueError(f"{where}: two {s.kind} stages ({seen[s.kind].name!r} and {s.name!r}); a codec has at most one")
+        if any(t.name == s.name for t in stages if t is not s):
+            raise ValueError(f"{where}: stage {s.name!r} appears twice")
+        seen.setdefault(s.kind, s)
+    order = [KINDS.index(s.kind) for s in stages]
+    for a, b in zip(range(len(stages)), range(1, len(stages))):
+        if order[b] < order[a]:
+            raise ValueError(
+                f"{where}: stage {stages[b].name!r} ({stages[b].kind}) must come before {stages[a].name!r} "
+                f"({stages[a].kind}); the order is {' -> '.join(KINDS)}"
+            )
+    if "value" not in seen:
+        value = _default_value(seen.get("select"))
+        i = next((i for i, s in enumerate(stages) if s.kind == "bytes"), len(stages))
+        stages = stages[:i] + [value] + stages[i:]
+    return tuple(stages)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(spec: str) -> Codec:
+    return Codec(spec)
+
+
+def get_codec(spec=None, /, **params) -> Codec:
+    """A codec from a spec string (``"topk(ratio=0.001)+zstd"``), an id plus keyword parameters
+    (``get_codec("qsgd", levels=16)``), a config dict (from ``get_config``) or a Codec."""
+    if isinstance(spec, Codec):
+        if params:
+            raise ValueError("get_codec: keyword parameters cannot be combined with a Codec")
+        return spec
+    if isinstance(spec, dict):
+        if params:
+            raise ValueError("get_codec: keyword parameters cannot be combined with a config dict")
+        return Codec.from_config(spec)
+    if not isinstance(spec, str):
+        raise TypeError(f"spec: expected a spec string, config dict or Codec, got {type(spec).__name__}")
+    if params:
+        stages = specmod.parse(spec)
+        if len(stages) != 1 or stages[0][1]:
+            raise ValueError(f"get_codec: keyword parameters need a bare codec id, got {spec!r}")
+        return Codec([lookup(stages[0][0])(**params)])
+    return _cached(spec)
+
+
+def _out_array(fr, out, *, add: bool) -> np.ndarray:
+    from codec.dtypes import CODES
+
+    if out is None:
+        return np.empty(fr.shape, fr.dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
+    if out.size != fr.n:
+        raise ValueError(f"out: has {out.size} elements, the frame holds {fr.n} (shape {fr.shape})")
+    if add and out.dtype not in CODES.values():
+        raise ValueError(f"out: dtype {out.dtype} cannot accumulate; use float16, bfloat16, float32 or float64")
+    if not add and out.dtype != fr.dtype:
+        raise ValueError(f"out: dtype {out.dtype} does not match the frame's {fr.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out: must be a writeable C-contiguous array")
+    return out
+
+
+def _codec_of(fr) -> Codec:
+    """The codec a validated frame names (its header CRC held, so a bad spec is a forgery)."""
+    try:
+        return get_codec(fr.spec)
+    except UnknownCodecError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise CorruptFrameError(f"frame names an invalid codec {fr.spec!r}: {e}") from None
+
+
+def _decode(fr, out=None):
+    codec = _codec_of(fr)
+    target = _out_array(fr, out, add=False)
+    codec._decode_into(fr, target.reshape(-1), SET)
+    return target
+
+
+def _decode_add(fr, out, subtract=False):
+    codec = _codec_of(fr)
+    target = _out_array(fr, out, add=True)
+    codec._decode_into(fr, target.reshape(-1), SUB if subtract else ADD)
+    return out
+
+
+def decode(frame, out=None, *, max_elements=None):
+    """Decode any gradcodec frame with nothing but the frame (the codec is read from its header)."""
+    return _decode(parse_frame(frame, max_elements=max_elements), out)
+
+
+def list_codecs() -> list[dict]:
+    """Every registered stage: id, kind, one-line doc, parameters with types and defaults."""
+    return [
+        {"id": name, "kind": cls.kind, "lossless": cls.lossless, "doc": cls.summary(), "params": [p.describe() for p in cls.params]}
+        for name, cls in registered().items()
+    ]

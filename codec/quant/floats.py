@@ -1,0 +1,78 @@
+"""Float value stages: ``none`` (exact), ``fp16`` and ``bf16`` (round to nearest even)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.dtypes import bfloat16
+from codec.frame import Kind, Section
+from codec.stage import Param, Stage, register
+
+NONFINITE = Param(
+    "nonfinite",
+    str,
+    "raise",
+    "NaN/inf input: raise ValueError naming the first position, or keep (sent as IEEE NaN/inf)",
+    choices=("raise", "keep"),
+)
+
+
+@register
+class Exact(Stage):
+    """Values stored exactly in the array's own dtype (lossless; NaN and inf carried)."""
+
+    name = "none"
+    kind = "value"
+
+    def encode(self, values, ctx, sections):
+        sections.append(Section(Kind.VALUES, values.dtype.itemsize * 8, values.size, values))
+
+    def decode(self, reader, ctx, count, out, mode):
+        from codec.ops import store
+
+        _, raw = reader.take(Kind.VALUES, bits=ctx.dtype.itemsize * 8, count=count)
+        store(raw.view(ctx.dtype), out, mode)
+
+
+class _Half(Stage):
+    """A 16-bit IEEE-style float: the shared code of fp16 and bf16."""
+
+    kind = "value"
+    lossless = False
+    params = (NONFINITE,)
+    dtype: np.dtype
+
+    def encode(self, values, ctx, sections):
+        from codec.ops import narrow, widen
+
+        codes, bad = narrow(values, self.dtype)
+        if bad and self.nonfinite == "raise":
+            first = int(np.flatnonzero(~np.isfinite(widen(values)))[0])
+            raise ValueError(
+                f"x: non-finite value at position {ctx.where(first)}; {self.name} is lossy, pass "
+                f"{self.name}(nonfinite=keep) to send NaN/inf anyway"
+            )
+        sections.append(Section(Kind.VALUES, 16, codes.size, codes))
+
+    def decode(self, reader, ctx, count, out, mode):
+        from codec.kernels import backend
+        from codec.ops import lut
+
+        _, raw = reader.take(Kind.VALUES, bits=16, count=count)
+        backend("convert", out).lut_decode(raw.view(np.uint16), lut(self.dtype), out, mode)
+
+
+@register
+class Fp16(_Half):
+    """IEEE half precision (1+5+10 bits), round to nearest even; |x| >= 65520 becomes +-inf."""
+
+    name = "fp16"
+    dtype = np.dtype(np.float16)
+
+
+@register
+class Bf16(_Half):
+    """bfloat16 (1+8+7 bits, float32's range), round to nearest even; overflow becomes +-inf."""
+
+    name = "bf16"
+    dtype = bfloat16

@@ -1,0 +1,1 @@
+"""Select stages: which elements a frame carries (top-k, AdaComp, ... join here)."""

@@ -1,0 +1,197 @@
+"""Spec strings: the text form of a codec pipeline.
+
+Grammar (whitespace between tokens is ignored)::
+
+    spec     := stage ("+" stage)*
+    stage    := NAME [ "(" [ arg ("," arg)* ] ")" ]
+    arg      := NAME "=" value
+    value    := NUMBER | "true" | "false" | "none" | NAME | STRING | call
+    call     := NAME "(" [ item ("," item)* ] ")"          e.g. warmup(0.25, 0.001, steps=1000)
+    item     := value | NAME "=" value
+    NAME     := [A-Za-z_][A-Za-z0-9_]*
+    NUMBER   := a Python int or float literal, optionally signed (1, -2, 0.001, 1e-3)
+    STRING   := '...' or "..." without escapes
+
+``parse`` returns ``[(name, {param: value})]``; ``format_spec`` is its inverse and produces
+the canonical text stored in frames.  Which names and parameters exist is the registry's
+business (``codec.stage``), not the parser's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+        (?P<number>[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf|nan)(?![A-Za-z_0-9]))
+      | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<string>'[^']*'|"[^"]*")
+      | (?P<punct>[+(),=])
+    )""",
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A nested call value such as ``warmup(0.25, 0.001, steps=1000)``."""
+
+    name: str
+    args: tuple = ()
+    kwargs: tuple = field(default=())  # tuple of (key, value) pairs, in order
+
+    def __str__(self) -> str:
+        items = [format_value(a) for a in self.args] + [f"{k}={format_value(v)}" for k, v in self.kwargs]
+        return f"{self.name}({','.join(items)})"
+
+
+class SpecError(ValueError):
+    pass
+
+
+def _tokens(text: str):
+    pos = 0
+    out = []
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise SpecError(f"bad spec {text!r}: unexpected {text[pos:].strip()[:20]!r} at position {pos}")
+        kind = m.lastgroup
+        out.append((kind, m.group(kind), m.start(kind)))
+        pos = m.end()
+    out.append(("end", "", len(text)))
+    return out
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.toks = _tokens(text)
+        self.i = 0
+
+    def peek(self):
+        return self.toks[self.i]
+
+    def take(self, kind=None, value=None, what=None):
+        tok = self.toks[self.i]
+        if (kind and tok[0] != kind) or (value and tok[1] != value):
+            found = repr(tok[1]) if tok[0] != "end" else "the end"
+            raise SpecError(f"bad spec {self.text!r}: expected {what or value or kind} at position {tok[2]}, found {found}")
+        self.i += 1
+        return tok
+
+    def is_punct(self, ch):
+        tok = self.peek()
+        return tok[0] == "punct" and tok[1] == ch
+
+    def spec(self):
+        stages = [self.stage()]
+        while self.is_punct("+"):
+            self.take()
+            stages.append(self.stage())
+        self.take("end", what="'+' or the end")
+        return stages
+
+    def stage(self):
+        name = self.take("name", what="a stage name")[1]
+        params = {}
+        if self.is_punct("("):
+            self.take()
+            if not self.is_punct(")"):
+                while True:
+                    key_tok = self.take("name", what="a parameter name")
+                    key = key_tok[1]
+                    if key in params:
+                        raise SpecError(f"bad spec {self.text!r}: parameter {key!r} given twice at position {key_tok[2]}")
+                    self.take("punct", "=", what="'='")
+                    params[key] = self.value()
+                    if not self.is_punct(","):
+                        break
+                    self.take()
+            self.take("punct", ")", what="',' or ')'")
+        return name, params
+
+    def value(self):
+        kind, text, pos = self.peek()
+        if kind == "number":
+            self.take()
+            if re.fullmatch(r"[+-]?\d+", text):
+                return int(text)
+            return float(text)
+        if kind == "string":
+            self.take()
+            return text[1:-1]
+        if kind == "name":
+            self.take()
+            if self.is_punct("("):
+                return self.call(text)
+            low = text.lower()
+            return {"true": True, "false": False, "none": None}.get(low, text)
+        raise SpecError(f"bad spec {self.text!r}: expected a value at position {pos}, found {text or 'the end'!r}")
+
+    def call(self, name):
+        self.take("punct", "(")
+        args, kwargs = [], []
+        if not self.is_punct(")"):
+            while True:
+                tok = self.peek()
+                nxt = self.toks[self.i + 1]
+                if tok[0] == "name" and nxt[0] == "punct" and nxt[1] == "=":
+                    self.take()
+                    self.take()
+                    kwargs.append((tok[1], self.value()))
+                else:
+                    if kwargs:
+                        raise SpecError(f"bad spec {self.text!r}: positional argument after keyword at position {tok[2]}")
+                    args.append(self.value())
+                if not self.is_punct(","):
+                    break
+                self.take()
+        self.take("punct", ")", what="',' or ')'")
+        return Call(name, tuple(args), tuple(kwargs))
+
+
+def parse(text: str) -> list[tuple[str, dict]]:
+    """Parse a spec string into ``[(stage_name, params)]``; raises ValueError on bad syntax."""
+    if not isinstance(text, str):
+        raise TypeError(f"spec: expected a string, got {type(text).__name__}")
+    if not text.strip():
+        raise SpecError("bad spec '': empty; expected a stage name such as 'fp16'")
+    return _Parser(text).spec()
+
+
+def format_value(v) -> str:
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if v is None:
+        return "none"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, Call):
+        return str(v)
+    if isinstance(v, str):
+        return v if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v) and v.lower() not in ("true", "false", "none", "inf", "nan") else f"'{v}'"
+    raise TypeError(f"cannot put {v!r} in a spec string")
+
+
+def format_stage(name: str, params: dict) -> str:
+    if not params:
+        return name
+    return f"{name}(" + ",".join(f"{k}={format_value(v)}" for k, v in params.items()) + ")"
+
+
+def format_spec(stages) -> str:
+    """Inverse of :func:`parse`."""
+    return "+".join(format_stage(n, p) for n, p in stages)
