@@ -92,4 +92,4 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
         raise TypeError(
             f"{argname}: dtype {arr.dtype} is not supported; gradcodec encodes float16, bfloat16, float32 or float64"
         )
-    return np.ascontiguousarray(arr)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")  # (ascontiguousarray turns 0-d into 1-d)

@@ -70,7 +70,7 @@ class Section:
 
     def __post_init__(self):
         if isinstance(self.data, np.ndarray):  # any dtype (bfloat16 has no buffer format) as bytes
-            self.data = np.ascontiguousarray(self.data).reshape(-1).view(np.uint8)
+            self.data = self.data.reshape(-1).view(np.uint8)
         want = raw_length(self.count, self.bits)
         got = memoryview(self.data).nbytes
         if got != want:

@@ -77,7 +77,7 @@ class Codec:
                 sections = []
                 fused(x.reshape(-1), slot, ctx, sections)
                 return build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options)
-        acc = np.add(x, slot.residual, dtype=x.dtype)  # a new buffer: on error the residual is untouched
+        acc = np.add(x, slot.residual, out=np.empty_like(x))  # new buffer: on error the residual is untouched
         frame = self._encode(acc, ctx)
         self._decode_into(parse_frame(frame), acc.reshape(-1), SUB)
         slot.residual = acc
@@ -104,25 +104,38 @@ class Codec:
         if names != self.codec_id:
             raise CodecError(f"frame was encoded by {fr.spec!r}, not by this codec ({self.spec!r}); use codec.decode(frame)")
 
-    def _decode_into(self, fr, out: np.ndarray, mode: int) -> None:
-        """Decode parsed frame ``fr`` into flat ``out`` (store, add or subtract per ``mode``)."""
+    def _read(self, fr):
+        """Phase 1 of decoding: check every section against what the stages expect and read
+        the compact payload (positions, codes).  Nothing of the dense output size is
+        allocated here, so a forged frame fails before any large allocation."""
+        ctx = Context(fr.shape, fr.dtype)
+        rd = fr.reader()
+        count = fr.n
+        if self.select is not None:
+            ctx.positions = self.select.positions(rd, ctx)
+            count = ctx.positions.size
+        payload = self.value.read(rd, ctx, count)
+        rd.done()
+        return ctx, payload
+
+    def _write(self, ctx, payload, out: np.ndarray, mode: int) -> None:
+        """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per ``mode``)."""
         from codec.ops import WIDE, scatter, store
 
         if out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one
             wide = np.empty(out.size, np.float32)
-            self._decode_into(fr, wide, SET)
+            self._write(ctx, payload, wide, SET)
             store(wide, out, mode)
-            return
-        ctx = Context(fr.shape, fr.dtype)
-        rd = fr.reader()
-        if self.select is None:
-            self.value.decode(rd, ctx, fr.n, out, mode)
+        elif self.select is None:
+            self.value.write(payload, out, mode)
         else:
-            ctx.positions = self.select.positions(rd, ctx)
             values = np.empty(ctx.positions.size, out.dtype)
-            self.value.decode(rd, ctx, values.size, values, SET)
+            self.value.write(payload, values, SET)
             scatter(values, ctx.positions, out, mode)
-        rd.done()
+
+    def _decode_into(self, fr, out: np.ndarray, mode: int) -> None:
+        ctx, payload = self._read(fr)
+        self._write(ctx, payload, out, mode)
 
     # ---------------------------------------------------------------- config
     def get_config(self) -> dict:
@@ -260,15 +273,17 @@ def _codec_of(fr) -> Codec:
 
 def _decode(fr, out=None):
     codec = _codec_of(fr)
+    ctx, payload = codec._read(fr)
     target = _out_array(fr, out, add=False)
-    codec._decode_into(fr, target.reshape(-1), SET)
+    codec._write(ctx, payload, target.reshape(-1), SET)
     return target
 
 
 def _decode_add(fr, out, subtract=False):
     codec = _codec_of(fr)
     target = _out_array(fr, out, add=True)
-    codec._decode_into(fr, target.reshape(-1), SUB if subtract else ADD)
+    ctx, payload = codec._read(fr)
+    codec._write(ctx, payload, target.reshape(-1), SUB if subtract else ADD)
     return out
 
 

@@ -27,11 +27,14 @@ class Exact(Stage):
     def encode(self, values, ctx, sections):
         sections.append(Section(Kind.VALUES, values.dtype.itemsize * 8, values.size, values))
 
-    def decode(self, reader, ctx, count, out, mode):
+    def read(self, reader, ctx, count):
+        _, raw = reader.take(Kind.VALUES, bits=ctx.dtype.itemsize * 8, count=count)
+        return raw.view(ctx.dtype)
+
+    def write(self, values, out, mode):
         from codec.ops import store
 
-        _, raw = reader.take(Kind.VALUES, bits=ctx.dtype.itemsize * 8, count=count)
-        store(raw.view(ctx.dtype), out, mode)
+        store(values, out, mode)
 
 
 class _Half(Stage):
@@ -54,12 +57,15 @@ class _Half(Stage):
             )
         sections.append(Section(Kind.VALUES, 16, codes.size, codes))
 
-    def decode(self, reader, ctx, count, out, mode):
+    def read(self, reader, ctx, count):
+        _, raw = reader.take(Kind.VALUES, bits=16, count=count)
+        return raw.view(np.uint16)
+
+    def write(self, codes, out, mode):
         from codec.kernels import backend
         from codec.ops import lut
 
-        _, raw = reader.take(Kind.VALUES, bits=16, count=count)
-        backend("convert", out).lut_decode(raw.view(np.uint16), lut(self.dtype), out, mode)
+        backend("convert", out).lut_decode(codes, lut(self.dtype), out, mode)
 
 
 @register

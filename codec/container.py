@@ -1,0 +1,177 @@
+"""Container format v1: many named frames (or any byte strings) as one byte string.
+
+``gradcodec encode`` writes one when a file holds several tensors, and the MPI transport
+uses it for its per-step message.  The container knows nothing about what it carries: an
+entry is a name and a byte string (normally a gradcodec frame, which has its own header
+CRC).  All integers are little-endian; offsets are from the first byte of the container.
+
+Byte by byte::
+
+    offset  size  field
+    ------  ----  ---------------------------------------------------------------
+    0       4     magic  b"\\x89GCC"  (0x89 'G' 'C' 'C'; a frame starts b"\\x89GCF")
+    4       1     u8   version = 1
+    5       1     u8   flags: reserved, must be 0
+    6       2     u16  reserved, must be 0
+    8       4     u32  count: number of entries
+    12      ...   table, ``count`` entries in order, each:
+                      u16  name length L (bytes, 0..65535)
+                      L    name, UTF-8 (no terminator); names are unique in a container
+                      u64  frame length (bytes)
+    T       4     u32  CRC32 (zlib.crc32, IEEE polynomial) of bytes [0, T): header + table
+    T+4     ...   the frames, concatenated in table order, with no padding
+
+    The container ends exactly where the last frame ends:  total length = T + 4 + sum(lengths).
+    The smallest container (no entries) is 16 bytes.
+
+``unpack_frames`` validates, in this order and before allocating anything in proportion to
+a declared size: length >= 16; magic; version; flags and reserved field are zero; ``count``
+entries of at least 10 bytes each can fit; every table entry fits in the buffer; the table
+CRC32; every name is valid UTF-8; no name repeats; the frame lengths add up to exactly the
+bytes that follow the CRC.  Each failure raises :class:`codec.CorruptFrameError` with a
+one-line reason.  The CRC covers only the header and table; each frame's own header carries
+its own CRC (and optionally a payload CRC, see the ``crc32`` stage).
+
+Unpacking is zero-copy: each frame comes back as a ``memoryview`` into the input buffer.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from codec.errors import CorruptFrameError
+
+__all__ = ["MAGIC", "VERSION", "is_container", "pack_frames", "unpack_frames"]
+
+MAGIC = b"\x89GCC"
+VERSION = 1
+
+_FIXED = struct.Struct("<4sBBHI")  # magic, version, flags, reserved, count
+_NAME_LEN = struct.Struct("<H")
+_FRAME_LEN = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+FIXED_SIZE = _FIXED.size  # 12
+MIN_ENTRY = _NAME_LEN.size + _FRAME_LEN.size  # 10: an entry with an empty name
+MIN_SIZE = FIXED_SIZE + _CRC.size  # 16: an empty container
+MAX_NAME = 0xFFFF
+
+
+def _as_bytes_view(buf, what: str) -> memoryview:
+    """A flat unsigned-byte memoryview of ``buf`` (no copy when ``buf`` is contiguous)."""
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise TypeError(f"{what}: expected a bytes-like object, got {type(buf).__name__}") from None
+    if not mv.c_contiguous:
+        raise TypeError(f"{what}: expected a contiguous buffer")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def pack_frames(items) -> bytes:
+    """Pack named byte strings into one container.
+
+    ``items`` is a dict ``{name: frame}`` or a sequence of ``(name, frame)`` pairs; a frame is
+    any contiguous bytes-like object (bytes, bytearray, memoryview, 1-D uint8 array).  Order is
+    kept.  Raises TypeError for a non-string name or a non-buffer frame, ValueError for a
+    repeated name or a name longer than 65535 UTF-8 bytes.
+    """
+    pairs = items.items() if isinstance(items, dict) else items
+    head = bytearray(FIXED_SIZE)
+    frames = []
+    seen = set()
+    for pair in pairs:
+        try:
+            name, frame = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"items: expected (name, frame) pairs, got {pair!r:.60}") from None
+        if not isinstance(name, str):
+            raise TypeError(f"items: a name must be a str, got {type(name).__name__}")
+        if name in seen:
+            raise ValueError(f"items: name {name!r} appears twice; names in a container are unique")
+        seen.add(name)
+        try:
+            name_b = name.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"items: name {name!r} is not encodable as UTF-8: {e.reason}") from None
+        if len(name_b) > MAX_NAME:
+            raise ValueError(f"items: name {name[:40]!r}... is {len(name_b)} UTF-8 bytes; the limit is {MAX_NAME}")
+        mv = _as_bytes_view(frame, f"items[{name!r}]")
+        head += _NAME_LEN.pack(len(name_b))
+        head += name_b
+        head += _FRAME_LEN.pack(mv.nbytes)
+        frames.append(mv)
+    if len(frames) > 0xFFFFFFFF:
+        raise ValueError(f"items: {len(frames)} entries; a container holds at most {0xFFFFFFFF}")
+    _FIXED.pack_into(head, 0, MAGIC, VERSION, 0, 0, len(frames))
+    head += _CRC.pack(zlib.crc32(head))
+    return b"".join([head, *frames])
+
+
+def is_container(buf) -> bool:
+    """True when ``buf`` starts with the container magic (nothing else is checked)."""
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        return False
+    if mv.nbytes < len(MAGIC):
+        return False
+    if not mv.c_contiguous:
+        return False
+    return (mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B"))[: len(MAGIC)] == MAGIC
+
+
+def unpack_frames(buf) -> list[tuple[str, memoryview]]:
+    """Validate a container and return its ``[(name, frame)]`` in order; each frame is a
+    ``memoryview`` into ``buf`` (no copy; writeable exactly when ``buf`` is).  Raises
+    :class:`codec.CorruptFrameError` (one-line reason) for anything that is not a valid
+    container; the frames themselves are not parsed."""
+    mv = _as_bytes_view(buf, "container")
+    size = mv.nbytes
+    if size < MIN_SIZE:
+        raise CorruptFrameError(f"container is {size} bytes, shorter than the {MIN_SIZE}-byte minimum")
+    magic, version, flags, reserved, count = _FIXED.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise CorruptFrameError(f"not a gradcodec container (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise CorruptFrameError(f"container format version {version} is not supported (this gradcodec reads version {VERSION})")
+    if flags or reserved:
+        raise CorruptFrameError(f"reserved container header bits are set (flags={flags:#04x}, reserved={reserved:#06x})")
+    if count > (size - MIN_SIZE) // MIN_ENTRY:
+        raise CorruptFrameError(f"container declares {count} entries, more than its {size} bytes can hold")
+    # walk the table: bounds only (offsets and lengths), nothing allocated per declared size
+    entries = []
+    off = FIXED_SIZE
+    limit = size - _CRC.size
+    for i in range(count):
+        if off + MIN_ENTRY > limit:
+            raise CorruptFrameError(f"container table entry {i} runs past the end of the buffer ({size} bytes)")
+        (name_len,) = _NAME_LEN.unpack_from(mv, off)
+        name_off = off + _NAME_LEN.size
+        off = name_off + name_len + _FRAME_LEN.size
+        if off > limit:
+            raise CorruptFrameError(f"container table entry {i} runs past the end of the buffer ({size} bytes)")
+        (frame_len,) = _FRAME_LEN.unpack_from(mv, off - _FRAME_LEN.size)
+        entries.append((name_off, name_len, frame_len))
+    (crc,) = _CRC.unpack_from(mv, off)
+    if zlib.crc32(mv[:off]) != crc:
+        raise CorruptFrameError("container table checksum mismatch: the header or table is damaged")
+    data_off = off + _CRC.size
+    total = sum(e[2] for e in entries)
+    if total != size - data_off:
+        raise CorruptFrameError(
+            f"container frames add up to {total} bytes but {size - data_off} bytes follow the table"
+        )
+    out = []
+    seen = set()
+    for i, (name_off, name_len, frame_len) in enumerate(entries):
+        try:
+            name = str(mv[name_off : name_off + name_len], "utf-8")
+        except UnicodeDecodeError:
+            raise CorruptFrameError(f"container entry {i}: name is not valid UTF-8") from None
+        if name in seen:
+            raise CorruptFrameError(f"container entry {i}: name {name!r} appears twice")
+        seen.add(name)
+        out.append((name, mv[data_off : data_off + frame_len]))
+        data_off += frame_len
+    return out

@@ -1,0 +1,47 @@
+"""Freeze one frame per registered codec under tests/fixtures/ (run once per format change).
+
+    python scripts/make_fixtures.py [--force]
+
+The tests never regenerate these files: they check that frames written by an older version
+still decode to the stored arrays.  Existing fixtures are kept unless --force is given, so
+adding a codec adds its fixture without touching the others.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import codec
+from codec.dtypes import bfloat16
+from codec.testing import write_fixture
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+
+# name -> (spec, array); names start with the codec id the fixture covers
+rng = np.random.default_rng(20261122)
+heavy = (rng.standard_t(2, size=(6, 7)) * 1e-2).astype(np.float32)
+FIXTURES = {
+    "none-f32": ("none", heavy),
+    "none-bf16": ("none", heavy.astype(bfloat16)),
+    "fp16-f32": ("fp16", heavy),
+    "fp16-f64": ("fp16", heavy.astype(np.float64)),
+    "bf16-f32": ("bf16", heavy),
+    "zstd-f32": ("zstd", np.repeat(heavy, 8, axis=0)),
+    "crc32-f32": ("fp16+crc32", heavy),
+    "threshold-f32": ("threshold(value=0.01)", heavy),
+    "threshold-bitmap-f16": ("threshold(value=0.001)+fp16+zstd", heavy.astype(np.float16)),
+}
+
+
+def main(argv):
+    force = "--force" in argv
+    for name, (spec, arr) in FIXTURES.items():
+        if (OUT / f"{name}.frame").exists() and not force:
+            continue
+        write_fixture(OUT, name, spec, arr)
+        print(f"wrote {name}: {codec.get_codec(spec).spec}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
