@@ -1,0 +1,107 @@
+"""ErrorFeedback: residual arithmetic, per-key state, checkpoints, bad input losing nothing."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import codec
+
+
+def test_residual_carries_what_was_not_sent():
+    ef = codec.ErrorFeedback("threshold(value=1.0)")
+    x = np.array([0.6, 0.3, -2.0], np.float32)
+    d1 = codec.decode(ef.encode(x, key="w"))
+    assert d1.tolist() == [0.0, 0.0, -2.0]
+    assert ef.residual("w").tolist() == pytest.approx([0.6, 0.3, 0.0])
+    d2 = codec.decode(ef.encode(x, key="w"))  # 1.2 crosses the threshold now
+    assert d2.tolist() == pytest.approx([1.2, 0.0, -2.0])
+    assert ef.residual("w").tolist() == pytest.approx([0.0, 0.6, 0.0])
+    assert ef.step("w") == 2 and ef.step("other") == 0
+
+
+def test_sum_of_decoded_tracks_sum_of_inputs():
+    rng = np.random.default_rng(0)
+    ef = codec.ErrorFeedback("threshold(value=0.5)+fp16")
+    total_in = np.zeros(500)
+    total_out = np.zeros(500)
+    for _ in range(20):
+        x = rng.standard_normal(500).astype(np.float32) * 0.2
+        total_in += x
+        total_out += codec.decode(ef.encode(x, key=0))
+    assert np.allclose(total_out + ef.residual(0), total_in, atol=1e-4)
+
+
+def test_keys_are_independent_and_checked():
+    ef = codec.ErrorFeedback("fp16")
+    ef.encode(np.ones(3, np.float32), key="a")
+    ef.encode(np.ones((2, 2), np.float64), key="b")
+    assert sorted(ef.keys()) == ["a", "b"]
+    with pytest.raises(ValueError, match="'a'"):
+        ef.encode(np.ones(4, np.float32), key="a")
+    with pytest.raises(ValueError, match="'b'"):
+        ef.encode(np.ones((2, 2), np.float32), key="b")
+    ef.reset("a")
+    ef.encode(np.ones(4, np.float32), key="a")
+    ef.reset(all=True)
+    assert ef.keys() == []
+
+
+def test_bad_input_leaves_the_residual_alone():
+    ef = codec.ErrorFeedback("threshold(value=1.0)")
+    ef.encode(np.array([0.5, 0.25], np.float32), key="k")
+    before = ef.residual("k").copy()
+    with pytest.raises(ValueError, match="non-finite"):
+        ef.encode(np.array([np.nan, 0.0], np.float32), key="k")
+    assert np.array_equal(ef.residual("k"), before) and ef.step("k") == 1
+
+
+def test_residual_view_is_read_only():
+    ef = codec.ErrorFeedback("fp16")
+    ef.encode(np.ones(3, np.float32) / 3, key=None)
+    with pytest.raises(ValueError):
+        ef.residual()[0] = 1.0
+
+
+def test_state_dict_and_pickle_resume_identically():
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(64).astype(np.float32) for _ in range(6)]
+    ref = codec.ErrorFeedback("threshold(value=0.8)+bf16")
+    frames = [ref.encode(x, key="p") for x in xs]
+    ef = codec.ErrorFeedback("threshold(value=0.8)+bf16")
+    for x in xs[:3]:
+        ef.encode(x, key="p")
+    saved = pickle.dumps(ef.state_dict())
+    restored = codec.ErrorFeedback("threshold(value=0.8)+bf16")
+    restored.load_state_dict(pickle.loads(saved))
+    clone = pickle.loads(pickle.dumps(ef))
+    for x, want in zip(xs[3:], frames[3:]):
+        assert restored.encode(x, key="p") == want
+        assert clone.encode(x, key="p") == want
+    assert restored.step("p") == 6
+
+
+def test_load_state_dict_rejects_another_codec():
+    ef = codec.ErrorFeedback("fp16")
+    ef.encode(np.ones(2, np.float32), key=1)
+    with pytest.raises(ValueError, match="saved for codec 'fp16'"):
+        codec.ErrorFeedback("bf16").load_state_dict(ef.state_dict())
+    with pytest.raises(ValueError, match="state"):
+        codec.ErrorFeedback("bf16").load_state_dict({"nope": 1})
+
+
+def test_state_reaches_the_codec_hook():
+    seen = []
+
+    class Spy(codec.Codec):
+        def encode_feedback(self, x, slot):
+            seen.append((slot.key, slot.step, id(slot.state)))
+            slot.state["calls"] = slot.state.get("calls", 0) + 1
+            return super().encode_feedback(x, slot)
+
+    ef = codec.ErrorFeedback(Spy("fp16"))
+    for _ in range(3):
+        ef.encode(np.ones(2, np.float32), key="q")
+    assert [s[:2] for s in seen] == [("q", 0), ("q", 1), ("q", 2)]
+    assert len({s[2] for s in seen}) == 1
+    assert ef.state_dict()["slots"][0]["state"] == {"calls": 3}

@@ -1,0 +1,164 @@
+"""Frame format v1: layout, validation order, limits."""
+
+import struct
+import tracemalloc
+import zlib
+
+import numpy as np
+import pytest
+
+import codec
+from codec.frame import FIXED_SIZE, MAGIC, MIN_FRAME, SECTION_SIZE, Kind, parse_frame
+
+
+def _frame(spec="fp16", arr=None):
+    arr = np.arange(10, dtype=np.float32) if arr is None else arr
+    return codec.get_codec(spec).encode(arr)
+
+
+def _refresh_crc(buf, header_len):
+    buf[header_len - 4 : header_len] = struct.pack("<I", zlib.crc32(bytes(buf[: header_len - 4])))
+
+
+def test_layout_byte_by_byte():
+    arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+    f = codec.get_codec("fp16").encode(arr)
+    assert f[:4] == MAGIC == b"\x89GCF"
+    version, flags, dtype, ndim, nsec, reserved, spec_len = struct.unpack_from("<BBBBBBH", f, 4)
+    assert (version, flags, dtype, ndim, nsec, reserved, spec_len) == (1, 0, 3, 2, 1, 0, 4)
+    assert struct.unpack_from("<2Q", f, 12) == (2, 3)
+    assert f[28:32] == b"fp16"
+    kind, enc, bits, count, raw_len, stored_len = struct.unpack_from("<BBHQQQ", f, 32)
+    assert (kind, enc, bits, count, raw_len, stored_len) == (Kind.VALUES, 0, 16, 6, 12, 12)
+    hl = 32 + SECTION_SIZE + 4
+    assert struct.unpack_from("<I", f, hl - 4)[0] == zlib.crc32(f[: hl - 4])
+    assert len(f) == hl + 12
+    assert np.frombuffer(f[hl:], np.uint16).tolist() == arr.astype(np.float16).view(np.uint16).ravel().tolist()
+
+
+def test_wire_size_formula():
+    # header = 12 + 8*ndim + len(spec) + 28*sections + 4 (+4 with crc32); payload as the sections say
+    for spec, arr, payload in [
+        ("none", np.zeros((3, 5), np.float32), 60),
+        ("fp16", np.zeros((3, 5), np.float32), 30),
+        ("bf16", np.zeros(7, np.float64), 14),
+        ("none", np.zeros((), np.float64), 8),
+    ]:
+        c = codec.get_codec(spec)
+        f = c.encode(arr)
+        assert len(f) == 12 + 8 * arr.ndim + len(c.spec) + 28 + 4 + payload
+    c = codec.get_codec("fp16+crc32")
+    assert len(c.encode(np.zeros(4, np.float32))) == 12 + 8 + len(c.spec) + 28 + 4 + 4 + 8
+
+
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda b: b[:MIN_FRAME - 1], "shorter than the 16-byte minimum"),
+        (lambda b: b"\x89GCX" + b[4:], "not a gradcodec frame"),
+        (lambda b: b[:4] + b"\x02" + b[5:], "version 2 is not supported"),
+        (lambda b: b[:5] + b"\x02" + b[6:], "reserved header bits"),
+        (lambda b: b[:9] + b"\x01" + b[10:], "reserved header bits"),
+        (lambda b: b[:40], "shorter than its"),
+        (lambda b: b[:30] + bytes([b[30] ^ 1]) + b[31:], "header checksum mismatch"),
+        (lambda b: b + b"\0", "sections end at byte"),
+    ],
+)
+def test_validation_reasons(mutate, reason):
+    with pytest.raises(codec.CorruptFrameError, match=reason):
+        codec.decode(mutate(_frame()))
+
+
+def test_validation_order_reports_the_first_problem():
+    f = bytearray(_frame())
+    f[4] = 9  # bad version
+    f[5] = 0x80  # and reserved bits
+    with pytest.raises(codec.CorruptFrameError, match="version"):
+        codec.decode(bytes(f))
+
+
+def test_element_limit_and_out_limit():
+    f = _frame(arr=np.zeros(100, np.float32))
+    with pytest.raises(codec.CorruptFrameError, match="more than the limit of 50"):
+        codec.decode(f, max_elements=50)
+    assert codec.decode(f, max_elements=100).size == 100
+    with pytest.raises(ValueError, match="out"):
+        codec.decode(f, out=np.zeros(99, np.float32))
+
+
+def test_inflated_shape_of_dense_frame_fails_before_allocating():
+    arr = np.ones(1000, np.float32)
+    f = bytearray(_frame(arr=arr))
+    hl = parse_frame(f).header_len
+    struct.pack_into("<Q", f, FIXED_SIZE, 10**9)  # 4 GB of float32, if anyone allocated it
+    _refresh_crc(f, hl)
+    tracemalloc.start()
+    try:
+        with pytest.raises(codec.CorruptFrameError, match="items, codec expects"):
+            codec.decode(bytes(f))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_payload_checksum_catches_payload_damage():
+    f = bytearray(_frame("fp16+crc32"))
+    f[-1] ^= 0x10
+    with pytest.raises(codec.CorruptFrameError, match="payload checksum"):
+        codec.decode(bytes(f))
+    g = bytearray(_frame("fp16"))
+    g[-1] ^= 0x10
+    codec.decode(bytes(g))  # without the checksum a damaged value decodes (to a wrong value)
+
+
+def test_damaged_zstd_payload_is_corrupt_not_zstd_error():
+    arr = np.repeat(np.arange(50, dtype=np.float32), 20)
+    f = bytearray(_frame("zstd", arr))
+    info = codec.inspect(bytes(f))
+    assert info["sections"][0]["encoding"] == "zstd"
+    for i in range(info["header_bytes"] + 4, len(f)):
+        g = bytearray(f)
+        g[i] ^= 0xFF
+        try:
+            codec.decode(bytes(g))
+        except codec.CorruptFrameError:
+            pass
+
+
+def test_zstd_only_used_when_smaller():
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal(1000).astype(np.float32)
+    assert codec.inspect(codec.get_codec("zstd").encode(noise))["sections"][0]["encoding"] in ("raw", "zstd")
+    zeros = np.zeros(1000, np.float32)
+    info = codec.inspect(codec.get_codec("zstd").encode(zeros))
+    assert info["sections"][0]["encoding"] == "zstd" and info["payload_bytes"] < 100
+
+
+def test_frames_are_deterministic_across_thread_counts(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, codec, sys;"
+        "x = (np.random.default_rng(5).standard_t(2, 300_001) * 1e-3).astype(np.float32);"
+        "f = b''.join(codec.get_codec(s).encode(x) for s in ['fp16', 'bf16', 'threshold(value=0.002)+fp16+zstd', 'zstd']);"
+        "sys.stdout.write(__import__('hashlib').sha256(f).hexdigest())"
+    )
+    outs = set()
+    for threads in ("1", "2"):
+        env = dict(__import__("os").environ, NUMBA_NUM_THREADS=threads)
+        outs.add(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout)
+    assert len(outs) == 1
+
+
+def test_inspect_reports_the_header():
+    c = codec.get_codec("threshold(value=0.5)+fp16+zstd+crc32")
+    x = np.linspace(-1, 1, 101, dtype=np.float32).reshape(1, 101)
+    info = codec.inspect(c.encode(x))
+    assert info["codec"] == c.spec and info["dtype"] == "float32" and info["shape"] == [1, 101]
+    assert info["elements"] == 101 and info["payload_checksum"] is True
+    kinds = [s["kind"] for s in info["sections"]]
+    assert kinds[0] in ("index_delta", "index_bitmap") and kinds[1] == "values"
+    assert info["sections"][1]["count"] == int(np.sum(np.abs(x) >= 0.5))
+    assert info["frame_bytes"] == len(c.encode(x)) == info["header_bytes"] + info["payload_bytes"]
