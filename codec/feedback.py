@@ -25,10 +25,13 @@ from codec.pipeline import Codec, get_codec
 class Slot:
     """Per-key memory: the residual (input's shape and dtype), the step count, stage state."""
 
+
     key: Any
     residual: np.ndarray
     step: int = 0
     state: dict = field(default_factory=dict)
+    #: a second residual-sized buffer a fused kernel may write into and swap (not saved)
+    spare: np.ndarray | None = field(default=None, repr=False)
 
 
 class ErrorFeedback:

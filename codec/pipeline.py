@@ -68,14 +68,15 @@ class Codec:
 
     def encode_feedback(self, x: np.ndarray, slot) -> bytes:
         """One error-feedback step for ``ErrorFeedback``: encode ``x + slot.residual`` and leave
-        ``acc - decoded`` in ``slot.residual``.  A stage that defines ``encode_feedback(x, slot,
-        ctx, sections)`` (a fused kernel) is used instead of the generic three-pass path."""
+        ``acc - decoded`` in ``slot.residual``.  The select stage (or, without one, the value
+        stage) may define ``encode_feedback(x, slot, ctx, sections) -> bool``: a fused kernel
+        that appends the sections, updates the residual and returns True, or returns False to
+        use the generic path (acc = x + residual; encode; subtract the decoded frame)."""
         ctx = Context(x.shape, x.dtype, key=slot.key, step=slot.step, state=slot.state)
-        for stage in (self.select, self.value):
-            fused = getattr(stage, "encode_feedback", None)
-            if fused is not None and (self.select is None or stage is self.select):
-                sections = []
-                fused(x.reshape(-1), slot, ctx, sections)
+        fused = getattr(self.select if self.select is not None else self.value, "encode_feedback", None)
+        if fused is not None:
+            sections = []
+            if fused(x.reshape(-1), slot, ctx, sections):  # a stage may decline (e.g. other dtypes)
                 return build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options)
         acc = np.add(x, slot.residual, out=np.empty_like(x))  # new buffer: on error the residual is untouched
         frame = self._encode(acc, ctx)

@@ -105,3 +105,29 @@ def test_state_reaches_the_codec_hook():
     assert [s[:2] for s in seen] == [("q", 0), ("q", 1), ("q", 2)]
     assert len({s[2] for s in seen}) == 1
     assert ef.state_dict()["slots"][0]["state"] == {"calls": 3}
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16", "fp16(nonfinite=keep)"])
+def test_fused_half_step_equals_the_generic_formula(spec):
+    rng = np.random.default_rng(7)
+    c = codec.get_codec(spec)
+    ef = codec.ErrorFeedback(c)
+    r = np.zeros(70_001, np.float32)
+    for step in range(4):
+        x = (rng.standard_t(2, r.size) * 10.0 ** rng.integers(-9, 2)).astype(np.float32)
+        acc = x + r
+        frame = ef.encode(x, key="w")
+        assert frame == c.encode(acc), f"step {step}: fused frame differs from encode(x + residual)"
+        r = acc - codec.decode(frame)
+        assert np.array_equal(ef.residual("w"), r), f"step {step}: fused residual differs"
+
+
+def test_fused_half_step_keeps_the_residual_on_error():
+    ef = codec.ErrorFeedback("fp16")
+    ef.encode(np.full(5, 1 / 3, np.float32), key="k")
+    before = ef.residual("k").copy()
+    with pytest.raises(ValueError, match=r"position \(3,\)"):
+        ef.encode(np.array([0, 0, 0, np.inf, 0], np.float32), key="k")
+    assert np.array_equal(ef.residual("k"), before) and ef.step("k") == 1
+    ef.encode(np.zeros(5, np.float32), key="k")  # and it goes on afterwards
+    assert ef.step("k") == 2

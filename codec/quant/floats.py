@@ -57,6 +57,31 @@ class _Half(Stage):
             )
         sections.append(Section(Kind.VALUES, 16, codes.size, codes))
 
+    def encode_feedback(self, x, slot, ctx, sections) -> bool:
+        """Fused error-feedback step for float32: one pass forms acc, its codes and the new residual."""
+        if x.dtype != np.float32:
+            return False
+        from codec.kernels import backend
+        from codec.ops import lut
+
+        acc = slot.spare if slot.spare is not None and slot.spare.dtype == x.dtype else np.empty_like(slot.residual)
+        flat = acc.reshape(-1)
+        codes = np.empty(x.size, np.uint16)
+        bad = backend("convert", x).half_feedback(
+            x, slot.residual.reshape(-1), flat, codes, lut(self.dtype), self.dtype != np.float16
+        )
+        if bad and self.nonfinite == "raise":
+            wide = x.astype(np.float64) + slot.residual.reshape(-1)
+            first = int(np.flatnonzero(~np.isfinite(wide))[0])
+            slot.spare = acc
+            raise ValueError(
+                f"x: non-finite value at position {ctx.where(first)}; {self.name} is lossy, pass "
+                f"{self.name}(nonfinite=keep) to send NaN/inf anyway"
+            )
+        slot.spare, slot.residual = slot.residual, acc
+        sections.append(Section(Kind.VALUES, 16, codes.size, codes))
+        return True
+
     def read(self, reader, ctx, count):
         _, raw = reader.take(Kind.VALUES, bits=16, count=count)
         return raw.view(np.uint16)
