@@ -179,3 +179,29 @@ def count_nonfinite(x):
             k += np.int64(not (v - v == 0))
         bad[c] = k
     return bad.sum()
+
+
+@jit(parallel=True)
+def half_feedback(x, r, acc, codes, lut, bf16):
+    """Fused error-feedback step into fp16 (``bf16=False``) or bf16 codes, float32 only.
+
+    a = x + r;  codes = round(a);  acc = a - lut[codes]  (the new residual).  One pass: reads
+    x and r, writes acc and codes.  ``acc`` must not alias ``r``: the caller keeps ``r``
+    intact until the step succeeds.  Returns the non-finite count of x + r.
+    """
+    n = x.size
+    nchunk = (n + _CHUNK - 1) // _CHUNK
+    bad = np.zeros(nchunk, np.int64)
+    for c in prange(nchunk):
+        lo = c * _CHUNK
+        hi = min(n, lo + _CHUNK)
+        k = np.int64(0)
+        for i in range(lo, hi):
+            a = np.float32(x[i] + r[i])
+            u = a.view(np.uint32)
+            h = _f32_to_bf16_bits(u) if bf16 else _f32_to_f16_bits(u)
+            codes[i] = h
+            acc[i] = a - lut[h]
+            k += _nonfinite(u)
+        bad[c] = k
+    return bad.sum()
