@@ -20,6 +20,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Callable
 
 import numpy as np
 
@@ -61,20 +62,42 @@ class Encoding(IntEnum):
 
 @dataclass
 class Section:
-    """A section as a stage produces it: ``count`` items of ``bits`` bits in ``data`` (raw bytes)."""
+    """A section as a stage produces it: ``count`` items of ``bits`` bits.
+
+    Either ``data`` holds the raw bytes (any contiguous array or bytes-like, exactly
+    ``ceil(count*bits/8)`` bytes), or ``fill(out)`` writes them into ``out``, a uint8 view
+    of the final frame: a dense stage then writes its codes once, straight into the frame.
+    ``fill`` may raise (e.g. on a NaN); the half-built frame is discarded.
+    """
 
     kind: int
     bits: int
     count: int
-    data: object  # bytes-like, len == ceil(count*bits/8)
+    data: object = None
+    fill: Callable[[np.ndarray], None] | None = None
 
     def __post_init__(self):
+        if (self.data is None) == (self.fill is None):
+            raise AssertionError("a Section needs exactly one of data and fill")
+        if self.data is None:
+            return
         if isinstance(self.data, np.ndarray):  # any dtype (bfloat16 has no buffer format) as bytes
             self.data = self.data.reshape(-1).view(np.uint8)
-        want = raw_length(self.count, self.bits)
         got = memoryview(self.data).nbytes
-        if got != want:
-            raise AssertionError(f"section {Kind(self.kind).name}: {got} bytes for {self.count} x {self.bits} bits (want {want})")
+        if got != self.raw_len:
+            raise AssertionError(f"section {Kind(self.kind).name}: {got} bytes for {self.count} x {self.bits} bits")
+
+    @property
+    def raw_len(self) -> int:
+        return raw_length(self.count, self.bits)
+
+    def materialize(self):
+        """The raw bytes (running ``fill`` into a new buffer if needed)."""
+        if self.data is None:
+            buf = np.empty(self.raw_len, np.uint8)
+            self.fill(buf)
+            return memoryview(buf)
+        return memoryview(self.data).cast("B")
 
 
 @dataclass
@@ -99,6 +122,36 @@ def raw_length(count: int, bits: int) -> int:
     return (count * bits + 7) // 8
 
 
+def _new_bytes(size: int) -> tuple[bytes, np.ndarray]:
+    """A new ``bytes`` of ``size`` bytes and a writable uint8 view of it, to fill before it is shared.
+
+    This is what C code does with ``PyBytes_FromStringAndSize(NULL, size)``: the frame is
+    written once, in place, instead of being assembled elsewhere and copied (a 50 MB copy
+    plus its page faults costs more than the fp16 conversion itself).  Outside CPython a
+    bytearray is filled and copied.
+    """
+    if _PyBytes_FromStringAndSize is None:  # pragma: no cover - not CPython
+        buf = bytearray(size)
+        return buf, np.frombuffer(buf, np.uint8)
+    obj = _PyBytes_FromStringAndSize(None, size)
+    view = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(id(obj) + _BYTES_DATA_OFFSET)) if size else np.empty(0, np.uint8)
+    return obj, view
+
+
+try:
+    import ctypes
+    import platform
+
+    if platform.python_implementation() != "CPython":
+        raise ImportError
+    _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _PyBytes_FromStringAndSize.restype = ctypes.py_object
+    _PyBytes_FromStringAndSize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+    _BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # offsetof(PyBytesObject, ob_sval)
+except (ImportError, AttributeError):  # pragma: no cover
+    _PyBytes_FromStringAndSize = None
+
+
 def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum: bool = False) -> bytes:
     """Assemble a frame.  ``compressor(raw) -> (Encoding, stored)`` may store sections compressed."""
     spec_b = spec.encode("utf-8")
@@ -108,27 +161,34 @@ def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum:
         raise ValueError(f"x: {len(shape)} dimensions; the frame format allows {MAX_NDIM}")
     if len(sections) > 255:
         raise ValueError("a frame holds at most 255 sections")
-    stored = []
-    table = []
+    stored = []  # per section: (encoding, bytes-like or None when filled in place, stored length)
     for s in sections:
-        raw = memoryview(s.data).cast("B")
-        enc, data = (Encoding.RAW, raw) if compressor is None else compressor(raw)
-        stored.append(data)
-        table.append(_SECTION.pack(s.kind, enc, s.bits, s.count, raw.nbytes, memoryview(data).nbytes))
+        if compressor is None:
+            stored.append((Encoding.RAW, s.data, s.raw_len))
+        else:
+            enc, data = compressor(s.materialize())
+            stored.append((enc, data, memoryview(data).nbytes))
     flags = FLAG_PAYLOAD_CRC if checksum else 0
     head = bytearray(_FIXED.pack(MAGIC, VERSION, flags, dtypes.code_of(dtype), len(shape), len(sections), 0, len(spec_b)))
     for d in shape:
         head += struct.pack("<Q", int(d))
     head += spec_b
-    for t in table:
-        head += t
+    for s, (enc, _, size) in zip(sections, stored):
+        head += _SECTION.pack(s.kind, enc, s.bits, s.count, s.raw_len, size)
+    header_len = len(head) + _CRC.size * (2 if checksum else 1)
+    frame, out = _new_bytes(header_len + sum(size for _, _, size in stored))
+    pos = header_len
+    for s, (enc, data, size) in zip(sections, stored):
+        if data is None:
+            s.fill(out[pos : pos + size])
+        else:
+            out[pos : pos + size] = np.frombuffer(data, np.uint8, size)
+        pos += size
     if checksum:
-        crc = 0
-        for d in stored:
-            crc = zlib.crc32(d, crc)
-        head += _CRC.pack(crc)
+        head += _CRC.pack(zlib.crc32(out[header_len:]))
     head += _CRC.pack(zlib.crc32(head))
-    return b"".join([bytes(head), *stored])
+    out[:header_len] = np.frombuffer(head, np.uint8)
+    return frame
 
 
 @dataclass

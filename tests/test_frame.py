@@ -162,3 +162,35 @@ def test_inspect_reports_the_header():
     assert kinds[0] in ("index_delta", "index_bitmap") and kinds[1] == "values"
     assert info["sections"][1]["count"] == int(np.sum(np.abs(x) >= 0.5))
     assert info["frame_bytes"] == len(c.encode(x)) == info["header_bytes"] + info["payload_bytes"]
+
+
+def _header(c, arr, sections, checksum=False):
+    return 12 + 8 * arr.ndim + len(c.spec) + 28 * sections + 4 + (4 if checksum else 0)
+
+
+@pytest.mark.parametrize("density", [0.0, 0.001, 0.05, 0.5, 1.0])
+@pytest.mark.parametrize("value_spec, value_bytes", [("", 4), ("+fp16", 2), ("+bf16", 2)])
+def test_threshold_wire_size_formula(density, value_spec, value_bytes):
+    rng = np.random.default_rng(3)
+    n = 40_001
+    x = rng.uniform(-1, 1, n).astype(np.float32) * 0.5
+    keep = rng.random(n) < density
+    x[keep] = np.sign(x[keep]) + x[keep]  # |x| >= 0.5 exactly where kept
+    c = codec.get_codec(f"threshold(value=1.0){value_spec}")
+    frame = c.encode(x)
+    pos = np.flatnonzero(np.abs(x) >= 1.0)
+    k = pos.size
+    gaps = np.diff(np.concatenate([[-1], pos])) - 1
+    width = max(1, int(gaps.max()).bit_length()) if k else 1
+    index_bytes = min((k * width + 7) // 8, (n + 7) // 8)
+    assert len(frame) == _header(c, x, 2) + index_bytes + k * value_bytes
+
+
+def test_zstd_wire_size_formula():
+    import zstandard
+
+    x = np.repeat(np.arange(100, dtype=np.float32), 30)
+    c = codec.get_codec("zstd(level=5)")
+    raw = x.tobytes()
+    z = zstandard.ZstdCompressor(level=5, write_content_size=True).compress(raw)
+    assert len(c.encode(x)) == _header(c, x, 1) + min(len(raw), len(z))

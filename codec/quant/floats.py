@@ -46,41 +46,42 @@ class _Half(Stage):
     dtype: np.dtype
 
     def encode(self, values, ctx, sections):
-        from codec.ops import narrow, widen
+        from codec.ops import narrow
 
         codes, bad = narrow(values, self.dtype)
         if bad and self.nonfinite == "raise":
-            first = int(np.flatnonzero(~np.isfinite(widen(values)))[0])
-            raise ValueError(
-                f"x: non-finite value at position {ctx.where(first)}; {self.name} is lossy, pass "
-                f"{self.name}(nonfinite=keep) to send NaN/inf anyway"
-            )
+            self._raise_nonfinite(values, ctx)
         sections.append(Section(Kind.VALUES, 16, codes.size, codes))
 
     def encode_feedback(self, x, slot, ctx, sections) -> bool:
-        """Fused error-feedback step for float32: one pass forms acc, its codes and the new residual."""
+        """Fused error-feedback step for float32: one pass forms x + residual, writes its codes
+        straight into the frame and the new residual into a spare buffer, swapped in on success."""
         if x.dtype != np.float32:
             return False
         from codec.kernels import backend
         from codec.ops import lut
 
-        acc = slot.spare if slot.spare is not None and slot.spare.dtype == x.dtype else np.empty_like(slot.residual)
-        flat = acc.reshape(-1)
-        codes = np.empty(x.size, np.uint16)
-        bad = backend("convert", x).half_feedback(
-            x, slot.residual.reshape(-1), flat, codes, lut(self.dtype), self.dtype != np.float16
-        )
-        if bad and self.nonfinite == "raise":
-            wide = x.astype(np.float64) + slot.residual.reshape(-1)
-            first = int(np.flatnonzero(~np.isfinite(wide))[0])
+        def fill(out):
+            acc = slot.spare if slot.spare is not None else np.empty_like(slot.residual)
             slot.spare = acc
-            raise ValueError(
-                f"x: non-finite value at position {ctx.where(first)}; {self.name} is lossy, pass "
-                f"{self.name}(nonfinite=keep) to send NaN/inf anyway"
+            bad = backend("convert", x).half_feedback(
+                x, slot.residual.reshape(-1), acc.reshape(-1), out.view(np.uint16), lut(self.dtype), self.dtype != np.float16
             )
-        slot.spare, slot.residual = slot.residual, acc
-        sections.append(Section(Kind.VALUES, 16, codes.size, codes))
+            if bad and self.nonfinite == "raise":
+                self._raise_nonfinite(x.astype(np.float64) + slot.residual.reshape(-1), ctx)
+            slot.spare, slot.residual = slot.residual, acc
+
+        sections.append(Section(Kind.VALUES, 16, x.size, fill=fill))
         return True
+
+    def _raise_nonfinite(self, values, ctx):
+        from codec.ops import widen
+
+        first = int(np.flatnonzero(~np.isfinite(widen(values)))[0])
+        raise ValueError(
+            f"x: non-finite value at position {ctx.where(first)}; {self.name} is lossy, pass "
+            f"{self.name}(nonfinite=keep) to send NaN/inf anyway"
+        )
 
     def read(self, reader, ctx, count):
         _, raw = reader.take(Kind.VALUES, bits=16, count=count)
