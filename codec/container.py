@@ -21,14 +21,15 @@ Byte by byte::
     T       4     u32  CRC32 (zlib.crc32, IEEE polynomial) of bytes [0, T): header + table
     T+4     ...   the frames, concatenated in table order, with no padding
 
-    The container ends exactly where the last frame ends:  total length = T + 4 + sum(lengths).
-    The smallest container (no entries) is 16 bytes.
+    T = 12 + sum(10 + L_i) over the entries.  The container ends exactly where the last frame
+    ends: total length = T + 4 + sum(frame lengths).  Names may be empty.  The smallest
+    container (no entries) is 16 bytes.
 
 ``unpack_frames`` validates, in this order and before allocating anything in proportion to
 a declared size: length >= 16; magic; version; flags and reserved field are zero; ``count``
 entries of at least 10 bytes each can fit; every table entry fits in the buffer; the table
-CRC32; every name is valid UTF-8; no name repeats; the frame lengths add up to exactly the
-bytes that follow the CRC.  Each failure raises :class:`codec.CorruptFrameError` with a
+CRC32; the frame lengths add up to exactly the bytes that follow the CRC; every name is
+valid UTF-8; no name repeats.  Each failure raises :class:`codec.CorruptFrameError` with a
 one-line reason.  The CRC covers only the header and table; each frame's own header carries
 its own CRC (and optionally a payload CRC, see the ``crc32`` stage).
 
@@ -42,7 +43,7 @@ import zlib
 
 from codec.errors import CorruptFrameError
 
-__all__ = ["MAGIC", "VERSION", "is_container", "pack_frames", "unpack_frames"]
+__all__ = ["MAGIC", "VERSION", "is_container", "pack_frames", "pack_header", "unpack_frames"]
 
 MAGIC = b"\x89GCC"
 VERSION = 1
@@ -71,20 +72,36 @@ def _as_bytes_view(buf, what: str) -> memoryview:
 def pack_frames(items) -> bytes:
     """Pack named byte strings into one container.
 
-    ``items`` is a dict ``{name: frame}`` or a sequence of ``(name, frame)`` pairs; a frame is
+    ``items`` is a dict ``{name: frame}`` or an iterable of ``(name, frame)`` pairs; a frame is
     any contiguous bytes-like object (bytes, bytearray, memoryview, 1-D uint8 array).  Order is
     kept.  Raises TypeError for a non-string name or a non-buffer frame, ValueError for a
-    repeated name or a name longer than 65535 UTF-8 bytes.
+    repeated name or a name longer than 65535 UTF-8 bytes.  The frames are copied once, into
+    the result; to send without that copy, write :func:`pack_header` and then the frames.
     """
     pairs = items.items() if isinstance(items, dict) else items
-    head = bytearray(FIXED_SIZE)
-    frames = []
-    seen = set()
+    names, frames = [], []
     for pair in pairs:
         try:
             name, frame = pair
         except (TypeError, ValueError):
             raise TypeError(f"items: expected (name, frame) pairs, got {pair!r:.60}") from None
+        names.append(name)
+        frames.append(_as_bytes_view(frame, f"items[{name!r}]"))
+    head = pack_header(zip(names, (f.nbytes for f in frames)))
+    return b"".join([head, *frames])
+
+
+def pack_header(entries) -> bytes:
+    """The container header, table and CRC for ``entries``, an iterable of ``(name, frame_length)``.
+
+    ``pack_header(...) + frame_0 + frame_1 + ...`` (frames in the same order) is exactly
+    ``pack_frames``'s output: a transport can send the header and then the frames as they are
+    (vectored I/O) instead of joining them.  Same errors as :func:`pack_frames`.
+    """
+    head = bytearray(FIXED_SIZE)
+    seen = set()
+    count = 0
+    for name, length in entries:
         if not isinstance(name, str):
             raise TypeError(f"items: a name must be a str, got {type(name).__name__}")
         if name in seen:
@@ -96,16 +113,17 @@ def pack_frames(items) -> bytes:
             raise ValueError(f"items: name {name!r} is not encodable as UTF-8: {e.reason}") from None
         if len(name_b) > MAX_NAME:
             raise ValueError(f"items: name {name[:40]!r}... is {len(name_b)} UTF-8 bytes; the limit is {MAX_NAME}")
-        mv = _as_bytes_view(frame, f"items[{name!r}]")
+        if not 0 <= length < 1 << 64:
+            raise ValueError(f"items: frame length {length} of {name!r} does not fit the format's u64")
         head += _NAME_LEN.pack(len(name_b))
         head += name_b
-        head += _FRAME_LEN.pack(mv.nbytes)
-        frames.append(mv)
-    if len(frames) > 0xFFFFFFFF:
-        raise ValueError(f"items: {len(frames)} entries; a container holds at most {0xFFFFFFFF}")
-    _FIXED.pack_into(head, 0, MAGIC, VERSION, 0, 0, len(frames))
+        head += _FRAME_LEN.pack(length)
+        count += 1
+    if count > 0xFFFFFFFF:
+        raise ValueError(f"items: {count} entries; a container holds at most {0xFFFFFFFF}")
+    _FIXED.pack_into(head, 0, MAGIC, VERSION, 0, 0, count)
     head += _CRC.pack(zlib.crc32(head))
-    return b"".join([head, *frames])
+    return bytes(head)
 
 
 def is_container(buf) -> bool:

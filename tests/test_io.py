@@ -1,0 +1,232 @@
+"""Tensor files (codec.io): .npy, .npz, .safetensors; every float dtype, 0-d and empty tensors."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+
+from codec.dtypes import bfloat16
+from codec.io import SUPPORTED, TensorFileError, UnsupportedFormatError, read_tensors, write_tensors
+
+DTYPES = [np.dtype(np.float16), bfloat16, np.dtype(np.float32), np.dtype(np.float64)]
+SHAPES = [(), (0,), (3, 0), (7,), (2, 3, 4)]
+
+
+def make(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def assert_same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.tobytes() == b.tobytes()
+
+
+def every_tensor():
+    return {f"t{i}_{dt.name}_{'x'.join(map(str, s)) or 'scalar'}": make(s, dt, i)
+            for i, (dt, s) in enumerate((dt, s) for dt in DTYPES for s in SHAPES)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_npy_round_trip(tmp_path, dtype, shape):
+    x = make(shape, dtype)
+    p = tmp_path / "grad.npy"
+    write_tensors(p, {"whatever": x})
+    out = read_tensors(p)
+    assert list(out) == ["grad"]  # named by the file stem
+    assert_same(out["grad"], x)
+
+
+@pytest.mark.parametrize("ext", [".npz", ".safetensors"])
+def test_multi_round_trip_keeps_names_order_dtypes(tmp_path, ext):
+    xs = every_tensor()
+    xs["step0000/conv1.weight"] = make((8, 1, 3, 3), np.float32)
+    xs["file"] = make((2,), np.float32)  # np.savez would choke on this keyword name
+    p = tmp_path / f"grads{ext}"
+    write_tensors(p, xs)
+    out = read_tensors(p)
+    assert list(out) == list(xs)
+    for k in xs:
+        assert_same(out[k], xs[k])
+        assert out[k].flags.writeable
+
+
+def test_bf16_npy_convention(tmp_path):
+    """bfloat16 is stored as np.save stores it ('<V2') and read back as bfloat16."""
+    x = make((5,), bfloat16)
+    p = tmp_path / "b.npy"
+    np.save(p, x)  # a file made by plain NumPy reads back too
+    raw = np.load(p)
+    assert raw.dtype == np.dtype("V2")  # what other programs see
+    assert_same(read_tensors(p)["b"], x)
+    write_tensors(tmp_path / "c.npy", {"c": x})
+    assert (tmp_path / "c.npy").read_bytes() == p.read_bytes()
+    assert_same(np.load(tmp_path / "c.npy").view(bfloat16), x)
+
+
+def test_reads_reference_safetensors(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    xs = {"a": make((2, 3), np.float32), "b": make((4,), np.float16), "c": make((3, 2), np.float64),
+          "d": make((5,), bfloat16), "e": make((0, 2), np.float32)}
+    p = tmp_path / "ref.safetensors"
+    st.save_file(xs, str(p), metadata={"format": "np"})
+    out = read_tensors(p)
+    assert set(out) == set(xs)
+    for k in xs:
+        assert_same(out[k], xs[k])
+
+
+def test_reference_reads_ours(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    xs = {"a": make((2, 3), np.float32), "b": make((4,), np.float16), "c": make((), np.float64)}
+    p = tmp_path / "ours.safetensors"
+    write_tensors(p, xs)
+    out = st.load_file(str(p))
+    for k in xs:
+        assert_same(out[k], xs[k])
+
+
+def test_npz_from_numpy_savez(tmp_path):
+    p = tmp_path / "s.npz"
+    np.savez(p, w=make((3, 3), np.float32), b=make((3,), np.float64))
+    out = read_tensors(p)
+    assert list(out) == ["w", "b"]
+
+
+def test_big_endian_is_made_native(tmp_path):
+    x = make((4,), np.float32).astype(">f4")
+    p = tmp_path / "be.npy"
+    np.save(p, x)
+    y = read_tensors(p)["be"]
+    assert y.dtype == np.float32 and y.dtype.isnative
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("bad", [np.arange(3), np.array([True]), np.ones(2, np.complex64), np.zeros(2, "V4"),
+                                 np.zeros(2, [("a", "<f4")]), np.ones(2, np.longdouble)])
+def test_npz_rejects_non_float_naming_the_key(tmp_path, bad):
+    if bad.dtype == np.longdouble and np.dtype(np.longdouble).itemsize == 8:
+        pytest.skip("long double is float64 here")
+    p = tmp_path / "m.npz"
+    np.savez(p, good=np.ones(2, np.float32), counts=bad)
+    with pytest.raises(TensorFileError, match="'counts'"):
+        read_tensors(p)
+
+
+def test_npy_rejects_ints_and_pickles(tmp_path):
+    np.save(tmp_path / "i.npy", np.arange(3))
+    with pytest.raises(TensorFileError, match="int64"):
+        read_tensors(tmp_path / "i.npy")
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(TensorFileError, match="o.npy"):
+        read_tensors(tmp_path / "o.npy")
+
+
+def test_unknown_extension_and_missing_file(tmp_path):
+    with pytest.raises(UnsupportedFormatError) as e:
+        read_tensors(tmp_path / "x.pt")
+    for ext in SUPPORTED:
+        assert ext in str(e.value)
+    with pytest.raises(UnsupportedFormatError):
+        write_tensors(tmp_path / "x.h5", {"a": np.ones(1, np.float32)})
+    with pytest.raises(FileNotFoundError):
+        read_tensors(tmp_path / "missing.npz")
+    with pytest.raises(IsADirectoryError):
+        (tmp_path / "dir.npy").mkdir()
+        read_tensors(tmp_path / "dir.npy")
+
+
+@pytest.mark.parametrize("ext", SUPPORTED)
+def test_garbage_files(tmp_path, ext):
+    for content in (b"", b"hello world, not a tensor file", b"\x93NUMPY\x01\x00", b"PK\x03\x04garbage"):
+        p = tmp_path / f"g{ext}"
+        p.write_bytes(content)
+        with pytest.raises(TensorFileError):
+            read_tensors(p)
+
+
+def test_wrong_container_kinds(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones(2, np.float32))
+    (tmp_path / "a.npz").write_bytes((tmp_path / "a.npy").read_bytes())
+    with pytest.raises(TensorFileError, match="npy"):
+        read_tensors(tmp_path / "a.npz")
+    np.savez(tmp_path / "b.npz", a=np.ones(2, np.float32))
+    (tmp_path / "b.npy").write_bytes((tmp_path / "b.npz").read_bytes())
+    with pytest.raises(TensorFileError):
+        read_tensors(tmp_path / "b.npy")
+    with zipfile.ZipFile(tmp_path / "c.npz", "w") as z:
+        z.writestr("notes.txt", "hello")
+    with pytest.raises(TensorFileError, match="notes.txt"):
+        read_tensors(tmp_path / "c.npz")
+
+
+def _st(tmp_path, header, data=b"", pad=True):
+    text = json.dumps(header).encode()
+    if pad:
+        text += b" " * (-len(text) % 8)
+    p = tmp_path / "h.safetensors"
+    p.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return p
+
+
+@pytest.mark.parametrize(
+    "header, data, match",
+    [
+        ({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}, bytes(8), "I64"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, bytes(4), "needs 8"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}}, bytes(4), "data_offsets"),
+        ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, bytes(4), "shape"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}, bytes(4), "data_offsets"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, bytes(8), "overlaps"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8), "gap"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, bytes(8), "data area"),
+        ({"a": [1, 2]}, b"", "JSON object"),
+        ([1, 2], b"", "JSON object"),
+        ({"a": {"shape": [1], "data_offsets": [0, 4]}}, bytes(4), "dtype"),
+    ],
+)
+def test_safetensors_validation(tmp_path, header, data, match):
+    with pytest.raises(TensorFileError, match=match):
+        read_tensors(_st(tmp_path, header, data))
+
+
+def test_safetensors_header_length_checks(tmp_path):
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(struct.pack("<Q", 2**63) + b"{}")
+    with pytest.raises(TensorFileError, match="header length"):
+        read_tensors(p)
+    p.write_bytes(struct.pack("<Q", 2) + b"{]")
+    with pytest.raises(TensorFileError, match="JSON"):
+        read_tensors(p)
+
+
+def test_safetensors_unaligned_and_metadata(tmp_path):
+    x = np.arange(3, dtype=np.float32)
+    header = {"__metadata__": {"k": "v"}, "a": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]},
+              "b": {"dtype": "F32", "shape": [3], "data_offsets": [2, 14]}}
+    out = read_tensors(_st(tmp_path, header, np.float16(1.5).tobytes() + x.tobytes(), pad=False))
+    assert list(out) == ["a", "b"]
+    np.testing.assert_array_equal(out["b"], x)
+    assert out["a"].item() == 1.5
+
+
+def test_write_rules(tmp_path):
+    two = {"a": np.ones(1, np.float32), "b": np.ones(1, np.float32)}
+    with pytest.raises(ValueError, match="exactly one"):
+        write_tensors(tmp_path / "two.npy", two)
+    assert not list(tmp_path.iterdir())  # nothing left behind
+    with pytest.raises(TensorFileError, match="'i'"):
+        write_tensors(tmp_path / "i.npz", {"i": np.arange(2)})
+    with pytest.raises(ValueError, match="twice"):
+        write_tensors(tmp_path / "d.npz", [("a", np.ones(1)), ("a", np.ones(1))])
+    with pytest.raises(ValueError, match="reserved"):
+        write_tensors(tmp_path / "m.safetensors", {"__metadata__": np.ones(1)})
+    write_tensors(tmp_path / "l.npz", [("x", np.ones((2, 2), np.float32)[:, 0])])  # non-contiguous input
+    assert read_tensors(tmp_path / "l.npz")["x"].tolist() == [1.0, 1.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.npz"]  # no temporary files remain
