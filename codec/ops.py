@@ -1,7 +1,9 @@
 """Array operations the stages share, dispatched to the kernel layer.
 
 Kernels handle float32/float64 buffers; 16-bit floats (float16, bfloat16) are widened to
-float32 exactly through a 65,536-entry table and narrowed with round-to-nearest-even.
+float32 exactly through a 65,536-entry table and narrowed with round-to-nearest-even.  Every
+result is the exact one rounded once to the output dtype (float64 and mixed-precision sums go
+through round-to-odd, so there is no double rounding).
 """
 
 from __future__ import annotations
@@ -18,13 +20,25 @@ WIDE = (np.dtype(np.float32), np.dtype(np.float64))
 HALF = np.dtype(np.float16)
 
 
+def _ro(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``.  Kernels get every input read-only (as frame sections are), so
+    each compiles one signature per dtype instead of one per dtype and writability."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
 @functools.cache
 def lut(dtype) -> np.ndarray:
-    """float32 value of every 16-bit code of ``dtype`` (float16 or bfloat16)."""
+    """float32 value of every 16-bit code of ``dtype`` (float16 or bfloat16); read-only."""
     codes = np.arange(1 << 16, dtype=np.uint16)
     if np.dtype(dtype) == HALF:
-        return codes.view(np.float16).astype(np.float32)
-    return (codes.astype(np.uint32) << 16).view(np.float32)
+        table = codes.view(np.float16).astype(np.float32)
+    else:
+        table = (codes.astype(np.uint32) << 16).view(np.float32)
+    table.flags.writeable = False
+    return table
 
 
 def widen(x: np.ndarray) -> np.ndarray:
@@ -32,7 +46,8 @@ def widen(x: np.ndarray) -> np.ndarray:
     if x.dtype in WIDE:
         return x
     out = np.empty(x.shape, np.float32)
-    backend("convert", x).lut_decode(x.reshape(-1).view(np.uint16), lut(x.dtype), out.reshape(-1), SET)
+    codes = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
+    backend("convert", x).lut_decode(_ro(codes), lut(x.dtype), out.reshape(-1), SET)
     return out
 
 
@@ -43,40 +58,83 @@ def narrow(x: np.ndarray, dtype) -> tuple[np.ndarray, int]:
     result is correctly rounded (no double rounding).
     """
     dtype = np.dtype(dtype)
-    flat = x.reshape(-1)
+    flat = np.ascontiguousarray(x).reshape(-1)
     kern = backend("convert", flat)
     out = np.empty(flat.size, np.uint16)
     if flat.dtype == dtype:
         out[:] = flat.view(np.uint16)
-        bad = kern.count_nonfinite(widen(flat)) if flat.size else 0
+        bad = kern.count_nonfinite(_ro(widen(flat))) if flat.size else 0
         return out, int(bad)
-    if flat.dtype == np.float64:  # rounding to odd keeps NaN and inf, and turns no finite value into inf
-        bits = np.empty(flat.size, np.uint32)
-        kern.f64_to_f32_odd(flat, bits)
-    else:
-        bits = widen(flat).view(np.uint32)
+    if flat.dtype == np.float64:  # through float32 rounded to odd: no double rounding
+        encode = kern.f64_to_f16 if dtype == HALF else kern.f64_to_bf16
+        return out, int(encode(_ro(flat), out))
+    bits = widen(flat).view(np.uint32)
     encode = kern.f32_to_f16 if dtype == HALF else kern.f32_to_bf16
-    return out, int(encode(bits, out))
+    return out, int(encode(_ro(bits), out))
 
 
 def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
-    """``out (=|+=|-=) src`` for flat arrays of any supported float dtypes."""
-    if out.dtype in WIDE:
-        backend("convert", out).combine(widen(src), out, mode)
+    """``out (=|+=|-=) src`` elementwise for any supported float dtypes (``out`` C-contiguous).
+
+    The result is the exact ``out +- src`` (or ``src``) correctly rounded, once, to ``out``'s
+    dtype: 16-bit outputs and float64 sources into float32 outputs sum in float64 rounded to
+    odd (kernels ``half_combine``, ``combine_odd``), so no intermediate rounding can land on a
+    tie of the output format.
+    """
+    if src.size != out.size:
+        raise ValueError(f"src: {src.size} elements for an output of {out.size}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out: must be C-contiguous")
+    src = np.ascontiguousarray(src).reshape(-1)
+    flat = out.reshape(-1)
+    kern = backend("convert", flat)
+    if flat.dtype in WIDE:
+        if src.dtype not in WIDE:  # 16-bit source: straight through the table, one pass
+            kern.lut_decode(_ro(src.view(np.uint16)), lut(src.dtype), flat, mode)
+        elif mode != SET and flat.dtype == np.float32 and src.dtype == np.float64:
+            kern.combine_odd(_ro(src), flat, mode)
+        else:
+            kern.combine(_ro(src), flat, mode)
         return
-    if mode == SET and src.dtype == out.dtype:
-        out[...] = src
+    codes = flat.view(np.uint16)
+    if mode == SET:
+        if src.dtype == flat.dtype:
+            codes[...] = src.view(np.uint16)
+        else:
+            codes[...] = narrow(src, flat.dtype)[0]
         return
-    acc = widen(src).astype(np.float32) if mode == SET else widen(out).copy()
-    if mode != SET:
-        backend("convert", acc).combine(widen(src), acc, mode)
-    codes, _ = narrow(acc, out.dtype)
-    out.view(np.uint16)[...] = codes
+    kern.half_combine(_ro(widen(src)), codes, lut(flat.dtype), mode, flat.dtype != HALF)
 
 
 def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> None:
-    """``out[idx] (=|+=|-=) values`` (unique idx); with SET the rest of ``out`` becomes zero."""
-    backend("scatter", out).scatter(values, idx, out, mode)
+    """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` becomes zero.
+
+    Each updated element is rounded once, as in :func:`store`.  ``out`` is flat (or
+    C-contiguous, indexed flat); ``idx`` holds integers in ``range(out.size)``, no repeats
+    (repeats are not detected: with ADD/SUB they race).
+    """
+    values = np.asarray(values).reshape(-1)
+    idx = np.asarray(idx).reshape(-1)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"idx: expected integer positions, got {idx.dtype}")
+    if values.size != idx.size:
+        raise ValueError(f"values: {values.size} values for {idx.size} positions")
+    if not out.flags.c_contiguous:
+        raise ValueError("out: must be C-contiguous")
+    flat = out.reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
+        raise IndexError(f"idx: positions must lie in [0, {flat.size})")
+    values = widen(values)  # 16-bit values -> float32, exact
+    if flat.dtype in WIDE and (mode == SET or values.dtype == flat.dtype or flat.dtype == np.float64):
+        idx = _ro(np.ascontiguousarray(idx, np.int64))
+        backend("scatter", flat).scatter(_ro(np.ascontiguousarray(values)), idx, flat, mode)
+        return
+    # 16-bit outputs, and float64 values added into float32: gather, combine, put back
+    picked = flat[idx]
+    store(values, picked, mode)
+    if mode == SET:
+        flat[...] = 0
+    flat[idx] = picked
 
 
 __all__ = ["lut", "widen", "narrow", "store", "scatter", "bfloat16"]

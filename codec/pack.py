@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from codec.errors import CorruptFrameError
@@ -21,72 +23,142 @@ def _code_dtype(bits: int):
     return np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint32 if bits <= 32 else np.uint64
 
 
+def _bits(bits) -> int:
+    try:
+        b = operator.index(bits)
+    except TypeError:
+        raise TypeError(f"bits: expected an integer, got {type(bits).__name__}") from None
+    if not 1 <= b <= 64:
+        raise ValueError(f"bits: must be within 1..64, got {b}")
+    return b
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view: kernels then see one array type whatever the caller passed (frame
+    sections are read-only), so each kernel compiles once per dtype, not twice."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def _as_bytes(data) -> np.ndarray:
+    """``data`` (bytes-like or any NumPy array) as a flat, contiguous uint8 array of its bytes."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(data, np.uint8)
+
+
 def pack_bits(codes, bits: int) -> np.ndarray:
     """Pack unsigned integer ``codes`` (low ``bits`` of each, 1 <= bits <= 64) into uint8."""
-    codes = np.ascontiguousarray(codes)
+    bits = _bits(bits)
+    codes = np.asarray(codes)
     if codes.dtype.kind != "u":
         raise TypeError(f"codes: expected an unsigned integer array, got {codes.dtype}")
-    if not 1 <= int(bits) <= 64:
-        raise ValueError(f"bits: must be within 1..64, got {bits}")
-    codes = codes.reshape(-1)
-    out = np.zeros(raw_length(codes.size, bits), np.uint8)
+    # the natural dtype for the width (a cast keeps the low bits, the only ones packed): one
+    # kernel signature per width class; no copy when the caller already uses it
+    codes = np.ascontiguousarray(codes, _code_dtype(bits)).reshape(-1)
+    out = np.empty(raw_length(codes.size, bits), np.uint8)  # the kernel writes every byte
     if codes.size:
-        backend("pack", codes).pack_codes(codes, int(bits), out)
+        backend("pack", codes).pack_codes(_readonly(codes), bits, out)
     return out
 
 
 def unpack_bits(data, bits: int, count: int, dtype=None) -> np.ndarray:
-    """Inverse of :func:`pack_bits`: ``count`` codes (the narrowest unsigned dtype, or ``dtype``)."""
-    if not 1 <= int(bits) <= 64:
-        raise ValueError(f"bits: must be within 1..64, got {bits}")
-    data = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1)
+    """Inverse of :func:`pack_bits`: ``count`` codes (the narrowest unsigned dtype, or ``dtype``).
+
+    ``data`` is any bytes-like object or array (read as its bytes); bytes past the first
+    ``ceil(count*bits/8)`` are ignored.
+    """
+    bits = _bits(bits)
+    count = operator.index(count)
+    if count < 0:
+        raise ValueError(f"count: must be >= 0, got {count}")
+    dtype = np.dtype(_code_dtype(bits) if dtype is None else dtype)  # (a dtype object is falsy on NumPy 1.x)
+    if dtype.kind != "u":
+        raise TypeError(f"dtype: expected an unsigned integer dtype, got {dtype}")
+    if dtype.itemsize * 8 < bits:
+        raise ValueError(f"dtype: {dtype} cannot hold {bits}-bit codes")
+    data = _as_bytes(data)
     if data.size < raw_length(count, bits):
         raise ValueError(f"data: {data.size} bytes cannot hold {count} codes of {bits} bits")
-    out = np.empty(count, dtype or _code_dtype(bits))
+    out = np.empty(count, _code_dtype(bits))
     if count:
-        backend("pack", data).unpack_codes(data, int(bits), out)
-    return out
+        backend("pack", data).unpack_codes(_readonly(data), bits, out)
+    return out if out.dtype == dtype else out.astype(dtype)
 
 
 def encode_indices(idx, n: int) -> Section:
-    """Code sorted unique positions ``idx`` (< n) as the smaller of a bitmap and packed gaps."""
+    """Code sorted unique positions ``idx`` (< n) as the smaller of a bitmap and packed gaps.
+
+    Ties go to the packed gaps.  The bitmap is only allocated when it is chosen, so a few
+    positions in a huge range cost no memory.
+    """
+    n = operator.index(n)
+    if n < 0:
+        raise ValueError(f"n: must be >= 0, got {n}")
+    idx = np.asarray(idx)
+    if idx.size and idx.dtype.kind not in "iu":
+        raise TypeError(f"idx: expected integer positions, got {idx.dtype}")
+    if idx.dtype.kind == "u" and idx.size and idx.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"idx: positions must lie in [0, {n})")
     idx = np.ascontiguousarray(idx, dtype=np.int64).reshape(-1)
     k = idx.size
     if k and (idx[0] < 0 or idx[-1] >= n):
         raise ValueError(f"idx: positions must lie in [0, {n})")
     kern = backend("pack", idx)
     gaps = np.empty(k, np.uint64)
+    idx = _readonly(idx)
     big = kern.delta_encode(idx, gaps) if k else 0
     if big < 0:
         raise ValueError("idx: positions must be strictly increasing")
     width = max(1, int(big).bit_length())
     if raw_length(k, width) <= raw_length(n, 1):
         return Section(Kind.INDEX_DELTA, width, k, pack_bits(gaps, width))
-    bitmap = np.zeros(raw_length(n, 1), np.uint8)
+    bitmap = np.empty(raw_length(n, 1), np.uint8)  # the kernel writes every byte
     kern.bitmap_encode(idx, bitmap)
     return Section(Kind.INDEX_BITMAP, 1, n, bitmap)
 
 
-def decode_indices(info, raw: np.ndarray, n: int) -> np.ndarray:
-    """Positions from an index section (``info`` from the frame header, ``raw`` its bytes)."""
+def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:
+    """``raw`` must be exactly ``count`` items of ``bits`` bits with the padding bits clear."""
+    want = raw_length(count, bits)
+    if raw.size != want:
+        raise CorruptFrameError(f"{what}: {raw.size} bytes for {count} items of {bits} bits (want {want})")
+    used = (count * bits) % 8
+    if used and int(raw[-1]) >> used:
+        raise CorruptFrameError(f"{what}: padding bits past the last item are set")
+
+
+def decode_indices(info, raw, n: int) -> np.ndarray:
+    """Positions from an index section (``info`` from the frame header, ``raw`` its bytes).
+
+    Raises CorruptFrameError for anything an encoder cannot have produced: positions out of
+    ``range(n)``, a width wider than any gap in ``range(n)`` needs, a wrong byte length,
+    set padding bits, or a section that is not an index set.
+    """
+    n = operator.index(n)
+    raw = _as_bytes(raw)
     kern = backend("pack", raw)
-    if info.kind == Kind.INDEX_DELTA:
-        if info.count > n or info.bits > max(1, int(n).bit_length()):
-            raise CorruptFrameError(f"index section: {info.count} gaps of {info.bits} bits cannot address {n} elements")
-        gaps = unpack_bits(raw, info.bits, info.count, np.uint64)
-        idx = np.empty(info.count, np.int64)
-        if not kern.delta_decode(gaps, n, idx):
+    kind, bits, count = int(info.kind), int(info.bits), int(info.count)
+    if kind == Kind.INDEX_DELTA:
+        if count > n or not 1 <= bits <= max(1, (n - 1).bit_length()):
+            raise CorruptFrameError(f"index section: {count} gaps of {bits} bits cannot address {n} elements")
+        _check_payload(raw, count, bits, "index section")
+        gaps = unpack_bits(raw, bits, count)
+        idx = np.empty(count, np.int64)
+        if not kern.delta_decode(_readonly(gaps), n, idx):
             raise CorruptFrameError(f"index section: a position lies beyond the {n} elements")
         return idx
-    if info.kind == Kind.INDEX_BITMAP:
-        if info.count != n:
-            raise CorruptFrameError(f"index bitmap: {info.count} bits for {n} elements")
-        if n % 8 and raw.size and raw[-1] >> (n % 8):
-            raise CorruptFrameError("index bitmap: padding bits past the last element are set")
+    if kind == Kind.INDEX_BITMAP:
+        if bits != 1 or count != n:
+            raise CorruptFrameError(f"index bitmap: {count} items of {bits} bits for {n} elements")
+        _check_payload(raw, n, 1, "index bitmap")
+        raw = _readonly(raw)
         counts = kern.bitmap_count(raw)
         starts = np.zeros(counts.size, np.int64)
         np.cumsum(counts[:-1], out=starts[1:])
         idx = np.empty(int(counts.sum()), np.int64)
         kern.bitmap_decode(raw, starts, idx)
         return idx
-    raise CorruptFrameError(f"section kind {info.kind} is not an index set")
+    raise CorruptFrameError(f"section kind {kind} is not an index set")

@@ -1,0 +1,66 @@
+"""Shared test fixtures: a correctly rounded reference for the 16-bit float formats."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+F16 = np.dtype(np.float16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+# significand bits (implicit one included), exponent of the subnormal quantum, first overflowing magnitude
+FORMATS = {F16: (11, -24, 2.0**16), BF16: (8, -133, 2.0**128)}
+QNAN = {F16: 0x7E00, BF16: 0x7FC0}
+
+
+def round16(x, dtype) -> np.ndarray:
+    """uint16 codes of float64 ``x`` rounded to nearest, ties to even, in ``dtype`` (float16/bfloat16).
+
+    Pure NumPy: scale by the quantum at each value's binade (exact: a power of two), ``np.rint``
+    (round half to even, exact on float64), scale back.  NaN gives the canonical quiet NaN.
+    """
+    dtype = np.dtype(dtype)
+    p, qmin, top = FORMATS[dtype]
+    x = np.asarray(x, np.float64).reshape(-1)
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(x)
+        q = np.maximum(e - p, qmin).astype(np.int32)
+        v = np.ldexp(np.rint(np.ldexp(x, -q)), q)
+        v = np.where(np.abs(v) >= top, np.copysign(np.inf, x), v)
+    nan = np.isnan(x)
+    v[nan] = 0.0
+    if dtype == F16:
+        codes = v.astype(np.float16).view(np.uint16).copy()
+    else:
+        codes = (v.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    codes[nan] = QNAN[dtype]
+    return codes
+
+
+def round_exact(q: Fraction, dtype) -> float:
+    """Rational ``q`` rounded to nearest, ties to even, in ``dtype`` (float16/bfloat16/float32): a float."""
+    p, qmin, top = {**FORMATS, np.dtype(np.float32): (24, -149, 2.0**128)}[np.dtype(dtype)]
+    a = abs(q)
+    if a == 0:
+        return 0.0
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2**e <= a < 2**(e+1), after the fix-up
+    e = e - 1 if Fraction(2) ** e > a else e
+    e = e + 1 if Fraction(2) ** (e + 1) <= a else e
+    quantum = Fraction(2) ** max(e + 1 - p, qmin)
+    v = float(round(a / quantum) * quantum)  # Fraction.__round__ rounds half to even
+    v = float("inf") if v >= top else v
+    return -v if q < 0 else v
+
+
+@pytest.fixture(scope="session")
+def exact_round():
+    """The :func:`round_exact` reference (exact rational arithmetic)."""
+    return round_exact
+
+
+@pytest.fixture(scope="session")
+def ref16():
+    """The :func:`round16` reference (a fixture so every test module shares one definition)."""
+    return round16

@@ -1,0 +1,393 @@
+"""16-bit float conversion (codec.ops.narrow/widen/store, kernels/cpu/convert) against references.
+
+References: NumPy's float32/float64 -> float16 casts (both correctly rounded), ml_dtypes for
+float32 -> bfloat16, and ``round16`` (tests/conftest.py: scale, ``np.rint``, scale back) for
+everything, itself checked against exact rational arithmetic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import ml_dtypes
+import numba
+import numpy as np
+import pytest
+
+from codec import ops
+from codec.kernels import backend
+from codec.modes import ADD, SET, SUB
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
+
+F16 = np.dtype(np.float16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+HALVES = (F16, BF16)
+CHUNK = 1 << 16  # elements per parallel chunk of the convert kernels
+SIZES = (0, 1, 7, CHUNK - 1, CHUNK, 2 * CHUNK + 3)
+
+
+# ---------------------------------------------------------------- helpers
+def is_nan_code(codes, dtype):
+    inf = 0x7C00 if np.dtype(dtype) == F16 else 0x7F80
+    return (np.asarray(codes, np.uint16) & 0x7FFF) > inf
+
+
+def assert_codes(got, want, dtype, where=None):
+    """Equal codes, except that any NaN matches any NaN."""
+    got, want = np.asarray(got, np.uint16), np.asarray(want, np.uint16)
+    assert got.shape == want.shape
+    gn, wn = is_nan_code(got, dtype), is_nan_code(want, dtype)
+    np.testing.assert_array_equal(gn, wn, err_msg="NaN positions differ")
+    bad = np.flatnonzero((got != want) & ~wn)
+    if bad.size:
+        i = bad[0]
+        x = "" if where is None else f" for input {where[i]!r} ({np.asarray(where)[i:i+1].view(np.uint8).tobytes().hex()})"
+        raise AssertionError(f"{bad.size} codes differ; first at {i}: got {got[i]:#06x}, want {want[i]:#06x}{x}")
+
+
+def assert_same_floats(got, want):
+    """Bit-identical floats (signed zeros too), any NaN matching any NaN."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    gn, wn = np.isnan(got), np.isnan(want)
+    np.testing.assert_array_equal(gn, wn)
+    u = {2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+    bad = np.flatnonzero((got.view(u) != want.view(u)) & ~wn)
+    assert not bad.size, f"{bad.size} values differ; first at {bad[0]}: {got[bad[0]]!r} vs {want[bad[0]]!r}"
+
+
+def as64(x):
+    """Exact float64 value of a float16/bfloat16/float32/float64 array."""
+    return np.asarray(x).astype(np.float64)
+
+
+def check_narrow(x, dtype, ref16):
+    codes, bad = ops.narrow(x, dtype)
+    assert codes.dtype == np.uint16 and codes.shape == (x.size,)
+    assert bad == int((~np.isfinite(as64(x))).sum())
+    assert_codes(codes, ref16(as64(x), dtype), dtype, where=x.reshape(-1))
+    return codes
+
+
+def heavy(rng, n, dtype):
+    """Gradient-like data with heavy tails, over many binades, both signs, a few exact zeros."""
+    parts = [
+        rng.standard_normal(n) * 1e-3,
+        rng.standard_t(2, n),
+        rng.lognormal(0, 6, n) * rng.choice([-1.0, 1.0], n),
+        rng.standard_t(1.5, n) * 2.0 ** rng.integers(-30, 20, n),
+    ]
+    x = np.concatenate(parts)[rng.permutation(4 * n)][:n]
+    x[rng.random(n) < 0.01] = 0.0
+    return x.astype(dtype)
+
+
+def all_codes(dtype, finite=True):
+    """Every 16-bit value of ``dtype`` (both signs) as float64, optionally only the finite ones."""
+    v = as64(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype))
+    return v[np.isfinite(v)] if finite else v
+
+
+def midpoints(dtype):
+    """Every finite value, every midpoint between neighbours (and the overflow midpoint), both signs."""
+    pos = np.unique(np.abs(all_codes(dtype)))  # 0 .. max finite, ascending
+    top = float(pos[-1])
+    over = top + (top - float(pos[-2])) / 2  # 65520 for float16: the first value that rounds to inf
+    mids = np.concatenate([(pos[:-1] + pos[1:]) / 2, [over]])  # exact in float64 (and float32)
+    v = np.concatenate([pos, mids])
+    return np.concatenate([v, -v])
+
+
+def codes_of(values, dtype) -> np.ndarray:
+    """uint16 codes of float64 values that are exactly representable in ``dtype``."""
+    v = np.asarray(values, np.float64)
+    if np.dtype(dtype) == F16:
+        return v.astype(np.float16).view(np.uint16)
+    return (v.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+# ---------------------------------------------------------------- the reference itself
+def test_reference_matches_exact_rationals(ref16, exact_round):
+    rng = np.random.default_rng(0)
+    for dtype in HALVES:
+        m = midpoints(dtype)
+        x = np.concatenate(
+            [
+                rng.choice(m, 300),
+                np.nextafter(rng.choice(m, 150), np.inf),
+                np.nextafter(rng.choice(m, 150), -np.inf),
+                rng.choice(m, 100) * (1 + 2.0**-40),
+                heavy(rng, 300, np.float64),
+                [0.0, -0.0, np.inf, -np.inf, 5e-324, -5e-324, 1.7e308],
+            ]
+        )
+        got = ref16(x, dtype)
+        fin = np.isfinite(x)
+        want = codes_of([exact_round(Fraction(float(v)), dtype) if f else v for v, f in zip(x, fin)], dtype)
+        want[np.signbit(x)] |= 0x8000  # -0.0 from the exact rounding of a tiny negative
+        np.testing.assert_array_equal(got, want)
+
+
+def test_references_agree_with_numpy_and_ml_dtypes(ref16):
+    rng = np.random.default_rng(1)
+    x64 = np.concatenate([heavy(rng, 20000, np.float64), midpoints(F16)])
+    assert_codes(ref16(x64, F16), x64.astype(np.float16).view(np.uint16), F16)
+    x32 = np.concatenate([heavy(rng, 20000, np.float32), midpoints(BF16).astype(np.float32)])
+    assert_codes(ref16(x32, BF16), x32.astype(ml_dtypes.bfloat16).view(np.uint16), BF16)
+
+
+# ---------------------------------------------------------------- narrow: encoders
+@pytest.mark.parametrize("src", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_narrow_random_and_heavy(n, dtype, src, ref16):
+    rng = np.random.default_rng(n)
+    for x in (rng.standard_normal(n).astype(src), heavy(rng, n, src)):
+        codes = check_narrow(x, dtype, ref16)
+        if src == np.float32 and dtype == F16:
+            assert_codes(codes, x.astype(np.float16).view(np.uint16), dtype)
+        if src == np.float64 and dtype == F16:  # NumPy's float64 -> float16 is correctly rounded
+            assert_codes(codes, x.astype(np.float16).view(np.uint16), dtype)
+        if src == np.float32 and dtype == BF16:
+            assert_codes(codes, x.astype(ml_dtypes.bfloat16).view(np.uint16), dtype)
+
+
+@pytest.mark.parametrize("src", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_narrow_every_value_and_every_tie(dtype, src, ref16):
+    """Each representable value, each midpoint (ties to even!), and one ulp of ``src`` either side."""
+    m = midpoints(dtype).astype(src)
+    x = np.concatenate([m, np.nextafter(m, src(np.inf)), np.nextafter(m, src(-np.inf))])
+    check_narrow(x, dtype, ref16)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_narrow_float64_has_no_double_rounding(dtype, ref16):
+    """float64 values a hair off a midpoint: rounding to float32 first would land on the tie."""
+    m = midpoints(dtype)
+    m = m[m != 0]
+    x = np.concatenate([m * (1 + 2.0**-40), m * (1 - 2.0**-40), m * (1 + 2.0**-52), m * (1 - 2.0**-53)])
+    codes = check_narrow(x, dtype, ref16)
+    # and this is a real trap: a float32 detour gets a share of these wrong
+    detour = ref16(x.astype(np.float32).astype(np.float64), dtype)
+    assert (detour != codes).sum() > x.size // 10
+
+
+@pytest.mark.parametrize("src", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_narrow_overflow_and_nonfinite(dtype, src, ref16):
+    top = 65504.0 if dtype == F16 else float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    over = 65520.0 if dtype == F16 else float(Fraction(2**128) - Fraction(2**119))  # max + ulp/2
+    big = [top, np.nextafter(src(over), src(0)), over, np.nextafter(src(over), src(np.inf)), 1e30, 3e38, np.inf]
+    if src == np.float64:
+        big += [1e39, 1e300, float(np.finfo(np.float64).max)]
+    x = np.array(big + [-v for v in big], src)
+    if dtype == F16:  # 65519.99 -> 65504 (max), 65520 -> inf (the tie goes to the even "65536")
+        x = np.concatenate([np.array([65519.99, 65520.0, -65519.99, 65519.0, 65505.0], src), x])
+    # NaNs with assorted payloads and signs, including payloads invisible after truncation
+    ubits = {np.float32: np.uint32, np.float64: np.uint64}[src]
+    if src == np.float32:
+        nans = [0x7FC00000, 0x7F800001, 0x7F800FFF, 0x7F801000, 0x7FBFFFFF, 0x7FFFFFFF, 0xFF800001, 0xFFC00000, 0x7F810000]
+    else:
+        nans = [0x7FF8000000000000, 0x7FF0000000000001, 0x7FF00000FFFFFFFF, 0x7FF0000100000000, 0xFFF0000000000001, 0x7FFFFFFFFFFFFFFF]
+    x = np.concatenate([x, np.array(nans, ubits).view(src)])
+    codes = check_narrow(x, dtype, ref16)
+    nan = np.isnan(x)
+    assert is_nan_code(codes[nan], dtype).all()
+    inf = 0x7C00 if dtype == F16 else 0x7F80
+    assert ((codes[np.isinf(x)] & 0x7FFF) == inf).all()
+    if dtype == F16:
+        assert codes[:3].tolist() == [0x7BFF, 0x7C00, 0xFBFF]
+
+
+@pytest.mark.parametrize("src", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_narrow_subnormals(dtype, src, ref16):
+    """float32 subnormals (bit patterns spread over the whole range, both signs) and float16 ones."""
+    u = np.unique(np.r_[np.arange(1, 1 << 23, 997), 1, 2, 3, (1 << 22) - 1, 1 << 22, (1 << 22) + 1, (1 << 23) - 1, 1 << 23])
+    u = np.r_[u, u | (1 << 31)].astype(np.uint32)
+    x = np.concatenate([u.view(np.float32), np.float32([0.0, -0.0, 2.0**-126, -(2.0**-126)])]).astype(src)
+    if src == np.float64:  # plus float64 values below every float32
+        x = np.concatenate([x, [5e-324, -5e-324, 1e-300, 2.0**-150, 2.0**-149 * 1.5, -(2.0**-151)]])
+    codes = check_narrow(x, dtype, ref16)
+    if dtype == F16:
+        assert ((codes & 0x7FFF) == 0).all()  # all below half the smallest float16 subnormal
+        np.testing.assert_array_equal(codes >> 15, np.signbit(x))
+    sub16 = all_codes(F16)
+    sub16 = sub16[np.abs(sub16) < 2.0**-14]
+    check_narrow(sub16.astype(src), dtype, ref16)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("src", HALVES, ids=str)
+def test_narrow_from_16_bit_input(src, dtype, ref16):
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(src)
+    codes = check_narrow(x, dtype, ref16)
+    if src == dtype:  # same format: bits untouched, NaN payloads included
+        np.testing.assert_array_equal(codes, x.view(np.uint16))
+    rng = np.random.default_rng(2)
+    check_narrow(heavy(rng, 2 * CHUNK + 3, np.float32).astype(src), dtype, ref16)
+    check_narrow(np.zeros(0, src), dtype, ref16)
+
+
+def test_narrow_keeps_shape_agnostic_flattening(ref16):
+    rng = np.random.default_rng(3)
+    x = heavy(rng, 3 * 5 * 7, np.float32).reshape(3, 5, 7)
+    codes, _ = ops.narrow(x, F16)
+    np.testing.assert_array_equal(codes, ref16(x.reshape(-1), F16))
+    xt = x.transpose(2, 0, 1)  # non-contiguous input
+    codes, _ = ops.narrow(xt, BF16)
+    np.testing.assert_array_equal(codes, ref16(xt.reshape(-1), BF16))
+
+
+def test_f64_to_f32_odd_kernel():
+    """Round to odd: truncate toward zero, set the last bit when inexact (NaN/inf kept)."""
+    rng = np.random.default_rng(4)
+    x = np.concatenate(
+        [
+            heavy(rng, 2 * CHUNK + 3, np.float64),
+            rng.standard_normal(1000).astype(np.float32).astype(np.float64),  # exact ones
+            [0.0, -0.0, np.inf, -np.inf, np.nan, 1e39, -1e39, 1e-50, -1e-50, 5e-324, 2.0**-149, 3.4028235677973366e38],
+        ]
+    )
+    v = x.astype(np.float32)
+    over = np.abs(v.astype(np.float64)) > np.abs(x)
+    v[over] = np.nextafter(v[over], np.float32(0))
+    want = v.view(np.uint32) | ((v.astype(np.float64) != x) & ~np.isnan(x)).astype(np.uint32)
+    got = np.empty(x.size, np.uint32)
+    backend("convert", x).f64_to_f32_odd(x, got)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    assert np.isnan(got[nan].view(np.float32)).all()
+
+
+# ---------------------------------------------------------------- widen / LUT decode
+def lut_reference(dtype):
+    codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    return codes.view(dtype).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_lut_and_widen_every_code(dtype):
+    want = lut_reference(dtype)
+    assert_same_floats(ops.lut(dtype), want)
+    codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    assert_same_floats(ops.widen(codes.view(dtype)), want)
+    # exact: widening then narrowing back gives every non-NaN code back
+    back, bad = ops.narrow(ops.widen(codes.view(dtype)), dtype)
+    assert bad == int((~np.isfinite(want)).sum())
+    assert_codes(back, codes, dtype)
+    x = codes.view(dtype).reshape(256, 256)
+    assert ops.widen(x).shape == (256, 256)
+    assert ops.widen(np.zeros(0, dtype)).size == 0
+
+
+@pytest.mark.parametrize("mode", (SET, ADD, SUB))
+@pytest.mark.parametrize("out_dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_lut_decode_modes(dtype, out_dtype, mode):
+    rng = np.random.default_rng(mode)
+    codes = np.concatenate([np.arange(1 << 16, dtype=np.uint32).astype(np.uint16), rng.integers(0, 1 << 16, CHUNK + 5, dtype=np.uint16)])
+    base = heavy(rng, codes.size, out_dtype)
+    vals = lut_reference(dtype)[codes].astype(out_dtype)
+    want = {SET: vals, ADD: base + vals, SUB: base - vals}[mode]
+    out = base.copy()
+    with np.errstate(invalid="ignore"):
+        backend("convert", out).lut_decode(codes, ops.lut(dtype), out, mode)
+    assert_same_floats(out, want)
+    # the same through ops.store (16-bit source into a wide output)
+    out = base.copy()
+    with np.errstate(invalid="ignore"):
+        ops.store(codes.view(dtype), out, mode)
+    assert_same_floats(out, want)
+
+
+# ---------------------------------------------------------------- fused error feedback
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_half_feedback(n, dtype, ref16):
+    """a = x + r (float32); codes = round(a); new residual = a - value(codes); non-finite count of a."""
+    rng = np.random.default_rng(n + 1)
+    x = heavy(rng, n, np.float32)
+    r = (heavy(rng, n, np.float32) * np.float32(1e-3)).astype(np.float32)
+    if n >= 7:
+        x[:6] = [np.nan, np.inf, -np.inf, 65519.0, 65520.0, 3e38]
+        r[:6] = [0.0, 0.0, 1.0, 0.99, 0.0, 3e38]  # the last overflows float32 in the sum
+    a = x + r
+    codes_want = ref16(a, dtype)
+    acc_want = a - lut_reference(dtype)[codes_want]
+    acc = np.full(n, 7.0, np.float32)
+    codes = np.zeros(n, np.uint16)
+    bad = backend("convert", x).half_feedback(x, r, acc, codes, ops.lut(dtype), dtype == BF16)
+    assert bad == int((~np.isfinite(a)).sum())
+    assert_codes(codes, codes_want, dtype)
+    assert_same_floats(acc, acc_want)
+
+
+# ---------------------------------------------------------------- thread count
+WORKLOAD = r"""
+import hashlib, numpy as np, ml_dtypes
+from codec import ops
+from codec.modes import SET, ADD, SUB
+from codec.pack import pack_bits, unpack_bits, encode_indices, decode_indices
+rng = np.random.default_rng(7)
+n = 9 * 65536 + 11
+x = (rng.standard_t(2, n) * 2.0 ** rng.integers(-20, 17, n)).astype(np.float64)
+x[::1000] = np.nan
+h = hashlib.sha256()
+for src in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16):
+    for dst in (np.float16, ml_dtypes.bfloat16):
+        c, bad = ops.narrow(x.astype(src), dst)
+        h.update(c.tobytes()); h.update(str(bad).encode())
+codes = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+for out_dtype in (np.float32, np.float64):
+    for mode in (SET, ADD, SUB):
+        out = x.astype(out_dtype)
+        ops.store(codes.view(np.float16), out, mode); h.update(out.tobytes())
+        out = x[: n // 3].astype(out_dtype)
+        ops.scatter(x[: n // 7].astype(out_dtype), np.sort(rng.choice(n // 3, n // 7, replace=False)), out, mode)
+        h.update(out.tobytes())
+    for half in (np.float16, ml_dtypes.bfloat16):
+        for mode in (SET, ADD, SUB):
+            out = codes.view(half).copy(); ops.store(x.astype(out_dtype), out, mode); h.update(out.tobytes())
+from codec.kernels import backend
+for bf in (False, True):
+    xf, rf = x.astype(np.float32), x[::-1].astype(np.float32) * np.float32(1e-3)
+    acc, c = np.empty_like(xf), np.empty(n, np.uint16)
+    bad = backend("convert", xf).half_feedback(xf, rf, acc, c, ops.lut(ml_dtypes.bfloat16 if bf else np.float16), bf)
+    h.update(acc.tobytes()); h.update(c.tobytes()); h.update(str(bad).encode())
+for bits in (1, 3, 8, 13, 16, 20, 32, 61, 64):
+    p = pack_bits(rng.integers(0, 2**63, 8 * 8192 * 3 + 5, dtype=np.uint64), bits)
+    h.update(p.tobytes()); h.update(unpack_bits(p, bits, 8 * 8192 * 3 + 5).tobytes())
+for d in (1e-3, 0.3):
+    idx = np.flatnonzero(rng.random(n * 8) < d)
+    s = encode_indices(idx, n * 8); h.update(bytes(s.data))
+    info = type("I", (), dict(kind=s.kind, bits=s.bits, count=s.count))
+    h.update(decode_indices(info, np.frombuffer(bytes(s.data), np.uint8), n * 8).tobytes())
+print(h.hexdigest())
+"""
+
+
+def run_workload(threads):
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, "-c", WORKLOAD], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_results_do_not_depend_on_thread_count():
+    """Every kernel family, sizes spanning many chunks: same bytes with 1, 3 and the default threads."""
+    one = run_workload(1)
+    three = run_workload(3)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), np.errstate(all="ignore"):
+        exec(compile(WORKLOAD, "<workload>", "exec"), {})
+    here = buf.getvalue().strip()
+    assert len(here) == 64
+    assert one == three == here, f"1 thread: {one}, 3 threads: {three}, {numba.get_num_threads()} threads: {here}"

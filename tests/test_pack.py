@@ -1,0 +1,288 @@
+"""Bit packing and index-set coding against pure-NumPy references (codec.pack, kernels/cpu/pack)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codec.errors import CorruptFrameError
+from codec.frame import Kind, SectionInfo, raw_length
+from codec.pack import decode_indices, encode_indices, pack_bits, unpack_bits
+
+UNSIGNED = (np.uint8, np.uint16, np.uint32, np.uint64)
+CHUNK = 8 * 8192  # codes per parallel chunk of the pack kernels
+SMALL = (0, 1, 7, 8, 9, 1000)
+BIG = 2 * CHUNK + 5
+
+
+# ---------------------------------------------------------------- references
+def ref_pack(codes, bits: int) -> np.ndarray:
+    """LSB-first packing through the bit matrix: row i holds the low ``bits`` bits of code i."""
+    c = np.asarray(codes).astype(np.uint64).reshape(-1)
+    planes = (c[:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
+    return np.packbits(planes.astype(np.uint8).reshape(-1), bitorder="little")
+
+
+def ref_unpack(data, bits: int, count: int) -> np.ndarray:
+    planes = np.unpackbits(np.asarray(data, np.uint8), bitorder="little", count=count * bits)
+    planes = planes.reshape(count, bits).astype(np.uint64)
+    return (planes << np.arange(bits, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+
+
+def mask(bits: int) -> np.uint64:
+    return np.uint64((1 << bits) - 1)
+
+
+def random_codes(rng, n, dtype):
+    """Full-width random values of ``dtype`` (high bits set, so packing must mask them)."""
+    return rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+
+
+def ref_gaps(idx):
+    idx = np.asarray(idx, np.int64)
+    return np.diff(np.concatenate([[-1], idx])) - 1
+
+
+def ref_width(idx) -> int:
+    g = ref_gaps(idx)
+    return max(1, int(g.max()).bit_length()) if g.size else 1
+
+
+def info_of(kind, bits, count) -> SectionInfo:
+    n = raw_length(count, bits)
+    return SectionInfo(int(kind), 0, bits, count, n, n, 0)
+
+
+def roundtrip_indices(idx, n):
+    """Encode, check the choice and the bytes against the references, decode; returns the section."""
+    idx = np.asarray(idx, np.int64)
+    sec = encode_indices(idx, n)
+    width = ref_width(idx)
+    delta_bytes, bitmap_bytes = raw_length(idx.size, width), raw_length(n, 1)
+    if delta_bytes <= bitmap_bytes:  # ties go to delta
+        assert (sec.kind, sec.bits, sec.count) == (Kind.INDEX_DELTA, width, idx.size)
+        assert bytes(sec.data) == ref_pack(ref_gaps(idx).astype(np.uint64), width).tobytes()
+    else:
+        assert (sec.kind, sec.bits, sec.count) == (Kind.INDEX_BITMAP, 1, n)
+        m = np.zeros(n, np.uint8)
+        m[idx] = 1
+        assert bytes(sec.data) == np.packbits(m, bitorder="little").tobytes()
+    raw = np.frombuffer(bytes(sec.data), np.uint8)
+    back = decode_indices(info_of(sec.kind, sec.bits, sec.count), raw, n)
+    assert back.dtype == np.int64
+    np.testing.assert_array_equal(back, idx)
+    return sec
+
+
+# ---------------------------------------------------------------- pack_bits / unpack_bits
+def test_reference_packer_is_lsb_first():
+    assert ref_pack(np.array([1, 0, 3], np.uint8), 2).tolist() == [0b110001]
+    assert ref_pack(np.array([0x1FF], np.uint16), 9).tolist() == [0xFF, 0x01]
+    assert ref_unpack(ref_pack(np.array([5, 2, 7], np.uint8), 3), 3, 3).tolist() == [5, 2, 7]
+
+
+@pytest.mark.parametrize("dtype", UNSIGNED)
+def test_pack_small_sizes_every_width(dtype):
+    rng = np.random.default_rng(np.dtype(dtype).itemsize)
+    for n in SMALL:
+        codes = random_codes(rng, n, dtype)
+        for bits in range(1, 65):
+            got = pack_bits(codes, bits)
+            assert got.dtype == np.uint8 and got.size == raw_length(n, bits), (n, bits)
+            want = ref_pack(codes.astype(np.uint64) & mask(bits), bits)
+            assert got.tobytes() == want.tobytes(), (n, bits)
+            back = unpack_bits(got, bits, n)
+            assert back.dtype.itemsize * 8 >= bits
+            np.testing.assert_array_equal(back.astype(np.uint64), codes.astype(np.uint64) & mask(bits))
+
+
+@pytest.mark.parametrize("bits", range(1, 65))
+def test_pack_across_parallel_chunks(bits):
+    """A size crossing two chunk boundaries plus a ragged tail, high bits set; unpack against ref."""
+    rng = np.random.default_rng(bits)
+    codes = random_codes(rng, BIG, np.uint64)
+    got = pack_bits(codes, bits)
+    want = ref_pack(codes & mask(bits), bits)
+    assert got.tobytes() == want.tobytes()
+    np.testing.assert_array_equal(unpack_bits(got, bits, BIG, np.uint64), ref_unpack(want, bits, BIG))
+
+
+@pytest.mark.parametrize("bits", (1, 2, 4, 8, 16, 32))
+@pytest.mark.parametrize("dtype", UNSIGNED)
+def test_pack_narrow_dtypes_across_chunks(bits, dtype):
+    rng = np.random.default_rng(bits)
+    codes = random_codes(rng, BIG, dtype)
+    got = pack_bits(codes, bits)
+    assert got.tobytes() == ref_pack(codes.astype(np.uint64) & mask(bits), bits).tobytes()
+    np.testing.assert_array_equal(unpack_bits(got, bits, BIG).astype(np.uint64), codes.astype(np.uint64) & mask(bits))
+
+
+def test_pack_extremes_and_layout():
+    for bits in range(1, 65):
+        top = np.full(17, np.iinfo(np.uint64).max, np.uint64)
+        got = pack_bits(top, bits)
+        want = np.full(raw_length(17, bits), 0xFF, np.uint8)
+        if (17 * bits) % 8:
+            want[-1] = (1 << ((17 * bits) % 8)) - 1  # padding bits stay zero
+        assert got.tobytes() == want.tobytes(), bits
+        assert not pack_bits(np.zeros(17, np.uint64), bits).any()
+    # a multi-dimensional or non-contiguous input packs in C order of its elements
+    a = np.arange(24, dtype=np.uint16).reshape(4, 6)
+    assert pack_bits(a, 5).tobytes() == ref_pack(a.reshape(-1), 5).tobytes()
+    assert pack_bits(a[:, ::2], 5).tobytes() == ref_pack(a[:, ::2].reshape(-1), 5).tobytes()
+
+
+def test_unpack_accepts_bytes_and_views():
+    codes = np.arange(100, dtype=np.uint8) % 8
+    packed = pack_bits(codes, 3)
+    for data in (packed, packed.tobytes(), bytearray(packed.tobytes()), memoryview(packed.tobytes())):
+        np.testing.assert_array_equal(unpack_bits(data, 3, 100), codes)
+    # extra trailing bytes are ignored, a subset count reads the prefix
+    np.testing.assert_array_equal(unpack_bits(np.concatenate([packed, [0xFF] * 3]).astype(np.uint8), 3, 100), codes)
+    np.testing.assert_array_equal(unpack_bits(packed, 3, 10), codes[:10])
+    # a packed buffer held in a wider array is read as its bytes
+    wide = np.zeros(64, np.uint32)
+    wide.view(np.uint8)[: packed.size] = packed
+    np.testing.assert_array_equal(unpack_bits(wide, 3, 100), codes)
+    # an explicit wider dtype, as a type or as a dtype object (falsy on NumPy 1.x)
+    for dt in (np.uint64, np.dtype(np.uint64), "uint32"):
+        got = unpack_bits(packed, 3, 100, dt)
+        assert got.dtype == np.dtype(dt)
+        np.testing.assert_array_equal(got, codes)
+    for bits in (1, 8, 9, 16, 17, 32, 33, 64):
+        got = unpack_bits(b"", bits, 0)
+        assert got.size == 0 and got.dtype.itemsize * 8 >= bits
+
+
+def test_pack_rejects_bad_arguments():
+    with pytest.raises(TypeError):
+        pack_bits(np.arange(4, dtype=np.int32), 4)
+    with pytest.raises(TypeError):
+        pack_bits(np.ones(4, np.float32), 4)
+    with pytest.raises(TypeError):
+        pack_bits(np.ones(4, bool), 1)
+    with pytest.raises(TypeError):
+        pack_bits(np.ones(4, np.uint8), 3.5)
+    for bits in (0, -1, 65, 128):
+        with pytest.raises(ValueError):
+            pack_bits(np.ones(4, np.uint8), bits)
+        with pytest.raises(ValueError):
+            unpack_bits(b"\0" * 64, bits, 4)
+    with pytest.raises(ValueError):
+        unpack_bits(b"\0\0", 9, 2)  # needs 3 bytes
+    with pytest.raises(ValueError):
+        unpack_bits(b"\0" * 8, 4, -1)
+    with pytest.raises((TypeError, ValueError)):
+        unpack_bits(b"\0" * 8, 9, 4, np.uint8)  # 9-bit codes do not fit uint8
+    with pytest.raises(TypeError):
+        unpack_bits(b"\0" * 8, 4, 4, np.int32)
+
+
+# ---------------------------------------------------------------- index sets
+DENSITIES = (0.0, 1e-4, 0.01, 0.5, 1.0)
+
+
+@pytest.mark.parametrize("density", DENSITIES)
+@pytest.mark.parametrize("n", (0, 1, 7, 8, 9, 1000, 2 * 65536 * 8 + 13))
+def test_indices_random_masks(n, density):
+    rng = np.random.default_rng(int(density * 1e4) + n)
+    idx = np.flatnonzero(rng.random(n) < density)
+    roundtrip_indices(idx, n)
+
+
+@pytest.mark.parametrize("n", (1000, 1_000_003, 4 * 65536 * 8 + 1))
+def test_indices_heavy_tailed_topk(n):
+    """Top-k positions of a heavy-tailed gradient: clustered, uneven gaps."""
+    rng = np.random.default_rng(n)
+    g = rng.standard_t(2, n) * np.repeat(rng.lognormal(0, 2, n // 100 + 1), 100)[:n]
+    for ratio in (1e-3, 0.01, 0.1, 0.3):
+        k = max(1, int(n * ratio))
+        idx = np.sort(np.argpartition(np.abs(g), n - k)[n - k :])
+        roundtrip_indices(idx, n)
+
+
+def test_indices_choice_at_the_tie():
+    # n = 32: bitmap 4 bytes.  8 positions with a largest gap of 13 -> width 4 -> 4 bytes: tie -> delta
+    tie = np.r_[np.arange(7), 20]
+    assert (raw_length(8, ref_width(tie)), raw_length(32, 1)) == (4, 4)
+    assert roundtrip_indices(tie, 32).kind == Kind.INDEX_DELTA
+    # one more position -> 36 bits -> 5 bytes: bitmap
+    assert roundtrip_indices(np.r_[np.arange(8), 20], 32).kind == Kind.INDEX_BITMAP
+    # a bitmap of n=1 is one byte, as is one delta code: tie -> delta
+    assert roundtrip_indices([0], 1).kind == Kind.INDEX_DELTA
+    assert roundtrip_indices([], 0).kind == Kind.INDEX_DELTA
+    # all of range(n): gaps of 0, width 1 -> n bits either way: tie -> delta
+    assert roundtrip_indices(np.arange(64), 64).kind == Kind.INDEX_DELTA
+    half = np.flatnonzero(np.random.default_rng(1).random(1000) < 0.5)
+    assert roundtrip_indices(half, 1000).kind == Kind.INDEX_BITMAP
+
+
+def test_indices_beyond_32_bits():
+    """Delta path for n > 2**32 (a bitmap would be 2 GiB and must not be chosen or allocated)."""
+    n = (1 << 34) + 12345
+    for idx in (
+        [0],
+        [n - 1],
+        [0, n - 1],
+        [5, (1 << 32) - 1, 1 << 32, (1 << 32) + 1, (1 << 33) + 17, n - 1],
+        list(range(3, 1000, 7)) + [1 << 33, (1 << 34) - 3],
+    ):
+        sec = roundtrip_indices(idx, n)
+        assert sec.kind == Kind.INDEX_DELTA
+    assert encode_indices([(1 << 34) + 1], n).bits == 35
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 3000).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, max(n - 1, 0)), max_size=n))))
+def test_indices_property(case):
+    n, s = case
+    roundtrip_indices(np.array(sorted(s), np.int64), n)
+
+
+def test_encode_indices_rejects_bad_sets():
+    for idx, n in (([3, 3], 10), ([4, 2], 10), ([-1, 2], 10), ([0, 10], 10), ([12], 10), ([5, 100, 3], 10)):
+        with pytest.raises(ValueError):
+            encode_indices(np.array(idx), n)
+
+
+def delta_section(gaps, width):
+    return np.frombuffer(pack_bits(np.asarray(gaps, np.uint64), width).tobytes(), np.uint8)
+
+
+def test_decode_indices_rejects_corrupt_sections():
+    n = 100
+    ok = delta_section([1, 2, 3], 2)
+    np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_DELTA, 2, 3), ok, n), [1, 4, 8])
+    bad = [
+        # a position past the end, from the last gap or from the sum of gaps
+        (info_of(Kind.INDEX_DELTA, 7, 1), delta_section([100], 7), n),
+        (info_of(Kind.INDEX_DELTA, 7, 2), delta_section([60, 39], 7), n),
+        # a width wider than any gap in range(n) can need
+        (info_of(Kind.INDEX_DELTA, 8, 1), delta_section([3], 8), n),
+        (info_of(Kind.INDEX_DELTA, 64, 1), delta_section([3], 64), n),
+        # more positions than elements
+        (info_of(Kind.INDEX_DELTA, 1, 11), delta_section([0] * 11, 1), 10),
+        # padding bits after the last gap are set
+        (info_of(Kind.INDEX_DELTA, 2, 3), np.array([ok[0] | 0xC0], np.uint8), n),
+        # truncated / overlong payloads
+        (info_of(Kind.INDEX_DELTA, 7, 3), delta_section([1, 2], 7), n),
+        (info_of(Kind.INDEX_DELTA, 2, 3), np.concatenate([ok, [0]]).astype(np.uint8), n),
+        # bitmap: wrong element count, padding bits set, wrong length
+        (info_of(Kind.INDEX_BITMAP, 1, 99), np.zeros(13, np.uint8), n),
+        (info_of(Kind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x10]].astype(np.uint8), n),
+        (info_of(Kind.INDEX_BITMAP, 1, n), np.zeros(12, np.uint8), n),
+        (info_of(Kind.INDEX_BITMAP, 1, n), np.r_[np.zeros(13), [1]].astype(np.uint8), n),
+        # bitmap items must be one bit each
+        (SectionInfo(int(Kind.INDEX_BITMAP), 0, 2, n, 25, 25, 0), np.zeros(25, np.uint8), n),
+        # not an index section at all
+        (info_of(Kind.VALUES, 8, 3), np.zeros(3, np.uint8), n),
+    ]
+    for i, (info, raw, nn) in enumerate(bad):
+        with pytest.raises(CorruptFrameError):
+            decode_indices(info, raw, nn)
+            pytest.fail(f"case {i} decoded")
+    # last bitmap bit in range is fine; n % 8 == 0 has no padding
+    np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x08]].astype(np.uint8), n), [99])
+    np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_BITMAP, 1, 16), np.array([0, 0x80], np.uint8), 16), [15])

@@ -1,0 +1,216 @@
+"""codec.ops.scatter and codec.ops.store against NumPy references, every mode and dtype.
+
+The contract: ``out (=|+=|-=) src`` is the exact result correctly rounded (nearest, ties to
+even) to ``out``'s dtype.  The NumPy reference computes in float64 and is exact except where
+the float64 sum itself was rounded onto a rounding boundary of the output format; those few
+entries are recomputed with exact rational arithmetic.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from codec import ops
+from codec.modes import ADD, SET, SUB
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
+
+F16 = np.dtype(np.float16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+DTYPES = (F16, BF16, F32, F64)
+WIDE = (F32, F64)
+MODES = (SET, ADD, SUB)
+CHUNK = 1 << 14  # indices per parallel chunk of the scatter kernel
+
+
+def as64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+def round_to(x64, dtype, ref16):
+    """float64 values correctly rounded to ``dtype`` (float64 -> float32 by NumPy is correctly rounded)."""
+    dtype = np.dtype(dtype)
+    if dtype == F64:
+        return x64.copy()
+    if dtype == F32:
+        return x64.astype(np.float32)
+    return ref16(x64, dtype).view(dtype)
+
+
+def combine_ref(a, b, mode, dtype, ref16, exact_round):
+    """``a (=|+=|-=) b`` (any float arrays, same size) correctly rounded to ``dtype``."""
+    a64, b64 = as64(a), as64(b)
+    if mode == SET:
+        return round_to(b64, dtype, ref16)
+    if mode == SUB:
+        b64 = -b64
+    s = a64 + b64
+    want = round_to(s, dtype, ref16)
+    if np.dtype(dtype) != F64:
+        # where the float64 sum was inexact and sits on a boundary of the target format, round exactly
+        bb = s - a64
+        err = (a64 - (s - bb)) + (b64 - bb)
+        lo = round_to(np.nextafter(s, -np.inf), dtype, ref16)
+        hi = round_to(np.nextafter(s, np.inf), dtype, ref16)
+        u = {2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
+        risky = np.flatnonzero(np.isfinite(s) & (err != 0) & (lo.view(u) != hi.view(u)))
+        for i in risky:
+            want[i] = exact_round(Fraction(float(a64[i])) + Fraction(float(b64[i])), dtype)
+    return want
+
+
+def assert_same(got, want):
+    """Bit-identical (signed zeros too); any NaN matches any NaN."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    gn, wn = np.isnan(got.astype(np.float64)), np.isnan(want.astype(np.float64))
+    np.testing.assert_array_equal(gn, wn)
+    u = {2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+    bad = np.flatnonzero((got.view(u) != want.view(u)) & ~wn)
+    assert not bad.size, f"{bad.size} differ; first at {bad[0]}: got {got[bad[0]]!r}, want {want[bad[0]]!r}"
+
+
+def data(rng, n, dtype, special=True):
+    """Heavy-tailed values in ``dtype`` with some zeros, and (optionally) a few inf/NaN."""
+    x = rng.standard_t(2, n) * 2.0 ** rng.integers(-24, 12, n)
+    x[rng.random(n) < 0.02] = 0.0
+    if special and n >= 50:
+        x[rng.choice(n, 3, replace=False)] = [np.inf, -np.inf, np.nan]
+    return x.astype(dtype)
+
+
+# ---------------------------------------------------------------- store
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("src_dtype", DTYPES, ids=str)
+def test_store_random(src_dtype, out_dtype, mode, ref16, exact_round):
+    rng = np.random.default_rng(mode * 16 + DTYPES.index(src_dtype) * 4 + DTYPES.index(out_dtype))
+    for n in (0, 1, 7, 65536 + 3):
+        src, out = data(rng, n, src_dtype), data(rng, n, out_dtype)
+        want = combine_ref(out, src, mode, out_dtype, ref16, exact_round)
+        got = out.copy()
+        ops.store(src, got, mode)
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("mode", (ADD, SUB))
+@pytest.mark.parametrize("out_dtype", (F16, BF16, F32), ids=str)
+@pytest.mark.parametrize("src_dtype", (F32, F64), ids=str)
+def test_store_has_no_double_rounding(src_dtype, out_dtype, mode, ref16, exact_round):
+    """Sums a hair off a tie of the output format: rounding the sum to float32 or float64
+    first would land exactly on the tie and then round to even, the wrong way."""
+    rng = np.random.default_rng(5)
+    n = 4000
+    bits = {F16: 11, BF16: 8, F32: 24}[out_dtype]
+    a = (1.0 + rng.integers(0, 1 << (bits - 1), n) * 2.0 ** (1 - bits)) * 2.0 ** rng.integers(-3, 4, n)
+    a = round_to(a, out_dtype, ref16)
+    a64 = as64(a)
+    _, e = np.frexp(a64)
+    half_ulp = np.ldexp(1.0, e - bits - 1)  # half an ulp of the output format at a
+    tiny = half_ulp * 2.0 ** -rng.integers(14, 40, n) * rng.choice([-1.0, 1.0], n)
+    b = half_ulp + tiny if mode == ADD else -(half_ulp + tiny)
+    b = b.astype(src_dtype)
+    want = combine_ref(a, b, mode, out_dtype, ref16, exact_round)
+    exact = np.array([exact_round(Fraction(float(x)) + (1 if mode == ADD else -1) * Fraction(float(y)), out_dtype) for x, y in zip(a64, as64(b))])
+    assert_same(want, exact.astype(out_dtype) if out_dtype in WIDE else round_to(exact, out_dtype, ref16))
+    got = a.copy()
+    ops.store(b, got, mode)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("out_dtype", (F16, BF16, F32), ids=str)
+def test_store_set_from_float64_is_correctly_rounded(out_dtype, ref16):
+    rng = np.random.default_rng(6)
+    bits = {F16: 11, BF16: 8, F32: 24}[out_dtype]
+    mid = (1.0 + (2 * rng.integers(0, 1 << (bits - 1), 3000) + 1) * 2.0**-bits) * 2.0 ** rng.integers(-5, 5, 3000)
+    src = np.concatenate([mid * (1 + 2.0**-40), mid * (1 - 2.0**-40), mid])
+    got = np.zeros(src.size, out_dtype)
+    ops.store(src, got, SET)
+    assert_same(got, round_to(src, out_dtype, ref16))
+
+
+def test_store_rejects_mismatched_sizes():
+    with pytest.raises(ValueError):
+        ops.store(np.zeros(5, np.float32), np.zeros(4, np.float32), ADD)
+    with pytest.raises(ValueError):
+        ops.store(np.zeros(5, np.float32), np.zeros(6, np.float16), SET)
+
+
+# ---------------------------------------------------------------- scatter
+def scatter_ref(values, idx, out, mode, ref16, exact_round):
+    want = np.zeros_like(out) if mode == SET else out.copy()
+    want[idx] = combine_ref(out[idx], values, mode, out.dtype, ref16, exact_round)
+    return want
+
+
+SCATTER_SIZES = ((0, 0), (0, 10), (1, 1), (1, 100), (7, 30), (CHUNK - 1, 3 * CHUNK), (CHUNK, CHUNK), (CHUNK + 1, 5 * CHUNK), (3 * CHUNK + 7, 4 * CHUNK))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("out_dtype", WIDE, ids=str)
+@pytest.mark.parametrize("val_dtype", WIDE, ids=str)
+def test_scatter_random(val_dtype, out_dtype, mode, ref16, exact_round):
+    rng = np.random.default_rng(mode)
+    for k, n in SCATTER_SIZES:
+        idx = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+        values = data(rng, k, val_dtype)
+        out = data(rng, n, out_dtype)
+        want = scatter_ref(values, idx, out, mode, ref16, exact_round)
+        got = out.copy()
+        ops.scatter(values, idx, got, mode)
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("out_dtype", (F16, BF16), ids=str)
+def test_scatter_into_16_bit_outputs(out_dtype, mode, ref16, exact_round):
+    rng = np.random.default_rng(11)
+    for k, n in SCATTER_SIZES[:6]:
+        idx = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+        for val_dtype in DTYPES:
+            values = data(rng, k, val_dtype)
+            out = data(rng, n, out_dtype)
+            got = out.copy()
+            ops.scatter(values, idx, got, mode)
+            assert_same(got, scatter_ref(values, idx, out, mode, ref16, exact_round))
+
+
+def test_scatter_unsorted_unique_and_index_dtypes(ref16, exact_round):
+    rng = np.random.default_rng(12)
+    n = 3 * CHUNK
+    idx = rng.permutation(n)[: 2 * CHUNK + 5]
+    values = data(rng, idx.size, np.float32)
+    out = data(rng, n, np.float32)
+    for mode in MODES:
+        want = scatter_ref(values, idx, out, mode, ref16, exact_round)
+        for it in (np.int64, np.int32, np.uint32, np.uint64):
+            got = out.copy()
+            ops.scatter(values, idx.astype(it), got, mode)
+            assert_same(got, want)
+
+
+def test_scatter_empty_index_set():
+    out = np.arange(10, dtype=np.float32)
+    ops.scatter(np.zeros(0, np.float32), np.zeros(0, np.int64), out, ADD)
+    np.testing.assert_array_equal(out, np.arange(10))
+    ops.scatter(np.zeros(0, np.float32), np.zeros(0, np.int64), out, SET)
+    np.testing.assert_array_equal(out, np.zeros(10))
+    ops.scatter(np.zeros(0, np.float64), np.zeros(0, np.int64), np.zeros(0, np.float64), SUB)
+
+
+def test_scatter_rejects_bad_input():
+    out = np.zeros(10, np.float32)
+    with pytest.raises(IndexError):
+        ops.scatter(np.ones(1, np.float32), np.array([10]), out, SET)
+    with pytest.raises(IndexError):
+        ops.scatter(np.ones(1, np.float32), np.array([-1]), out, ADD)
+    with pytest.raises(ValueError):
+        ops.scatter(np.ones(2, np.float32), np.array([1]), out, ADD)
+    with pytest.raises(TypeError):
+        ops.scatter(np.ones(1, np.float32), np.array([1.0]), out, ADD)
