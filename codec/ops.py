@@ -65,12 +65,7 @@ def narrow(x: np.ndarray, dtype) -> tuple[np.ndarray, int]:
         out[:] = flat.view(np.uint16)
         bad = kern.count_nonfinite(_ro(widen(flat))) if flat.size else 0
         return out, int(bad)
-    if flat.dtype == np.float64:  # through float32 rounded to odd: no double rounding
-        encode = kern.f64_to_f16 if dtype == HALF else kern.f64_to_bf16
-        return out, int(encode(_ro(flat), out))
-    bits = widen(flat).view(np.uint32)
-    encode = kern.f32_to_f16 if dtype == HALF else kern.f32_to_bf16
-    return out, int(encode(_ro(bits), out))
+    return out, int(kern.narrow_codes(_ro(widen(flat)), out, dtype != HALF))
 
 
 def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:

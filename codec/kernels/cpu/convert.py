@@ -1,8 +1,8 @@
 """Float format conversion kernels (Numba CPU): float32/float64 -> fp16/bf16 codes and back.
 
-Encoders work on the raw bits of the input (a ``uint32`` view of float32), round to nearest,
-ties to even, and count non-finite inputs in the same pass (branch-free, so the loop
-vectorises).  Decoders expand 16-bit codes through a 65,536-entry float32 table (exact for
+The encoder (``narrow_codes``) works on float32 bits (float64 is first rounded to odd in
+float32), rounds to nearest, ties to even, and counts non-finite inputs in the same pass
+(branch-free, so the loop vectorises).  Decoders expand 16-bit codes through a 65,536-entry float32 table (exact for
 every code, NaN payloads included) and either store, add or subtract into the output.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
@@ -15,9 +15,9 @@ import numpy as np
 
 from codec._jit import jit, prange
 
-_CHUNK = 1 << 16
+from codec.modes import ADD, SET, SUB
 
-from codec.modes import ADD, SET, SUB  # noqa: F401  (decode modes)
+_CHUNK = 1 << 16
 
 
 @jit
@@ -62,42 +62,6 @@ def _nonfinite(u):
     return np.int64((u & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
 
 
-@jit(parallel=True)
-def f32_to_f16(bits, out):
-    """fp16 codes of float32 input given as its ``uint32`` bits; returns the non-finite count."""
-    n = bits.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunk, np.int64)
-    for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
-        k = np.int64(0)
-        for i in range(lo, hi):
-            u = bits[i]
-            out[i] = _f32_to_f16_bits(u)
-            k += _nonfinite(u)
-        bad[c] = k
-    return bad.sum()
-
-
-@jit(parallel=True)
-def f32_to_bf16(bits, out):
-    """bf16 codes of float32 input given as its ``uint32`` bits; returns the non-finite count."""
-    n = bits.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunk, np.int64)
-    for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
-        k = np.int64(0)
-        for i in range(lo, hi):
-            u = bits[i]
-            out[i] = _f32_to_bf16_bits(u)
-            k += _nonfinite(u)
-        bad[c] = k
-    return bad.sum()
-
-
 @jit
 def _f64_to_f32_odd_bits(d):
     """float32 bits of float64 ``d`` rounded to odd (toward zero, then the last bit set if inexact).
@@ -140,20 +104,10 @@ def _sum_odd(a, b):
 
 
 @jit(parallel=True)
-def f64_to_f32_odd(x, out):
-    """float32 bits (uint32 ``out``) of float64 ``x`` rounded to odd, see ``_f64_to_f32_odd_bits``."""
-    n = x.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
-    for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
-        for i in range(lo, hi):
-            out[i] = _f64_to_f32_odd_bits(x[i])
-
-
-@jit(parallel=True)
-def f64_to_f16(x, out):
-    """fp16 codes of float64 ``x``, correctly rounded (via round-to-odd float32); returns the non-finite count."""
+def narrow_codes(x, out, bf16):
+    """fp16 (``bf16=False``) or bf16 codes of float32/float64 ``x``, correctly rounded to nearest
+    even; returns the non-finite count.  Every value goes through float32 rounded to odd
+    (exact for float32 input), so float64 input is not double-rounded."""
     n = x.size
     nchunk = (n + _CHUNK - 1) // _CHUNK
     bad = np.zeros(nchunk, np.int64)
@@ -162,26 +116,8 @@ def f64_to_f16(x, out):
         hi = min(n, lo + _CHUNK)
         k = np.int64(0)
         for i in range(lo, hi):
-            u = _f64_to_f32_odd_bits(x[i])
-            out[i] = _f32_to_f16_bits(u)
-            k += _nonfinite(u)
-        bad[c] = k
-    return bad.sum()
-
-
-@jit(parallel=True)
-def f64_to_bf16(x, out):
-    """bf16 codes of float64 ``x``, correctly rounded (via round-to-odd float32); returns the non-finite count."""
-    n = x.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
-    bad = np.zeros(nchunk, np.int64)
-    for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
-        k = np.int64(0)
-        for i in range(lo, hi):
-            u = _f64_to_f32_odd_bits(x[i])
-            out[i] = _f32_to_bf16_bits(u)
+            u = _f64_to_f32_odd_bits(np.float64(x[i]))
+            out[i] = _f32_to_bf16_bits(u) if bf16 else _f32_to_f16_bits(u)
             k += _nonfinite(u)
         bad[c] = k
     return bad.sum()
