@@ -124,13 +124,18 @@ def read_tensors(path) -> dict[str, np.ndarray]:
     return _read_safetensors(path)
 
 
-def _read_npy(path: Path) -> dict[str, np.ndarray]:
+def _np_load(path: Path, kind: str):
+    """``np.load`` without pickle; a damaged file becomes a one-line TensorFileError."""
     try:
-        arr = np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False)
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
     except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:
-        raise TensorFileError(f"{path}: not a readable .npy file: {_one_line(e)}") from None
+        raise TensorFileError(f"{path}: not a readable {kind} file: {_one_line(e)}") from None
+
+
+def _read_npy(path: Path) -> dict[str, np.ndarray]:
+    arr = _np_load(path, ".npy")
     if not isinstance(arr, np.ndarray):  # np.load of a zip gives an NpzFile
         arr.close()
         raise TensorFileError(f"{path}: not a .npy file; it looks like a .npz (zip) file, rename it")
@@ -138,12 +143,7 @@ def _read_npy(path: Path) -> dict[str, np.ndarray]:
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        z = np.load(path, allow_pickle=False)
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
-        raise
-    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:
-        raise TensorFileError(f"{path}: not a readable .npz file: {_one_line(e)}") from None
+    z = _np_load(path, ".npz")
     if not isinstance(z, np.lib.npyio.NpzFile):
         raise TensorFileError(f"{path}: not a .npz (zip) file; it looks like a .npy file, rename it")
     out = {}
