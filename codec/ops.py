@@ -51,16 +51,17 @@ def widen(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def narrow(x: np.ndarray, dtype) -> tuple[np.ndarray, int]:
+def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """16-bit codes (uint16) of float ``x`` in ``dtype`` (float16 or bfloat16), round to nearest even.
 
-    Returns ``(codes, nonfinite_count)``.  float64 input is rounded to odd first, so the
-    result is correctly rounded (no double rounding).
+    Returns ``(codes, nonfinite_count)``; ``codes`` is ``out`` when given (uint16, x's size),
+    so a caller can write straight into a frame.  float64 input is rounded to odd first, so
+    the result is correctly rounded (no double rounding).
     """
     dtype = np.dtype(dtype)
     flat = np.ascontiguousarray(x).reshape(-1)
     kern = backend("convert", flat)
-    out = np.empty(flat.size, np.uint16)
+    out = np.empty(flat.size, np.uint16) if out is None else out
     if flat.dtype == dtype:
         out[:] = flat.view(np.uint16)
         bad = kern.count_nonfinite(_ro(widen(flat))) if flat.size else 0

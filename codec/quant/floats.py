@@ -48,10 +48,12 @@ class _Half(Stage):
     def encode(self, values, ctx, sections):
         from codec.ops import narrow
 
-        codes, bad = narrow(values, self.dtype)
-        if bad and self.nonfinite == "raise":
-            self._raise_nonfinite(values, ctx)
-        sections.append(Section(Kind.VALUES, 16, codes.size, codes))
+        def fill(out):  # the codes are written once, straight into the frame
+            _, bad = narrow(values, self.dtype, out.view(np.uint16))
+            if bad and self.nonfinite == "raise":
+                self._raise_nonfinite(values, ctx)
+
+        sections.append(Section(Kind.VALUES, 16, values.size, fill=fill))
 
     def encode_feedback(self, x, slot, ctx, sections) -> bool:
         """Fused error-feedback step for float32: one pass forms x + residual, writes its codes
