@@ -13,34 +13,54 @@ are only imported from inside stage methods: ``import codec`` stays cheap.
 
 from __future__ import annotations
 
+import functools
+import types
+
 import numba
 
 _DEFAULTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
+#: below this many items (the size of a parallel kernel's first argument) the serial
+#: compilation runs: waking the thread pool costs ~60 us, and on a busy machine a parallel
+#: region waits a whole scheduler slice (~16 ms) for a descheduled worker.
+PARALLEL_MIN = 1 << 17
+
+
+class _SizeDispatch:
+    """A parallel kernel compiled twice: ``prange`` as threads, and as a plain loop.
+
+    Both compilations run the same chunked loop (chunk boundaries depend on the array length
+    only), so results are identical; the call picks by the size of the first argument.  The
+    serial twin is a copy of the function with its own qualified name, so the two never share
+    an entry in Numba's on-disk cache.  Parallel kernels are called from Python only.
+    """
+
+    def __init__(self, fn, opts):
+        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        twin.__qualname__ = fn.__qualname__ + "__serial"
+        twin.__module__ = fn.__module__
+        self.parallel = numba.njit(parallel=True, **opts)(fn)
+        self.serial = numba.njit(**opts)(twin)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        kernel = self.parallel if getattr(args[0], "size", 0) >= PARALLEL_MIN else self.serial
+        return kernel(*args)
+
 
 def jit(fn=None, **options):
-    """``numba.njit`` with the project's defaults; usable as ``@jit`` or ``@jit(parallel=True)``."""
+    """``numba.njit`` with the project's defaults; usable as ``@jit`` or ``@jit(parallel=True)``
+    (a parallel kernel runs serially below ``PARALLEL_MIN`` items, see ``_SizeDispatch``)."""
     opts = dict(_DEFAULTS)
     opts.update(options)
     if opts.get("fastmath"):
         raise ValueError("fastmath is not allowed on gradient kernels")
-    if fn is None:
-        return lambda f: numba.njit(**opts)(f)
-    return numba.njit(**opts)(fn)
+    parallel = opts.pop("parallel", False)
+
+    def wrap(f):
+        return _SizeDispatch(f, opts) if parallel else numba.njit(**opts)(f)
+
+    return wrap if fn is None else wrap(fn)
 
 
 prange = numba.prange
-
-# Work is cut into this many chunks at most; chunk boundaries depend on the array size only,
-# never on the thread count, so every result is the same whatever NUMBA_NUM_THREADS says.
-CHUNKS = 64
-MIN_CHUNK = 1 << 16
-
-
-def chunk_bounds(n: int, align: int = 1):
-    """Chunk count and chunk length for ``n`` items, each chunk a multiple of ``align``."""
-    if n <= 0:
-        return 0, align
-    size = max(MIN_CHUNK, -(-n // CHUNKS))
-    size = -(-size // align) * align
-    return -(-n // size), size
