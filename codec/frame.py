@@ -134,8 +134,16 @@ def _new_bytes(size: int) -> tuple[bytes, np.ndarray]:
         buf = bytearray(size)
         return buf, np.frombuffer(buf, np.uint8)
     obj = _PyBytes_FromStringAndSize(None, size)
-    view = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(id(obj) + _BYTES_DATA_OFFSET)) if size else np.empty(0, np.uint8)
-    return obj, view
+    if not size:
+        return obj, np.empty(0, np.uint8)
+    addr = id(obj) + _BYTES_DATA_OFFSET
+    if size >= _HUGE and _madvise is not None:
+        # as NumPy does for its own large arrays: 2 MiB pages, so filling a fresh 100 MB frame
+        # takes ~50 page faults instead of ~25,000 (measured 64 ms -> 15 ms for 100 MB)
+        start, end = -(-addr // _HUGE) * _HUGE, (addr + size) // _HUGE * _HUGE
+        if end > start:
+            _madvise(start, end - start, _MADV_HUGEPAGE)
+    return obj, np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(addr))
 
 
 try:
@@ -150,6 +158,16 @@ try:
     _BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # offsetof(PyBytesObject, ob_sval)
 except (ImportError, AttributeError):  # pragma: no cover
     _PyBytes_FromStringAndSize = None
+
+_HUGE = 1 << 21
+_MADV_HUGEPAGE = 14
+try:  # Linux transparent huge pages; elsewhere nothing to do
+    if platform.system() != "Linux":
+        raise OSError
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+except (OSError, AttributeError, NameError):  # pragma: no cover
+    _madvise = None
 
 
 def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum: bool = False) -> bytes:
