@@ -91,6 +91,8 @@ class Context:
     a stage may keep between steps, e.g. PowerSGD's Q or a random-k counter); a bare
     ``encode`` uses ``key=None, step=0`` and a fresh ``state``.  ``positions`` maps the
     i-th coded value back to its flat index when a select stage ran (None when dense).
+    ``hints`` carries per-call facts one stage hands the next (AdaComp's scale for its
+    sign-bit value coding).
     """
 
     shape: tuple
@@ -99,6 +101,7 @@ class Context:
     step: int = 0
     state: dict = field(default_factory=dict)
     positions: Any = None
+    hints: dict = field(default_factory=dict)
 
     @property
     def n(self) -> int:
