@@ -14,7 +14,10 @@ Grammar (whitespace between tokens is ignored)::
 
 ``parse`` returns ``[(name, {param: value})]``; ``format_spec`` is its inverse and produces
 the canonical text stored in frames.  Which names and parameters exist is the registry's
-business (``codec.stage``), not the parser's.
+business (``codec.stage``), not the parser's.  A ``call`` value is returned as a :class:`Call`;
+a stage parameter declared ``schedule=True`` turns it into a :class:`codec.schedule.Schedule`
+(``linear``, ``exp``, ``warmup``, ``step``: see docs/spec.md, "Schedules"), which is a ``Call``
+too and formats back to the same canonical text.
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ class _Parser:
         if not self.is_punct(")"):
             while True:
                 tok = self.peek()
-                nxt = self.toks[self.i + 1]
+                nxt = self.toks[min(self.i + 1, len(self.toks) - 1)]
                 if tok[0] == "name" and nxt[0] == "punct" and nxt[1] == "=":
                     self.take()
                     self.take()
@@ -162,6 +165,17 @@ def parse(text: str) -> list[tuple[str, dict]]:
     if not text.strip():
         raise SpecError("bad spec '': empty; expected a stage name such as 'fp16'")
     return _Parser(text).spec()
+
+
+def parse_value(text: str):
+    """Parse one parameter value (``"0.5"``, ``"auto"``, ``"warmup(0.25,0.001,steps=1000)"``)
+    as it would appear after ``name=`` in a spec; raises ValueError on bad syntax."""
+    if not isinstance(text, str):
+        raise TypeError(f"spec value: expected a string, got {type(text).__name__}")
+    p = _Parser(text)
+    v = p.value()
+    p.take("end", what="the end of the value")
+    return v
 
 
 def format_value(v) -> str:

@@ -24,6 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from codec.errors import UnknownCodecError
+from codec.schedule import build
+from codec.spec import Call, SpecError, parse_value
 
 KINDS = ("transform", "select", "value", "bytes")
 
@@ -32,7 +34,16 @@ _REGISTRY: dict[str, type["Stage"]] = {}
 
 @dataclass(frozen=True)
 class Param:
-    """One declared parameter of a stage: name, type, default, bounds or choices, and a doc line."""
+    """One declared parameter of a stage: name, type, default, bounds or choices, and a doc line.
+
+    ``schedule=True`` (int or float parameters): the value may also be a schedule of the step
+    (:mod:`codec.schedule`): a ``Schedule``, a parsed ``codec.spec.Call`` or its text (how a
+    config dict carries it), e.g. ``warmup(0.25,0.001,steps=1000)``.  Every value the schedule
+    can produce must lie within ``low``/``high``.  A stage reads it with ``self.at(name, step)``.
+
+    ``auto=True`` (default must be None): ``None`` and the word ``auto`` both mean "use the
+    stage's default rule" and convert to None, so ``adacomp(bin=auto)`` is ``adacomp``.
+    """
 
     name: str
     type: type
@@ -41,10 +52,24 @@ class Param:
     choices: tuple = ()
     low: float | None = None
     high: float | None = None
+    schedule: bool = False
+    auto: bool = False
+
+    def __post_init__(self):
+        if self.schedule and self.type not in (int, float):
+            raise ValueError(f"parameter {self.name}: schedule=True needs an int or float parameter, not {self.type.__name__}")
+        if self.auto and self.default is not None:
+            raise ValueError(f"parameter {self.name}: auto=True needs default None (None is what 'auto' means), got {self.default!r}")
 
     def convert(self, value, where: str):
         """Check and normalise a user-given value; raises ValueError naming ``where.name``."""
         label = f"{where}: parameter {self.name}"
+        if self.auto and (value is None or (isinstance(value, str) and value.strip().lower() == "auto")):
+            return None
+        if self.schedule and isinstance(value, str):
+            value = self._parse_schedule_text(value, label)
+        if self.schedule and isinstance(value, Call):
+            return self._convert_schedule(value, label)
         if self.type is bool:
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"{label} must be true or false, got {value!r}")
@@ -53,11 +78,11 @@ class Param:
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{label} must be an integer, got {value!r}")
+                raise ValueError(f"{label} must be {self._expected('an integer')}, got {value!r}")
             value = int(value)
         elif self.type is float:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{label} must be a number, got {value!r}")
+                raise ValueError(f"{label} must be {self._expected('a number')}, got {value!r}")
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"{label} must be finite, got {value!r}")
@@ -66,11 +91,39 @@ class Param:
                 raise ValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
         if self.choices and value not in self.choices:
             raise ValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
-        if self.low is not None and value < self.low:
-            raise ValueError(f"{label} must be >= {self.low}, got {value!r}")
-        if self.high is not None and value > self.high:
-            raise ValueError(f"{label} must be <= {self.high}, got {value!r}")
+        self._check_bounds(value, label, value)
         return value
+
+    def _expected(self, what: str) -> str:
+        if self.schedule:
+            what += " or a schedule such as warmup(0.25,0.001,steps=1000)"
+        if self.auto:
+            what += " or auto"
+        return what
+
+    def _check_bounds(self, v, label, shown, where=""):
+        if self.low is not None and v < self.low:
+            raise ValueError(f"{label} must be >= {self.low}, got {shown!r}{where}")
+        if self.high is not None and v > self.high:
+            raise ValueError(f"{label} must be <= {self.high}, got {shown!r}{where}")
+
+    def _parse_schedule_text(self, text: str, label: str) -> Call:
+        try:
+            value = parse_value(text)
+        except SpecError as e:
+            raise ValueError(f"{label} must be {self._expected('a number')}, got {text!r} ({e})") from None
+        if not isinstance(value, Call):
+            raise ValueError(f"{label} must be {self._expected('a number')}, got the string {text!r}")
+        return value
+
+    def _convert_schedule(self, call: Call, label: str):
+        try:
+            sched = build(call)
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
+        for what, v in sched.points():
+            self._check_bounds(v, label, v, f" ({what} of {sched})")
+        return sched
 
     def describe(self) -> dict:
         d = {"name": self.name, "type": self.type.__name__, "default": self.default, "doc": self.doc}
@@ -80,6 +133,10 @@ class Param:
             d["min"] = self.low
         if self.high is not None:
             d["max"] = self.high
+        if self.schedule:
+            d["schedule"] = True
+        if self.auto:
+            d["auto"] = True
         return d
 
 
@@ -139,6 +196,22 @@ class Stage:
 
     def validate(self) -> None:
         """Reject inconsistent parameter combinations (override; raise ValueError)."""
+
+    def at(self, name: str, step: int = 0):
+        """The value of parameter ``name`` at ``step`` (``ctx.step``: 0 for a bare encode).
+
+        A constant is returned as stored; a schedule is evaluated (an int parameter's schedule
+        is rounded to the nearest int, halves up).  Raises KeyError for an undeclared name."""
+        v = self.config[name]
+        if not isinstance(v, Call):
+            return v
+        x = v(step)
+        p = next(p for p in self.params if p.name == name)
+        return math.floor(x + 0.5) if p.type is int else x
+
+    def scheduled(self) -> tuple:
+        """Names of the parameters that currently hold a schedule (not a constant)."""
+        return tuple(k for k, v in self.config.items() if isinstance(v, Call))
 
     @classmethod
     def summary(cls) -> str:
