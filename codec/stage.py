@@ -68,8 +68,10 @@ class Param:
             return None
         if self.schedule and isinstance(value, str):
             value = self._parse_schedule_text(value, label)
-        if self.schedule and isinstance(value, Call):
-            return self._convert_schedule(value, label)
+        if isinstance(value, Call):
+            if self.schedule:
+                return self._convert_schedule(value, label)
+            raise ValueError(f"{label} is not schedulable: it takes {self._expected(self._kind())}, got {value}")
         if self.type is bool:
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"{label} must be true or false, got {value!r}")
@@ -93,6 +95,11 @@ class Param:
             raise ValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
         self._check_bounds(value, label, value)
         return value
+
+    def _kind(self) -> str:
+        if self.choices:
+            return f"one of {list(self.choices)}"
+        return {bool: "true or false", int: "an integer", float: "a number"}.get(self.type, f"a {self.type.__name__}")
 
     def _expected(self, what: str) -> str:
         if self.schedule:

@@ -259,8 +259,10 @@ def test_param_rejects_bad_values(value, fragments):
 
 def test_unschedulable_param_rejects_schedules():
     plain = Param("level", int, 3, "zstd level", low=1, high=22)
-    with pytest.raises(ValueError, match="must be an integer, got warmup"):
+    with pytest.raises(ValueError, match=r"zstd: parameter level is not schedulable: it takes an integer, got warmup\(1.0,2.0,steps=3\)"):
         plain.convert(warmup(1, 2, steps=3), "zstd")
+    with pytest.raises(ValueError, match=r"is not schedulable: it takes an integer, got warmup\(1,2\)"):
+        plain.convert(parse_value("warmup(1,2)"), "zstd")
     with pytest.raises(ValueError, match="must be an integer, got 'linear"):
         plain.convert("linear(1,2,steps=3)", "zstd")
     with pytest.raises(ValueError, match="schedule=True needs an int or float"):
