@@ -629,39 +629,63 @@ def test_error_feedback_matches_reference_loop(case, dtype, suffix):
 
 
 # ====================================================================== schedules
-def test_topk_warmup_schedule_under_error_feedback():
-    need("topk")
+def _warmup(start, end, steps, t, every=1):
+    """docs/spec.md "Schedules": u = min(floor(t/every)*every, steps)/steps; start*(end/start)**u, end exactly at u = 1."""
+    u = min((t // every) * every, steps) / steps
+    return end if u >= 1 else start * (end / start) ** u
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["topk(ratio=warmup(0.25,0.001,steps=4))", "gaussiank(ratio=warmup(0.25,0.001,steps=4),exact=true)",
+     "randomk(ratio=warmup(0.25,0.001,steps=4),seed=5)", "dgc(ratio=warmup(0.25,0.001,steps=4))"],
+)
+def test_warmup_schedule_under_error_feedback(spec):
+    need(spec)
     schedule = pytest.importorskip("codec.schedule")
-    spec = "topk(ratio=warmup(0.25,0.001,steps=4))"
     c = codec.get_codec(spec)
-    value_at = _schedule_evaluator(schedule, c)
+    sched = schedule.warmup(0.25, 0.001, steps=4)
     n = 10_007
-    x = make("heavy", (n,), F32)
     ef = codec.ErrorFeedback(c)
-    ratios = []
+    rng = np.random.default_rng(17)
+    r = np.zeros(n, np.float32)
     for step in range(6):
-        r = value_at(step)
-        ratios.append(r)
+        ratio = _warmup(0.25, 0.001, 4, step)
+        assert sched(step) == ratio, f"schedule value at step {step}: {sched(step)} != {ratio}"
+        x = (rng.standard_t(2, n) * 1e-3).astype(np.float32)
+        acc = x + r
+        if spec.startswith("randomk"):
+            pos, vals = ref.randomk(acc, ratio, 5, "w", step)
+        elif spec.startswith("dgc"):
+            pos, vals = ref.dgc(acc, ratio, 0.01)
+        else:
+            pos, vals = ref.topk(acc, ref.k_of(ratio, n))
+            assert pos.size == ref.k_of(ratio, n)
         frame = ef.encode(x, key="w")
-        assert kept_count(frame) == ref.k_of(r, n), f"step {step}: kept {kept_count(frame)}, want k_of({r}, n)"
-    assert ratios[0] == 0.25 and ratios[4] == ratios[5] == 0.001
-    assert all(a >= b for a, b in zip(ratios, ratios[1:]))
+        what = f"{spec} step {step} (ratio {ratio})"
+        assert kept_count(frame) == pos.size, f"{what}: kept {kept_count(frame)}, want {pos.size}"
+        want = ref.dense(pos, vals, (n,), np.float32)
+        assert_same(codec.decode(frame), want, what)
+        r = acc - want
+    assert ratio == 0.001
     # a bare encode uses step 0
-    assert kept_count(c.encode(x)) == ref.k_of(0.25, n)
+    assert kept_count(c.encode(np.ones(n, np.float32))) == ref.k_of(0.25, n)
 
 
-def _schedule_evaluator(schedule, c):
-    """value(step) of the codec's ratio schedule (the schedule module's API is discovered)."""
-    sched = c.select.ratio
-    for name in ("value", "at", "__call__"):
-        f = getattr(sched, name, None)
-        if callable(f):
-            return lambda step, f=f: float(f(step))
-    for name in ("evaluate", "value_at", "resolve"):
-        f = getattr(schedule, name, None)
-        if callable(f):
-            return lambda step, f=f: float(f(sched, step))
-    pytest.fail(f"cannot evaluate schedule {sched!r}")
+def test_threshold_step_schedule():
+    schedule = pytest.importorskip("codec.schedule")  # noqa: F841
+    x = np.linspace(-1, 1, 201).astype(np.float32)
+    # the kept set at each step follows the value of the schedule at that step
+    ef = codec.ErrorFeedback("threshold(value=step(0.5,0.1,0.01,every=2))")
+    r = np.zeros_like(x)
+    for t in range(8):
+        value = (0.5, 0.1, 0.01)[min(t // 2, 2)]
+        acc = x + r
+        pos, vals = ref.threshold(acc, value)
+        frame = ef.encode(x, key="k")
+        want = ref.dense(pos, vals, x.shape, x.dtype)
+        assert_same(codec.decode(frame), want, f"threshold schedule step {t}")
+        r = acc - want
 
 
 # ====================================================================== momentum
