@@ -275,6 +275,10 @@ class SectionReader:
         self.i += 1
         return s, data
 
+    def remaining(self) -> list:
+        """The infos of the sections not taken yet (to bound an allocation before taking them)."""
+        return self.frame.sections[self.i :]
+
     def done(self) -> None:
         if self.i != len(self.frame.sections):
             raise CorruptFrameError(f"frame has {len(self.frame.sections) - self.i} section(s) that codec {self.frame.spec!r} does not use")

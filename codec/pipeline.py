@@ -68,21 +68,40 @@ class Codec:
 
     def encode_feedback(self, x: np.ndarray, slot) -> bytes:
         """One error-feedback step for ``ErrorFeedback``: encode ``x + slot.residual`` and leave
-        ``acc - decoded`` in ``slot.residual``.  The select stage (or, without one, the value
-        stage) may define ``encode_feedback(x, slot, ctx, sections) -> bool``: a fused kernel
-        that appends the sections, updates the residual and returns True, or returns False to
-        use the generic path (acc = x + residual; encode; subtract the decoded frame)."""
+        ``acc - decoded`` in ``slot.residual``."""
+        return self._feedback(x, slot)[0]
+
+    def _feedback(self, x: np.ndarray, slot):
+        """:meth:`encode_feedback`, also returning the sent positions (None: all of them).
+
+        A select stage with ``fuses_feedback`` forms ``acc = x + residual`` inside its own
+        selection pass (``select(x, ctx, sections, residual=, out=)``); without a select
+        stage, the value stage may define ``encode_feedback(x, slot, ctx, sections) -> bool``,
+        a fused kernel that appends the sections and updates the residual (or declines).
+        Otherwise: acc = x + residual; encode.  The residual becomes ``acc - decoded``, by
+        subtracting the frame (sparse frames touch only the sent positions); ``acc`` is a
+        buffer other than the residual, so on error the residual is untouched.
+        """
         ctx = Context(x.shape, x.dtype, key=slot.key, step=slot.step, state=slot.state)
-        fused = getattr(self.select if self.select is not None else self.value, "encode_feedback", None)
-        if fused is not None:
+        flat = x.reshape(-1)
+        if self.select is None:
+            fused = getattr(self.value, "encode_feedback", None)
             sections = []
-            if fused(x.reshape(-1), slot, ctx, sections):  # a stage may decline (e.g. other dtypes)
-                return build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options)
-        acc = np.add(x, slot.residual, out=np.empty_like(x))  # new buffer: on error the residual is untouched
-        frame = self._encode(acc, ctx)
+            if fused is not None and fused(flat, slot, ctx, sections):
+                return build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options), None
+        acc = slot.spare if slot.spare is not None else np.empty_like(slot.residual)
+        slot.spare = None  # in use; given back below, or dropped on error
+        if getattr(self.select, "fuses_feedback", False):
+            sections = []
+            ctx.positions, values = self.select.select(flat, ctx, sections, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
+            self.value.encode(values, ctx, sections)
+            frame = build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options)
+        else:
+            np.add(x, slot.residual, out=acc)
+            frame = self._encode(acc, ctx)
         self._decode_into(parse_frame(frame), acc.reshape(-1), SUB)
-        slot.residual = acc
-        return frame
+        slot.spare, slot.residual = slot.residual, acc
+        return frame, ctx.positions
 
     # ---------------------------------------------------------------- decode
     def decode(self, frame, out=None, *, max_elements=None):
@@ -184,8 +203,10 @@ class Codec:
 
 # -------------------------------------------------------------------- helpers
 def _default_value(select) -> Stage:
-    name = getattr(select, "default_value", "none") if select is not None else "none"
-    return lookup(name)()
+    """The value stage a pipeline without one gets: the select stage's ``default_value`` (a
+    registered name, or a Stage class private to the select stage), else ``none``."""
+    value = getattr(select, "default_value", "none") if select is not None else "none"
+    return (value if isinstance(value, type) else lookup(value))()
 
 
 def _non_default(stage: Stage) -> dict:

@@ -1,0 +1,94 @@
+"""``adacomp(bin=auto)``: AdaComp (Chen et al., AAAI 2018), residual binning with localized
+selection per bin and one scale per tensor (docs/codecs.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.frame import Kind, Section
+from codec.sparse.magnitude import IndexSelect, _ro, collect, raise_nonfinite
+from codec.stage import Param, Stage, register
+
+#: the paper's bin lengths: convolutions (ndim >= 3) and everything else
+CONV_BIN, FC_BIN = 50, 500
+#: about this many elements per chunk of bins
+SPAN = 1 << 16
+
+
+class SignScale(Stage):
+    """AdaComp's own value coding: one sign bit per kept value (1 = negative) and the scale."""
+
+    name = "adacomp.signs"
+    kind = "value"
+    lossless = False
+
+    def encode(self, values, ctx, sections):
+        from codec.pack import pack_bits
+
+        sections.append(Section(Kind.SCALARS, 64, 1, np.array([ctx.hints["scale"]], "<f8")))
+        signs = np.signbit(values).view(np.uint8)
+        sections.append(Section(Kind.VALUES, 1, values.size, pack_bits(signs, 1)))
+
+    def read(self, reader, ctx, count):
+        from codec.pack import unpack_bits
+
+        _, raw = reader.take(Kind.SCALARS, bits=64, count=1)
+        scale = float(raw.view("<f8")[0])
+        _, bits = reader.take(Kind.VALUES, bits=1, count=count)
+        return scale, unpack_bits(bits, 1, count)
+
+    def write(self, payload, out, mode):
+        from codec.ops import store
+
+        scale, negative = payload
+        store(np.where(negative.astype(bool), -scale, scale), out, mode)
+
+
+@register
+class AdaComp(IndexSelect):
+    """AdaComp: per bin, send |G+dW| >= max|G|; values as sign bits times one scale."""
+
+    name = "adacomp"
+    default_value = SignScale
+    params = (Param("bin", int, None, f"bin length L; auto = {CONV_BIN} if ndim >= 3 else {FC_BIN}", low=1, auto=True),)
+
+    def length(self, shape) -> int:
+        return self.bin if self.bin is not None else (CONV_BIN if len(shape) >= 3 else FC_BIN)
+
+    def select(self, values, ctx, sections, residual=None, out=None):
+        from codec.kernels import backend
+        from codec.ops import WIDE, widen
+        from codec.pack import encode_indices
+
+        n = values.size
+        L = self.length(ctx.shape)
+        nbins = -(-n // L)
+        per_chunk = max(1, SPAN // L)
+        nchunk = -(-nbins // per_chunk)
+        dw = _ro(values)
+        if values.dtype in WIDE:
+            g, form = (values, False) if residual is None else (out, True)
+            kdw = dw
+        else:  # 16-bit: G rounded to the array's dtype, then the test on exact float32 widenings
+            g = values if residual is None else np.add(values, residual, out=out)
+            form, kdw = False, _ro(widen(values))
+        kg = g if form else _ro(widen(g))
+        kern = backend("select", kdw)
+        gmax = np.empty(nbins, kg.dtype)
+        bad = np.zeros(nchunk, np.int64)
+        rr = _ro(residual) if form else None
+
+        def run(chunks, buf, counts):
+            if form and chunks[1] - chunks[0] == nchunk:
+                kern.feedback_adacomp_bins(kdw, rr, kg, L, per_chunk, chunks, buf, counts, bad, gmax)
+            else:  # a re-run of one chunk reads the G formed by the first run
+                kern.adacomp_bins(kdw, _ro(kg), L, per_chunk, chunks, buf, counts, bad, gmax)
+
+        cap = n if nchunk <= 1 else max(64, per_chunk * L // 16)
+        idx = collect(run, nchunk, cap) if n else np.empty(0, np.int64)
+        if bad.any():
+            raise_nonfinite(g, ctx, self.name)
+        scale = np.sum(gmax, dtype=np.float64) / nbins if nbins else 0.0
+        ctx.hints["scale"] = float(np.array(scale).astype(values.dtype))  # exact in every output dtype
+        sections.append(encode_indices(idx, n))
+        return idx, g[idx]

@@ -1,0 +1,52 @@
+"""``dgc(ratio=, sample=0.01)``: Deep Gradient Compression's sampled threshold with its
+adaptation loop (docs/codecs.md)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from codec.sparse.magnitude import MagnitudeSelect, k_of
+from codec.stage import Param, register
+
+MIN_SAMPLE = 4096
+RETRIES = 10
+
+
+@register
+class DGC(MagnitudeSelect):
+    """DGC threshold from a strided sample; x0.8 retries below 0.8k, exact top-k above 1.3k."""
+
+    name = "dgc"
+    params = (
+        Param("ratio", float, 0.01, "target density k/n, in (0, 1]", low=0.0, high=1.0, schedule=True),
+        Param("sample", float, 0.01, "sampled fraction, in (0, 1]", low=0.0, high=1.0),
+    )
+
+    def validate(self):
+        if self.ratio == 0 or self.sample == 0:
+            raise ValueError("dgc: parameters ratio and sample must be > 0")
+
+    def choose(self, mags, ctx):
+        n = mags.n
+        if n == 0:
+            return np.empty(0, np.int64)
+        ratio = self.at("ratio", ctx.step)
+        k = k_of(ratio, n)
+        m = max(math.ceil(self.sample * n), MIN_SAMPLE)
+        stride = 1 if n <= m else n // m
+        sample = mags.acc_sample(stride)  # |acc| at 0, stride, 2*stride, ...
+        ks = min(max(1, math.ceil(ratio * sample.size)), sample.size)
+        thr = float(np.partition(sample, sample.size - ks)[sample.size - ks])
+        upper = math.floor(1.3 * k) + 1  # counts above 1.3k only need to be known as such
+        mags.candidates(upper)
+        for retry in range(RETRIES + 1):
+            count = mags.count_at_least(thr) if thr >= mags.cut or mags.idx.size < upper else mags.idx.size
+            if count > 1.3 * k:
+                return mags.top(k)
+            if count < 0.8 * k and retry < RETRIES:
+                thr *= 0.8
+                continue
+            return mags.at_least(thr)
+        raise AssertionError("unreachable")

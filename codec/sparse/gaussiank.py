@@ -1,0 +1,44 @@
+"""``gaussiank(ratio=, exact=false)``: Shi et al.'s Gaussian threshold, with the kept count
+guaranteed to lie in [ceil(2k/3), floor(4k/3)] (docs/codecs.md)."""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+from codec.sparse.magnitude import MagnitudeSelect, k_of
+from codec.stage import Param, register
+
+
+def bounds(k: int) -> tuple[int, int]:
+    """The kept-count window ``[ceil(2k/3), floor(4k/3)]``."""
+    return (2 * k + 2) // 3, 4 * k // 3
+
+
+@register
+class GaussianK(MagnitudeSelect):
+    """Gaussian-fit threshold |mu| + z*sigma; count clamped to [2k/3, 4k/3] (Shi et al. 2019)."""
+
+    name = "gaussiank"
+    needs_sums = True
+    params = (
+        Param("ratio", float, 0.01, "target density k/n, in (0, 1]", low=0.0, high=1.0, schedule=True),
+        Param("exact", bool, False, "keep exactly k elements (then equal to topk)"),
+    )
+
+    def validate(self):
+        if self.ratio == 0:
+            raise ValueError("gaussiank: parameter ratio must be > 0")
+
+    def choose(self, mags, ctx):
+        ratio = self.at("ratio", ctx.step)
+        k = k_of(ratio, mags.n)
+        lo, hi = bounds(k)
+        mags.candidates(hi)  # the pass: acc, its mean and std, and at least hi candidates
+        if self.exact:
+            return mags.top(k)
+        t = abs(mags.mean) + NormalDist().inv_cdf(1 - ratio / 2) * mags.std
+        # t >= cut: every element above t is a candidate.  t < cut: the candidates all lie
+        # above t, and they are either >= hi of them (the clamp gives hi) or every non-zero
+        # element (the cut fell back to the smallest subnormal, so t is 0)
+        count = int((mags.mag > t).sum()) if t >= mags.cut else mags.idx.size
+        return mags.top(min(max(count, lo), hi, mags.n))

@@ -1,0 +1,256 @@
+"""What the magnitude sparsifiers share: ``k`` from a ratio, and :class:`Magnitudes`, which
+finds the elements of ``acc`` at or above a cut in one pass (fused with ``x + residual``
+under error feedback) and answers exact questions about the top of ``|acc|`` from them.
+
+The cut comes from a strided sample, chosen so that the candidates are a few times the
+number a rule needs; every rule is then applied exactly (float64 comparisons, ties to the
+lower index) to the candidates.  If the sample misjudged, the cut is lowered and the kernel
+runs again on the formed ``acc``: the result never depends on the sample, only the time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from codec.stage import Stage
+
+#: elements sampled to choose a cut (all of them below this size)
+SAMPLE = 1 << 16
+
+
+def k_of(ratio: float, n: int) -> int:
+    """``max(1, floor(ratio * n))`` capped at ``n``; 0 for an empty array."""
+    return 0 if n == 0 else min(n, max(1, math.floor(ratio * n)))
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def collect(run, nchunk: int, cap: int) -> np.ndarray:
+    """Positions found by a chunked kernel, in increasing order.
+
+    ``run(chunks, buf, counts)`` fills row ``c - chunks[0]`` of ``buf`` with chunk ``c``'s first
+    ``buf.shape[1]`` positions and ``counts[c]`` with how many it found.  A chunk that found
+    more than ``cap`` runs again alone into a row of the exact size.
+    """
+    buf = np.empty((nchunk, cap), np.int64)
+    counts = np.zeros(nchunk, np.int64)
+    run(np.array([0, nchunk], np.int64), buf, counts)
+    if not (counts > cap).any():
+        return buf[np.arange(cap) < counts[:, None]]
+    out = np.empty(int(counts.sum()), np.int64)
+    pos = 0
+    for c in range(nchunk):
+        m = int(counts[c])
+        if m > cap:
+            row = np.empty((1, m), np.int64)
+            run(np.array([c, c + 1], np.int64), row, counts)
+            out[pos : pos + m] = row[0]
+        else:
+            out[pos : pos + m] = buf[c, :m]
+        pos += m
+    return out
+
+
+def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
+    from codec.ops import widen
+
+    first = int(np.flatnonzero(~np.isfinite(widen(acc)))[0])
+    raise ValueError(f"x: non-finite value at position {ctx.where(first)}; {name} needs finite input")
+
+
+class Magnitudes:
+    """The array a sparsifier selects from, ``acc``, and exact answers about its top.
+
+    ``Magnitudes(values)`` selects from ``values``; ``Magnitudes(x, residual, out)`` from
+    ``acc = x + residual``, written into ``out`` during the first pass.  ``sums=True`` also
+    gathers the float64 mean and standard deviation of ``acc`` in that pass.
+    """
+
+    def __init__(self, values, ctx, name, residual=None, out=None, sums=False):
+        from codec.ops import WIDE, widen
+
+        self.ctx, self.name, self.n = ctx, name, values.size
+        self.wide = values.dtype in WIDE
+        self._x = _ro(values)
+        self._r = None
+        if residual is None:
+            self.acc = values
+        elif self.wide:
+            self.acc, self._r = out, _ro(residual)
+        else:  # 16-bit: form acc in its own dtype, select from the exact float32 widening
+            self.acc = np.add(values, residual, out=out)
+        self._src = self._x if self.wide else _ro(widen(self.acc))
+        self._want_sums = sums
+        self._sample = None
+        self.mean = self.std = None
+        self.cut = None  # the cut of the current candidates
+        self.idx = self.mag = None
+
+    # ------------------------------------------------------------------ the pass
+    def acc_sample(self, stride: int) -> np.ndarray:
+        """``|acc[::stride]|`` in float64 (formed from ``x`` and the residual before the pass)."""
+        if self._r is not None and self.cut is None:
+            part = np.add(self._x[::stride], self._r[::stride])
+        else:
+            part = self._src[::stride]
+        return np.abs(part.astype(np.float64))
+
+    def sample(self) -> np.ndarray:
+        """The sample cuts are chosen from: ``acc_sample(max(1, n // SAMPLE))``, cached."""
+        if self._sample is None:
+            self._sample = self.acc_sample(max(1, self.n // SAMPLE))
+        return self._sample
+
+    def _scan(self, cut: float) -> None:
+        from codec.kernels import backend
+        from codec.kernels.cpu.select import CHUNK
+
+        n = self.n
+        src, dt = self._src, self._src.dtype
+        kern = backend("select", src)
+        nchunk = -(-n // CHUNK)
+        empty = np.empty(0, dt)
+        form = self._r is not None and self.cut is None
+        x, r, acc = (src, self._r, self.acc) if form else (src, empty, empty)
+        sums = np.zeros((nchunk if self._want_sums and self.mean is None else 0, 2))
+        bad = np.zeros(nchunk, np.int64)
+        cutv = dt.type(cut)
+        if nchunk <= 1:
+            cap = n
+        else:  # room for twice the sample's estimate per chunk; a fuller chunk runs again
+            expect = np.count_nonzero(self.sample() >= cut) * (n / self.sample().size)
+            cap = int(min(CHUNK, 2 * expect / nchunk + 64))
+
+        def run(chunks, buf, counts):
+            kern.candidates(x, r, acc, cutv, chunks, buf, counts, bad, sums)
+
+        idx = collect(run, nchunk, cap)
+        if form:
+            self._src = _ro(self.acc)
+        if bad.any():
+            raise_nonfinite(self.acc, self.ctx, self.name)
+        if sums.shape[0]:
+            s, q = sums.sum(0)
+            self.mean = s / n
+            self.std = math.sqrt(max(0.0, q / n - self.mean**2))
+        self.cut = cut
+        self.idx = idx
+        self.mag = np.abs(self._src[idx].astype(np.float64))
+
+    def _ensure(self, cut: float) -> None:
+        """Candidates at or above ``cut`` (a value of the source dtype, > 0)."""
+        if self.n and (self.cut is None or cut < self.cut):
+            self._scan(cut)
+        elif not self.n:
+            self.candidates(0)
+
+    def _sample_cut(self, need: int) -> float:
+        """A cut with, by the sample, about twice ``need`` elements above it (exact when the
+        sample is the whole array)."""
+        mags = self.sample()
+        m = mags.size
+        rank = min(m, need if m == self.n else 2 * math.ceil(need * m / self.n) + 32)
+        cut = float(np.partition(mags, m - rank)[m - rank])
+        return self._tiny if cut == 0 else cut
+
+    @property
+    def _tiny(self) -> float:
+        """The smallest positive value of the source dtype: a cut that keeps the non-zeros."""
+        return float(np.finfo(self._src.dtype).smallest_subnormal)
+
+    # ------------------------------------------------------------------ exact answers
+    def candidates(self, need: int) -> None:
+        """Make sure the candidates hold at least ``need`` elements (or every non-zero).
+        ``need = 0`` just runs the pass (forms ``acc``, checks it is finite)."""
+        if self.n == 0:
+            self.idx, self.mag, self.cut = np.empty(0, np.int64), np.empty(0), math.inf
+            self.mean = self.std = 0.0
+            return
+        if self.cut is None:
+            self._scan(self._sample_cut(need) if need > 0 else math.inf)
+        if self.idx.size < need and self.cut > self._tiny:
+            self._scan(self._tiny)
+
+    def count_at_least(self, t: float) -> int:
+        """``#{i : |acc_i| >= t}`` exactly."""
+        if t <= 0:
+            self.candidates(0)
+            return self.n
+        self._ensure(_round_down(t, self._src.dtype, self._tiny))
+        return int(np.count_nonzero(self.mag >= t))
+
+    def at_least(self, t: float, strict: bool = False) -> np.ndarray:
+        """Sorted positions with ``|acc_i| >= t`` (``> t`` when ``strict``)."""
+        if t <= 0 and not strict:
+            return np.arange(self.n, dtype=np.int64)
+        self._ensure(_round_down(t, self._src.dtype, self._tiny) if t > 0 else self._tiny)
+        return self.idx[self.mag > t] if strict else self.idx[self.mag >= t]
+
+    def top(self, k: int) -> np.ndarray:
+        """Sorted positions of the ``k`` largest magnitudes, ties to the lower index."""
+        if k <= 0:
+            return np.empty(0, np.int64)
+        self.candidates(k)
+        m = self.idx.size
+        if m < k:  # fewer non-zeros than k: the zeros with the lowest indices make up the rest
+            zeros = np.flatnonzero(self._src == 0)[: k - m]
+            return np.union1d(self.idx, zeros)
+        kth = np.partition(self.mag, m - k)[m - k]
+        keep = self.mag > kth
+        ties = np.flatnonzero(self.mag == kth)[: k - int(np.count_nonzero(keep))]
+        keep[ties] = True
+        return self.idx[keep]
+
+
+def _round_down(t: float, dtype, tiny: float) -> float:
+    """The largest value of ``dtype`` that is <= ``t`` (at least ``tiny``): as a cut it keeps
+    every element with ``|acc| >= t``."""
+    v = dtype.type(t)
+    if float(v) > t:
+        v = np.nextafter(v, dtype.type(0))
+    return max(float(v), tiny)
+
+
+class IndexSelect(Stage):
+    """A select stage whose positions travel through the shared index coder (codec.pack).
+
+    ``select`` may take ``residual`` and ``out``: it then selects from ``acc = values +
+    residual``, written into ``out`` (error feedback, fused with the selection pass)."""
+
+    kind = "select"
+    lossless = False
+    #: select() accepts residual= and out= (Codec.encode_feedback uses it)
+    fuses_feedback = True
+
+    def positions(self, reader, ctx):
+        from codec.frame import Kind
+        from codec.pack import decode_indices
+
+        info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
+        return decode_indices(info, raw, ctx.n)
+
+
+class MagnitudeSelect(IndexSelect):
+    """Base of the sparsifiers that keep a set of large magnitudes (topk, gaussiank, dgc,
+    threshold): positions through the shared index coder, values to the value stage.
+    Subclasses implement ``choose(mags: Magnitudes, ctx) -> sorted positions``."""
+
+    #: Magnitudes should gather mean and standard deviation
+    needs_sums = False
+
+    def select(self, values, ctx, sections, residual=None, out=None):
+        from codec.pack import encode_indices
+
+        mags = Magnitudes(values, ctx, self.name, residual, out, sums=self.needs_sums)
+        idx = self.choose(mags, ctx)
+        if mags.cut is None:  # a rule that never looked (threshold 0 keeps all) still forms and checks acc
+            mags.candidates(0)
+        sections.append(encode_indices(idx, values.size))
+        return idx, mags.acc[idx]

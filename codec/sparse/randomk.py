@@ -1,0 +1,99 @@
+"""``randomk(ratio=, seed=0, scale=false)``: k positions drawn by a counter-based generator
+keyed by (seed, tensor key, step); the frame carries the key, not the positions."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from codec.errors import CorruptFrameError
+from codec.frame import Kind, Section
+from codec.sparse.magnitude import k_of
+from codec.stage import Param, Stage, register
+
+_M64 = (1 << 64) - 1
+
+
+def mix(z: int) -> int:
+    """SplitMix64's finaliser on a Python int (mod 2**64); the kernels use the same."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def key_hash(key) -> int:
+    """64 bits of BLAKE2b over the key's text (str as is, integers in decimal, None empty)."""
+    if key is None:
+        text = ""
+    elif isinstance(key, str):
+        text = key
+    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        text = str(int(key))
+    else:
+        text = repr(key)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def stream(seed: int, khash: int, step: int) -> int:
+    return mix(mix(mix(seed) ^ khash) ^ (step & _M64))
+
+
+def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
+    """The sorted kept positions: images of 0..k-1 under a keyed permutation of [0, n)."""
+    if k == 0:
+        return np.empty(0, np.int64)
+    if n == 1:
+        return np.zeros(1, np.int64)
+    from codec.kernels import backend
+
+    out = np.empty(k, np.int64)
+    backend("select", out).random_positions(out, np.uint64(stream(seed, khash, step)), n)
+    out.sort()
+    return out
+
+
+@register
+class RandomK(Stage):
+    """k uniformly random positions from (seed, key, step); positions regenerated, not sent."""
+
+    name = "randomk"
+    kind = "select"
+    lossless = False
+    fuses_feedback = True
+    params = (
+        Param("ratio", float, 0.01, "fraction kept, in (0, 1]", low=0.0, high=1.0, schedule=True),
+        Param("seed", int, 0, "generator seed", low=0, high=(1 << 63) - 1),
+        Param("scale", bool, False, "multiply kept values by n/k (unbiased)"),
+    )
+
+    def validate(self):
+        if self.ratio == 0:
+            raise ValueError("randomk: parameter ratio must be > 0")
+
+    def select(self, values, ctx, sections, residual=None, out=None):
+        acc = values if residual is None else np.add(values, residual, out=out)
+        n = acc.size
+        khash = key_hash(ctx.key)
+        idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step)
+        kept = acc[idx]
+        bad = np.flatnonzero(~np.isfinite(kept.astype(np.float64)))
+        if bad.size:  # only kept values are looked at (the rest is never read)
+            raise ValueError(f"x: non-finite value at position {ctx.where(idx[bad[0]])}; randomk needs finite kept values")
+        if self.scale and idx.size:
+            kept = (kept.astype(np.float64) * (n / idx.size)).astype(acc.dtype)
+        sections.append(Section(Kind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
+        return idx, kept
+
+    def positions(self, reader, ctx):
+        info, raw = reader.take(Kind.INTS, bits=64, count=3)
+        seed, step, khash = (int(v) for v in raw.view("<u8"))
+        if seed != self.seed:
+            raise CorruptFrameError(f"randomk frame records seed {seed}, its codec tag says {self.seed}")
+        if step >= 1 << 62:
+            raise CorruptFrameError(f"randomk frame records an impossible step {step}")
+        k = k_of(self.at("ratio", step), ctx.n)
+        room = 8 * sum(s.raw_len for s in reader.remaining())  # every kept value needs >= 1 bit
+        if k > room:
+            raise CorruptFrameError(f"randomk frame keeps {k} of {ctx.n} elements but carries {room} bits of values")
+        return positions(ctx.n, k, seed, khash, step)

@@ -1,0 +1,33 @@
+"""``topk(ratio= | k=)``: the exact top-k by magnitude, ties to the lower index."""
+
+from __future__ import annotations
+
+from codec.sparse.magnitude import MagnitudeSelect, k_of
+from codec.stage import Param, register
+
+RATIO = 0.01
+
+
+@register
+class TopK(MagnitudeSelect):
+    """Exact top-k by |x| (k = max(1, floor(ratio*n)) or given), ties to the lower index."""
+
+    name = "topk"
+    params = (
+        Param("ratio", float, None, f"fraction kept, in (0, 1] ({RATIO} when k is not given)", low=0.0, high=1.0, schedule=True),
+        Param("k", int, None, "keep exactly min(k, n) elements instead of a ratio", low=1),
+    )
+
+    def validate(self):
+        if self.ratio is not None and self.k is not None:
+            raise ValueError("topk: give ratio or k, not both")
+        if self.ratio == 0:
+            raise ValueError("topk: parameter ratio must be > 0")
+
+    def kept(self, n: int, step: int) -> int:
+        if self.k is not None:
+            return min(self.k, n)
+        return k_of(RATIO if self.ratio is None else self.at("ratio", step), n)
+
+    def choose(self, mags, ctx):
+        return mags.top(self.kept(mags.n, ctx.step))
