@@ -31,6 +31,15 @@ FIXTURES = {
     "crc32-f32": ("fp16+crc32", heavy),
     "threshold-f32": ("threshold(value=0.01)", heavy),
     "threshold-bitmap-f16": ("threshold(value=0.001)+fp16+zstd", heavy.astype(np.float16)),
+    "topk-f32": ("topk(ratio=0.2)", heavy),
+    "topk-k-f64": ("topk(k=5)+bf16", heavy.astype(np.float64)),
+    "gaussiank-f32": ("gaussiank(ratio=0.1)", heavy),
+    "dgc-f32": ("dgc(ratio=0.1)+fp16", heavy),
+    "randomk-f32": ("randomk(ratio=0.25,seed=7)", heavy),
+    "randomk-scale-bf16": ("randomk(ratio=0.5,scale=true)", heavy.astype(bfloat16)),
+    "adacomp-f32": ("adacomp(bin=8)", heavy),
+    "adacomp-conv-f32": ("adacomp", np.repeat(heavy, 10, axis=0).reshape(6, 10, 7)),
+    "adacomp-fp16-f32": ("adacomp+fp16", heavy),
 }
 
 

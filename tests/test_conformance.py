@@ -19,6 +19,17 @@ SPECS = [c["id"] for c in codec.list_codecs()] + [
     "threshold(value=0.5)+fp16+zstd",
     "threshold(value=0.001)+bf16",
     "fp16(nonfinite=keep)",
+    "topk(ratio=0.1)",
+    "topk(k=3)+fp16+zstd",
+    "gaussiank(ratio=0.05)",
+    "gaussiank(ratio=0.05,exact=true)+bf16",
+    "dgc(ratio=0.05,sample=0.5)",
+    "randomk(ratio=0.1,seed=3,scale=true)",
+    "randomk(ratio=0.3)+fp16",
+    "adacomp(bin=7)",
+    "adacomp+none",
+    "adacomp+fp16+crc32",
+    "topk(ratio=warmup(0.5,0.01,steps=2))",
 ]
 ARRAYS = testing.sample_arrays()
 ARRAY_IDS = [f"{a.dtype.name}{list(a.shape)}" for a in ARRAYS]

@@ -71,6 +71,11 @@ class RandomK(Stage):
         if self.ratio == 0:
             raise ValueError("randomk: parameter ratio must be > 0")
 
+    @property
+    def scales_values(self) -> bool:
+        """Kept values are sent multiplied by n/k (so the residual there is rounded, not 0)."""
+        return self.scale
+
     def select(self, values, ctx, sections, residual=None, out=None):
         acc = values if residual is None else np.add(values, residual, out=out)
         n = acc.size
