@@ -30,6 +30,8 @@ class Slot:
     residual: np.ndarray
     step: int = 0
     state: dict = field(default_factory=dict)
+    #: DGC's momentum u (ErrorFeedback(momentum=m)); None without momentum
+    velocity: np.ndarray | None = field(default=None, repr=False)
     #: a second residual-sized buffer a fused kernel may write into and swap (not saved)
     spare: np.ndarray | None = field(default=None, repr=False)
 
@@ -37,12 +39,20 @@ class Slot:
 class ErrorFeedback:
     """Error feedback around ``codec`` (a Codec, spec string or config dict).
 
-    >>> ef = ErrorFeedback("fp16")
+    ``momentum=m`` (0 <= m < 1, default 0: off) adds Deep Gradient Compression's momentum
+    correction with momentum-factor masking: per key, ``u = m*u + x``; the codec encodes
+    ``u + residual``; then ``u`` is zeroed where the frame sent values (everywhere for a
+    dense codec).  Works with any codec.
+
+    >>> ef = ErrorFeedback("topk(ratio=0.01)", momentum=0.9)
     >>> frame = ef.encode(grad, key="layer1.weight")   # doctest: +SKIP
     """
 
-    def __init__(self, codec):
+    def __init__(self, codec, *, momentum: float = 0.0):
         self.codec: Codec = get_codec(codec)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+            raise ValueError(f"momentum: must be a number in [0, 1), got {momentum!r}")
+        self.momentum = float(momentum)
         self._slots: dict = {}
 
     def encode(self, x, key=None, *, dtype=None) -> bytes:
@@ -56,7 +66,14 @@ class ErrorFeedback:
                 f"x: key {key!r} was {slot.residual.dtype}{list(slot.residual.shape)}, now {arr.dtype}{list(arr.shape)}; "
                 "call reset(key) to start it over"
             )
-        frame = self.codec.encode_feedback(arr, slot)
+        if self.momentum:
+            u = np.zeros_like(arr) if slot.velocity is None else slot.velocity
+            u = np.add(np.multiply(u, self.momentum, dtype=arr.dtype), arr, dtype=arr.dtype)  # a new buffer
+            frame, sent = self.codec._feedback(u, slot)
+            u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
+            slot.velocity = u
+        else:
+            frame = self.codec.encode_feedback(arr, slot)
         slot.step += 1
         self._slots[key] = slot
         return frame
@@ -86,8 +103,15 @@ class ErrorFeedback:
         """Everything needed to resume: codec config and, per key, residual, step and stage state."""
         return {
             "codec": self.codec.get_config(),
+            "momentum": self.momentum,
             "slots": [
-                {"key": s.key, "residual": s.residual.copy(), "step": s.step, "state": copy.deepcopy(s.state)}
+                {
+                    "key": s.key,
+                    "residual": s.residual.copy(),
+                    "step": s.step,
+                    "state": copy.deepcopy(s.state),
+                    "velocity": None if s.velocity is None else s.velocity.copy(),
+                }
                 for s in self._slots.values()
             ],
         }
@@ -98,10 +122,15 @@ class ErrorFeedback:
             raise ValueError("state: expected the dict ErrorFeedback.state_dict() returns")
         if get_codec(state["codec"]) != self.codec:
             raise ValueError(f"state: saved for codec {get_codec(state['codec']).spec!r}, this one is {self.codec.spec!r}")
+        if float(state.get("momentum", 0.0)) != self.momentum:
+            raise ValueError(f"state: saved with momentum {state.get('momentum', 0.0)}, this ErrorFeedback has {self.momentum}")
         slots = {}
         for s in state["slots"]:
             res = np.array(s["residual"], copy=True)
-            slots[s["key"]] = Slot(s["key"], res, int(s["step"]), copy.deepcopy(s.get("state", {})))
+            vel = s.get("velocity")
+            slots[s["key"]] = Slot(
+                s["key"], res, int(s["step"]), copy.deepcopy(s.get("state", {})), None if vel is None else np.array(vel, copy=True)
+            )
         self._slots = slots
 
     def __getstate__(self):
@@ -109,8 +138,10 @@ class ErrorFeedback:
 
     def __setstate__(self, state):
         self.codec = get_codec(state["codec"])
+        self.momentum = float(state.get("momentum", 0.0))
         self._slots = {}
         self.load_state_dict(state)
 
     def __repr__(self):
-        return f"ErrorFeedback({self.codec.spec!r}, keys={len(self._slots)})"
+        m = f", momentum={self.momentum}" if self.momentum else ""
+        return f"ErrorFeedback({self.codec.spec!r}{m}, keys={len(self._slots)})"
