@@ -357,7 +357,7 @@ def adacomp(dW, R=None, L: int | None = None, value: str = "sign"):
 
 
 def adacomp_scale(G, L: int):
-    """``s = sum(gmax) / nbins`` (float64 np.sum), rounded to float32 (float64 for float64)."""
+    """``s = sum(gmax) / nbins`` (float64 np.sum), rounded once to the array's dtype."""
     G = np.asarray(G)
     absG = np.abs(G.reshape(-1).astype(np.float64))
     n = absG.size
@@ -367,4 +367,4 @@ def adacomp_scale(G, L: int):
     else:
         gmax = np.array([absG[b * L : (b + 1) * L].max() for b in range(nbins)], np.float64)
         s = float(np.sum(gmax)) / nbins
-    return np.float64(s) if G.dtype == F64 else np.float32(s)
+    return round_to(np.float64(s), G.dtype)[()]
