@@ -351,7 +351,6 @@ NONFINITE_SPECS = [
     "gaussiank(ratio=0.1)",
     "gaussiank(ratio=0.1,exact=true)",
     "dgc(ratio=0.1)",
-    "randomk(ratio=0.1)",
     "adacomp",
     "adacomp+fp16",
     "threshold(value=0.5)",
@@ -382,6 +381,31 @@ def test_nonfinite_input_raises_naming_the_first_position(spec, dtype):
     x[5] = np.inf
     with pytest.raises(ValueError, match=re_escape("(5,)")):
         c.encode(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_randomk_nonfinite_kept_values_raise(dtype):
+    """randomk's selection ignores the values; the codec table says it raises on non-finite
+    *kept* values, naming the first (the common rule says the first non-finite in acc)."""
+    need("randomk")
+    c = codec.get_codec("randomk(ratio=0.2)")
+    shape = (4, 5)
+    for key, step, prior in ((None, 0, 0), ("w", 1, 1)):
+        kept = ref.randomk_positions(20, 4, 0, key, step)
+        x = make("normal", shape, dtype)
+        x.reshape(-1)[kept[1]] = np.nan
+        x.reshape(-1)[kept[2]] = np.inf
+        where = str(tuple(int(v) for v in np.unravel_index(int(kept[1]), shape)))
+        if key is None:
+            with pytest.raises(ValueError, match=re_escape(where)):
+                c.encode(x)
+        else:
+            ef = codec.ErrorFeedback(c)
+            ef.encode(make("heavy", shape, dtype), key=key)
+            before = ef.residual(key).copy()
+            with pytest.raises(ValueError, match=re_escape(where)):
+                ef.encode(x, key=key)
+            assert same(ef.residual(key), before) and ef.step(key) == prior
 
 
 def re_escape(s: str) -> str:
