@@ -464,6 +464,23 @@ def test_gaussiank_on_heavy_tails_matches_reference(dtype):
         check_against(f"gaussiank(ratio={ratio})", x, pos, vals)
 
 
+@pytest.mark.parametrize("offset, spread", [(100.0, 1e-4), (1e3, 1e-4), (1e4, 1e-3)])
+def test_gaussiank_sigma_is_accurate_when_the_mean_dominates(offset, spread):
+    """sigma = std(acc), population, float64: a one-pass E[x^2] - E[x]^2 loses every digit when
+    |mean| >> std.  The reference count is stable under a 1e-12 relative change of t, so any
+    accurate mean/std (any summation order) gives it."""
+    need("gaussiank")
+    rng = np.random.default_rng(0)
+    x = offset + rng.exponential(1.0, 100_000) * spread  # float64, skewed: c lands inside the clamp
+    t = ref.gaussiank_threshold(x, 0.05)
+    counts = {int(np.count_nonzero(np.abs(x) > t * (1 + e))) for e in (-1e-12, 0.0, 1e-12)}
+    assert len(counts) == 1
+    pos, vals = ref.gaussiank(x, 0.05)
+    lo, hi = ref.gaussiank_bounds(5000)
+    assert lo < pos.size < hi  # the count is the rule's, not the clamp's
+    check_against("gaussiank(ratio=0.05)", x, pos, vals, what=f"gaussiank on {offset} + {spread} * Exp(1)")
+
+
 # ====================================================================== dgc's loop
 def test_dgc_sample_loop_and_fallbacks():
     need("dgc")
@@ -584,6 +601,18 @@ def test_randomk_scale_multiplies_by_n_over_k():
         assert not np.any(np.delete(dec.reshape(-1).astype(np.float64), pos))
 
 
+def test_randomk_scale_is_rounded_once_to_bfloat16():
+    """n = 51, k = 5: 1.40625 * float64(51/5) = 14.343749999999998 (float64), just below the bfloat16
+    midpoint 14.34375: rounded once it is 14.3125; through float32 it becomes the midpoint
+    and ties to even (14.375)."""
+    need("randomk")
+    x = np.full(51, 1.40625, bfloat16)
+    assert 1.40625 * (51 / 5) < 14.34375
+    pos, vals = ref.randomk(x, 0.1, scale=True)
+    assert vals.astype(np.float64).tolist() == [14.3125] * 5
+    check_against("randomk(ratio=0.1,scale=true)", x, pos, vals)
+
+
 # ====================================================================== adacomp
 def test_adacomp_bin_auto_follows_ndim():
     need("adacomp")
@@ -615,6 +644,24 @@ def test_adacomp_sections_hold_scale_and_sign_bits(dtype):
     assert signs.tolist() == np.signbit(x.reshape(-1)[pos].astype(np.float64)).astype(int).tolist()
     k = pos.size
     assert len(frame) == header_len(codec.get_codec("adacomp"), 3, 3) + ref.index_bytes(pos, x.size) + 8 + (k + 7) // 8
+
+
+def test_adacomp_scale_is_rounded_once_to_bfloat16():
+    """bin=1, G = [3, 3/256, 2**-24]: s = (3 + 3/256 + 2**-24) / 3 lies just above the bfloat16
+    midpoint 1 + 2**-8, so it rounds up to 1 + 2**-7; through float32 first it would land on
+    the midpoint and tie to even (1.0)."""
+    need("adacomp")
+    x = np.array([3.0, 3 / 256, 2.0**-24]).astype(bfloat16)
+    pos, vals, _ = ref.adacomp(x, None, 1)
+    assert vals.astype(np.float64).tolist() == [1.0078125] * 3
+    frame = check_against("adacomp(bin=1)", x, pos, vals)
+    (s,) = struct.unpack("<d", _section_bytes(frame, sections(frame)[Kind.SCALARS]))
+    assert s == 1.0078125
+    # float16: the same rule (1 + 2**-11 is the midpoint there)
+    h = np.array([3.0, 3 / 2048, 2.0**-24], np.float16)
+    pos, vals, _ = ref.adacomp(h, None, 1)
+    assert vals.astype(np.float64).tolist() == [1 + 2**-10] * 3
+    check_against("adacomp(bin=1)", h, pos, vals)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
