@@ -342,7 +342,7 @@ def adacomp(dW, R=None, L: int | None = None, value: str = "sign"):
     H = np.add(Gf.astype(work), dW.reshape(-1).astype(work), dtype=work)  # 2.
     absG = np.abs(Gf.astype(np.float64))
     nbins = -(-n // L)
-    gmax = np.array([absG[b * L : (b + 1) * L].max() for b in range(nbins)], np.float64)  # 3.
+    gmax = _bin_max(absG, L)  # 3.
     gmax_each = np.repeat(gmax, L)[:n] if n else np.zeros(0)
     send = (Gf != 0) & (np.abs(H.astype(np.float64)) >= gmax_each)  # 4.
     pos = np.flatnonzero(send).astype(np.int64)
@@ -356,6 +356,17 @@ def adacomp(dW, R=None, L: int | None = None, value: str = "sign"):
     return pos, vals, newR.reshape(shape)
 
 
+def _bin_max(absG: np.ndarray, L: int) -> np.ndarray:
+    """max over bins of L consecutive elements (the last may be shorter)."""
+    if absG.size == 0:
+        return np.zeros(0)
+    return np.maximum.reduceat(absG, np.arange(0, absG.size, L))
+
+
+def _bin_max_loop(absG: np.ndarray, L: int) -> np.ndarray:
+    return np.array([absG[b * L : (b + 1) * L].max() for b in range(-(-absG.size // L))], np.float64)
+
+
 def adacomp_scale(G, L: int):
     """``s = sum(gmax) / nbins`` (float64 np.sum), rounded once to the array's dtype."""
     G = np.asarray(G)
@@ -365,6 +376,5 @@ def adacomp_scale(G, L: int):
     if nbins == 0:
         s = 0.0
     else:
-        gmax = np.array([absG[b * L : (b + 1) * L].max() for b in range(nbins)], np.float64)
-        s = float(np.sum(gmax)) / nbins
+        s = float(np.sum(_bin_max(absG, L))) / nbins
     return round_to(np.float64(s), G.dtype)[()]

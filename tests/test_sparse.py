@@ -253,6 +253,9 @@ def test_ref_dgc_loop_and_adacomp_by_hand():
     s = (0.5 + 0.3) / 2
     assert pos.tolist() == [1, 4, 5] and vals.tolist() == [-s, s, -s]
     assert R.tolist() == [0.1, -0.5 + s, 0.2, 0.0, 0.3 - s, -0.3 + s]
+    a = np.abs(np.random.default_rng(0).standard_normal(1003))
+    for L in (1, 7, 50, 1002, 1003, 5000):
+        assert np.array_equal(ref._bin_max(a, L), ref._bin_max_loop(a, L))
 
 
 # ====================================================================== every codec, every dtype, every shape
@@ -996,3 +999,42 @@ def test_big_array_float64_and_bf16_topk():
     b = x.astype(bfloat16)
     pos, vals = ref.topk(b, 5000)
     check_against("topk(k=5000)", b, pos, vals)
+
+
+def _adversarial(kind: str) -> np.ndarray:
+    """Arrays that a strided sample of |acc| misjudges (stride n // 65536 = 15 here)."""
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal(BIG) * 1e-3
+    if kind == "hidden-spikes":  # 30,000 large values in one chunk, none at a multiple of 15
+        idx = np.arange(200_000, 232_000)
+        idx = idx[idx % 15 != 0][:30_000]
+        x[idx] = rng.uniform(1, 2, idx.size) * np.sign(rng.standard_normal(idx.size))
+    elif kind == "sampled-spikes":  # the sample sees only spikes, the rest is small
+        x[::15] = rng.uniform(1, 2, x[::15].size)
+    elif kind == "tied":  # a third of the array ties at the top magnitude
+        x = rng.integers(-1, 2, BIG) * 0.5
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["hidden-spikes", "sampled-spikes", "tied"])
+def test_big_arrays_the_sample_misjudges(kind):
+    x = _adversarial(kind)
+    cases = [
+        ("topk(ratio=0.001)", lambda a: ref.topk(a, ref.k_of(0.001, a.size))),
+        ("topk(ratio=0.05)", lambda a: ref.topk(a, ref.k_of(0.05, a.size))),
+        ("gaussiank(ratio=0.01)", lambda a: ref.gaussiank(a, 0.01)),
+        ("dgc(ratio=0.01)", lambda a: ref.dgc(a, 0.01, 0.01)),
+        ("threshold(value=0.9)", lambda a: ref.threshold(a, 0.9)),
+    ]
+    for spec, fn in cases:
+        need(spec)
+        pos, vals = fn(x)
+        check_against(spec, x, pos, vals, what=f"{spec} on {kind}")
+
+
+def test_big_adacomp_bins():
+    need("adacomp")
+    x = (np.random.default_rng(19).standard_t(2, BIG) * 1e-3).astype(np.float32)
+    for spec, shape, L in (("adacomp", (1, 1, BIG), 50), ("adacomp(bin=7)", (BIG,), 7), ("adacomp(bin=65537)", (BIG,), 65537)):
+        pos, vals, _ = ref.adacomp(x.reshape(shape), None, L)
+        check_against(spec, x.reshape(shape), pos, vals, what=f"{spec} on {shape}")
