@@ -66,26 +66,26 @@ class AdaComp(IndexSelect):
         per_chunk = max(1, SPAN // L)
         nchunk = -(-nbins // per_chunk)
         dw = _ro(values)
+        empty = np.empty(0, values.dtype if values.dtype in WIDE else np.float32)
         if values.dtype in WIDE:
-            g, form = (values, False) if residual is None else (out, True)
-            kdw = dw
+            g = values if residual is None else out
+            kdw, kr = dw, (empty if residual is None else _ro(residual))
         else:  # 16-bit: G rounded to the array's dtype, then the test on exact float32 widenings
             g = values if residual is None else np.add(values, residual, out=out)
-            form, kdw = False, _ro(widen(values))
-        kg = g if form else _ro(widen(g))
+            kdw, kr = _ro(widen(values)), empty
+        kg = g if kr.size else _ro(widen(g))
         kern = backend("select", kdw)
         gmax = np.empty(nbins, kg.dtype)
         bad = np.zeros(nchunk, np.int64)
-        rr = _ro(residual) if form else None
 
-        def run(chunks, buf, counts):
-            if form and chunks[1] - chunks[0] == nchunk:
-                kern.feedback_adacomp_bins(kdw, rr, kg, L, per_chunk, chunks, buf, counts, bad, gmax)
-            else:  # a re-run of one chunk reads the G formed by the first run
+        def run(chunks, buf, _, counts):
+            if kr.size and chunks[1] - chunks[0] == nchunk:
+                kern.feedback_adacomp_bins(kdw, kr, kg, L, per_chunk, chunks, buf, counts, bad, gmax)
+            else:  # a re-run of one overfull chunk reads the G the first run formed
                 kern.adacomp_bins(kdw, _ro(kg), L, per_chunk, chunks, buf, counts, bad, gmax)
 
         cap = n if nchunk <= 1 else max(64, per_chunk * L // 16)
-        idx = collect(run, nchunk, cap) if n else np.empty(0, np.int64)
+        idx = collect(run, nchunk, cap)[0] if n else np.empty(0, np.int64)
         if bad.any():
             raise_nonfinite(g, ctx, self.name)
         scale = np.sum(gmax, dtype=np.float64) / nbins if nbins else 0.0

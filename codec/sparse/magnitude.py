@@ -32,30 +32,37 @@ def _ro(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def collect(run, nchunk: int, cap: int) -> np.ndarray:
-    """Positions found by a chunked kernel, in increasing order.
+def collect(run, nchunk: int, cap: int, vdtype=None):
+    """Positions found by a chunked kernel, in increasing order (and their values when
+    ``vdtype`` is given).
 
-    ``run(chunks, buf, counts)`` fills row ``c - chunks[0]`` of ``buf`` with chunk ``c``'s first
-    ``buf.shape[1]`` positions and ``counts[c]`` with how many it found.  A chunk that found
-    more than ``cap`` runs again alone into a row of the exact size.
+    ``run(chunks, buf, vals, counts)`` fills row ``c - chunks[0]`` of ``buf`` (and ``vals``) with
+    chunk ``c``'s first ``buf.shape[1]`` finds and ``counts[c]`` with how many it found.  A
+    chunk that found more than ``cap`` runs again alone into a row of the exact size.
     """
     buf = np.empty((nchunk, cap), np.int64)
+    vals = np.empty((nchunk, cap) if vdtype is not None else (0, 0), vdtype or np.float32)
     counts = np.zeros(nchunk, np.int64)
-    run(np.array([0, nchunk], np.int64), buf, counts)
+    run(np.array([0, nchunk], np.int64), buf, vals, counts)
     if not (counts > cap).any():
-        return buf[np.arange(cap) < counts[:, None]]
-    out = np.empty(int(counts.sum()), np.int64)
+        mask = np.arange(cap) < counts[:, None]
+        return buf[mask], (vals[mask] if vdtype is not None else None)
+    total = int(counts.sum())
+    out = np.empty(total, np.int64)
+    vout = np.empty(total if vdtype is not None else 0, vdtype or np.float32)
     pos = 0
     for c in range(nchunk):
         m = int(counts[c])
         if m > cap:
-            row = np.empty((1, m), np.int64)
-            run(np.array([c, c + 1], np.int64), row, counts)
-            out[pos : pos + m] = row[0]
+            row, vrow = np.empty((1, m), np.int64), np.empty((1, m) if vdtype is not None else (0, 0), vdtype or np.float32)
+            run(np.array([c, c + 1], np.int64), row, vrow, counts)
         else:
-            out[pos : pos + m] = buf[c, :m]
+            row, vrow = buf[c : c + 1, :m], vals[c : c + 1, :m]
+        out[pos : pos + m] = row[0]
+        if vdtype is not None:
+            vout[pos : pos + m] = vrow[0]
         pos += m
-    return out
+    return out, (vout if vdtype is not None else None)
 
 
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
@@ -128,10 +135,10 @@ class Magnitudes:
             expect = np.count_nonzero(self.sample() >= cut) * (n / self.sample().size)
             cap = int(min(CHUNK, 2 * expect / nchunk + 64))
 
-        def run(chunks, buf, counts):
-            kern.candidates(x, r, acc, cutv, chunks, buf, counts, bad, sums)
+        def run(chunks, buf, vals, counts):
+            kern.candidates(x, r, acc, cutv, chunks, buf, vals, counts, bad, sums)
 
-        idx = collect(run, nchunk, cap)
+        idx, mag = collect(run, nchunk, cap, dt)
         if form:
             self._src = _ro(self.acc)
         if bad.any():
@@ -142,7 +149,7 @@ class Magnitudes:
             self.std = math.sqrt(max(0.0, q / n - self.mean**2))
         self.cut = cut
         self.idx = idx
-        self.mag = np.abs(self._src[idx].astype(np.float64))
+        self.mag = mag.astype(np.float64)
 
     def _ensure(self, cut: float) -> None:
         """Candidates at or above ``cut`` (a value of the source dtype, > 0)."""
@@ -152,11 +159,12 @@ class Magnitudes:
             self.candidates(0)
 
     def _sample_cut(self, need: int) -> float:
-        """A cut with, by the sample, about twice ``need`` elements above it (exact when the
-        sample is the whole array)."""
+        """A cut with, by the sample, ``need`` elements above it plus a margin of 20% and
+        four binomial standard deviations (exact when the sample is the whole array)."""
         mags = self.sample()
         m = mags.size
-        rank = min(m, need if m == self.n else 2 * math.ceil(need * m / self.n) + 32)
+        expect = need * m / self.n
+        rank = min(m, need if m == self.n else math.ceil(1.2 * expect + 4 * math.sqrt(expect) + 8))
         cut = float(np.partition(mags, m - rank)[m - rank])
         return self._tiny if cut == 0 else cut
 
