@@ -338,6 +338,7 @@ def test_all_zero_input(dtype):
         "randomk(ratio=0.05)": k,
         "adacomp": 0,  # an all-zero bin sends nothing
         "threshold(value=0.01)": 0,
+        "threshold": n,  # value 0 keeps every element
     }
     for spec, count in expect.items():
         need(spec)
@@ -345,7 +346,7 @@ def test_all_zero_input(dtype):
         assert kept_count(frame) == count, f"{spec}: kept {kept_count(frame)}, want {count}"
         assert_same(codec.decode(frame), x, spec)
         pos = frame_positions(frame)
-        if pos is not None and not spec.startswith("randomk"):
+        if pos is not None and not spec.startswith("randomk") and spec != "threshold":
             assert pos.tolist() == list(range(count)), f"{spec}: kept zeros must be the lowest indices"
 
 
@@ -416,6 +417,22 @@ def re_escape(s: str) -> str:
     import re
 
     return re.escape(s)
+
+
+def test_magnitudes_are_compared_in_float64():
+    """|acc| in float64 against a float64 threshold: float32(0.1) > 0.1 > float16(0.1)."""
+    need("threshold")
+    assert float(np.float32(0.1)) > 0.1 > float(np.float16(0.1))
+    below = float(np.nextafter(np.float32(0.1), np.float32(0)))
+    x = np.array([0.1, below, -0.1, 0.2], np.float32)
+    assert codec.decode(codec.get_codec("threshold(value=0.1)").encode(x)).tolist() == [x[0], 0, x[2], x[3]]
+    for dt in (F16, BF16):
+        y = np.array([0.1, -0.1, 0.2], dt)  # both 16-bit 0.1s lie below 0.1
+        want = [0, 0, float(y[2])] if float(y[0]) < 0.1 else [float(v) for v in y]
+        assert codec.decode(codec.get_codec("threshold(value=0.1)").encode(y)).astype(np.float64).tolist() == want
+    # float64 arrays: the comparison is exact at the last bit
+    z = np.array([0.1, np.nextafter(0.1, 0), np.nextafter(0.1, 1)])
+    assert np.flatnonzero(codec.decode(codec.get_codec("threshold(value=0.1)").encode(z))).tolist() == [0, 2]
 
 
 # ====================================================================== gaussiank's count guarantee
@@ -877,17 +894,28 @@ def test_momentum_state_survives_checkpoints_and_errors():
 
 # ====================================================================== determinism across thread counts
 def test_frames_and_residuals_do_not_depend_on_thread_count():
-    specs = [s for s in ("topk(ratio=0.01)", "gaussiank(ratio=0.01)", "adacomp", "dgc(ratio=0.01)", "randomk(ratio=0.01)") if _ok(s)]
-    if not specs:
+    runs = [
+        ("topk(ratio=0.01)", "float32"),
+        ("gaussiank(ratio=0.01)", "float32"),
+        ("adacomp", "float32"),
+        ("dgc(ratio=0.01)", "float32"),
+        ("randomk(ratio=0.01)", "float32"),
+        ("topk(ratio=0.001)", "float64"),
+        ("gaussiank(ratio=0.01)", "bfloat16"),
+        ("adacomp", "float16"),
+    ]
+    runs = [(s, d) for s, d in runs if _ok(s)]
+    if not runs:
         pytest.skip("no sparsifier registered yet")
     script = (
         "import hashlib, sys, numpy as np, codec\n"
+        "from codec.dtypes import bfloat16\n"
         "h = hashlib.sha256()\n"
-        f"for spec in {specs!r}:\n"
+        f"for spec, dt in {runs!r}:\n"
         "    rng = np.random.default_rng(5)\n"
         "    ef = codec.ErrorFeedback(spec)\n"
         "    for step in range(3):\n"
-        "        x = (rng.standard_t(2, 300_000) * 1e-3).astype(np.float32)\n"
+        "        x = (rng.standard_t(2, 300_000) * 1e-3).astype(bfloat16 if dt == 'bfloat16' else dt)\n"
         "        h.update(ef.encode(x, key='w'))\n"
         "        h.update(ef.residual('w').tobytes())\n"
         "sys.stdout.write(h.hexdigest())\n"
@@ -898,7 +926,7 @@ def test_frames_and_residuals_do_not_depend_on_thread_count():
         res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr[-2000:]
         outs[threads] = res.stdout
-    assert outs["1"] == outs["2"], f"frames or residuals depend on NUMBA_NUM_THREADS ({specs})"
+    assert len(outs["1"]) == 64 and outs["1"] == outs["2"], f"frames or residuals depend on NUMBA_NUM_THREADS ({runs})"
 
 
 def _ok(spec) -> bool:
