@@ -9,8 +9,6 @@ frame's kept count must match.  Stages not registered yet are skipped, not passe
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import pickle
 import struct
@@ -135,7 +133,7 @@ KINDS = ["normal", "heavy", "embedding", "ties", "zeros"]
 
 
 def make(kind: str, shape, dtype, seed: int = 0) -> np.ndarray:
-    """normal; heavy-tailed (Student-t, 2 dof); embedding-like (most rows of 8 exactly zero);
+    """normal; heavy-tailed (Student-t, 2 dof); embedding-like (most rows exactly zero);
     ties (few distinct magnitudes, many equal); all zeros."""
     rng = np.random.default_rng([seed, KINDS.index(kind) if kind in KINDS else 99, int(np.prod(shape))])
     n = int(np.prod(shape, dtype=np.int64))
@@ -143,10 +141,11 @@ def make(kind: str, shape, dtype, seed: int = 0) -> np.ndarray:
         v = rng.standard_normal(n) * 0.01
     elif kind == "heavy":
         v = rng.standard_t(2, n) * 1e-3
-    elif kind == "embedding":
-        rows = -(-n // 8)
+    elif kind == "embedding":  # rows of the last axis (of 8 for 0-d and 1-d), 10% of them live
+        width = shape[-1] if len(shape) >= 2 and shape[-1] else 8
+        rows = -(-n // width)
         live = rng.random(rows) < 0.1
-        v = (rng.standard_normal((rows, 8)) * 0.01 * live[:, None]).reshape(-1)[:n]
+        v = (rng.standard_normal((rows, width)) * 0.01 * live[:, None]).reshape(-1)[:n]
     elif kind == "ties":
         v = rng.integers(-3, 4, n) * 0.25
     elif kind == "zeros":
