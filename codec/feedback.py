@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from codec.dtypes import as_float_array
+from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
 
 
@@ -40,7 +41,8 @@ class ErrorFeedback:
     """Error feedback around ``codec`` (a Codec, spec string or config dict).
 
     ``momentum=m`` (0 <= m < 1, default 0: off) adds Deep Gradient Compression's momentum
-    correction with momentum-factor masking: per key, ``u = m*u + x``; the codec encodes
+    correction with momentum-factor masking: per key, ``u = m*u + x`` (in x's dtype, ``m``
+    rounded to it); the codec encodes
     ``u + residual``; then ``u`` is zeroed where the frame sent values (everywhere for a
     dense codec).  Works with any codec.
 
@@ -68,7 +70,8 @@ class ErrorFeedback:
             )
         if self.momentum:
             u = np.zeros_like(arr) if slot.velocity is None else slot.velocity
-            u = np.add(np.multiply(u, self.momentum, dtype=arr.dtype), arr, dtype=arr.dtype)  # a new buffer
+            m = round_to(self.momentum, arr.dtype)
+            u = np.add(np.multiply(u, m, dtype=arr.dtype), arr, dtype=arr.dtype)  # in x's dtype, a new buffer
             frame, sent = self.codec._feedback(u, slot)
             u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
             slot.velocity = u

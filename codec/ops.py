@@ -69,6 +69,16 @@ def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None) -> tuple[np.ndar
     return out, int(kern.narrow_codes(_ro(widen(flat)), out, dtype != HALF))
 
 
+def round_to(x, dtype) -> np.ndarray:
+    """float ``x`` (any shape) rounded once, to nearest even, to ``dtype`` (NumPy's astype
+    goes float64 -> float32 -> bfloat16, which can round twice)."""
+    x = np.asarray(x)
+    dtype = np.dtype(dtype)
+    if dtype in WIDE or x.dtype == dtype:
+        return x.astype(dtype)
+    return narrow(x, dtype)[0].view(dtype).reshape(x.shape)
+
+
 def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     """``out (=|+=|-=) src`` elementwise for any supported float dtypes (``out`` C-contiguous).
 
@@ -133,4 +143,4 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     flat[idx] = picked
 
 
-__all__ = ["lut", "widen", "narrow", "store", "scatter", "bfloat16"]
+__all__ = ["lut", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]

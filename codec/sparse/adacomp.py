@@ -57,7 +57,7 @@ class AdaComp(IndexSelect):
 
     def select(self, values, ctx, sections, residual=None, out=None):
         from codec.kernels import backend
-        from codec.ops import WIDE, widen
+        from codec.ops import WIDE, round_to, widen
         from codec.pack import encode_indices
 
         n = values.size
@@ -89,6 +89,6 @@ class AdaComp(IndexSelect):
         if bad.any():
             raise_nonfinite(g, ctx, self.name)
         scale = np.sum(gmax, dtype=np.float64) / nbins if nbins else 0.0
-        ctx.hints["scale"] = float(np.array(scale).astype(values.dtype))  # exact in every output dtype
+        ctx.hints["scale"] = float(round_to(scale, values.dtype))  # exact in every output dtype
         sections.append(encode_indices(idx, n))
         return idx, g[idx]

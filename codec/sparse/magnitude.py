@@ -96,23 +96,28 @@ class Magnitudes:
         self._src = self._x if self.wide else _ro(widen(self.acc))
         self._want_sums = sums
         self._sample = None
+        self._shift = 0.0
         self.mean = self.std = None
         self.cut = None  # the cut of the current candidates
         self.idx = self.mag = None
 
     # ------------------------------------------------------------------ the pass
-    def acc_sample(self, stride: int) -> np.ndarray:
-        """``|acc[::stride]|`` in float64 (formed from ``x`` and the residual before the pass)."""
+    def acc_sample(self, stride: int, signed: bool = False) -> np.ndarray:
+        """``|acc[::stride]|`` in float64 (formed from ``x`` and the residual before the pass);
+        ``acc[::stride]`` itself with ``signed``."""
         if self._r is not None and self.cut is None:
             part = np.add(self._x[::stride], self._r[::stride])
         else:
             part = self._src[::stride]
-        return np.abs(part.astype(np.float64))
+        part = part.astype(np.float64)
+        return part if signed else np.abs(part)
 
     def sample(self) -> np.ndarray:
         """The sample cuts are chosen from: ``acc_sample(max(1, n // SAMPLE))``, cached."""
         if self._sample is None:
-            self._sample = self.acc_sample(max(1, self.n // SAMPLE))
+            signed = self.acc_sample(max(1, self.n // SAMPLE), signed=True)
+            self._shift = float(signed.mean()) if signed.size else 0.0
+            self._sample = np.abs(signed)
         return self._sample
 
     def _scan(self, cut: float) -> None:
@@ -127,6 +132,8 @@ class Magnitudes:
         form = self._r is not None and self.cut is None
         x, r, acc = (src, self._r, self.acc) if form else (src, empty, empty)
         sums = np.zeros((nchunk if self._want_sums and self.mean is None else 0, 2))
+        if sums.shape[0]:
+            self.sample()  # sets the shift
         bad = np.zeros(nchunk, np.int64)
         cutv = dt.type(cut)
         if nchunk <= 1:
@@ -135,8 +142,10 @@ class Magnitudes:
             expect = np.count_nonzero(self.sample() >= cut) * (n / self.sample().size)
             cap = int(min(CHUNK, 2 * expect / nchunk + 64))
 
+        shift = self._shift if sums.shape[0] else 0.0  # the sample's mean: no cancellation in the variance
+
         def run(chunks, buf, vals, counts):
-            kern.candidates(x, r, acc, cutv, chunks, buf, vals, counts, bad, sums)
+            kern.candidates(x, r, acc, cutv, chunks, buf, vals, counts, bad, sums, shift)
 
         idx, mag = collect(run, nchunk, cap, dt)
         if form:
@@ -144,9 +153,9 @@ class Magnitudes:
         if bad.any():
             raise_nonfinite(self.acc, self.ctx, self.name)
         if sums.shape[0]:
-            s, q = sums.sum(0)
-            self.mean = s / n
-            self.std = math.sqrt(max(0.0, q / n - self.mean**2))
+            s, q = sums.sum(0) / n
+            self.mean = shift + s
+            self.std = math.sqrt(max(0.0, q - s * s))
         self.cut = cut
         self.idx = idx
         self.mag = mag.astype(np.float64)

@@ -86,7 +86,9 @@ class RandomK(Stage):
         if bad.size:  # only kept values are looked at (the rest is never read)
             raise ValueError(f"x: non-finite value at position {ctx.where(idx[bad[0]])}; randomk needs finite kept values")
         if self.scale and idx.size:
-            kept = (kept.astype(np.float64) * (n / idx.size)).astype(acc.dtype)
+            from codec.ops import round_to
+
+            kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
         sections.append(Section(Kind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
         return idx, kept
 

@@ -23,6 +23,8 @@ class TopK(MagnitudeSelect):
             raise ValueError("topk: give ratio or k, not both")
         if self.ratio == 0:
             raise ValueError("topk: parameter ratio must be > 0")
+        if self.ratio == RATIO:  # the default spelled out: the same codec as plain "topk"
+            self.ratio = self.config["ratio"] = None
 
     def kept(self, n: int, step: int) -> int:
         if self.k is not None:

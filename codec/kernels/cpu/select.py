@@ -23,17 +23,18 @@ CHUNK = 1 << 16
 
 
 @jit
-def _chunk_sums(src, lo, hi):
-    """float64 sum and sum of squares of ``src[lo:hi]`` in four interleaved lanes (so the
-    additions pipeline), the lanes added in a fixed order."""
+def _chunk_sums(src, lo, hi, shift):
+    """float64 sum and sum of squares of ``src[lo:hi] - shift`` in four interleaved lanes (so
+    the additions pipeline), the lanes added in a fixed order.  A shift near the mean keeps
+    the variance free of cancellation when |mean| >> std."""
     s0 = s1 = s2 = s3 = 0.0
     q0 = q1 = q2 = q3 = 0.0
     m = lo + (hi - lo) // 4 * 4
     for i in range(lo, m, 4):
-        v0 = np.float64(src[i])
-        v1 = np.float64(src[i + 1])
-        v2 = np.float64(src[i + 2])
-        v3 = np.float64(src[i + 3])
+        v0 = np.float64(src[i]) - shift
+        v1 = np.float64(src[i + 1]) - shift
+        v2 = np.float64(src[i + 2]) - shift
+        v3 = np.float64(src[i + 3]) - shift
         s0 += v0
         s1 += v1
         s2 += v2
@@ -43,14 +44,14 @@ def _chunk_sums(src, lo, hi):
         q2 += v2 * v2
         q3 += v3 * v3
     for i in range(m, hi):
-        v0 = np.float64(src[i])
+        v0 = np.float64(src[i]) - shift
         s0 += v0
         q0 += v0 * v0
     return (s0 + s1) + (s2 + s3), (q0 + q1) + (q2 + q3)
 
 
 @jit
-def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums):
+def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shift):
     """One chunk: with ``r`` of x's size, form ``acc = x + r`` and select from it in the same
     loop; with an empty ``r``, select from ``x`` (``acc`` is not touched)."""
     n = x.size
@@ -73,7 +74,7 @@ def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums):
                         vals[row, found] = a
                     found += 1
         if sums.shape[0]:
-            sums[c, 0], sums[c, 1] = _chunk_sums(acc, lo, hi)
+            sums[c, 0], sums[c, 1] = _chunk_sums(acc, lo, hi, shift)
     else:
         for i in range(lo, hi):
             a = abs(x[i])
@@ -86,13 +87,13 @@ def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums):
                         vals[row, found] = a
                     found += 1
         if sums.shape[0]:
-            sums[c, 0], sums[c, 1] = _chunk_sums(x, lo, hi)
+            sums[c, 0], sums[c, 1] = _chunk_sums(x, lo, hi, shift)
     counts[c] = found
     bad[c] = nbad
 
 
 @jit(parallel=True)
-def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums):
+def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift):
     """Positions ``i`` with ``|a_i| >= cut``, chunk by chunk, where ``a = x`` or, when ``r`` is
     not empty, ``a = x + r`` written into ``acc`` in the same pass (error feedback; ``acc``
     may be a 0-size array otherwise).  ``cut`` has the arrays' dtype (the smallest subnormal
@@ -101,12 +102,12 @@ def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums):
     For chunks ``chunks[0] <= c < chunks[1]``: row ``c - chunks[0]`` of ``buf`` receives the
     first ``buf.shape[1]`` positions in increasing order (and ``vals`` their magnitudes),
     ``counts[c]`` the number found, ``bad[c]`` the number of NaN/inf values.  When ``sums``
-    has rows, ``sums[c]`` gets the chunk's float64 sum and sum of squares (re-read from
-    cache; four lanes, fixed order).
+    has rows, ``sums[c]`` gets the chunk's float64 sum and sum of squares of ``a - shift``
+    (re-read from cache; four lanes, fixed order).
     """
     nchunk = chunks[1] - chunks[0]
     for j in prange(nchunk):
-        _candidates_chunk(x, r, acc, chunks[0] + j, cut, buf, vals, j, counts, bad, sums)
+        _candidates_chunk(x, r, acc, chunks[0] + j, cut, buf, vals, j, counts, bad, sums, shift)
 
 
 @jit
