@@ -40,28 +40,26 @@ def collect(run, nchunk: int, cap: int, vdtype=None):
     chunk ``c``'s first ``buf.shape[1]`` finds and ``counts[c]`` with how many it found.  A
     chunk that found more than ``cap`` runs again alone into a row of the exact size.
     """
+    from codec.kernels import backend
+
+    vdt = np.dtype(vdtype or np.float32)
     buf = np.empty((nchunk, cap), np.int64)
-    vals = np.empty((nchunk, cap) if vdtype is not None else (0, 0), vdtype or np.float32)
+    vals = np.empty((nchunk, cap) if vdtype is not None else (0, 0), vdt)
     counts = np.zeros(nchunk, np.int64)
     run(np.array([0, nchunk], np.int64), buf, vals, counts)
-    if not (counts > cap).any():
-        mask = np.arange(cap) < counts[:, None]
-        return buf[mask], (vals[mask] if vdtype is not None else None)
+    starts = np.zeros(nchunk, np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
     total = int(counts.sum())
     out = np.empty(total, np.int64)
-    vout = np.empty(total if vdtype is not None else 0, vdtype or np.float32)
-    pos = 0
-    for c in range(nchunk):
-        m = int(counts[c])
-        if m > cap:
-            row, vrow = np.empty((1, m), np.int64), np.empty((1, m) if vdtype is not None else (0, 0), vdtype or np.float32)
-            run(np.array([c, c + 1], np.int64), row, vrow, counts)
-        else:
-            row, vrow = buf[c : c + 1, :m], vals[c : c + 1, :m]
-        out[pos : pos + m] = row[0]
+    vout = np.empty(total if vdtype is not None else 0, vdt)
+    backend("select", buf).gather_rows(buf, vals, np.minimum(counts, cap), starts, out, vout)
+    for c in np.flatnonzero(counts > cap):  # rare: an overfull chunk runs again into an exact row
+        m, s = int(counts[c]), int(starts[c])
+        row, vrow = np.empty((1, m), np.int64), np.empty((1, m) if vdtype is not None else (0, 0), vdt)
+        run(np.array([c, c + 1], np.int64), row, vrow, counts)
+        out[s : s + m] = row[0]
         if vdtype is not None:
-            vout[pos : pos + m] = vrow[0]
-        pos += m
+            vout[s : s + m] = vrow[0]
     return out, (vout if vdtype is not None else None)
 
 

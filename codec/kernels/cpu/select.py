@@ -110,6 +110,20 @@ def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift):
         _candidates_chunk(x, r, acc, chunks[0] + j, cut, buf, vals, j, counts, bad, sums, shift)
 
 
+@jit(parallel=True)
+def gather_rows(buf, vals, counts, starts, out, vout):
+    """Concatenate the first ``counts[c]`` entries of each row of ``buf`` (and ``vals`` when
+    ``vout`` is not empty) at ``starts[c]``: the chunked finds in increasing order."""
+    for c in prange(buf.shape[0]):
+        m = counts[c]
+        s = starts[c]
+        for j in range(m):
+            out[s + j] = buf[c, j]
+        if vout.size:
+            for j in range(m):
+                vout[s + j] = vals[c, j]
+
+
 @jit
 def _bin_max(g, b, e):
     """max |g[b:e]| in four independent lanes (a single running max is one long dependency
@@ -134,9 +148,40 @@ def _bin_max(g, b, e):
 
 
 @jit
-def _adacomp_bin(dw, g, b, e, length, buf, row, found, gmax):
-    """Bin ``[b, e)``: ``gmax`` and the sends; returns (found, non-finite count)."""
-    top = _bin_max(g, b, e)
+def _form_bin_max(dw, r, g, b, e):
+    """``g[b:e] = r + dw`` and max |g| in the same loop, four lanes (see :func:`_bin_max`)."""
+    t0 = t1 = t2 = t3 = abs(dw[b]) * 0
+    m = b + (e - b) // 4 * 4
+    for i in range(b, m, 4):
+        v0 = r[i] + dw[i]
+        v1 = r[i + 1] + dw[i + 1]
+        v2 = r[i + 2] + dw[i + 2]
+        v3 = r[i + 3] + dw[i + 3]
+        g[i] = v0
+        g[i + 1] = v1
+        g[i + 2] = v2
+        g[i + 3] = v3
+        a0 = abs(v0)
+        a1 = abs(v1)
+        a2 = abs(v2)
+        a3 = abs(v3)
+        t0 = a0 if a0 > t0 else t0
+        t1 = a1 if a1 > t1 else t1
+        t2 = a2 if a2 > t2 else t2
+        t3 = a3 if a3 > t3 else t3
+    for i in range(m, e):
+        v0 = r[i] + dw[i]
+        g[i] = v0
+        a0 = abs(v0)
+        t0 = a0 if a0 > t0 else t0
+    t0 = t1 if t1 > t0 else t0
+    t2 = t3 if t3 > t2 else t2
+    return t2 if t2 > t0 else t0
+
+
+@jit
+def _adacomp_bin(dw, g, b, e, length, top, buf, row, found, gmax):
+    """Bin ``[b, e)`` whose max |g| is ``top``: the sends; returns (found, non-finite count)."""
     gmax[b // length] = top
     cap = buf.shape[1]
     nbad = 0
@@ -167,7 +212,8 @@ def adacomp_bins(dw, g, length, per_chunk, chunks, buf, counts, bad, gmax):
         c = chunks[0] + j
         found = nbad = 0
         for b in range(c * span, min(n, (c + 1) * span), length):
-            found, nb = _adacomp_bin(dw, g, b, min(n, b + length), length, buf, j, found, gmax)
+            e = min(n, b + length)
+            found, nb = _adacomp_bin(dw, g, b, e, length, _bin_max(g, b, e), buf, j, found, gmax)
             nbad += nb
         counts[c] = found
         bad[c] = nbad
@@ -183,9 +229,8 @@ def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, counts, bad,
         found = nbad = 0
         for b in range(c * span, min(n, (c + 1) * span), length):
             e = min(n, b + length)
-            for i in range(b, e):
-                g[i] = r[i] + dw[i]
-            found, nb = _adacomp_bin(dw, g, b, e, length, buf, j, found, gmax)
+            top = _form_bin_max(dw, r, g, b, e)
+            found, nb = _adacomp_bin(dw, g, b, e, length, top, buf, j, found, gmax)
             nbad += nb
         counts[c] = found
         bad[c] = nbad
