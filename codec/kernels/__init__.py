@@ -8,6 +8,7 @@ stage method, never at module level.
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 
@@ -17,8 +18,13 @@ def on_device(*arrays) -> bool:
 
 
 def backend(family: str, *arrays):
-    """The kernel module of ``family`` ("pack", "convert", "scatter") for ``arrays``."""
-    device = "cuda" if on_device(*arrays) else "cpu"
+    """The kernel module of ``family`` ("pack", "convert", "scatter", "select") for ``arrays``."""
+    return _module(family, "cuda" if on_device(*arrays) else "cpu")
+
+
+@functools.cache
+def _module(family: str, device: str):
+    # cached: importlib's lookup costs ~8 us, and small tensors make several calls per frame
     try:
         return importlib.import_module(f"codec.kernels.{device}.{family}")
     except ModuleNotFoundError:
