@@ -406,17 +406,22 @@ def cmd_list(args) -> int:
     if args.json:
         _print_json(codecs)
         return EXIT_OK
-    t = _table(f"{len(codecs)} registered codecs (combine them with '+': e.g. threshold(value=0.001)+fp16+zstd)")
+    t = _table(
+        f"{len(codecs)} registered codecs (combine them with '+': e.g. topk(ratio=0.001)+fp16+zstd; "
+        "~ marks a parameter that may be a schedule, e.g. ratio=warmup(0.25,0.001,steps=1000))"
+    )
     for h in ("id", "kind", "lossless", "parameters (default)", "description"):
         t.add_column(h, overflow="fold")
     for c in codecs:
         params = []
         for p in c["params"]:
-            text = f"{p['name']}={p['default']}"
+            text = f"{p['name']}={'auto' if p.get('auto') else p['default']}"
             if "choices" in p:
                 text += " (" + "|".join(map(str, p["choices"])) + ")"
             elif "min" in p or "max" in p:
                 text += f" ({p.get('min', '')}..{p.get('max', '')})"
+            if p.get("schedule"):
+                text += " ~"
             params.append(text)
         t.add_row(c["id"], c["kind"], "yes" if c["lossless"] else "no", ", ".join(params) or "-", c["doc"])
     _show(t)
@@ -599,8 +604,10 @@ def cmd_roundtrip(args) -> int:
 DEMO_PIPELINES = (
     "fp16+zstd",
     "bf16+zstd",
-    "threshold(value=0.0001)+fp16+zstd",
     "threshold(value=0.001)+fp16+zstd",
+    "topk(ratio=0.001)+fp16+zstd",
+    "gaussiank(ratio=0.05)+bf16",
+    "adacomp+zstd",
 )
 
 

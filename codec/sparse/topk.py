@@ -14,22 +14,20 @@ class TopK(MagnitudeSelect):
 
     name = "topk"
     params = (
-        Param("ratio", float, None, f"fraction kept, in (0, 1] ({RATIO} when k is not given)", low=0.0, high=1.0, schedule=True),
+        Param("ratio", float, RATIO, "fraction kept, in (0, 1]; unused when k is given", low=0.0, high=1.0, schedule=True),
         Param("k", int, None, "keep exactly min(k, n) elements instead of a ratio", low=1),
     )
 
     def validate(self):
-        if self.ratio is not None and self.k is not None:
+        if self.k is not None and self.ratio != RATIO:
             raise ValueError("topk: give ratio or k, not both")
         if self.ratio == 0:
             raise ValueError("topk: parameter ratio must be > 0")
-        if self.ratio == RATIO:  # the default spelled out: the same codec as plain "topk"
-            self.ratio = self.config["ratio"] = None
 
     def kept(self, n: int, step: int) -> int:
         if self.k is not None:
             return min(self.k, n)
-        return k_of(RATIO if self.ratio is None else self.at("ratio", step), n)
+        return k_of(self.at("ratio", step), n)
 
     def choose(self, mags, ctx):
         return mags.top(self.kept(mags.n, ctx.step))
