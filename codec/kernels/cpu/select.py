@@ -53,7 +53,10 @@ def _chunk_sums(src, lo, hi, shift):
 @jit
 def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shift):
     """One chunk: with ``r`` of x's size, form ``acc = x + r`` and select from it in the same
-    loop; with an empty ``r``, select from ``x`` (``acc`` is not touched)."""
+    loop; with an empty ``r``, select from ``x`` (``acc`` is not touched).
+
+    The two loops repeat their rare branch on purpose: moved into a helper returning
+    ``(found, nbad)`` it measured 1.6x slower (11.2 -> 17.9 ms for 25M)."""
     n = x.size
     lo = c * CHUNK
     hi = min(n, lo + CHUNK)
