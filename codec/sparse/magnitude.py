@@ -114,7 +114,8 @@ class Magnitudes:
         """The sample cuts are chosen from: ``acc_sample(max(1, n // SAMPLE))``, cached."""
         if self._sample is None:
             signed = self.acc_sample(max(1, self.n // SAMPLE), signed=True)
-            self._shift = float(signed.mean()) if signed.size else 0.0
+            if self._want_sums and signed.size:  # the shift of the variance sums
+                self._shift = float(signed.mean())
             self._sample = np.abs(signed)
         return self._sample
 
