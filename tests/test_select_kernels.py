@@ -1,0 +1,146 @@
+"""The selection kernels (codec.kernels.cpu.select) against plain NumPy, chunk by chunk.
+
+The codecs built on them are checked against references of their semantics in
+test_sparse.py; here each kernel's own contract is checked directly: rows and counts,
+overfull rows, error-feedback formation, sums, non-finite counts, serial and parallel twins.
+"""
+
+import numpy as np
+import pytest
+
+from codec._jit import PARALLEL_MIN
+from codec.kernels.cpu import select as S
+from codec.sparse.magnitude import collect
+
+SIZES = [0, 1, 7, S.CHUNK - 1, S.CHUNK + 1, 3 * S.CHUNK + 17]
+DTYPES = [np.float32, np.float64]
+
+
+def data(kind, n, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        x = rng.standard_normal(n)
+    elif kind == "heavy":
+        x = rng.standard_t(2, n) * 1e-3
+    else:  # embedding-like: most rows exactly zero
+        x = rng.standard_normal(n) * (rng.random(n) < 0.05)
+    return x.astype(dtype)
+
+
+def run_candidates(x, r, cut, cap, sums=False, shift=0.0):
+    n = x.size
+    nchunk = -(-n // S.CHUNK)
+    acc = np.empty(n if r.size else 0, x.dtype)
+    bad = np.zeros(nchunk, np.int64)
+    sm = np.zeros((nchunk if sums else 0, 2))
+
+    def run(chunks, buf, vals, counts):
+        S.candidates(x, r, acc, x.dtype.type(cut), chunks, buf, vals, counts, bad, sm, shift)
+
+    idx, vals = collect(run, nchunk, cap, x.dtype) if nchunk else (np.empty(0, np.int64), np.empty(0, x.dtype))
+    return idx, vals, acc, bad, sm
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
+@pytest.mark.parametrize("feedback", [False, True])
+def test_candidates_match_numpy(kind, n, dtype, feedback):
+    x = data(kind, n, dtype)
+    r = data("heavy", n, dtype, seed=1) if feedback else np.empty(0, dtype)
+    a = x + r if feedback else x
+    cut = float(np.quantile(np.abs(a), 0.99)) if n else 1.0
+    cut = cut or float(np.finfo(dtype).smallest_subnormal)
+    for cap in (1, 64, max(1, n)):  # cap 1 and 64 make most rows overfull: the re-run path
+        idx, vals, acc, bad, _ = run_candidates(x, r, cut, cap)
+        want = np.flatnonzero(np.abs(a) >= dtype(cut))
+        assert np.array_equal(idx, want)
+        assert np.array_equal(vals, np.abs(a[want]))
+        assert not bad.any()
+        if feedback:
+            assert np.array_equal(acc, a)  # formed in the same pass, rounded like NumPy's add
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_candidates_sums_and_nonfinite(dtype):
+    n = 2 * S.CHUNK + 5
+    x = data("normal", n, dtype) + 1000
+    idx, _, _, bad, sm = run_candidates(x, np.empty(0, dtype), np.inf, 8, sums=True, shift=1000.0)
+    d = x.astype(np.float64) - 1000.0
+    assert idx.size == 0
+    np.testing.assert_allclose(sm.sum(0), [d.sum(), (d * d).sum()], rtol=1e-12, atol=1e-9)
+    x[[3, S.CHUNK + 9, n - 1]] = [np.nan, np.inf, -np.inf]
+    idx, _, _, bad, _ = run_candidates(x, np.empty(0, dtype), 0.5, 8)
+    assert bad.tolist() == [1, 1, 1] and not np.isin([3, S.CHUNK + 9, n - 1], idx).any()
+
+
+def ref_adacomp(dw, g, L):
+    n = g.size
+    pos, gmax = [], []
+    for b in range(0, n, L):
+        gb = np.abs(g[b : b + L])
+        top = gb.max()
+        gmax.append(top)
+        h = np.abs(g[b : b + L] + dw[b : b + L])
+        pos.extend((b + np.flatnonzero((g[b : b + L] != 0) & (h >= top))).tolist())
+    return np.array(pos, np.int64), np.array(gmax, g.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 499, 501, 3 * S.CHUNK + 17])
+@pytest.mark.parametrize("L", [1, 7, 50, 500])
+@pytest.mark.parametrize("feedback", [False, True])
+def test_adacomp_bins_match_numpy(n, L, dtype, feedback):
+    dw = data("heavy", n, dtype)
+    r = data("heavy", n, dtype, seed=5)
+    g = (r + dw) if feedback else dw
+    per_chunk = max(1, S.CHUNK // L)
+    nbins = -(-n // L)
+    nchunk = -(-nbins // per_chunk)
+    gmax = np.empty(nbins, dtype)
+    bad = np.zeros(nchunk, np.int64)
+    out = np.empty(n, dtype)
+
+    def run(chunks, buf, _, counts):
+        if feedback and chunks[1] - chunks[0] == nchunk:
+            S.feedback_adacomp_bins(dw, r, out, L, per_chunk, chunks, buf, counts, bad, gmax)
+        else:
+            S.adacomp_bins(dw, out if feedback else g, L, per_chunk, chunks, buf, counts, bad, gmax)
+
+    idx = collect(run, nchunk, 3)[0]  # cap 3: overfull rows re-run on the formed G
+    want, want_gmax = ref_adacomp(dw, g, L)
+    assert np.array_equal(idx, want)
+    assert np.array_equal(gmax, want_gmax)
+    if feedback:
+        assert np.array_equal(out, g)
+    assert not bad.any()
+
+
+def test_random_positions_are_a_permutation_prefix():
+    for n in (2, 3, 5, 17, 1000, 4097):
+        out = np.empty(n, np.int64)
+        S.random_positions(out, np.uint64(12345), n)
+        assert sorted(out.tolist()) == list(range(n))  # all k = n images: a permutation of [0, n)
+        part = np.empty(n // 2, np.int64)
+        S.random_positions(part, np.uint64(12345), n)
+        assert np.array_equal(part, out[: n // 2])  # each j maps independently of k
+
+
+def test_serial_and_parallel_twins_agree():
+    n = PARALLEL_MIN + 12_345
+    x = data("heavy", n, np.float32)
+    r = data("heavy", n, np.float32, seed=1)
+    cut = np.float32(np.quantile(np.abs(x + r), 0.99))
+    nchunk = -(-n // S.CHUNK)
+    runs = []
+    for twin in ("serial", "parallel"):
+        buf = np.zeros((nchunk, 4096), np.int64)
+        vals = np.zeros((nchunk, 4096), np.float32)
+        counts, bad = np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
+        sums = np.zeros((nchunk, 2))
+        acc = np.empty(n, np.float32)
+        getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0)
+        pos = np.empty(5000, np.int64)
+        getattr(S.random_positions, twin)(pos, np.uint64(7), n)
+        runs.append((buf.tobytes(), vals.tobytes(), counts.tobytes(), sums.tobytes(), acc.tobytes(), pos.tobytes()))
+    assert runs[0] == runs[1]
