@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from codec.frame import Kind, Section
-from codec.sparse.magnitude import IndexSelect, _ro, collect, raise_nonfinite
+from codec.ops import _ro
+from codec.sparse.magnitude import IndexSelect, collect, raise_nonfinite
 from codec.stage import Param, Stage, register
 
 #: the paper's bin lengths: convolutions (ndim >= 3) and everything else

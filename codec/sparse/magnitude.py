@@ -2,8 +2,8 @@
 finds the elements of ``acc`` at or above a cut in one pass (fused with ``x + residual``
 under error feedback) and answers exact questions about the top of ``|acc|`` from them.
 
-The cut comes from a strided sample, chosen so that the candidates are a few times the
-number a rule needs; every rule is then applied exactly (float64 comparisons, ties to the
+The cut comes from a strided sample, chosen so that the candidates are somewhat more than
+a rule needs (20% and four binomial standard deviations); every rule is then applied exactly (float64 comparisons, ties to the
 lower index) to the candidates.  If the sample misjudged, the cut is lowered and the kernel
 runs again on the formed ``acc``: the result never depends on the sample, only the time.
 """
@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from codec.ops import _ro
 from codec.stage import Stage
 
 #: elements sampled to choose a cut (all of them below this size)
@@ -23,13 +24,6 @@ SAMPLE = 1 << 16
 def k_of(ratio: float, n: int) -> int:
     """``max(1, floor(ratio * n))`` capped at ``n``; 0 for an empty array."""
     return 0 if n == 0 else min(n, max(1, math.floor(ratio * n)))
-
-
-def _ro(a: np.ndarray) -> np.ndarray:
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
 
 
 def collect(run, nchunk: int, cap: int, vdtype=None):
