@@ -11,10 +11,15 @@ from __future__ import annotations
 import functools
 import importlib
 
+import numpy as np
+
 
 def on_device(*arrays) -> bool:
     """True when any argument exposes ``__cuda_array_interface__`` (a CUDA array)."""
-    return any(hasattr(a, "__cuda_array_interface__") for a in arrays)
+    for a in arrays:
+        if type(a) is not np.ndarray and hasattr(a, "__cuda_array_interface__"):
+            return True
+    return False
 
 
 def backend(family: str, *arrays):
