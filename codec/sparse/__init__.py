@@ -1,1 +1,6 @@
-"""Select stages: which elements a frame carries (top-k, AdaComp, ... join here)."""
+"""Select stages (sparsifiers): which elements a frame carries.
+
+``magnitude`` holds what the magnitude sparsifiers share (the one-pass candidate search,
+exact top-k over the candidates, the index coder); one module per codec: ``topk``,
+``gaussiank``, ``dgc``, ``threshold``, ``randomk``, ``adacomp``.
+"""
