@@ -35,7 +35,7 @@ def run_candidates(x, r, cut, cap, sums=False, shift=0.0):
     sm = np.zeros((nchunk if sums else 0, 2))
 
     def run(chunks, buf, vals, counts):
-        S.candidates(x, r, acc, x.dtype.type(cut), chunks, buf, vals, counts, bad, sm, shift)
+        S.candidates(x, r, acc, x.dtype.type(cut), chunks, buf, vals, counts, bad, sm, shift, 64)
 
     idx, vals = collect(run, nchunk, cap, x.dtype) if nchunk else (np.empty(0, np.int64), np.empty(0, x.dtype))
     return idx, vals, acc, bad, sm
@@ -139,7 +139,7 @@ def test_serial_and_parallel_twins_agree():
         counts, bad = np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
         sums = np.zeros((nchunk, 2))
         acc = np.empty(n, np.float32)
-        getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0)
+        getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0, 64)
         pos = np.empty(5000, np.int64)
         getattr(S.random_positions, twin)(pos, np.uint64(7), n)
         runs.append((buf.tobytes(), vals.tobytes(), counts.tobytes(), sums.tobytes(), acc.tobytes(), pos.tobytes()))

@@ -19,6 +19,8 @@ from codec.stage import Stage
 
 #: elements sampled to choose a cut (all of them below this size)
 SAMPLE = 1 << 16
+#: column lanes of the mean/variance sums (passed at run time so the kernel's loop vectorises)
+LANES = 64
 
 
 def k_of(ratio: float, n: int) -> int:
@@ -141,7 +143,7 @@ class Magnitudes:
         shift = self._shift if sums.shape[0] else 0.0  # the sample's mean: no cancellation in the variance
 
         def run(chunks, buf, vals, counts):
-            kern.candidates(x, r, acc, cutv, chunks, buf, vals, counts, bad, sums, shift)
+            kern.candidates(x, r, acc, cutv, chunks, buf, vals, counts, bad, sums, shift, LANES)
 
         idx, mag = collect(run, nchunk, cap, dt)
         if form:

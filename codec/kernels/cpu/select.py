@@ -26,35 +26,38 @@ U = np.uint64
 
 
 @jit
-def _chunk_sums(src, lo, hi, shift):
-    """float64 sum and sum of squares of ``src[lo:hi] - shift`` in four interleaved lanes (so
-    the additions pipeline), the lanes added in a fixed order.  A shift near the mean keeps
-    the variance free of cancellation when |mean| >> std."""
-    s0 = s1 = s2 = s3 = 0.0
-    q0 = q1 = q2 = q3 = 0.0
-    m = lo + (hi - lo) // 4 * 4
-    for i in range(U(lo), U(m), U(4)):
-        v0 = np.float64(src[i]) - shift
-        v1 = np.float64(src[i + U(1)]) - shift
-        v2 = np.float64(src[i + U(2)]) - shift
-        v3 = np.float64(src[i + U(3)]) - shift
-        s0 += v0
-        s1 += v1
-        s2 += v2
-        s3 += v3
-        q0 += v0 * v0
-        q1 += v1 * v1
-        q2 += v2 * v2
-        q3 += v3 * v3
-    for i in range(U(m), U(hi)):
-        v0 = np.float64(src[i]) - shift
-        s0 += v0
-        q0 += v0 * v0
-    return (s0 + s1) + (s2 + s3), (q0 + q1) + (q2 + q3)
+def _chunk_sums(src, lo, hi, shift, width):
+    """float64 sum and sum of squares of ``src[lo:hi] - shift``, accumulated in ``width``
+    column lanes (row by row, then the lanes in order, then the tail).  A shift near the mean
+    keeps the variance free of cancellation when |mean| >> std.
+
+    The inner loop runs over columns, so it is elementwise and LLVM's loop vectoriser packs
+    it into SIMD without reassociating anything; ``width`` must be a runtime value (a
+    constant would be unrolled into scalars, and Numba has the SLP vectoriser off).
+    Measured 0.17 ns/element against 0.96 for four scalar lanes."""
+    cs = np.zeros(width)
+    cq = np.zeros(width)
+    rows = (hi - lo) // width
+    for row in range(U(rows)):
+        base = U(lo) + row * U(width)
+        for col in range(U(width)):
+            v = np.float64(src[base + col]) - shift
+            cs[col] += v
+            cq[col] += v * v
+    s = 0.0
+    q = 0.0
+    for col in range(width):
+        s += cs[col]
+        q += cq[col]
+    for i in range(U(lo + rows * width), U(hi)):
+        v = np.float64(src[i]) - shift
+        s += v
+        q += v * v
+    return s, q
 
 
 @jit
-def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shift):
+def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shift, width):
     """One chunk: with ``r`` of x's size, form ``acc = x + r`` and select from it in the same
     loop; with an empty ``r``, select from ``x`` (``acc`` is not touched).
 
@@ -80,7 +83,7 @@ def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shif
                         vals[row, found] = a
                     found += 1
         if sums.shape[0]:
-            sums[c, 0], sums[c, 1] = _chunk_sums(acc, lo, hi, shift)
+            sums[c, 0], sums[c, 1] = _chunk_sums(acc, lo, hi, shift, width)
     else:
         for i in range(U(lo), U(hi)):
             a = abs(x[i])
@@ -93,13 +96,13 @@ def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shif
                         vals[row, found] = a
                     found += 1
         if sums.shape[0]:
-            sums[c, 0], sums[c, 1] = _chunk_sums(x, lo, hi, shift)
+            sums[c, 0], sums[c, 1] = _chunk_sums(x, lo, hi, shift, width)
     counts[c] = found
     bad[c] = nbad
 
 
 @jit(parallel=True)
-def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift):
+def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift, width):
     """Positions ``i`` with ``|a_i| >= cut``, chunk by chunk, where ``a = x`` or, when ``r`` is
     not empty, ``a = x + r`` written into ``acc`` in the same pass (error feedback; ``acc``
     may be a 0-size array otherwise).  ``cut`` has the arrays' dtype (the smallest subnormal
@@ -109,11 +112,11 @@ def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift):
     first ``buf.shape[1]`` positions in increasing order (and ``vals`` their magnitudes),
     ``counts[c]`` the number found, ``bad[c]`` the number of NaN/inf values.  When ``sums``
     has rows, ``sums[c]`` gets the chunk's float64 sum and sum of squares of ``a - shift``
-    (re-read from cache; four lanes, fixed order).
+    (re-read from cache in ``width`` column lanes, a fixed order; see :func:`_chunk_sums`).
     """
     nchunk = chunks[1] - chunks[0]
     for j in prange(nchunk):
-        _candidates_chunk(x, r, acc, chunks[0] + j, cut, buf, vals, j, counts, bad, sums, shift)
+        _candidates_chunk(x, r, acc, chunks[0] + j, cut, buf, vals, j, counts, bad, sums, shift, width)
 
 
 @jit(parallel=True)
