@@ -96,7 +96,8 @@ class Magnitudes:
         self._shift = 0.0
         self.mean = self.std = None
         self.cut = None  # the cut of the current candidates
-        self.idx = self.mag = None
+        self.idx = self.vals = self.mag = None  # candidates: positions, values, float64 magnitudes
+        self._picked = None  # (positions, mask) of the last answer taken from the candidates
 
     # ------------------------------------------------------------------ the pass
     def acc_sample(self, stride: int, signed: bool = False) -> np.ndarray:
@@ -145,7 +146,7 @@ class Magnitudes:
         def run(chunks, buf, vals, counts):
             kern.candidates(x, r, acc, cutv, chunks, buf, vals, counts, bad, sums, shift, LANES)
 
-        idx, mag = collect(run, nchunk, cap, dt)
+        idx, vals = collect(run, nchunk, cap, dt)
         if form:
             self._src = _ro(self.acc)
         if bad.any():
@@ -155,8 +156,8 @@ class Magnitudes:
             self.mean = shift + s
             self.std = math.sqrt(max(0.0, q - s * s))
         self.cut = cut
-        self.idx = idx
-        self.mag = mag.astype(np.float64)
+        self.idx, self.vals = idx, vals
+        self.mag = np.abs(vals.astype(np.float64))
 
     def _ensure(self, cut: float) -> None:
         """Candidates at or above ``cut`` (a value of the source dtype, > 0)."""
@@ -186,6 +187,7 @@ class Magnitudes:
         ``need = 0`` just runs the pass (forms ``acc``, checks it is finite)."""
         if self.n == 0:
             self.idx, self.mag, self.cut = np.empty(0, np.int64), np.empty(0), math.inf
+            self.vals = np.empty(0, self._src.dtype)
             self.mean = self.std = 0.0
             return
         if self.cut is None:
@@ -206,7 +208,7 @@ class Magnitudes:
         if t <= 0 and not strict:
             return np.arange(self.n, dtype=np.int64)
         self._ensure(_round_down(t, self._src.dtype, self._tiny) if t > 0 else self._tiny)
-        return self.idx[self.mag > t] if strict else self.idx[self.mag >= t]
+        return self._pick(self.mag > t if strict else self.mag >= t)
 
     def top(self, k: int) -> np.ndarray:
         """Sorted positions of the ``k`` largest magnitudes, ties to the lower index."""
@@ -221,7 +223,19 @@ class Magnitudes:
         keep = self.mag > kth
         ties = np.flatnonzero(self.mag == kth)[: k - int(np.count_nonzero(keep))]
         keep[ties] = True
-        return self.idx[keep]
+        return self._pick(keep)
+
+    def _pick(self, mask) -> np.ndarray:
+        idx = self.idx[mask]
+        self._picked = (idx, mask)
+        return idx
+
+    def values(self, idx) -> np.ndarray:
+        """``acc[idx]``: from the candidates when ``idx`` is the last answer (no gather from the
+        large array), else gathered."""
+        if self._picked is not None and self._picked[0] is idx:
+            return self.vals[self._picked[1]].astype(self.acc.dtype)  # exact: widened values
+        return self.acc[idx]
 
 
 def _round_down(t: float, dtype, tiny: float) -> float:
@@ -268,4 +282,4 @@ class MagnitudeSelect(IndexSelect):
         if mags.cut is None:  # a rule that never looked (threshold 0 keeps all) still forms and checks acc
             mags.candidates(0)
         sections.append(encode_indices(idx, values.size))
-        return idx, mags.acc[idx]
+        return idx, mags.values(idx)

@@ -80,20 +80,21 @@ def _candidates_chunk(x, r, acc, c, cut, buf, vals, row, counts, bad, sums, shif
                 else:
                     if found < cap:
                         buf[row, found] = np.int64(i)
-                        vals[row, found] = a
+                        vals[row, found] = v
                     found += 1
         if sums.shape[0]:
             sums[c, 0], sums[c, 1] = _chunk_sums(acc, lo, hi, shift, width)
     else:
         for i in range(U(lo), U(hi)):
-            a = abs(x[i])
+            v = x[i]
+            a = abs(v)
             if not a < cut:
                 if a - a != 0:
                     nbad += 1
                 else:
                     if found < cap:
                         buf[row, found] = np.int64(i)
-                        vals[row, found] = a
+                        vals[row, found] = v
                     found += 1
         if sums.shape[0]:
             sums[c, 0], sums[c, 1] = _chunk_sums(x, lo, hi, shift, width)
@@ -109,7 +110,7 @@ def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift, widt
     selects the non-zeros).
 
     For chunks ``chunks[0] <= c < chunks[1]``: row ``c - chunks[0]`` of ``buf`` receives the
-    first ``buf.shape[1]`` positions in increasing order (and ``vals`` their magnitudes),
+    first ``buf.shape[1]`` positions in increasing order (and ``vals`` their values),
     ``counts[c]`` the number found, ``bad[c]`` the number of NaN/inf values.  When ``sums``
     has rows, ``sums[c]`` gets the chunk's float64 sum and sum of squares of ``a - shift``
     (re-read from cache in ``width`` column lanes, a fixed order; see :func:`_chunk_sums`).
