@@ -234,7 +234,7 @@ class Magnitudes:
         """``acc[idx]``: from the candidates when ``idx`` is the last answer (no gather from the
         large array), else gathered."""
         if self._picked is not None and self._picked[0] is idx:
-            return self.vals[self._picked[1]].astype(self.acc.dtype)  # exact: widened values
+            return self.vals[self._picked[1]].astype(self.acc.dtype, copy=False)  # exact: widened values
         return self.acc[idx]
 
 
