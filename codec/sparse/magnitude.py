@@ -221,8 +221,7 @@ class Magnitudes:
             return np.union1d(self.idx, zeros)
         kth = np.partition(self.mag, m - k)[m - k]
         keep = self.mag > kth
-        ties = np.flatnonzero(self.mag == kth)[: k - int(np.count_nonzero(keep))]
-        keep[ties] = True
+        keep[_first(self.mag, kth, k - int(np.count_nonzero(keep)))] = True  # ties: the lowest indices
         return self._pick(keep)
 
     def _pick(self, mask) -> np.ndarray:
@@ -236,6 +235,19 @@ class Magnitudes:
         if self._picked is not None and self._picked[0] is idx:
             return self.vals[self._picked[1]].astype(self.acc.dtype, copy=False)  # exact: widened values
         return self.acc[idx]
+
+
+def _first(a: np.ndarray, value, count: int, block: int = 1 << 20) -> np.ndarray:
+    """The first ``count`` positions where ``a == value``, scanning in blocks (with many ties,
+    e.g. a constant array, a full ``flatnonzero`` would list them all)."""
+    found = []
+    for lo in range(0, a.size, block):
+        if count <= 0:
+            break
+        hit = np.flatnonzero(a[lo : lo + block] == value)[:count] + lo
+        found.append(hit)
+        count -= hit.size
+    return np.concatenate(found) if found else np.empty(0, np.int64)
 
 
 def _round_down(t: float, dtype, tiny: float) -> float:
