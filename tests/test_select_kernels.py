@@ -116,13 +116,18 @@ def test_adacomp_bins_match_numpy(n, L, dtype, feedback):
     assert not bad.any()
 
 
+def random_positions(out, n, seed=12345):
+    u64 = np.uint64
+    S.random_positions(out, u64(seed), u64(99), u64(3), u64((max(2, (n - 1).bit_length()) + 1) // 2), n)
+
+
 def test_random_positions_are_a_permutation_prefix():
     for n in (2, 3, 5, 17, 1000, 4097):
         out = np.empty(n, np.int64)
-        S.random_positions(out, np.uint64(12345), n)
+        random_positions(out, n)
         assert sorted(out.tolist()) == list(range(n))  # all k = n images: a permutation of [0, n)
         part = np.empty(n // 2, np.int64)
-        S.random_positions(part, np.uint64(12345), n)
+        random_positions(part, n)
         assert np.array_equal(part, out[: n // 2])  # each j maps independently of k
 
 
@@ -141,6 +146,7 @@ def test_serial_and_parallel_twins_agree():
         acc = np.empty(n, np.float32)
         getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0, 64)
         pos = np.empty(5000, np.int64)
-        getattr(S.random_positions, twin)(pos, np.uint64(7), n)
+        u64 = np.uint64
+        getattr(S.random_positions, twin)(pos, u64(7), u64(1), u64(2), u64(((n - 1).bit_length() + 1) // 2), n)
         runs.append((buf.tobytes(), vals.tobytes(), counts.tobytes(), sums.tobytes(), acc.tobytes(), pos.tobytes()))
     assert runs[0] == runs[1]

@@ -3,8 +3,6 @@ keyed by (seed, tensor key, step); the frame carries the key, not the positions.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from codec.errors import CorruptFrameError
@@ -12,18 +10,10 @@ from codec.frame import Kind, Section
 from codec.sparse.magnitude import k_of
 from codec.stage import Param, Stage, register
 
-_M64 = (1 << 64) - 1
-
-
-def mix(z: int) -> int:
-    """SplitMix64's finaliser on a Python int (mod 2**64); the kernels use the same."""
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
 def key_hash(key) -> int:
     """64 bits of BLAKE2b over the key's text (str as is, integers in decimal, None empty)."""
+    import hashlib
+
     if key is None:
         text = ""
     elif isinstance(key, str):
@@ -35,20 +25,19 @@ def key_hash(key) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def stream(seed: int, khash: int, step: int) -> int:
-    return mix(mix(mix(seed) ^ khash) ^ (step & _M64))
-
-
 def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
-    """The sorted kept positions: images of 0..k-1 under a keyed permutation of [0, n)."""
+    """The sorted kept positions: images of 0..k-1 under a permutation of [0, n) keyed by
+    (seed, khash, step) (docs/codecs.md, randomk)."""
     if k == 0:
         return np.empty(0, np.int64)
     if n == 1:
         return np.zeros(1, np.int64)
     from codec.kernels import backend
 
+    h = max(2, (n - 1).bit_length())
     out = np.empty(k, np.int64)
-    backend("select", out).random_positions(out, np.uint64(stream(seed, khash, step)), n)
+    u64 = np.uint64
+    backend("select", out).random_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64((h + 1) // 2), n)
     out.sort()
     return out
 

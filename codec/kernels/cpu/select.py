@@ -269,26 +269,15 @@ def _permute(v, stream, half, mask, n):
 
 
 @jit(parallel=True)
-def random_positions(out, stream, n):
-    """``out[j] = perm(j)``: distinct positions in ``[0, n)`` (n >= 2) drawn by ``stream``."""
+def random_positions(out, seed, khash, step, half, n):
+    """``out[j] = perm(j)``: distinct positions in ``[0, n)`` (n >= 2) drawn by the stream
+    ``mix(mix(mix(seed) ^ khash) ^ step)`` (all uint64), through a Feistel permutation of
+    ``[0, 4**half)`` (``4**half >= n``)."""
+    stream = _mix(_mix(_mix(seed) ^ khash) ^ step)
     un = np.uint64(n)
-    h = 64 - _leading_zeros(np.uint64(n - 1))
-    h += h & 1
-    h = max(h, 2)
-    half = np.uint64(h // 2)
     mask = (np.uint64(1) << half) - np.uint64(1)
     k = out.size
     nchunk = (k + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
         for j in range(U(c * CHUNK), U(min(k, (c + 1) * CHUNK))):
             out[j] = np.int64(_permute(np.uint64(j), stream, half, mask, un))
-
-
-@jit
-def _leading_zeros(v):
-    count = 0
-    bit = np.uint64(1) << np.uint64(63)
-    while count < 64 and (v & bit) == np.uint64(0):
-        count += 1
-        bit >>= np.uint64(1)
-    return count
