@@ -20,7 +20,7 @@ WIDE = (np.dtype(np.float32), np.dtype(np.float64))
 HALF = np.dtype(np.float16)
 
 
-def _ro(a: np.ndarray) -> np.ndarray:
+def readonly(a: np.ndarray) -> np.ndarray:
     """A read-only view of ``a``.  Kernels get every input read-only (as frame sections are), so
     each compiles one signature per dtype instead of one per dtype and writability."""
     if a.flags.writeable:
@@ -41,13 +41,19 @@ def lut(dtype) -> np.ndarray:
     return table
 
 
+def first_nonfinite(x: np.ndarray) -> int:
+    """The flat position of the first NaN/inf in ``x`` (any float dtype), or -1."""
+    bad = np.flatnonzero(~np.isfinite(widen(np.asarray(x)).reshape(-1)))
+    return int(bad[0]) if bad.size else -1
+
+
 def widen(x: np.ndarray) -> np.ndarray:
     """``x`` as float32 or float64 (16-bit input is widened exactly to float32; others as is)."""
     if x.dtype in WIDE:
         return x
     out = np.empty(x.shape, np.float32)
     codes = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
-    backend("convert", x).lut_decode(_ro(codes), lut(x.dtype), out.reshape(-1), SET)
+    backend("convert", x).lut_decode(readonly(codes), lut(x.dtype), out.reshape(-1), SET)
     return out
 
 
@@ -64,9 +70,9 @@ def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None) -> tuple[np.ndar
     out = np.empty(flat.size, np.uint16) if out is None else out
     if flat.dtype == dtype:
         out[:] = flat.view(np.uint16)
-        bad = kern.count_nonfinite(_ro(widen(flat))) if flat.size else 0
+        bad = kern.count_nonfinite(readonly(widen(flat))) if flat.size else 0
         return out, int(bad)
-    return out, int(kern.narrow_codes(_ro(widen(flat)), out, dtype != HALF))
+    return out, int(kern.narrow_codes(readonly(widen(flat)), out, dtype != HALF))
 
 
 def round_to(x, dtype) -> np.ndarray:
@@ -96,11 +102,11 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     kern = backend("convert", flat)
     if flat.dtype in WIDE:
         if src.dtype not in WIDE:  # 16-bit source: straight through the table, one pass
-            kern.lut_decode(_ro(src.view(np.uint16)), lut(src.dtype), flat, mode)
+            kern.lut_decode(readonly(src.view(np.uint16)), lut(src.dtype), flat, mode)
         elif mode != SET and flat.dtype == np.float32 and src.dtype == np.float64:
-            kern.combine_odd(_ro(src), flat, mode)
+            kern.combine_odd(readonly(src), flat, mode)
         else:
-            kern.combine(_ro(src), flat, mode)
+            kern.combine(readonly(src), flat, mode)
         return
     codes = flat.view(np.uint16)
     if mode == SET:
@@ -109,7 +115,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
         else:
             codes[...] = narrow(src, flat.dtype)[0]
         return
-    kern.half_combine(_ro(widen(src)), codes, lut(flat.dtype), mode, flat.dtype != HALF)
+    kern.half_combine(readonly(widen(src)), codes, lut(flat.dtype), mode, flat.dtype != HALF)
 
 
 def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> None:
@@ -132,8 +138,8 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
         raise IndexError(f"idx: positions must lie in [0, {flat.size})")
     values = widen(values)  # 16-bit values -> float32, exact
     if flat.dtype in WIDE and (mode == SET or values.dtype == flat.dtype or flat.dtype == np.float64):
-        idx = _ro(np.ascontiguousarray(idx, np.int64))
-        backend("scatter", flat).scatter(_ro(np.ascontiguousarray(values)), idx, flat, mode)
+        idx = readonly(np.ascontiguousarray(idx, np.int64))
+        backend("scatter", flat).scatter(readonly(np.ascontiguousarray(values)), idx, flat, mode)
         return
     # 16-bit outputs, and float64 values added into float32: gather, combine, put back
     picked = flat[idx]
@@ -143,4 +149,4 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     flat[idx] = picked
 
 
-__all__ = ["lut", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]
+__all__ = ["lut", "readonly", "first_nonfinite", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]

@@ -17,6 +17,7 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section, raw_length
 from codec.kernels import backend
+from codec.ops import readonly
 
 
 def _code_dtype(bits: int):
@@ -31,15 +32,6 @@ def _bits(bits) -> int:
     if not 1 <= b <= 64:
         raise ValueError(f"bits: must be within 1..64, got {b}")
     return b
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only view: kernels then see one array type whatever the caller passed (frame
-    sections are read-only), so each kernel compiles once per dtype, not twice."""
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
 
 
 def _as_bytes(data) -> np.ndarray:
@@ -60,7 +52,7 @@ def pack_bits(codes, bits: int) -> np.ndarray:
     codes = np.ascontiguousarray(codes, _code_dtype(bits)).reshape(-1)
     out = np.empty(raw_length(codes.size, bits), np.uint8)  # the kernel writes every byte
     if codes.size:
-        backend("pack", codes).pack_codes(_readonly(codes), bits, out)
+        backend("pack", codes).pack_codes(readonly(codes), bits, out)
     return out
 
 
@@ -84,7 +76,7 @@ def unpack_bits(data, bits: int, count: int, dtype=None) -> np.ndarray:
         raise ValueError(f"data: {data.size} bytes cannot hold {count} codes of {bits} bits")
     out = np.empty(count, _code_dtype(bits))
     if count:
-        backend("pack", data).unpack_codes(_readonly(data), bits, out)
+        backend("pack", data).unpack_codes(readonly(data), bits, out)
     return out if out.dtype == dtype else out.astype(dtype)
 
 
@@ -108,7 +100,7 @@ def encode_indices(idx, n: int) -> Section:
         raise ValueError(f"idx: positions must lie in [0, {n})")
     kern = backend("pack", idx)
     gaps = np.empty(k, np.uint64)
-    idx = _readonly(idx)
+    idx = readonly(idx)
     big = kern.delta_encode(idx, gaps) if k else 0
     if big < 0:
         raise ValueError("idx: positions must be strictly increasing")
@@ -147,14 +139,14 @@ def decode_indices(info, raw, n: int) -> np.ndarray:
         _check_payload(raw, count, bits, "index section")
         gaps = unpack_bits(raw, bits, count)
         idx = np.empty(count, np.int64)
-        if not kern.delta_decode(_readonly(gaps), n, idx):
+        if not kern.delta_decode(readonly(gaps), n, idx):
             raise CorruptFrameError(f"index section: a position lies beyond the {n} elements")
         return idx
     if kind == Kind.INDEX_BITMAP:
         if bits != 1 or count != n:
             raise CorruptFrameError(f"index bitmap: {count} items of {bits} bits for {n} elements")
         _check_payload(raw, n, 1, "index bitmap")
-        raw = _readonly(raw)
+        raw = readonly(raw)
         counts = kern.bitmap_count(raw)
         starts = np.zeros(counts.size, np.int64)
         np.cumsum(counts[:-1], out=starts[1:])

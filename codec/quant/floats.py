@@ -77,11 +77,10 @@ class _Half(Stage):
         return True
 
     def _raise_nonfinite(self, values, ctx):
-        from codec.ops import widen
+        from codec.ops import first_nonfinite
 
-        first = int(np.flatnonzero(~np.isfinite(widen(values)))[0])
         raise ValueError(
-            f"x: non-finite value at position {ctx.where(first)}; {self.name} is lossy, pass "
+            f"x: non-finite value at position {ctx.where(first_nonfinite(values))}; {self.name} is lossy, pass "
             f"{self.name}(nonfinite=keep) to send NaN/inf anyway"
         )
 

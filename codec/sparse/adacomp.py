@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.frame import Kind, Section
-from codec.ops import _ro
+from codec.ops import readonly
 from codec.sparse.magnitude import IndexSelect, collect, raise_nonfinite
 from codec.stage import Param, Stage, register
 
@@ -66,15 +66,15 @@ class AdaComp(IndexSelect):
         nbins = -(-n // L)
         per_chunk = max(1, SPAN // L)
         nchunk = -(-nbins // per_chunk)
-        dw = _ro(values)
+        dw = readonly(values)
         empty = np.empty(0, values.dtype if values.dtype in WIDE else np.float32)
         if values.dtype in WIDE:
             g = values if residual is None else out
-            kdw, kr = dw, (empty if residual is None else _ro(residual))
+            kdw, kr = dw, (empty if residual is None else readonly(residual))
         else:  # 16-bit: G rounded to the array's dtype, then the test on exact float32 widenings
             g = values if residual is None else np.add(values, residual, out=out)
-            kdw, kr = _ro(widen(values)), empty
-        kg = g if kr.size else _ro(widen(g))
+            kdw, kr = readonly(widen(values)), empty
+        kg = g if kr.size else readonly(widen(g))
         kern = backend("select", kdw)
         gmax = np.empty(nbins, kg.dtype)
         bad = np.zeros(nchunk, np.int64)
@@ -83,7 +83,7 @@ class AdaComp(IndexSelect):
             if kr.size and chunks[1] - chunks[0] == nchunk:
                 kern.feedback_adacomp_bins(kdw, kr, kg, L, per_chunk, chunks, buf, counts, bad, gmax)
             else:  # a re-run of one overfull chunk reads the G the first run formed
-                kern.adacomp_bins(kdw, _ro(kg), L, per_chunk, chunks, buf, counts, bad, gmax)
+                kern.adacomp_bins(kdw, readonly(kg), L, per_chunk, chunks, buf, counts, bad, gmax)
 
         cap = n if nchunk <= 1 else max(64, per_chunk * L // 16)
         idx = collect(run, nchunk, cap)[0] if n else np.empty(0, np.int64)

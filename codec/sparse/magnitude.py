@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from codec.ops import _ro
+from codec.ops import readonly
 from codec.stage import Stage
 
 #: elements sampled to choose a cut (all of them below this size)
@@ -63,10 +63,9 @@ def collect(run, nchunk: int, cap: int, vdtype=None):
 
 
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
-    from codec.ops import widen
+    from codec.ops import first_nonfinite
 
-    first = int(np.flatnonzero(~np.isfinite(widen(acc)))[0])
-    raise ValueError(f"x: non-finite value at position {ctx.where(first)}; {name} needs finite input")
+    raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(acc))}; {name} needs finite input")
 
 
 class Magnitudes:
@@ -82,15 +81,15 @@ class Magnitudes:
 
         self.ctx, self.name, self.n = ctx, name, values.size
         self.wide = values.dtype in WIDE
-        self._x = _ro(values)
+        self._x = readonly(values)
         self._r = None
         if residual is None:
             self.acc = values
         elif self.wide:
-            self.acc, self._r = out, _ro(residual)
+            self.acc, self._r = out, readonly(residual)
         else:  # 16-bit: form acc in its own dtype, select from the exact float32 widening
             self.acc = np.add(values, residual, out=out)
-        self._src = self._x if self.wide else _ro(widen(self.acc))
+        self._src = self._x if self.wide else readonly(widen(self.acc))
         self._want_sums = sums
         self._sample = None
         self._shift = 0.0
@@ -148,7 +147,7 @@ class Magnitudes:
 
         idx, vals = collect(run, nchunk, cap, dt)
         if form:
-            self._src = _ro(self.acc)
+            self._src = readonly(self.acc)
         if bad.any():
             raise_nonfinite(self.acc, self.ctx, self.name)
         if sums.shape[0]:

@@ -70,13 +70,13 @@ class RandomK(Stage):
         n = acc.size
         khash = key_hash(ctx.key)
         idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step)
-        kept = acc[idx]
-        bad = np.flatnonzero(~np.isfinite(kept.astype(np.float64)))
-        if bad.size:  # only kept values are looked at (the rest is never read)
-            raise ValueError(f"x: non-finite value at position {ctx.where(idx[bad[0]])}; randomk needs finite kept values")
-        if self.scale and idx.size:
-            from codec.ops import round_to
+        from codec.ops import first_nonfinite, round_to
 
+        kept = acc[idx]
+        bad = first_nonfinite(kept)
+        if bad >= 0:  # only kept values are looked at (the rest is never read)
+            raise ValueError(f"x: non-finite value at position {ctx.where(idx[bad])}; randomk needs finite kept values")
+        if self.scale and idx.size:
             kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
         sections.append(Section(Kind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
         return idx, kept
