@@ -3,8 +3,6 @@ guaranteed to lie in [ceil(2k/3), floor(4k/3)] (docs/codecs.md)."""
 
 from __future__ import annotations
 
-from statistics import NormalDist
-
 from codec.sparse.magnitude import MagnitudeSelect, k_of
 from codec.stage import Param, register
 
@@ -30,6 +28,8 @@ class GaussianK(MagnitudeSelect):
             raise ValueError("gaussiank: parameter ratio must be > 0")
 
     def choose(self, mags, ctx):
+        from statistics import NormalDist  # here, not at import: statistics pulls in decimal and fractions
+
         ratio = self.at("ratio", ctx.step)
         k = k_of(ratio, mags.n)
         lo, hi = bounds(k)
