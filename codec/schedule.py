@@ -40,17 +40,16 @@ class _Kind:
     values: tuple  # names of the positional values; empty for a variadic kind
     variadic: bool
     keywords: tuple  # ((name, default or None when required), ...), in canonical order
-    formula: str
 
 
 _RAMP = (("steps", None), ("every", 1))
 
 #: The schedule kinds by name.
 KINDS: dict[str, _Kind] = {
-    "linear": _Kind("linear", ("start", "end"), False, _RAMP, "start + (end - start) * u"),
-    "exp": _Kind("exp", ("start", "end"), False, _RAMP, "start * (end / start) ** u"),
-    "warmup": _Kind("warmup", ("start", "end"), False, _RAMP, "start * (end / start) ** u"),
-    "step": _Kind("step", (), True, (("every", None),), "v_i for t in [i*every, (i+1)*every)"),
+    "linear": _Kind("linear", ("start", "end"), False, _RAMP),
+    "exp": _Kind("exp", ("start", "end"), False, _RAMP),
+    "warmup": _Kind("warmup", ("start", "end"), False, _RAMP),
+    "step": _Kind("step", (), True, (("every", None),)),
 }
 
 _EXAMPLE = {

@@ -185,6 +185,9 @@ class Stage:
     params: ClassVar[tuple[Param, ...]] = ()
     #: True when the stage loses no information (``none``, ``zstd``, ``crc32``)
     lossless: ClassVar[bool] = True
+    #: a select stage that sends changed values (randomk's n/k), so error feedback's residual
+    #: at the sent positions is a rounding remainder, not 0, even with exact value coding
+    scales_values: ClassVar[bool] = False
 
     def __init__(self, **kwargs):
         declared = {p.name: p for p in self.params}
@@ -215,10 +218,6 @@ class Stage:
         x = v(step)
         p = next(p for p in self.params if p.name == name)
         return math.floor(x + 0.5) if p.type is int else x
-
-    def scheduled(self) -> tuple:
-        """Names of the parameters that currently hold a schedule (not a constant)."""
-        return tuple(k for k, v in self.config.items() if isinstance(v, Call))
 
     @classmethod
     def summary(cls) -> str:

@@ -298,9 +298,8 @@ def test_stage_at(probe):
     assert [st.at("count", t) for t in range(7)] == [1, 1, 3, 3, 4, 4, 4]  # int params round, halves up
     assert all(isinstance(st.at("count", t), int) for t in range(7))
     assert st.at("value") == 1.0  # default step 0
-    assert st.scheduled() == ("value", "count")
     const = probe(value=0.25)
-    assert const.at("value", 0) == const.at("value", 10**6) == 0.25 and const.scheduled() == ()
+    assert const.at("value", 0) == const.at("value", 10**6) == 0.25
     assert const.at("bin", 3) is None
     with pytest.raises(KeyError):
         const.at("nope", 0)

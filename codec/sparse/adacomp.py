@@ -66,24 +66,24 @@ class AdaComp(IndexSelect):
         nbins = -(-n // L)
         per_chunk = max(1, SPAN // L)
         nchunk = -(-nbins // per_chunk)
-        dw = readonly(values)
-        empty = np.empty(0, values.dtype if values.dtype in WIDE else np.float32)
-        if values.dtype in WIDE:
-            g = values if residual is None else out
-            kdw, kr = dw, (empty if residual is None else readonly(residual))
-        else:  # 16-bit: G rounded to the array's dtype, then the test on exact float32 widenings
-            g = values if residual is None else np.add(values, residual, out=out)
-            kdw, kr = readonly(widen(values)), empty
-        kg = g if kr.size else readonly(widen(g))
-        kern = backend("select", kdw)
+        # float32/float64 under error feedback: the kernel forms G = R + dW into out in its pass;
+        # 16-bit: G is rounded to the array's dtype first, the test runs on exact float32 widenings
+        form = residual is not None and values.dtype in WIDE
+        if form or residual is None:
+            g = out if form else values
+        else:
+            g = np.add(values, residual, out=out)
+        dw = readonly(widen(values))
+        kg = g if form else readonly(widen(g))
+        kern = backend("select", dw)
         gmax = np.empty(nbins, kg.dtype)
         bad = np.zeros(nchunk, np.int64)
 
         def run(chunks, buf, _, counts):
-            if kr.size and chunks[1] - chunks[0] == nchunk:
-                kern.feedback_adacomp_bins(kdw, kr, kg, L, per_chunk, chunks, buf, counts, bad, gmax)
+            if form and chunks[1] - chunks[0] == nchunk:
+                kern.feedback_adacomp_bins(dw, readonly(residual), kg, L, per_chunk, chunks, buf, counts, bad, gmax)
             else:  # a re-run of one overfull chunk reads the G the first run formed
-                kern.adacomp_bins(kdw, readonly(kg), L, per_chunk, chunks, buf, counts, bad, gmax)
+                kern.adacomp_bins(dw, readonly(kg), L, per_chunk, chunks, buf, counts, bad, gmax)
 
         cap = n if nchunk <= 1 else max(64, per_chunk * L // 16)
         idx = collect(run, nchunk, cap)[0] if n else np.empty(0, np.int64)

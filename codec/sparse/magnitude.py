@@ -80,16 +80,16 @@ class Magnitudes:
         from codec.ops import WIDE, widen
 
         self.ctx, self.name, self.n = ctx, name, values.size
-        self.wide = values.dtype in WIDE
+        wide = values.dtype in WIDE
         self._x = readonly(values)
-        self._r = None
+        self._r = None  # the residual when the first pass forms acc (float32/float64 under error feedback)
         if residual is None:
             self.acc = values
-        elif self.wide:
+        elif wide:
             self.acc, self._r = out, readonly(residual)
         else:  # 16-bit: form acc in its own dtype, select from the exact float32 widening
             self.acc = np.add(values, residual, out=out)
-        self._src = self._x if self.wide else readonly(widen(self.acc))
+        self._src = self._x if wide else readonly(widen(self.acc))
         self._want_sums = sums
         self._sample = None
         self._shift = 0.0
@@ -160,10 +160,10 @@ class Magnitudes:
 
     def _ensure(self, cut: float) -> None:
         """Candidates at or above ``cut`` (a value of the source dtype, > 0)."""
-        if self.n and (self.cut is None or cut < self.cut):
-            self._scan(cut)
-        elif not self.n:
+        if not self.n:
             self.candidates(0)
+        elif self.cut is None or cut < self.cut:
+            self._scan(cut)
 
     def _sample_cut(self, need: int) -> float:
         """A cut with, by the sample, ``need`` elements above it plus a margin of 20% and
