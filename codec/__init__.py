@@ -17,6 +17,8 @@ from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.pipeline import Codec, decode, get_codec, list_codecs
 from codec.quant import floats as _floats  # noqa: F401  (registers none, fp16, bf16)
+from codec.quant import minifloat as _minifloat, minmax as _minmax, qsgd as _qsgd  # noqa: F401  (register)
+from codec.quant import signs as _signs, terngrad as _terngrad  # noqa: F401
 from codec.sparse import adacomp as _adacomp, dgc as _dgc, gaussiank as _gaussiank  # noqa: F401  (register)
 from codec.sparse import randomk as _randomk, threshold as _threshold, topk as _topk  # noqa: F401
 

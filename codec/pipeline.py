@@ -53,10 +53,16 @@ class Codec:
         return all(s.lossless for s in self.stages)
 
     # ---------------------------------------------------------------- encode
-    def encode(self, x, *, dtype=None) -> bytes:
-        """Encode ``x`` (any float array-like; ``dtype`` reinterprets raw buffers) into a frame."""
+    def encode(self, x, *, dtype=None, key=None, step: int = 0) -> bytes:
+        """Encode ``x`` (any float array-like; ``dtype`` reinterprets raw buffers) into a frame.
+
+        ``key`` and ``step`` pick the random stream of stochastic stages (and the step of
+        scheduled parameters): the same ``(x, key, step)`` always gives the same frame.
+        ``ErrorFeedback`` passes its key and the key's step count."""
         arr = as_float_array(x, dtype)
-        return self._encode(arr, Context(arr.shape, arr.dtype))
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step: must be an integer >= 0, got {step!r}")
+        return self._encode(arr, Context(arr.shape, arr.dtype, key=key, step=int(step)))
 
     def _encode(self, arr: np.ndarray, ctx: Context) -> bytes:
         sections = []

@@ -9,20 +9,9 @@ from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
 from codec.sparse.magnitude import k_of
 from codec.stage import Param, Stage, register
+from codec.streams import SEED, key_hash
 
-def key_hash(key) -> int:
-    """64 bits of BLAKE2b over the key's text (str as is, integers in decimal, None empty)."""
-    import hashlib
-
-    if key is None:
-        text = ""
-    elif isinstance(key, str):
-        text = key
-    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        text = str(int(key))
-    else:
-        text = repr(key)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+__all__ = ["RandomK", "key_hash", "positions"]
 
 
 def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
@@ -52,7 +41,7 @@ class RandomK(Stage):
     fuses_feedback = True
     params = (
         Param("ratio", float, 0.01, "fraction kept, in (0, 1]", low=0.0, high=1.0, schedule=True),
-        Param("seed", int, 0, "generator seed", low=0, high=(1 << 63) - 1),
+        SEED,
         Param("scale", bool, False, "multiply kept values by n/k (unbiased)"),
     )
 

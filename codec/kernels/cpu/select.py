@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
+from codec.kernels.cpu.rng import mix, stream
 
 CHUNK = 1 << 16
 #: loop indices are unsigned: Numba then drops the negative-index wraparound from every
@@ -247,21 +248,13 @@ def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, counts, bad,
 
 
 @jit
-def _mix(z):
-    """SplitMix64's finaliser (uint64 in, uint64 out)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-@jit
-def _permute(v, stream, half, mask, n):
+def _permute(v, strm, half, mask, n):
     """The 4-round Feistel permutation of ``[0, 2**(2*half))``, cycle-walked into ``[0, n)``."""
     while True:
         left = v >> half
         right = v & mask
         for rnd in range(4):
-            f = _mix(stream ^ (np.uint64(rnd) << np.uint64(48)) ^ right) & mask
+            f = mix(strm ^ (np.uint64(rnd) << np.uint64(48)) ^ right) & mask
             left, right = right, left ^ f
         v = (left << half) | right
         if v < n:
@@ -273,11 +266,11 @@ def random_positions(out, seed, khash, step, half, n):
     """``out[j] = perm(j)``: distinct positions in ``[0, n)`` (n >= 2) drawn by the stream
     ``mix(mix(mix(seed) ^ khash) ^ step)`` (all uint64), through a Feistel permutation of
     ``[0, 4**half)`` (``4**half >= n``)."""
-    stream = _mix(_mix(_mix(seed) ^ khash) ^ step)
+    strm = stream(seed, khash, step)
     un = np.uint64(n)
     mask = (np.uint64(1) << half) - np.uint64(1)
     k = out.size
     nchunk = (k + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
         for j in range(U(c * CHUNK), U(min(k, (c + 1) * CHUNK))):
-            out[j] = np.int64(_permute(np.uint64(j), stream, half, mask, un))
+            out[j] = np.int64(_permute(np.uint64(j), strm, half, mask, un))

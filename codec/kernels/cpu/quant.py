@@ -1,0 +1,455 @@
+"""Quantization kernels (Numba CPU): the encoders of the quantizer value stages and one
+table-driven decoder for all of them (docs/codecs.md, "Quantizers").
+
+* ``absmax_units`` / ``minifloat_encode``: custom floats with a per-block exponent window
+  (rangefloat, fp8): bit-exact rounding on the float64 bits, nearest-even or stochastic.
+* ``qsgd_encode``, ``minmax_encode``: one pass per bucket group; a bucket's statistics and
+  its codes are made while the bucket sits in cache.
+* ``tensor_moments``, ``terngrad_encode`` (five trits per byte), ``sign_encode`` (one bit per
+  value plus the sums signSGD's scale and 1-bit SGD's means need).
+* ``dequantize``: ``out (=|+=|-=) lut[code] * a[block] (+ off[block])``, every value rounded
+  once to ``out``'s dtype; ``trits_decode``; ``count_invalid``.
+
+Sums are float64 in 64 column lanes per 65,536-value chunk (``lanes`` below), chunks added
+in order by the caller: the order is part of the format's semantics, so a NumPy reference and
+a CUDA twin reproduce it bit for bit.  Work is cut at boundaries that depend on the sizes
+only; random bits come from ``rng`` by value index.  Results never depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec._jit import jit, prange
+from codec.kernels.cpu.rng import SPAN, bits32, block_key, uniform
+from codec.kernels.cpu.select import _chunk_sums
+from codec.modes import SET, SUB
+
+CHUNK = 1 << 16
+#: column lanes of every float64 sum (a runtime value, so the loop vectoriser packs them)
+LANES = 64
+#: values staged per block when decode adds into its output
+_STAGE = 2048
+U = np.uint64
+
+_FRAC = np.uint64((1 << 52) - 1)
+_HIDDEN = np.uint64(1 << 52)
+_TINY = 2.2250738585072014e-308  # smallest normal float64
+_TWO64 = 18446744073709551616.0
+
+
+@jit
+def _unit(u, block, upb, n):
+    """Values ``[lo, hi)`` of work unit ``u``: piece ``u % upb`` (of at most CHUNK values) of
+    block ``u // upb`` (blocks of ``block`` values)."""
+    b = u // upb
+    lo = b * block + (u % upb) * CHUNK
+    hi = min(n, b * block + block, lo + CHUNK)
+    return b, lo, max(lo, hi)
+
+
+@jit
+def _span_end(i, hi):
+    """End of the run from ``i`` that shares ``i``'s random block key (at most ``hi``)."""
+    return min(hi, (i | (SPAN - 1)) + 1)
+
+
+# ---------------------------------------------------------------------------- custom floats
+@jit(parallel=True)
+def absmax_units(x, block, upb, amax, bad):
+    """``amax[u] = max |x|`` over work unit ``u`` (see ``_unit``) and ``bad[u]`` its NaN/inf count."""
+    n = x.size
+    for u in prange(amax.size):
+        _, lo, hi = _unit(u, block, upb, n)
+        m = 0.0
+        k = np.int64(0)
+        for i in range(U(lo), U(hi)):
+            v = abs(np.float64(x[i]))
+            m = max(m, v)
+            k += np.int64(not (v - v == 0))
+        amax[u] = m
+        bad[u] = k
+
+
+@jit
+def _minifloat(v, emin, m, maxmag, signpos, stochastic, r32):
+    """The code of float64 ``v`` in a float with ``m`` mantissa bits whose lowest normal binade
+    is ``2**emin`` (exponent code 0: subnormals), magnitude capped at ``maxmag``, sign at bit
+    ``signpos``.  Rounds the exact significand: nearest-even, or up with probability equal to
+    the dropped fraction (``r32``: 32 random bits)."""
+    vb = np.float64(v)
+    sign = vb.view(np.uint64) >> U(63)
+    a = abs(vb)
+    tiny = a < _TINY  # float64 subnormals are scaled into the normal range (exactly)
+    a2 = np.float64(a * (_TWO64 if tiny else 1.0))
+    ab = a2.view(np.uint64)
+    ef = np.int64(ab >> U(52))
+    adj = 64 if tiny else 0
+    sig = (ab & _FRAC) | _HIDDEN
+    e = ef - 1023 - adj if ef != 0 else -(1 << 20)  # ef == 0 now only for zero
+    q = ef - 1075 - adj  # exponent of the significand's last bit
+    ep = max(e, emin)
+    sh = ep - m - q
+    # every non-zero significand now has 53 bits, so sh >= 52 - m > 0
+    sig = sig if (sh <= 63 and ef != 0) else U(0)  # far below the window: flushed
+    rs = U(min(sh, 63))
+    if stochastic:
+        r = (sig + ((U(r32) << U(32)) >> (U(64) - rs))) >> rs
+    else:
+        r = (sig + (U(1) << (rs - U(1))) - U(1) + ((sig >> rs) & U(1))) >> rs
+    mag = (U(ep - emin) << U(m)) + r
+    mag = min(mag, U(maxmag))
+    return mag | (sign << U(signpos))
+
+
+@jit(parallel=True)
+def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad):
+    """Codes of ``x`` (float32/float64) into ``codes`` (uint8/uint16): value ``i`` of block ``b``
+    in the float whose lowest normal binade is ``2**emin[b]`` (see ``_minifloat``); ``bad[u]``
+    counts NaN/inf per work unit."""
+    n = x.size
+    for u in prange(bad.size):
+        b, lo, hi = _unit(u, block, upb, n)
+        em = emin[b]
+        k = np.int64(0)
+        i0 = lo
+        while i0 < hi:
+            i1 = _span_end(i0, hi)
+            key = block_key(strm, i0) if stochastic else np.uint32(0)
+            for i in range(U(i0), U(i1)):
+                v = np.float64(x[i])
+                k += np.int64(not (v - v == 0))
+                codes[i] = _minifloat(v, em, m, maxmag, signpos, stochastic, bits32(key, i) if stochastic else np.uint32(0))
+            i0 = i1
+        bad[u] = k
+
+
+# ---------------------------------------------------------------------------- bucketed
+@jit
+def _sumsq(x, lo, hi, width):
+    """float64 sum of squares of ``x[lo:hi]`` in ``width`` column lanes (lanes in order, then
+    the tail), and the NaN/inf count."""
+    cq = np.zeros(width)
+    rows = (hi - lo) // width
+    k = np.int64(0)
+    for row in range(U(rows)):
+        base = U(lo) + row * U(width)
+        for col in range(U(width)):
+            v = np.float64(x[base + col])
+            cq[col] += v * v
+            k += np.int64(not (v - v == 0))
+    q = 0.0
+    for col in range(width):
+        q += cq[col]
+    for i in range(U(lo + rows * width), U(hi)):
+        v = np.float64(x[i])
+        q += v * v
+        k += np.int64(not (v - v == 0))
+    return q, k
+
+
+@jit
+def _norm(x, lo, hi, width):
+    """L2 norm of ``x[lo:hi]`` (float64) and its NaN/inf count.  When the sum of squares
+    overflows or could have lost terms to underflow (float64 data only), it is recomputed on
+    the values scaled by a power of two (exact) and scaled back."""
+    q, k = _sumsq(x, lo, hi, width)
+    if k or (q >= 2.0**-960 and q < np.inf):
+        return np.sqrt(q), k
+    top = _absmax(x, lo, hi)
+    if top == 0.0:
+        return 0.0, k
+    e = np.int64(np.floor(np.log2(top)))
+    down = np.ldexp(1.0, -e)
+    cq = np.zeros(width)
+    rows = (hi - lo) // width
+    for row in range(U(rows)):
+        base = U(lo) + row * U(width)
+        for col in range(U(width)):
+            v = np.float64(x[base + col]) * down
+            cq[col] += v * v
+    s = 0.0
+    for col in range(width):
+        s += cq[col]
+    for i in range(U(lo + rows * width), U(hi)):
+        v = np.float64(x[i]) * down
+        s += v * v
+    return np.ldexp(np.sqrt(s), e), k
+
+
+@jit
+def _absmax(x, lo, hi):
+    m = 0.0
+    for i in range(U(lo), U(hi)):
+        m = max(m, abs(np.float64(x[i])))
+    return m
+
+
+@jit
+def _up32(v):
+    """``v`` (finite, >= 0) rounded up to float32, as float64; inf when that overflows."""
+    f = np.float32(v)
+    if np.float64(f) < v:
+        f = np.nextafter(f, np.float32(np.inf))
+    return np.float64(f)
+
+
+@jit
+def _down32(v):
+    """``v`` (finite) rounded down to float32, as float64; -inf when that overflows."""
+    f = np.float32(v)
+    if np.float64(f) > v:
+        f = np.nextafter(f, np.float32(-np.inf))
+    return np.float64(f)
+
+
+@jit
+def _round(t, stochastic, key, i):
+    """``t >= 0`` rounded to an integer-valued float64: half to even, or ``floor(t + u_i)``."""
+    if stochastic:
+        return np.floor(t + uniform(key, i))
+    return np.rint(t)
+
+
+@jit(parallel=True)
+def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad):
+    """QSGD: per bucket ``norms[b]`` (float32 rounded up when that fits, else float64) and
+    codes ``level << 1 | sign`` with ``level = round(|v| * (s / norm))`` clamped to ``s``."""
+    n = x.size
+    nb = norms.size
+    per = max(1, CHUNK // bucket)
+    for g in prange((nb + per - 1) // per):
+        nbad = np.int64(0)
+        for b in range(g * per, min(nb, (g + 1) * per)):
+            lo = b * bucket
+            hi = min(n, lo + bucket)
+            norm, k = _norm(x, lo, hi, width)
+            nbad += k
+            up = _up32(norm)
+            norm = up if up < np.inf else norm
+            norms[b] = norm
+            scale = s / norm if norm > 0 else 0.0
+            i0 = lo
+            while i0 < hi:
+                i1 = _span_end(i0, hi)
+                key = block_key(strm, i0) if stochastic else np.uint32(0)
+                for i in range(U(i0), U(i1)):
+                    v = np.float64(x[i])
+                    level = min(_round(abs(v) * scale, stochastic, key, i), np.float64(s))
+                    lv = U(level) if level == level else U(0)  # NaN input (reported through bad)
+                    codes[i] = (lv << U(1)) | U((v < 0) & (lv > 0))
+                i0 = i1
+        bad[g] = nbad
+
+
+@jit(parallel=True)
+def minmax_encode(x, bucket, levels, stochastic, strm, lows, highs, codes, bad):
+    """Min-max: per bucket ``lows[b]`` / ``highs[b]`` (float32 rounded down / up when they fit,
+    else float64) and codes ``round((v - lo) * (levels / (hi - lo)))`` clamped to ``[0, levels]``."""
+    n = x.size
+    nb = lows.size
+    per = max(1, CHUNK // bucket)
+    for g in prange((nb + per - 1) // per):
+        nbad = np.int64(0)
+        for b in range(g * per, min(nb, (g + 1) * per)):
+            lo = b * bucket
+            hi = min(n, lo + bucket)
+            mn = np.inf
+            mx = -np.inf
+            for i in range(U(lo), U(hi)):
+                v = np.float64(x[i])
+                mn = min(mn, v)
+                mx = max(mx, v)
+                nbad += np.int64(not (v - v == 0))
+            if not (mn - mn == 0 and mx - mx == 0):
+                mn = mx = 0.0  # non-finite input: reported through bad
+            dn = _down32(mn)
+            up = _up32(mx)
+            if dn > -np.inf and up < np.inf:
+                mn, mx = dn, up
+            lows[b] = mn
+            highs[b] = mx
+            inv = levels / (mx - mn) if mx > mn else 0.0
+            i0 = lo
+            while i0 < hi:
+                i1 = _span_end(i0, hi)
+                key = block_key(strm, i0) if stochastic else np.uint32(0)
+                for i in range(U(i0), U(i1)):
+                    t = _round((np.float64(x[i]) - mn) * inv, stochastic, key, i)
+                    t = min(max(t, 0.0), np.float64(levels))
+                    codes[i] = U(t) if t == t else U(0)
+                i0 = i1
+        bad[g] = nbad
+
+
+# ---------------------------------------------------------------------------- per tensor
+@jit(parallel=True)
+def tensor_moments(x, shift, width, sums, amax, bad):
+    """Per chunk of CHUNK values: ``sums[c] = (sum(v - shift), sum((v - shift)**2))`` in column
+    lanes, ``amax[c] = max |v|`` and ``bad[c]`` the NaN/inf count."""
+    n = x.size
+    for c in prange(sums.shape[0]):
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
+        s, q = _chunk_sums(x, lo, hi, shift, width)
+        sums[c, 0] = s
+        sums[c, 1] = q
+        m = 0.0
+        k = np.int64(0)
+        for i in range(U(lo), U(hi)):
+            v = abs(np.float64(x[i]))
+            m = max(m, v)
+            k += np.int64(not (v - v == 0))
+        amax[c] = m
+        bad[c] = k
+
+
+#: values per trit chunk (a multiple of 5, so chunks fill whole bytes)
+TRIT_CHUNK = 65535
+
+
+@jit(parallel=True)
+def terngrad_encode(x, clip, s, strm, out):
+    """TernGrad: value ``i`` becomes trit ``b * (1 if v >= 0 else 2)`` with
+    ``b = floor(|min(max(v, -clip), clip)| / s + u_i)`` (0 when ``s == 0``); five trits per
+    byte, ``t0 + 3*t1 + 9*t2 + 27*t3 + 81*t4``."""
+    n = x.size
+    nchunk = (n + TRIT_CHUNK - 1) // TRIT_CHUNK
+    for c in prange(nchunk):
+        lo = c * TRIT_CHUNK
+        hi = min(n, lo + TRIT_CHUNK)
+        trits = np.zeros(TRIT_CHUNK, np.uint8)
+        i0 = lo
+        while i0 < hi:
+            i1 = _span_end(i0, hi)
+            key = block_key(strm, i0)
+            for i in range(U(i0), U(i1)):
+                v = np.float64(x[i])
+                p = abs(min(max(v, -clip), clip)) / s if s > 0 else 0.0
+                b = np.floor(p + uniform(key, i))
+                trits[i - U(lo)] = np.uint8(b) * np.uint8(2 if v < 0 else 1)
+            i0 = i1
+        for j in range(U((hi - lo + 4) // 5)):
+            t = U(5) * j
+            out[U(lo // 5) + j] = np.uint8(
+                trits[t] + 3 * trits[t + U(1)] + 9 * trits[t + U(2)] + 27 * trits[t + U(3)] + 81 * trits[t + U(4)]
+            )
+
+
+@jit(parallel=True)
+def trits_decode(data, codes):
+    """Trit codes (0, 1, 2) of ``codes.size`` values from bytes of five trits each."""
+    n = codes.size
+    nbytes = (n + 4) // 5
+    per = TRIT_CHUNK // 5
+    for c in prange((nbytes + per - 1) // per):
+        for j in range(U(c * per), U(min(nbytes, (c + 1) * per))):
+            v = data[j]
+            base = j * U(5)
+            for r in range(U(5)):
+                if base + r < U(n):
+                    codes[base + r] = v % np.uint8(3)
+                v = v // np.uint8(3)
+
+
+@jit(parallel=True)
+def sign_encode(x, out, width, sums, nneg, bad):
+    """One bit per value (LSB-first, 1 for ``v < 0``) into ``out``; per chunk of CHUNK values,
+    in column lanes: ``sums[c] = (sum |v|, sum of the negative v, sum of the others)``,
+    ``nneg[c]`` = how many are negative, ``bad[c]`` the NaN/inf count."""
+    n = x.size
+    for c in prange(sums.shape[0]):
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
+        ca = np.zeros(width)
+        cn = np.zeros(width)
+        cp = np.zeros(width)
+        rows = (hi - lo) // width
+        k = np.int64(0)
+        neg = np.int64(0)
+        for row in range(U(rows)):
+            base = U(lo) + row * U(width)
+            for col in range(U(width)):
+                v = np.float64(x[base + col])
+                ca[col] += abs(v)
+                cn[col] += v if v < 0 else 0.0
+                cp[col] += 0.0 if v < 0 else v
+                neg += np.int64(v < 0)
+                k += np.int64(not (v - v == 0))
+        sa = 0.0
+        sn = 0.0
+        sp = 0.0
+        for col in range(width):
+            sa += ca[col]
+            sn += cn[col]
+            sp += cp[col]
+        for i in range(U(lo + rows * width), U(hi)):
+            v = np.float64(x[i])
+            sa += abs(v)
+            sn += v if v < 0 else 0.0
+            sp += 0.0 if v < 0 else v
+            neg += np.int64(v < 0)
+            k += np.int64(not (v - v == 0))
+        sums[c, 0] = sa
+        sums[c, 1] = sn
+        sums[c, 2] = sp
+        nneg[c] = neg
+        bad[c] = k
+        for j in range(U(lo // 8), U((hi + 7) // 8)):
+            t = j * U(8)
+            byte = np.uint8(0)
+            for bit in range(8):
+                if t + U(bit) < U(hi):
+                    byte |= np.uint8(x[t + U(bit)] < 0) << np.uint8(bit)
+            out[j] = byte
+
+
+# ---------------------------------------------------------------------------- decode
+@jit(parallel=True)
+def dequantize(codes, lut, block, a, off, out, mode):
+    """``out[i] (=|+=|-=) lut[codes[i]] * a[b] (+ off[b])`` for value ``i`` of block ``b = i //
+    block``; the float64 value is rounded once to ``out``'s dtype before it is added.  ``off``
+    may be empty (no offset: a ``-0.0`` stays ``-0.0``)."""
+    n = codes.size
+    has_off = off.size > 0
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
+        stage = np.empty(_STAGE if mode != SET else 0, out.dtype)
+        s = lo
+        while s < hi:
+            b = s // block
+            e = min(hi, (b + 1) * block)
+            ab = a[b]
+            ob = off[b] if has_off else 0.0
+            if mode == SET:
+                for i in range(U(s), U(e)):
+                    v = lut[codes[i]] * ab
+                    out[i] = v + ob if has_off else v
+            else:
+                for t in range(s, e, _STAGE):
+                    m = min(e - t, _STAGE)
+                    for j in range(U(m)):
+                        v = lut[codes[U(t) + j]] * ab
+                        stage[j] = v + ob if has_off else v
+                    if mode == SUB:
+                        for j in range(U(m)):
+                            out[U(t) + j] -= stage[j]
+                    else:
+                        for j in range(U(m)):
+                            out[U(t) + j] += stage[j]
+            s = e
+
+
+@jit(parallel=True)
+def count_invalid(codes, valid):
+    """How many ``codes`` have ``valid[code] == 0``."""
+    n = codes.size
+    nchunk = (n + CHUNK - 1) // CHUNK
+    bad = np.zeros(nchunk, np.int64)
+    for c in prange(nchunk):
+        k = np.int64(0)
+        for i in range(U(c * CHUNK), U(min(n, (c + 1) * CHUNK))):
+            k += np.int64(valid[codes[i]] == 0)
+        bad[c] = k
+    return bad.sum()

@@ -1,0 +1,177 @@
+"""What the quantizers share: the ``Quantizer`` value stage (encode through a kernel, decode
+through one table-driven kernel), and the sections they write (codes, scalars, exponents).
+
+A quantizer's ``quantize(x, ctx, sections)`` sees the values as a flat float32/float64 array
+(16-bit inputs widened exactly) and appends its sections; its ``parse(reader, ctx, count)``
+reads them back into a :class:`Dequant`: ``value_i = lut[code_i] * scale[b] (+ offset[b])``
+for value ``i`` of block ``b``, computed in float64 and rounded once to the array's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from codec.errors import CorruptFrameError
+from codec.frame import Kind, Section
+from codec.ops import readonly
+from codec.stage import Param, Stage
+
+#: float32's largest finite value (per-bucket scalars beyond it travel as float64)
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def rounding(default: str) -> Param:
+    return Param("rounding", str, default, "nearest (ties to even) or stochastic (unbiased)", choices=("nearest", "stochastic"))
+
+
+def exponent_range(dtype) -> tuple[int, int]:
+    """(exponent of the smallest subnormal, largest exponent) of a float dtype: (-149, 127) for float32."""
+    info = ml_dtypes.finfo(dtype)
+    return int(np.frexp(float(info.smallest_subnormal))[1]) - 1, int(info.maxexp) - 1
+
+
+@dataclass
+class Dequant:
+    """A parsed quantizer payload: ``value_i = lut[codes[i]] * scale[i // block] (+ offset[...])``."""
+
+    codes: np.ndarray
+    lut: np.ndarray
+    block: int
+    scale: np.ndarray
+    offset: np.ndarray
+    dtype: np.dtype
+
+
+class Quantizer(Stage):
+    """Base of the quantizer value stages (docs/codecs.md, "Quantizers")."""
+
+    kind = "value"
+    lossless = False
+
+    def encode(self, values, ctx, sections):
+        from codec.ops import widen
+
+        x = readonly(np.ascontiguousarray(widen(values)).reshape(-1))
+        self.quantize(x, ctx, sections)
+
+    def quantize(self, x, ctx, sections) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def read(self, reader, ctx, count) -> Dequant:
+        return self.parse(reader, ctx, count)
+
+    def write(self, payload: Dequant, out, mode) -> None:
+        from codec.kernels import backend
+        from codec.modes import SET
+        from codec.ops import round_to, store
+
+        kern = backend("quant", out)
+        p = payload
+        args = (readonly(p.codes), readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
+        if out.dtype == p.dtype:
+            kern.dequantize(*args, out, mode)
+            return
+        wide = np.empty(out.size, np.float64)  # float64 values, rounded once to the frame's dtype
+        kern.dequantize(*args, wide, SET)
+        store(round_to(wide, p.dtype), out, mode)
+
+    def raise_nonfinite(self, x, ctx):
+        from codec.ops import first_nonfinite
+
+        raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(x))}; {self.name} needs finite input")
+
+    def stream(self, ctx):
+        """The frame's random stream (0 when the stage rounds to nearest)."""
+        if getattr(self, "rounding", "stochastic") != "stochastic":
+            return np.uint64(0)
+        from codec.streams import stream
+
+        return stream(self.seed, ctx)
+
+
+# ---------------------------------------------------------------------------- sections
+def code_dtype(bits: int):
+    return np.uint8 if bits <= 8 else np.uint16
+
+
+def codes_section(codes: np.ndarray, bits: int) -> Section:
+    """``codes`` (uint8/uint16) as a values section of ``bits``-bit items: the bytes themselves
+    at 8 or 16 bits, bit-packed otherwise."""
+    from codec.pack import pack_bits
+
+    if bits in (8, 16):
+        return Section(Kind.VALUES, bits, codes.size, codes.astype(f"<u{bits // 8}", copy=False))
+    return Section(Kind.VALUES, bits, codes.size, pack_bits(codes, bits))
+
+
+def read_codes(reader, bits: int, count: int, valid: np.ndarray | None = None) -> np.ndarray:
+    """The ``count`` codes of a values section of ``bits``-bit items; a code outside ``valid``
+    (a 0/1 table over every code value) or set padding bits raise CorruptFrameError."""
+    from codec.pack import _check_payload, unpack_bits
+
+    _, raw = reader.take(Kind.VALUES, bits=bits, count=count)
+    if bits in (8, 16):
+        codes = raw.view(f"<u{bits // 8}").astype(code_dtype(bits), copy=False)
+    else:
+        _check_payload(raw, count, bits, "values section")
+        codes = unpack_bits(raw, bits, count, code_dtype(bits))
+    if valid is not None and codes.size:
+        from codec.kernels import backend
+
+        bad = backend("quant", codes).count_invalid(readonly(codes), readonly(valid))
+        if bad:
+            raise CorruptFrameError(f"values section: {bad} code(s) that no encoder writes")
+    return codes
+
+
+def scalars_section(values: np.ndarray) -> Section:
+    """float64 ``values`` (already rounded to float32 where they fit) as a scalars section:
+    float32 items when every value fits float32, float64 items otherwise."""
+    values = np.asarray(values, np.float64).reshape(-1)
+    if values.size and np.abs(values).max() > F32_MAX:
+        return Section(Kind.SCALARS, 64, values.size, values.astype("<f8"))
+    return Section(Kind.SCALARS, 32, values.size, values.astype("<f4"))
+
+
+def read_scalars(reader, count: int, bits=(32, 64)) -> np.ndarray:
+    """A scalars section of ``count`` float32 or float64 items as float64; all must be finite."""
+    info, raw = reader.take(Kind.SCALARS, bits=bits, count=count)
+    values = raw.view("<f4" if info.bits == 32 else "<f8").astype(np.float64)
+    if not np.all(np.isfinite(values)):
+        raise CorruptFrameError("scalars section: a non-finite value")
+    return values
+
+
+def ints_section(values) -> Section:
+    """Small signed integers (exponents) as an ints section of int16 items."""
+    return Section(Kind.INTS, 16, len(values), np.asarray(values, "<i2"))
+
+
+def read_ints(reader, count: int, low: int, high: int, what: str) -> np.ndarray:
+    _, raw = reader.take(Kind.INTS, bits=16, count=count)
+    values = raw.view("<i2").astype(np.int64)
+    if values.size and (values.min() < low or values.max() > high):
+        raise CorruptFrameError(f"ints section: {what} outside [{low}, {high}]")
+    return values
+
+
+def round_up_to(v: float, dtype) -> float:
+    """The smallest value of ``dtype`` that is >= ``v`` (finite ``v`` >= 0 below dtype's max)."""
+    from codec.ops import round_to
+
+    r = np.asarray(round_to(np.float64(v), dtype)).reshape(1)
+    if float(r[0]) < v:
+        width = np.dtype(dtype).itemsize
+        r = (r.view(f"u{width}") + 1).view(dtype)
+    return float(r[0])
+
+
+def sequential_sum(parts: np.ndarray) -> float:
+    """``parts`` added in order, in float64 (NumPy's own sum is pairwise)."""
+    total = 0.0
+    for v in np.asarray(parts, np.float64).tolist():
+        total += v
+    return total

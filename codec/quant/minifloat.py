@@ -1,0 +1,207 @@
+"""Small floats: ``rangefloat`` (Wang et al.'s range-based float, the exponent window taken from
+the data) and ``fp8`` (the OCP e4m3 / e5m2 formats).  Both are a sign, ``e`` exponent bits with
+subnormals at exponent code 0 and ``m`` mantissa bits over a window whose lowest normal binade
+is ``2**emin``; they differ in where the window sits and which codes exist (docs/codecs.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from codec.frame import Kind, Section
+from codec.quant.base import (
+    Dequant,
+    Quantizer,
+    code_dtype,
+    exponent_range,
+    ints_section,
+    read_codes,
+    read_ints,
+    rounding,
+)
+from codec.stage import Param, register
+from codec.streams import SEED
+
+
+@functools.lru_cache(maxsize=64)
+def magnitudes(m: int, bits: int) -> np.ndarray:
+    """float64 value of every code of a ``bits``-wide float with ``m`` mantissa bits and
+    ``emin = 0`` (sign in the top bit; read-only)."""
+    codes = np.arange(1 << bits, dtype=np.int64)
+    mag = codes & ((1 << (bits - 1)) - 1)
+    ec, f = mag >> m, mag & ((1 << m) - 1)
+    value = np.where(ec == 0, np.ldexp(f.astype(np.float64), -m), np.ldexp((f + (1 << m)).astype(np.float64), ec - 1 - m))
+    value = np.where(codes >> (bits - 1), -value, value)
+    value.flags.writeable = False
+    return value
+
+
+class _MiniFloat(Quantizer):
+    """A sign, exponent and mantissa over a window chosen per block (``windows``)."""
+
+    #: total width, mantissa bits and largest magnitude code (set by the subclass)
+    width: int
+    mant: int
+    maxmag: int
+
+    def block_len(self, n: int) -> int:
+        return n
+
+    def windows(self, amax: np.ndarray, dtype) -> np.ndarray:
+        """The int16 stored per block (rangefloat: T; fp8: the scale exponent), from the block maxima."""
+        raise NotImplementedError
+
+    def emins(self, stored: np.ndarray) -> np.ndarray:
+        """Each block's ``emin`` from what the frame stores."""
+        raise NotImplementedError
+
+    def needs_max(self) -> bool:
+        return True
+
+    def quantize(self, x, ctx, sections):
+        from codec.kernels import backend
+        from codec.kernels.cpu.quant import CHUNK
+
+        kern = backend("quant", x)
+        n = x.size
+        block = max(1, self.block_len(n))
+        nblocks = -(-n // block)
+        upb = -(-block // CHUNK)
+        units = nblocks * upb
+        if self.needs_max():
+            amax = np.empty(units)
+            bad = np.empty(units, np.int64)
+            if n:
+                kern.absmax_units(x, block, upb, amax, bad)
+            if bad.any():
+                self.raise_nonfinite(x, ctx)
+            stored = self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
+            sections.append(ints_section(stored))
+        else:
+            stored = np.zeros(nblocks, np.int64)
+        emin = self.emins(stored).astype(np.int64)
+        strm = self.stream(ctx)
+        stochastic = self.rounding == "stochastic"
+        bits, width = self.width, self.width
+
+        def fill(out):
+            codes = out.view(code_dtype(bits)) if bits in (8, 16) else np.empty(n, code_dtype(bits))
+            bad = np.zeros(units, np.int64)
+            if n:
+                kern.minifloat_encode(x, block, upb, emin, self.mant, self.maxmag, width - 1, stochastic, strm, codes, bad)
+            if bad.any():
+                self.raise_nonfinite(x, ctx)
+            return codes
+
+        if bits in (8, 16):  # the codes are written once, straight into the frame
+            sections.append(Section(Kind.VALUES, bits, n, fill=fill))
+        else:
+            from codec.quant.base import codes_section
+
+            sections.append(codes_section(fill(None), bits))
+
+    def parse(self, reader, ctx, count):
+        n = count
+        block = max(1, self.block_len(n))
+        nblocks = -(-n // block)
+        stored = self.read_windows(reader, ctx, nblocks)
+        valid = self.valid_codes()
+        codes = read_codes(reader, self.width, n, valid)
+        scale = np.ldexp(1.0, self.emins(stored).astype(np.int64))
+        return Dequant(codes, magnitudes(self.mant, self.width), block, scale, np.empty(0), ctx.dtype)
+
+    def read_windows(self, reader, ctx, nblocks):
+        raise NotImplementedError
+
+    def valid_codes(self):
+        """0/1 per code value (None: every code is valid)."""
+        if self.maxmag == (1 << (self.width - 1)) - 1:
+            return None
+        mag = np.arange(1 << self.width) & ((1 << (self.width - 1)) - 1)
+        return (mag <= self.maxmag).astype(np.uint8)
+
+
+def _window_tops(amax: np.ndarray, m: int, dtype, top_of_format: float) -> np.ndarray:
+    """Per block: T = floor(log2 max|v|), plus one when max|v| exceeds the window's largest
+    value ``top_of_format * 2**T`` and T + 1 stays within the dtype's exponents; all-zero
+    blocks get the dtype's smallest subnormal exponent."""
+    sub, emax = exponent_range(dtype)
+    t = np.frexp(amax)[1].astype(np.int64) - 1
+    bump = (amax > np.ldexp(top_of_format, t)) & (t + 1 <= emax)
+    t = t + bump
+    return np.where(amax > 0, t, sub)
+
+
+@register
+class RangeFloat(_MiniFloat):
+    """Range-based float (Wang et al. HPDC'20): 1+e+m bits, exponent window from the data's max."""
+
+    name = "rangefloat"
+    params = (
+        Param("bits", int, 8, "total width in bits: 1 sign + exp_bits + mantissa", low=3, high=16),
+        Param("exp_bits", int, None, "exponent bits, 1..min(8, bits-1); auto = min(5, bits // 2)", low=1, high=8, auto=True),
+        Param("block", int, 0, "values per exponent window; 0 = one window for the whole message", low=0),
+        rounding("nearest"),
+        SEED,
+    )
+
+    def validate(self):
+        if self.exp_bits is not None and self.exp_bits > self.bits - 1:
+            raise ValueError(f"rangefloat: parameter exp_bits must be <= bits - 1 = {self.bits - 1}, got {self.exp_bits}")
+        self.ebits = self.exp_bits if self.exp_bits is not None else min(5, self.bits // 2)
+        self.width = self.bits
+        self.mant = self.bits - 1 - self.ebits
+        self.maxmag = (1 << (self.bits - 1)) - 1
+
+    def block_len(self, n):
+        return self.block or n
+
+    def windows(self, amax, dtype):
+        return _window_tops(amax, self.mant, dtype, 2.0 - math.ldexp(1.0, -self.mant))
+
+    def emins(self, tops):
+        return tops - (1 << self.ebits) + 2
+
+    def read_windows(self, reader, ctx, nblocks):
+        sub, emax = exponent_range(ctx.dtype)
+        return read_ints(reader, nblocks, sub, emax, "window exponent")
+
+
+#: OCP FP8 formats: mantissa bits, emin, largest magnitude code, largest value's exponent
+FP8 = {"e4m3": (3, -6, 0x7E, 8, 448.0), "e5m2": (2, -14, 0x7B, 15, 57344.0)}
+
+
+@register
+class Fp8(_MiniFloat):
+    """OCP 8-bit float (e4m3: max 448, e5m2: max 57344), saturating; optional power-of-two scale."""
+
+    name = "fp8"
+    params = (
+        Param("format", str, "e4m3", "e4m3 (more precision) or e5m2 (more range)", choices=tuple(FP8)),
+        Param("scale", bool, False, "per-tensor power-of-two scale putting max|x| in the top binade"),
+        rounding("nearest"),
+        SEED,
+    )
+
+    def validate(self):
+        self.mant, self.emin, self.maxmag, self.top, self.maxval = FP8[self.format]
+        self.width = 8
+
+    def needs_max(self):
+        return self.scale
+
+    def windows(self, amax, dtype):
+        tops = _window_tops(amax, self.mant, dtype, self.maxval / 2.0**self.top)
+        return np.where(amax > 0, tops - self.top, 0)
+
+    def emins(self, scales):
+        return scales + self.emin
+
+    def read_windows(self, reader, ctx, nblocks):
+        if not self.scale:
+            return np.zeros(nblocks, np.int64)
+        sub, emax = exponent_range(ctx.dtype)
+        return read_ints(reader, nblocks, sub - self.top, emax - self.top, "scale exponent")

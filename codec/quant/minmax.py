@@ -1,0 +1,53 @@
+"""``minmax(bits=8, bucket=1024, rounding=nearest)``: per-bucket min and max with uniform
+levels between them (CGX, Bagua's ByteGrad; docs/codecs.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.errors import CorruptFrameError
+from codec.quant.base import Dequant, Quantizer, codes_section, read_codes, read_scalars, rounding, scalars_section
+from codec.stage import Param, register
+from codec.streams import SEED
+
+
+@register
+class MinMax(Quantizer):
+    """Per bucket min and max, 2**bits - 1 uniform steps between them (nearest or stochastic)."""
+
+    name = "minmax"
+    params = (
+        Param("bits", int, 8, "code width in bits", low=1, high=8),
+        Param("bucket", int, 1024, "values per bucket (each has its own min and max)", low=1),
+        rounding("nearest"),
+        SEED,
+    )
+
+    def quantize(self, x, ctx, sections):
+        from codec.kernels import backend
+
+        n = x.size
+        nb = -(-n // self.bucket)
+        lows, highs = np.empty(nb), np.empty(nb)
+        codes = np.empty(n, np.uint8)
+        per = max(1, (1 << 16) // self.bucket)
+        bad = np.zeros(-(-nb // per), np.int64)
+        if n:
+            backend("quant", x).minmax_encode(
+                x, self.bucket, (1 << self.bits) - 1, self.rounding == "stochastic", self.stream(ctx), lows, highs, codes, bad
+            )
+        if bad.any():
+            self.raise_nonfinite(x, ctx)
+        sections.append(scalars_section(np.concatenate([lows, highs])))
+        sections.append(codes_section(codes, self.bits))
+
+    def parse(self, reader, ctx, count):
+        nb = -(-count // self.bucket)
+        bounds = read_scalars(reader, 2 * nb)
+        lows, highs = bounds[:nb], bounds[nb:]
+        if np.any(lows > highs):
+            raise CorruptFrameError("minmax frame: a bucket's minimum exceeds its maximum")
+        levels = (1 << self.bits) - 1
+        codes = read_codes(reader, self.bits, count)
+        lut = np.arange(1 << self.bits, dtype=np.float64)
+        return Dequant(codes, lut, self.bucket, (highs - lows) / levels, lows, ctx.dtype)

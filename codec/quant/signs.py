@@ -1,0 +1,80 @@
+"""One bit per value: ``sign(scale=none|l1)`` (signSGD), ``efsign`` (EF-signSGD) and ``onebit``
+(1-bit SGD's two reconstruction values); docs/codecs.md.  Zero counts as non-negative."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.frame import Kind, Section
+from codec.quant.base import Dequant, Quantizer, read_codes, read_scalars, scalars_section, sequential_sum
+from codec.stage import Param, register
+
+
+class _Bits(Quantizer):
+    """Sign bits (1 = negative) plus whatever reconstruction values ``levels`` gives."""
+
+    def quantize(self, x, ctx, sections):
+        from codec.kernels import backend
+        from codec.kernels.cpu.quant import CHUNK, LANES
+
+        n = x.size
+        nchunk = -(-n // CHUNK)
+        out = np.empty(-(-n // 8), np.uint8)
+        sums, nneg, bad = np.zeros((nchunk, 3)), np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
+        if n:
+            backend("quant", x).sign_encode(x, out, LANES, sums, nneg, bad)
+        if bad.any():
+            self.raise_nonfinite(x, ctx)
+        self.add_levels(sections, n, [sequential_sum(sums[:, j]) for j in range(3)], int(nneg.sum()), ctx.dtype)
+        sections.append(Section(Kind.VALUES, 1, n, out))
+
+    def parse(self, reader, ctx, count):
+        lut = self.read_levels(reader, ctx)
+        codes = read_codes(reader, 1, count)
+        return Dequant(codes, lut, count, np.ones(1), np.empty(0), ctx.dtype)
+
+
+@register
+class Sign(_Bits):
+    """signSGD: one bit per value (1 = negative, zero positive); decoded +-1 or +-mean|x| (scale=l1)."""
+
+    name = "sign"
+    params = (Param("scale", str, "none", "none: decode +-1; l1: decode +-mean|x|", choices=("none", "l1")),)
+
+    def add_levels(self, sections, n, sums, nneg, dtype):
+        if self.scale == "l1":
+            from codec.ops import round_to
+
+            a = float(round_to(np.float64(sums[0] / n if n else 0.0), dtype))
+            sections.append(Section(Kind.SCALARS, 64, 1, np.array([a], "<f8")))
+
+    def read_levels(self, reader, ctx):
+        a = read_scalars(reader, 1, bits=64)[0] if self.scale == "l1" else 1.0
+        return np.array([a, -a])
+
+
+@register
+class EfSign(Sign):
+    """EF-signSGD (Karimireddy et al. 2019): sign(scale=l1), meant to run under ErrorFeedback."""
+
+    name = "efsign"
+    params = ()
+
+    def validate(self):
+        self.scale = "l1"
+
+
+@register
+class OneBit(_Bits):
+    """1-bit SGD (Seide et al. 2014): one bit per value, decoded as the mean of its sign group."""
+
+    name = "onebit"
+
+    def add_levels(self, sections, n, sums, nneg, dtype):
+        npos = n - nneg
+        means = np.array([sums[2] / npos if npos else 0.0, sums[1] / nneg if nneg else 0.0])
+        fits = np.abs(means).max(initial=0.0) <= np.finfo(np.float32).max
+        sections.append(scalars_section(means.astype(np.float32).astype(np.float64) if fits else means))
+
+    def read_levels(self, reader, ctx):
+        return read_scalars(reader, 2)

@@ -1,0 +1,72 @@
+"""``terngrad(clip=2.5)``: TernGrad (Wen et al., NeurIPS 2017): clip at ``clip`` standard
+deviations, one scale per tensor, stochastic ternary values packed five per byte."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from codec.errors import CorruptFrameError
+from codec.frame import Kind, Section
+from codec.quant.base import Dequant, Quantizer, read_codes, round_up_to, sequential_sum
+from codec.stage import Param, register
+from codec.streams import SEED
+
+#: 3**5: a byte holds five trits, so byte values 243..255 never occur
+TRIT_BYTES = 243
+
+
+def trit_bytes(n: int) -> int:
+    return -(-n // 5)
+
+
+@register
+class TernGrad(Quantizer):
+    """TernGrad: clip at clip*sigma, values in {-s, 0, s} drawn unbiased, five trits per byte."""
+
+    name = "terngrad"
+    params = (Param("clip", float, 2.5, "clip at clip * standard deviation; 0 = no clipping", low=0.0), SEED)
+
+    def quantize(self, x, ctx, sections):
+        from codec.kernels import backend
+        from codec.kernels.cpu.quant import CHUNK, LANES
+
+        kern = backend("quant", x)
+        n = x.size
+        nchunk = -(-n // CHUNK)
+        sums, amax, bad = np.zeros((nchunk, 2)), np.zeros(nchunk), np.zeros(nchunk, np.int64)
+        shift = float(x[0]) if n else 0.0
+        if n:
+            kern.tensor_moments(x, shift, LANES, sums, amax, bad)
+        if bad.any():
+            self.raise_nonfinite(x, ctx)
+        clip = math.inf
+        if n and self.clip > 0:
+            mean = sequential_sum(sums[:, 0]) / n
+            sigma = math.sqrt(max(0.0, sequential_sum(sums[:, 1]) / n - mean * mean))
+            if sigma > 0:
+                clip = self.clip * sigma
+        top = min(float(amax.max(initial=0.0)), clip)
+        s = round_up_to(top, ctx.dtype) if top > 0 else 0.0
+        out = np.empty(trit_bytes(n), np.uint8)
+        if n:
+            kern.terngrad_encode(x, clip, s, self.stream(ctx), out)
+        sections.append(Section(Kind.SCALARS, 64, 1, np.array([s], "<f8")))
+        sections.append(Section(Kind.VALUES, 8, out.size, out))
+
+    def parse(self, reader, ctx, count):
+        from codec.kernels import backend
+
+        _, raw = reader.take(Kind.SCALARS, bits=64, count=1)
+        s = float(raw.view("<f8")[0])
+        if not (math.isfinite(s) and s >= 0):
+            raise CorruptFrameError(f"terngrad frame: scale {s} is not a finite value >= 0")
+        nbytes = trit_bytes(count)
+        data = read_codes(reader, 8, nbytes, (np.arange(256) < TRIT_BYTES).astype(np.uint8))
+        if nbytes and int(data[-1]) >= 3 ** (count - 5 * (nbytes - 1)):
+            raise CorruptFrameError("terngrad frame: the last byte holds trits past the last value")
+        codes = np.empty(count, np.uint8)
+        if count:
+            backend("quant", data).trits_decode(data, codes)
+        return Dequant(codes, np.array([0.0, 1.0, -1.0]), count, np.array([s]), np.empty(0), ctx.dtype)
