@@ -155,7 +155,9 @@ class Codec:
         elif self.select is None:
             self.value.write(payload, out, mode)
         else:
-            values = np.empty(ctx.positions.size, out.dtype)
+            # the kept values in the frame's dtype (float32 for 16-bit frames: exact), so adding
+            # them into a narrower ``out`` rounds once
+            values = np.empty(ctx.positions.size, ctx.dtype if ctx.dtype in WIDE else np.float32)
             self.value.write(payload, values, SET)
             scatter(values, ctx.positions, out, mode)
 

@@ -40,6 +40,20 @@ FIXTURES = {
     "adacomp-f32": ("adacomp(bin=8)", heavy),
     "adacomp-conv-f32": ("adacomp", np.repeat(heavy, 10, axis=0).reshape(6, 10, 7)),
     "adacomp-fp16-f32": ("adacomp+fp16", heavy),
+    "rangefloat-f32": ("rangefloat", heavy),
+    "rangefloat-block-stochastic-f64": ("rangefloat(bits=6,block=8,rounding=stochastic)", heavy.astype(np.float64)),
+    "fp8-f32": ("fp8", heavy * 100),
+    "fp8-e5m2-scale-bf16": ("fp8(format=e5m2,scale=true)", heavy.astype(bfloat16)),
+    "qsgd-f32": ("qsgd(bucket=16)", heavy),
+    "qsgd-nearest-f16": ("qsgd(levels=5,rounding=nearest)+zstd", heavy.astype(np.float16)),
+    "minmax-f32": ("minmax(bits=4,bucket=10)", heavy),
+    "minmax-stochastic-f64": ("minmax(rounding=stochastic)", heavy.astype(np.float64)),
+    "terngrad-f32": ("terngrad", heavy),
+    "sign-f32": ("sign", heavy),
+    "sign-l1-bf16": ("sign(scale=l1)", heavy.astype(bfloat16)),
+    "efsign-f32": ("efsign", heavy),
+    "onebit-f32": ("onebit", heavy),
+    "topk-qsgd-f32": ("topk(ratio=0.3)+qsgd(levels=4)", heavy),
 }
 
 

@@ -30,6 +30,23 @@ SPECS = [c["id"] for c in codec.list_codecs()] + [
     "adacomp+none",
     "adacomp+fp16+crc32",
     "topk(ratio=warmup(0.5,0.01,steps=2))",
+    "rangefloat(bits=5,block=7,rounding=stochastic)",
+    "rangefloat(bits=16,exp_bits=8)+zstd",
+    "rangefloat(bits=3,exp_bits=1)",
+    "fp8(format=e5m2,scale=true)",
+    "fp8(scale=true,rounding=stochastic)",
+    "qsgd(levels=3,bucket=7,rounding=nearest)+crc32",
+    "qsgd(levels=300)+zstd",
+    "minmax(bits=3,bucket=7,rounding=stochastic)",
+    "minmax(bits=1,bucket=1)",
+    "terngrad(clip=0)",
+    "sign(scale=l1)",
+    "topk(ratio=0.1)+qsgd",
+    "topk(k=3)+rangefloat(bits=6)",
+    "adacomp+rangefloat",
+    "gaussiank(ratio=0.05)+minmax(bits=4)",
+    "randomk(ratio=0.3)+terngrad",
+    "threshold(value=0.5)+onebit",
 ]
 ARRAYS = testing.sample_arrays()
 ARRAY_IDS = [f"{a.dtype.name}{list(a.shape)}" for a in ARRAYS]
