@@ -161,20 +161,70 @@ def _block_reduce(ufunc, a: np.ndarray, block: int) -> np.ndarray:
     return ufunc.reduceat(a, starts)
 
 
-def _scalars32(vals, up_mask) -> tuple[np.ndarray, int]:
-    """Per-bucket scalars: float32 rounded up (``up_mask``) or down; float64 for the whole
-    section when any of them does not fit float32 (its directed rounding is not finite).
-
-    READING: "does not fit float32" = the float32 rounded in the codec's direction is +-inf
-    (float32 data may need it too: QSGD's norm of 512 values of 1e38 is 2.3e39)."""
+def _scalars32(vals, up: bool) -> tuple[np.ndarray, int]:
+    """Per-bucket scalars: each rounded to float32 up (``up``) or down when that is finite,
+    else kept as its float64 value; the section is float64 when any was kept (docs/codecs.md,
+    QSGD step 1: "stored as float32 rounded up (when that is finite; else the float64 value)").
+    Returns (the float64 values of the stored scalars, the section's item width)."""
     vals = np.asarray(vals, np.float64)
-    if vals.size == 0:
-        return vals.copy(), 32
-    up = np.asarray(up_mask, bool)
-    f = np.where(up, round_dir(vals, F32, True).astype(np.float64), round_dir(vals, F32, False).astype(np.float64))
-    if np.all(np.isfinite(f)):
-        return f, 32
-    return vals.copy(), 64
+    f = round_dir(vals, F32, up).astype(np.float64)
+    fits = np.isfinite(f)
+    return np.where(fits, f, vals), 32 if fits.all() else 64
+
+
+# ====================================================================== summation order
+#: docs/codecs.md, "Sums": ``lanesum(f, segment)``: per chunk of CHUNK values, LANES
+#: column lanes (lane j adds the chunk's values j, j+64, ... in order) over the first
+#: 64*floor(len/64) values, the lanes added in order from 0, then the chunk's remaining
+#: values in order; the chunk results added in chunk order from 0.
+LANES = 64
+CHUNK = 1 << 16
+
+
+def lanes_sum(v: np.ndarray, width: int = LANES) -> float:
+    """float64 sum of ``v`` in ``width`` column lanes, then the lanes in order, then the tail."""
+    v = np.asarray(v, np.float64).reshape(-1)
+    rows = v.size // width
+    total = 0.0
+    if rows:
+        cols = np.cumsum(v[: rows * width].reshape(rows, width), axis=0)[-1]  # sequential per lane
+        for c in cols.tolist():
+            total += c
+    for t in v[rows * width :].tolist():
+        total += t
+    return total
+
+
+def chunked_sum(v: np.ndarray) -> float:
+    """:func:`lanes_sum` per CHUNK values, the chunk sums added in order (from 0.0)."""
+    v = np.asarray(v, np.float64).reshape(-1)
+    total = 0.0
+    for lo in range(0, v.size, CHUNK):
+        total += lanes_sum(v[lo : lo + CHUNK])
+    return total
+
+
+def bucket_lanes_sums(w: np.ndarray, bucket: int) -> np.ndarray:
+    """:func:`lanes_sum` of every bucket of ``bucket`` consecutive values (vectorised over the
+    full buckets; the last, shorter one on its own)."""
+    w = np.asarray(w, np.float64).reshape(-1)
+    k = w.size
+    nfull = k // bucket
+    out = np.zeros(-(-k // bucket) if k else 0)
+    if nfull:
+        full = w[: nfull * bucket].reshape(nfull, bucket)
+        rows = bucket // LANES
+        tot = np.zeros(nfull)
+        if rows:
+            cols = np.cumsum(full[:, : rows * LANES].reshape(nfull, rows, LANES), axis=1)[:, -1, :]
+            for c in range(LANES):
+                tot = tot + cols[:, c]
+        for t in range(rows * LANES, bucket):
+            tot = tot + full[:, t]
+        out[:nfull] = tot
+    if k > nfull * bucket:
+        out[nfull] = lanes_sum(w[nfull * bucket :])
+    return out
 
 
 # ====================================================================== the random stream
@@ -311,9 +361,11 @@ def rangefloat(values, bits=8, exp_bits=None, block=0, rounding="nearest", seed=
     """``rangefloat`` on the coded values (docs/codecs.md steps 1-4).
 
     READING: ``u_i`` is indexed by the value's position among ALL coded values of the frame
-    (not within its block).  Step 3's remark "stochastic: ... down to 2**-11 of it; below
-    that they are 0" is read as a description of ``floor(q + u_i)`` and NOT applied as an
-    extra cut-off (see the module-level ``RANGEFLOAT_SR_CUTOFF``)."""
+    (not within its block).  Step 3's "down to 2**-11 of it; below that they are 0" is
+    applied as a cut-off (see :data:`SR_CUTOFF`).
+    READING: decoding computes ``lut(code) * 2**Emin`` as ONE correctly rounded float64
+    ldexp: with float64 data ``Emin`` may lie below -1074, where ``2**Emin`` alone is 0 but
+    the product is not (the common rule: computed by the formula, rounded once)."""
     x = np.asarray(values).reshape(-1)
     check_finite(x)
     dtype = x.dtype
@@ -330,9 +382,7 @@ def rangefloat(values, bits=8, exp_bits=None, block=0, rounding="nearest", seed=
     ep = np.maximum(fexp(a), Emin)  # e' = max(floor(log2|v|), Emin); 0 takes Emin
     q = np.ldexp(a, (m - ep).astype(np.int64))  # exact (or an underflow far below the window)
     u = uniforms(k, seed, key, step) if rounding == "stochastic" else None
-    r = sround(q, rounding, u)
-    if rounding == "stochastic" and RANGEFLOAT_SR_CUTOFF is not None:
-        r = np.where((ep == Emin) & (q < RANGEFLOAT_SR_CUTOFF), 0.0, r)
+    r = minifloat_round(q, rounding, u)
     top = (1 << (bits - 1)) - 1
     code = np.minimum((ep - Emin) * (1 << m) + r.astype(np.int64), top)
     neg = np.signbit(v)  # the sign is kept for zeros: -0.0 round-trips
@@ -343,10 +393,23 @@ def rangefloat(values, bits=8, exp_bits=None, block=0, rounding="nearest", seed=
     return _finish(x, w, pack_bits(codes, bits), bits, k, payload, ints=Ts)
 
 
-#: None: stochastic rangefloat is floor(q + u_i) everywhere (the formula of step 3).  A number
-#: c: subnormal-range values with q < c always become 0 (the other reading of "down to
-#: 2**-11 of it; below that they are 0").
-RANGEFLOAT_SR_CUTOFF = None
+#: READING of rangefloat's step 3, "stochastic: to it with the right probability, down to
+#: 2**-11 of it; below that they are 0": a scaled significand ``q < 2**-11`` (a value below
+#: 2**-11 of the smallest subnormal) becomes 0 whatever ``u_i``.  The document says this of
+#: rangefloat only; fp8 ("subnormals as in the spec") is read the same way, both being the
+#: same kind of small float.
+SR_CUTOFF = 2.0**-11
+
+
+def minifloat_round(q: np.ndarray, rounding: str, u) -> np.ndarray:
+    """The scaled significand ``q >= 0`` of a small float rounded to an integer: nearest even,
+    or ``floor(q + u_i)`` computed exactly (``floor(q) + (frac(q) >= 1 - u_i)``: every step
+    exact in float64, where ``q + u_i`` itself may round) and 0 below :data:`SR_CUTOFF`."""
+    if rounding == "nearest":
+        return np.rint(q)
+    fl = np.floor(q)
+    r = fl + ((q - fl) >= (1.0 - u))
+    return np.where(q < SR_CUTOFF, 0.0, r)
 
 
 # ====================================================================== fp8
@@ -367,7 +430,7 @@ def fp8_round(a: np.ndarray, fmt: str, rounding: str, u=None, shift: int = 0) ->
     m, emin, fmax, _, _ = FP8[fmt]
     ep = np.maximum(fexp(a) - shift, emin)
     q = np.ldexp(a, (m - ep - shift).astype(np.int64))
-    r = sround(q, rounding, u)
+    r = minifloat_round(q, rounding, u)
     return np.minimum(np.ldexp(r, (ep - m).astype(np.int64)), fmax)
 
 
@@ -421,41 +484,46 @@ def qsgd_width(levels: int) -> int:
     return 1 + int(levels).bit_length()
 
 
-def bucket_norms(v: np.ndarray, bucket: int) -> np.ndarray:
-    """``sqrt(sum v**2)`` per bucket in float64, power-of-two rescaled.
+def bucket_sums(w: np.ndarray, bucket: int) -> np.ndarray:
+    """``lanesum`` of every bucket (one segment each: chunked within a bucket > CHUNK)."""
+    if bucket <= CHUNK:
+        return bucket_lanes_sums(w, bucket)
+    return np.array([chunked_sum(w[lo : lo + bucket]) for lo in range(0, w.size, bucket)])
 
-    READING: the sum of squares is accumulated sequentially (value order) in float64, on the
-    values scaled by ``2**-e`` with ``e`` the exponent of the bucket's max |v| (so it can
-    neither overflow nor underflow; the scale is exact and ``sqrt`` commutes with it, so for
-    data whose squares stay normal this is the unscaled sum, bit for bit).  The document
-    does not fix the summation order."""
+
+def bucket_norms(v: np.ndarray, bucket: int) -> np.ndarray:
+    """QSGD step 1: ``sqrt(lanesum(v**2, bucket))``; when that sum is not in
+    ``[2**-960, inf)`` and the bucket is not all zero, recomputed on ``v * 2**-E``,
+    ``E = floor(log2 max|v|)``, and the root scaled back by ``2**E``."""
     k = v.size
-    nb = -(-k // bucket) if k else 0
-    if nb == 0:
+    if k == 0:
         return np.zeros(0)
     a = np.abs(v)
-    pad = np.zeros(nb * bucket)
-    pad[:k] = a
-    rows = pad.reshape(nb, bucket)
-    M = rows.max(axis=1)
-    e = np.where(M > 0, np.frexp(M)[1], 0).astype(np.int64)
-    scaled = np.ldexp(rows, -e[:, None])
-    ssq = np.cumsum(scaled * scaled, axis=1)[:, -1]  # cumsum: strictly sequential
-    return np.ldexp(np.sqrt(ssq), e)
+    with np.errstate(over="ignore"):
+        ssq = bucket_sums(a * a, bucket)
+    norms = np.sqrt(ssq)
+    M = _block_reduce(np.maximum, a, bucket)
+    redo = ~((ssq >= 2.0**-960) & (ssq < np.inf)) & (M > 0)
+    if np.any(redo):
+        E = fexp(np.where(M > 0, M, 1.0))
+        scaled = np.ldexp(a, -np.repeat(E, bucket)[:k])
+        ssq2 = bucket_sums(scaled * scaled, bucket)
+        norms = np.where(redo, np.ldexp(np.sqrt(ssq2), E), norms)
+    return norms
 
 
 def qsgd(values, levels=16, bucket=512, rounding="stochastic", seed=0, key=None, step=0) -> Coded:
     """QSGD (steps 1-5).
 
-    READING: ``t_i`` uses the STORED norm (float32 rounded up, or the float64 one when the
-    section is float64), the value the decoder multiplies by: rounding up keeps ``t <= s``."""
+    READING: ``t_i`` uses the STORED norm (float32 rounded up, or the float64 one), the
+    value the decoder multiplies by: rounding up keeps ``t <= s``."""
     x = np.asarray(values).reshape(-1)
     check_finite(x)
     v = wide(x)
     k = v.size
     s = int(levels)
     norms64 = bucket_norms(v, bucket)
-    norms, nbits = _scalars32(norms64, np.ones(norms64.size, bool))
+    norms, nbits = _scalars32(norms64, True)
     nrm = norms[np.arange(k) // bucket] if k else np.zeros(0)
     a = np.abs(v)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -473,10 +541,14 @@ def qsgd(values, levels=16, bucket=512, rounding="stochastic", seed=0, key=None,
 
 # ====================================================================== terngrad
 def terngrad_sigma(v: np.ndarray) -> float:
-    """Population standard deviation about the mean, float64.
-
-    READING: NumPy's ``np.std`` (pairwise sums); the document does not fix the order."""
-    return float(np.std(v)) if v.size else 0.0
+    """Step 1: ``d = v - v_0``, ``S = lanesum(d)``, ``Q = lanesum(d**2)``, ``mean = S/k``,
+    ``sigma = sqrt(max(0, Q/k - mean**2))``."""
+    n = v.size
+    if n == 0:
+        return 0.0
+    d = v - v[0]
+    mean = chunked_sum(d) / n
+    return math.sqrt(max(0.0, chunked_sum(d * d) / n - mean * mean))
 
 
 def terngrad(values, clip=2.5, seed=0, key=None, step=0, sigma=None) -> Coded:
@@ -512,8 +584,8 @@ def terngrad(values, clip=2.5, seed=0, key=None, step=0, sigma=None) -> Coded:
 
 # ====================================================================== sign / efsign
 def abs_sum(v: np.ndarray) -> float:
-    """``sum |v|`` in float64.  READING: NumPy's pairwise ``np.sum`` (the order is not fixed)."""
-    return float(np.sum(np.abs(v))) if v.size else 0.0
+    """``lanesum(|v|)``."""
+    return chunked_sum(np.abs(v))
 
 
 def sign(values, scale="none") -> Coded:
@@ -540,26 +612,29 @@ def efsign(values) -> Coded:
 
 
 # ====================================================================== onebit
-def group_mean(v: np.ndarray) -> float:
-    """READING: float64 ``np.sum(v) / count`` (pairwise sum); 0 for an empty group."""
-    return float(np.sum(v)) / v.size if v.size else 0.0
-
-
 def onebit(values) -> Coded:
-    """1-bit SGD: a sign bit each and the two group means [mean of negatives, mean of non-negatives]."""
+    """1-bit SGD: a sign bit each and the two group means.
+
+    The group sums are ``lanesum`` over all values of ``v if v < 0 else 0`` and
+    ``0 if v < 0 else v``, divided by the group sizes.
+    The scalars section holds ``[mean of the non-negative values, mean of the negative
+    values]`` (code order)."""
     x = np.asarray(values).reshape(-1)
     check_finite(x)
     v = wide(x)
     k = v.size
     neg = v < 0
-    means64 = np.array([group_mean(v[neg]), group_mean(v[~neg])])
-    with np.errstate(over="ignore"):
-        f32 = means64.astype(np.float32).astype(np.float64)  # nearest
-    if np.all(np.isfinite(f32)):
-        means, mbits = f32, 32
+    nneg = int(neg.sum())
+    npos = k - nneg
+    sn = chunked_sum(np.where(neg, v, 0.0))
+    sp = chunked_sum(np.where(neg, 0.0, v))
+    means64 = np.array([sp / npos if npos else 0.0, sn / nneg if nneg else 0.0])
+    # READING: "does not fit float32" = |mean| > float32's largest value
+    if np.all(np.abs(means64) <= float(np.finfo(np.float32).max)):
+        means, mbits = means64.astype(np.float32).astype(np.float64), 32
     else:
         means, mbits = means64, 64
-    w = np.where(neg, means[0], means[1])
+    w = np.where(neg, means[1], means[0])
     payload = (8 if mbits == 32 else 16) + (k + 7) // 8
     return _finish(x, w, pack_bits(neg.astype(np.uint64), 1), 1, k, payload, scalars=means, scalars_bits=mbits)
 
@@ -578,8 +653,14 @@ def minmax(values, bits=8, bucket=1024, rounding="nearest", seed=0, key=None, st
     lo64 = _block_reduce(np.minimum, v, bucket) if k else np.zeros(0)
     hi64 = _block_reduce(np.maximum, v, bucket) if k else np.zeros(0)
     nb = lo64.size
-    both, sbits = _scalars32(np.concatenate([lo64, hi64]), np.r_[np.zeros(nb, bool), np.ones(nb, bool)])
-    lo, hi = both[:nb], both[nb:]
+    # READING: a bucket's bounds are float32 (lo rounded down, hi up) when both roundings are
+    # finite, else both keep their float64 values; the section is float64 when any bucket
+    # kept them (QSGD's rule, said explicitly there, applied per bucket here)
+    lo32 = round_dir(lo64, F32, False).astype(np.float64)
+    hi32 = round_dir(hi64, F32, True).astype(np.float64)
+    fits = np.isfinite(lo32) & np.isfinite(hi32)
+    lo, hi = np.where(fits, lo32, lo64), np.where(fits, hi32, hi64)
+    sbits = 32 if fits.all() else 64
     idx = np.arange(k) // bucket
     lo_i, hi_i = lo[idx], hi[idx]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -590,7 +671,8 @@ def minmax(values, bits=8, bucket=1024, rounding="nearest", seed=0, key=None, st
     code = np.clip(sround(t, rounding, u), 0, L).astype(np.int64)
     w = lo_i + code * stp
     payload = (8 if sbits == 32 else 16) * nb + (k * bits + 7) // 8
-    # READING: the scalars section is checked as a set of (lo, hi) values, not its layout
+    # READING: the scalars section is all lows, then all highs (the document does not say;
+    # tests accept that or (lo, hi) pairs)
     return _finish(x, w, pack_bits(code, bits), bits, k, payload, scalars=np.concatenate([lo, hi]), scalars_bits=sbits)
 
 
@@ -614,18 +696,6 @@ def parse_spec(spec: str) -> tuple[str, dict]:
             except ValueError:
                 params[k_.strip()] = val
     return name.strip(), params
-
-
-STOCHASTIC = {"qsgd", "terngrad"}  # stochastic by default; others when rounding=stochastic
-
-
-def is_stochastic(spec: str) -> bool:
-    name, p = parse_spec(spec)
-    if name == "terngrad":
-        return True
-    if name == "qsgd":
-        return p.get("rounding", "stochastic") == "stochastic"
-    return p.get("rounding") == "stochastic"
 
 
 def code(spec: str, values, key=None, step=0) -> Coded:

@@ -32,7 +32,7 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import codec
@@ -212,6 +212,13 @@ def rangefloat_cases(draw):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(rangefloat_cases())
+@example((3, None, 0, np.array([np.finfo(np.float64).max])))  # the largest float64: T = 1023, saturates
+@example((8, None, 0, np.array([-np.finfo(np.float64).max, 1.0, 2.0**-1074])))
+@example((8, None, 0, np.array([1.875 * (1 + 2.0**-50), 0.5])))  # a hair above the window's top: T += 1
+@example((8, 4, 1, np.array([1.875 * (1 + 2.0**-52), -3.75 * (1 + 2.0**-51), 2.0**-1070 * 1.9375])))
+@example((16, 8, 0, np.array([2.0**-1074, 3 * 2.0**-1074, 0.0, -0.0])))
+@example((16, 8, 0, np.array([1e-310, -3e-308])))  # float64 window far below 2**-1074: Emin = T - 254
+@example((4, 3, 0, np.array([np.finfo(np.float32).max, 1e-45, -1e-30], np.float32)))
 def test_rangefloat_nearest_window_error_and_grid(case):
     """Nearest rounding: |decoded - v| <= 2**-(m+1) |v| for every v in its block's window
     [2**Emin, 2**(T+1)); decoded values lie on the format's grid and below its largest value;
@@ -356,9 +363,12 @@ def test_fp8_other_dtypes(fmt, dt):
 
 
 def fp8_scale(M: float, fmt: str, dt: np.dtype) -> int:
+    """s = floor(log2 M) - offset, plus one when M * 2**-s exceeds the largest value and
+    largest * 2**(s+1) is finite in ``dt`` (the tests avoid the values where "decoded values
+    stay finite" could be read differently)."""
     big, off = FP8[fmt][1], FP8[fmt][4]
     s = exp2(M) - off
-    if M * 2.0**-s > big:
+    if math.ldexp(M, -s) > big and exp2(big) + s + 1 <= EMAX[dt]:
         s += 1
     return s
 
@@ -398,6 +408,32 @@ def test_fp8_scale_matches_ml_dtypes(fmt):
         assert_values(dec, want, f"fp8({fmt},scale=true) array {j} (max|v|={M!r}, s={s})")
         top = float(np.abs(dec.astype(np.float64)).max())
         assert top > 0 and exp2(top) >= exp2(M) - 1, f"array {j}: max|v| {M} did not land in the top binade ({top})"
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_scale_float64(fmt):
+    """scale=true on float64: one rounding of v * 2**-s (exact), also next to the bump
+    threshold and across float64's whole range."""
+    need("fp8")
+    c = codec.get_codec(f"fp8(format={fmt},scale=true)")
+    big = FP8[fmt][1]
+    rng = np.random.default_rng(17)
+    arrays = [rng.standard_normal(2000) * np.exp(rng.uniform(-30, 5, 2000)) * 2.0**k for k in (-1040, -700, -10, 0, 20, 900, 1000)]
+    for t in (big, big * (1 + 2.0**-52), big * (1 + 2.0**-45), big * (1 - 2.0**-52), big * 1.0625):
+        for k in (-1060, 0, 1000):
+            x = rng.uniform(-1, 1, 300) * math.ldexp(t, k)
+            x[3] = math.ldexp(t, k)
+            arrays.append(x)
+    arrays.append(np.array([np.finfo(np.float64).max, -1.0, 3e307, 0.0]))  # no raise: largest * 2**(s+1) = inf
+    for j, x in enumerate(arrays):
+        M = float(np.abs(x).max())
+        s = fp8_scale(M, fmt, F64)
+        frame = c.encode(x)
+        info, raw = section(frame, Kind.INTS)
+        assert np.frombuffer(raw, "<i2").tolist() == [s], f"float64 array {j} (max|v|={M!r}): scale {np.frombuffer(raw, '<i2')} on the wire, spec gives {s}"
+        with np.errstate(all="ignore"):
+            want = np.ldexp(fp8_nearest64(np.ldexp(x, -s), fmt), s)
+        assert_values(codec.decode(frame), want, f"fp8({fmt},scale=true) float64 array {j} (max|v|={M!r}, s={s})")
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])

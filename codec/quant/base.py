@@ -92,6 +92,23 @@ class Quantizer(Stage):
         return stream(self.seed, ctx)
 
 
+# ---------------------------------------------------------------------------- magnitudes
+def magnitude_bits(x: np.ndarray):
+    """The bit patterns of float32/float64 ``x`` (read-only uint32/uint64 view) and the mask that
+    clears their sign: kernels take integer maxima of magnitudes (they vectorise)."""
+    if x.dtype == np.float32:
+        return readonly(x.view(np.uint32)), np.uint32(0x7FFFFFFF)
+    return readonly(x.view(np.uint64)), np.uint64(0x7FFFFFFFFFFFFFFF)
+
+
+def magnitude_values(top: np.ndarray, dtype) -> tuple[np.ndarray, bool]:
+    """float64 values of magnitude bit patterns ``top`` (of float ``dtype``), and whether any
+    is NaN or inf."""
+    vals = top.view(np.float32 if np.dtype(dtype) == np.float32 else np.float64)
+    finite = np.isfinite(vals)
+    return np.where(finite, vals, 0).astype(np.float64), not finite.all()
+
+
 # ---------------------------------------------------------------------------- sections
 def code_dtype(bits: int):
     return np.uint8 if bits <= 8 else np.uint16

@@ -17,6 +17,8 @@ from codec.quant.base import (
     Quantizer,
     code_dtype,
     exponent_range,
+    magnitude_bits,
+    magnitude_values,
     ints_section,
     read_codes,
     read_ints,
@@ -72,11 +74,12 @@ class _MiniFloat(Quantizer):
         upb = -(-block // CHUNK)
         units = nblocks * upb
         if self.needs_max():
-            amax = np.empty(units)
-            bad = np.empty(units, np.int64)
+            bits, mask = magnitude_bits(x)
+            top = np.zeros(units, bits.dtype)
             if n:
-                kern.absmax_units(x, block, upb, amax, bad)
-            if bad.any():
+                kern.absmax_units(bits, block, upb, mask, top)
+            amax, bad = magnitude_values(top, x.dtype)
+            if bad:
                 self.raise_nonfinite(x, ctx)
             stored = self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
             sections.append(ints_section(stored))

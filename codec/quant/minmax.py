@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.errors import CorruptFrameError
+from codec.ops import readonly
 from codec.quant.base import Dequant, Quantizer, codes_section, read_codes, read_scalars, rounding, scalars_section
 from codec.stage import Param, register
 from codec.streams import SEED
@@ -33,8 +34,12 @@ class MinMax(Quantizer):
         per = max(1, (1 << 16) // self.bucket)
         bad = np.zeros(-(-nb // per), np.int64)
         if n:
+            wide = x.dtype == np.float64
+            ibits = readonly(x.view(np.int64 if wide else np.int32))
+            low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
             backend("quant", x).minmax_encode(
-                x, self.bucket, (1 << self.bits) - 1, self.rounding == "stochastic", self.stream(ctx), lows, highs, codes, bad
+                x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.rounding == "stochastic", self.stream(ctx),
+                lows, highs, codes, bad,
             )
         if bad.any():
             self.raise_nonfinite(x, ctx)

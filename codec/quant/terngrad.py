@@ -9,7 +9,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
-from codec.quant.base import Dequant, Quantizer, read_codes, round_up_to, sequential_sum
+from codec.quant.base import Dequant, Quantizer, magnitude_bits, magnitude_values, read_codes, round_up_to, sequential_sum
 from codec.stage import Param, register
 from codec.streams import SEED
 
@@ -35,11 +35,13 @@ class TernGrad(Quantizer):
         kern = backend("quant", x)
         n = x.size
         nchunk = -(-n // CHUNK)
-        sums, amax, bad = np.zeros((nchunk, 2)), np.zeros(nchunk), np.zeros(nchunk, np.int64)
+        bits, mask = magnitude_bits(x)
+        sums, top = np.zeros((nchunk, 2)), np.zeros(nchunk, bits.dtype)
         shift = float(x[0]) if n else 0.0
         if n:
-            kern.tensor_moments(x, shift, LANES, sums, amax, bad)
-        if bad.any():
+            kern.tensor_moments(x, bits, mask, shift, LANES, sums, top)
+        amax, bad = magnitude_values(top, x.dtype)
+        if bad:
             self.raise_nonfinite(x, ctx)
         clip = math.inf
         if n and self.clip > 0:

@@ -32,10 +32,6 @@ LANES = 64
 _STAGE = 2048
 U = np.uint64
 
-_FRAC = np.uint64((1 << 52) - 1)
-_HIDDEN = np.uint64(1 << 52)
-_TINY = 2.2250738585072014e-308  # smallest normal float64
-_TWO64 = 18446744073709551616.0
 
 
 @jit
@@ -56,72 +52,82 @@ def _span_end(i, hi):
 
 # ---------------------------------------------------------------------------- custom floats
 @jit(parallel=True)
-def absmax_units(x, block, upb, amax, bad):
-    """``amax[u] = max |x|`` over work unit ``u`` (see ``_unit``) and ``bad[u]`` its NaN/inf count."""
-    n = x.size
-    for u in prange(amax.size):
+def absmax_units(bits, block, upb, mask, top):
+    """``top[u] = max(bits & mask)`` over work unit ``u`` (see ``_unit``): the largest magnitude's
+    bits, ``bits`` being the float32 (uint32) or float64 (uint64) bit patterns and ``mask``
+    their sign-clearing mask.  Non-negative floats order like their bits, and an integer max
+    vectorises where a float max (NaN rules, no fastmath) does not; a result at or above
+    the infinity pattern means a NaN or inf was seen."""
+    n = bits.size
+    for u in prange(top.size):
         _, lo, hi = _unit(u, block, upb, n)
-        m = 0.0
-        k = np.int64(0)
+        m = np.uint64(0)
         for i in range(U(lo), U(hi)):
-            v = abs(np.float64(x[i]))
-            m = max(m, v)
-            k += np.int64(not (v - v == 0))
-        amax[u] = m
-        bad[u] = k
+            m = max(m, np.uint64(bits[i] & mask))
+        top[u] = m
 
 
 @jit
-def _minifloat(v, emin, m, maxmag, signpos, stochastic, r32):
+def _pow2(k):
+    """``2.0**k`` for an integer ``-1022 <= k <= 1023`` (built from its bits)."""
+    b = np.uint64(np.uint64(k + 1023) << U(52))
+    return b.view(np.float64)
+
+
+@jit
+def _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, rn, u):
     """The code of float64 ``v`` in a float with ``m`` mantissa bits whose lowest normal binade
-    is ``2**emin`` (exponent code 0: subnormals), magnitude capped at ``maxmag``, sign at bit
-    ``signpos``.  Rounds the exact significand: nearest-even, or up with probability equal to
-    the dropped fraction (``r32``: 32 random bits)."""
+    starts at ``thr = 2**emin`` (exponent code 0: subnormals), magnitude capped at ``maxmag``,
+    sign at bit ``signpos``.  At or above ``thr`` the float64 bits are rounded at bit ``52 - m``
+    (adding ``rn``: half minus one plus the kept lsb for nearest-even, or random bits below the
+    kept ones) and rebased by ``off = (emin + 1022) << m``, so a mantissa carry steps into the
+    exponent; below, ``t = |v| * 2**(m - emin)`` is rounded (``u < 0``: half to even, else
+    ``floor(t + u)``).  ``emin >= -1000``: the callers rescale tiny windows."""
     vb = np.float64(v)
-    sign = vb.view(np.uint64) >> U(63)
     a = abs(vb)
-    tiny = a < _TINY  # float64 subnormals are scaled into the normal range (exactly)
-    a2 = np.float64(a * (_TWO64 if tiny else 1.0))
-    ab = a2.view(np.uint64)
-    ef = np.int64(ab >> U(52))
-    adj = 64 if tiny else 0
-    sig = (ab & _FRAC) | _HIDDEN
-    e = ef - 1023 - adj if ef != 0 else -(1 << 20)  # ef == 0 now only for zero
-    q = ef - 1075 - adj  # exponent of the significand's last bit
-    ep = max(e, emin)
-    sh = ep - m - q
-    # every non-zero significand now has 53 bits, so sh >= 52 - m > 0
-    sig = sig if (sh <= 63 and ef != 0) else U(0)  # far below the window: flushed
-    rs = U(min(sh, 63))
-    if stochastic:
-        r = (sig + ((U(r32) << U(32)) >> (U(64) - rs))) >> rs
-    else:
-        r = (sig + (U(1) << (rs - U(1))) - U(1) + ((sig >> rs) & U(1))) >> rs
-    mag = (U(ep - emin) << U(m)) + r
-    mag = min(mag, U(maxmag))
-    return mag | (sign << U(signpos))
+    ab = np.float64(a).view(np.uint64)
+    normal = ((ab + rn) >> U(52 - m)) - off
+    t = a * sub_scale
+    sub = U(np.rint(t) if u < 0 else np.floor(t + u))
+    mag = min(normal if a >= thr else sub, U(maxmag))
+    return mag | ((vb.view(np.uint64) >> U(63)) << U(signpos))
 
 
 @jit(parallel=True)
 def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad):
     """Codes of ``x`` (float32/float64) into ``codes`` (uint8/uint16): value ``i`` of block ``b``
     in the float whose lowest normal binade is ``2**emin[b]`` (see ``_minifloat``); ``bad[u]``
-    counts NaN/inf per work unit."""
+    counts NaN/inf per work unit.  A window below ``2**-1000`` (float64 data only) is coded on
+    the values times ``2**K`` and ``emin + K`` (exact, and the same codes)."""
     n = x.size
+    half = (U(1) << U(51 - m)) - U(1)
     for u in prange(bad.size):
         b, lo, hi = _unit(u, block, upb, n)
-        em = emin[b]
-        k = np.int64(0)
-        i0 = lo
-        while i0 < hi:
-            i1 = _span_end(i0, hi)
-            key = block_key(strm, i0) if stochastic else np.uint32(0)
-            for i in range(U(i0), U(i1)):
-                v = np.float64(x[i])
-                k += np.int64(not (v - v == 0))
-                codes[i] = _minifloat(v, em, m, maxmag, signpos, stochastic, bits32(key, i) if stochastic else np.uint32(0))
-            i0 = i1
-        bad[u] = k
+        k = max(0, -1000 - emin[b])
+        em = emin[b] + k
+        pre = _pow2(k)
+        thr = _pow2(em)
+        sub_scale = _pow2(m - em)
+        off = U(em + 1022) << U(m)
+        nb = np.int64(0)
+        if stochastic:
+            i0 = lo
+            while i0 < hi:
+                i1 = _span_end(i0, hi)
+                key = block_key(strm, i0)
+                for i in range(U(i0), U(i1)):
+                    v = np.float64(x[i]) * pre
+                    nb += np.int64(not (v - v == 0))
+                    r = bits32(key, i)
+                    codes[i] = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * 2.3283064365386963e-10)
+                i0 = i1
+        else:
+            for i in range(U(lo), U(hi)):
+                v = np.float64(x[i]) * pre
+                nb += np.int64(not (v - v == 0))
+                ab = np.float64(abs(v)).view(np.uint64)
+                codes[i] = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + ((ab >> U(52 - m)) & U(1)), -1.0)
+        bad[u] = nb
 
 
 # ---------------------------------------------------------------------------- bucketed
@@ -242,27 +248,50 @@ def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad):
         bad[g] = nbad
 
 
+@jit
+def _key(b, low):
+    """An integer that orders like the float whose (signed) bit pattern is ``b``; its own inverse."""
+    b = np.int64(b)
+    return b ^ ((b >> 63) & low)
+
+
+@jit
+def _key_value(k, low, is64):
+    """The float64 value of the float32 (or, with ``is64``, float64) whose key is ``k``."""
+    b = _key(k, low)
+    if is64:
+        v = np.int64(b)
+        return v.view(np.float64)
+    w = np.int32(b)
+    return np.float64(w.view(np.float32))
+
+
 @jit(parallel=True)
-def minmax_encode(x, bucket, levels, stochastic, strm, lows, highs, codes, bad):
+def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad):
     """Min-max: per bucket ``lows[b]`` / ``highs[b]`` (float32 rounded down / up when they fit,
-    else float64) and codes ``round((v - lo) * (levels / (hi - lo)))`` clamped to ``[0, levels]``."""
+    else float64) and codes ``round((v - lo) * (levels / (hi - lo)))`` clamped to ``[0, levels]``.
+    The bounds come from integer keys of ``ibits`` (``x``'s bits as int32/int64; ``low`` the
+    mask below the sign, ``inf`` the infinity pattern): an integer min/max vectorises."""
     n = x.size
     nb = lows.size
+    is64 = ibits.itemsize == 8
     per = max(1, CHUNK // bucket)
     for g in prange((nb + per - 1) // per):
         nbad = np.int64(0)
         for b in range(g * per, min(nb, (g + 1) * per)):
             lo = b * bucket
             hi = min(n, lo + bucket)
-            mn = np.inf
-            mx = -np.inf
+            kmin = _key(ibits[lo], low)
+            kmax = kmin
             for i in range(U(lo), U(hi)):
-                v = np.float64(x[i])
-                mn = min(mn, v)
-                mx = max(mx, v)
-                nbad += np.int64(not (v - v == 0))
-            if not (mn - mn == 0 and mx - mx == 0):
-                mn = mx = 0.0  # non-finite input: reported through bad
+                k = _key(ibits[i], low)
+                kmin = min(kmin, k)
+                kmax = max(kmax, k)
+            if kmax >= inf or kmin < -inf:
+                nbad += 1  # NaN or inf: reported through bad
+                kmin = kmax = 0
+            mn = _key_value(kmin, low, is64)
+            mx = _key_value(kmax, low, is64)
             dn = _down32(mn)
             up = _up32(mx)
             if dn > -np.inf and up < np.inf:
@@ -276,17 +305,17 @@ def minmax_encode(x, bucket, levels, stochastic, strm, lows, highs, codes, bad):
                 key = block_key(strm, i0) if stochastic else np.uint32(0)
                 for i in range(U(i0), U(i1)):
                     t = _round((np.float64(x[i]) - mn) * inv, stochastic, key, i)
-                    t = min(max(t, 0.0), np.float64(levels))
-                    codes[i] = U(t) if t == t else U(0)
+                    codes[i] = np.int32(min(max(t, 0.0), np.float64(levels)))
                 i0 = i1
         bad[g] = nbad
 
 
 # ---------------------------------------------------------------------------- per tensor
 @jit(parallel=True)
-def tensor_moments(x, shift, width, sums, amax, bad):
+def tensor_moments(x, bits, mask, shift, width, sums, top):
     """Per chunk of CHUNK values: ``sums[c] = (sum(v - shift), sum((v - shift)**2))`` in column
-    lanes, ``amax[c] = max |v|`` and ``bad[c]`` the NaN/inf count."""
+    lanes and ``top[c] = max(bits & mask)``, the largest magnitude's bit pattern (see
+    ``absmax_units``)."""
     n = x.size
     for c in prange(sums.shape[0]):
         lo = c * CHUNK
@@ -294,14 +323,10 @@ def tensor_moments(x, shift, width, sums, amax, bad):
         s, q = _chunk_sums(x, lo, hi, shift, width)
         sums[c, 0] = s
         sums[c, 1] = q
-        m = 0.0
-        k = np.int64(0)
+        m = np.uint64(0)
         for i in range(U(lo), U(hi)):
-            v = abs(np.float64(x[i]))
-            m = max(m, v)
-            k += np.int64(not (v - v == 0))
-        amax[c] = m
-        bad[c] = k
+            m = max(m, np.uint64(bits[i] & mask))
+        top[c] = m
 
 
 #: values per trit chunk (a multiple of 5, so chunks fill whole bytes)
