@@ -469,6 +469,7 @@ def main(argv=None):
 
     # ---- report
     lines = machine_info()
+    lines.append(f"codec imported from {os.path.dirname(os.path.dirname(os.path.abspath(codec.__file__)))}")
     if mc is not None:
         per_pass = -(-args.repeat // args.passes)
         nbytes = x.nbytes
@@ -544,8 +545,8 @@ def main(argv=None):
         print()
         title = ("QSGD level coding: payload bytes (frame minus header) of qsgd(levels=L) (bucket 512, stochastic), of "
                  "qsgd+zstd(level=Z), and of the Elias codes of the same levels (ceil(bits/8) per tensor); sample: one "
-                 "frame per tensor, summed; the last column is the qsgd frames' headers (the +zstd frames' are 15-16 B "
-                 "longer per frame: the spec text)")
+                 "frame per tensor, summed; the last column is the qsgd frames' headers (a +zstd frame's header is longer "
+                 "by its spec text, '+zstd' or '+zstd(level=Z)')")
         print(f"**{title}**\n" if md else title)
         print(render(hdr, rows, md))
         print()

@@ -35,14 +35,19 @@ def exponent_range(dtype) -> tuple[int, int]:
 
 @dataclass
 class Dequant:
-    """A parsed quantizer payload: ``value_i = lut[codes[i]] * scale[i // block] (+ offset[...])``."""
+    """A parsed quantizer payload: ``count`` codes of ``bits`` bits packed in ``data`` (raw
+    section bytes), ``value_i = lut[code_i] * scale[i // block] (+ offset[...])``; with
+    ``trits``, ``data`` holds five base-3 codes per byte instead."""
 
-    codes: np.ndarray
+    data: np.ndarray
+    bits: int
+    count: int
     lut: np.ndarray
     block: int
     scale: np.ndarray
     offset: np.ndarray
     dtype: np.dtype
+    trits: bool = False
 
 
 class Quantizer(Stage):
@@ -64,19 +69,26 @@ class Quantizer(Stage):
         return self.parse(reader, ctx, count)
 
     def write(self, payload: Dequant, out, mode) -> None:
-        from codec.kernels import backend
         from codec.modes import SET
         from codec.ops import round_to, store
 
-        kern = backend("quant", out)
-        p = payload
-        args = (readonly(p.codes), readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
-        if out.dtype == p.dtype:
-            kern.dequantize(*args, out, mode)
+        if out.dtype == payload.dtype:
+            self._dequantize(payload, out, mode)
             return
         wide = np.empty(out.size, np.float64)  # float64 values, rounded once to the frame's dtype
-        kern.dequantize(*args, wide, SET)
-        store(round_to(wide, p.dtype), out, mode)
+        self._dequantize(payload, wide, SET)
+        store(round_to(wide, payload.dtype), out, mode)
+
+    @staticmethod
+    def _dequantize(p: Dequant, out, mode) -> None:
+        from codec.kernels import backend
+
+        kern = backend("quant", out)
+        if p.trits:
+            kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
+        else:
+            args = (readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
+            kern.dequantize(readonly(p.data), p.bits, p.count, *args, out, mode)
 
     def raise_nonfinite(self, x, ctx):
         from codec.ops import first_nonfinite
@@ -124,24 +136,23 @@ def codes_section(codes: np.ndarray, bits: int) -> Section:
     return Section(Kind.VALUES, bits, codes.size, pack_bits(codes, bits))
 
 
-def read_codes(reader, bits: int, count: int, valid: np.ndarray | None = None) -> np.ndarray:
-    """The ``count`` codes of a values section of ``bits``-bit items; a code outside ``valid``
-    (a 0/1 table over every code value) or set padding bits raise CorruptFrameError."""
-    from codec.pack import _check_payload, unpack_bits
+def read_codes(reader, bits: int, count: int, limit=None) -> np.ndarray:
+    """The raw bytes of a values section of ``count`` codes of ``bits`` bits (LSB-first).  Set
+    padding bits, or with ``limit = (fmask, fshift, largest)`` a code whose field
+    ``(code & fmask) >> fshift`` exceeds ``largest`` (no encoder writes it), raise
+    CorruptFrameError."""
+    from codec.pack import _check_payload
 
     _, raw = reader.take(Kind.VALUES, bits=bits, count=count)
-    if bits in (8, 16):
-        codes = raw.view(f"<u{bits // 8}").astype(code_dtype(bits), copy=False)
-    else:
-        _check_payload(raw, count, bits, "values section")
-        codes = unpack_bits(raw, bits, count, code_dtype(bits))
-    if valid is not None and codes.size:
+    _check_payload(raw, count, bits, "values section")
+    if limit is not None and count:
         from codec.kernels import backend
 
-        bad = backend("quant", codes).count_invalid(readonly(codes), readonly(valid))
-        if bad:
-            raise CorruptFrameError(f"values section: {bad} code(s) that no encoder writes")
-    return codes
+        fmask, fshift, largest = limit
+        top = backend("quant", raw).max_field(readonly(raw), bits, count, fmask, fshift)
+        if top > largest:
+            raise CorruptFrameError(f"values section: a code field of {top}, no encoder writes more than {largest}")
+    return raw
 
 
 def scalars_section(values: np.ndarray) -> Section:

@@ -111,20 +111,16 @@ class _MiniFloat(Quantizer):
         block = max(1, self.block_len(n))
         nblocks = -(-n // block)
         stored = self.read_windows(reader, ctx, nblocks)
-        valid = self.valid_codes()
-        codes = read_codes(reader, self.width, n, valid)
+        data = read_codes(reader, self.width, n, self.code_limit())
         scale = np.ldexp(1.0, self.emins(stored).astype(np.int64))
-        return Dequant(codes, magnitudes(self.mant, self.width), block, scale, np.empty(0), ctx.dtype)
+        return Dequant(data, self.width, n, magnitudes(self.mant, self.width), block, scale, np.empty(0), ctx.dtype)
 
     def read_windows(self, reader, ctx, nblocks):
         raise NotImplementedError
 
-    def valid_codes(self):
-        """0/1 per code value (None: every code is valid)."""
-        if self.maxmag == (1 << (self.width - 1)) - 1:
-            return None
-        mag = np.arange(1 << self.width) & ((1 << (self.width - 1)) - 1)
-        return (mag <= self.maxmag).astype(np.uint8)
+    def code_limit(self):
+        """(field mask, shift, largest): the magnitude field of a code is at most ``maxmag``."""
+        return ((1 << (self.width - 1)) - 1, 0, self.maxmag)
 
 
 def _window_tops(amax: np.ndarray, m: int, dtype, top_of_format: float) -> np.ndarray:

@@ -53,6 +53,6 @@ class MinMax(Quantizer):
         if np.any(lows > highs):
             raise CorruptFrameError("minmax frame: a bucket's minimum exceeds its maximum")
         levels = (1 << self.bits) - 1
-        codes = read_codes(reader, self.bits, count)
+        data = read_codes(reader, self.bits, count)
         lut = np.arange(1 << self.bits, dtype=np.float64)
-        return Dequant(codes, lut, self.bucket, (highs - lows) / levels, lows, ctx.dtype)
+        return Dequant(data, self.bits, count, lut, self.bucket, (highs - lows) / levels, lows, ctx.dtype)

@@ -52,10 +52,8 @@ class Qsgd(Quantizer):
         if norms.size and norms.min() < 0:
             raise CorruptFrameError("qsgd frame: a negative norm")
         s, w = self.levels, self.code_bits
-        code = np.arange(1 << w)
-        level, negative = code >> 1, code & 1
-        valid = ((level <= s) & ~((level == 0) & (negative == 1))).astype(np.uint8)
-        codes = read_codes(reader, w, count, valid)
+        data = read_codes(reader, w, count, ((1 << w) - 1, 1, s))  # level = code >> 1 <= s
+        level, negative = np.arange(1 << w) >> 1, np.arange(1 << w) & 1
         lut = np.where(negative == 1, -(level / s), level / s)
-        return Dequant(codes, lut, self.bucket, norms, np.empty(0), ctx.dtype)
+        return Dequant(data, w, count, lut, self.bucket, norms, np.empty(0), ctx.dtype)
 

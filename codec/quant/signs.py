@@ -30,8 +30,8 @@ class _Bits(Quantizer):
 
     def parse(self, reader, ctx, count):
         lut = self.read_levels(reader, ctx)
-        codes = read_codes(reader, 1, count)
-        return Dequant(codes, lut, count, np.ones(1), np.empty(0), ctx.dtype)
+        data = read_codes(reader, 1, count)
+        return Dequant(data, 1, count, lut, count, np.ones(1), np.empty(0), ctx.dtype)
 
 
 @register

@@ -58,17 +58,12 @@ class TernGrad(Quantizer):
         sections.append(Section(Kind.VALUES, 8, out.size, out))
 
     def parse(self, reader, ctx, count):
-        from codec.kernels import backend
-
         _, raw = reader.take(Kind.SCALARS, bits=64, count=1)
         s = float(raw.view("<f8")[0])
         if not (math.isfinite(s) and s >= 0):
             raise CorruptFrameError(f"terngrad frame: scale {s} is not a finite value >= 0")
         nbytes = trit_bytes(count)
-        data = read_codes(reader, 8, nbytes, (np.arange(256) < TRIT_BYTES).astype(np.uint8))
+        data = read_codes(reader, 8, nbytes, (0xFF, 0, TRIT_BYTES - 1))
         if nbytes and int(data[-1]) >= 3 ** (count - 5 * (nbytes - 1)):
             raise CorruptFrameError("terngrad frame: the last byte holds trits past the last value")
-        codes = np.empty(count, np.uint8)
-        if count:
-            backend("quant", data).trits_decode(data, codes)
-        return Dequant(codes, np.array([0.0, 1.0, -1.0]), count, np.array([s]), np.empty(0), ctx.dtype)
+        return Dequant(data, 8, count, np.array([0.0, 1.0, -1.0]), max(1, count), np.array([s]), np.empty(0), ctx.dtype, trits=True)

@@ -28,8 +28,6 @@ from codec.modes import SET, SUB
 CHUNK = 1 << 16
 #: column lanes of every float64 sum (a runtime value, so the loop vectoriser packs them)
 LANES = 64
-#: values staged per block when decode adds into its output
-_STAGE = 2048
 U = np.uint64
 
 
@@ -362,22 +360,6 @@ def terngrad_encode(x, clip, s, strm, out):
 
 
 @jit(parallel=True)
-def trits_decode(data, codes):
-    """Trit codes (0, 1, 2) of ``codes.size`` values from bytes of five trits each."""
-    n = codes.size
-    nbytes = (n + 4) // 5
-    per = TRIT_CHUNK // 5
-    for c in prange((nbytes + per - 1) // per):
-        for j in range(U(c * per), U(min(nbytes, (c + 1) * per))):
-            v = data[j]
-            base = j * U(5)
-            for r in range(U(5)):
-                if base + r < U(n):
-                    codes[base + r] = v % np.uint8(3)
-                v = v // np.uint8(3)
-
-
-@jit(parallel=True)
 def sign_encode(x, out, width, sums, nneg, bad):
     """One bit per value (LSB-first, 1 for ``v < 0``) into ``out``; per chunk of CHUNK values,
     in column lanes: ``sums[c] = (sum |v|, sum of the negative v, sum of the others)``,
@@ -430,51 +412,174 @@ def sign_encode(x, out, width, sums, nneg, bad):
 
 
 # ---------------------------------------------------------------------------- decode
+#: groups of 8 codes per parallel chunk (65,536 values)
+_GROUPS = CHUNK // 8
+
+
+@jit
+def _load8(data, p):
+    """uint64 from ``data[p:p+8]``, little-endian (LLVM merges this into one load)."""
+    w = U(0)
+    for t in range(8):
+        w |= U(data[p + U(t)]) << U(8 * t)
+    return w
+
+
+@jit
+def _code_at(data, i, bits, mask):
+    """Code ``i`` of the ``bits``-bit codes packed LSB-first in ``data`` (any position)."""
+    p = U(i) * U(bits)
+    j = p >> U(3)
+    w = U(0)
+    for t in range(3):
+        if j + U(t) < U(data.size):
+            w |= U(data[j + U(t)]) << U(8 * t)
+    return (w >> (p & U(7))) & mask
+
+
+@jit
+def _code_of_group(w0, w1, j, bits, mask):
+    """Code ``j`` (0..7) of a group of 8 codes whose 16 bytes are ``w0``, ``w1``."""
+    off = U(j) * U(bits)
+    lo = (w0 >> (off & U(63))) if off < U(64) else (w1 >> ((off - U(64)) & U(63)))
+    spill = off < U(64) and off + U(bits) > U(64)
+    hi = (w1 << ((U(64) - off) & U(63))) if spill else U(0)
+    return (lo | hi) & mask
+
+
+@jit
+def _groups_safe(nbytes, bits):
+    """How many leading groups of 8 codes can be read with whole 8-byte words (1 word per group
+    up to 8 bits, 2 above) without reading past ``nbytes``."""
+    words = 8 if bits <= 8 else 16
+    return max(0, (nbytes - words) // bits + 1) if nbytes >= words else 0
+
+
+@jit
+def _group_code(w0, w1, j, bits, mask):
+    """Code ``j`` of a group of eight read as ``w0`` (and ``w1`` above 8 bits)."""
+    if bits <= 8:
+        return (w0 >> U(j * bits)) & mask
+    return _code_of_group(w0, w1, j, bits, mask)
+
+
+@jit
+def _combine(out, buf, lo, hi, mode):
+    """``out[lo:hi] (+|-)= buf[:hi-lo]`` for ADD / SUB (``buf`` holds values of ``out``'s dtype)."""
+    if mode == SUB:
+        for i in range(U(lo), U(hi)):
+            out[i] -= buf[i - U(lo)]
+    else:
+        for i in range(U(lo), U(hi)):
+            out[i] += buf[i - U(lo)]
+
+
 @jit(parallel=True)
-def dequantize(codes, lut, block, a, off, out, mode):
-    """``out[i] (=|+=|-=) lut[codes[i]] * a[b] (+ off[b])`` for value ``i`` of block ``b = i //
-    block``; the float64 value is rounded once to ``out``'s dtype before it is added.  ``off``
-    may be empty (no offset: a ``-0.0`` stays ``-0.0``)."""
-    n = codes.size
+def dequantize(data, bits, n, lut, block, a, off, out, mode):
+    """``out[i] (=|+=|-=) lut[code_i] * a[b] (+ off[b])`` for the ``n`` codes of ``bits`` bits
+    (1..16) packed LSB-first in ``data``, value ``i`` in block ``b = i // block``.  The
+    float64 value is rounded once to ``out``'s dtype before it is added; ``off`` may be
+    empty (no offset: a ``-0.0`` stays ``-0.0``).
+
+    Codes are read eight at a time from whole words (``bits`` bytes hold eight codes); the
+    block is tracked incrementally (a division per group cost ~4 cycles per value); groups
+    that straddle a block boundary and the last few codes take a per-value path.  ADD and
+    SUB decode a chunk into a buffer of ``out``'s dtype, then add it."""
+    mask = (U(1) << U(bits)) - U(1)
     has_off = off.size > 0
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        lo = c * CHUNK
-        hi = min(n, lo + CHUNK)
-        stage = np.empty(_STAGE if mode != SET else 0, out.dtype)
-        s = lo
-        while s < hi:
-            b = s // block
-            e = min(hi, (b + 1) * block)
-            ab = a[b]
-            ob = off[b] if has_off else 0.0
-            if mode == SET:
-                for i in range(U(s), U(e)):
-                    v = lut[codes[i]] * ab
-                    out[i] = v + ob if has_off else v
+    full = min(n // 8, _groups_safe(data.size, bits))
+    ngroup = (n + 7) // 8
+    ublock = U(block)
+    for c in prange((ngroup + _GROUPS - 1) // _GROUPS):
+        g0 = c * _GROUPS
+        g1 = min(ngroup, g0 + _GROUPS)
+        lo = g0 * 8
+        hi = min(n, g1 * 8)
+        if mode == SET:
+            dst = out
+            shift = U(0)
+        else:
+            dst = np.empty(CHUNK, out.dtype)
+            shift = U(lo)
+        b = U(lo) // ublock
+        nxt = (b + U(1)) * ublock  # where block b ends
+        for g in range(U(g0), U(min(g1, full))):
+            p = g * U(bits)
+            w0 = _load8(data, p)
+            w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
+            base = g * U(8)
+            while base >= nxt:
+                b += U(1)
+                nxt += ublock
+            if base + U(8) <= nxt:
+                ab = a[b]
+                ob = off[b] if has_off else 0.0
+                for j in range(U(8)):
+                    code = (w0 >> (j * U(bits))) & mask if bits <= 8 else _code_of_group(w0, w1, j, bits, mask)
+                    v = lut[code] * ab
+                    dst[base + j - shift] = v + ob if has_off else v
             else:
-                for t in range(s, e, _STAGE):
-                    m = min(e - t, _STAGE)
-                    for j in range(U(m)):
-                        v = lut[codes[U(t) + j]] * ab
-                        stage[j] = v + ob if has_off else v
-                    if mode == SUB:
-                        for j in range(U(m)):
-                            out[U(t) + j] -= stage[j]
-                    else:
-                        for j in range(U(m)):
-                            out[U(t) + j] += stage[j]
-            s = e
+                for i in range(base, base + U(8)):
+                    bi = i // ublock
+                    v = lut[_code_at(data, i, bits, mask)] * a[bi]
+                    dst[i - shift] = v + off[bi] if has_off else v
+        for i in range(U(max(lo, full * 8)), U(hi)):
+            bi = i // ublock
+            v = lut[_code_at(data, i, bits, mask)] * a[bi]
+            dst[i - shift] = v + off[bi] if has_off else v
+        if mode != SET:
+            _combine(out, dst, lo, hi, mode)
 
 
 @jit(parallel=True)
-def count_invalid(codes, valid):
-    """How many ``codes`` have ``valid[code] == 0``."""
-    n = codes.size
-    nchunk = (n + CHUNK - 1) // CHUNK
-    bad = np.zeros(nchunk, np.int64)
+def max_field(data, bits, n, fmask, fshift):
+    """The largest ``(code & fmask) >> fshift`` over the ``n`` codes packed in ``data`` (as for
+    ``dequantize``): decoders check that no code lies beyond what an encoder writes."""
+    mask = (U(1) << U(bits)) - U(1)
+    fm = U(fmask) & mask
+    fs = U(fshift)
+    full = min(n // 8, _groups_safe(data.size, bits))
+    ngroup = (n + 7) // 8
+    nchunk = (ngroup + _GROUPS - 1) // _GROUPS
+    top = np.zeros(nchunk, np.uint64)
     for c in prange(nchunk):
-        k = np.int64(0)
-        for i in range(U(c * CHUNK), U(min(n, (c + 1) * CHUNK))):
-            k += np.int64(valid[codes[i]] == 0)
-        bad[c] = k
-    return bad.sum()
+        m = U(0)
+        g0 = c * _GROUPS
+        g1 = min(ngroup, g0 + _GROUPS)
+        for g in range(U(g0), U(min(g1, full))):
+            p = g * U(bits)
+            w0 = _load8(data, p)
+            w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
+            for j in range(U(8)):
+                code = (w0 >> (j * U(bits))) & mask if bits <= 8 else _code_of_group(w0, w1, j, bits, mask)
+                m = max(m, (code & fm) >> fs)
+        for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
+            m = max(m, (_code_at(data, i, bits, mask) & fm) >> fs)
+        top[c] = m
+    return top.max() if nchunk else U(0)
+
+
+@jit(parallel=True)
+def trits_dequantize(data, n, vals3, out, mode):
+    """TernGrad decode: ``out[i] (=|+=|-=) vals3[trit_i]`` (rounded once to ``out``'s dtype),
+    trits five per byte, ``t0 + 3*t1 + 9*t2 + 27*t3 + 81*t4``."""
+    nbytes = (n + 4) // 5
+    per = TRIT_CHUNK // 5
+    for c in prange((nbytes + per - 1) // per):
+        lo = c * TRIT_CHUNK
+        hi = min(n, lo + TRIT_CHUNK)
+        if mode == SET:
+            dst = out
+            shift = U(0)
+        else:
+            dst = np.empty(TRIT_CHUNK, out.dtype)
+            shift = U(lo)
+        for j in range(U(c * per), U(min(nbytes, (c + 1) * per))):
+            t = data[j]
+            base = j * U(5)
+            for r in range(U(5)):
+                if base + r < U(n):
+                    dst[base + r - shift] = vals3[t % np.uint8(3)]
+                t //= np.uint8(3)
+        if mode != SET:
+            _combine(out, dst, lo, hi, mode)
