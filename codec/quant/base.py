@@ -145,7 +145,7 @@ def read_codes(reader, bits: int, count: int, limit=None) -> np.ndarray:
 
     _, raw = reader.take(Kind.VALUES, bits=bits, count=count)
     _check_payload(raw, count, bits, "values section")
-    if limit is not None and count:
+    if limit is not None and count and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
         from codec.kernels import backend
 
         fmask, fshift, largest = limit

@@ -402,13 +402,18 @@ def sign_encode(x, out, width, sums, nneg, bad):
         sums[c, 2] = sp
         nneg[c] = neg
         bad[c] = k
-        for j in range(U(lo // 8), U((hi + 7) // 8)):
+        for j in range(U(lo // 8), U(hi // 8)):  # whole bytes: no bounds test per bit
             t = j * U(8)
-            byte = np.uint8(0)
-            for bit in range(8):
-                if t + U(bit) < U(hi):
-                    byte |= np.uint8(x[t + U(bit)] < 0) << np.uint8(bit)
-            out[j] = byte
+            byte = U(0)
+            for bit in range(U(8)):
+                byte |= U(x[t + bit] < 0) << bit
+            out[j] = np.uint8(byte)
+        if hi % 8:
+            t = U(hi - hi % 8)
+            byte = U(0)
+            for bit in range(U(hi % 8)):
+                byte |= U(x[t + bit] < 0) << bit
+            out[t // U(8)] = np.uint8(byte)
 
 
 # ---------------------------------------------------------------------------- decode
