@@ -608,6 +608,8 @@ DEMO_PIPELINES = (
     "topk(ratio=0.001)+fp16+zstd",
     "gaussiank(ratio=0.05)+bf16",
     "adacomp+zstd",
+    "qsgd+zstd",
+    "topk(ratio=0.01)+rangefloat",
 )
 
 

@@ -43,6 +43,11 @@ class MinMax(Quantizer):
             )
         if bad.any():
             self.raise_nonfinite(x, ctx)
+        with np.errstate(over="ignore"):
+            span = highs - lows
+        if nb and not np.all(np.isfinite(span)):
+            b = int(np.flatnonzero(~np.isfinite(span))[0])
+            raise ValueError(f"x: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
 
