@@ -112,8 +112,8 @@ class _MiniFloat(Quantizer):
         nblocks = -(-n // block)
         stored = self.read_windows(reader, ctx, nblocks)
         data = read_codes(reader, self.width, n, self.code_limit())
-        scale = np.ldexp(1.0, self.emins(stored).astype(np.int64))
-        return Dequant(data, self.width, n, magnitudes(self.mant, self.width), block, scale, np.empty(0), ctx.dtype)
+        lut, scale = _exact_factors(magnitudes(self.mant, self.width), self.emins(stored).astype(np.int64))
+        return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype)
 
     def read_windows(self, reader, ctx, nblocks):
         raise NotImplementedError
@@ -121,6 +121,16 @@ class _MiniFloat(Quantizer):
     def code_limit(self):
         """(field mask, shift, largest): the magnitude field of a code is at most ``maxmag``."""
         return ((1 << (self.width - 1)) - 1, 0, self.maxmag)
+
+
+def _exact_factors(lut: np.ndarray, emin: np.ndarray):
+    """``lut * 2**-K`` and ``2**(emin + K)`` whose product is ``lut * 2**emin`` rounded once:
+    ``K > 0`` only when a window lies below float64's normal range (``2**emin`` itself would
+    underflow), and only if no other block's factor then overflows."""
+    k = max(0, -1000 - int(emin.min())) if emin.size else 0
+    if k and int(emin.max()) + k > 1023:
+        k = 0
+    return (np.ldexp(lut, -k) if k else lut), np.ldexp(1.0, emin + k)
 
 
 def _window_tops(amax: np.ndarray, m: int, dtype, top_of_format: float) -> np.ndarray:
