@@ -518,17 +518,20 @@ def test_signed_zeros_by_spec():
 
 
 def test_rangefloat_stochastic_below_the_smallest_subnormal():
-    """Step 3: below the smallest subnormal, stochastic rounding goes up to it with the right
-    probability down to 2**-11 of it; below that the value is 0.  e4m3 window with T = 0:
-    Emin = -14, smallest subnormal 2**-17.  The steps are chosen so that u_1 is close to 1."""
+    """Step 3: below the smallest subnormal, stochastic rounding goes up to it with probability
+    q (no cut-off), so tiny values stay unbiased.  e4m3 window with T = 0: Emin = -14, smallest
+    subnormal 2**-17.  The steps are chosen so that u_1 is close to 1."""
     need("rangefloat")
     c = codec.get_codec("rangefloat(rounding=stochastic)")
-    # q = 1.5 * 2**-12 < 2**-11: 0 whatever u_1 (u_1 = 0.99981 > 1 - q at step 2704)
-    assert ref.uniforms(2, 0, "cut", 2704)[1] > 1 - 1.5 * 2.0**-12
+    # q = 1.5 * 2**-12: up to 2**-17 when u_1 >= 1 - q (u_1 = 0.99981 at step 2704)
+    assert ref.uniforms(2, 0, "cut", 2704)[1] >= 1 - 1.5 * 2.0**-12
     x = np.array([1.0, 1.5 * 2.0**-29], np.float32)
-    assert ref.rangefloat(x, rounding="stochastic", key="cut", step=2704).decoded.tolist() == [1.0, 0.0]
-    assert_same(codec.decode(encode(c, x, "cut", 2704)), np.array([1.0, 0.0], np.float32), "q = 1.5 * 2**-12")
-    # q = 1.5 * 2**-10 >= 2**-11: rounds up to 2**-17 when u_1 >= 1 - q (u_1 = 0.99921 at step 6720)
+    assert ref.rangefloat(x, rounding="stochastic", key="cut", step=2704).decoded.tolist() == [1.0, 2.0**-17]
+    assert_same(codec.decode(encode(c, x, "cut", 2704)), np.array([1.0, 2.0**-17], np.float32), "q = 1.5 * 2**-12")
+    # and to 0 when u_1 < 1 - q (step 0)
+    assert ref.uniforms(2, 0, "cut", 0)[1] < 1 - 1.5 * 2.0**-12
+    assert_same(codec.decode(encode(c, x, "cut", 0)), np.array([1.0, 0.0], np.float32), "q = 1.5 * 2**-12, step 0")
+    # q = 1.5 * 2**-10: rounds up to 2**-17 when u_1 >= 1 - q (u_1 = 0.99921 at step 6720)
     assert ref.uniforms(2, 0, "cut", 6720)[1] >= 1 - 1.5 * 2.0**-10
     x = np.array([1.0, 1.5 * 2.0**-27], np.float32)
     assert_same(codec.decode(encode(c, x, "cut", 6720)), np.array([1.0, 2.0**-17], np.float32), "q = 1.5 * 2**-10")

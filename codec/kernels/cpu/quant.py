@@ -18,6 +18,8 @@ only; random bits come from ``rng`` by value index.  Results never depend on the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from codec._jit import jit, prange
@@ -66,6 +68,14 @@ def absmax_units(bits, block, upb, mask, top):
 
 
 @jit
+def _floor_plus(t, u):
+    """``floor(t + u)`` for ``t >= 0`` and ``u`` in [0, 1), exactly: ``floor(t) + (frac(t) >= 1 - u)``
+    (each step is exact in float64, where ``t + u`` itself may round)."""
+    f = np.floor(t)
+    return f + np.float64(t - f >= 1.0 - u)
+
+
+@jit
 def _pow2(k):
     """``2.0**k`` for an integer ``-1022 <= k <= 1023`` (built from its bits)."""
     b = np.uint64(np.uint64(k + 1023) << U(52))
@@ -86,7 +96,7 @@ def _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, rn, u):
     ab = np.float64(a).view(np.uint64)
     normal = ((ab + rn) >> U(52 - m)) - off
     t = a * sub_scale
-    sub = U(np.rint(t) if u < 0 else np.floor(t + u))
+    sub = U(np.rint(t) if u < 0 else _floor_plus(t, u))
     mag = min(normal if a >= thr else sub, U(maxmag))
     return mag | ((vb.view(np.uint64) >> U(63)) << U(signpos))
 
@@ -99,6 +109,7 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
     the values times ``2**K`` and ``emin + K`` (exact, and the same codes)."""
     n = x.size
     half = (U(1) << U(51 - m)) - U(1)
+    odd0 = U(m == 0)  # no mantissa bits: the kept part is the implicit 1, always odd
     for u in prange(bad.size):
         b, lo, hi = _unit(u, block, upb, n)
         k = max(0, -1000 - emin[b])
@@ -124,15 +135,15 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
                 v = np.float64(x[i]) * pre
                 nb += np.int64(not (v - v == 0))
                 ab = np.float64(abs(v)).view(np.uint64)
-                codes[i] = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + ((ab >> U(52 - m)) & U(1)), -1.0)
+                codes[i] = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
         bad[u] = nb
 
 
 # ---------------------------------------------------------------------------- bucketed
 @jit
-def _sumsq(x, lo, hi, width):
-    """float64 sum of squares of ``x[lo:hi]`` in ``width`` column lanes (lanes in order, then
-    the tail), and the NaN/inf count."""
+def _sumsq(x, lo, hi, width, e):
+    """float64 sum of squares of ``x[lo:hi] * 2**e`` (``e = 0``: as they are; the scaling is
+    exact) in ``width`` column lanes (lanes in order, then the tail), and the NaN/inf count."""
     cq = np.zeros(width)
     rows = (hi - lo) // width
     k = np.int64(0)
@@ -140,6 +151,7 @@ def _sumsq(x, lo, hi, width):
         base = U(lo) + row * U(width)
         for col in range(U(width)):
             v = np.float64(x[base + col])
+            v = math.ldexp(v, e) if e != 0 else v
             cq[col] += v * v
             k += np.int64(not (v - v == 0))
     q = 0.0
@@ -147,6 +159,7 @@ def _sumsq(x, lo, hi, width):
         q += cq[col]
     for i in range(U(lo + rows * width), U(hi)):
         v = np.float64(x[i])
+        v = math.ldexp(v, e) if e != 0 else v
         q += v * v
         k += np.int64(not (v - v == 0))
     return q, k
@@ -154,31 +167,26 @@ def _sumsq(x, lo, hi, width):
 
 @jit
 def _norm(x, lo, hi, width):
-    """L2 norm of ``x[lo:hi]`` (float64) and its NaN/inf count.  When the sum of squares
-    overflows or could have lost terms to underflow (float64 data only), it is recomputed on
-    the values scaled by a power of two (exact) and scaled back."""
-    q, k = _sumsq(x, lo, hi, width)
+    """L2 norm of ``x[lo:hi]`` (float64) and its NaN/inf count: ``sqrt`` of the lane sum of
+    squares over 65,536-value chunks of the bucket, chunk results added in order.  When that
+    sum overflows or could have lost terms to underflow (float64 data only), it is recomputed
+    on the values times ``2**-E`` (exact, ``E = floor(log2 max|v|)``) and scaled back."""
+    q = 0.0
+    k = np.int64(0)
+    for c in range(lo, hi, CHUNK):
+        qc, kc = _sumsq(x, c, min(hi, c + CHUNK), width, 0)
+        q += qc
+        k += kc
     if k or (q >= 2.0**-960 and q < np.inf):
         return np.sqrt(q), k
     top = _absmax(x, lo, hi)
     if top == 0.0:
         return 0.0, k
     e = np.int64(np.floor(np.log2(top)))
-    down = np.ldexp(1.0, -e)
-    cq = np.zeros(width)
-    rows = (hi - lo) // width
-    for row in range(U(rows)):
-        base = U(lo) + row * U(width)
-        for col in range(U(width)):
-            v = np.float64(x[base + col]) * down
-            cq[col] += v * v
     s = 0.0
-    for col in range(width):
-        s += cq[col]
-    for i in range(U(lo + rows * width), U(hi)):
-        v = np.float64(x[i]) * down
-        s += v * v
-    return np.ldexp(np.sqrt(s), e), k
+    for c in range(lo, hi, CHUNK):
+        s += _sumsq(x, c, min(hi, c + CHUNK), width, -e)[0]
+    return math.ldexp(np.sqrt(s), e), k
 
 
 @jit
@@ -211,7 +219,7 @@ def _down32(v):
 def _round(t, stochastic, key, i):
     """``t >= 0`` rounded to an integer-valued float64: half to even, or ``floor(t + u_i)``."""
     if stochastic:
-        return np.floor(t + uniform(key, i))
+        return _floor_plus(t, uniform(key, i))
     return np.rint(t)
 
 
@@ -349,7 +357,7 @@ def terngrad_encode(x, clip, s, strm, out):
             for i in range(U(i0), U(i1)):
                 v = np.float64(x[i])
                 p = abs(min(max(v, -clip), clip)) / s if s > 0 else 0.0
-                b = np.floor(p + uniform(key, i))
+                b = _floor_plus(p, uniform(key, i))
                 trits[i - U(lo)] = np.uint8(b) * np.uint8(2 if v < 0 else 1)
             i0 = i1
         for j in range(U((hi - lo + 4) // 5)):
