@@ -54,6 +54,7 @@ FIXTURES = {
     "efsign-f32": ("efsign", heavy),
     "onebit-f32": ("onebit", heavy),
     "topk-qsgd-f32": ("topk(ratio=0.3)+qsgd(levels=4)", heavy),
+    "qsgd-elias-f32": ("qsgd(bucket=8,coding=elias)", heavy),
 }
 
 

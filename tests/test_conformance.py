@@ -47,6 +47,8 @@ SPECS = [c["id"] for c in codec.list_codecs()] + [
     "gaussiank(ratio=0.05)+minmax(bits=4)",
     "randomk(ratio=0.3)+terngrad",
     "threshold(value=0.5)+onebit",
+    "qsgd(coding=elias)",
+    "topk(ratio=0.1)+qsgd(levels=4,bucket=7,coding=elias)+zstd",
 ]
 ARRAYS = testing.sample_arrays()
 ARRAY_IDS = [f"{a.dtype.name}{list(a.shape)}" for a in ARRAYS]

@@ -732,3 +732,84 @@ def test_after_select(select, value):
             if m:
                 errs.append(m)
     report(errs)
+
+
+# ---------------------------------------------------------------------- QSGD's Elias coding
+def _gamma(v: int) -> str:
+    b = bin(v)[2:]
+    return "0" * (len(b) - 1) + b
+
+
+def _elias_reference(codes: np.ndarray, bucket: int, n: int) -> tuple[list[int], bytes]:
+    """docs/codecs.md: per chunk of max(1, 65536 // bucket) buckets a stream padded to whole
+    bytes; per bucket gamma(nnz+1), per non-zero gamma(zeros before it + 1), sign bit, gamma(level)."""
+    per = max(1, 65536 // bucket)
+    sizes, out = [], bytearray()
+    for c0 in range(0, n, per * bucket):
+        bits = []
+        for b0 in range(c0, min(n, c0 + per * bucket), bucket):
+            lv = [int(v) for v in codes[b0 : min(n, c0 + per * bucket, b0 + bucket)]]
+            bits.append(_gamma(sum(1 for v in lv if v >> 1) + 1))
+            run = 0
+            for v in lv:
+                if v >> 1 == 0:
+                    run += 1
+                    continue
+                bits.append(_gamma(run + 1) + str(v & 1) + _gamma(v >> 1))
+                run = 0
+        s = "".join(bits)
+        s += "0" * (-len(s) % 8)
+        chunk = bytes(int(s[i : i + 8][::-1], 2) for i in range(0, len(s), 8))  # LSB-first
+        sizes.append(len(chunk))
+        out += chunk
+    return sizes, bytes(out)
+
+
+def _sections(frame):
+    fr = parse_frame(frame)
+    return [(s.kind_name, fr.raw(i).tobytes()) for i, s in enumerate(fr.sections)]
+
+
+@pytest.mark.parametrize("levels,bucket,n", [(16, 512, 4097), (1, 7, 1000), (300, 512, 200_003), (4, 100_000, 200_003)])
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_qsgd_elias_matches_the_bit_stream_reference(levels, bucket, n, rounding):
+    x = (np.random.default_rng(n).standard_t(2, n) * 1e-3).astype(np.float32)
+    spec = f"qsgd(levels={levels},bucket={bucket},rounding={rounding})"
+    packed = codec.get_codec(spec).encode(x, key="e", step=3)
+    elias = codec.get_codec(spec[:-1] + ",coding=elias)").encode(x, key="e", step=3)
+    ps, es = _sections(packed), _sections(elias)
+    w = 1 + levels.bit_length()
+    from codec.pack import unpack_bits
+
+    codes = unpack_bits(np.frombuffer(ps[1][1], np.uint8), w, n)
+    sizes, stream = _elias_reference(codes, bucket, n)
+    assert es[0] == ps[0]  # the same norms
+    assert [k for k, _ in es] == ["scalars", "ints", "values"]
+    assert np.frombuffer(es[1][1], "<u8").tolist() == sizes
+    assert es[2][1] == stream
+    assert_same(codec.decode(elias), codec.decode(packed), spec)
+
+
+def test_qsgd_elias_rejects_damaged_streams():
+    x = (np.random.default_rng(5).standard_normal(3000)).astype(np.float32)
+    frame = bytearray(codec.get_codec("qsgd(levels=4,coding=elias)").encode(x))
+    fr = parse_frame(bytes(frame))
+    values = fr.sections[2]
+    seen = 0
+    for pos in range(values.offset, values.offset + values.stored_len):
+        for bit in range(8):
+            buf = bytearray(frame)
+            buf[pos] ^= 1 << bit
+            try:
+                y = codec.decode(bytes(buf))
+            except codec.CorruptFrameError:
+                seen += 1
+                continue
+            assert y.shape == x.shape and np.all(np.isfinite(y))  # a flip that still parses decodes to finite values
+    assert seen > 0
+    # chunk lengths that do not add up to the values section
+    buf = bytearray(frame)
+    ints = fr.sections[1]
+    buf[ints.offset] ^= 1
+    with pytest.raises(codec.CorruptFrameError):
+        codec.decode(bytes(buf))

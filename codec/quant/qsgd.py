@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from codec.errors import CorruptFrameError
+from codec.frame import Kind, Section
+from codec.ops import readonly
 from codec.quant.base import Dequant, Quantizer, code_dtype, codes_section, read_codes, read_scalars, rounding, scalars_section
 from codec.stage import Param, register
 from codec.streams import SEED
@@ -20,6 +22,7 @@ class Qsgd(Quantizer):
         Param("levels", int, 16, "quantization levels s per sign", low=1, high=32767),
         Param("bucket", int, 512, "values per bucket (each has its own norm)", low=1),
         rounding("stochastic"),
+        Param("coding", str, "packed", "packed: fixed-width sign+level codes; elias: the paper's run-length Elias-gamma", choices=("packed", "elias")),
         SEED,
     )
 
@@ -44,7 +47,33 @@ class Qsgd(Quantizer):
         if bad.any():
             self.raise_nonfinite(x, ctx)
         sections.append(scalars_section(norms))
-        sections.append(codes_section(codes, self.code_bits))
+        if self.coding == "elias":
+            sections.extend(self._elias(codes))
+        else:
+            sections.append(codes_section(codes, self.code_bits))
+
+    def _chunks(self, n: int) -> tuple[int, int]:
+        """Buckets per Elias chunk (about 65,536 values) and the number of chunks."""
+        per = max(1, (1 << 16) // self.bucket)
+        return per, -(-n // (per * self.bucket))
+
+    def _elias(self, codes):
+        """Run-length Elias-gamma streams, one per chunk of buckets, each padded to whole
+        bytes so chunks code in parallel; an ``ints`` section holds each chunk's byte length."""
+        from codec.kernels import backend
+
+        kern = backend("quant", codes)
+        per, nchunk = self._chunks(codes.size)
+        sizes = np.zeros(nchunk, np.uint64)
+        codes = readonly(codes)
+        if nchunk:
+            kern.elias_sizes(codes, self.bucket, per, sizes)
+        starts = np.zeros(nchunk + 1, np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        out = np.zeros(int(starts[-1]), np.uint8)
+        if nchunk:
+            kern.elias_encode(codes, self.bucket, per, starts[:-1], out)
+        return [Section(Kind.INTS, 64, nchunk, sizes.astype("<u8")), Section(Kind.VALUES, 8, out.size, out)]
 
     def parse(self, reader, ctx, count):
         nb = -(-count // self.bucket)
@@ -52,8 +81,33 @@ class Qsgd(Quantizer):
         if norms.size and norms.min() < 0:
             raise CorruptFrameError("qsgd frame: a negative norm")
         s, w = self.levels, self.code_bits
-        data = read_codes(reader, w, count, ((1 << w) - 1, 1, s))  # level = code >> 1 <= s
-        level, negative = np.arange(1 << w) >> 1, np.arange(1 << w) & 1
+        if self.coding == "elias":
+            data, w = self._read_elias(reader, count), 8 * np.dtype(code_dtype(w)).itemsize
+        else:
+            data = read_codes(reader, w, count, ((1 << w) - 1, 1, s))  # level = code >> 1 <= s
+        code = np.arange(1 << w)
+        level, negative = code >> 1, code & 1
         lut = np.where(negative == 1, -(level / s), level / s)
         return Dequant(data, w, count, lut, self.bucket, norms, np.empty(0), ctx.dtype)
+
+    def _read_elias(self, reader, count):
+        """The codes (little-endian bytes of uint8/uint16 codes) of an Elias-coded frame."""
+        from codec.kernels import backend
+
+        per, nchunk = self._chunks(count)
+        _, raw = reader.take(Kind.INTS, bits=64, count=nchunk)
+        sizes = raw.view("<u8")
+        info = reader.remaining()[0] if reader.remaining() else None
+        if info is None or info.kind != Kind.VALUES or info.bits != 8 or int(sizes.sum(dtype=np.uint64)) != info.count:
+            raise CorruptFrameError("qsgd frame: the Elias chunk lengths do not add up to the values section")
+        _, data = reader.take(Kind.VALUES, bits=8, count=info.count)
+        starts = np.zeros(nchunk + 1, np.int64)
+        np.cumsum(sizes.astype(np.int64), out=starts[1:])
+        codes = np.zeros(count, code_dtype(self.code_bits))
+        bad = np.zeros(nchunk, np.int64)
+        if nchunk:
+            backend("quant", data).elias_decode(readonly(data), starts, count, self.bucket, per, self.levels, codes, bad)
+        if bad.any():
+            raise CorruptFrameError(f"qsgd frame: Elias stream of chunk {int(np.flatnonzero(bad)[0])} is damaged")
+        return codes.astype(codes.dtype.newbyteorder("<"), copy=False).view(np.uint8)
 
