@@ -83,6 +83,7 @@ DEFAULT_CODECS = (
     "minmax",
     "minmax(bits=4,rounding=stochastic)",
     "qsgd+zstd",
+    "qsgd(coding=elias)",
     "topk(ratio=0.01)+rangefloat(bits=8)",
 )
 REFERENCE = ("none", "fp16", "bf16")  # value stages that are not quantizers
