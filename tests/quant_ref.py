@@ -228,19 +228,7 @@ def bucket_lanes_sums(w: np.ndarray, bucket: int) -> np.ndarray:
 
 
 # ====================================================================== the random stream
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
-
-
-def mix_int(z: int) -> int:
-    """SplitMix64's finaliser on a Python int (mod 2**64)."""
-    z &= MASK64
-    z ^= z >> 30
-    z = (z * _C1) & MASK64
-    z ^= z >> 27
-    z = (z * _C2) & MASK64
-    z ^= z >> 31
-    return z
+from sparse_ref import _C1, _C2, mix_int  # noqa: E402  (SplitMix64, shared with randomk's reference)
 
 
 def mix_np(z) -> np.ndarray:

@@ -34,19 +34,6 @@ KINDS = ["normal", "heavy"]
 
 
 # ====================================================================== helpers
-def _registered() -> set:
-    return {c["id"] for c in codec.list_codecs()}
-
-
-def need(spec: str) -> None:
-    """Skip (not pass) when a stage of ``spec`` is not registered yet."""
-    have = _registered()
-    for part in spec.split("+"):
-        name = part.split("(")[0].strip()
-        if name not in have:
-            pytest.skip(f"stage {name!r} is not registered yet")
-
-
 def make(kind: str, n: int, dtype, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng([seed, KINDS.index(kind) if kind in KINDS else 99, n])
     if kind == "normal":
@@ -348,7 +335,6 @@ MAIN_SPECS = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("spec", MAIN_SPECS)
 def test_quantizer_matches_reference(spec, dtype, kind):
-    need(spec)
     errs = []
     for n in SIZES[1:] + [BIG]:
         errs += check_dense(spec, make(kind, n, dtype))
@@ -361,7 +347,6 @@ def test_empty_input(dtype):
     sign(l1)'s scale and fp8's scale are still sent)."""
     errs = []
     for spec in MAIN_SPECS:
-        need(spec)
         errs += check_dense(spec, np.zeros(0, dtype))
         errs += check_dense(spec, np.zeros((3, 0), dtype))
     report(errs)
@@ -370,7 +355,6 @@ def test_empty_input(dtype):
 def test_shapes_and_0d():
     """The frame keeps the shape; a 0-d array is one coded value."""
     for spec in MAIN_SPECS:
-        need(spec)
         for shape in ((), (3, 4, 5)):
             x = np.asarray(np.random.default_rng(1).standard_normal(shape)).astype(np.float32)
             report(check_dense(spec, x))
@@ -380,7 +364,6 @@ def test_shapes_and_0d():
 def _corner_run(specs, dtypes=DTYPES, sizes=(1, 7, 1025), kinds=("normal", "heavy")) -> None:
     errs = []
     for spec in specs:
-        need(spec)
         for dt in dtypes:
             for i, n in enumerate(sizes):
                 errs += check_dense(spec, make(kinds[i % len(kinds)], n, dt, seed=11))
@@ -403,7 +386,6 @@ def test_rangefloat_corners(bits):
 
 def test_rangefloat_auto_exp_bits():
     """``exp_bits=auto`` is ``min(5, bits // 2)``: the frame equals the explicit one's values."""
-    need("rangefloat")
     x = make("heavy", 1025, F32)
     for bits in range(3, 17):
         e = min(5, bits // 2)
@@ -496,7 +478,6 @@ def _special_inputs(dtype) -> dict:
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("spec", EDGE_SPECS)
 def test_special_inputs(spec, dtype):
-    need(spec)
     errs = []
     for name, x in _special_inputs(dtype).items():
         errs += [f"[{name}] {e}" for e in check_dense(spec, x)]
@@ -505,11 +486,9 @@ def test_special_inputs(spec, dtype):
 
 def test_signed_zeros_by_spec():
     """-0.0 takes the non-negative side (sign bit 0) except where the spec keeps it (rangefloat)."""
-    need("rangefloat")
     x = np.array([1.0, -0.0, 0.0, -2.0], np.float32)
     assert np.signbit(codec.decode(codec.get_codec("rangefloat").encode(x))).tolist() == [False, True, False, True]
     for spec in ("sign", "onebit", "efsign"):
-        need(spec)
         frame = codec.get_codec(spec).encode(x)
         _, raw = sections(frame)[Kind.VALUES]
         assert raw[0] & 0xF == 0b1000, f"{spec}: sign bits {raw[0] & 0xF:04b}, want 1000 (-0.0 is positive)"
@@ -521,7 +500,6 @@ def test_rangefloat_stochastic_below_the_smallest_subnormal():
     """Step 3: below the smallest subnormal, stochastic rounding goes up to it with probability
     q (no cut-off), so tiny values stay unbiased.  e4m3 window with T = 0: Emin = -14, smallest
     subnormal 2**-17.  The steps are chosen so that u_1 is close to 1."""
-    need("rangefloat")
     c = codec.get_codec("rangefloat(rounding=stochastic)")
     # q = 1.5 * 2**-12: up to 2**-17 when u_1 >= 1 - q (u_1 = 0.99981 at step 2704)
     assert ref.uniforms(2, 0, "cut", 2704)[1] >= 1 - 1.5 * 2.0**-12
@@ -540,7 +518,6 @@ def test_rangefloat_stochastic_below_the_smallest_subnormal():
 def test_rangefloat_nearest_ties_to_even_with_no_mantissa_bits():
     """m = 0 (exp_bits = bits - 1): q = 1.5 is a tie between r = 1 and r = 2; ties go to the
     even integer r = 2 (step 3), i.e. up to the next binade."""
-    need("rangefloat")
     for dt in DTYPES:
         x = np.array([1.0, 0.75, -0.375, 0.1875], dt)
         for spec in ("rangefloat(bits=3,exp_bits=2)", "rangefloat(bits=5,exp_bits=4)", "rangefloat(bits=9,exp_bits=8)"):
@@ -551,7 +528,6 @@ def test_rangefloat_nearest_ties_to_even_with_no_mantissa_bits():
 
 @pytest.mark.parametrize("spec", EDGE_SPECS)
 def test_nonfinite_input_raises_naming_the_position(spec):
-    need(spec)
     c = codec.get_codec(spec)
     for dt in DTYPES:
         for bad, where in ((((2, 3, np.nan), (3, 1, np.inf)), "(2, 3)"), (((0, 4, -np.inf),), "(0, 4)")):
@@ -583,7 +559,6 @@ STOCHASTIC_SPECS = [
 
 @pytest.mark.parametrize("spec", STOCHASTIC_SPECS)
 def test_key_and_step_select_the_stream(spec):
-    need(spec)
     c = codec.get_codec(spec)
     x = make("normal", 1000, F32)
     f = encode(c, x, "layer.1", 5)
@@ -612,7 +587,6 @@ def test_key_and_step_select_the_stream(spec):
 
 @pytest.mark.parametrize("spec", ["rangefloat", "fp8(scale=true)", "qsgd(rounding=nearest)", "sign", "efsign", "onebit", "minmax"])
 def test_deterministic_codecs_ignore_key_and_step(spec):
-    need(spec)
     c = codec.get_codec(spec)
     x = make("heavy", 999, F64)
     f = c.encode(x)
@@ -624,7 +598,6 @@ def test_deterministic_codecs_ignore_key_and_step(spec):
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
 def test_error_feedback_steps_use_key_and_step(spec, dtype):
     """Under ErrorFeedback step t codes acc = x + residual with the key's step count t."""
-    need(spec)
     ef = codec.ErrorFeedback(codec.get_codec(spec))
     rng = np.random.default_rng(5)
     shape = (33, 31)
@@ -642,7 +615,6 @@ def test_error_feedback_steps_use_key_and_step(spec, dtype):
 
 @pytest.mark.parametrize("spec", MAIN_SPECS)
 def test_decode_add(spec):
-    need(spec)
     c = codec.get_codec(spec)
     for dt in DTYPES:
         x = make("heavy", 513, dt).reshape(27, 19)
@@ -691,7 +663,6 @@ def test_after_select(select, value):
     """Positions are those of ``select+none``; the kept values are the reference on the kept
     values in position order; wire size = H + index bytes (or randomk's 24) + the value payload."""
     spec = f"{select}+{value}"
-    need(spec)
     c = codec.get_codec(spec)
     plain = codec.get_codec(f"{select}+none")
     errs = []

@@ -61,20 +61,6 @@ STOCHASTIC = [
 
 
 # ====================================================================== helpers
-def _registered() -> set:
-    return {c["id"] for c in codec.list_codecs()}
-
-
-def need(*specs: str) -> None:
-    """Skip (not pass) when a stage of one of ``specs`` is not registered yet."""
-    have = _registered()
-    for spec in specs:
-        for part in spec.split("+"):
-            name = part.split("(")[0].strip()
-            if name not in have:
-                pytest.skip(f"stage {name!r} is not registered yet")
-
-
 def same(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
@@ -228,7 +214,6 @@ def test_rangefloat_nearest_window_error_and_grid(case):
     """Nearest rounding: |decoded - v| <= 2**-(m+1) |v| for every v in its block's window
     [2**Emin, 2**(T+1)); decoded values lie on the format's grid and below its largest value;
     the ints section holds each block's T."""
-    need("rangefloat")
     bits, e, block, x = case
     spec = f"rangefloat(bits={bits},block={block})" if e is None else f"rangefloat(bits={bits},exp_bits={e},block={block})"
     ee = min(5, bits // 2) if e is None else e
@@ -251,7 +236,6 @@ def test_rangefloat_nearest_window_error_and_grid(case):
 def test_rangefloat_signed_zero_and_carry():
     """-0.0 round-trips (the sign bit is kept for zeros); a mantissa carry steps into the next
     exponent; the window's top holds max|v| (bump rule) so nothing saturates."""
-    need("rangefloat")
     c = codec.get_codec("rangefloat(bits=8)")  # e4m3-like: m = 3
     x = np.array([-0.0, 0.0, 1.0, 1.9375, -1.97, 3.9], np.float32)  # 1.9375 = 1 + 15/16 -> carry to 2
     d = codec.decode(c.encode(x))
@@ -303,7 +287,6 @@ def assert_values(got, want, what: str) -> None:
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_fp8_matches_ml_dtypes(fmt):
     """Nearest rounding, no scale: decode == ml_dtypes conversion in range; saturation beyond."""
-    need("fp8")
     x = fp8_inputs(fmt)
     dec = codec.decode(codec.get_codec(f"fp8(format={fmt})").encode(x))
     assert dec.dtype == F32
@@ -342,7 +325,6 @@ def test_fp8_float64_reference_agrees_with_ml_dtypes(fmt):
 def test_fp8_other_dtypes(fmt, dt):
     """16-bit inputs widen exactly; float64 inputs round once (no double rounding through
     float32), also just off a tie."""
-    need("fp8")
     c = codec.get_codec(f"fp8(format={fmt})")
     if dt == F64:
         g = fp8_grid(fmt)
@@ -397,7 +379,6 @@ def scale_arrays(rng) -> list:
 def test_fp8_scale_matches_ml_dtypes(fmt):
     """scale=true: decode == ml_dtypes.float8(v * 2**-s) * 2**s with s per the spec (an
     int16 in the ints section); max|v| lands in the top binade."""
-    need("fp8")
     c = codec.get_codec(f"fp8(format={fmt},scale=true)")
     for j, x in enumerate(scale_arrays(np.random.default_rng(7))):
         x64 = x.astype(np.float64)
@@ -419,7 +400,6 @@ def test_fp8_scale_matches_ml_dtypes(fmt):
 def test_fp8_scale_float64(fmt):
     """scale=true on float64: one rounding of v * 2**-s (exact), also next to the bump
     threshold and across float64's whole range."""
-    need("fp8")
     c = codec.get_codec(f"fp8(format={fmt},scale=true)")
     big = FP8[fmt][1]
     rng = np.random.default_rng(17)
@@ -446,7 +426,6 @@ def test_fp8_scale_float64(fmt):
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_fp8_scale_extremes(fmt):
     """scale=true at the ends of float32: decoded values stay finite; zeros stay zero."""
-    need("fp8")
     c = codec.get_codec(f"fp8(format={fmt},scale=true)")
     fmax = float(np.finfo(np.float32).max)
     for x in (np.array([fmax, -fmax, 1.0, 0.0], np.float32), np.array([1.8 * 2.0**127, 3.0], np.float32),
@@ -623,7 +602,6 @@ def test_stochastic_rounding_is_unbiased(spec, grid, scale):
     """Steps 0..N-1 of the same array: every decoded value is one of its two neighbours on the
     grid, and the mean converges to the input (the clipped input for terngrad): per element
     within Bernstein's bound for the exact two-point variance, and over all elements."""
-    need(spec)
     if grid is None:
         grid = grid_rangefloat_blocked
     x = unbiased_data(np.random.default_rng(12), 300)
@@ -671,7 +649,6 @@ def test_stochastic_rounding_is_unbiased(spec, grid, scale):
 # ====================================================================== 4. reproducibility
 @pytest.mark.parametrize("spec", STOCHASTIC)
 def test_same_seed_key_step_same_bytes(spec):
-    need(spec)
     rng = np.random.default_rng(21)
     x = rng.standard_normal(4000).astype(np.float32)
     c = codec.get_codec(spec)
@@ -702,7 +679,6 @@ def _with_seed(spec: str, seed: int) -> str:
 def test_error_feedback_passes_key_and_step(spec):
     """ErrorFeedback draws with (its key, the key's step count): its frames equal
     encode(acc, key=, step=) with acc = x + residual rounded to the dtype."""
-    need(spec)
     c = codec.get_codec(spec)
     ef = codec.ErrorFeedback(c)
     rng = np.random.default_rng(22)
@@ -734,7 +710,6 @@ print(h.hexdigest())
 def test_frames_do_not_depend_on_thread_count():
     specs = STOCHASTIC + ["rangefloat(block=1000)", "fp8(format=e5m2,scale=true,rounding=stochastic)", "qsgd(rounding=nearest)",
                           "minmax", "rangefloat", "sign", "efsign", "onebit", "topk(ratio=0.3)+qsgd(levels=4)"]
-    need(*specs)
 
     def run(threads):
         env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
@@ -768,7 +743,6 @@ ZERO_CASE = np.array([0.0, -0.0, 1.5, -2.0, -1e-40, 1e-40, -0.0, 3.0], np.float3
 
 @pytest.mark.parametrize("dt", [F32, F64, F16, BF16], ids=["f32", "f64", "f16", "bf16"])
 def test_sign_zero_is_non_negative(dt):
-    need("sign")
     x = ZERO_CASE.astype(dt)
     neg = x.astype(np.float64) < 0
     f = codec.get_codec("sign").encode(x)
@@ -778,7 +752,6 @@ def test_sign_zero_is_non_negative(dt):
     assert same(d, np.where(neg, -1.0, 1.0).astype(dt)), f"sign of {x}: {d}"
     a = np.asarray(math.fsum(np.abs(x.astype(np.float64))) / x.size).astype(dt)
     for spec in ("sign(scale=l1)", "efsign"):
-        need(spec)
         f = codec.get_codec(spec).encode(x)
         assert sign_bits(f, x.size).tolist() == neg.astype(int).tolist(), spec
         d = codec.decode(f)
@@ -786,7 +759,6 @@ def test_sign_zero_is_non_negative(dt):
 
 
 def test_sign_l1_scale_float64():
-    need("sign")
     x = np.random.default_rng(41).standard_normal(10_001) * 1e-3
     d = codec.decode(codec.get_codec("sign(scale=l1)").encode(x))
     a = math.fsum(np.abs(x)) / x.size
@@ -796,7 +768,6 @@ def test_sign_l1_scale_float64():
 
 @pytest.mark.parametrize("dt", [F32, F64, F16, BF16], ids=["f32", "f64", "f16", "bf16"])
 def test_efsign_is_sign_l1_bit_for_bit(dt):
-    need("efsign", "sign")
     rng = np.random.default_rng(42)
     a, b = codec.get_codec("efsign"), codec.get_codec("sign(scale=l1)")
     for x in (rng.standard_normal(1001).astype(dt), ZERO_CASE.astype(dt), np.zeros(0, dt), np.zeros(9, dt), np.array(-0.5, dt)):
@@ -832,7 +803,6 @@ def onebit_want(x: np.ndarray) -> np.ndarray:
 def test_onebit_group_means(dt):
     """Each value becomes its group's mean: float64 means of the negative and the
     non-negative values (zeros and -0.0 included there), rounded to float32."""
-    need("onebit")
     rng = np.random.default_rng(43)
     c = codec.get_codec("onebit")
     cases = [
@@ -855,7 +825,6 @@ def test_onebit_group_means(dt):
 
 def test_onebit_means_beyond_float32():
     """float64 data whose mean does not fit float32: the means travel as float64."""
-    need("onebit")
     x = np.array([1e300, 3e300, -2e300, 5e299, -1e-300, 0.0])
     d = codec.decode(codec.get_codec("onebit").encode(x))
     pos, neg = (1e300 + 3e300 + 5e299 + 0.0) / 4, (-2e300 - 1e-300) / 2
