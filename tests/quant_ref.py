@@ -30,6 +30,7 @@ import numpy as np
 
 from codec.dtypes import bfloat16
 from codec.sparse.randomk import key_hash
+from sparse_ref import _C1, _C2, mix_int, round_to as _sparse_round_to  # SplitMix64 and the rounding, shared
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(bfloat16)
@@ -43,7 +44,6 @@ EMAX = {F16: 15, BF16: 127, F32: 127, F64: 1023}
 #: exponent of the dtype's smallest subnormal
 SUBEXP = {F16: -24, BF16: -133, F32: -149, F64: -1074}
 #: significand bits (implicit one included), exponent of the subnormal quantum, first overflowing magnitude
-_ROUND16 = {F16: (11, -24, 2.0**16), BF16: (8, -133, 2.0**128)}
 
 
 # ====================================================================== helpers
@@ -62,24 +62,10 @@ def check_finite(x) -> None:
 
 
 def round_to(x, dtype) -> np.ndarray:
-    """float64 ``x`` rounded once (nearest, ties to even) to ``dtype``; returns a ``dtype`` array.
-
-    float32/float64: NumPy's correctly rounded casts.  16-bit formats: in float64 arithmetic
-    (scale to the quantum of the value's binade, ``np.rint``, scale back: all exact), so
-    there is no double rounding through float32."""
-    dtype = np.dtype(dtype)
-    x = np.asarray(x, np.float64)
-    if dtype in (F32, F64):
-        with np.errstate(over="ignore"):
-            return x.astype(dtype)
-    p, qmin, top = _ROUND16[dtype]
-    with np.errstate(all="ignore"):
-        _, e = np.frexp(x)
-        q = np.maximum(e - p, qmin).astype(np.int32)
-        v = np.ldexp(np.rint(np.ldexp(x, -q)), q)
-        v = np.where(np.abs(v) >= top, np.copysign(np.inf, x), v)
-        v = np.where(np.isfinite(x), v, x)
-    return v.astype(dtype)  # exact: v is representable
+    """float64 ``x`` rounded once (nearest, ties to even) to ``dtype`` (sparse_ref's rounding;
+    float32/float64 overflow to inf quietly)."""
+    with np.errstate(over="ignore"):
+        return _sparse_round_to(x, dtype)
 
 
 def _next(f: np.ndarray, up: bool) -> np.ndarray:
@@ -228,7 +214,6 @@ def bucket_lanes_sums(w: np.ndarray, bucket: int) -> np.ndarray:
 
 
 # ====================================================================== the random stream
-from sparse_ref import _C1, _C2, mix_int  # noqa: E402  (SplitMix64, shared with randomk's reference)
 
 
 def mix_np(z) -> np.ndarray:
