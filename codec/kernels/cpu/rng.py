@@ -16,6 +16,8 @@ from codec._jit import jit
 
 #: values per block key (the period of the 64-bit part of the stream)
 SPAN = 1 << 16
+#: 2**-32: 32 random bits to a uniform on [0, 1)
+TO_UNIT = 2.0**-32
 
 
 @jit
@@ -52,4 +54,4 @@ def bits32(key, i):
 @jit
 def uniform(key, i):
     """``bits32(key, i) / 2**32``: uniform on [0, 1), float64 (exact)."""
-    return np.float64(bits32(key, i)) * 2.3283064365386963e-10
+    return np.float64(bits32(key, i)) * TO_UNIT
