@@ -2,7 +2,7 @@
 through one table-driven kernel), and the sections they write (codes, scalars, exponents).
 
 A quantizer's ``quantize(x, ctx, sections)`` sees the values as a flat float32/float64 array
-(16-bit inputs widened exactly) and appends its sections; its ``parse(reader, ctx, count)``
+(16-bit inputs widened exactly) and appends its sections; its ``read(reader, ctx, count)``
 reads them back into a :class:`Dequant`: ``value_i = lut[code_i] * scale[b] (+ offset[b])``
 for value ``i`` of block ``b``, computed in float64 and rounded once to the array's dtype.
 """
@@ -17,6 +17,7 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
 from codec.ops import readonly
+from codec.pack import _code_dtype as code_dtype  # noqa: F401  (the narrowest unsigned dtype for a code width)
 from codec.stage import Param, Stage
 
 #: float32's largest finite value (per-bucket scalars beyond it travel as float64)
@@ -65,9 +66,6 @@ class Quantizer(Stage):
     def quantize(self, x, ctx, sections) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
-    def read(self, reader, ctx, count) -> Dequant:
-        return self.parse(reader, ctx, count)
-
     def write(self, payload: Dequant, out, mode) -> None:
         from codec.modes import SET
         from codec.ops import round_to, store
@@ -95,9 +93,14 @@ class Quantizer(Stage):
 
         raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(x))}; {self.name} needs finite input")
 
+    @property
+    def stochastic(self) -> bool:
+        """Whether the stage draws random numbers (its ``rounding``; TernGrad always does)."""
+        return self.config.get("rounding", "stochastic") == "stochastic"
+
     def stream(self, ctx):
         """The frame's random stream (0 when the stage rounds to nearest)."""
-        if getattr(self, "rounding", "stochastic") != "stochastic":
+        if not self.stochastic:
             return np.uint64(0)
         from codec.streams import stream
 
@@ -122,8 +125,12 @@ def magnitude_values(top: np.ndarray, dtype) -> tuple[np.ndarray, bool]:
 
 
 # ---------------------------------------------------------------------------- sections
-def code_dtype(bits: int):
-    return np.uint8 if bits <= 8 else np.uint16
+def bucket_groups(n: int, bucket: int) -> tuple[int, int, int]:
+    """(buckets, buckets per group, groups) of ``n`` values in buckets of ``bucket``: a group is
+    the kernels' unit of parallel work, about 65,536 values of whole buckets."""
+    nb = -(-n // bucket)
+    per = max(1, (1 << 16) // bucket)
+    return nb, per, -(-nb // per)
 
 
 def codes_section(codes: np.ndarray, bits: int) -> Section:
@@ -162,6 +169,11 @@ def scalars_section(values: np.ndarray) -> Section:
     if values.size and np.abs(values).max() > F32_MAX:
         return Section(Kind.SCALARS, 64, values.size, values.astype("<f8"))
     return Section(Kind.SCALARS, 32, values.size, values.astype("<f4"))
+
+
+def scale_section(value: float) -> Section:
+    """One per-tensor scale as a scalars section of one float64."""
+    return Section(Kind.SCALARS, 64, 1, np.array([value], "<f8"))
 
 
 def read_scalars(reader, count: int, bits=(32, 64)) -> np.ndarray:

@@ -16,6 +16,7 @@ from codec.quant.base import (
     Dequant,
     Quantizer,
     code_dtype,
+    codes_section,
     exponent_range,
     magnitude_bits,
     magnitude_values,
@@ -87,26 +88,23 @@ class _MiniFloat(Quantizer):
             stored = np.zeros(nblocks, np.int64)
         emin = self.emins(stored).astype(np.int64)
         strm = self.stream(ctx)
-        stochastic = self.rounding == "stochastic"
-        bits, width = self.width, self.width
+        bits = self.width
 
-        def fill(out):
-            codes = out.view(code_dtype(bits)) if bits in (8, 16) else np.empty(n, code_dtype(bits))
+        def encode_into(codes):
             bad = np.zeros(units, np.int64)
             if n:
-                kern.minifloat_encode(x, block, upb, emin, self.mant, self.maxmag, width - 1, stochastic, strm, codes, bad)
+                kern.minifloat_encode(x, block, upb, emin, self.mant, self.maxmag, bits - 1, self.stochastic, strm, codes, bad)
             if bad.any():
                 self.raise_nonfinite(x, ctx)
-            return codes
 
         if bits in (8, 16):  # the codes are written once, straight into the frame
-            sections.append(Section(Kind.VALUES, bits, n, fill=fill))
+            sections.append(Section(Kind.VALUES, bits, n, fill=lambda out: encode_into(out.view(code_dtype(bits)))))
         else:
-            from codec.quant.base import codes_section
+            codes = np.empty(n, code_dtype(bits))
+            encode_into(codes)
+            sections.append(codes_section(codes, bits))
 
-            sections.append(codes_section(fill(None), bits))
-
-    def parse(self, reader, ctx, count):
+    def read(self, reader, ctx, count):
         n = count
         block = max(1, self.block_len(n))
         nblocks = -(-n // block)

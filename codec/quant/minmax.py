@@ -7,7 +7,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.ops import readonly
-from codec.quant.base import Dequant, Quantizer, codes_section, read_codes, read_scalars, rounding, scalars_section
+from codec.quant.base import Dequant, Quantizer, bucket_groups, codes_section, read_codes, read_scalars, rounding, scalars_section
 from codec.stage import Param, register
 from codec.streams import SEED
 
@@ -28,17 +28,16 @@ class MinMax(Quantizer):
         from codec.kernels import backend
 
         n = x.size
-        nb = -(-n // self.bucket)
+        nb, _, ngroups = bucket_groups(n, self.bucket)
         lows, highs = np.empty(nb), np.empty(nb)
         codes = np.empty(n, np.uint8)
-        per = max(1, (1 << 16) // self.bucket)
-        bad = np.zeros(-(-nb // per), np.int64)
+        bad = np.zeros(ngroups, np.int64)
         if n:
             wide = x.dtype == np.float64
             ibits = readonly(x.view(np.int64 if wide else np.int32))
             low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
             backend("quant", x).minmax_encode(
-                x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.rounding == "stochastic", self.stream(ctx),
+                x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
                 lows, highs, codes, bad,
             )
         if bad.any():
@@ -51,7 +50,7 @@ class MinMax(Quantizer):
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
 
-    def parse(self, reader, ctx, count):
+    def read(self, reader, ctx, count):
         nb = -(-count // self.bucket)
         bounds = read_scalars(reader, 2 * nb)
         lows, highs = bounds[:nb], bounds[nb:]

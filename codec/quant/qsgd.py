@@ -8,7 +8,17 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
 from codec.ops import readonly
-from codec.quant.base import Dequant, Quantizer, code_dtype, codes_section, read_codes, read_scalars, rounding, scalars_section
+from codec.quant.base import (
+    Dequant,
+    Quantizer,
+    bucket_groups,
+    code_dtype,
+    codes_section,
+    read_codes,
+    read_scalars,
+    rounding,
+    scalars_section,
+)
 from codec.stage import Param, register
 from codec.streams import SEED
 
@@ -35,15 +45,12 @@ class Qsgd(Quantizer):
         from codec.kernels.cpu.quant import LANES
 
         n = x.size
-        nb = -(-n // self.bucket)
+        nb, _, ngroups = bucket_groups(n, self.bucket)
         norms = np.empty(nb)
         codes = np.empty(n, code_dtype(self.code_bits))
-        per = max(1, (1 << 16) // self.bucket)
-        bad = np.zeros(-(-nb // per), np.int64)
+        bad = np.zeros(ngroups, np.int64)
         if n:
-            backend("quant", x).qsgd_encode(
-                x, self.bucket, self.levels, self.rounding == "stochastic", self.stream(ctx), LANES, norms, codes, bad
-            )
+            backend("quant", x).qsgd_encode(x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad)
         if bad.any():
             self.raise_nonfinite(x, ctx)
         sections.append(scalars_section(norms))
@@ -53,9 +60,9 @@ class Qsgd(Quantizer):
             sections.append(codes_section(codes, self.code_bits))
 
     def _chunks(self, n: int) -> tuple[int, int]:
-        """Buckets per Elias chunk (about 65,536 values) and the number of chunks."""
-        per = max(1, (1 << 16) // self.bucket)
-        return per, -(-n // (per * self.bucket))
+        """Buckets per Elias chunk (the kernels' bucket group) and the number of chunks."""
+        _, per, ngroups = bucket_groups(n, self.bucket)
+        return per, ngroups
 
     def _elias(self, codes):
         """Run-length Elias-gamma streams, one per chunk of buckets, each padded to whole
@@ -75,7 +82,7 @@ class Qsgd(Quantizer):
             kern.elias_encode(codes, self.bucket, per, starts[:-1], out)
         return [Section(Kind.INTS, 64, nchunk, sizes.astype("<u8")), Section(Kind.VALUES, 8, out.size, out)]
 
-    def parse(self, reader, ctx, count):
+    def read(self, reader, ctx, count):
         nb = -(-count // self.bucket)
         norms = read_scalars(reader, nb)
         if norms.size and norms.min() < 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.frame import Kind, Section
-from codec.quant.base import Dequant, Quantizer, read_codes, read_scalars, scalars_section, sequential_sum
+from codec.quant.base import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_section, scale_section, sequential_sum
 from codec.stage import Param, register
 
 
@@ -28,7 +28,7 @@ class _Bits(Quantizer):
         self.add_levels(sections, n, [sequential_sum(sums[:, j]) for j in range(3)], int(nneg.sum()), ctx.dtype)
         sections.append(Section(Kind.VALUES, 1, n, out))
 
-    def parse(self, reader, ctx, count):
+    def read(self, reader, ctx, count):
         lut = self.read_levels(reader, ctx)
         data = read_codes(reader, 1, count)
         return Dequant(data, 1, count, lut, count, np.ones(1), np.empty(0), ctx.dtype)
@@ -45,8 +45,7 @@ class Sign(_Bits):
         if self.scale == "l1":
             from codec.ops import round_to
 
-            a = float(round_to(np.float64(sums[0] / n if n else 0.0), dtype))
-            sections.append(Section(Kind.SCALARS, 64, 1, np.array([a], "<f8")))
+            sections.append(scale_section(float(round_to(np.float64(sums[0] / n if n else 0.0), dtype))))
 
     def read_levels(self, reader, ctx):
         a = read_scalars(reader, 1, bits=64)[0] if self.scale == "l1" else 1.0
@@ -73,7 +72,7 @@ class OneBit(_Bits):
     def add_levels(self, sections, n, sums, nneg, dtype):
         npos = n - nneg
         means = np.array([sums[2] / npos if npos else 0.0, sums[1] / nneg if nneg else 0.0])
-        fits = np.abs(means).max(initial=0.0) <= np.finfo(np.float32).max
+        fits = np.abs(means).max(initial=0.0) <= F32_MAX
         sections.append(scalars_section(means.astype(np.float32).astype(np.float64) if fits else means))
 
     def read_levels(self, reader, ctx):

@@ -9,7 +9,17 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
-from codec.quant.base import Dequant, Quantizer, magnitude_bits, magnitude_values, read_codes, round_up_to, sequential_sum
+from codec.quant.base import (
+    Dequant,
+    Quantizer,
+    magnitude_bits,
+    magnitude_values,
+    read_codes,
+    read_scalars,
+    round_up_to,
+    scale_section,
+    sequential_sum,
+)
 from codec.stage import Param, register
 from codec.streams import SEED
 
@@ -54,14 +64,13 @@ class TernGrad(Quantizer):
         out = np.empty(trit_bytes(n), np.uint8)
         if n:
             kern.terngrad_encode(x, clip, s, self.stream(ctx), out)
-        sections.append(Section(Kind.SCALARS, 64, 1, np.array([s], "<f8")))
+        sections.append(scale_section(s))
         sections.append(Section(Kind.VALUES, 8, out.size, out))
 
-    def parse(self, reader, ctx, count):
-        _, raw = reader.take(Kind.SCALARS, bits=64, count=1)
-        s = float(raw.view("<f8")[0])
-        if not (math.isfinite(s) and s >= 0):
-            raise CorruptFrameError(f"terngrad frame: scale {s} is not a finite value >= 0")
+    def read(self, reader, ctx, count):
+        s = float(read_scalars(reader, 1, bits=64)[0])
+        if s < 0:
+            raise CorruptFrameError(f"terngrad frame: scale {s} is negative")
         nbytes = trit_bytes(count)
         data = read_codes(reader, 8, nbytes, (0xFF, 0, TRIT_BYTES - 1))
         if nbytes and int(data[-1]) >= 3 ** (count - 5 * (nbytes - 1)):
