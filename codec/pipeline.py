@@ -1,7 +1,7 @@
 """``Codec``: a pipeline of stages named by a spec string, with the numcodecs-shaped API.
 
-    encode:  array -> [transform] -> [select] -> value -> sections -> [bytes] -> frame
-    decode:  frame -> validate header -> sections -> value -> [scatter] -> [inverse] -> array
+    encode:  array -> [transform | select] -> value -> sections -> [bytes] -> frame
+    decode:  frame -> validate header -> sections -> value -> [scatter | inverse] -> array
 
 Decoding always takes its parameters from the frame (``codec.decode(frame)`` needs nothing
 else); ``Codec.decode`` additionally checks that the frame was made by the same pipeline.
@@ -34,13 +34,15 @@ class Codec:
         stages = [lookup(name)(**params) for name, params in specmod.parse(spec)] if isinstance(spec, str) else list(spec)
         self.stages = _arrange(stages, spec if isinstance(spec, str) else None)
         by_kind = {k: [s for s in self.stages if s.kind == k] for k in KINDS}
+        self.transform = by_kind["transform"][0] if by_kind["transform"] else None
         self.select = by_kind["select"][0] if by_kind["select"] else None
         self.value = by_kind["value"][0]
         self.post = tuple(by_kind["bytes"])
         self._frame_options = {}
         for s in self.post:
             self._frame_options.update(s.frame_options())
-        self._implicit_value = self.select is not None and self.value == _default_value(self.select)
+        chooser = self.select or self.transform
+        self._implicit_value = chooser is not None and self.value == _default_value(chooser)
         self.spec = specmod.format_spec(
             (s.name, _non_default(s)) for s in self.stages if not (s is self.value and self._implicit_value)
         )
@@ -67,9 +69,13 @@ class Codec:
     def _encode(self, arr: np.ndarray, ctx: Context) -> bytes:
         sections = []
         values = arr.reshape(-1)
-        if self.select is not None:
+        vctx = ctx
+        if self.transform is not None:
+            values = self.transform.forward(values, ctx, sections)
+            vctx = ctx.domain(values.size, values.dtype)
+        elif self.select is not None:
             ctx.positions, values = self.select.select(values, ctx, sections)
-        self.value.encode(values, ctx, sections)
+        self.value.encode(values, vctx, sections)
         return build_frame(self.spec, arr.dtype, arr.shape, sections, **self._frame_options)
 
     def encode_feedback(self, x: np.ndarray, slot) -> bytes:
@@ -82,7 +88,7 @@ class Codec:
 
         A select stage with ``fuses_feedback`` forms ``acc = x + residual`` inside its own
         selection pass (``select(x, ctx, sections, residual=, out=)``); without a select
-        stage, the value stage may define ``encode_feedback(x, slot, ctx, sections) -> bool``,
+        or transform stage, the value stage may define ``encode_feedback(x, slot, ctx, sections) -> bool``,
         a fused kernel that appends the sections and updates the residual (or declines).
         Otherwise: acc = x + residual; encode.  The residual becomes ``acc - decoded``, by
         subtracting the frame (sparse frames touch only the sent positions); ``acc`` is a
@@ -90,7 +96,7 @@ class Codec:
         """
         ctx = Context(x.shape, x.dtype, key=slot.key, step=slot.step, state=slot.state)
         flat = x.reshape(-1)
-        if self.select is None:
+        if self.select is None and self.transform is None:
             fused = getattr(self.value, "encode_feedback", None)
             sections = []
             if fused is not None and fused(flat, slot, ctx, sections):
@@ -137,6 +143,11 @@ class Codec:
         ctx = Context(fr.shape, fr.dtype)
         rd = fr.reader()
         count = fr.n
+        if self.transform is not None:
+            tpay, vctx = self.transform.read(rd, ctx)
+            payload = (tpay, vctx, self.value.read(rd, vctx, vctx.n))
+            rd.done()
+            return ctx, payload
         if self.select is not None:
             ctx.positions = self.select.positions(rd, ctx)
             count = ctx.positions.size
@@ -148,7 +159,12 @@ class Codec:
         """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per ``mode``)."""
         from codec.ops import WIDE, scatter, store
 
-        if out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one
+        if self.transform is not None:  # coefficients in the domain's dtype, then the inverse
+            tpay, vctx, vpay = payload
+            values = np.empty(vctx.n, vctx.dtype if vctx.dtype in WIDE else np.float32)
+            self.value.write(vpay, values, SET)
+            self.transform.inverse(tpay, values, out, mode)
+        elif out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one
             wide = np.empty(out.size, np.float32)
             self._write(ctx, payload, wide, SET)
             store(wide, out, mode)
@@ -210,10 +226,10 @@ class Codec:
 
 
 # -------------------------------------------------------------------- helpers
-def _default_value(select) -> Stage:
-    """The value stage a pipeline without one gets: the select stage's ``default_value`` (a
-    registered name, or a Stage class private to the select stage), else ``none``."""
-    value = getattr(select, "default_value", "none") if select is not None else "none"
+def _default_value(chooser) -> Stage:
+    """The value stage a pipeline without one gets: the select or transform stage's
+    ``default_value`` (a registered name, or a Stage class private to the stage), else ``none``."""
+    value = getattr(chooser, "default_value", "none") if chooser is not None else "none"
     return (value if isinstance(value, type) else lookup(value))()
 
 
@@ -233,6 +249,11 @@ def _arrange(stages, text):
         if any(t.name == s.name for t in stages if t is not s):
             raise ValueError(f"{where}: stage {s.name!r} appears twice")
         seen.setdefault(s.kind, s)
+    if "transform" in seen and "select" in seen:
+        raise ValueError(
+            f"{where}: {seen['transform'].name!r} (transform) chooses its own coefficients; "
+            f"it cannot be combined with the select stage {seen['select'].name!r}"
+        )
     order = [KINDS.index(s.kind) for s in stages]
     for a, b in zip(range(len(stages)), range(1, len(stages))):
         if order[b] < order[a]:
@@ -241,7 +262,7 @@ def _arrange(stages, text):
                 f"({stages[a].kind}); the order is {' -> '.join(KINDS)}"
             )
     if "value" not in seen:
-        value = _default_value(seen.get("select"))
+        value = _default_value(seen.get("select") or seen.get("transform"))
         i = next((i for i, s in enumerate(stages) if s.kind == "bytes"), len(stages))
         stages = stages[:i] + [value] + stages[i:]
     return tuple(stages)

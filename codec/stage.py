@@ -5,7 +5,8 @@ order::
 
     transform -> select -> value -> bytes...
 
-* ``transform``: maps the flat array into another domain (blocked rfft, low-rank) and back.
+* ``transform``: maps the flat array into another domain (blocked rfft, low-rank) and back;
+  it chooses its own coefficients, so no select stage follows it (see :class:`Transform`).
 * ``select``: picks which elements are sent (top-k, AdaComp, ...) and codes their positions.
 * ``value``: codes the kept values (``none`` keeps them exactly, ``fp16``, ``bf16``, ...).
 * ``bytes``: acts on the stored bytes of every section (``zstd``) or the frame (``crc32``).
@@ -171,6 +172,11 @@ class Context:
     def n(self) -> int:
         return math.prod(self.shape)
 
+    def domain(self, count: int, dtype) -> "Context":
+        """The context of a transform's output (``count`` coefficients of ``dtype``): what the
+        value stage after a transform sees.  Key, step, state and hints are shared."""
+        return Context((count,), np.dtype(dtype), key=self.key, step=self.step, state=self.state, hints=self.hints)
+
     def where(self, i: int) -> tuple:
         """The array position of coded value ``i``, for error messages."""
         flat = int(i) if self.positions is None else int(self.positions[i])
@@ -233,6 +239,25 @@ class Stage:
         from codec.spec import format_stage
 
         return format_stage(self.name, self.config)
+
+
+class Transform(Stage):
+    """Base of the transform stages (``fft``, ``powersgd``): the array is mapped into another
+    domain, the transform keeps what it sends, and the value stage codes the kept
+    coefficients.  A subclass implements three methods:
+
+    * ``forward(flat, ctx, sections) -> values``: the coefficients to code (1-D, float32 or
+      float64: the value stage sees ``ctx.domain(values.size, values.dtype)``), appending
+      the transform's own sections (e.g. the positions of the kept coefficients) first.
+    * ``read(reader, ctx) -> (payload, vctx)``: check and read those sections, allocating
+      nothing of the dense size; ``vctx`` is the value stage's context (count, dtype).
+    * ``inverse(payload, values, out, mode)``: write the dense array for ``values`` (the
+      decoded coefficients, float32/float64) into flat ``out`` with ``codec.ops.store``
+      semantics (``mode`` SET, ADD or SUB; any float dtype, rounded once).
+    """
+
+    kind = "transform"
+    lossless = False
 
 
 def register(cls: type[Stage]) -> type[Stage]:

@@ -1,0 +1,181 @@
+"""``fft(theta=, block=, keep=)``: FFT-based gradient sparsification (Wang et al., HPDC'20).
+
+The flat array is cut into blocks of ``block`` elements (the last one may be shorter; 0 means
+one block, the whole array); each block goes through a real FFT (``scipy.fft.rfft``, float32
+for 16- and 32-bit input, float64 for float64), and the fraction ``theta`` of its
+coefficients with the smallest magnitude is dropped, per block or over the whole spectrum.
+The kept coefficients' ``re, im`` go to the value stage (default ``rangefloat``, 8 bits),
+their positions in the spectrum to the shared index coder.  Decoding scatters them into a
+zero spectrum and inverts each block.  docs/codecs.md has the exact rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from codec.stage import Param, Transform, register
+
+#: FFT worker threads (scipy.fft ``workers``): every CPU.  Each 1-D transform runs whole on one
+#: thread, so the result does not depend on the count.
+WORKERS = -1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How ``n`` elements split into blocks: ``full`` blocks of ``block`` elements, then a
+    ``tail`` block of ``n - full*block`` (0: none).  A block of length L has L//2 + 1
+    coefficients; the spectrum lists the full blocks' coefficients, then the tail's."""
+
+    n: int
+    block: int
+    full: int
+    tail: int
+
+    @classmethod
+    def of(cls, n: int, block: int) -> "Layout":
+        b = block if block and block < n else n
+        return cls(n, b, n // b if b else 0, n - (n // b) * b if b else 0)
+
+    @property
+    def per_block(self) -> int:
+        return self.block // 2 + 1
+
+    @property
+    def tail_coefficients(self) -> int:
+        return self.tail // 2 + 1 if self.tail else 0
+
+    @property
+    def coefficients(self) -> int:
+        return self.full * self.per_block + self.tail_coefficients
+
+    def parts(self):
+        """``(start, length, rows, coefficients per row, first coefficient)`` of the full
+        blocks and of the tail."""
+        if self.full:
+            yield 0, self.block, self.full, self.per_block, 0
+        if self.tail:
+            yield self.full * self.block, self.tail, 1, self.tail_coefficients, self.full * self.per_block
+
+
+def dropped(theta: float, count: int) -> int:
+    """How many of ``count`` coefficients ``theta`` drops: ``floor(theta * count)`` (float64)."""
+    return math.floor(theta * count)
+
+
+@register
+class FFT(Transform):
+    """Blocked real FFT; drop the fraction theta of smallest-magnitude coefficients (Wang et al. HPDC'20)."""
+
+    name = "fft"
+    default_value = "rangefloat"
+    params = (
+        Param(
+            "theta",
+            float,
+            0.9,
+            "fraction of coefficients dropped (smallest magnitudes), in [0, 1]; a schedule makes it diminish",
+            low=0.0,
+            high=1.0,
+            schedule=True,
+        ),
+        Param("block", int, 4096, "elements per FFT block; 0 = the whole tensor as one block", low=0, high=1 << 40),
+        Param("keep", str, "per_block", "drop theta of every block's coefficients, or of the whole spectrum", choices=("per_block", "global")),
+    )
+
+    # ------------------------------------------------------------------ encode
+    def forward(self, flat, ctx, sections):
+        import scipy.fft
+
+        from codec.kernels import backend
+        from codec.ops import readonly, widen
+        from codec.pack import encode_indices
+
+        x = widen(flat)
+        dt = x.dtype
+        lay = Layout.of(x.size, self.block)
+        theta = self.at("theta", ctx.step)
+        kern = backend("spectral", x)
+        parts = []  # (first coefficient, spectrum rows as a float view)
+        for start, length, rows, _, base in lay.parts():
+            spec = scipy.fft.rfft(x[start : start + rows * length].reshape(rows, length), axis=1, workers=WORKERS)
+            parts.append((base, readonly(spec.view(dt))))
+        if self.keep == "per_block":
+            pos, vals = self._per_block(parts, theta, kern, flat, ctx)
+        else:
+            pos, vals = self._global(parts, lay, theta, kern, flat, ctx)
+        sections.append(encode_indices(pos, lay.coefficients))
+        return vals
+
+    def _per_block(self, parts, theta, kern, flat, ctx):
+        dt = np.float64 if flat.dtype == np.float64 else np.float32
+        pos, vals = [], []
+        for base, spec in parts:
+            rows, c = spec.shape[0], spec.shape[1] // 2
+            k = c - dropped(theta, c)
+            p = np.empty(rows * k, np.int64)
+            v = np.empty(2 * rows * k, spec.dtype)
+            bad = np.zeros(rows, np.uint8)
+            kern.block_top(spec, k, base, p, v, bad)
+            if bad.any():
+                self._raise_nonfinite(flat, ctx)
+            pos.append(p)
+            vals.append(v)
+        if len(pos) == 1:
+            return pos[0], vals[0]
+        return np.concatenate(pos or [np.empty(0, np.int64)]), np.concatenate(vals or [np.empty(0, dt)])
+
+    def _global(self, parts, lay, theta, kern, flat, ctx):
+        from codec.sparse.magnitude import Magnitudes
+
+        total = lay.coefficients
+        dt = np.float64 if flat.dtype == np.float64 else np.float32
+        mag = np.empty(total, np.float64)
+        for base, spec in parts:
+            rows, c = spec.shape[0], spec.shape[1] // 2
+            bad = np.zeros(rows, np.uint8)
+            kern.magnitudes(spec, mag[base : base + rows * c], bad)
+            if bad.any():
+                self._raise_nonfinite(flat, ctx)
+        k = total - dropped(theta, total)
+        pos = np.arange(total, dtype=np.int64) if k == total else Magnitudes(mag, ctx.domain(total, np.float64), self.name).top(k)
+        if not total:
+            return pos, np.empty(0, dt)
+        pairs = np.concatenate([spec.reshape(-1, 2) for _, spec in parts]) if len(parts) > 1 else parts[0][1].reshape(-1, 2)
+        return pos, pairs[pos].reshape(-1)
+
+    def _raise_nonfinite(self, flat, ctx):
+        from codec.ops import first_nonfinite
+
+        i = first_nonfinite(flat)
+        if i >= 0:
+            raise ValueError(f"x: non-finite value at position {ctx.where(i)}; fft needs finite input")
+        raise ValueError("x: the spectrum overflows (values too large for the block's FFT precision); fft needs smaller values")
+
+    # ------------------------------------------------------------------ decode
+    def read(self, reader, ctx):
+        from codec.frame import Kind
+        from codec.pack import decode_indices
+
+        lay = Layout.of(ctx.n, self.block)
+        info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
+        pos = decode_indices(info, raw, lay.coefficients)
+        return (lay, pos), ctx.domain(2 * pos.size, np.float64 if ctx.dtype == np.float64 else np.float32)
+
+    def inverse(self, payload, values, out, mode):
+        import scipy.fft
+
+        from codec.kernels import backend
+        from codec.ops import readonly, store
+
+        lay, pos = payload
+        ctype = np.complex128 if values.dtype == np.float64 else np.complex64
+        kern = backend("spectral", values)
+        flat = out.reshape(-1)
+        for start, length, rows, c, base in lay.parts():
+            spec = np.empty((rows, c), ctype)
+            kern.place(spec.view(values.dtype), base, readonly(pos), readonly(values))
+            y = scipy.fft.irfft(spec, n=length, axis=1, workers=WORKERS)
+            store(y, flat[start : start + rows * length], mode)
