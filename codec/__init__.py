@@ -22,6 +22,7 @@ from codec.quant import signs as _signs, terngrad as _terngrad  # noqa: F401
 from codec.sparse import adacomp as _adacomp, dgc as _dgc, gaussiank as _gaussiank  # noqa: F401  (register)
 from codec.sparse import randomk as _randomk, threshold as _threshold, topk as _topk  # noqa: F401
 from codec.spectral import fft as _fft  # noqa: F401  (registers fft)
+from codec.lowrank import powersgd as _powersgd  # noqa: F401  (registers powersgd)
 
 __version__ = "0.1.0"
 

@@ -252,12 +252,21 @@ class Transform(Stage):
     * ``read(reader, ctx) -> (payload, vctx)``: check and read those sections, allocating
       nothing of the dense size; ``vctx`` is the value stage's context (count, dtype).
     * ``inverse(payload, values, out, mode)``: write the dense array for ``values`` (the
-      decoded coefficients, float32/float64) into flat ``out`` with ``codec.ops.store``
-      semantics (``mode`` SET, ADD or SUB; any float dtype, rounded once).
+      decoded coefficients, float32/float64) into flat ``out`` through :meth:`emit`
+      (``mode`` SET, ADD or SUB; any float dtype, rounded once).
     """
 
     kind = "transform"
     lossless = False
+
+    @staticmethod
+    def emit(y, out, mode, dtype) -> None:
+        """Write the dense piece ``y`` (the domain's float32/float64) into flat ``out`` per
+        ``mode``.  A 16-bit frame's values are ``y`` rounded to its ``dtype`` first, so
+        ``decode_add`` adds exactly what ``decode`` returns (and rounds once more, into ``out``)."""
+        from codec.ops import WIDE, round_to, store
+
+        store(y if dtype in WIDE else round_to(y, dtype), out, mode)
 
 
 def register(cls: type[Stage]) -> type[Stage]:

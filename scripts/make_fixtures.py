@@ -55,6 +55,11 @@ FIXTURES = {
     "onebit-f32": ("onebit", heavy),
     "topk-qsgd-f32": ("topk(ratio=0.3)+qsgd(levels=4)", heavy),
     "qsgd-elias-f32": ("qsgd(bucket=8,coding=elias)", heavy),
+    "fft-f32": ("fft(theta=0.5,block=16)", np.repeat(heavy, 3, axis=0)),
+    "fft-global-none-f64": ("fft(theta=0.25,block=0,keep=global)+none", heavy.astype(np.float64)),
+    "fft-fp16-bf16": ("fft(theta=0.6,block=8)+fp16", heavy.astype(bfloat16)),
+    "powersgd-f32": ("powersgd(rank=2)", np.repeat(heavy, 4, axis=1)),
+    "powersgd-conv-f16": ("powersgd(rank=1,min_compression_rate=1)", heavy.reshape(6, 7, 1, 1).astype(np.float16)),
 }
 
 

@@ -49,6 +49,15 @@ SPECS = [c["id"] for c in codec.list_codecs()] + [
     "threshold(value=0.5)+onebit",
     "qsgd(coding=elias)",
     "topk(ratio=0.1)+qsgd(levels=4,bucket=7,coding=elias)+zstd",
+    "fft(theta=0)+none",
+    "fft(theta=0.5,block=8)+none",
+    "fft(theta=0.3,block=0)+fp16",
+    "fft(theta=0.7,block=16,keep=global)+none+zstd",
+    "fft(theta=exp(0.9,0.5,steps=3),block=7)+crc32",
+    "fft(block=5)+qsgd(bucket=4)",
+    "powersgd(rank=1)",
+    "powersgd(rank=3,min_compression_rate=0)+bf16",
+    "powersgd(warm_start=false,min_compression_rate=1)+rangefloat+zstd",
 ]
 ARRAYS = testing.sample_arrays()
 ARRAY_IDS = [f"{a.dtype.name}{list(a.shape)}" for a in ARRAYS]

@@ -162,15 +162,15 @@ class FFT(Transform):
         lay = Layout.of(ctx.n, self.block)
         info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
         pos = decode_indices(info, raw, lay.coefficients)
-        return (lay, pos), ctx.domain(2 * pos.size, np.float64 if ctx.dtype == np.float64 else np.float32)
+        return (lay, pos, ctx.dtype), ctx.domain(2 * pos.size, np.float64 if ctx.dtype == np.float64 else np.float32)
 
     def inverse(self, payload, values, out, mode):
         import scipy.fft
 
         from codec.kernels import backend
-        from codec.ops import readonly, store
+        from codec.ops import readonly
 
-        lay, pos = payload
+        lay, pos, dtype = payload
         ctype = np.complex128 if values.dtype == np.float64 else np.complex64
         kern = backend("spectral", values)
         flat = out.reshape(-1)
@@ -178,4 +178,4 @@ class FFT(Transform):
             spec = np.empty((rows, c), ctype)
             kern.place(spec.view(values.dtype), base, readonly(pos), readonly(values))
             y = scipy.fft.irfft(spec, n=length, axis=1, workers=WORKERS)
-            store(y, flat[start : start + rows * length], mode)
+            self.emit(y, flat[start : start + rows * length], mode, dtype)

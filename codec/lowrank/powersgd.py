@@ -1,0 +1,136 @@
+"""``powersgd(rank=2, warm_start=true, min_compression_rate=2, seed=0)``: PowerSGD as a codec
+(Vogels, Karimireddy, Jaggi, NeurIPS'19), with the rules of PyTorch's DDP hook.
+
+A tensor of shape ``(n, ...)`` is the matrix ``M`` (``n x m``, ``m`` the product of the rest).
+One power iteration: ``P = M Q``; ``P`` orthonormalised; ``Q = M^T P``.  The frame carries
+``P`` (n x r) then ``Q`` (m x r), row-major, through the value stage (default ``none``); the
+decoded array is ``P Q^T``.  ``Q`` starts from a Gaussian drawn from ``(seed, key)``, the
+same on every rank, and with ``warm_start`` the next step of the same key starts from this
+step's ``Q`` (kept in the ErrorFeedback state, so it survives ``state_dict`` and pickle).
+Tensors with ``ndim <= 1``, and matrices where ``(n + m) * r * min_compression_rate`` is not
+below ``n * m``, pass through uncompressed.
+
+The functions here (:func:`matrix_of`, :func:`initial_q`, :func:`orthogonalize`) are the
+kernels the distributed two-round version reuses: ``P = M Q``, allreduce ``P``,
+orthogonalise, ``Q = M^T P``, allreduce ``Q``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from codec.stage import Param, Transform, register
+from codec.streams import SEED, key_hash
+
+#: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
+STATE_Q = "powersgd.q"
+
+
+def matrix_of(shape, rank: int, min_compression_rate: float):
+    """``(n, m, r)`` of the matrix a tensor of ``shape`` is compressed as, or None when it
+    passes through (ndim <= 1, or ``(n + m) * r * min_compression_rate >= n * m``); ``r`` is
+    ``min(rank, n, m)``."""
+    if len(shape) <= 1:
+        return None
+    n, m = int(shape[0]), math.prod(shape[1:])
+    r = min(rank, n, m)
+    if r == 0 or (n + m) * r * min_compression_rate >= n * m:
+        return None
+    return n, m, r
+
+
+def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.ndarray:
+    """The ``m x r`` standard Gaussian ``Q`` drawn from ``(seed, key, step)`` (NumPy's PCG64
+    seeded with that triple): identical on every rank and every run."""
+    rng = np.random.Generator(np.random.PCG64([seed, key_hash(key), step]))
+    return rng.standard_normal((m, r), dtype=np.dtype(dtype).type)
+
+
+def orthogonalize(p: np.ndarray) -> np.ndarray:
+    """Orthonormalise the columns of ``p`` (n x r) in place and return it.
+
+    Gram-Schmidt for ``r <= 2``; Householder QR (``numpy.linalg.qr``) otherwise.  Epsilon
+    guard (Gram-Schmidt): a column whose norm, after removing the earlier columns, is 0 or at
+    most 16 machine epsilons of its norm before becomes zero instead of amplified rounding
+    noise, so ``P P^T`` stays a projection.
+    """
+    r = p.shape[1]
+    if r > 2:
+        q, _ = np.linalg.qr(p)
+        p[...] = q
+        return p
+    tiny = 16 * np.finfo(p.dtype).eps
+    for i in range(r):
+        col = p[:, i]
+        before = np.linalg.norm(col)
+        for j in range(i):
+            col -= p[:, j] * np.dot(p[:, j], col)
+        norm = np.linalg.norm(col)
+        if norm == 0 or norm <= tiny * before:
+            col[...] = 0
+        else:
+            col /= norm
+    return p
+
+
+@register
+class PowerSGD(Transform):
+    """Rank-r PowerSGD: one warm-started power iteration, P (n x r) and Q (m x r) sent (Vogels et al. 2019)."""
+
+    name = "powersgd"
+    default_value = "none"
+    params = (
+        Param("rank", int, 2, "rank r of the approximation P Q^T (capped at min(n, m))", low=1, high=1 << 20),
+        Param("warm_start", bool, True, "start each step's power iteration from the key's last Q"),
+        Param(
+            "min_compression_rate",
+            float,
+            2.0,
+            "compress only when n*m >= this times (n + m)*r; smaller tensors pass through",
+            low=0.0,
+        ),
+        SEED,
+    )
+
+    def matrix(self, shape):
+        return matrix_of(shape, self.rank, self.min_compression_rate)
+
+    def forward(self, flat, ctx, sections):
+        from codec.ops import widen
+
+        plan = self.matrix(ctx.shape)
+        if plan is None:
+            return flat
+        n, m, r = plan
+        dt = np.float64 if flat.dtype == np.float64 else np.float32
+        mat = widen(flat).reshape(n, m)
+        if not np.isfinite(mat).all():  # one cheap check: NaN would spread through every value
+            from codec.ops import first_nonfinite
+
+            raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(flat))}; powersgd needs finite input")
+        q = ctx.state.get(STATE_Q) if self.warm_start else None
+        if q is None or q.shape != (m, r) or q.dtype != dt:
+            q = initial_q(m, r, dt, self.seed, ctx.key, 0 if self.warm_start else ctx.step)
+        p = orthogonalize(mat @ q)
+        q = mat.T @ p
+        if self.warm_start:
+            ctx.state[STATE_Q] = q
+        return np.concatenate((p.reshape(-1), q.reshape(-1)))
+
+    def read(self, reader, ctx):
+        plan = self.matrix(ctx.shape)
+        if plan is None:
+            return (None, ctx.dtype), ctx.domain(ctx.n, ctx.dtype)
+        n, m, r = plan
+        return (plan, ctx.dtype), ctx.domain(r * (n + m), np.float64 if ctx.dtype == np.float64 else np.float32)
+
+    def inverse(self, payload, values, out, mode):
+        plan, dtype = payload
+        if plan is None:
+            self.emit(values, out.reshape(-1), mode, dtype)
+            return
+        n, m, r = plan
+        p, q = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
+        self.emit((p @ q.T).reshape(-1), out.reshape(-1), mode, dtype)
