@@ -1,9 +1,11 @@
-"""Spectral kernels (``fft`` stage): magnitudes of rfft coefficients and the per-block top-k.
+"""Spectral kernels (``fft`` stage): magnitudes of rfft coefficients, the per-block top-k, and
+the placement of kept coefficients into a zero spectrum.
 
 A spectrum is passed as its float view: row ``b`` of ``spec`` holds ``c`` complex
 coefficients as ``re, im`` pairs (``spec.shape[1] == 2 * c``).  A coefficient's magnitude is
 ``re*re + im*im`` in float64 (exact products of float32 parts; the same in the NumPy
-reference), so the choice does not depend on the thread count or the vector width.
+reference).  Rows are processed whole by one thread (rows are split into ``ROW_CHUNKS``
+chunks that depend on the row count only), so nothing depends on the thread count.
 """
 
 from __future__ import annotations
@@ -12,25 +14,40 @@ import numpy as np
 
 from codec._jit import jit, prange
 
+#: a row's magnitudes are binned by the top bits of their float32 rounding: 8 exponent and 4
+#: mantissa bits (1/16 of a binade per bin; rounding to float32 keeps the order)
+BIN_SHIFT = 19
+BINS = 1 << (31 - BIN_SHIFT)
+#: float32 bits of +inf: a magnitude at or above it (as bits, sign included) is inf or NaN
+INF_BITS = 0x7F800000
+#: row chunks of the parallel loops (each chunk allocates its scratch once)
+ROW_CHUNKS = 64
+
 
 @jit(inline="always")
-def _row_magnitudes(spec, b, mag) -> bool:
-    """``mag[j] = |spec[b, j]|**2``; False when a coefficient is NaN or infinite."""
+def _row_magnitudes(spec, b, mag, key):
+    """``mag[j] = |spec[b, j]|**2`` (float64) and ``key[j]`` = the float32 bits of it; returns
+    the largest key: ``>= INF_BITS`` when a coefficient is NaN or infinite (or its magnitude
+    exceeds float32's range).  Integer max, no branch: the loop vectorises."""
     c = mag.size
-    total = 0.0
+    m32 = key.view(np.float32)
     for j in range(c):
         re = np.float64(spec[b, 2 * j])
         im = np.float64(spec[b, 2 * j + 1])
         m = re * re + im * im
         mag[j] = m
-        total += m * 0.0  # NaN when any magnitude is NaN or infinite; no branch in the loop
-    return total == 0.0
+        m32[j] = np.float32(m)
+    top = np.uint32(0)
+    for j in range(c):
+        top = max(top, key[j])
+    return top
 
 
-#: a row's magnitudes are binned by the top bits of their float32 rounding: 8 exponent and 4
-#: mantissa bits (1/16 of a binade per bin; rounding to float32 keeps the order)
-BIN_SHIFT = 19
-BINS = 1 << (31 - BIN_SHIFT)
+@jit(inline="always")
+def _chunk(rows, i):
+    """Rows ``[lo, hi)`` of chunk ``i`` of ``min(rows, ROW_CHUNKS)``."""
+    n = min(rows, ROW_CHUNKS)
+    return i * rows // n, (i + 1) * rows // n
 
 
 @jit(parallel=True)
@@ -41,61 +58,73 @@ def block_top(spec, k, base, pos, vals, bad):
     ``base + b*c + j``) and their ``re, im`` to ``vals[2*b*k : 2*(b+1)*k]``.  ``bad[b]`` is
     set to 1 when row ``b`` holds a NaN or infinite coefficient (its output is then unset).
 
-    A histogram of the magnitudes' float32 bits (branch-free) finds the bin that holds the
-    k-th largest; everything above it is kept, and the k-th itself is found exactly among
-    that one bin's magnitudes (float64).
+    A histogram of the magnitudes' float32 bits finds the bin that holds the k-th largest;
+    everything above that bin is kept, and the k-th itself is found exactly (float64) among
+    that one bin's magnitudes.
     """
     rows = spec.shape[0]
     c = spec.shape[1] // 2
-    for b in prange(rows):
+    for ch in prange(min(rows, ROW_CHUNKS)):
+        lo, hi = _chunk(rows, ch)
         mag = np.empty(c, np.float64)
-        if not _row_magnitudes(spec, b, mag):
-            bad[b] = 1
-            continue
-        if k == 0:
-            continue
-        o = b * k
-        if k == c:
-            for j in range(c):
-                pos[o + j] = base + b * c + j
-                vals[2 * (o + j)] = spec[b, 2 * j]
-                vals[2 * (o + j) + 1] = spec[b, 2 * j + 1]
-            continue
-        bins = mag.astype(np.float32).view(np.uint32) >> BIN_SHIFT
+        key = np.empty(c, np.uint32)
+        inbin = np.empty(c + 1, np.float64)
+        kept = np.empty(c + 1, np.int64)
         hist = np.zeros(BINS, np.int64)
-        top = np.uint32(0)
-        for j in range(c):
-            hist[bins[j]] += 1
-            top = max(top, bins[j])
-        edge = np.int64(top)  # the bin holding the k-th largest, and how many lie above it
-        above = 0
-        while above + hist[edge] < k:
-            above += hist[edge]
-            edge -= 1
-        inbin = np.empty(hist[edge], np.float64)
-        h = 0
-        for j in range(c):
-            if bins[j] == edge:
-                inbin[h] = mag[j]
-                h += 1
-        need = k - above  # 1 <= need <= h
-        kth = np.partition(inbin, h - need)[h - need]
-        ties = need
-        for i in range(h):
-            ties -= inbin[i] > kth
-        for j in range(c):
-            take = bins[j] > edge
-            if bins[j] == edge:
-                m = mag[j]
-                take = m > kth
-                if m == kth and ties > 0:
-                    take = True
-                    ties -= 1
-            if take:
-                pos[o] = base + b * c + j
-                vals[2 * o] = spec[b, 2 * j]
-                vals[2 * o + 1] = spec[b, 2 * j + 1]
-                o += 1
+        for b in range(lo, hi):
+            top = _row_magnitudes(spec, b, mag, key)
+            if top >= INF_BITS:
+                bad[b] = 1
+                continue
+            if k == 0:
+                continue
+            if k == c:
+                for j in range(c):
+                    kept[j] = j
+            else:
+                _row_top(k, mag, key, top, hist, inbin, kept)
+            row = b * k
+            for i in range(k):
+                j = kept[i]
+                pos[row + i] = base + b * c + j
+                vals[2 * (row + i)] = spec[b, 2 * j]
+                vals[2 * (row + i) + 1] = spec[b, 2 * j + 1]
+
+
+@jit(inline="always")
+def _row_top(k, mag, key, top, hist, inbin, kept):
+    """The indices of a row's ``k`` (< c) largest magnitudes, in order, into ``kept[:k]``.
+    ``hist`` is zero on entry and on exit; ``inbin`` and ``kept`` have room for c + 1 items
+    (the branch-free loops write one past the last item they keep)."""
+    c = mag.size
+    for j in range(c):
+        hist[key[j] >> BIN_SHIFT] += 1
+    edge = np.int64(top >> BIN_SHIFT)  # the bin holding the k-th largest, and how many lie above it
+    above = 0
+    while above + hist[edge] < k:
+        above += hist[edge]
+        edge -= 1
+    h = 0  # the boundary bin's magnitudes
+    for j in range(c):
+        inbin[h] = mag[j]
+        h += key[j] >> BIN_SHIFT == edge
+    for j in range(c):  # clear only the bins this row touched
+        hist[key[j] >> BIN_SHIFT] = 0
+    need = k - above  # 1 <= need <= h
+    kth = np.partition(inbin[:h], h - need)[h - need]
+    ties = need  # how many magnitudes equal to kth are kept: the first ones
+    for j in range(h):
+        ties -= inbin[j] > kth
+    o = 0
+    for j in range(c):
+        kb = key[j] >> BIN_SHIFT
+        m = mag[j]
+        take = (kb > edge) | ((kb == edge) & (m > kth))
+        if m == kth and kb == edge and ties > 0:
+            take = True
+            ties -= 1
+        kept[o] = j
+        o += take
 
 
 @jit(parallel=True)
@@ -103,9 +132,12 @@ def magnitudes(spec, mag, bad):
     """``mag[b*c + j] = |spec[b, j]|**2`` for every row; ``bad[b] = 1`` for a row with NaN/inf."""
     rows = spec.shape[0]
     c = spec.shape[1] // 2
-    for b in prange(rows):
-        if not _row_magnitudes(spec, b, mag[b * c : (b + 1) * c]):
-            bad[b] = 1
+    for ch in prange(min(rows, ROW_CHUNKS)):
+        lo, hi = _chunk(rows, ch)
+        key = np.empty(c, np.uint32)
+        for b in range(lo, hi):
+            if _row_magnitudes(spec, b, mag[b * c : (b + 1) * c], key) >= INF_BITS:
+                bad[b] = 1
 
 
 @jit(parallel=True)
