@@ -35,6 +35,10 @@ MAX_NDIM = 32
 MAX_SPEC = 4096
 #: default ceiling on the element count a frame may declare (2**40 elements)
 MAX_ELEMENTS = 1 << 40
+#: the most raw bytes a section may hold per element of the array (plus 1024): two float64
+#: values per element, what a transform's domain can reach (fft with 1- or 2-element blocks
+#: keeps up to one complex coefficient per element; powersgd's r*(n+m) <= 2*n*m values)
+SECTION_BYTES_PER_ELEMENT = 16
 
 _FIXED = struct.Struct("<4sBBBBBBH")  # magic, version, flags, dtype, ndim, nsections, reserved, spec_len
 _SECTION = struct.Struct("<BBHQQQ")  # kind, encoding, bits, count, raw_len, stored_len
@@ -340,7 +344,7 @@ def parse_frame(buf, *, max_elements: int | None = None) -> Frame:
             raise CorruptFrameError(f"section {i}: unknown encoding {enc} or item width {bits} bits")
         if raw_len != raw_length(count, bits):
             raise CorruptFrameError(f"section {i}: raw length {raw_len} does not hold {count} items of {bits} bits")
-        if raw_len > 8 * n + 1024:
+        if raw_len > SECTION_BYTES_PER_ELEMENT * n + 1024:
             raise CorruptFrameError(f"section {i}: {raw_len} raw bytes is more than {n} elements can need")
         if enc == Encoding.RAW and stored_len != raw_len:
             raise CorruptFrameError(f"section {i}: stored length {stored_len} != raw length {raw_len}")

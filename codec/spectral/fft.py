@@ -152,7 +152,7 @@ class FFT(Transform):
         i = first_nonfinite(flat)
         if i >= 0:
             raise ValueError(f"x: non-finite value at position {ctx.where(i)}; fft needs finite input")
-        raise ValueError("x: the spectrum overflows (values too large for the block's FFT precision); fft needs smaller values")
+        raise ValueError("x: the spectrum overflows (|x| too large for the block's FFT or its squared magnitudes); fft needs smaller values")
 
     # ------------------------------------------------------------------ decode
     def read(self, reader, ctx):

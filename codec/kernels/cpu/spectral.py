@@ -14,30 +14,28 @@ import numpy as np
 
 from codec._jit import jit, prange
 
-#: a row's magnitudes are binned by the top bits of their float32 rounding: 8 exponent and 4
-#: mantissa bits (1/16 of a binade per bin; rounding to float32 keeps the order)
-BIN_SHIFT = 19
-BINS = 1 << (31 - BIN_SHIFT)
-#: float32 bits of +inf: a magnitude at or above it (as bits, sign included) is inf or NaN
-INF_BITS = 0x7F800000
+#: a row's magnitudes (float64, >= 0) are binned by the top bits of their bit patterns, which
+#: order like the values: 11 exponent and 4 mantissa bits, 1/16 of a binade per bin
+BIN_SHIFT = 48
+BINS = 1 << (63 - BIN_SHIFT)
+#: float64 bits of +inf: a magnitude at or above it (as bits, sign included) is inf or NaN
+INF_BITS = 0x7FF0000000000000
 #: row chunks of the parallel loops (each chunk allocates its scratch once)
 ROW_CHUNKS = 64
 
 
 @jit(inline="always")
-def _row_magnitudes(spec, b, mag, key):
-    """``mag[j] = |spec[b, j]|**2`` (float64) and ``key[j]`` = the float32 bits of it; returns
-    the largest key: ``>= INF_BITS`` when a coefficient is NaN or infinite (or its magnitude
-    exceeds float32's range).  Integer max, no branch: the loop vectorises."""
+def _row_magnitudes(spec, b, mag):
+    """``mag[j] = |spec[b, j]|**2`` (float64); returns the largest magnitude's bit pattern:
+    ``>= INF_BITS`` when a coefficient is NaN or infinite (or its square overflows float64).
+    Integer max, no branch: the loops vectorise."""
     c = mag.size
-    m32 = key.view(np.float32)
     for j in range(c):
         re = np.float64(spec[b, 2 * j])
         im = np.float64(spec[b, 2 * j + 1])
-        m = re * re + im * im
-        mag[j] = m
-        m32[j] = np.float32(m)
-    top = np.uint32(0)
+        mag[j] = re * re + im * im
+    key = mag.view(np.uint64)
+    top = np.uint64(0)
     for j in range(c):
         top = max(top, key[j])
     return top
@@ -58,7 +56,7 @@ def block_top(spec, k, base, pos, vals, bad):
     ``base + b*c + j``) and their ``re, im`` to ``vals[2*b*k : 2*(b+1)*k]``.  ``bad[b]`` is
     set to 1 when row ``b`` holds a NaN or infinite coefficient (its output is then unset).
 
-    A histogram of the magnitudes' float32 bits finds the bin that holds the k-th largest;
+    A histogram of the magnitudes' float64 bit patterns finds the bin that holds the k-th largest;
     everything above that bin is kept, and the k-th itself is found exactly (float64) among
     that one bin's magnitudes.
     """
@@ -67,12 +65,12 @@ def block_top(spec, k, base, pos, vals, bad):
     for ch in prange(min(rows, ROW_CHUNKS)):
         lo, hi = _chunk(rows, ch)
         mag = np.empty(c, np.float64)
-        key = np.empty(c, np.uint32)
+        key = mag.view(np.uint64)
         inbin = np.empty(c + 1, np.float64)
         kept = np.empty(c + 1, np.int64)
         hist = np.zeros(BINS, np.int64)
         for b in range(lo, hi):
-            top = _row_magnitudes(spec, b, mag, key)
+            top = _row_magnitudes(spec, b, mag)
             if top >= INF_BITS:
                 bad[b] = 1
                 continue
@@ -134,9 +132,8 @@ def magnitudes(spec, mag, bad):
     c = spec.shape[1] // 2
     for ch in prange(min(rows, ROW_CHUNKS)):
         lo, hi = _chunk(rows, ch)
-        key = np.empty(c, np.uint32)
         for b in range(lo, hi):
-            if _row_magnitudes(spec, b, mag[b * c : (b + 1) * c], key) >= INF_BITS:
+            if _row_magnitudes(spec, b, mag[b * c : (b + 1) * c]) >= INF_BITS:
                 bad[b] = 1
 
 
