@@ -1,0 +1,276 @@
+"""Plain NumPy reference for the ``powersgd`` transform stage and the Pufferfish helpers
+(docs/codecs.md, "powersgd" and "Pufferfish factorization helpers").
+
+Follows the numbered rules literally, with the same NumPy operations as the codec where the
+result must agree bit for bit (``M @ Q``, Gram-Schmidt, ``M.T @ P``, ``P @ Q.T``), and no
+``codec`` import except the bfloat16 dtype and sparse_ref's once-rounding to 16-bit formats.
+
+* :func:`matrix_of`, :func:`initial_q`, :func:`orthogonalize`: rules 1-3.
+* :func:`encode` returns the values the value stage codes (``P.ravel()`` then ``Q.ravel()``
+  in the domain dtype; the tensor itself for a pass-through) and the new ``Q``.
+* :func:`decode` is ``P @ Q.T`` rounded once to the frame's dtype.
+* :class:`ErrorFeedback` is the residual/warm-start loop of ``codec.ErrorFeedback`` for
+  float32/float64 tensors (value stage ``none``).
+* :func:`svd_error` is the truncated-SVD optimum ``||M - M_r||_F``; :func:`factor_rank`,
+  :func:`layer_params` and :func:`plan_counts` restate Pufferfish's formulas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from codec.dtypes import bfloat16
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sparse_ref import round_to  # noqa: E402
+
+F16 = np.dtype(np.float16)
+BF16 = np.dtype(bfloat16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+#: docs/codecs.md defaults of ``powersgd``
+DEFAULTS = {"rank": 2, "warm_start": True, "min_compression_rate": 2.0, "seed": 0}
+
+
+# ------------------------------------------------------------------ rules 1-2
+def domain_dtype(dtype) -> np.dtype:
+    """float64 for float64 input, float32 for float16/bfloat16/float32."""
+    return F64 if np.dtype(dtype) == F64 else F32
+
+
+def matrix_of(shape, rank: int, min_compression_rate: float):
+    """``(n, m, r)``, or None when the tensor passes through (ndim <= 1, an empty matrix, or
+    ``(n + m) * r * min_compression_rate >= n * m``)."""
+    shape = tuple(shape)
+    if len(shape) <= 1:
+        return None
+    n = int(shape[0])
+    m = int(np.prod(shape[1:], dtype=np.int64))
+    r = min(int(rank), n, m)
+    if r == 0:
+        return None
+    if (n + m) * r * float(min_compression_rate) >= n * m:
+        return None
+    return n, m, r
+
+
+def key_hash(key) -> int:
+    """64 bits (little-endian) of BLAKE2b-64 over the key's text: str as is, integers in
+    decimal, None as the empty string, anything else its repr."""
+    if key is None:
+        text = ""
+    elif isinstance(key, str):
+        text = key
+    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        text = str(int(key))
+    else:
+        text = repr(key)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.ndarray:
+    """Standard normal ``m x r`` in ``dtype`` from PCG64 seeded with ``[seed, key_hash(key), step]``."""
+    rng = np.random.default_rng([int(seed), key_hash(key), int(step)])
+    return rng.standard_normal((m, r), dtype=np.dtype(dtype).type)
+
+
+# ------------------------------------------------------------------ rule 3
+def orthogonalize(p) -> np.ndarray:
+    """A new array: the columns of ``p`` orthonormalised.  Gram-Schmidt (r <= 2) with the
+    epsilon guard: a column whose norm after removing the earlier columns is 0 or
+    ``<= 16 * eps * (its norm before)`` becomes zero; Householder QR (``numpy.linalg.qr``)
+    for r > 2."""
+    p = np.array(p, copy=True)
+    r = p.shape[1]
+    if r > 2:
+        return np.linalg.qr(p)[0]
+    tiny = 16 * np.finfo(p.dtype).eps
+    for i in range(r):
+        v = p[:, i]
+        before = np.linalg.norm(v)  # sqrt of the dot product of a contiguous copy
+        for j in range(i):
+            u = p[:, j]
+            v -= u * u.dot(v)
+        norm = np.linalg.norm(v)
+        if norm == 0 or norm <= tiny * before:
+            v[...] = 0
+        else:
+            v /= norm
+    return p
+
+
+# ------------------------------------------------------------------ encode / decode
+def widen(x) -> np.ndarray:
+    """``x`` in the domain dtype (16-bit formats widen exactly to float32)."""
+    x = np.asarray(x)
+    return x.astype(domain_dtype(x.dtype))
+
+
+def encode(x, *, rank=2, warm_start=True, min_compression_rate=2.0, seed=0, key=None, step=0, q=None):
+    """One PowerSGD step on ``x``.
+
+    Returns ``(values, q_new)``: the values the value stage codes (the flat tensor in its own
+    dtype for a pass-through; ``P.ravel()`` then ``Q.ravel()`` otherwise) and the ``Q`` to keep
+    for the next step (None for a pass-through or without warm start).  ``q`` is the key's
+    previous ``Q`` (used only with ``warm_start`` when its shape and dtype fit)."""
+    x = np.asarray(x)
+    plan = matrix_of(x.shape, rank, min_compression_rate)
+    if plan is None:
+        return x.reshape(-1).copy(), None
+    n, m, r = plan
+    dt = domain_dtype(x.dtype)
+    mat = widen(x).reshape(n, m)
+    if not np.isfinite(mat).all():
+        bad = int(np.flatnonzero(~np.isfinite(mat.reshape(-1)))[0])
+        raise ValueError(f"x: non-finite value at position {tuple(int(v) for v in np.unravel_index(bad, x.shape))}")
+    if not warm_start or q is None or q.shape != (m, r) or q.dtype != dt:
+        q = initial_q(m, r, dt, seed, key, step if not warm_start else 0)
+    p = orthogonalize(mat @ q)
+    q = mat.T @ p
+    return np.concatenate((p.reshape(-1), q.reshape(-1))), (q if warm_start else None)
+
+
+def factors(values, shape, rank=2, min_compression_rate=2.0):
+    """``(P, Q)`` read back from the coded values (None for a pass-through)."""
+    plan = matrix_of(shape, rank, min_compression_rate)
+    if plan is None:
+        return None
+    n, m, r = plan
+    values = np.ascontiguousarray(values)
+    return values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
+
+
+def decode(values, shape, dtype, *, rank=2, min_compression_rate=2.0) -> np.ndarray:
+    """The decoded tensor: ``P @ Q.T`` in the domain dtype, rounded once to ``dtype`` when that
+    is 16-bit; a pass-through's values as they are."""
+    dtype = np.dtype(dtype)
+    pq = factors(values, shape, rank, min_compression_rate)
+    if pq is None:
+        return np.asarray(values).astype(dtype).reshape(shape)
+    p, q = pq
+    y = p @ q.T
+    if dtype in (F16, BF16):
+        y = round_to(y.astype(np.float64), dtype)
+    return y.reshape(shape)
+
+
+def wire_payload(shape, dtype, rank=2, min_compression_rate=2.0) -> int:
+    """Payload bytes with value stage ``none``: ``itemsize(domain) * r * (n + m)``, or the
+    tensor's own bytes for a pass-through."""
+    plan = matrix_of(shape, rank, min_compression_rate)
+    if plan is None:
+        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    n, m, r = plan
+    return domain_dtype(dtype).itemsize * r * (n + m)
+
+
+class ErrorFeedback:
+    """``acc = x + residual; frame = encode(acc); residual = acc - decode(frame)`` per key,
+    with the warm-started ``Q`` and the step count per key (float32/float64 tensors)."""
+
+    def __init__(self, **params):
+        self.params = {**DEFAULTS, **params}
+        self.residual, self.q, self.steps = {}, {}, {}
+
+    def encode(self, x, key=None):
+        """``(values, decoded)`` of the step."""
+        x = np.asarray(x)
+        assert x.dtype in (F32, F64), "reference error feedback: float32/float64 only"
+        acc = x + self.residual.get(key, np.zeros_like(x))
+        p = self.params
+        values, q = encode(
+            acc,
+            rank=p["rank"],
+            warm_start=p["warm_start"],
+            min_compression_rate=p["min_compression_rate"],
+            seed=p["seed"],
+            key=key,
+            step=self.steps.get(key, 0),
+            q=self.q.get(key),
+        )
+        dec = decode(values, x.shape, x.dtype, rank=p["rank"], min_compression_rate=p["min_compression_rate"])
+        self.residual[key] = acc - dec
+        if q is not None:
+            self.q[key] = q
+        self.steps[key] = self.steps.get(key, 0) + 1
+        return values, dec
+
+
+# ------------------------------------------------------------------ SVD
+def as_matrix(x) -> np.ndarray:
+    """``x`` as the float64 ``shape[0] x rest`` matrix."""
+    x = np.asarray(x)
+    return x.astype(np.float64).reshape(x.shape[0], -1)
+
+
+def svd_error(x, r: int) -> float:
+    """``||M - M_r||_F``, the best rank-``r`` error (Eckart-Young): the dropped singular values."""
+    s = np.linalg.svd(as_matrix(x), compute_uv=False)
+    return float(np.sqrt(np.sum(s[r:] ** 2)))
+
+
+def dropped_energy_ratio(x, r: int) -> float:
+    """``sqrt(sum_{i>=r} s_i^2 / sum_i s_i^2)`` in float64 (0 for a zero matrix)."""
+    s = np.linalg.svd(as_matrix(x), compute_uv=False)
+    total = float(np.sum(s**2))
+    return math.sqrt(float(np.sum(s[r:] ** 2)) / total) if total > 0 else 0.0
+
+
+# ------------------------------------------------------------------ Pufferfish
+def factor_rank(shape, rank=None, rank_ratio=0.25) -> int:
+    """``max(1, floor(out * rank_ratio))`` (or ``rank``), at most ``min(out, in*kh*kw)``."""
+    out = int(shape[0])
+    cols = int(np.prod(shape[1:], dtype=np.int64))
+    r = max(1, math.floor(out * rank_ratio)) if rank is None else int(rank)
+    return min(r, out, cols)
+
+
+def layer_params(shape, r: int) -> int:
+    """Parameters of a factorized layer: ``r * (in*kh*kw + out)``."""
+    out = int(shape[0])
+    cols = int(np.prod(shape[1:], dtype=np.int64))
+    return r * (cols + out)
+
+
+def plan_counts(shapes: dict, rank_ratio=0.25, keep_first=1, keep_last=1, min_size=4096):
+    """``(params, params_after, {name: rank})`` under Pufferfish's policy, restated: weights are
+    2-D/4-D shapes; the first ``keep_first`` and last ``keep_last`` weights, those with fewer
+    than ``min_size`` elements and those whose factors would not be smaller stay full rank."""
+    names = list(shapes)
+    weights = [k for k in names if len(shapes[k]) in (2, 4)]
+    kept = set(weights[: int(keep_first)]) | set(weights[len(weights) - int(keep_last) :] if keep_last else [])
+    before = after = 0
+    ranks = {}
+    for k in names:
+        shape = shapes[k]
+        size = int(np.prod(shape, dtype=np.int64))
+        before += size
+        if k not in weights or k in kept or size < min_size:
+            after += size
+            continue
+        r = factor_rank(shape, None, rank_ratio)
+        fact = layer_params(shape, r)
+        if fact >= size:
+            after += size
+            continue
+        ranks[k] = r
+        after += fact
+    return before, after, ranks
+
+
+def conv2d(x, w, padding: int = 0) -> np.ndarray:
+    """Direct 2-D convolution (cross-correlation, stride 1) in float64: ``x`` (N, C, H, W),
+    ``w`` (O, C, kh, kw) -> (N, O, H', W')."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    if padding:
+        x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    kh, kw = w.shape[2:]
+    win = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))  # N, C, H', W', kh, kw
+    return np.einsum("nchwij,ocij->nohw", win, w)
