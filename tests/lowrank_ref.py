@@ -82,8 +82,8 @@ def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.n
 
 # ------------------------------------------------------------------ rule 3
 def orthogonalize(p) -> np.ndarray:
-    """A new array: the columns of ``p`` orthonormalised.  Gram-Schmidt (r <= 2) with the
-    epsilon guard: a column whose norm after removing the earlier columns is 0 or
+    """A new array: the columns of ``p`` orthonormalised.  Gram-Schmidt (r <= 2, earlier
+    columns removed twice) with the epsilon guard: a column whose norm after removing the earlier columns is 0 or
     ``<= 16 * eps * (its norm before)`` becomes zero; Householder QR (``numpy.linalg.qr``)
     for r > 2."""
     p = np.array(p, copy=True)
@@ -94,9 +94,10 @@ def orthogonalize(p) -> np.ndarray:
     for i in range(r):
         v = p[:, i]
         before = np.linalg.norm(v)  # sqrt of the dot product of a contiguous copy
-        for j in range(i):
-            u = p[:, j]
-            v -= u * u.dot(v)
+        for _ in range(2):  # the earlier columns removed twice
+            for j in range(i):
+                u = p[:, j]
+                v -= u * u.dot(v)
         norm = np.linalg.norm(v)
         if norm == 0 or norm <= tiny * before:
             v[...] = 0

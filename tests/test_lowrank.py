@@ -540,13 +540,9 @@ def test_orthogonalize_guard(dt):
             assert np.all(out[:, 1] == 0), f"t={t / eps} eps should be zeroed"
 
 
-@pytest.mark.xfail(
-    reason="known bug: one classical Gram-Schmidt pass leaves a dependent column's residual "
-    "above 16 eps (dot-product rounding grows with n) and parallel to the first column; "
-    "it is normalised to +-P[:,0], so P P^T = 2 p p^T and the decode doubles",
-    strict=False,
-)
-def test_known_bug_dependent_column_of_a_long_matrix():
+def test_dependent_column_of_a_long_matrix_is_zeroed():
+    """One Gram-Schmidt pass left a dependent column's dot-product rounding (growing with n)
+    along the first column, normalised to +-P[:,0]: P P^T = 2 p p^T and the decode doubled."""
     p = np.ones((10_000, 2), np.float64)
     p[:, 1] = 3
     out = psgd.orthogonalize(p)
@@ -556,7 +552,7 @@ def test_known_bug_dependent_column_of_a_long_matrix():
     assert rel(dec, x) < 1e-12, f"decoded {dec.ravel()[0]} for 1.0"
     x = np.ones((100_000, 8), np.float32)
     dec = codec.decode(codec.get_codec("powersgd").encode(x))
-    assert rel(dec, x) < 1e-5, f"decoded {dec.ravel()[0]} for 1.0"
+    assert rel(dec, x) < 1e-4, f"decoded {dec.ravel()[0]} for 1.0"  # float32 sums over 1e5 terms: ~1.4e-5 seen
 
 
 # ====================================================================== 7. errors
@@ -898,7 +894,13 @@ def test_plan_bad_arguments(kw, name):
         plan(resnet18_cifar(), **kw)
 
 
-@pytest.mark.xfail(reason="known bug: a 2-D/4-D shape with a zero first dimension and min_size=0 divides by zero", strict=False)
-def test_known_bug_plan_empty_weight():
+def test_plan_keeps_an_empty_weight():
     p = plan({"a": (8, 8), "empty": (0, 5), "b": (8, 8)}, min_size=0)
     assert next(x for x in p.layers if x.name == "empty").rank is None
+
+
+@pytest.mark.parametrize("ratio", [5, -1, 0])
+def test_plan_checks_rank_ratio_before_any_layer(ratio):
+    for shapes in ([(64, 64)], {}):
+        with pytest.raises(ValueError, match="^rank_ratio:"):
+            plan(shapes, rank_ratio=ratio)

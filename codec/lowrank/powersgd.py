@@ -51,8 +51,10 @@ def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.n
 def orthogonalize(p: np.ndarray) -> np.ndarray:
     """Orthonormalise the columns of ``p`` (n x r) in place and return it.
 
-    Gram-Schmidt for ``r <= 2``; Householder QR (``numpy.linalg.qr``) otherwise.  Epsilon
-    guard (Gram-Schmidt): a column whose norm, after removing the earlier columns, is 0 or at
+    Gram-Schmidt for ``r <= 2``; Householder QR (``numpy.linalg.qr``) otherwise.  The earlier
+    columns are removed twice ("twice is enough": one pass leaves a dependent column's
+    dot-product rounding, which grows with n, along the earlier column, and normalising it
+    would send that column twice).  Epsilon guard: a column whose norm after that is 0 or at
     most 16 machine epsilons of its norm before becomes zero instead of amplified rounding
     noise, so ``P P^T`` stays a projection.
     """
@@ -65,8 +67,9 @@ def orthogonalize(p: np.ndarray) -> np.ndarray:
     for i in range(r):
         col = p[:, i]
         before = np.linalg.norm(col)
-        for j in range(i):
-            col -= p[:, j] * np.dot(p[:, j], col)
+        for _ in range(2):
+            for j in range(i):
+                col -= p[:, j] * np.dot(p[:, j], col)
         norm = np.linalg.norm(col)
         if norm == 0 or norm <= tiny * before:
             col[...] = 0

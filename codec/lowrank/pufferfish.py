@@ -136,6 +136,7 @@ def plan(shapes, rank_ratio: float = 0.25, keep_first=True, keep_last=True, min_
     """
     items = list(shapes.items()) if isinstance(shapes, dict) else [(str(i), s) for i, s in enumerate(shapes)]
     items = [(name, tuple(int(d) for d in (s.shape if hasattr(s, "shape") else s))) for name, s in items]
+    _rank(1, 1, None, rank_ratio)  # checks rank_ratio before any layer
     first, last = _count(keep_first, "keep_first"), _count(keep_last, "keep_last")
     if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
         raise ValueError(f"min_size: must be an integer >= 0, got {min_size!r}")
@@ -149,8 +150,8 @@ def plan(shapes, rank_ratio: float = 0.25, keep_first=True, keep_last=True, min_
             reason = "not a weight (bias, norm, embedding table)" if len(shape) != 3 else "not a 2-D or 4-D weight"
         elif i in kept:
             reason = "first layers stay full rank" if i in weights[:first] else "last layers stay full rank"
-        elif size < min_size:
-            reason = f"fewer than min_size={min_size} weights"
+        elif size < min_size or size == 0:
+            reason = f"fewer than min_size={min_size} weights" if size else "empty"
         else:
             out, cols = shape[0], size // shape[0]
             r = _rank(out, cols, None, rank_ratio)
