@@ -191,7 +191,6 @@ def main(argv=None):
     a = ap.parse_args(argv)
     parts = set(a.parts.split(","))
     print("\n".join(machine_info()))
-    print(f"command: python benchmarks/bench_spectral.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
     s = Samples()
     if "speed" in parts:
         x = (np.random.default_rng(0).standard_t(2, a.n) * 1e-3).astype(np.float32)
