@@ -260,6 +260,12 @@ class Transform(Stage):
     lossless = False
 
     @staticmethod
+    def domain_dtype(dtype) -> np.dtype:
+        """The coefficients' dtype for an array of ``dtype``: float64 for float64, else float32
+        (16-bit input is widened exactly)."""
+        return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+    @staticmethod
     def emit(y, out, mode, dtype) -> None:
         """Write the dense piece ``y`` (the domain's float32/float64) into flat ``out`` per
         ``mode``.  A 16-bit frame's values are ``y`` rounded to its ``dtype`` first, so

@@ -107,8 +107,8 @@ class PowerSGD(Transform):
         if plan is None:
             return flat
         n, m, r = plan
-        dt = np.float64 if flat.dtype == np.float64 else np.float32
         mat = widen(flat).reshape(n, m)
+        dt = mat.dtype
         if not np.isfinite(mat).all():  # one cheap check: NaN would spread through every value
             from codec.ops import first_nonfinite
 
@@ -127,7 +127,7 @@ class PowerSGD(Transform):
         if plan is None:
             return (None, ctx.dtype), ctx.domain(ctx.n, ctx.dtype)
         n, m, r = plan
-        return (plan, ctx.dtype), ctx.domain(r * (n + m), np.float64 if ctx.dtype == np.float64 else np.float32)
+        return (plan, ctx.dtype), ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
         plan, dtype = payload

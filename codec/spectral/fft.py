@@ -103,14 +103,13 @@ class FFT(Transform):
             spec = scipy.fft.rfft(x[start : start + rows * length].reshape(rows, length), axis=1, workers=WORKERS)
             parts.append((base, readonly(spec.view(dt))))
         if self.keep == "per_block":
-            pos, vals = self._per_block(parts, theta, kern, flat, ctx)
+            pos, vals = self._per_block(parts, theta, kern, flat, ctx, dt)
         else:
-            pos, vals = self._global(parts, lay, theta, kern, flat, ctx)
+            pos, vals = self._global(parts, lay, theta, kern, flat, ctx, dt)
         sections.append(encode_indices(pos, lay.coefficients))
         return vals
 
-    def _per_block(self, parts, theta, kern, flat, ctx):
-        dt = np.float64 if flat.dtype == np.float64 else np.float32
+    def _per_block(self, parts, theta, kern, flat, ctx, dt):
         pos, vals = [], []
         for base, spec in parts:
             rows, c = spec.shape[0], spec.shape[1] // 2
@@ -127,11 +126,10 @@ class FFT(Transform):
             return pos[0], vals[0]
         return np.concatenate(pos or [np.empty(0, np.int64)]), np.concatenate(vals or [np.empty(0, dt)])
 
-    def _global(self, parts, lay, theta, kern, flat, ctx):
+    def _global(self, parts, lay, theta, kern, flat, ctx, dt):
         from codec.sparse.magnitude import Magnitudes
 
         total = lay.coefficients
-        dt = np.float64 if flat.dtype == np.float64 else np.float32
         mag = np.empty(total, np.float64)
         for base, spec in parts:
             rows, c = spec.shape[0], spec.shape[1] // 2
@@ -162,7 +160,7 @@ class FFT(Transform):
         lay = Layout.of(ctx.n, self.block)
         info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
         pos = decode_indices(info, raw, lay.coefficients)
-        return (lay, pos, ctx.dtype), ctx.domain(2 * pos.size, np.float64 if ctx.dtype == np.float64 else np.float32)
+        return (lay, pos, ctx.dtype), ctx.domain(2 * pos.size, self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
         import scipy.fft
