@@ -130,8 +130,17 @@ def encode(x, *, rank=2, warm_start=True, min_compression_rate=2.0, seed=0, key=
     if not np.isfinite(mat).all():
         bad = int(np.flatnonzero(~np.isfinite(mat.reshape(-1)))[0])
         raise ValueError(f"x: non-finite value at position {tuple(int(v) for v in np.unravel_index(bad, x.shape))}")
-    if not warm_start or q is None or q.shape != (m, r) or q.dtype != dt:
-        q = initial_q(m, r, dt, seed, key, step if not warm_start else 0)
+    # the start Q, orthonormalised: a fresh draw of (seed, key, step) without warm start; the
+    # key's last Q with it (the draw of step 0 when there is none that fits), replaced by the
+    # draw of (seed, key, step) when it has a zero column after orthogonalisation
+    if not warm_start:
+        q = orthogonalize(initial_q(m, r, dt, seed, key, step))
+    elif q is None or q.shape != (m, r) or q.dtype != dt:
+        q = orthogonalize(initial_q(m, r, dt, seed, key, 0))
+    else:
+        q = orthogonalize(q)
+        if not np.all(np.any(q != 0, axis=0)):
+            q = orthogonalize(initial_q(m, r, dt, seed, key, step))
     p = orthogonalize(mat @ q)
     q = mat.T @ p
     return np.concatenate((p.reshape(-1), q.reshape(-1))), (q if warm_start else None)

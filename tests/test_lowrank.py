@@ -454,11 +454,12 @@ def test_state_q_of_another_shape_or_dtype_is_not_used():
     state = {psgd.STATE_Q: np.ones((20, 2), np.float64)}
     assert c._encode(x, Context(x.shape, x.dtype, key="k", state=state)) == cold
     assert state[psgd.STATE_Q].dtype == np.float32
-    # a fitting Q is used (the warm start)
-    state = {psgd.STATE_Q: np.ones((20, 2), np.float32)}
+    # a fitting Q (of full rank) is used (the warm start)
+    last = np.random.default_rng(5).standard_normal((20, 2)).astype(np.float32)
+    state = {psgd.STATE_Q: last.copy()}
     warm = c._encode(x, Context(x.shape, x.dtype, key="k", state=state))
     assert warm != cold
-    assert values_section(warm)[1] == ref.encode(x, key="k", q=np.ones((20, 2), np.float32))[0].tobytes()
+    assert values_section(warm)[1] == ref.encode(x, key="k", q=last)[0].tobytes()
     # without warm start, the state is neither read nor written
     c2 = codec.get_codec("powersgd(warm_start=false)")
     state = {psgd.STATE_Q: np.ones((20, 2), np.float32)}
@@ -792,7 +793,7 @@ def test_plan_resnet18():
     by = {layer.name: layer for layer in p.layers}
     assert "first" in by["conv1.weight"].reason and by["conv1.weight"].rank is None
     assert "last" in by["linear.weight"].reason and by["linear.weight"].rank is None
-    assert by["bn1.weight"].rank is None and "not a weight" in by["bn1.weight"].reason
+    assert by["bn1.weight"].rank is None and "not a 2-D or 4-D weight" in by["bn1.weight"].reason
     assert by["linear.bias"].rank is None
     # every other conv, the 1x1 shortcuts included, at r = out/4
     assert len(ranks) == 19
@@ -904,3 +905,28 @@ def test_plan_checks_rank_ratio_before_any_layer(ratio):
     for shapes in ([(64, 64)], {}):
         with pytest.raises(ValueError, match="^rank_ratio:"):
             plan(shapes, rank_ratio=ratio)
+
+
+def test_a_warm_q_with_a_zero_column_is_redrawn():
+    """A zero gradient leaves Q = M^T P = 0; reused, M Q would stay 0 for ever (the decode
+    stuck at zero and ErrorFeedback piling the whole gradient into the residual)."""
+    rng = np.random.default_rng(3)
+    ef = codec.ErrorFeedback("powersgd")
+    ef.encode(np.zeros((64, 64), np.float32), key="k")
+    for _ in range(3):
+        x = rng.standard_normal((64, 64)).astype(np.float32)
+        dec = codec.decode(ef.encode(x, key="k"))
+        assert np.abs(dec).max() > 0.1
+    # rank-deficient last gradient: the second column of Q is zero, so the draw of step 7 is used
+    state = {psgd.STATE_Q: np.ones((64, 2), np.float32)}
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    frame = codec.get_codec("powersgd")._encode(x, Context(x.shape, x.dtype, key="k", step=7, state=state))
+    fresh = psgd.orthogonalize(psgd.initial_q(64, 2, np.float32, 0, "k", 7))
+    p = psgd.orthogonalize(x @ fresh)
+    assert_same(codec.decode(frame), p @ (x.T @ p).T, "redrawn Q")
+
+
+@pytest.mark.parametrize("last", [5, 10])
+def test_plan_keep_last_beyond_the_layer_count_keeps_every_layer(last):
+    p = plan([(64, 64), (64, 64), (64, 64)], keep_last=last, keep_first=False, min_size=0)
+    assert p.factorized() == {}

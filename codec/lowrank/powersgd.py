@@ -10,8 +10,8 @@ step's ``Q`` (kept in the ErrorFeedback state, so it survives ``state_dict`` and
 Tensors with ``ndim <= 1``, and matrices where ``(n + m) * r * min_compression_rate`` is not
 below ``n * m``, pass through uncompressed.
 
-The functions here (:func:`matrix_of`, :func:`initial_q`, :func:`orthogonalize`) are the
-kernels the distributed two-round version reuses: ``P = M Q``, allreduce ``P``,
+The functions here (:func:`matrix_of`, :func:`initial_q`, :func:`start_q`,
+:func:`orthogonalize`) are what the distributed two-round version reuses: ``P = M Q``, allreduce ``P``,
 orthogonalise, ``Q = M^T P``, allreduce ``Q``.
 """
 
@@ -46,6 +46,25 @@ def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.n
     seeded with that triple): identical on every rank and every run."""
     rng = np.random.Generator(np.random.PCG64([seed, key_hash(key), step]))
     return rng.standard_normal((m, r), dtype=np.dtype(dtype).type)
+
+
+def start_q(last, m: int, r: int, dtype, seed: int, key=None, step: int = 0, warm_start: bool = True) -> np.ndarray:
+    """The orthonormalised ``Q`` (m x r) a power iteration starts from; PyTorch's hook
+    orthogonalises it too.
+
+    With ``warm_start``, this is the key's last ``Q`` (``last``) when its shape and dtype fit,
+    else :func:`initial_q` of ``(seed, key, 0)``.  Without it, the draw of ``(seed, key, step)``.
+    A warm ``Q`` with a zero column (the last gradient was zero, or of lower rank) is replaced
+    by the draw of ``(seed, key, step)``, since ``M Q`` would otherwise stay zero in that
+    column for ever."""
+    if not warm_start:
+        return orthogonalize(initial_q(m, r, dtype, seed, key, step))
+    if last is None or last.shape != (m, r) or last.dtype != dtype:
+        return orthogonalize(initial_q(m, r, dtype, seed, key, 0))
+    q = orthogonalize(np.array(last, copy=True))
+    if np.all(np.any(q != 0, axis=0)):
+        return q
+    return orthogonalize(initial_q(m, r, dtype, seed, key, step))
 
 
 def orthogonalize(p: np.ndarray) -> np.ndarray:
@@ -91,7 +110,7 @@ class PowerSGD(Transform):
             "min_compression_rate",
             float,
             2.0,
-            "compress only when n*m >= this times (n + m)*r; smaller tensors pass through",
+            "compress only when n*m > this times (n + m)*r; smaller tensors pass through",
             low=0.0,
         ),
         SEED,
@@ -113,9 +132,7 @@ class PowerSGD(Transform):
             from codec.ops import first_nonfinite
 
             raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(flat))}; powersgd needs finite input")
-        q = ctx.state.get(STATE_Q) if self.warm_start else None
-        if q is None or q.shape != (m, r) or q.dtype != dt:
-            q = initial_q(m, r, dt, self.seed, ctx.key, 0 if self.warm_start else ctx.step)
+        q = start_q(ctx.state.get(STATE_Q), m, r, dt, self.seed, ctx.key, ctx.step, self.warm_start)
         p = orthogonalize(mat @ q)
         q = mat.T @ p
         if self.warm_start:

@@ -141,13 +141,13 @@ def plan(shapes, rank_ratio: float = 0.25, keep_first=True, keep_last=True, min_
     if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
         raise ValueError(f"min_size: must be an integer >= 0, got {min_size!r}")
     weights = [i for i, (_, s) in enumerate(items) if len(s) in (2, 4)]
-    kept = set(weights[:first]) | set(weights[len(weights) - last :] if last else [])
+    kept = set(weights[:first]) | set(weights[max(0, len(weights) - last) :] if last else [])
     layers = []
     for i, (name, shape) in enumerate(items):
         size = math.prod(shape)
         rank, after, reason = None, size, ""
         if len(shape) not in (2, 4):
-            reason = "not a weight (bias, norm, embedding table)" if len(shape) != 3 else "not a 2-D or 4-D weight"
+            reason = "not a 2-D or 4-D weight (bias, norm, ...)"
         elif i in kept:
             reason = "first layers stay full rank" if i in weights[:first] else "last layers stay full rank"
         elif size < min_size or size == 0:
