@@ -142,16 +142,13 @@ class Codec:
         allocated here, so a forged frame fails before any large allocation."""
         ctx = Context(fr.shape, fr.dtype)
         rd = fr.reader()
-        count = fr.n
         if self.transform is not None:
             tpay, vctx = self.transform.read(rd, ctx)
             payload = (tpay, vctx, self.value.read(rd, vctx, vctx.n))
-            rd.done()
-            return ctx, payload
-        if self.select is not None:
-            ctx.positions = self.select.positions(rd, ctx)
-            count = ctx.positions.size
-        payload = self.value.read(rd, ctx, count)
+        else:
+            if self.select is not None:
+                ctx.positions = self.select.positions(rd, ctx)
+            payload = self.value.read(rd, ctx, fr.n if ctx.positions is None else ctx.positions.size)
         rd.done()
         return ctx, payload
 
