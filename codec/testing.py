@@ -29,6 +29,7 @@ from codec.ops import round_to
 
 __all__ = [
     "sample_arrays",
+    "ulp",
     "check_codec",
     "check_encode_decode",
     "check_decode_out",
@@ -75,7 +76,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 _MANT = {"float16": (10, -14), "bfloat16": (7, -126), "float32": (23, -126), "float64": (52, -1022)}
 
 
-def _ulp(x: np.ndarray) -> np.ndarray:
+def ulp(x: np.ndarray) -> np.ndarray:
     """One unit in the last place of each element of ``x`` in its own dtype (as float64)."""
     mant, emin = _MANT[x.dtype.name]
     mag = np.abs(x.astype(np.float64))
@@ -200,7 +201,7 @@ def check_error_feedback(codec, arr: np.ndarray, steps: int = 3, seed: int = 2) 
         else:
             # the residual is acc - decoded rounded once: off by at most half an ulp of itself
             # (a scale larger than |acc|, as AdaComp's, makes it larger than acc)
-            bound = np.maximum(_ulp(acc), _ulp(np.asarray(new)))
+            bound = np.maximum(ulp(acc), ulp(np.asarray(new)))
             assert np.all(err <= bound), f"{c}: step {step}: decoded + residual is {err.max()} from acc (> 1 ulp)"
     assert ef.step("k") == steps
     state = ef.state_dict()

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import codec
+from codec import testing
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 
@@ -119,13 +120,6 @@ def header_len(c, ndim: int, nsec: int) -> int:
     return 12 + 8 * ndim + len(c.spec) + 28 * nsec + 4
 
 
-def _ulp(x: np.ndarray) -> np.ndarray:
-    mant, emin = {"float16": (10, -14), "bfloat16": (7, -126), "float32": (23, -126), "float64": (52, -1022)}[x.dtype.name]
-    mag = np.abs(x.astype(np.float64))
-    with np.errstate(divide="ignore"):
-        e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
-    e = np.where(mag > 0, np.maximum(e, emin), emin)
-    return np.ldexp(1.0, (e - mant).astype(np.int64))
 
 
 # ---------------------------------------------------------------------- data
@@ -741,7 +735,7 @@ def test_error_feedback_matches_reference_loop(case, dtype, suffix):
             assert not err.any(), f"{what}: decoded + residual != x + old residual"
             assert not np.any(new.reshape(-1)[pos]), f"{what}: residual not zero at kept positions"
         else:
-            assert np.all(err <= _ulp(acc)), f"{what}: decoded + residual is {err.max()} from acc"
+            assert np.all(err <= testing.ulp(acc)), f"{what}: decoded + residual is {err.max()} from acc"
         assert_same(new, r_want, what + " residual (acc - decoded, rounded once)")
         r = r_want
     assert ef.step("w") == steps

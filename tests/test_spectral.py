@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import codec
+from codec import testing
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 from codec.kernels.cpu import spectral as K
@@ -110,16 +111,6 @@ def assert_same(got, want, what: str) -> None:
             f"{what}: {bad.size} of {g.size} elements differ; first at {bad[:5].tolist()}: "
             f"got {g[bad[:5]].tolist()}, want {w[bad[:5]].tolist()}"
         )
-
-
-def ulp(x: np.ndarray) -> np.ndarray:
-    """One unit in the last place of each element of ``x`` in its own dtype (as float64)."""
-    mant, emin = {"float16": (10, -14), "bfloat16": (7, -126), "float32": (23, -126), "float64": (52, -1022)}[x.dtype.name]
-    mag = np.abs(x.astype(np.float64))
-    with np.errstate(divide="ignore"):
-        e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
-    e = np.where(mag > 0, np.maximum(e, emin), emin)
-    return np.ldexp(1.0, (e - mant).astype(np.int64))
 
 
 def expected_kept(n: int, block: int, theta: float, keep: str) -> int:
@@ -413,7 +404,7 @@ def test_error_feedback(spec, dtype):
         new = np.array(ef.residual("w"))
         assert dec.shape == shape and new.dtype == dtype
         err = np.abs(dec.astype(np.float64) + new.astype(np.float64) - acc.astype(np.float64))
-        bound = np.maximum(ulp(acc), ulp(new))
+        bound = np.maximum(testing.ulp(acc), testing.ulp(new))
         assert np.all(err <= bound), f"step {step}: decoded + residual is {err.max()} from x + old residual"
         assert np.any(new != 0), f"step {step}: nothing dropped?"
         if c.value.name == "none":  # the frame is what encode(acc, step) makes
