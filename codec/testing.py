@@ -30,6 +30,8 @@ from codec.ops import round_to
 __all__ = [
     "sample_arrays",
     "ulp",
+    "diff_msg",
+    "assert_identical",
     "check_codec",
     "check_encode_decode",
     "check_decode_out",
@@ -71,6 +73,30 @@ def _get(codec):
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     """Bitwise equality (NaN payloads and signed zeros included)."""
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def diff_msg(got, want, what: str) -> str | None:
+    """None when ``got`` and ``want`` are identical arrays (shape, dtype and every bit: NaN
+    payload aside, signed zeros count); else a message naming ``what``, how many elements
+    differ and the first few of them."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
+    if got.tobytes() == want.tobytes():
+        return None
+    g = got.reshape(-1).astype(np.float64)
+    w = want.reshape(-1).astype(np.float64)
+    bad = np.flatnonzero(~(((g == w) & (np.signbit(g) == np.signbit(w))) | (np.isnan(g) & np.isnan(w))))
+    return (
+        f"{what}: {bad.size} of {g.size} elements differ; first at {bad[:5].tolist()}: "
+        f"got {g[bad[:5]].tolist()}, want {w[bad[:5]].tolist()}"
+    )
+
+
+def assert_identical(got, want, what: str = "array") -> None:
+    """Raise AssertionError with :func:`diff_msg`'s message unless the arrays are identical."""
+    msg = diff_msg(got, want, what)
+    assert msg is None, msg
 
 
 _MANT = {"float16": (10, -14), "bfloat16": (7, -126), "float32": (23, -126), "float64": (52, -1022)}

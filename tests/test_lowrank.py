@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import codec
+from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 from codec.lowrank import Factors, Plan, factorize, plan
@@ -78,22 +79,6 @@ def frame_factors(frame: bytes, shape, rank=2, mcr=2.0):
     s, raw = values_section(frame)
     vals = np.frombuffer(raw, "<f8" if s.bits == 64 else "<f4")
     return ref.factors(vals, shape, rank, mcr)
-
-
-def diff_msg(got, want, what: str) -> str | None:
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
-    if got.tobytes() == want.tobytes():
-        return None
-    g, w = got.reshape(-1).astype(np.float64), want.reshape(-1).astype(np.float64)
-    bad = np.flatnonzero(~((g == w) & (np.signbit(g) == np.signbit(w)) | (np.isnan(g) & np.isnan(w))))
-    return f"{what}: {bad.size} of {g.size} differ; first at {bad[:4].tolist()}: got {g[bad[:4]].tolist()}, want {w[bad[:4]].tolist()}"
-
-
-def assert_same(got, want, what: str) -> None:
-    msg = diff_msg(got, want, what)
-    assert msg is None, msg
 
 
 def rel(a, b) -> float:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import codec
+from codec.testing import assert_identical as assert_same, diff_msg
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 
@@ -49,26 +50,6 @@ def encode(c, x, key=None, step=0) -> bytes:
     if key is None and step == 0:
         return c.encode(x)
     return c.encode(x, key=key, step=step)
-
-
-def diff_msg(got, want, what: str) -> str | None:
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
-    if got.tobytes() == want.tobytes():
-        return None
-    g = got.reshape(-1).astype(np.float64)
-    w = want.reshape(-1).astype(np.float64)
-    bad = np.flatnonzero(~(((g == w) & (np.signbit(g) == np.signbit(w))) | (np.isnan(g) & np.isnan(w))))
-    return (
-        f"{what}: {bad.size} of {g.size} elements differ; first at {bad[:4].tolist()}: "
-        f"got {g[bad[:4]].tolist()}, want {w[bad[:4]].tolist()}"
-    )
-
-
-def assert_same(got, want, what: str) -> None:
-    msg = diff_msg(got, want, what)
-    assert msg is None, msg
 
 
 def section_bytes(frame: bytes, s) -> bytes:

@@ -21,6 +21,7 @@ import pytest
 
 import codec
 from codec import testing
+from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 
@@ -49,20 +50,6 @@ def need(spec: str) -> None:
 def same(a: np.ndarray, b: np.ndarray) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
-
-
-def assert_same(got, want, what: str) -> None:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
-    if got.tobytes() != want.tobytes():
-        g = got.reshape(-1).astype(np.float64)
-        w = want.reshape(-1).astype(np.float64)
-        bad = np.flatnonzero(~((g == w) & (np.signbit(g) == np.signbit(w)) | (np.isnan(g) & np.isnan(w))))
-        raise AssertionError(
-            f"{what}: {bad.size} of {g.size} elements differ; first at {bad[:5].tolist()}: "
-            f"got {g[bad[:5]].tolist()}, want {w[bad[:5]].tolist()}; "
-            f"nonzeros got {np.count_nonzero(g)}, want {np.count_nonzero(w)}"
-        )
 
 
 def _section_bytes(frame: bytes, s) -> bytes:
@@ -118,8 +105,6 @@ def kept_count(frame: bytes) -> int:
 
 def header_len(c, ndim: int, nsec: int) -> int:
     return 12 + 8 * ndim + len(c.spec) + 28 * nsec + 4
-
-
 
 
 # ---------------------------------------------------------------------- data

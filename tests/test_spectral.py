@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import codec
 from codec import testing
+from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 from codec.kernels.cpu import spectral as K
@@ -98,19 +99,6 @@ def frame_parts(frame: bytes, block: int):
     v = fr.raw(1).view(dt)
     assert vals.count == v.size == 2 * pos.size, f"{vals.count} values for {pos.size} positions"
     return pos, v, fr
-
-
-def assert_same(got, want, what: str) -> None:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
-    if got.tobytes() != want.tobytes():
-        g = got.reshape(-1).astype(np.float64)
-        w = want.reshape(-1).astype(np.float64)
-        bad = np.flatnonzero(~(((g == w) & (np.signbit(g) == np.signbit(w))) | (np.isnan(g) & np.isnan(w))))
-        raise AssertionError(
-            f"{what}: {bad.size} of {g.size} elements differ; first at {bad[:5].tolist()}: "
-            f"got {g[bad[:5]].tolist()}, want {w[bad[:5]].tolist()}"
-        )
 
 
 def expected_kept(n: int, block: int, theta: float, keep: str) -> int:
