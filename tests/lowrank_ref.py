@@ -3,7 +3,7 @@
 
 Follows the numbered rules literally, with the same NumPy operations as the codec where the
 result must agree bit for bit (``M @ Q``, Gram-Schmidt, ``M.T @ P``, ``P @ Q.T``), and no
-``codec`` import except the bfloat16 dtype and sparse_ref's once-rounding to 16-bit formats.
+``codec`` import except the bfloat16 dtype; sparse_ref's once-rounding to 16-bit formats and key hash.
 
 * :func:`matrix_of`, :func:`initial_q`, :func:`orthogonalize`: rules 1-3.
 * :func:`encode` returns the values the value stage codes (``P.ravel()`` then ``Q.ravel()``
@@ -17,7 +17,6 @@ result must agree bit for bit (``M @ Q``, Gram-Schmidt, ``M.T @ P``, ``P @ Q.T``
 
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 from codec.dtypes import bfloat16
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sparse_ref import round_to  # noqa: E402
+from sparse_ref import key_hash, round_to  # noqa: E402
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(bfloat16)
@@ -58,20 +57,6 @@ def matrix_of(shape, rank: int, min_compression_rate: float):
     if (n + m) * r * float(min_compression_rate) >= n * m:
         return None
     return n, m, r
-
-
-def key_hash(key) -> int:
-    """64 bits (little-endian) of BLAKE2b-64 over the key's text: str as is, integers in
-    decimal, None as the empty string, anything else its repr."""
-    if key is None:
-        text = ""
-    elif isinstance(key, str):
-        text = key
-    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        text = str(int(key))
-    else:
-        text = repr(key)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.ndarray:

@@ -242,8 +242,8 @@ def key_hash(key) -> int:
         text = ""
     elif isinstance(key, str):
         text = key
-    elif isinstance(key, int) and not isinstance(key, bool):
-        text = str(key)
+    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        text = str(int(key))
     else:
         text = repr(key)
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()[:8], "little")
