@@ -158,7 +158,7 @@ class Codec:
 
         if self.transform is not None:  # coefficients in the domain's dtype, then the inverse
             tpay, vctx, vpay = payload
-            values = np.empty(vctx.n, vctx.dtype if vctx.dtype in WIDE else np.float32)
+            values = np.empty(vctx.n, self.transform.domain_dtype(vctx.dtype))
             self.value.write(vpay, values, SET)
             self.transform.inverse(tpay, values, out, mode)
         elif out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one

@@ -41,10 +41,14 @@ class Factors:
         return w.reshape((out,) + self.first.shape[1:])
 
 
+def _check_ratio(rank_ratio) -> None:
+    if not (isinstance(rank_ratio, (int, float)) and 0 < rank_ratio <= 1):
+        raise ValueError(f"rank_ratio: must be in (0, 1], got {rank_ratio!r}")
+
+
 def _rank(out: int, cols: int, rank, rank_ratio: float) -> int:
     if rank is None:
-        if not (isinstance(rank_ratio, (int, float)) and 0 < rank_ratio <= 1):
-            raise ValueError(f"rank_ratio: must be in (0, 1], got {rank_ratio!r}")
+        _check_ratio(rank_ratio)
         rank = max(1, math.floor(out * rank_ratio))
     elif isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank: must be an integer >= 1, got {rank!r}")
@@ -136,7 +140,7 @@ def plan(shapes, rank_ratio: float = 0.25, keep_first=True, keep_last=True, min_
     """
     items = list(shapes.items()) if isinstance(shapes, dict) else [(str(i), s) for i, s in enumerate(shapes)]
     items = [(name, tuple(int(d) for d in (s.shape if hasattr(s, "shape") else s))) for name, s in items]
-    _rank(1, 1, None, rank_ratio)  # checks rank_ratio before any layer
+    _check_ratio(rank_ratio)
     first, last = _count(keep_first, "keep_first"), _count(keep_last, "keep_last")
     if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
         raise ValueError(f"min_size: must be an integer >= 0, got {min_size!r}")
