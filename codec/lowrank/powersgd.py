@@ -129,9 +129,9 @@ class PowerSGD(Transform):
         mat = widen(flat).reshape(n, m)
         dt = mat.dtype
         if not np.isfinite(mat).all():  # one cheap check: NaN would spread through every value
-            from codec.ops import first_nonfinite
+            from codec.sparse.magnitude import raise_nonfinite
 
-            raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(flat))}; powersgd needs finite input")
+            raise_nonfinite(flat, ctx, self.name)
         q = start_q(ctx.state.get(STATE_Q), m, r, dt, self.seed, ctx.key, ctx.step, self.warm_start)
         p = orthogonalize(mat @ q)
         q = mat.T @ p

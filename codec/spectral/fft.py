@@ -146,10 +146,10 @@ class FFT(Transform):
 
     def _raise_nonfinite(self, flat, ctx):
         from codec.ops import first_nonfinite
+        from codec.sparse.magnitude import raise_nonfinite
 
-        i = first_nonfinite(flat)
-        if i >= 0:
-            raise ValueError(f"x: non-finite value at position {ctx.where(i)}; fft needs finite input")
+        if first_nonfinite(flat) >= 0:
+            raise_nonfinite(flat, ctx, self.name)
         raise ValueError("x: the spectrum overflows (|x| too large for the block's FFT or its squared magnitudes); fft needs smaller values")
 
     # ------------------------------------------------------------------ decode
