@@ -65,7 +65,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sparse import Samples, gbps, log, machine_info, rate_cell, render  # noqa: E402
+from bench_sparse import FIRST_CALL, Samples, footer, gbps, log, machine_info, rate_cell, render  # noqa: E402
 
 DEFAULT_CODECS = (
     "fp16",
@@ -565,14 +565,16 @@ def main(argv=None):
             print(("- " + line) if md else line)
 
     print()
-    foot = [
-        "B/elem = frame bytes / n, headers included; x smaller = n*4 / frame bytes",
-        "rounding: 'stochastic' when a stage of the codec draws random numbers (stochastic rounding, TernGrad)",
-        "first call: the first call of each operation in this process (Numba compile, or cache load with a warm "
-        "on-disk cache; kernels shared by several codecs are paid by the first of them); never in the figures",
-        f"total run time {time.perf_counter() - t_run:.0f} s",
-    ] + [f"note: {s}" for s in notes]
-    print("\n".join(("- " + s if md else s) for s in foot))
+    footer(
+        [
+            "B/elem = frame bytes / n, headers included; x smaller = n*4 / frame bytes",
+            "rounding: 'stochastic' when a stage of the codec draws random numbers (stochastic rounding, TernGrad)",
+            FIRST_CALL,
+        ],
+        t_run,
+        notes,
+        md,
+    )
 
 
 if __name__ == "__main__":

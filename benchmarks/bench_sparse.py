@@ -166,6 +166,18 @@ def render(headers, rows, markdown):
     return "\n".join([fmt(headers), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])
 
 
+FIRST_CALL = (
+    "first call: the first call of each operation in this process (Numba compile, or cache load with a warm "
+    "on-disk cache; kernels shared by several codecs are paid by the first of them); never in the figures"
+)
+
+
+def footer(lines, t_run, notes, md):
+    """The closing list of a benchmark: ``lines``, the total run time since ``t_run``, ``notes``."""
+    lines = lines + [f"total run time {time.perf_counter() - t_run:.0f} s"] + [f"note: {s}" for s in notes]
+    print("\n".join(("- " + s if md else s) for s in lines))
+
+
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
@@ -494,15 +506,17 @@ def main(argv=None):
         print(render(hdr, rows, md))
 
     print()
-    foot = [
-        "kept: fraction of elements in the latest EF frame (threshold's T is the (1-R) quantile of |x| of the input, "
-        "so it keeps ~R on a bare encode and more under EF as the residual grows; adacomp is adaptive); "
-        "x smaller = n*4 / frame bytes, headers included",
-        "first call: the first call of each operation in this process (Numba compile, or cache load with a warm "
-        "on-disk cache; kernels shared by several codecs are paid by the first of them)",
-        f"total run time {time.perf_counter() - t_run:.0f} s",
-    ] + [f"note: {s}" for s in notes]
-    print("\n".join(("- " + s if md else s) for s in foot))
+    footer(
+        [
+            "kept: fraction of elements in the latest EF frame (threshold's T is the (1-R) quantile of |x| of the input, "
+            "so it keeps ~R on a bare encode and more under EF as the residual grows; adacomp is adaptive); "
+            "x smaller = n*4 / frame bytes, headers included",
+            FIRST_CALL,
+        ],
+        t_run,
+        notes,
+        md,
+    )
 
 
 if __name__ == "__main__":
