@@ -12,7 +12,6 @@ zero spectrum and inverts each block.  docs/codecs.md has the exact rules.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,33 +22,21 @@ from codec.stage import Param, Transform, register
 WORKERS = -1
 
 
-@dataclass(frozen=True)
 class Layout:
     """How ``n`` elements split into blocks: ``full`` blocks of ``block`` elements, then a
     ``tail`` block of ``n - full*block`` (0: none).  A block of length L has L//2 + 1
-    coefficients; the spectrum lists the full blocks' coefficients, then the tail's."""
+    coefficients (``per_block``, ``tail_coefficients``); the spectrum lists the full blocks'
+    coefficients, then the tail's: ``coefficients`` in all."""
 
-    n: int
-    block: int
-    full: int
-    tail: int
+    __slots__ = ("block", "full", "tail", "per_block", "tail_coefficients", "coefficients")
 
-    @classmethod
-    def of(cls, n: int, block: int) -> "Layout":
-        b = block if block and block < n else n
-        return cls(n, b, n // b if b else 0, n - (n // b) * b if b else 0)
-
-    @property
-    def per_block(self) -> int:
-        return self.block // 2 + 1
-
-    @property
-    def tail_coefficients(self) -> int:
-        return self.tail // 2 + 1 if self.tail else 0
-
-    @property
-    def coefficients(self) -> int:
-        return self.full * self.per_block + self.tail_coefficients
+    def __init__(self, n: int, block: int):
+        self.block = block if block and block < n else n
+        self.full = n // self.block if self.block else 0
+        self.tail = n - self.full * self.block
+        self.per_block = self.block // 2 + 1
+        self.tail_coefficients = self.tail // 2 + 1 if self.tail else 0
+        self.coefficients = self.full * self.per_block + self.tail_coefficients
 
     def parts(self):
         """``(start, length, rows, coefficients per row, first coefficient)`` of the full
@@ -95,7 +82,7 @@ class FFT(Transform):
 
         x = widen(flat)
         dt = x.dtype
-        lay = Layout.of(x.size, self.block)
+        lay = Layout(x.size, self.block)
         theta = self.at("theta", ctx.step)
         kern = backend("spectral", x)
         parts = []  # (first coefficient, spectrum rows as a float view)
@@ -157,7 +144,7 @@ class FFT(Transform):
         from codec.frame import Kind
         from codec.pack import decode_indices
 
-        lay = Layout.of(ctx.n, self.block)
+        lay = Layout(ctx.n, self.block)
         info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
         pos = decode_indices(info, raw, lay.coefficients)
         return (lay, pos, ctx.dtype), ctx.domain(2 * pos.size, self.domain_dtype(ctx.dtype))
