@@ -126,10 +126,11 @@ class FFT(Transform):
                 self._raise_nonfinite(flat, ctx)
         k = total - dropped(theta, total)
         pos = np.arange(total, dtype=np.int64) if k == total else Magnitudes(mag, ctx.domain(total, np.float64), self.name).top(k)
-        if not total:
-            return pos, np.empty(0, dt)
-        pairs = np.concatenate([spec.reshape(-1, 2) for _, spec in parts]) if len(parts) > 1 else parts[0][1].reshape(-1, 2)
-        return pos, pairs[pos].reshape(-1)
+        vals = np.empty((pos.size, 2), dt)
+        for base, spec in parts:  # positions are sorted: each part's are one run (no spectrum copy)
+            lo, hi = np.searchsorted(pos, (base, base + spec.size // 2))
+            vals[lo:hi] = spec.reshape(-1, 2)[pos[lo:hi] - base]
+        return pos, vals.reshape(-1)
 
     def _raise_nonfinite(self, flat, ctx):
         from codec.ops import first_nonfinite
