@@ -15,7 +15,7 @@ from codec import entropy as _entropy  # noqa: F401  (registers zstd, crc32)
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
-from codec.pipeline import Codec, decode, get_codec, list_codecs
+from codec.pipeline import Codec, decode, decode_sparse, get_codec, list_codecs
 from codec.quant import floats as _floats  # noqa: F401  (registers none, fp16, bf16)
 from codec.quant import minifloat as _minifloat, minmax as _minmax, qsgd as _qsgd  # noqa: F401  (register)
 from codec.quant import signs as _signs, terngrad as _terngrad  # noqa: F401
@@ -33,6 +33,7 @@ __all__ = [
     "ErrorFeedback",
     "UnknownCodecError",
     "decode",
+    "decode_sparse",
     "get_codec",
     "inspect",
     "list_codecs",

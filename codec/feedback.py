@@ -87,6 +87,32 @@ class ErrorFeedback:
         r.flags.writeable = False
         return r
 
+    def add_residual(self, key, values, positions=None) -> None:
+        """``residual[key] += values`` (at the flat ``positions`` when given, else everywhere).
+
+        For what a codec sent but the transport did not deliver: gTop-k returns the values a
+        rank selected that missed the global top-k, so they are sent later, as error feedback
+        intends.  ``values`` are rounded once into the residual's dtype."""
+        slot = self._slots.get(key)
+        if slot is None:
+            raise KeyError(f"key: no residual for {key!r}; encode it first")
+        from codec.modes import ADD
+        from codec.ops import scatter, store
+
+        flat = slot.residual.reshape(-1)
+        vals = as_float_array(values, argname="values").reshape(-1)
+        if positions is None:
+            if vals.size != flat.size:
+                raise ValueError(f"values: has {vals.size} elements, the residual of {key!r} has {flat.size}")
+            store(vals, flat, ADD)
+            return
+        pos = np.asarray(positions)
+        if pos.ndim != 1 or pos.dtype.kind not in "iu" or pos.size != vals.size:
+            raise ValueError(f"positions: expected a 1-D integer array as long as values, got {pos.dtype}{list(pos.shape)} for {vals.size} values")
+        if pos.size and (pos.min() < 0 or pos.max() >= flat.size):
+            raise ValueError(f"positions: must lie in [0, {flat.size}) for the residual of {key!r}")
+        scatter(vals, pos, flat, ADD)
+
     def step(self, key=None) -> int:
         """How many frames ``key`` has produced."""
         slot = self._slots.get(key)

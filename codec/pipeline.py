@@ -168,11 +168,16 @@ class Codec:
         elif self.select is None:
             self.value.write(payload, out, mode)
         else:
-            # the kept values in the frame's dtype (float32 for 16-bit frames: exact), so adding
-            # them into a narrower ``out`` rounds once
-            values = np.empty(ctx.positions.size, ctx.dtype if ctx.dtype in WIDE else np.float32)
-            self.value.write(payload, values, SET)
-            scatter(values, ctx.positions, out, mode)
+            scatter(self._kept(ctx, payload), ctx.positions, out, mode)
+
+    def _kept(self, ctx, payload) -> np.ndarray:
+        """The kept values of a select frame in the frame's dtype (float32 for 16-bit frames:
+        exact), so adding them into a narrower array rounds once."""
+        from codec.ops import WIDE
+
+        values = np.empty(ctx.positions.size, ctx.dtype if ctx.dtype in WIDE else np.float32)
+        self.value.write(payload, values, SET)
+        return values
 
     def _decode_into(self, fr, out: np.ndarray, mode: int) -> None:
         ctx, payload = self._read(fr)
@@ -338,6 +343,21 @@ def _decode_add(fr, out, subtract=False):
 def decode(frame, out=None, *, max_elements=None):
     """Decode any gradcodec frame with nothing but the frame (the codec is read from its header)."""
     return _decode(parse_frame(frame, max_elements=max_elements), out)
+
+
+def decode_sparse(frame, *, max_elements=None):
+    """The ``(positions, values)`` a sparse frame carries, without a dense array.
+
+    ``positions`` are sorted flat int64 indices; ``values`` are the decoded kept values, in the
+    frame's dtype (float32 for 16-bit frames, which holds them exactly).  Only frames of a codec
+    with a select stage (``topk``, ``adacomp``, ``randomk``, ...) are sparse; any other frame
+    raises ``ValueError`` naming ``frame``."""
+    fr = parse_frame(frame, max_elements=max_elements)
+    codec = _codec_of(fr)
+    if codec.select is None:
+        raise ValueError(f"frame: {fr.spec!r} has no select stage, so the frame is not sparse; use codec.decode")
+    ctx, payload = codec._read(fr)
+    return ctx.positions, codec._kept(ctx, payload)
 
 
 def list_codecs() -> list[dict]:

@@ -1,0 +1,425 @@
+"""``Allreducer``: a compressed allreduce of many tensors per step over an MPI communicator.
+
+    reducer = Allreducer("topk(ratio=0.001)+fp16", comm)       # every rank, same arguments
+    grads = reducer.reduce({"w": gw, "b": gb})                  # identical on every rank
+
+One step (the allgather scheme, any codec):
+
+    check   Allgather int64[2]   (signature hash, 0): same codec, options, names, shapes, dtypes
+    encode  one frame per tensor (through ErrorFeedback), packed into ONE message (message.py)
+    sizes   Allgather int64      every rank's message length
+    frames  Allgatherv bytes     every rank's message, no padding
+    decode  decode_add of every rank's frame, in rank order, into one accumulator per tensor;
+            average divides once at the end
+
+so every rank computes the same bits.  Three specs take another route (the scheme):
+``none`` is MPI Allreduce of the dense arrays (the baseline); ``gtopk(...)`` is the gTop-k
+tree (transport.gtopk); ``powersgd(...)`` is the two-round PowerSGD (transport.powersgd).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import codec
+from codec import CodecError
+from codec.dtypes import as_float_array
+from codec.spec import parse as parse_spec
+from transport import message, staging
+
+__all__ = ["Allreducer", "Handle", "Stats", "MismatchError"]
+
+#: codecs whose reduction may be a majority vote (sign of the sum of signs)
+SIGN_CODECS = ("sign", "efsign", "onebit")
+
+
+class MismatchError(CodecError, ValueError):
+    """Ranks called a collective step with different codecs, options or tensors."""
+
+
+@dataclass
+class Stats:
+    """What one call moved and where its time went (``Allreducer.stats``).
+
+    ``bytes_sent``: the bytes this rank contributed to the collectives of the step (its
+    message; for ``none`` the dense buffer; for gTop-k the sum over tree rounds; for PowerSGD
+    P and Q).  ``bytes_received``: the bytes it had to receive (other ranks' messages, or the
+    reduced buffer).  ``tensors``: per name, ``{"dense_bytes", "wire_bytes", "ratio"}`` with
+    ``ratio = dense_bytes / wire_bytes`` (this rank's frame, headers included).  Times in
+    seconds: ``encode_s`` (residual, selection, quantization, packing), ``communicate_s``
+    (the collectives, including waiting for peers), ``decode_s`` (decoding and summing)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    encode_s: float = 0.0
+    communicate_s: float = 0.0
+    decode_s: float = 0.0
+    tensors: dict = field(default_factory=dict)
+
+    def add(self, other: "Stats") -> None:
+        """Accumulate another call's numbers (tensors are replaced by the latest call's)."""
+        for name in ("bytes_sent", "bytes_received", "encode_s", "communicate_s", "decode_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.tensors = other.tensors
+
+
+class Handle:
+    """A step in flight (from :meth:`Allreducer.ireduce`); ``wait()`` returns its result.
+
+    ``wait()`` may be called more than once (the result is kept); it must be called on every
+    rank, in the order the steps were started."""
+
+    def __init__(self, reducer, pending, layout, stats, clock):
+        self._reducer, self._pending, self._layout = reducer, pending, layout
+        self._stats, self._clock = stats, clock
+        self._result = None
+
+    def test(self) -> bool:
+        """True when the communication of the first round has completed (never blocks)."""
+        return self._result is not None or self._pending.test()
+
+    def wait(self):
+        if self._result is None:
+            t = time.perf_counter()
+            arrays = self._pending.finish(self._stats)
+            self._stats.communicate_s += time.perf_counter() - t - self._stats.decode_s
+            self._result = self._layout.rebuild(arrays)
+            self._reducer._record(self._stats)
+            self._pending = None
+        return self._result
+
+
+class Allreducer:
+    """Compressed allreduce of a dict (name -> array) or a list of arrays, over ``comm``.
+
+    ``codec_or_spec``: a spec string, config dict or ``codec.Codec``; ``"none"`` runs MPI
+    Allreduce, ``"gtopk(ratio=...)"`` the gTop-k tree, ``"powersgd(...)"`` the two-round
+    PowerSGD; anything else the allgather scheme.  ``comm``: an mpi4py communicator (default
+    ``COMM_WORLD``).  ``average``: divide the sum by the number of ranks, once, at the end.
+    ``error_feedback``: keep per-tensor residuals (``ErrorFeedback``) so what a frame drops is
+    sent later.  ``vote``: for sign codecs, the result is the sign of the sum of signs
+    (signSGD with majority vote: -1, 0 or +1; ``average`` does not apply).
+    ``rank_streams``: stochastic stages draw from a stream keyed by (name, rank), so ranks
+    round independently (default); False gives every rank the same stream (random-k then picks
+    the same positions everywhere).  ``cuda_aware``: the MPI accepts device buffers
+    (``__cuda_array_interface__``); only the dense ``none`` scheme uses them today, every other
+    path stages device arrays through host memory.
+    Every rank must construct its Allreducer with the same arguments.
+    """
+
+    def __init__(
+        self,
+        codec_or_spec="none",
+        comm=None,
+        *,
+        average: bool = True,
+        error_feedback: bool = True,
+        vote: bool = False,
+        rank_streams: bool = True,
+        cuda_aware: bool = False,
+    ):
+        for name, v in (("average", average), ("error_feedback", error_feedback), ("vote", vote), ("rank_streams", rank_streams), ("cuda_aware", cuda_aware)):
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"{name}: expected True or False, got {v!r}")
+        if comm is None:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.average, self.error_feedback, self.vote = bool(average), bool(error_feedback), bool(vote)
+        self.rank_streams, self.cuda_aware = bool(rank_streams), bool(cuda_aware)
+        self.scheme = _scheme(codec_or_spec, self)
+        if self.vote and self.scheme.codec.codec_id.split("+")[0] not in SIGN_CODECS:
+            raise ValueError(f"vote: majority vote needs a sign codec ({', '.join(SIGN_CODECS)}), not {self.scheme.spec!r}")
+        #: the last call's numbers; ``totals`` sums every call's
+        self.stats = Stats()
+        self.totals = Stats()
+        self.calls = 0
+
+    @property
+    def spec(self) -> str:
+        return self.scheme.spec
+
+    # ------------------------------------------------------------------ steps
+    def reduce(self, tensors):
+        """The reduced tensors: same structure (dict or list), shapes and dtypes as the input,
+        bit-identical on every rank.  Collective: every rank calls it with the same names,
+        shapes and dtypes, in the same order."""
+        return self.ireduce(tensors).wait()
+
+    def ireduce(self, tensors) -> Handle:
+        """Start a step and return its :class:`Handle`; the frames are encoded and the
+        communication posted (nonblocking), so computation can overlap it until ``wait()``."""
+        t0 = time.perf_counter()
+        layout = _Layout(tensors)
+        stats = Stats()
+        self._check(layout, stats)
+        pending = self.scheme.start(layout.arrays, layout.keys, stats)
+        t1 = time.perf_counter()
+        stats.encode_s = t1 - t0 - stats.communicate_s
+        stats.tensors = {
+            str(k): {"dense_bytes": a.nbytes, "wire_bytes": w, "ratio": (a.nbytes / w if w else float("inf"))}
+            for k, a, w in zip(layout.keys, layout.arrays, pending.wire)
+        }
+        return Handle(self, pending, layout, stats, t1)
+
+    def _record(self, stats: Stats) -> None:
+        self.stats = stats
+        self.totals.add(stats)
+        self.calls += 1
+
+    # ------------------------------------------------------------------ config check
+    def describe(self, layout) -> dict:
+        """What every rank must agree on for a step (compared by hash before each step)."""
+        return {
+            "scheme": self.scheme.spec,
+            "options": [self.average, self.error_feedback, self.vote, self.rank_streams],
+            "ranks": self.size,
+            "tensors": [[str(k), list(a.shape), a.dtype.name] for k, a in zip(layout.keys, layout.arrays)],
+            "structure": layout.kind,
+        }
+
+    def _check(self, layout, stats) -> None:
+        """One Allgather of (signature hash, 0); on a mismatch every rank gathers the
+        descriptions and raises the same MismatchError, before anything is encoded."""
+        desc = self.describe(layout)
+        text = json.dumps(desc, sort_keys=True)
+        sig = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+        mine = np.array([sig, 0], np.int64)
+        every = np.empty((self.size, 2), np.int64)
+        t = time.perf_counter()
+        self.comm.Allgather(mine, every)
+        stats.communicate_s += time.perf_counter() - t
+        if np.all(every[:, 0] == every[0, 0]):
+            return
+        descs = self.comm.allgather(desc)
+        raise MismatchError(_mismatch_message(descs))
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        """Residuals and warm-start state (pickle-able, no communicator)."""
+        return {"scheme": self.scheme.spec, "rank": self.rank, "size": self.size, "state": self.scheme.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("scheme") != self.scheme.spec:
+            raise ValueError(f"state: saved for {state.get('scheme') if isinstance(state, dict) else state!r}, this Allreducer runs {self.scheme.spec!r}")
+        self.scheme.load_state_dict(state["state"])
+
+    def __repr__(self):
+        return f"Allreducer({self.scheme.spec!r}, rank {self.rank} of {self.size}, average={self.average}, error_feedback={self.error_feedback})"
+
+
+# ---------------------------------------------------------------------- structure
+class _Layout:
+    """A dict or list of tensors as (keys, host arrays) and back."""
+
+    def __init__(self, tensors):
+        if isinstance(tensors, dict):
+            self.kind, self.keys = "dict", list(tensors)
+            items = list(tensors.values())
+        elif isinstance(tensors, (list, tuple)):
+            self.kind, self.keys = type(tensors).__name__, list(range(len(tensors)))
+            items = list(tensors)
+        else:
+            raise TypeError(f"tensors: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
+        self.devices = [staging.is_device(x) for x in items]
+        self.arrays = [as_float_array(staging.to_host(x) if d else x, argname=f"tensors[{k!r}]") for k, x, d in zip(self.keys, items, self.devices)]
+
+    def rebuild(self, arrays):
+        arrays = [staging.to_device(a) if d else a for a, d in zip(arrays, self.devices)]
+        if self.kind == "dict":
+            return dict(zip(self.keys, arrays))
+        return arrays if self.kind == "list" else tuple(arrays)
+
+
+def _mismatch_message(descs) -> str:
+    base = descs[0]
+    for r, d in enumerate(descs[1:], 1):
+        if d == base:
+            continue
+        for what in ("scheme", "options", "ranks", "structure"):
+            if d[what] != base[what]:
+                return f"ranks disagree: rank 0 has {what} {base[what]!r}, rank {r} has {d[what]!r}; every rank must build the same Allreducer"
+        a, b = base["tensors"], d["tensors"]
+        if len(a) != len(b):
+            return f"ranks disagree: rank 0 reduces {len(a)} tensors, rank {r} reduces {len(b)}; every rank must pass the same tensors"
+        for ta, tb in zip(a, b):
+            if ta != tb:
+                return f"ranks disagree: rank 0 has tensor {ta[0]!r} as {ta[2]}{ta[1]}, rank {r} has {tb[0]!r} as {tb[2]}{tb[1]}"
+    return "ranks disagree on the step's configuration"
+
+
+# ---------------------------------------------------------------------- schemes
+def accumulator_dtype(dtype) -> np.dtype:
+    """float32 for 16-bit tensors (summed exactly wider, rounded once at the end), else the dtype."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def finish_sum(acc: np.ndarray, dtype, size: int, average: bool) -> np.ndarray:
+    """``acc / size`` when averaging (one division), rounded once to ``dtype``."""
+    from codec.ops import round_to
+
+    if average and size > 1:
+        np.divide(acc, acc.dtype.type(size), out=acc)
+    return acc if acc.dtype == dtype else round_to(acc, dtype)
+
+
+def _scheme(codec_or_spec, reducer):
+    if isinstance(codec_or_spec, str):
+        head = parse_spec(codec_or_spec)[0][0]
+        if head == "gtopk":
+            from transport.gtopk import GTopK
+
+            return GTopK(codec_or_spec, reducer)
+    c = codec.get_codec(codec_or_spec)
+    if c.codec_id == "none":
+        return Dense(c, reducer)
+    if c.codec_id.split("+")[0] == "powersgd":
+        from transport.powersgd import TwoRound
+
+        return TwoRound(c, reducer)
+    return Allgather(c, reducer)
+
+
+class Scheme:
+    """How a step moves: ``start(arrays, keys, stats)`` encodes and posts the first
+    communication, returning a pending step whose ``finish(stats)`` completes it and returns
+    the reduced arrays (the inputs' dtypes and shapes)."""
+
+    def __init__(self, c, reducer):
+        self.codec, self.reducer = c, reducer
+        self.spec = c.spec
+
+    def state_dict(self):
+        return None
+
+    def load_state_dict(self, state):
+        pass
+
+
+class Dense(Scheme):
+    """``none``: MPI Allreduce (SUM) of the dense arrays, one flat buffer per accumulator dtype."""
+
+    def start(self, arrays, keys, stats):
+        groups = {}
+        for i, a in enumerate(arrays):
+            groups.setdefault(accumulator_dtype(a.dtype), []).append(i)
+        bufs, reqs = [], []
+        for dt, idx in groups.items():
+            buf = np.concatenate([arrays[i].reshape(-1).astype(dt, copy=False) for i in idx]) if idx else np.empty(0, dt)
+            reqs.append(self.reducer.comm.Iallreduce(_IN_PLACE(), buf))
+            bufs.append((dt, idx, buf))
+            stats.bytes_sent += buf.nbytes
+            stats.bytes_received += buf.nbytes
+        return _DensePending(self, arrays, bufs, reqs)
+
+
+class _DensePending:
+    def __init__(self, scheme, arrays, bufs, reqs):
+        self.scheme, self.arrays, self.bufs, self.reqs = scheme, arrays, bufs, reqs
+        self.wire = [a.nbytes for a in arrays]
+
+    def test(self):
+        from mpi4py import MPI
+
+        return MPI.Request.Testall(self.reqs)
+
+    def finish(self, stats):
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.reqs)
+        t = time.perf_counter()
+        red = self.scheme.reducer
+        out = [None] * len(self.arrays)
+        for dt, idx, buf in self.bufs:
+            at = 0
+            for i in idx:
+                a = self.arrays[i]
+                out[i] = finish_sum(buf[at : at + a.size].copy(), a.dtype, red.size, red.average).reshape(a.shape)
+                at += a.size
+        stats.decode_s = time.perf_counter() - t
+        return out
+
+
+def _IN_PLACE():
+    from mpi4py import MPI
+
+    return MPI.IN_PLACE
+
+
+class Allgather(Scheme):
+    """Any codec: one message per rank (message.py), sizes by Allgather, bytes by Allgatherv,
+    decode_add of every rank's frames in rank order."""
+
+    def __init__(self, c, reducer):
+        super().__init__(c, reducer)
+        self.ef = codec.ErrorFeedback(c) if reducer.error_feedback and not c.lossless else None
+        self.step = 0
+
+    def key(self, name):
+        return (name, self.reducer.rank) if self.reducer.rank_streams else name
+
+    def encode(self, arrays, keys):
+        if self.ef is not None:
+            return [self.ef.encode(a, self.key(k)) for a, k in zip(arrays, keys)]
+        return [self.codec.encode(a, key=self.key(k), step=self.step) for a, k in zip(arrays, keys)]
+
+    def start(self, arrays, keys, stats):
+        comm = self.reducer.comm
+        frames = self.encode(arrays, keys)
+        self.step += 1
+        msg = message.pack(frames)
+        t = time.perf_counter()
+        sizes = np.empty(self.reducer.size, np.int64)
+        comm.Allgather(np.array([msg.size], np.int64), sizes)
+        displs = np.zeros_like(sizes)
+        np.cumsum(sizes[:-1], out=displs[1:])
+        recv = np.empty(int(sizes.sum()), np.uint8)
+        req = comm.Iallgatherv(msg, [recv, (sizes.tolist(), displs.tolist())])
+        stats.communicate_s += time.perf_counter() - t
+        stats.bytes_sent = int(msg.size)
+        stats.bytes_received = int(sizes.sum() - msg.size)
+        return _AllgatherPending(self, arrays, recv, sizes, displs, req, [len(f) for f in frames])
+
+    def state_dict(self):
+        return {"step": self.step, "ef": None if self.ef is None else self.ef.state_dict()}
+
+    def load_state_dict(self, state):
+        self.step = int(state["step"])
+        if self.ef is not None:
+            self.ef.load_state_dict(state["ef"])
+
+
+class _AllgatherPending:
+    def __init__(self, scheme, arrays, recv, sizes, displs, req, wire):
+        self.scheme, self.arrays, self.recv, self.sizes, self.displs, self.req = scheme, arrays, recv, sizes, displs, req
+        self.wire = wire
+
+    def test(self):
+        return self.req.Test()
+
+    def finish(self, stats):
+        self.req.Wait()
+        t = time.perf_counter()
+        red = self.scheme.reducer
+        count = len(self.arrays)
+        frames = [
+            message.unpack(self.recv[d : d + s], count, r) for r, (d, s) in enumerate(zip(self.displs.tolist(), self.sizes.tolist()))
+        ]
+        out = []
+        for i, a in enumerate(self.arrays):
+            acc = np.zeros(a.shape, accumulator_dtype(a.dtype))
+            for r in range(red.size):
+                self.scheme.codec.decode_add(frames[r][i], acc)
+            if red.vote:
+                out.append(np.sign(acc).astype(a.dtype))
+            else:
+                out.append(finish_sum(acc, a.dtype, red.size, red.average))
+        stats.decode_s = time.perf_counter() - t
+        return out
