@@ -1,0 +1,192 @@
+"""gTop-k sparse allreduce (Shi et al., ICDCS'19): a tree of pairwise merges instead of an
+allgather, so a rank receives ``k`` pairs per round, ``log2(p)`` rounds, whatever ``p`` is.
+
+Per step and tensor, every rank selects its local top-k with error feedback (the codec
+``topk(...)`` plus any value stage: ``gtopk(ratio=0.001)+fp16`` sends fp16-rounded values'
+selection) and decodes its own frame into ``k`` (position, value) pairs.  Then, for all
+tensors at once (one message per round):
+
+    fold     p not a power of two: rank q + P2 (P2 = largest power of two <= p) sends its
+             pairs to rank q, which merges them in
+    rounds   d = 1, 2, 4, ... < P2: rank q exchanges its pairs with rank q XOR d; both merge
+    unfold   rank q sends the final pairs back to rank q + P2
+
+``merge(a, b, k)``: the union of two pair sets, values summed where positions are equal,
+then the ``k`` largest magnitudes kept (ties to the lower position).  The sum is commutative
+and the selection depends only on the set, so both sides of an exchange compute the same
+bits, and after the last round every rank holds the same ``k`` pairs (recursive doubling: the
+paper's reduce-to-root plus broadcast, in half the rounds).  The result is those pairs
+scattered into zeros (divided by ``p`` when averaging).  Pairs a rank selected whose position
+is not in the final set go back into its residual, so they are sent later.
+
+Wire, per round: ``k`` positions (uint32, or int64 for tensors above 2**32 elements) and
+``k`` values (float32; float64 for float64 tensors) per tensor.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import codec
+from codec.spec import format_spec, parse as parse_spec
+from transport.allreduce import Scheme, accumulator_dtype, finish_sum
+
+__all__ = ["GTopK", "merge", "schedule"]
+
+
+def merge(pa, va, pb, vb, k: int):
+    """The ``k`` pairs of largest magnitude in the union of two pair sets (positions sorted
+    and unique within each set), values summed at equal positions; sorted by position.
+    ``merge(a, b) == merge(b, a)`` bit for bit."""
+    pos = np.concatenate((pa, pb))
+    val = np.concatenate((va, vb))
+    order = np.argsort(pos, kind="stable")
+    pos, val = pos[order], val[order]
+    if pos.size > 1:
+        dup = np.flatnonzero(pos[1:] == pos[:-1])  # each position appears at most twice
+        val[dup] = val[dup] + val[dup + 1]
+        keep = np.ones(pos.size, bool)
+        keep[dup + 1] = False
+        pos, val = pos[keep], val[keep]
+    if pos.size <= k:
+        return pos, val
+    top = np.lexsort((pos, -np.abs(val)))[:k]  # magnitude descending, then lower position
+    top.sort()
+    return pos[top], val[top]
+
+
+def schedule(rank: int, size: int) -> list[tuple[str, int]]:
+    """This rank's part of the tree, in order: ``("recv", peer)`` merge a peer's pairs in,
+    ``("send", peer)`` hand ours over and wait for the result, ``("exchange", peer)``
+    swap and merge, ``("return", peer)`` send the final pairs back."""
+    if size <= 1:
+        return []
+    p2 = 1 << (size.bit_length() - 1)
+    if rank >= p2:
+        return [("send", rank - p2)]
+    steps = [("recv", rank + p2)] if rank + p2 < size else []
+    d = 1
+    while d < p2:
+        steps.append(("exchange", rank ^ d))
+        d <<= 1
+    if rank + p2 < size:
+        steps.append(("return", rank + p2))
+    return steps
+
+
+class _Pairs:
+    """The pair sets of every tensor of a step, packed into one byte message and back."""
+
+    def __init__(self, arrays, ks):
+        self.ks = ks
+        self.pdt = [np.dtype(np.uint32) if a.size <= (1 << 32) else np.dtype(np.int64) for a in arrays]
+        self.vdt = [accumulator_dtype(a.dtype) for a in arrays]
+        self.nbytes = sum(k * (p.itemsize + v.itemsize) for k, p, v in zip(ks, self.pdt, self.vdt))
+
+    def pack(self, sets) -> np.ndarray:
+        msg = np.empty(self.nbytes, np.uint8)
+        at = 0
+        for (pos, val), pdt, vdt in zip(sets, self.pdt, self.vdt):
+            for arr, dt in ((pos, pdt), (val, vdt)):
+                b = np.ascontiguousarray(arr, dt).view(np.uint8)
+                msg[at : at + b.size] = b
+                at += b.size
+        return msg
+
+    def unpack(self, msg):
+        sets, at = [], 0
+        for k, pdt, vdt in zip(self.ks, self.pdt, self.vdt):
+            pos = msg[at : at + k * pdt.itemsize].view(pdt).astype(np.int64)
+            at += k * pdt.itemsize
+            val = msg[at : at + k * vdt.itemsize].view(vdt).copy()
+            at += k * vdt.itemsize
+            sets.append((pos, val))
+        return sets
+
+
+class GTopK(Scheme):
+    """``gtopk(ratio=... | k=...)[+value stage][+zstd]``: local top-k with error feedback, then
+    the merge tree of :func:`schedule`."""
+
+    def __init__(self, spec, reducer):
+        stages = parse_spec(spec)
+        local = format_spec([("topk", stages[0][1])] + list(stages[1:]))
+        super().__init__(codec.get_codec(local), reducer)
+        self.spec = format_spec([("gtopk", stages[0][1])] + [(n, p) for n, p in parse_spec(self.codec.spec)[1:]])
+        if reducer.vote:
+            raise ValueError("vote: majority vote needs a sign codec, not gtopk")
+        self.ef = codec.ErrorFeedback(self.codec) if reducer.error_feedback else None
+        self.step = 0
+
+    def start(self, arrays, keys, stats):
+        red = self.reducer
+        sets = []
+        wire = []
+        for a, name in zip(arrays, keys):
+            key = (name, red.rank) if red.rank_streams else name
+            frame = self.ef.encode(a, key) if self.ef is not None else self.codec.encode(a, key=key, step=self.step)
+            pos, val = codec.decode_sparse(frame)
+            sets.append((pos, val.astype(accumulator_dtype(a.dtype), copy=False)))
+            wire.append(len(frame))
+        self.step += 1
+        return _TreePending(self, arrays, keys, sets, wire)
+
+    def state_dict(self):
+        return {"step": self.step, "ef": None if self.ef is None else self.ef.state_dict()}
+
+    def load_state_dict(self, state):
+        self.step = int(state["step"])
+        if self.ef is not None:
+            self.ef.load_state_dict(state["ef"])
+
+
+class _TreePending:
+    def __init__(self, scheme, arrays, keys, sets, wire):
+        self.scheme, self.arrays, self.keys, self.local = scheme, arrays, keys, sets
+        self.wire = wire
+        self.pairs = _Pairs(arrays, [p.size for p, _ in sets])
+
+    def test(self):
+        return False
+
+    def finish(self, stats):
+        red = self.scheme.reducer
+        comm = red.comm
+        ks = self.pairs.ks
+        sets = list(self.local)
+        merge_s = 0.0
+        for op, peer in schedule(red.rank, red.size):
+            if op != "recv":
+                mine = self.pairs.pack(sets)
+                stats.bytes_sent += mine.size
+            if op == "return":  # the final pairs back to the rank folded into this one
+                comm.Send(mine, dest=peer)
+                continue
+            theirs = np.empty(self.pairs.nbytes, np.uint8)
+            stats.bytes_received += theirs.size
+            if op == "exchange":
+                comm.Sendrecv(mine, dest=peer, recvbuf=theirs, source=peer)
+            elif op == "recv":
+                comm.Recv(theirs, source=peer)
+            else:  # "send": hand our pairs over, then receive the final ones
+                comm.Send(mine, dest=peer)
+                comm.Recv(theirs, source=peer)
+                sets = self.pairs.unpack(theirs)
+                continue
+            m0 = time.perf_counter()
+            sets = [merge(pa, va, pb, vb, k) for (pa, va), (pb, vb), k in zip(sets, self.pairs.unpack(theirs), ks)]
+            merge_s += time.perf_counter() - m0
+        t1 = time.perf_counter()
+        out = []
+        for a, key, (lpos, lval), (gpos, gval) in zip(self.arrays, self.keys, self.local, sets):
+            acc = np.zeros(a.size, accumulator_dtype(a.dtype))
+            acc[gpos] = gval
+            out.append(finish_sum(acc, a.dtype, red.size, red.average).reshape(a.shape))
+            if self.scheme.ef is not None and lpos.size:
+                missed = ~np.isin(lpos, gpos, assume_unique=True)
+                if missed.any():
+                    self.scheme.ef.add_residual((key, red.rank) if red.rank_streams else key, lval[missed], lpos[missed])
+        stats.decode_s = merge_s + time.perf_counter() - t1
+        return out
