@@ -1,0 +1,173 @@
+"""Two-round PowerSGD over MPI (Vogels et al., NeurIPS'19, Algorithms 1 and 2), with the
+codec's functions (``codec.lowrank.powersgd``: ``matrix_of``, ``start_q``, ``orthogonalize``)
+and its parameters (``powersgd(rank=2, warm_start=true, min_compression_rate=2, seed=0)``).
+
+Per step, every rank, for every tensor of the step at once:
+
+    M = x + residual                       (the tensor as an n x m matrix, float32 or float64)
+    Q = start_q(last Q, ...)               warm start, or the draw of (seed, name, step):
+                                           the same on every rank
+    round 1   Allreduce SUM of every P = M Q (and of the tensors that pass through, dense)
+    P = orthogonalize(sum of P)            identical on every rank
+    Q_local = M^T P;  residual = M - P Q_local^T
+    round 2   Allreduce SUM of every Q_local
+    result = P Q^T  (/ p when averaging);  the summed Q is the next step's warm start
+
+The residual is each rank's own ``M - P Q_local^T`` (the paper's ``e_w = Delta_w -
+decompress(C(Delta_w))``), so the ranks' decoded parts add up to the result exactly as with
+the allgather scheme; PyTorch's hook instead keeps ``M - result``.  Tensors that pass through
+(``ndim <= 1`` or too small to pay, as in the codec) are summed densely in round 1 and leave
+no residual.  One Allreduce per accumulator dtype per round.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+
+from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
+from transport.allreduce import Scheme, accumulator_dtype, finish_sum
+
+__all__ = ["TwoRound"]
+
+
+class TwoRound(Scheme):
+    """``powersgd(...)`` as the two-round allreduce; no value or bytes stage (P and Q travel
+    as MPI Allreduce buffers in float32, float64 for float64 tensors)."""
+
+    def __init__(self, c, reducer):
+        super().__init__(c, reducer)
+        if len(c.stages) != 2 or c.value.name != "none":
+            raise ValueError(
+                f"codec_or_spec: two-round PowerSGD allreduces P and Q as plain arrays; {c.spec!r} adds stages it cannot apply (use 'powersgd(...)')"
+            )
+        if reducer.vote:
+            raise ValueError("vote: majority vote needs a sign codec, not powersgd")
+        self.stage = c.transform
+        #: per tensor name: residual (None without error feedback), last summed Q, step
+        self.memory: dict = {}
+
+    def _slot(self, name, a, dt):
+        mem = self.memory.get(name)
+        if mem is None or mem["residual"] is not None and (mem["residual"].shape != a.shape or mem["residual"].dtype != dt):
+            mem = {"residual": np.zeros(a.shape, dt) if self.reducer.error_feedback else None, "q": None, "step": 0}
+            self.memory[name] = mem
+        return mem
+
+    def start(self, arrays, keys, stats):
+        st = self.stage
+        work, wire = [], []
+        for a, name in zip(arrays, keys):
+            dt = accumulator_dtype(a.dtype)
+            mem = self._slot(name, a, dt)
+            acc = a.astype(dt)  # a new buffer
+            if mem["residual"] is not None:
+                acc += mem["residual"]
+            if not np.isfinite(acc).all():
+                raise ValueError(f"tensors[{name!r}]: non-finite value; powersgd needs finite input")
+            plan = matrix_of(a.shape, st.rank, st.min_compression_rate)
+            if plan is None:
+                work.append((name, mem, acc, None, None, acc.reshape(-1)))
+                wire.append(acc.nbytes)
+                continue
+            n, m, r = plan
+            mat = acc.reshape(n, m)
+            q = start_q(mem["q"], m, r, dt, st.seed, name, mem["step"], st.warm_start)
+            work.append((name, mem, mat, plan, q, (mat @ q).reshape(-1)))
+            wire.append((n + m) * r * dt.itemsize)
+        rounds = _Rounds(self.reducer.comm, arrays)
+        rounds.start([w[5] for w in work], stats)
+        return _TwoRoundPending(self, arrays, work, rounds, wire)
+
+    def state_dict(self):
+        return {"memory": copy.deepcopy(self.memory)}
+
+    def load_state_dict(self, state):
+        self.memory = copy.deepcopy(state["memory"])
+
+
+class _Rounds:
+    """One Allreduce (SUM) per accumulator dtype of a list of flat parts, in place."""
+
+    def __init__(self, comm, arrays):
+        self.comm = comm
+        self.groups = {}
+        for i, a in enumerate(arrays):
+            self.groups.setdefault(accumulator_dtype(a.dtype), []).append(i)
+
+    def start(self, parts, stats):
+        from mpi4py import MPI
+
+        self.parts, self.bufs, self.reqs = parts, {}, []
+        for dt, idx in self.groups.items():
+            buf = np.concatenate([parts[i] for i in idx]) if idx else np.empty(0, dt)
+            self.bufs[dt] = buf
+            self.reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf))
+            stats.bytes_sent += buf.nbytes
+            stats.bytes_received += buf.nbytes
+
+    def test(self):
+        from mpi4py import MPI
+
+        return MPI.Request.Testall(self.reqs)
+
+    def wait(self) -> list[np.ndarray]:
+        """The summed parts, in the order they were given."""
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.reqs)
+        out = [None] * len(self.parts)
+        for dt, idx in self.groups.items():
+            at = 0
+            for i in idx:
+                out[i] = self.bufs[dt][at : at + self.parts[i].size]
+                at += self.parts[i].size
+        return out
+
+
+class _TwoRoundPending:
+    def __init__(self, scheme, arrays, work, rounds, wire):
+        self.scheme, self.arrays, self.work, self.rounds = scheme, arrays, work, rounds
+        self.wire = wire
+
+    def test(self):
+        return self.rounds.test()
+
+    def finish(self, stats):
+        red = self.scheme.reducer
+        summed = self.rounds.wait()
+        t = time.perf_counter()
+        ps, qs = [], []
+        for (name, mem, mat, plan, q, _), s in zip(self.work, summed):
+            if plan is None:
+                ps.append(None)
+                qs.append(np.empty(0, s.dtype))
+                continue
+            n, m, r = plan
+            p = orthogonalize(s.reshape(n, r).copy())
+            q_local = mat.T @ p
+            if mem["residual"] is not None:
+                mem["residual"][...] = (mat - p @ q_local.T).reshape(mem["residual"].shape)
+            ps.append(p)
+            qs.append(q_local.reshape(-1))
+        work_s = time.perf_counter() - t
+        second = _Rounds(red.comm, self.arrays)
+        second.start(qs, stats)
+        qsum = second.wait()
+        c1 = time.perf_counter()
+        out = []
+        for a, (name, mem, mat, plan, q, _), s, p, qq in zip(self.arrays, self.work, summed, ps, qsum):
+            if plan is None:
+                out.append(finish_sum(s.copy(), a.dtype, red.size, red.average).reshape(a.shape))
+                if mem["residual"] is not None:
+                    mem["residual"][...] = 0
+            else:
+                n, m, r = plan
+                qm = qq.reshape(m, r).copy()
+                out.append(finish_sum(p @ qm.T, a.dtype, red.size, red.average).reshape(a.shape))
+                mem["q"] = qm
+            mem["step"] += 1
+        stats.decode_s = work_s + time.perf_counter() - c1
+        return out
