@@ -178,3 +178,27 @@ def test_unknown_codec_in_a_valid_frame():
     _fix_crc(f, hl)
     with pytest.raises(codec.UnknownCodecError, match="fp17"):
         codec.decode(bytes(f))
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "topk(ratio=0.05)+fp16+zstd", "randomk(ratio=0.1)", "adacomp", "threshold(value=0.5)"])
+@pytest.mark.parametrize("dtype", [np.float16, codec.dtypes.bfloat16, np.float32, np.float64])
+def test_decode_sparse_gives_the_positions_and_values_decode_scatters(spec, dtype):
+    x = (np.random.default_rng(3).standard_t(2, size=1001)).astype(dtype)
+    frame = codec.get_codec(spec).encode(x)
+    pos, vals = codec.decode_sparse(frame)
+    assert pos.dtype == np.int64 and np.all(np.diff(pos) > 0)
+    assert vals.dtype == (np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.float32)
+    dense = np.zeros(x.size, np.float64)
+    dense[pos] = vals
+    np.testing.assert_array_equal(dense.astype(dtype), codec.decode(frame).reshape(-1))
+    empty_pos, empty_vals = codec.decode_sparse(codec.get_codec(spec).encode(np.zeros(0, dtype)))
+    assert empty_pos.size == 0 and empty_vals.size == 0
+
+
+def test_decode_sparse_rejects_dense_and_corrupt_frames():
+    frame = codec.get_codec("fp16").encode(np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="frame: 'fp16' has no select stage"):
+        codec.decode_sparse(frame)
+    sparse = codec.get_codec("topk(ratio=0.5)").encode(np.arange(10, dtype=np.float32))
+    with pytest.raises(codec.CorruptFrameError):
+        codec.decode_sparse(sparse[:-3])

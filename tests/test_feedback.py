@@ -131,3 +131,42 @@ def test_fused_half_step_keeps_the_residual_on_error():
     assert np.array_equal(ef.residual("k"), before) and ef.step("k") == 1
     ef.encode(np.zeros(5, np.float32), key="k")  # and it goes on afterwards
     assert ef.step("k") == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float16, codec.dtypes.bfloat16, np.float32, np.float64])
+def test_add_residual_puts_undelivered_values_back(dtype):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((13, 7)).astype(dtype)
+    ef = codec.ErrorFeedback("topk(ratio=0.1)")
+    frame = ef.encode(x, key="w")
+    before = ef.residual("w").astype(np.float64)
+    pos, vals = codec.decode_sparse(frame)
+    ef.add_residual("w", vals, pos)  # nothing delivered: the residual is the whole acc again
+    want = before.reshape(-1).copy()
+    want[pos] += vals.astype(np.float64)
+    got = ef.residual("w").reshape(-1)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, want.astype(dtype))  # each touched element rounded once
+    np.testing.assert_array_equal(got, x.reshape(-1))  # top-k values are exact: back to x
+    dense = rng.standard_normal(x.size).astype(np.float32)
+    ef.add_residual("w", dense)
+    np.testing.assert_array_equal(ef.residual("w").reshape(-1), codec.ops.round_to(x.reshape(-1).astype(np.float64) + dense, dtype))
+
+
+def test_add_residual_rejects_bad_arguments():
+    ef = codec.ErrorFeedback("topk(ratio=0.5)")
+    with pytest.raises(KeyError, match="key"):
+        ef.add_residual("nope", np.ones(1, np.float32), np.zeros(1, np.int64))
+    ef.encode(np.ones(4, np.float32), key="a")
+    before = ef.residual("a").copy()
+    with pytest.raises(ValueError, match="positions"):
+        ef.add_residual("a", np.ones(1, np.float32), np.array([4]))
+    with pytest.raises(ValueError, match="positions"):
+        ef.add_residual("a", np.ones(2, np.float32), np.array([0]))
+    with pytest.raises(ValueError, match="positions"):
+        ef.add_residual("a", np.ones(1, np.float32), np.array([0.5]))
+    with pytest.raises(ValueError, match="values"):
+        ef.add_residual("a", np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="values"):
+        ef.add_residual("a", np.ones(4, np.int32))
+    np.testing.assert_array_equal(ef.residual("a"), before)  # nothing changed

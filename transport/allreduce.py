@@ -261,10 +261,23 @@ def accumulator_dtype(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def finish_sum(acc: np.ndarray, dtype, size: int, average: bool) -> np.ndarray:
-    """``acc / size`` when averaging (one division), rounded once to ``dtype``."""
+def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None) -> np.ndarray:
+    """``acc / size`` when averaging (one division), rounded once to ``dtype``.
+
+    ``touched``: sorted unique flat positions outside which ``acc`` is known to be zero (a
+    sparse sum); only those are divided and rounded, so the untouched pages of a fresh
+    ``np.zeros`` are never written.  The result is the same bits either way."""
     from codec.ops import round_to
 
+    if touched is not None:
+        flat = acc.reshape(-1)
+        part = finish_sum(flat[touched], dtype, size, average)
+        if acc.dtype == dtype:
+            flat[touched] = part
+            return acc
+        out = np.zeros(acc.shape, dtype)
+        out.reshape(-1)[touched] = part
+        return out
     if average and size > 1:
         np.divide(acc, acc.dtype.type(size), out=acc)
     return acc if acc.dtype == dtype else round_to(acc, dtype)
@@ -338,10 +351,12 @@ class _DensePending:
         red = self.scheme.reducer
         out = [None] * len(self.arrays)
         for dt, idx, buf in self.bufs:
+            if red.average and red.size > 1:
+                np.divide(buf, dt.type(red.size), out=buf)
             at = 0
-            for i in idx:
+            for i in idx:  # views of the reduced buffer (or rounded copies for 16-bit tensors)
                 a = self.arrays[i]
-                out[i] = finish_sum(buf[at : at + a.size].copy(), a.dtype, red.size, red.average).reshape(a.shape)
+                out[i] = finish_sum(buf[at : at + a.size], a.dtype, red.size, False).reshape(a.shape)
                 at += a.size
         stats.decode_s = time.perf_counter() - t
         return out
@@ -412,14 +427,18 @@ class _AllgatherPending:
         frames = [
             message.unpack(self.recv[d : d + s], count, r) for r, (d, s) in enumerate(zip(self.displs.tolist(), self.sizes.tolist()))
         ]
+        c = self.scheme.codec
+        sparse = c.select is not None
         out = []
         for i, a in enumerate(self.arrays):
             acc = np.zeros(a.shape, accumulator_dtype(a.dtype))
             for r in range(red.size):
-                self.scheme.codec.decode_add(frames[r][i], acc)
+                c.decode_add(frames[r][i], acc)
+            # a sparse sum is zero outside the frames' positions: finish only those
+            touched = np.unique(np.concatenate([codec.decode_sparse(frames[r][i])[0] for r in range(red.size)])) if sparse else None
             if red.vote:
                 out.append(np.sign(acc).astype(a.dtype))
             else:
-                out.append(finish_sum(acc, a.dtype, red.size, red.average))
+                out.append(finish_sum(acc, a.dtype, red.size, red.average, touched))
         stats.decode_s = time.perf_counter() - t
         return out

@@ -181,9 +181,9 @@ class _TreePending:
         t1 = time.perf_counter()
         out = []
         for a, key, (lpos, lval), (gpos, gval) in zip(self.arrays, self.keys, self.local, sets):
-            acc = np.zeros(a.size, accumulator_dtype(a.dtype))
-            acc[gpos] = gval
-            out.append(finish_sum(acc, a.dtype, red.size, red.average).reshape(a.shape))
+            res = np.zeros(a.shape, a.dtype)
+            res.reshape(-1)[gpos] = finish_sum(gval, a.dtype, red.size, red.average)
+            out.append(res)
             if self.scheme.ef is not None and lpos.size:
                 missed = ~np.isin(lpos, gpos, assume_unique=True)
                 if missed.any():
