@@ -1,0 +1,378 @@
+"""The transport's checks on several ranks; tests/test_transport.py launches it.
+
+    mpiexec -n P python -m mpi4py tests/mpi_transport.py CASE [CASE ...]     (or "all")
+
+Every rank makes the inputs of EVERY rank deterministically (transport_ref.make_inputs, from
+the seed and the rank), so it can run the serial reference (transport_ref.Reference) for the
+whole job locally and compare its own result with it bit for bit; a hash of the result is
+also allgathered, so the ranks must agree with each other.  A failed check raises, and under
+``python -m mpi4py`` an uncaught exception aborts the whole job with a non-zero exit status
+(no rank is left waiting in a collective).  Each finished case prints ``OK <case> rank r/P``.
+
+The ``raise`` case is the exception: rank 1 raises RuntimeError while the others are inside
+``reduce``; the job must end, non-zero, without hanging.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from transport import Allreducer, MismatchError  # noqa: E402
+from transport_ref import BF16, F16, F32, F64, MIXED, SMALL, Reference, dense_reference, digest, items, make_inputs, same_bits  # noqa: E402
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+def fail(msg):
+    raise AssertionError(f"rank {rank}/{size}: {msg}")
+
+
+def check_same(got, want, label):
+    """``got`` has ``want``'s structure, names, shapes, dtypes and bits."""
+    if type(got) is not type(want):
+        fail(f"{label}: returned a {type(got).__name__}, expected a {type(want).__name__}")
+    gk, ga = items(got)
+    wk, wa = items(want)
+    if gk != wk:
+        fail(f"{label}: keys {gk} != {wk}")
+    for k, g, w in zip(gk, ga, wa):
+        if not isinstance(g, np.ndarray):
+            fail(f"{label}: {k!r} is a {type(g).__name__}")
+        if g.shape != w.shape or g.dtype != w.dtype:
+            fail(f"{label}: {k!r} is {g.dtype}{g.shape}, expected {w.dtype}{w.shape}")
+        if not same_bits(g, w):
+            bad = np.flatnonzero(np.ascontiguousarray(g).reshape(-1).view(np.uint8) != np.ascontiguousarray(w).reshape(-1).view(np.uint8))
+            at = int(bad[0]) // g.dtype.itemsize
+            fail(f"{label}: {k!r} differs from the reference in {bad.size} bytes; first at element {at}: {g.reshape(-1)[at]!r} != {w.reshape(-1)[at]!r}")
+
+
+def agree(result, label):
+    """Every rank got the same bits."""
+    hashes = comm.allgather(digest(result))
+    if len(set(hashes)) != 1:
+        fail(f"{label}: ranks disagree on the result: {hashes}")
+
+
+def everyone(seed, step, layout=MIXED, kind="dict"):
+    return [make_inputs(seed, r, step, layout, kind) for r in range(size)]
+
+
+def run(spec, *, steps=2, layout=SMALL, seed=0, kind="dict", check_stats=True, **opts):
+    """``steps`` reduce calls of ``spec`` against the reference; returns (reducer, ref, last result)."""
+    red = Allreducer(spec, comm, **opts)
+    ref = Reference(spec, size, **opts)
+    label = f"{spec} {opts}"
+    got = None
+    for s in range(steps):
+        per_rank = everyone(seed, s, layout, kind)
+        got = red.reduce(per_rank[rank])
+        want = ref.step(per_rank)
+        check_same(got, want, f"{label} step {s}")
+        agree(got, f"{label} step {s}")
+        if check_stats:
+            st = red.stats
+            if st.bytes_sent != ref.message_bytes(rank):
+                fail(f"{label}: bytes_sent {st.bytes_sent}, the message has {ref.message_bytes(rank)} bytes")
+            others = sum(ref.message_bytes(r) for r in range(size) if r != rank)
+            if st.bytes_received != others:
+                fail(f"{label}: bytes_received {st.bytes_received}, the other ranks sent {others}")
+            names, _ = items(per_rank[rank])
+            wire = {str(k): st.tensors[str(k)]["wire_bytes"] for k in names}
+            if wire != {str(k): len(f) for k, f in zip(names, ref.frames[rank])}:
+                fail(f"{label}: wire_bytes {wire} do not match the frames")
+    if red.calls != steps:
+        fail(f"{label}: calls {red.calls} after {steps} steps")
+    return red, ref, got
+
+
+# ---------------------------------------------------------------------- cases
+def case_codecs():
+    """Several codecs (deterministic, stochastic, lossless, sign with vote), two steps each."""
+    configs = [
+        ("topk(ratio=0.01)+fp16", {}),
+        ("qsgd(levels=16)", {}),
+        ("qsgd(levels=16)", {"rank_streams": False}),
+        ("qsgd(levels=16)", {"error_feedback": False}),  # the stream's step is the call index
+        ("adacomp", {}),
+        ("randomk(ratio=0.01)", {}),
+        ("fp16", {}),
+        ("bf16", {"error_feedback": False}),
+        ("none+zstd", {}),  # lossless: the allgather scheme without error feedback
+        ("sign", {"vote": True}),
+        ("efsign", {"vote": True, "average": False}),
+    ]
+    for spec, opts in configs:
+        red, ref, got = run(spec, **opts)
+        if opts.get("vote"):
+            for k, a in got.items():
+                if not np.isin(a.astype(np.float64), (-1.0, 0.0, 1.0)).all():
+                    fail(f"{spec} vote: {k!r} holds values other than -1, 0, +1")
+    # without the rank in the stream key, random-k picks the same positions on every rank, so
+    # the sum has at most k nonzeros; with it (the default) the ranks' picks differ
+    big = (("g", (100_000,), F32),)
+    k = 1000
+    for streams in (False, True):
+        _, _, got = run("randomk(ratio=0.01)", layout=big, steps=1, rank_streams=streams, error_feedback=False)
+        nz = int(np.count_nonzero(got["g"]))
+        if not streams and nz > k:
+            fail(f"randomk rank_streams=False: {nz} nonzeros, the ranks picked different positions")
+        if streams and size > 1 and nz <= k:
+            fail(f"randomk rank_streams=True: only {nz} nonzeros, the ranks picked the same positions")
+
+
+def case_structure():
+    """Mixed dtypes with a 0-element tensor among large ones, lists, tuples, empty inputs."""
+    run("topk(ratio=0.01)+fp16", layout=MIXED, steps=2, seed=1)
+    run("qsgd(levels=16)", layout=MIXED, steps=1, seed=2)
+    run("fp16", layout=MIXED, steps=1, seed=3, kind="list")
+    run("topk(ratio=0.01)", layout=SMALL, steps=2, seed=4, kind="tuple")
+    # keys keep the caller's order (not sorted)
+    order = (("zeta", (10,), F32), ("alpha", (5,), F16), ("mid", (7,), BF16))
+    _, _, got = run("fp16", layout=order, steps=1, seed=5)
+    if list(got) != ["zeta", "alpha", "mid"]:
+        fail(f"dict order not kept: {list(got)}")
+    for empty in ({}, []):
+        for spec in ("topk(ratio=0.01)", "none"):
+            red = Allreducer(spec, comm)
+            for _ in range(2):
+                got = red.reduce(empty)
+                if got != empty or type(got) is not type(empty):
+                    fail(f"{spec}: reducing {empty!r} gave {got!r}")
+    # only empty tensors
+    zeros = (("a", (0,), F16), ("b", (0, 4), F64))
+    run("adacomp", layout=zeros, steps=2, seed=6)
+
+
+def case_ef():
+    """Error feedback over 4 steps: results and every rank's residuals match the reference."""
+    for spec, opts in (("topk(ratio=0.01)+fp16", {}), ("qsgd(levels=16)", {"rank_streams": False}), ("adacomp", {})):
+        red = Allreducer(spec, comm, **opts)
+        ref = Reference(spec, size, **opts)
+        for s in range(4):
+            per_rank = everyone(7, s, SMALL)
+            got = red.reduce(per_rank[rank])
+            check_same(got, ref.step(per_rank), f"{spec} {opts} step {s}")
+            agree(got, f"{spec} {opts} step {s}")
+            for name, _, _ in SMALL:
+                key = (name, rank) if opts.get("rank_streams", True) else name
+                mine, want = red.scheme.ef.residual(key), ref.residual(rank, name)
+                if not same_bits(mine, want):
+                    fail(f"{spec} step {s}: residual of {name!r} differs from the reference")
+        if s == 3 and not any(np.any(ref.residual(rank, n) != 0) for n, _, _ in SMALL):
+            fail(f"{spec}: no residual after 4 steps; the check proves nothing")
+        # the reducer's checkpoint holds this rank's residuals
+        state = red.state_dict()
+        if state["rank"] != rank or state["size"] != size:
+            fail(f"state_dict names rank {state['rank']} of {state['size']}")
+
+
+def case_ireduce():
+    """Two steps in flight, waited in order; inputs changed after ireduce do not leak in."""
+    for spec in ("topk(ratio=0.01)+fp16", "qsgd(levels=16)", "none"):
+        red = Allreducer(spec, comm)
+        ref = Reference(spec, size)
+        a, b = everyone(8, 0, SMALL), everyone(8, 1, SMALL)
+        mine_a = {k: v.copy() for k, v in a[rank].items()}
+        mine_b = {k: v.copy() for k, v in b[rank].items()}
+        h1 = red.ireduce(mine_a)
+        h2 = red.ireduce(mine_b)
+        for v in list(mine_a.values()) + list(mine_b.values()):
+            v[...] = 7  # the step was encoded / staged at ireduce
+        r1 = h1.wait()
+        r2 = h2.wait()
+        if h1.wait() is not r1 or not h1.test() or not h2.test():
+            fail(f"{spec}: a finished handle must keep its result and test() True")
+        want1, want2 = ref.step(a), ref.step(b)
+        if spec == "none":
+            if size <= 2:  # a + b is the same in any order
+                check_same(r1, want1, "none ireduce 1")
+                check_same(r2, want2, "none ireduce 2")
+            check_dense(r1, a, True, "none ireduce 1")
+            check_dense(r2, b, True, "none ireduce 2")
+        else:
+            check_same(r1, want1, f"{spec} ireduce 1")
+            check_same(r2, want2, f"{spec} ireduce 2")
+        agree(r1, f"{spec} ireduce 1")
+        agree(r2, f"{spec} ireduce 2")
+        if red.calls != 2:
+            fail(f"{spec}: calls {red.calls} after two waits")
+        # a handle polled with test() until done
+        h = red.ireduce(everyone(8, 2, SMALL)[rank])
+        t0 = time.monotonic()
+        while not h.test():
+            if time.monotonic() - t0 > 30:
+                fail(f"{spec}: test() never became True")
+            time.sleep(0.001)
+        want3 = ref.step(everyone(8, 2, SMALL))
+        got3 = h.wait()
+        if spec != "none":
+            check_same(got3, want3, f"{spec} after test()")
+        agree(got3, f"{spec} after test()")
+
+
+def case_average():
+    """average=False: the plain sum (the allgather scheme and MPI Allreduce)."""
+    for spec in ("topk(ratio=0.01)+fp16", "fp16", "sign"):
+        run(spec, steps=2, seed=9, average=False)
+    red = Allreducer("none", comm, average=False)
+    per_rank = everyone(9, 0, MIXED)
+    got = red.reduce(per_rank[rank])
+    check_dense(got, per_rank, False, "none average=False")
+    agree(got, "none average=False")
+
+
+def check_dense(got, per_rank, average, label):
+    for (k, g), (exact, bound) in zip(got.items(), dense_reference(per_rank, average=average)):
+        if g.dtype != per_rank[rank][k].dtype or g.shape != per_rank[rank][k].shape:
+            fail(f"{label}: {k!r} is {g.dtype}{g.shape}")
+        err = np.abs((g.astype(np.float32) if g.dtype == BF16 else g).astype(np.float64) - exact)
+        if not np.all(err <= bound):
+            i = int(np.argmax(err - bound))
+            fail(f"{label}: {k!r} is off the exact sum by {err.reshape(-1)[i]} > {bound.reshape(-1)[i]}")
+
+
+def case_none():
+    """The dense baseline: the sum within rounding, identical on every rank (exact for 2 ranks)."""
+    red = Allreducer("none", comm)
+    ref = Reference("none", size)  # lossless: decode_add in rank order, the exact order of 2 ranks
+    for s in range(2):
+        per_rank = everyone(10, s, MIXED)
+        got = red.reduce(per_rank[rank])
+        want = ref.step(per_rank)
+        check_dense(got, per_rank, True, f"none step {s}")
+        if size <= 2:
+            check_same(got, want, f"none step {s}")
+        agree(got, f"none step {s}")
+        dense = {k: a.nbytes for k, a in per_rank[rank].items()}
+        if {k: v["wire_bytes"] for k, v in red.stats.tensors.items()} != dense:
+            fail(f"none: wire_bytes {red.stats.tensors} are not the dense sizes")
+    lst = everyone(11, 0, SMALL, "list")
+    got = Allreducer("none", comm).reduce(lst[rank])
+    if not isinstance(got, list) or [a.dtype for a in got] != [a.dtype for a in lst[rank]]:
+        fail("none: a list input did not come back as a list of the same dtypes")
+    agree(got, "none list")
+
+
+def expect_mismatch(label, build, call, contains):
+    """Every rank raises MismatchError with the same message (and nobody hangs)."""
+    red = build()
+    try:
+        call(red)
+    except MismatchError as e:
+        msg = str(e)
+        if not isinstance(e, ValueError):
+            fail(f"{label}: MismatchError is not a ValueError")
+    else:
+        msg = None
+    msgs = comm.allgather(msg)
+    if any(m is None for m in msgs):
+        fail(f"{label}: ranks {[r for r, m in enumerate(msgs) if m is None]} did not raise MismatchError ({msgs})")
+    if len(set(msgs)) != 1:
+        fail(f"{label}: ranks raised different messages: {msgs}")
+    for part in contains:
+        if part not in msgs[0]:
+            fail(f"{label}: the message {msgs[0]!r} does not mention {part!r}")
+    return red
+
+
+def case_mismatch():
+    last = size - 1
+    base = make_inputs(12, rank, 0, SMALL)
+
+    def shape_differs(red):
+        x = dict(base)
+        if rank == last:
+            x["w32"] = np.zeros(1999, np.float32)
+        red.reduce(x)
+
+    def dtype_differs(red):
+        x = dict(base)
+        if rank == last:
+            x["w32"] = x["w32"].astype(np.float64)
+        red.reduce(x)
+
+    def name_differs(red):
+        x = dict(base)
+        if rank == last:
+            x = {("other" if k == "w32" else k): v for k, v in x.items()}
+        red.reduce(x)
+
+    def count_differs(red):
+        x = dict(base)
+        if rank == last:
+            x.pop("w64")
+        red.reduce(x)
+
+    def list_vs_dict(red):
+        red.reduce(list(base.values()) if rank == last else base)
+
+    spec = "qsgd(levels=16)"
+    expect_mismatch("shape", lambda: Allreducer(spec, comm), shape_differs, ["'w32'", f"rank {last}", "1999", "2000"])
+    expect_mismatch("dtype", lambda: Allreducer(spec, comm), dtype_differs, ["'w32'", "float64", "float32"])
+    expect_mismatch("name", lambda: Allreducer(spec, comm), name_differs, ["'other'", "'w32'"])
+    expect_mismatch("count", lambda: Allreducer(spec, comm), count_differs, [f"rank {last}"])
+    expect_mismatch("structure", lambda: Allreducer(spec, comm), list_vs_dict, ["structure"])
+    expect_mismatch("codec", lambda: Allreducer("fp16" if rank == last else "topk(ratio=0.01)+fp16", comm), lambda r: r.reduce(base), ["fp16", "topk"])
+    expect_mismatch("dense vs allgather", lambda: Allreducer("none" if rank == last else "fp16", comm), lambda r: r.reduce(base), ["none", "fp16"])
+    expect_mismatch("options", lambda: Allreducer(spec, comm, average=(rank != last)), lambda r: r.reduce(base), ["options"])
+    expect_mismatch("rank_streams", lambda: Allreducer(spec, comm, rank_streams=(rank != last)), lambda r: r.reduce(base), ["options"])
+
+    # a rejected step encodes nothing: the reducer goes on as if it never happened (error
+    # feedback residuals and the stochastic stream's step included)
+    for opts in ({}, {"error_feedback": False}):
+        red = expect_mismatch(f"then continue {opts}", lambda: Allreducer(spec, comm, **opts), shape_differs, ["'w32'"])
+        ref = Reference(spec, size, **opts)
+        for s in range(2):
+            per_rank = everyone(13, s, SMALL)
+            got = red.reduce(per_rank[rank])
+            check_same(got, ref.step(per_rank), f"after a mismatch {opts} step {s}")
+            agree(got, f"after a mismatch {opts} step {s}")
+
+
+def case_raise():
+    """Rank 1 raises while the others wait inside reduce: the job must abort, not hang."""
+    red = Allreducer("topk(ratio=0.01)", comm)
+    x = make_inputs(14, rank, 0, SMALL)
+    red.reduce(x)  # one good step first
+    if rank == 1:
+        time.sleep(0.5)  # the others are blocked in the step's first collective by now
+        raise RuntimeError("rank 1 failed mid-step")
+    red.reduce(x)
+    print(f"UNREACHABLE rank {rank}: reduce returned without rank 1", flush=True)
+
+
+CASES = {
+    "codecs": case_codecs,
+    "structure": case_structure,
+    "ef": case_ef,
+    "ireduce": case_ireduce,
+    "average": case_average,
+    "none": case_none,
+    "mismatch": case_mismatch,
+    "raise": case_raise,
+}
+#: what "all" runs (not "raise", which ends the job)
+ALL = [c for c in CASES if c != "raise"]
+
+
+def main(argv):
+    names = [c for a in argv for c in (ALL if a == "all" else [a])]
+    unknown = [c for c in names if c not in CASES]
+    if unknown or not names:
+        raise SystemExit(f"usage: mpi_transport.py CASE [CASE ...]; cases: all, {', '.join(CASES)} (unknown: {unknown})")
+    for name in names:
+        t = time.perf_counter()
+        CASES[name]()
+        comm.Barrier()
+        print(f"OK {name} rank {rank}/{size} {time.perf_counter() - t:.2f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,452 @@
+"""transport: the Allreducer against the serial reference (tests/transport_ref.py).
+
+Serial tests run on ``MPI.COMM_SELF`` (one rank); the launched tests run
+``mpiexec -n P python -m mpi4py tests/mpi_transport.py ...`` for P = 2, 3, 4 (every case of
+the script in one launch per P) and check that each rank printed its OK line.  The message
+format tests need no MPI at all.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import codec
+from codec import CodecError, CorruptFrameError
+from transport import message
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from transport_ref import BF16, F16, F32, F64, MIXED, SMALL, Reference, digest, items, make_inputs, same_bits  # noqa: E402
+
+try:
+    from mpi4py import MPI
+except ImportError:  # pragma: no cover - mpi4py comes with the test extra
+    MPI = None
+
+needs_mpi = pytest.mark.skipif(MPI is None, reason="mpi4py is not installed (pip install -e '.[test]')")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "mpi_transport.py"
+
+
+def reducer(spec, **opts):
+    from transport import Allreducer
+
+    return Allreducer(spec, MPI.COMM_SELF, **opts)
+
+
+def assert_same(got, want):
+    assert type(got) is type(want)
+    gk, ga = items(got)
+    wk, wa = items(want)
+    assert gk == wk
+    for k, g, w in zip(gk, ga, wa):
+        assert isinstance(g, np.ndarray), k
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), k
+        assert same_bits(g, w), f"{k!r}: differs from the reference"
+
+
+# ---------------------------------------------------------------------- serial: reference
+CONFIGS = [
+    ("topk(ratio=0.01)+fp16", {}),
+    ("qsgd(levels=16)", {}),
+    ("qsgd(levels=16)", {"rank_streams": False}),
+    ("qsgd(levels=16)", {"error_feedback": False}),
+    ("adacomp", {}),
+    ("randomk(ratio=0.01)", {}),
+    ("fp16", {}),
+    ("bf16", {"average": False}),
+    ("none+zstd", {}),
+    ("sign", {"vote": True}),
+    ("efsign", {"vote": True}),
+]
+
+
+@needs_mpi
+@pytest.mark.parametrize("spec,opts", CONFIGS, ids=[f"{s}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for s, o in CONFIGS])
+def test_one_rank_matches_the_reference(spec, opts):
+    red = reducer(spec, **opts)
+    ref = Reference(spec, 1, **opts)
+    for step in range(3):
+        x = make_inputs(20, 0, step, SMALL)
+        got = red.reduce(x)
+        assert_same(got, ref.step([x]))
+        # the stats name this rank's frames and message
+        assert red.stats.bytes_sent == ref.message_bytes(0)
+        assert red.stats.bytes_received == 0
+        for (name, a), f in zip(x.items(), ref.frames[0]):
+            t = red.stats.tensors[name]
+            assert t["wire_bytes"] == len(f) and t["dense_bytes"] == a.nbytes
+        if ref.use_ef:
+            for name in x:
+                key = (name, 0) if opts.get("rank_streams", True) else name
+                assert same_bits(red.scheme.ef.residual(key), ref.residual(0, name))
+    assert red.calls == 3
+    if spec.startswith(("sign", "efsign")):
+        assert all(np.isin(a.astype(np.float64), (-1, 0, 1)).all() for a in got.values())
+
+
+@needs_mpi
+def test_reference_is_not_trivial():
+    """The reference checks mean something: lossy codecs change the values, error feedback
+    keeps residuals, and the stream depends on the key and the step."""
+    x = make_inputs(21, 0, 0, SMALL)
+    got = reducer("topk(ratio=0.01)+fp16").reduce(x)
+    assert not same_bits(got["w32"], x["w32"]) and np.count_nonzero(got["w32"]) <= 20
+    a = Reference("qsgd(levels=16)", 2, error_feedback=False)
+    b = Reference("qsgd(levels=16)", 2, error_feedback=False, rank_streams=False)
+    a.step([x, x])
+    b.step([x, x])
+    assert a.frames[0][2] != a.frames[1][2]  # rank in the key: the ranks round differently
+    assert b.frames[0][2] == b.frames[1][2]  # no rank: the same stream
+    a.step([x, x])
+    assert a.frames[0][2] != codec.get_codec("qsgd(levels=16)").encode(x["w32"], key=("w32", 0), step=0)
+
+
+@needs_mpi
+def test_one_rank_none_is_the_input():
+    """The dense baseline on one rank: the sum of one input, rounded back: the input's bits."""
+    x = make_inputs(22, 0, 0, MIXED)
+    x["f32_nan"] = np.array([np.nan, np.inf, -np.inf, -0.0, 1.0], np.float32)
+    red = reducer("none")
+    got = red.reduce(x)
+    assert list(got) == list(x)
+    for k in x:
+        assert same_bits(got[k], x[k]), k
+        assert got[k] is not x[k]
+    # one buffer per accumulator dtype: 16-bit tensors travel as float32
+    want = sum(a.size * (8 if a.dtype == F64 else 4) for a in x.values())
+    assert red.stats.bytes_sent == want and red.stats.bytes_received == want
+    assert {k: v["wire_bytes"] for k, v in red.stats.tensors.items()} == {k: a.nbytes for k, a in x.items()}
+
+
+@needs_mpi
+def test_lossless_allgather_keeps_nonfinite_bits():
+    x = {"a": np.array([np.nan, np.inf, -np.inf, -0.0, 2.5], np.float32), "b": np.array([np.nan, -0.0], np.float64)}
+    for spec in ("none+zstd", "none+crc32"):
+        got = reducer(spec).reduce(x)
+        assert_same(got, Reference(spec, 1).step([x]))
+        # NaN and inf come through; -0.0 is added to the zeroed accumulator, so it is +0.0
+        want = {k: np.where(v == 0, 0.0, v).astype(v.dtype) for k, v in x.items()}
+        assert all(same_bits(got[k], want[k]) for k in x), spec
+
+
+# ---------------------------------------------------------------------- serial: structure
+@needs_mpi
+@pytest.mark.parametrize("spec", ["topk(ratio=0.01)", "none", "fp16"])
+def test_structure_and_dtypes_are_kept(spec):
+    red = reducer(spec)
+    names = ["zeta", "alpha", "mid", "empty", "scalar", "big64"]
+    x = {
+        "zeta": np.ones((3, 4), F16),
+        "alpha": np.full(7, 0.5, BF16),
+        "mid": np.arange(6, dtype=F32).reshape(2, 3) / 7,
+        "empty": np.zeros((0, 5), F32),
+        "scalar": np.array(2.0, F64),
+        "big64": np.linspace(-1, 1, 1000),
+    }
+    got = red.reduce(x)
+    assert type(got) is dict and list(got) == names
+    for k in names:
+        assert got[k].dtype == x[k].dtype and got[k].shape == x[k].shape, k
+    as_list = red.reduce(list(x.values()))
+    assert type(as_list) is list and [a.shape for a in as_list] == [a.shape for a in x.values()]
+    assert [a.dtype for a in as_list] == [a.dtype for a in x.values()]
+    as_tuple = red.reduce(tuple(x.values()))
+    assert type(as_tuple) is tuple and len(as_tuple) == len(x)
+    # a non-contiguous input is reduced as its values
+    strided = {"t": np.arange(20, dtype=F32).reshape(4, 5).T}
+    got = red.reduce(strided)["t"]
+    assert got.shape == (5, 4)
+    if spec == "none":
+        assert np.array_equal(got, strided["t"])
+
+
+@needs_mpi
+@pytest.mark.parametrize("spec", ["topk(ratio=0.01)", "none", "qsgd(levels=16)"])
+def test_empty_inputs(spec):
+    red = reducer(spec)
+    for empty in ({}, [], ()):
+        got = red.reduce(empty)
+        assert got == empty and type(got) is type(empty)
+    # zero-element tensors alone, and among others
+    x = {"a": np.zeros(0, F16), "b": np.zeros((4, 0), F64), "c": np.ones(3, F32)}
+    got = red.reduce(x)
+    assert [(a.dtype, a.shape) for a in got.values()] == [(a.dtype, a.shape) for a in x.values()]
+    if spec == "none":
+        assert got["c"].tolist() == [1.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------------- serial: stats, state, handles
+@needs_mpi
+def test_stats_and_totals():
+    red = reducer("topk(ratio=0.01)+fp16")
+    ref = Reference("topk(ratio=0.01)+fp16", 1)
+    sent = 0
+    for step in range(3):
+        x = make_inputs(23, 0, step, SMALL)
+        red.reduce(x)
+        ref.step([x])
+        st = red.stats
+        frames = ref.frames[0]
+        assert st.bytes_sent == 8 + 8 * len(frames) + sum(len(f) for f in frames)
+        sent += st.bytes_sent
+        for (name, a), f in zip(x.items(), frames):
+            t = st.tensors[name]
+            assert t["wire_bytes"] == len(f)
+            assert t["dense_bytes"] == a.nbytes
+            assert t["ratio"] == (a.nbytes / len(f))
+        assert min(st.encode_s, st.communicate_s, st.decode_s) >= 0
+    assert red.totals.bytes_sent == sent and red.totals.bytes_received == 0
+    assert red.totals.encode_s >= red.stats.encode_s
+    assert red.totals.tensors == red.stats.tensors
+    assert red.calls == 3
+    # a list names its tensors by position
+    red.reduce([np.ones(4, F32), np.ones(2, F64)])
+    assert set(red.stats.tensors) == {"0", "1"}
+
+
+@needs_mpi
+@pytest.mark.parametrize("spec,opts", [("topk(ratio=0.01)+fp16", {}), ("qsgd(levels=16)", {"error_feedback": False}), ("adacomp", {"rank_streams": False})])
+def test_state_dict_round_trip_continues_identically(spec, opts):
+    xs = [make_inputs(24, 0, s, SMALL) for s in range(5)]
+    a = reducer(spec, **opts)
+    for x in xs[:2]:
+        a.reduce(x)
+    saved = pickle.loads(pickle.dumps(a.state_dict()))
+    assert saved["scheme"] == a.spec and saved["rank"] == 0 and saved["size"] == 1
+    b = reducer(spec, **opts)
+    b.load_state_dict(saved)
+    fresh = reducer(spec, **opts)
+    ref = Reference(spec, 1, **opts)
+    for x in xs[:2]:
+        ref.step([x])
+    differs = False
+    for x in xs[2:]:
+        want = ref.step([x])
+        ga, gb, gf = a.reduce(x), b.reduce(x), fresh.reduce(x)
+        assert_same(ga, want)
+        assert_same(gb, want)
+        differs |= digest(gf) != digest(want)
+    assert differs, "a reducer without the state gives the same results: the test proves nothing"
+    with pytest.raises(ValueError, match="state"):
+        reducer("fp16").load_state_dict(saved)
+    with pytest.raises(ValueError, match="state"):
+        reducer(spec, **opts).load_state_dict("not a state")
+
+
+@needs_mpi
+@pytest.mark.parametrize("spec", ["topk(ratio=0.01)+fp16", "none"])
+def test_ireduce_handles(spec):
+    red = reducer(spec)
+    ref = Reference(spec, 1)
+    xa, xb = make_inputs(25, 0, 0, SMALL), make_inputs(25, 0, 1, SMALL)
+    wa, wb = ref.step([xa]), ref.step([xb])
+    ca, cb = {k: v.copy() for k, v in xa.items()}, {k: v.copy() for k, v in xb.items()}
+    ha, hb = red.ireduce(ca), red.ireduce(cb)
+    for v in list(ca.values()) + list(cb.values()):
+        v[...] = 3  # the step was taken at ireduce
+    assert red.calls == 0
+    ra = ha.wait()
+    assert ha.wait() is ra and ha.test()
+    rb = hb.wait()
+    assert hb.test() and red.calls == 2
+    assert_same(ra, wa)
+    assert_same(rb, wb)
+
+
+# ---------------------------------------------------------------------- serial: arguments
+@needs_mpi
+@pytest.mark.parametrize("name", ["average", "error_feedback", "vote", "rank_streams", "cuda_aware"])
+@pytest.mark.parametrize("bad", [1, 0, "yes", None])
+def test_options_must_be_bool(name, bad):
+    with pytest.raises(TypeError, match=name):
+        reducer("sign", **{name: bad})
+    reducer("sign", **{name: np.bool_(False)})
+
+
+@needs_mpi
+def test_vote_needs_a_sign_codec():
+    for spec in ("topk(ratio=0.01)", "fp16", "none", "qsgd(levels=4)"):
+        with pytest.raises(ValueError, match="vote"):
+            reducer(spec, vote=True)
+    for spec in ("sign", "efsign", "onebit", "sign+zstd"):
+        reducer(spec, vote=True)
+
+
+@needs_mpi
+@pytest.mark.parametrize("bad", [np.ones(3, F32), "w", None, 3.0, {"w"}, (x for x in [np.ones(2)])])
+def test_tensors_must_be_a_dict_or_list(bad):
+    with pytest.raises(TypeError, match="tensors"):
+        reducer("fp16").reduce(bad)
+
+
+@needs_mpi
+@pytest.mark.parametrize("spec", ["fp16", "none"])
+def test_integer_tensors_are_rejected(spec):
+    red = reducer(spec)
+    with pytest.raises(TypeError, match="'w'"):
+        red.reduce({"a": np.ones(3, F32), "w": np.arange(4)})
+    with pytest.raises(TypeError):
+        red.reduce([np.ones(2, np.int32)])
+    with pytest.raises(TypeError):
+        red.reduce({"b": np.ones(2, bool)})
+    # nothing was consumed: the next step is the first
+    assert red.calls == 0
+    red.reduce({"a": np.ones(3, F32)})
+    assert red.calls == 1
+
+
+@needs_mpi
+def test_spec_and_errors():
+    from transport import Allreducer, MismatchError
+
+    assert issubclass(MismatchError, ValueError) and issubclass(MismatchError, CodecError)
+    assert reducer("topk(ratio=0.01)+fp16").spec == "topk+fp16"
+    red = Allreducer("fp16", MPI.COMM_SELF)
+    assert (red.rank, red.size) == (0, 1) and "fp16" in repr(red)
+    with pytest.raises(ValueError):
+        reducer("no_such_codec")
+
+
+# ---------------------------------------------------------------------- message format
+FRAMES = [b"abc", b"", bytes(range(256)) * 3, b"\x00", b"xyz" * 11]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5])
+def test_message_round_trip(n):
+    frames = FRAMES[:n]
+    msg = message.pack(frames)
+    assert msg.dtype == np.uint8 and msg.ndim == 1
+    assert msg.size == 8 + 8 * n + sum(len(f) for f in frames)
+    raw = msg.tobytes()
+    assert raw[:4] == b"GCM1" and int.from_bytes(raw[4:8], "little") == n
+    assert [int.from_bytes(raw[8 + 8 * i : 16 + 8 * i], "little") for i in range(n)] == [len(f) for f in frames]
+    out = message.unpack(msg, n, 0)
+    assert [bytes(v) for v in out] == frames
+    assert all(isinstance(v, memoryview) for v in out)
+    assert [bytes(v) for v in message.unpack(raw, n, 0)] == frames  # any bytes-like
+    if n:  # zero-copy views into the message
+        msg[8 + 8 * n] ^= 0xFF
+        assert bytes(out[0])[0] == frames[0][0] ^ 0xFF
+
+
+def test_message_of_real_frames():
+    c = codec.get_codec("topk(ratio=0.1)+fp16")
+    xs = [np.linspace(-1, 1, n, dtype=np.float32) for n in (0, 10, 1000)]
+    frames = [c.encode(x) for x in xs]
+    views = message.unpack(message.pack(frames), 3, 2)
+    for x, v in zip(xs, views):
+        assert np.array_equal(codec.decode(bytes(v)), codec.decode(c.encode(x)))
+
+
+def _corrupt(msg, at, value, width):
+    b = bytearray(bytes(msg))
+    b[at : at + width] = int(value).to_bytes(width, "little")
+    return bytes(b)
+
+
+def test_message_rejects_corruption():
+    msg = message.pack(FRAMES[:3])
+    good = msg.tobytes()
+    cases = {
+        "bad magic": b"GCM2" + good[4:],
+        "count too high": _corrupt(msg, 4, 4, 4),
+        "count too low": _corrupt(msg, 4, 2, 4),
+        "length + 1": _corrupt(msg, 8, 4, 8),
+        "length - 1": _corrupt(msg, 8, 2, 8),
+        "lengths moved": _corrupt(_corrupt(msg, 8, 2, 8), 16, 1, 8),
+        "huge length": _corrupt(msg, 8, (1 << 64) - 1, 8),
+        "wrapping lengths": _corrupt(_corrupt(msg, 8, (1 << 63), 8), 16, (1 << 63), 8),
+        "trailing byte": good + b"\x00",
+        "empty": b"",
+    }
+    # "lengths moved" keeps the total: that is a valid message with other frame boundaries
+    moved = message.unpack(cases.pop("lengths moved"), 3, 0)
+    assert [len(v) for v in moved] == [2, 1, 768]
+    for what, bad in cases.items():
+        with pytest.raises(CorruptFrameError, match="rank 5"):
+            message.unpack(bad, 3, 5)
+            pytest.fail(what)
+    with pytest.raises(CorruptFrameError):
+        message.unpack(good, 4, 0)  # the step has another tensor count
+
+
+def test_message_truncated_anywhere():
+    for frames in (FRAMES[:3], [b"q"], []):
+        good = message.pack(frames).tobytes()
+        for n in range(len(good)):
+            with pytest.raises(CorruptFrameError, match="rank 1"):
+                message.unpack(good[:n], len(frames), 1)
+        message.unpack(good, len(frames), 1)
+
+
+# ---------------------------------------------------------------------- launched under mpiexec
+def _mpiexec() -> str:
+    exe = Path(sys.executable).parent / "mpiexec"
+    found = str(exe) if exe.exists() else shutil.which("mpiexec")
+    assert found, "mpiexec not found next to the interpreter or on PATH (pip install mpich)"
+    return found
+
+
+def launch(p: int, *cases: str, timeout: float = 120.0):
+    """Run the script on ``p`` ranks; returns (returncode, output, seconds).  A hang is killed
+    (the whole process group) and fails the test."""
+    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    cmd = [_mpiexec(), "-n", str(p), sys.executable, "-m", "mpi4py", str(SCRIPT), *cases]
+    t = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"mpiexec -n {p} {' '.join(cases)} did not finish in {timeout} s (hung); output:\n{out[-4000:]}")
+    return proc.returncode, out, time.monotonic() - t
+
+
+CASES = ["codecs", "structure", "ef", "ireduce", "average", "none", "mismatch"]
+_RUNS: dict = {}
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda p: f"np{p}")
+def mpi_run(request):
+    """Every case of the script in ONE launch per rank count (each launch pays the JIT load)."""
+    if MPI is None:
+        pytest.skip("mpi4py is not installed (pip install -e '.[test]')")
+    p = request.param
+    if p not in _RUNS:
+        _RUNS[p] = launch(p, *CASES)
+    return (p, *_RUNS[p])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_launched(mpi_run, case):
+    p, rc, out, _ = mpi_run
+    done = {(c, int(r)) for c, r in re.findall(rf"OK (\w+) rank (\d+)/{p}\b", out)}
+    missing = [r for r in range(p) if (case, r) not in done]
+    assert not missing, f"case {case!r} on {p} ranks: no OK from ranks {missing} (exit {rc}); output:\n{out[-6000:]}"
+    if case == CASES[-1]:
+        assert rc == 0, f"exit status {rc}; output:\n{out[-6000:]}"
+
+
+@needs_mpi
+@pytest.mark.parametrize("p", [2, 3])
+def test_launched_exception_aborts_the_job(p):
+    """Rank 1 raises while the other ranks wait inside reduce: the job ends, non-zero, fast."""
+    rc, out, seconds = launch(p, "raise", timeout=120)
+    assert rc != 0, out[-4000:]
+    assert "rank 1 failed mid-step" in out, out[-4000:]
+    assert "UNREACHABLE" not in out
+    assert seconds < 60, f"took {seconds:.0f} s to abort"
