@@ -34,6 +34,9 @@ from transport import message, staging
 
 __all__ = ["Allreducer", "Handle", "Stats", "MismatchError"]
 
+#: tensors of at least this many elements finish a sparse sum at its positions only (smaller
+#: ones are divided whole: cheaper than reading the positions again)
+SPARSE_FINISH = 1 << 16
 #: codecs whose reduction may be a majority vote (sign of the sum of signs)
 SIGN_CODECS = ("sign", "efsign", "onebit")
 
@@ -434,8 +437,10 @@ class _AllgatherPending:
             acc = np.zeros(a.shape, accumulator_dtype(a.dtype))
             for r in range(red.size):
                 c.decode_add(frames[r][i], acc)
-            # a sparse sum is zero outside the frames' positions: finish only those
-            touched = np.unique(np.concatenate([codec.decode_sparse(frames[r][i])[0] for r in range(red.size)])) if sparse else None
+            # a large sparse sum is zero outside the frames' positions: finish only those
+            touched = None
+            if sparse and a.size >= SPARSE_FINISH:
+                touched = np.unique(np.concatenate([codec.decode_sparse(frames[r][i])[0] for r in range(red.size)]))
             if red.vote:
                 out.append(np.sign(acc).astype(a.dtype))
             else:
