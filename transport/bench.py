@@ -13,12 +13,12 @@ in the same run:
 
 Method: one untimed warm-up step per codec (Numba loads or compiles its kernels), then
 ``--steps`` timed steps; a step's time is the slowest rank's ``reduce()`` after a Barrier,
-and the table shows the best step.  Bytes are this rank's ``stats.bytes_sent`` (its message,
+and the table shows the best step (its stats are that step's, of rank 0).  Bytes are this rank's ``stats.bytes_sent`` (its message,
 headers included; for gTop-k every round's sends, for PowerSGD both rounds), averaged over
 ranks; ``x smaller`` is dense bytes over that.  ``speedup`` is the dense Allreduce's step
-time over the codec's, both measured in this run.  Numba's threads are divided among the
-ranks that share a node (``NUMBA_NUM_THREADS`` = cores // ranks per node, at least 1), unless
-``NUMBA_NUM_THREADS`` is already set.
+time over the codec's, both measured in this run.  The cores are divided among the ranks that
+share a node: ``NUMBA_NUM_THREADS`` and the BLAS thread variables default to cores // ranks
+per node (from the launcher's environment), at least 1.
 
 The projection applies transport.costmodel to the synthetic model's measured message sizes
 and compute times (encode, decode of one frame or one gTop-k merge) for 1, 10 and 100 Gbit/s
@@ -27,12 +27,24 @@ links and 8 to 1024 ranks.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-import time
 
-import numpy as np
+
+def _threads_per_rank() -> str:
+    """cores // ranks on this node (MPICH's MPI_LOCALNRANKS or Open MPI's local size), at least 1."""
+    local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or "1"
+    return str(max(1, (os.cpu_count() or 1) // max(1, int(local))))
+
+
+# before NumPy loads its BLAS: ranks sharing a node share its cores
+for _var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, _threads_per_rank())
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 DEFAULT_CODECS = (
     "none",
@@ -192,7 +204,6 @@ def main(argv=None):
 
     comm = MPI.COMM_WORLD
     local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    os.environ.setdefault("NUMBA_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local)))
     rank = comm.Get_rank()
 
     def say(text):
@@ -203,7 +214,7 @@ def main(argv=None):
     if "none" not in codecs:
         codecs.insert(0, "none")
     say(
-        f"python -m transport.bench: {comm.Get_size()} ranks ({local} on this node, NUMBA_NUM_THREADS={os.environ['NUMBA_NUM_THREADS']}), "
+        f"python -m transport.bench: {comm.Get_size()} ranks ({local} on this node, {os.environ['NUMBA_NUM_THREADS']} Numba/BLAS threads each), "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}, {sys.platform}"
     )
     if not args.no_sample:
