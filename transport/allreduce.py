@@ -109,7 +109,10 @@ class Allreducer:
     (signSGD with majority vote: -1, 0 or +1; ``average`` does not apply).
     ``rank_streams``: stochastic stages draw from a stream keyed by (name, rank), so ranks
     round independently (default); False gives every rank the same stream (random-k then picks
-    the same positions everywhere).  ``cuda_aware``: the MPI accepts device buffers
+    the same positions everywhere).  ``bucket_bytes`` (default 0: one frame per tensor):
+    consecutive tensors of one dtype are fused into flat buckets of up to that many bytes,
+    each coded as one tensor (fewer, larger frames: less per-frame overhead; a sparsifier then
+    selects over the bucket, as DDP's bucket hooks do).  ``cuda_aware``: the MPI accepts device buffers
     (``__cuda_array_interface__``); only the dense ``none`` scheme uses them today, every other
     path stages device arrays through host memory.
     Every rank must construct its Allreducer with the same arguments.
@@ -125,6 +128,7 @@ class Allreducer:
         vote: bool = False,
         rank_streams: bool = True,
         cuda_aware: bool = False,
+        bucket_bytes: int = 0,
     ):
         for name, v in (("average", average), ("error_feedback", error_feedback), ("vote", vote), ("rank_streams", rank_streams), ("cuda_aware", cuda_aware)):
             if not isinstance(v, (bool, np.bool_)):
@@ -137,6 +141,9 @@ class Allreducer:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.average, self.error_feedback, self.vote = bool(average), bool(error_feedback), bool(vote)
         self.rank_streams, self.cuda_aware = bool(rank_streams), bool(cuda_aware)
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)) or bucket_bytes < 0:
+            raise ValueError(f"bucket_bytes: expected an integer >= 0 (0: one frame per tensor), got {bucket_bytes!r}")
+        self.bucket_bytes = int(bucket_bytes)
         self.scheme = _scheme(codec_or_spec, self)
         if self.vote and self.scheme.codec.codec_id.split("+")[0] not in SIGN_CODECS:
             raise ValueError(f"vote: majority vote needs a sign codec ({', '.join(SIGN_CODECS)}), not {self.scheme.spec!r}")
@@ -160,15 +167,15 @@ class Allreducer:
         """Start a step and return its :class:`Handle`; the frames are encoded and the
         communication posted (nonblocking), so computation can overlap it until ``wait()``."""
         t0 = time.perf_counter()
-        layout = _Layout(tensors)
+        layout = _Layout(tensors, self.bucket_bytes)
         stats = Stats()
         self._check(layout, stats)
-        pending = self.scheme.start(layout.arrays, layout.keys, stats)
+        pending = self.scheme.start(layout.sent, layout.sent_keys, stats)
         t1 = time.perf_counter()
         stats.encode_s = t1 - t0 - stats.communicate_s
         stats.tensors = {
             str(k): {"dense_bytes": a.nbytes, "wire_bytes": w, "ratio": (a.nbytes / w if w else float("inf"))}
-            for k, a, w in zip(layout.keys, layout.arrays, pending.wire)
+            for k, a, w in zip(layout.sent_keys, layout.sent, pending.wire)
         }
         return Handle(self, pending, layout, stats, t1)
 
@@ -182,7 +189,7 @@ class Allreducer:
         """What every rank must agree on for a step (compared by hash before each step)."""
         return {
             "scheme": self.scheme.spec,
-            "options": [self.average, self.error_feedback, self.vote, self.rank_streams],
+            "options": [self.average, self.error_feedback, self.vote, self.rank_streams, self.bucket_bytes],
             "ranks": self.size,
             "tensors": [[str(k), list(a.shape), a.dtype.name] for k, a in zip(layout.keys, layout.arrays)],
             "structure": layout.kind,
@@ -220,9 +227,12 @@ class Allreducer:
 
 # ---------------------------------------------------------------------- structure
 class _Layout:
-    """A dict or list of tensors as (keys, host arrays) and back."""
+    """A dict or list of tensors as (keys, host arrays) and back; with ``bucket_bytes``, the
+    tensors are sent as buckets (``sent``, ``sent_keys``): runs of consecutive tensors of one
+    dtype concatenated flat up to that many bytes (a larger tensor is a bucket of its own,
+    unchanged).  A bucket of several tensors is keyed ``"first..last"`` by its tensors' names."""
 
-    def __init__(self, tensors):
+    def __init__(self, tensors, bucket_bytes: int = 0):
         if isinstance(tensors, dict):
             self.kind, self.keys = "dict", list(tensors)
             items = list(tensors.values())
@@ -233,12 +243,41 @@ class _Layout:
             raise TypeError(f"tensors: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
         self.devices = [staging.is_device(x) for x in items]
         self.arrays = [as_float_array(staging.to_host(x) if d else x, argname=f"tensors[{k!r}]") for k, x, d in zip(self.keys, items, self.devices)]
+        self.groups = _buckets(self.arrays, bucket_bytes) if bucket_bytes else [[i] for i in range(len(self.arrays))]
+        self.sent, self.sent_keys = [], []
+        for g in self.groups:
+            if len(g) == 1:
+                self.sent.append(self.arrays[g[0]])
+                self.sent_keys.append(self.keys[g[0]])
+            else:
+                self.sent.append(np.concatenate([self.arrays[i].reshape(-1) for i in g]))
+                self.sent_keys.append(f"{self.keys[g[0]]}..{self.keys[g[-1]]}")
 
-    def rebuild(self, arrays):
+    def rebuild(self, sent):
+        arrays = [None] * len(self.arrays)
+        for g, r in zip(self.groups, sent):
+            at = 0
+            for i in g:  # views of the bucket's result
+                a = self.arrays[i]
+                arrays[i] = r if len(g) == 1 else r[at : at + a.size].reshape(a.shape)
+                at += a.size
         arrays = [staging.to_device(a) if d else a for a, d in zip(arrays, self.devices)]
         if self.kind == "dict":
             return dict(zip(self.keys, arrays))
         return arrays if self.kind == "list" else tuple(arrays)
+
+
+def _buckets(arrays, cap: int) -> list[list[int]]:
+    """Indices of ``arrays`` grouped into runs of one dtype of at most ``cap`` bytes."""
+    groups, size = [], 0
+    for i, a in enumerate(arrays):
+        if groups and a.dtype == arrays[groups[-1][-1]].dtype and size + a.nbytes <= cap:
+            groups[-1].append(i)
+            size += a.nbytes
+        else:
+            groups.append([i])
+            size = a.nbytes
+    return groups
 
 
 def _mismatch_message(descs) -> str:

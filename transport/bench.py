@@ -1,7 +1,7 @@
 """Compressed allreduce against dense MPI Allreduce, in one run, plus an alpha-beta projection.
 
     mpiexec -n 4 python -m transport.bench [--steps 3] [--codecs SPEC;SPEC;...] [--no-sample]
-                                           [--no-synthetic] [--markdown]
+                                           [--no-synthetic] [--bucket-bytes B] [--markdown]
 
 Two gradient sets, each reduced by every codec and by ``none`` (MPI Allreduce, the baseline)
 in the same run:
@@ -98,11 +98,11 @@ def sample(rank: int) -> dict[str, np.ndarray]:
     return {k.split("/", 1)[1]: v for k, v in grads.items() if k.startswith(mine + "/")}
 
 
-def run(comm, spec, tensors, steps):
-    """(best step seconds over ranks, mean bytes sent per rank, stats of the best step, reducer)."""
+def run(comm, spec, tensors, steps, bucket_bytes=0):
+    """(best step seconds over ranks, mean bytes sent per rank, stats of the best step)."""
     from transport import Allreducer
 
-    red = Allreducer(spec, comm)
+    red = Allreducer(spec, comm, bucket_bytes=0 if spec.startswith("powersgd") else bucket_bytes)
     red.reduce(tensors)  # warm-up: kernels load or compile
     best, best_stats = float("inf"), None
     for _ in range(steps):
@@ -132,14 +132,15 @@ def render(headers, rows, markdown):
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def table(comm, name, tensors, codecs, steps, markdown, say):
+def table(comm, name, tensors, codecs, steps, markdown, say, bucket_bytes=0):
     dense = sum(a.nbytes for a in tensors.values())
     n = sum(a.size for a in tensors.values())
-    say(f"\n{name}: {len(tensors)} tensors, {n:,} elements, {dense / 1e6:.2f} MB per rank, {comm.Get_size()} ranks, best of {steps} steps\n")
+    fused = f", buckets of {bucket_bytes:,} bytes (powersgd: per tensor)" if bucket_bytes else ", one frame per tensor"
+    say(f"\n{name}: {len(tensors)} tensors, {n:,} elements, {dense / 1e6:.2f} MB per rank, {comm.Get_size()} ranks{fused}, best of {steps} steps\n")
     results, rows = {}, []
     for spec in codecs:
         try:
-            results[spec] = run(comm, spec, tensors, steps)
+            results[spec] = run(comm, spec, tensors, steps, bucket_bytes)
         except Exception as e:  # a codec that fails is listed with its error, the rest still run
             rows.append([spec, "error", "", "", "", "", "", f"{type(e).__name__}: {e}"[:60]])
             continue
@@ -173,8 +174,9 @@ def project(comm, results, tensors, markdown, say):
         if spec == "none":
             schemes.append(cm.Scheme(spec, "allreduce", sum(a.nbytes for a in tensors.values())))
         elif spec.startswith("gtopk"):
-            k = sum(max(1, int(0.001 * a.size)) for a in tensors.values())
-            merge = st.decode_s / max(1, cm.tree_rounds(p_now))
+            rounds = max(1, cm.tree_rounds(p_now))
+            k = int(sent // (8 * rounds))  # pairs per round, as measured (uint32 + float32 each)
+            merge = st.decode_s / rounds
             schemes.append(cm.Scheme(spec, "gtopk", 8 * k, k=k, encode_s=st.encode_s, decode_s=merge))
         elif spec.startswith("powersgd"):
             schemes.append(cm.Scheme(spec, "powersgd", sent / 2, q_bytes=sent / 2, encode_s=st.encode_s, decode_s=st.decode_s))
@@ -198,6 +200,7 @@ def main(argv=None):
     ap.add_argument("--codecs", default=";".join(DEFAULT_CODECS), help="specs separated by ';' ('none' is the baseline)")
     ap.add_argument("--no-sample", action="store_true", help="skip the bundled real gradients")
     ap.add_argument("--no-synthetic", action="store_true", help="skip the 25M-element synthetic model")
+    ap.add_argument("--bucket-bytes", type=int, default=0, help="Allreducer(bucket_bytes=): fuse tensors into buckets (not powersgd)")
     ap.add_argument("--markdown", action="store_true", help="markdown tables")
     args = ap.parse_args(argv)
     from mpi4py import MPI
@@ -218,10 +221,10 @@ def main(argv=None):
         f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}, {sys.platform}"
     )
     if not args.no_sample:
-        table(comm, "sample (bundled real gradients)", sample(rank), codecs, args.steps, args.markdown, say)
+        table(comm, "sample (bundled real gradients)", sample(rank), codecs, args.steps, args.markdown, say, args.bucket_bytes)
     if not args.no_synthetic:
         tensors = synthetic(rank)
-        results = table(comm, "synthetic (ResNet-50 shapes, Student-t)", tensors, codecs, args.steps, args.markdown, say)
+        results = table(comm, "synthetic (ResNet-50 shapes, Student-t)", tensors, codecs, args.steps, args.markdown, say, args.bucket_bytes)
         project(comm, results, tensors, args.markdown, say)
     return 0
 

@@ -45,6 +45,8 @@ class TwoRound(Scheme):
             )
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not powersgd")
+        if reducer.bucket_bytes:
+            raise ValueError("bucket_bytes: powersgd compresses each tensor as its own matrix; leave bucket_bytes at 0")
         self.stage = c.transform
         #: per tensor name: residual (None without error feedback), last summed Q, step
         self.memory: dict = {}
