@@ -219,6 +219,11 @@ class Allreducer:
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("scheme") != self.scheme.spec:
             raise ValueError(f"state: saved for {state.get('scheme') if isinstance(state, dict) else state!r}, this Allreducer runs {self.scheme.spec!r}")
+        if (state.get("rank"), state.get("size")) != (self.rank, self.size):
+            raise ValueError(
+                f"state: saved by rank {state.get('rank')} of {state.get('size')}, this is rank {self.rank} of {self.size}; "
+                "residuals belong to the rank that made them"
+            )
         self.scheme.load_state_dict(state["state"])
 
     def __repr__(self):
