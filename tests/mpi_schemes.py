@@ -109,6 +109,8 @@ GT_LAYOUT = [
     ("t", (120,), F32, "ties"),
     ("b", (7,), F32, "randn"),  # k = 1 for every ratio below 1/7
     ("e", (0,), F32, "randn"),  # empty
+    ("z", (0, 5), F64, "randn"),  # empty, 2-D
+    ("s", (), F32, "randn"),  # a scalar: k = 1 of 1
     ("h", (300,), F16, "shared"),
     ("bf", (10, 20), BF16, "ties"),
     ("d", (150,), F64, "shared"),
@@ -157,6 +159,7 @@ def case_gtopk_options(comm, ck):
     big = [("w", (1000,), F32, "shared"), ("h", (40, 30), F16, "randn"), ("bf", (500,), BF16, "shared"),
            ("d", (20, 20), F64, "ties"), ("b", (30,), F32, "randn")]
     _gtopk_run(ck, comm, "gtopk(ratio=0.01)+fp16", "topk(ratio=0.01)+fp16", steps=3, layout=big)
+    _gtopk_run(ck, comm, "gtopk(k=2)+fp16+zstd", "topk(k=2)+fp16+zstd", steps=2, layout=big[1:3])
 
 
 def case_gtopk_bytes(comm, ck):
@@ -196,6 +199,8 @@ PS_LAYOUT = [
     ("c", (8, 3, 3, 4), F32, "shared"),  # n=8, m=36: compressed
     ("b", (16,), F32, "randn"),  # ndim 1: passes through
     ("s", (4, 4), F32, "randn"),  # too small to pay: passes through
+    ("s0", (), F32, "randn"),  # a scalar passes through
+    ("z", (3, 0), F32, "randn"),  # empty: passes through
     ("h", (24, 20), F16, "shared"),
     ("bf", (20, 30), BF16, "randn"),
     ("d", (30, 20), F64, "shared"),
