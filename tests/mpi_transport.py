@@ -336,6 +336,27 @@ def case_mismatch():
             agree(got, f"after a mismatch {opts} step {s}")
 
 
+def case_nonfinite():
+    """One rank's input cannot be encoded (inf into a codec that needs finite input): that
+    rank's ValueError must reach every rank (none left in a collective the others skipped),
+    and the reducer must stay usable for the next step."""
+    red = Allreducer("topk(ratio=0.01)", comm)
+    x = make_inputs(15, rank, 0, SMALL)
+    if rank == 1:
+        x["w32"] = x["w32"].copy()
+        x["w32"][3] = np.inf
+    try:
+        red.reduce(x)
+        err = None
+    except Exception as e:  # noqa: BLE001 - the type is the check
+        err = f"{type(e).__module__}.{type(e).__name__}: {str(e)[:200]}"
+    errs = comm.allgather(err)
+    if not all(e is not None and e.split(":")[0].endswith("ValueError") for e in errs):
+        fail(f"a non-finite input on rank 1: every rank must raise ValueError, got {errs}")
+    got = red.reduce(make_inputs(15, rank, 1, SMALL))
+    agree(got, "the step after a rank-local error")
+
+
 def case_raise():
     """Rank 1 raises while the others wait inside reduce: the job must abort, not hang."""
     red = Allreducer("topk(ratio=0.01)", comm)
@@ -356,10 +377,11 @@ CASES = {
     "average": case_average,
     "none": case_none,
     "mismatch": case_mismatch,
+    "nonfinite": case_nonfinite,
     "raise": case_raise,
 }
-#: what "all" runs (not "raise", which ends the job)
-ALL = [c for c in CASES if c != "raise"]
+#: what "all" runs (not "raise", which ends the job, nor "nonfinite", which can desynchronise it)
+ALL = [c for c in CASES if c not in ("raise", "nonfinite")]
 
 
 def main(argv):

@@ -244,6 +244,9 @@ def test_state_dict_round_trip_continues_identically(spec, opts):
         reducer("fp16").load_state_dict(saved)
     with pytest.raises(ValueError, match="state"):
         reducer(spec, **opts).load_state_dict("not a state")
+    for other in ({"rank": 1}, {"size": 2}):  # residuals belong to the rank that made them
+        with pytest.raises(ValueError, match="rank"):
+            reducer(spec, **opts).load_state_dict({**saved, **other})
 
 
 @needs_mpi
@@ -451,3 +454,11 @@ def test_launched_exception_aborts_the_job():
     assert "rank 1 failed mid-step" in out, out[-4000:]
     assert "UNREACHABLE" not in out
     assert seconds < 60, f"took {seconds:.0f} s to abort"
+
+
+@needs_mpi
+def test_launched_encoding_error_on_one_rank():
+    """A rank whose input the codec rejects (inf into topk) raises ValueError; the other ranks
+    must learn of it in the same step instead of going on into the sizes Allgather."""
+    rc, out, seconds = launch(2, "nonfinite", timeout=30)
+    assert rc == 0 and len(re.findall(r"OK nonfinite rank \d/2", out)) == 2, f"exit {rc}; output:\n{out[-6000:]}"
