@@ -434,12 +434,21 @@ class Allgather(Scheme):
 
     def start(self, arrays, keys, stats):
         comm = self.reducer.comm
-        frames = self.encode(arrays, keys)
+        try:
+            frames = self.encode(arrays, keys)
+            failed = None
+        except Exception as e:  # told to every rank through the sizes, so none is left waiting
+            frames, failed = [], e
         self.step += 1
         msg = message.pack(frames)
         t = time.perf_counter()
         sizes = np.empty(self.reducer.size, np.int64)
-        comm.Allgather(np.array([msg.size], np.int64), sizes)
+        comm.Allgather(np.array([-1 if failed else msg.size], np.int64), sizes)
+        if failed is not None:
+            raise failed
+        if (sizes < 0).any():
+            bad = [int(r) for r in np.flatnonzero(sizes < 0)]
+            raise ValueError(f"tensors: rank {bad[0]} could not encode its tensors this step (its own error says why); nothing was reduced")
         displs = np.zeros_like(sizes)
         np.cumsum(sizes[:-1], out=displs[1:])
         recv = np.empty(int(sizes.sum()), np.uint8)
