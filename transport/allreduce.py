@@ -415,9 +415,9 @@ def _IN_PLACE():
     return MPI.IN_PLACE
 
 
-class Allgather(Scheme):
-    """Any codec: one message per rank (message.py), sizes by Allgather, bytes by Allgatherv,
-    decode_add of every rank's frames in rank order."""
+class Framed(Scheme):
+    """A scheme that codes each tensor into a frame on every rank (through ErrorFeedback
+    keyed ``(name, rank)``, or ``name`` without ``rank_streams``) and keeps the state of that."""
 
     def __init__(self, c, reducer):
         super().__init__(c, reducer)
@@ -428,9 +428,24 @@ class Allgather(Scheme):
         return (name, self.reducer.rank) if self.reducer.rank_streams else name
 
     def encode(self, arrays, keys):
+        """One frame per tensor; advances the step."""
+        step, self.step = self.step, self.step + 1
         if self.ef is not None:
             return [self.ef.encode(a, self.key(k)) for a, k in zip(arrays, keys)]
-        return [self.codec.encode(a, key=self.key(k), step=self.step) for a, k in zip(arrays, keys)]
+        return [self.codec.encode(a, key=self.key(k), step=step) for a, k in zip(arrays, keys)]
+
+    def state_dict(self):
+        return {"step": self.step, "ef": None if self.ef is None else self.ef.state_dict()}
+
+    def load_state_dict(self, state):
+        self.step = int(state["step"])
+        if self.ef is not None:
+            self.ef.load_state_dict(state["ef"])
+
+
+class Allgather(Framed):
+    """Any codec: one message per rank (message.py), sizes by Allgather, bytes by Allgatherv,
+    decode_add of every rank's frames in rank order."""
 
     def start(self, arrays, keys, stats):
         comm = self.reducer.comm
@@ -439,7 +454,6 @@ class Allgather(Scheme):
             failed = None
         except Exception as e:  # told to every rank through the sizes, so none is left waiting
             frames, failed = [], e
-        self.step += 1
         msg = message.pack(frames)
         t = time.perf_counter()
         sizes = np.empty(self.reducer.size, np.int64)
@@ -457,14 +471,6 @@ class Allgather(Scheme):
         stats.bytes_sent = int(msg.size)
         stats.bytes_received = int(sizes.sum() - msg.size)
         return _AllgatherPending(self, arrays, recv, sizes, displs, req, [len(f) for f in frames])
-
-    def state_dict(self):
-        return {"step": self.step, "ef": None if self.ef is None else self.ef.state_dict()}
-
-    def load_state_dict(self, state):
-        self.step = int(state["step"])
-        if self.ef is not None:
-            self.ef.load_state_dict(state["ef"])
 
 
 class _AllgatherPending:

@@ -31,7 +31,7 @@ import numpy as np
 
 import codec
 from codec.spec import format_spec, parse as parse_spec
-from transport.allreduce import Scheme, accumulator_dtype, finish_sum
+from transport.allreduce import Framed, accumulator_dtype, finish_sum
 
 __all__ = ["GTopK", "merge", "schedule"]
 
@@ -106,7 +106,7 @@ class _Pairs:
         return sets
 
 
-class GTopK(Scheme):
+class GTopK(Framed):
     """``gtopk(ratio=... | k=...)[+value stage][+zstd]``: local top-k with error feedback, then
     the merge tree of :func:`schedule`."""
 
@@ -117,29 +117,14 @@ class GTopK(Scheme):
         self.spec = format_spec([("gtopk", stages[0][1])] + [(n, p) for n, p in parse_spec(self.codec.spec)[1:]])
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not gtopk")
-        self.ef = codec.ErrorFeedback(self.codec) if reducer.error_feedback else None
-        self.step = 0
 
     def start(self, arrays, keys, stats):
-        red = self.reducer
+        frames = self.encode(arrays, keys)
         sets = []
-        wire = []
-        for a, name in zip(arrays, keys):
-            key = (name, red.rank) if red.rank_streams else name
-            frame = self.ef.encode(a, key) if self.ef is not None else self.codec.encode(a, key=key, step=self.step)
+        for a, frame in zip(arrays, frames):
             pos, val = codec.decode_sparse(frame)
             sets.append((pos, val.astype(accumulator_dtype(a.dtype), copy=False)))
-            wire.append(len(frame))
-        self.step += 1
-        return _TreePending(self, arrays, keys, sets, wire)
-
-    def state_dict(self):
-        return {"step": self.step, "ef": None if self.ef is None else self.ef.state_dict()}
-
-    def load_state_dict(self, state):
-        self.step = int(state["step"])
-        if self.ef is not None:
-            self.ef.load_state_dict(state["ef"])
+        return _TreePending(self, arrays, keys, sets, [len(f) for f in frames])
 
 
 class _TreePending:
@@ -187,6 +172,6 @@ class _TreePending:
             if self.scheme.ef is not None and lpos.size:
                 missed = ~np.isin(lpos, gpos, assume_unique=True)
                 if missed.any():
-                    self.scheme.ef.add_residual((key, red.rank) if red.rank_streams else key, lval[missed], lpos[missed])
+                    self.scheme.ef.add_residual(self.scheme.key(key), lval[missed], lpos[missed])
         stats.decode_s = merge_s + time.perf_counter() - t1
         return out
