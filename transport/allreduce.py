@@ -77,9 +77,9 @@ class Handle:
     ``wait()`` may be called more than once (the result is kept); it must be called on every
     rank, in the order the steps were started."""
 
-    def __init__(self, reducer, pending, layout, stats, clock):
+    def __init__(self, reducer, pending, layout, stats):
         self._reducer, self._pending, self._layout = reducer, pending, layout
-        self._stats, self._clock = stats, clock
+        self._stats = stats
         self._result = None
 
     def test(self) -> bool:
@@ -177,7 +177,7 @@ class Allreducer:
             str(k): {"dense_bytes": a.nbytes, "wire_bytes": w, "ratio": (a.nbytes / w if w else float("inf"))}
             for k, a, w in zip(layout.sent_keys, layout.sent, pending.wire)
         }
-        return Handle(self, pending, layout, stats, t1)
+        return Handle(self, pending, layout, stats)
 
     def _record(self, stats: Stats) -> None:
         self.stats = stats
