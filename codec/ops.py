@@ -47,6 +47,12 @@ def first_nonfinite(x: np.ndarray) -> int:
     return int(bad[0]) if bad.size else -1
 
 
+def wide_dtype(dtype) -> np.dtype:
+    """The dtype kernels compute in for ``dtype``: float64 for float64, else float32 (which
+    holds every 16-bit value exactly)."""
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+
 def widen(x: np.ndarray) -> np.ndarray:
     """``x`` as float32 or float64 (16-bit input is widened exactly to float32; others as is)."""
     if x.dtype in WIDE:
@@ -149,4 +155,4 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     flat[idx] = picked
 
 
-__all__ = ["lut", "readonly", "first_nonfinite", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]
+__all__ = ["lut", "readonly", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]

@@ -173,9 +173,9 @@ class Codec:
     def _kept(self, ctx, payload) -> np.ndarray:
         """The kept values of a select frame in the frame's dtype (float32 for 16-bit frames:
         exact), so adding them into a narrower array rounds once."""
-        from codec.ops import WIDE
+        from codec.ops import wide_dtype
 
-        values = np.empty(ctx.positions.size, ctx.dtype if ctx.dtype in WIDE else np.float32)
+        values = np.empty(ctx.positions.size, wide_dtype(ctx.dtype))
         self.value.write(payload, values, SET)
         return values
 

@@ -263,7 +263,9 @@ class Transform(Stage):
     def domain_dtype(dtype) -> np.dtype:
         """The coefficients' dtype for an array of ``dtype``: float64 for float64, else float32
         (16-bit input is widened exactly)."""
-        return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+        from codec.ops import wide_dtype
+
+        return wide_dtype(dtype)
 
     @staticmethod
     def emit(y, out, mode, dtype) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 import codec
 from codec import CodecError
 from codec.dtypes import as_float_array
+from codec.ops import wide_dtype
 from codec.spec import parse as parse_spec
 from transport import message, staging
 
@@ -303,11 +304,6 @@ def _mismatch_message(descs) -> str:
 
 
 # ---------------------------------------------------------------------- schemes
-def accumulator_dtype(dtype) -> np.dtype:
-    """float32 for 16-bit tensors (summed exactly wider, rounded once at the end), else the dtype."""
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
-
-
 def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None) -> np.ndarray:
     """``acc / size`` when averaging (one division), rounded once to ``dtype``.
 
@@ -369,7 +365,7 @@ class Dense(Scheme):
     def start(self, arrays, keys, stats):
         groups = {}
         for i, a in enumerate(arrays):
-            groups.setdefault(accumulator_dtype(a.dtype), []).append(i)
+            groups.setdefault(wide_dtype(a.dtype), []).append(i)
         bufs, reqs = [], []
         for dt, idx in groups.items():
             buf = np.concatenate([arrays[i].reshape(-1).astype(dt, copy=False) for i in idx]) if idx else np.empty(0, dt)
@@ -493,7 +489,7 @@ class _AllgatherPending:
         sparse = c.select is not None
         out = []
         for i, a in enumerate(self.arrays):
-            acc = np.zeros(a.shape, accumulator_dtype(a.dtype))
+            acc = np.zeros(a.shape, wide_dtype(a.dtype))
             for r in range(red.size):
                 c.decode_add(frames[r][i], acc)
             # a large sparse sum is zero outside the frames' positions: finish only those

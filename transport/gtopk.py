@@ -30,8 +30,9 @@ import time
 import numpy as np
 
 import codec
+from codec.ops import wide_dtype
 from codec.spec import format_spec, parse as parse_spec
-from transport.allreduce import Framed, accumulator_dtype, finish_sum
+from transport.allreduce import Framed, finish_sum
 
 __all__ = ["GTopK", "merge", "schedule"]
 
@@ -82,7 +83,7 @@ class _Pairs:
     def __init__(self, arrays, ks):
         self.ks = ks
         self.pdt = [np.dtype(np.uint32) if a.size <= (1 << 32) else np.dtype(np.int64) for a in arrays]
-        self.vdt = [accumulator_dtype(a.dtype) for a in arrays]
+        self.vdt = [wide_dtype(a.dtype) for a in arrays]
         self.nbytes = sum(k * (p.itemsize + v.itemsize) for k, p, v in zip(ks, self.pdt, self.vdt))
 
     def pack(self, sets) -> np.ndarray:
@@ -120,10 +121,7 @@ class GTopK(Framed):
 
     def start(self, arrays, keys, stats):
         frames = self.encode(arrays, keys)
-        sets = []
-        for a, frame in zip(arrays, frames):
-            pos, val = codec.decode_sparse(frame)
-            sets.append((pos, val.astype(accumulator_dtype(a.dtype), copy=False)))
+        sets = [codec.decode_sparse(frame) for frame in frames]  # values in wide_dtype: the wire's
         return _TreePending(self, arrays, keys, sets, [len(f) for f in frames])
 
 

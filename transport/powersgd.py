@@ -28,7 +28,8 @@ import time
 import numpy as np
 
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
-from transport.allreduce import Scheme, accumulator_dtype, finish_sum
+from codec.ops import wide_dtype
+from transport.allreduce import Scheme, finish_sum
 
 __all__ = ["TwoRound"]
 
@@ -62,7 +63,7 @@ class TwoRound(Scheme):
         st = self.stage
         work, wire = [], []
         for a, name in zip(arrays, keys):
-            dt = accumulator_dtype(a.dtype)
+            dt = wide_dtype(a.dtype)
             mem = self._slot(name, a, dt)
             acc = a.astype(dt)  # a new buffer
             if mem["residual"] is not None:
@@ -97,7 +98,7 @@ class _Rounds:
         self.comm = comm
         self.groups = {}
         for i, a in enumerate(arrays):
-            self.groups.setdefault(accumulator_dtype(a.dtype), []).append(i)
+            self.groups.setdefault(wide_dtype(a.dtype), []).append(i)
 
     def start(self, parts, stats):
         from mpi4py import MPI
