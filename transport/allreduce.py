@@ -359,56 +359,72 @@ class Scheme:
         pass
 
 
-class Dense(Scheme):
-    """``none``: MPI Allreduce (SUM) of the dense arrays, one flat buffer per accumulator dtype."""
+class Sums:
+    """MPI Allreduce (SUM, in place, nonblocking) of a list of flat parts: one buffer per
+    accumulator dtype (``wide_dtype`` of each tensor's dtype), so a step costs one collective
+    per dtype however many tensors it has.  Used by ``none`` and by both PowerSGD rounds."""
 
-    def start(self, arrays, keys, stats):
-        groups = {}
+    def __init__(self, comm, arrays):
+        self.comm = comm
+        self.groups = {}
         for i, a in enumerate(arrays):
-            groups.setdefault(wide_dtype(a.dtype), []).append(i)
-        bufs, reqs = [], []
-        for dt, idx in groups.items():
-            buf = np.concatenate([arrays[i].reshape(-1).astype(dt, copy=False) for i in idx]) if idx else np.empty(0, dt)
-            reqs.append(self.reducer.comm.Iallreduce(_IN_PLACE(), buf))
-            bufs.append((dt, idx, buf))
+            self.groups.setdefault(wide_dtype(a.dtype), []).append(i)
+
+    def start(self, parts, stats) -> "Sums":
+        from mpi4py import MPI
+
+        self.sizes = [p.size for p in parts]
+        self.bufs, self.reqs = {}, []
+        for dt, idx in self.groups.items():
+            buf = np.concatenate([parts[i].reshape(-1) for i in idx], dtype=dt)
+            self.bufs[dt] = buf
+            self.reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf))
             stats.bytes_sent += buf.nbytes
             stats.bytes_received += buf.nbytes
-        return _DensePending(self, arrays, bufs, reqs)
+        return self
 
-
-class _DensePending:
-    def __init__(self, scheme, arrays, bufs, reqs):
-        self.scheme, self.arrays, self.bufs, self.reqs = scheme, arrays, bufs, reqs
-        self.wire = [a.nbytes for a in arrays]
-
-    def test(self):
+    def test(self) -> bool:
         from mpi4py import MPI
 
         return MPI.Request.Testall(self.reqs)
 
-    def finish(self, stats):
+    def wait(self) -> list[np.ndarray]:
+        """The summed parts, flat, in the order they were given (views of the buffers)."""
         from mpi4py import MPI
 
         MPI.Request.Waitall(self.reqs)
-        t = time.perf_counter()
-        red = self.scheme.reducer
-        out = [None] * len(self.arrays)
-        for dt, idx, buf in self.bufs:
-            if red.average and red.size > 1:
-                np.divide(buf, dt.type(red.size), out=buf)
+        out = [None] * len(self.sizes)
+        for dt, idx in self.groups.items():
             at = 0
-            for i in idx:  # views of the reduced buffer (or rounded copies for 16-bit tensors)
-                a = self.arrays[i]
-                out[i] = finish_sum(buf[at : at + a.size], a.dtype, red.size, False).reshape(a.shape)
-                at += a.size
-        stats.decode_s = time.perf_counter() - t
+            for i in idx:
+                out[i] = self.bufs[dt][at : at + self.sizes[i]]
+                at += self.sizes[i]
         return out
 
 
-def _IN_PLACE():
-    from mpi4py import MPI
+class Dense(Scheme):
+    """``none``: MPI Allreduce (SUM) of the dense arrays (:class:`Sums`)."""
 
-    return MPI.IN_PLACE
+    def start(self, arrays, keys, stats):
+        return _DensePending(self, arrays, Sums(self.reducer.comm, arrays).start(arrays, stats))
+
+
+class _DensePending:
+    def __init__(self, scheme, arrays, sums):
+        self.scheme, self.arrays, self.sums = scheme, arrays, sums
+        self.wire = [a.nbytes for a in arrays]
+
+    def test(self):
+        return self.sums.test()
+
+    def finish(self, stats):
+        summed = self.sums.wait()
+        t = time.perf_counter()
+        red = self.scheme.reducer
+        # views of the reduced buffers (rounded copies for 16-bit tensors)
+        out = [finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape) for a, s in zip(self.arrays, summed)]
+        stats.decode_s = time.perf_counter() - t
+        return out
 
 
 class Framed(Scheme):

@@ -29,7 +29,7 @@ import numpy as np
 
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
 from codec.ops import wide_dtype
-from transport.allreduce import Scheme, finish_sum
+from transport.allreduce import Scheme, Sums, finish_sum
 
 __all__ = ["TwoRound"]
 
@@ -65,23 +65,20 @@ class TwoRound(Scheme):
         for a, name in zip(arrays, keys):
             dt = wide_dtype(a.dtype)
             mem = self._slot(name, a, dt)
-            acc = a.astype(dt)  # a new buffer
-            if mem["residual"] is not None:
-                acc += mem["residual"]
+            acc = a.astype(dt) if mem["residual"] is None else np.add(a, mem["residual"], dtype=dt)  # a new buffer
             if not np.isfinite(acc).all():
                 raise ValueError(f"tensors[{name!r}]: non-finite value; powersgd needs finite input")
             plan = matrix_of(a.shape, st.rank, st.min_compression_rate)
             if plan is None:
-                work.append((name, mem, acc, None, None, acc.reshape(-1)))
+                work.append((mem, acc, None, acc))
                 wire.append(acc.nbytes)
                 continue
             n, m, r = plan
             mat = acc.reshape(n, m)
             q = start_q(mem["q"], m, r, dt, st.seed, name, mem["step"], st.warm_start)
-            work.append((name, mem, mat, plan, q, (mat @ q).reshape(-1)))
+            work.append((mem, mat, plan, mat @ q))
             wire.append((n + m) * r * dt.itemsize)
-        rounds = _Rounds(self.reducer.comm, arrays)
-        rounds.start([w[5] for w in work], stats)
+        rounds = Sums(self.reducer.comm, arrays).start([w[3] for w in work], stats)
         return _TwoRoundPending(self, arrays, work, rounds, wire)
 
     def state_dict(self):
@@ -89,45 +86,6 @@ class TwoRound(Scheme):
 
     def load_state_dict(self, state):
         self.memory = copy.deepcopy(state["memory"])
-
-
-class _Rounds:
-    """One Allreduce (SUM) per accumulator dtype of a list of flat parts, in place."""
-
-    def __init__(self, comm, arrays):
-        self.comm = comm
-        self.groups = {}
-        for i, a in enumerate(arrays):
-            self.groups.setdefault(wide_dtype(a.dtype), []).append(i)
-
-    def start(self, parts, stats):
-        from mpi4py import MPI
-
-        self.parts, self.bufs, self.reqs = parts, {}, []
-        for dt, idx in self.groups.items():
-            buf = np.concatenate([parts[i] for i in idx]) if idx else np.empty(0, dt)
-            self.bufs[dt] = buf
-            self.reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf))
-            stats.bytes_sent += buf.nbytes
-            stats.bytes_received += buf.nbytes
-
-    def test(self):
-        from mpi4py import MPI
-
-        return MPI.Request.Testall(self.reqs)
-
-    def wait(self) -> list[np.ndarray]:
-        """The summed parts, in the order they were given."""
-        from mpi4py import MPI
-
-        MPI.Request.Waitall(self.reqs)
-        out = [None] * len(self.parts)
-        for dt, idx in self.groups.items():
-            at = 0
-            for i in idx:
-                out[i] = self.bufs[dt][at : at + self.parts[i].size]
-                at += self.parts[i].size
-        return out
 
 
 class _TwoRoundPending:
@@ -143,7 +101,7 @@ class _TwoRoundPending:
         summed = self.rounds.wait()
         t = time.perf_counter()
         ps, qs = [], []
-        for (name, mem, mat, plan, q, _), s in zip(self.work, summed):
+        for (mem, mat, plan, _), s in zip(self.work, summed):
             if plan is None:
                 ps.append(None)
                 qs.append(np.empty(0, s.dtype))
@@ -152,18 +110,16 @@ class _TwoRoundPending:
             p = orthogonalize(s.reshape(n, r).copy())
             q_local = mat.T @ p
             if mem["residual"] is not None:
-                mem["residual"][...] = (mat - p @ q_local.T).reshape(mem["residual"].shape)
+                np.subtract(mat, p @ q_local.T, out=mem["residual"].reshape(n, m))
             ps.append(p)
             qs.append(q_local.reshape(-1))
         work_s = time.perf_counter() - t
-        second = _Rounds(red.comm, self.arrays)
-        second.start(qs, stats)
-        qsum = second.wait()
+        qsum = Sums(red.comm, self.arrays).start(qs, stats).wait()
         c1 = time.perf_counter()
         out = []
-        for a, (name, mem, mat, plan, q, _), s, p, qq in zip(self.arrays, self.work, summed, ps, qsum):
-            if plan is None:
-                out.append(finish_sum(s.copy(), a.dtype, red.size, red.average).reshape(a.shape))
+        for a, (mem, mat, plan, _), s, p, qq in zip(self.arrays, self.work, summed, ps, qsum):
+            if plan is None:  # a view of round 1's buffer, as with none
+                out.append(finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape))
                 if mem["residual"] is not None:
                     mem["residual"][...] = 0
             else:
