@@ -131,6 +131,12 @@ class Codec:
         self._check_same(fr)
         return _decode_add(fr, out, subtract)
 
+    def decode_sparse(self, frame):
+        """:func:`codec.decode_sparse`, checking that the frame was made by this codec."""
+        fr = parse_frame(frame)
+        self._check_same(fr)
+        return _decode_sparse(fr)
+
     def _check_same(self, fr) -> None:
         names = "+".join(s.name for s in _codec_of(fr).stages)
         if names != self.codec_id:
@@ -352,7 +358,10 @@ def decode_sparse(frame, *, max_elements=None):
     frame's dtype (float32 for 16-bit frames, which holds them exactly).  Only frames of a codec
     with a select stage (``topk``, ``adacomp``, ``randomk``, ...) are sparse; any other frame
     raises ``ValueError`` naming ``frame``."""
-    fr = parse_frame(frame, max_elements=max_elements)
+    return _decode_sparse(parse_frame(frame, max_elements=max_elements))
+
+
+def _decode_sparse(fr):
     codec = _codec_of(fr)
     if codec.select is None:
         raise ValueError(f"frame: {fr.spec!r} has no select stage, so the frame is not sparse; use codec.decode")

@@ -202,3 +202,14 @@ def test_decode_sparse_rejects_dense_and_corrupt_frames():
     sparse = codec.get_codec("topk(ratio=0.5)").encode(np.arange(10, dtype=np.float32))
     with pytest.raises(codec.CorruptFrameError):
         codec.decode_sparse(sparse[:-3])
+
+
+def test_codec_decode_sparse_checks_the_codec():
+    x = np.arange(20, dtype=np.float32)
+    frame = codec.get_codec("topk(ratio=0.2)").encode(x)
+    pos, vals = codec.get_codec("topk(ratio=0.2)").decode_sparse(frame)
+    want_pos, want_vals = codec.decode_sparse(frame)
+    np.testing.assert_array_equal(pos, want_pos)
+    np.testing.assert_array_equal(vals, want_vals)
+    with pytest.raises(codec.CodecError, match="encoded by"):
+        codec.get_codec("randomk(ratio=0.2)").decode_sparse(frame)

@@ -29,15 +29,13 @@ import numpy as np
 import codec
 from codec import CodecError
 from codec.dtypes import as_float_array
-from codec.ops import wide_dtype
+from codec.modes import ADD
+from codec.ops import scatter, wide_dtype
 from codec.spec import parse as parse_spec
 from transport import message, staging
 
 __all__ = ["Allreducer", "Handle", "Stats", "MismatchError"]
 
-#: tensors of at least this many elements finish a sparse sum at its positions only (smaller
-#: ones are divided whole: cheaper than reading the positions again)
-SPARSE_FINISH = 1 << 16
 #: codecs whose reduction may be a majority vote (sign of the sum of signs)
 SIGN_CODECS = ("sign", "efsign", "onebit")
 
@@ -502,16 +500,18 @@ class _AllgatherPending:
             message.unpack(self.recv[d : d + s], count, r) for r, (d, s) in enumerate(zip(self.displs.tolist(), self.sizes.tolist()))
         ]
         c = self.scheme.codec
-        sparse = c.select is not None
         out = []
         for i, a in enumerate(self.arrays):
             acc = np.zeros(a.shape, wide_dtype(a.dtype))
-            for r in range(red.size):
-                c.decode_add(frames[r][i], acc)
-            # a large sparse sum is zero outside the frames' positions: finish only those
             touched = None
-            if sparse and a.size >= SPARSE_FINISH:
-                touched = np.unique(np.concatenate([codec.decode_sparse(frames[r][i])[0] for r in range(red.size)]))
+            if c.select is None:
+                for r in range(red.size):
+                    c.decode_add(frames[r][i], acc)
+            else:  # each frame read once, as decode_add would; the sum is zero off the positions
+                pairs = [c.decode_sparse(frames[r][i]) for r in range(red.size)]
+                for pos, vals in pairs:
+                    scatter(vals, pos, acc, ADD)
+                touched = np.unique(np.concatenate([pos for pos, _ in pairs]))
             if red.vote:
                 out.append(np.sign(acc).astype(a.dtype))
             else:
