@@ -5,7 +5,7 @@
 
 One step (the allgather scheme, any codec):
 
-    check   Allgather int64[2]   (signature hash, 0): same codec, options, names, shapes, dtypes
+    check   Allgather int64      a hash of the step: same codec, options, names, shapes, dtypes
     encode  one frame per tensor (through ErrorFeedback), packed into ONE message (message.py)
     sizes   Allgather int64      every rank's message length
     frames  Allgatherv bytes     every rank's message, no padding
@@ -195,17 +195,16 @@ class Allreducer:
         }
 
     def _check(self, layout, stats) -> None:
-        """One Allgather of (signature hash, 0); on a mismatch every rank gathers the
+        """One Allgather of the step's signature hash; on a mismatch every rank gathers the
         descriptions and raises the same MismatchError, before anything is encoded."""
         desc = self.describe(layout)
         text = json.dumps(desc, sort_keys=True)
         sig = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-        mine = np.array([sig, 0], np.int64)
-        every = np.empty((self.size, 2), np.int64)
+        every = np.empty(self.size, np.int64)
         t = time.perf_counter()
-        self.comm.Allgather(mine, every)
+        self.comm.Allgather(np.array([sig], np.int64), every)
         stats.communicate_s += time.perf_counter() - t
-        if np.all(every[:, 0] == every[0, 0]):
+        if np.all(every == every[0]):
             return
         descs = self.comm.allgather(desc)
         raise MismatchError(_mismatch_message(descs))
