@@ -27,7 +27,7 @@ def pack(frames) -> np.ndarray:
     head = FIXED + 8 * len(frames)
     msg = np.empty(head + int(lengths.sum()), np.uint8)
     msg[:4] = np.frombuffer(MAGIC, np.uint8)
-    msg[4:8] = np.frombuffer(np.array([len(frames)], "<u4").tobytes(), np.uint8)
+    msg[4:8] = np.array([len(frames)], "<u4").view(np.uint8)
     msg[FIXED:head] = lengths.view(np.uint8)
     at = head
     for f, n in zip(frames, lengths.tolist()):
