@@ -44,7 +44,7 @@ def inspect(frame) -> dict:
     """The validated header of ``frame`` as a dict (nothing is decoded).
 
     Keys: ``format_version``, ``codec`` (canonical spec), ``dtype``, ``shape``, ``elements``,
-    ``payload_checksum``, ``header_bytes``, ``payload_bytes``, ``frame_bytes``, and
+    ``payload_checksum`` (``"crc32c"``, ``"crc32"`` or None), ``header_bytes``, ``payload_bytes``, ``frame_bytes``, and
     ``sections``: a list of {kind, encoding, bits, count, raw_bytes, stored_bytes}.
     """
     fr = _parse_frame(frame)
@@ -55,7 +55,7 @@ def inspect(frame) -> dict:
         "dtype": fr.dtype.name,
         "shape": list(fr.shape),
         "elements": fr.n,
-        "payload_checksum": bool(fr.flags & 1),
+        "payload_checksum": fr.checksum,
         "header_bytes": fr.header_len,
         "payload_bytes": payload,
         "frame_bytes": fr.header_len + payload,

@@ -11,27 +11,31 @@ Byte by byte::
     ------  ----  ---------------------------------------------------------------
     0       4     magic  b"\\x89GCC"  (0x89 'G' 'C' 'C'; a frame starts b"\\x89GCF")
     4       1     u8   version = 1
-    5       1     u8   flags: reserved, must be 0
+    5       1     u8   flags: bit 0 = frames CRC-32C present; bits 1..7 reserved, must be 0
     6       2     u16  reserved, must be 0
     8       4     u32  count: number of entries
     12      ...   table, ``count`` entries in order, each:
                       u16  name length L (bytes, 0..65535)
                       L    name, UTF-8 (no terminator); names are unique in a container
                       u64  frame length (bytes)
-    T       4     u32  CRC32 (zlib.crc32, IEEE polynomial) of bytes [0, T): header + table
-    T+4     ...   the frames, concatenated in table order, with no padding
+    T       4     u32  only with flags bit 0: CRC-32C (Castagnoli) of all the frames' bytes
+    T+C     4     u32  CRC32 (zlib.crc32, IEEE polynomial) of bytes [0, T+C): header, table
+                       and the frames' CRC-32C
+    T+C+4   ...   the frames, concatenated in table order, with no padding
 
-    T = 12 + sum(10 + L_i) over the entries.  The container ends exactly where the last frame
-    ends: total length = T + 4 + sum(frame lengths).  Names may be empty.  The smallest
-    container (no entries) is 16 bytes.
+    T = 12 + sum(10 + L_i) over the entries, C = 4 with flags bit 0 and 0 without.  The
+    container ends exactly where the last frame ends: total length = T + C + 4 + sum(frame
+    lengths).  Names may be empty.  The smallest container (no entries) is 16 bytes.
+    ``pack_frames`` sets flags bit 0 unless asked not to; containers without it (all of them
+    before it existed) still unpack.
 
 ``unpack_frames`` validates, in this order and before allocating anything in proportion to
 a declared size: length >= 16; magic; version; flags and reserved field are zero; ``count``
 entries of at least 10 bytes each can fit; every table entry fits in the buffer; the table
 CRC32; the frame lengths add up to exactly the bytes that follow the CRC; every name is
-valid UTF-8; no name repeats.  Each failure raises :class:`codec.CorruptFrameError` with a
-one-line reason.  The CRC covers only the header and table; each frame's own header carries
-its own CRC (and optionally a payload CRC, see the ``crc32`` stage).
+valid UTF-8; no name repeats; the frames' CRC-32C when flagged.  Each failure raises
+:class:`codec.CorruptFrameError` with a one-line reason.  Each frame's own header also carries
+its own CRC (and, by default, a payload CRC-32C).
 
 Unpacking is zero-copy: each frame comes back as a ``memoryview`` into the input buffer.
 """
@@ -40,6 +44,8 @@ from __future__ import annotations
 
 import struct
 import zlib
+
+import crc32c as _crc32c
 
 from codec.errors import CorruptFrameError
 
@@ -56,6 +62,8 @@ FIXED_SIZE = _FIXED.size  # 12
 MIN_ENTRY = _NAME_LEN.size + _FRAME_LEN.size  # 10: an entry with an empty name
 MIN_SIZE = FIXED_SIZE + _CRC.size  # 16: an empty container
 MAX_NAME = 0xFFFF
+#: flags bit 0: a CRC-32C of the frames follows the table
+FLAG_FRAMES_CRC32C = 0x01
 
 
 def _as_bytes_view(buf, what: str) -> memoryview:
@@ -69,8 +77,9 @@ def _as_bytes_view(buf, what: str) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
-def pack_frames(items) -> bytes:
-    """Pack named byte strings into one container.
+def pack_frames(items, *, checksum: bool = True) -> bytes:
+    """Pack named byte strings into one container (with a CRC-32C of the frames unless
+    ``checksum=False``).
 
     ``items`` is a dict ``{name: frame}`` or an iterable of ``(name, frame)`` pairs; a frame is
     any contiguous bytes-like object (bytes, bytearray, memoryview, 1-D uint8 array).  Order is
@@ -87,16 +96,23 @@ def pack_frames(items) -> bytes:
             raise TypeError(f"items: expected (name, frame) pairs, got {pair!r:.60}") from None
         names.append(name)
         frames.append(_as_bytes_view(frame, f"items[{name!r}]"))
-    head = pack_header(zip(names, (f.nbytes for f in frames)))
+    crc = None
+    if checksum:
+        crc = 0
+        for f in frames:
+            crc = _crc32c.crc32c(f, crc)
+    head = pack_header(zip(names, (f.nbytes for f in frames)), frames_crc=crc)
     return b"".join([head, *frames])
 
 
-def pack_header(entries) -> bytes:
+def pack_header(entries, *, frames_crc: int | None = None) -> bytes:
     """The container header, table and CRC for ``entries``, an iterable of ``(name, frame_length)``.
 
-    ``pack_header(...) + frame_0 + frame_1 + ...`` (frames in the same order) is exactly
-    ``pack_frames``'s output: a transport can send the header and then the frames as they are
-    (vectored I/O) instead of joining them.  Same errors as :func:`pack_frames`.
+    ``frames_crc``: the CRC-32C of the frames' bytes in order (``crc32c.crc32c(frame, crc)``
+    chained over them) to store, or None for none.  ``pack_header(...) + frame_0 + frame_1 +
+    ...`` (frames in the same order) is exactly ``pack_frames``'s output: a transport can send
+    the header and then the frames as they are (vectored I/O) instead of joining them.  Same
+    errors as :func:`pack_frames`.
     """
     head = bytearray(FIXED_SIZE)
     seen = set()
@@ -121,7 +137,11 @@ def pack_header(entries) -> bytes:
         count += 1
     if count > 0xFFFFFFFF:
         raise ValueError(f"items: {count} entries; a container holds at most {0xFFFFFFFF}")
-    _FIXED.pack_into(head, 0, MAGIC, VERSION, 0, 0, count)
+    flags = 0
+    if frames_crc is not None:
+        flags = FLAG_FRAMES_CRC32C
+        head += _CRC.pack(frames_crc)
+    _FIXED.pack_into(head, 0, MAGIC, VERSION, flags, 0, count)
     head += _CRC.pack(zlib.crc32(head))
     return bytes(head)
 
@@ -153,14 +173,15 @@ def unpack_frames(buf) -> list[tuple[str, memoryview]]:
         raise CorruptFrameError(f"not a gradcodec container (magic {bytes(magic)!r}, expected {MAGIC!r})")
     if version != VERSION:
         raise CorruptFrameError(f"container format version {version} is not supported (this gradcodec reads version {VERSION})")
-    if flags or reserved:
+    if flags & ~FLAG_FRAMES_CRC32C or reserved:
         raise CorruptFrameError(f"reserved container header bits are set (flags={flags:#04x}, reserved={reserved:#06x})")
     if count > (size - MIN_SIZE) // MIN_ENTRY:
         raise CorruptFrameError(f"container declares {count} entries, more than its {size} bytes can hold")
     # walk the table: bounds only (offsets and lengths), nothing allocated per declared size
     entries = []
     off = FIXED_SIZE
-    limit = size - _CRC.size
+    checked = flags & FLAG_FRAMES_CRC32C
+    limit = size - _CRC.size * (2 if checked else 1)
     for i in range(count):
         if off + MIN_ENTRY > limit:
             raise CorruptFrameError(f"container table entry {i} runs past the end of the buffer ({size} bytes)")
@@ -171,6 +192,8 @@ def unpack_frames(buf) -> list[tuple[str, memoryview]]:
             raise CorruptFrameError(f"container table entry {i} runs past the end of the buffer ({size} bytes)")
         (frame_len,) = _FRAME_LEN.unpack_from(mv, off - _FRAME_LEN.size)
         entries.append((name_off, name_len, frame_len))
+    if checked:
+        off += _CRC.size
     (crc,) = _CRC.unpack_from(mv, off)
     if zlib.crc32(mv[:off]) != crc:
         raise CorruptFrameError("container table checksum mismatch: the header or table is damaged")
@@ -180,6 +203,8 @@ def unpack_frames(buf) -> list[tuple[str, memoryview]]:
         raise CorruptFrameError(
             f"container frames add up to {total} bytes but {size - data_off} bytes follow the table"
         )
+    if checked and _crc32c.crc32c(mv[data_off:]) != _CRC.unpack_from(mv, off - _CRC.size)[0]:
+        raise CorruptFrameError("container frames checksum mismatch: the frames are damaged")
     out = []
     seen = set()
     for i, (name_off, name_len, frame_len) in enumerate(entries):

@@ -1,4 +1,8 @@
-"""Byte stages: ``zstd`` (per-section compression) and ``crc32`` (payload checksum)."""
+"""Byte stages: ``zstd`` (per-section compression) and ``crc32`` (the legacy payload checksum).
+
+Every frame carries a payload CRC-32C unless its codec was built with ``checksum=False``;
+``crc32`` replaces it by zlib's CRC32, which was the only payload checksum before it became
+the default (frames made with it keep their bytes)."""
 
 from __future__ import annotations
 
@@ -35,10 +39,10 @@ class Zstd(Stage):
 
 @register
 class Crc32(Stage):
-    """A CRC32 of all section bytes in the header, checked before decoding."""
+    """A zlib CRC32 of all section bytes as the payload checksum (instead of the default CRC-32C)."""
 
     name = "crc32"
     kind = "bytes"
 
     def frame_options(self) -> dict:
-        return {"checksum": True}
+        return {"checksum": "crc32"}

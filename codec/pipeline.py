@@ -17,7 +17,7 @@ import numpy as np
 from codec import spec as specmod
 from codec.dtypes import as_float_array
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
-from codec.frame import build_frame, parse_frame
+from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
 from codec.modes import ADD, SET, SUB
 from codec.stage import KINDS, Context, Stage, lookup, registered
 
@@ -28,9 +28,15 @@ class Codec:
     ``encode(x)`` returns a self-describing frame (``bytes``); ``decode(frame)`` returns a new
     array of the original dtype and shape; ``decode(frame, out=y)`` fills ``y``;
     ``decode_add(frame, out=acc)`` adds the decoded array into ``acc``.
+
+    Every frame carries a CRC-32C of its payload (the header has its own CRC32), checked
+    before decoding; ``checksum=False`` leaves it out, for transports that already guarantee
+    integrity (MPI).  Decoders accept frames with or without it.
     """
 
-    def __init__(self, spec):
+    def __init__(self, spec, *, checksum: bool = True):
+        if not isinstance(checksum, bool):
+            raise TypeError(f"checksum: expected True or False, got {checksum!r}")
         stages = [lookup(name)(**params) for name, params in specmod.parse(spec)] if isinstance(spec, str) else list(spec)
         self.stages = _arrange(stages, spec if isinstance(spec, str) else None)
         by_kind = {k: [s for s in self.stages if s.kind == k] for k in KINDS}
@@ -38,9 +44,12 @@ class Codec:
         self.select = by_kind["select"][0] if by_kind["select"] else None
         self.value = by_kind["value"][0]
         self.post = tuple(by_kind["bytes"])
-        self._frame_options = {}
+        self.checksum = checksum
+        self._frame_options = {"checksum": DEFAULT_CHECKSUM if checksum else None}
         for s in self.post:
             self._frame_options.update(s.frame_options())
+        if not checksum and self._frame_options["checksum"] is not None:
+            raise ValueError(f"checksum=False contradicts the {self._frame_options['checksum']!r} stage of {spec!r}, which adds one")
         chooser = self.select or self.transform
         self._implicit_value = chooser is not None and self.value == _default_value(chooser)
         self.spec = specmod.format_spec(
@@ -197,6 +206,8 @@ class Codec:
         """
         named = [s for s in self.stages if not (s is self.value and self._implicit_value)]
         cfg = {"id": "+".join(s.name for s in named)}
+        if not self.checksum:
+            cfg["checksum"] = False
         for s in named:
             for k, v in s.config.items():
                 if v is not None:
@@ -210,7 +221,7 @@ class Codec:
         names = config["id"].split("+")
         params = {n: {} for n in names}
         for key, v in config.items():
-            if key == "id":
+            if key in ("id", "checksum"):
                 continue
             stage, _, pname = key.rpartition(".")
             if not stage and len(names) == 1:
@@ -218,7 +229,7 @@ class Codec:
             if stage not in params:
                 raise ValueError(f"config: key {key!r} names no stage of {config['id']!r}")
             params[stage][pname] = v
-        return cls([lookup(n)(**params[n]) for n in names])
+        return cls([lookup(n)(**params[n]) for n in names], checksum=config.get("checksum", True))
 
     def __eq__(self, other):
         return isinstance(other, Codec) and self.get_config() == other.get_config()
@@ -227,7 +238,7 @@ class Codec:
         return hash(json.dumps(self.get_config(), sort_keys=True))
 
     def __repr__(self):
-        return f"Codec({self.spec!r})"
+        return f"Codec({self.spec!r})" if self.checksum else f"Codec({self.spec!r}, checksum=False)"
 
     def __reduce__(self):
         return (get_codec, (self.get_config(),))
@@ -277,29 +288,36 @@ def _arrange(stages, text):
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(spec: str) -> Codec:
-    return Codec(spec)
+def _cached(spec: str, checksum: bool) -> Codec:
+    return Codec(spec, checksum=checksum)
 
 
-def get_codec(spec=None, /, **params) -> Codec:
+def get_codec(spec=None, /, *, checksum: bool | None = None, **params) -> Codec:
     """A codec from a spec string (``"topk(ratio=0.001)+zstd"``), an id plus keyword parameters
-    (``get_codec("qsgd", levels=16)``), a config dict (from ``get_config``) or a Codec."""
+    (``get_codec("qsgd", levels=16)``), a config dict (from ``get_config``) or a Codec.
+
+    ``checksum=False`` gives the codec that writes frames without the payload CRC-32C (see
+    :class:`Codec`); None keeps what ``spec`` says (a config dict or Codec may carry it;
+    otherwise True)."""
+    if checksum is not None and not isinstance(checksum, bool):
+        raise TypeError(f"checksum: expected True or False, got {checksum!r}")
     if isinstance(spec, Codec):
         if params:
             raise ValueError("get_codec: keyword parameters cannot be combined with a Codec")
-        return spec
+        return spec if checksum in (None, spec.checksum) else Codec(spec.stages, checksum=checksum)
     if isinstance(spec, dict):
         if params:
             raise ValueError("get_codec: keyword parameters cannot be combined with a config dict")
-        return Codec.from_config(spec)
+        return Codec.from_config(spec if checksum is None else {**spec, "checksum": checksum})
     if not isinstance(spec, str):
         raise TypeError(f"spec: expected a spec string, config dict or Codec, got {type(spec).__name__}")
+    checksum = True if checksum is None else checksum
     if params:
         stages = specmod.parse(spec)
         if len(stages) != 1 or stages[0][1]:
             raise ValueError(f"get_codec: keyword parameters need a bare codec id, got {spec!r}")
-        return Codec([lookup(stages[0][0])(**params)])
-    return _cached(spec)
+        return Codec([lookup(stages[0][0])(**params)], checksum=checksum)
+    return _cached(spec, checksum)
 
 
 def _out_array(fr, out, *, add: bool) -> np.ndarray:

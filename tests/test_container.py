@@ -6,6 +6,7 @@ import random
 import struct
 import zlib
 
+import crc32c
 import numpy as np
 import pytest
 
@@ -20,15 +21,41 @@ def small():
 
 def test_layout_byte_by_byte():
     buf = pack_frames([("ab", b"XYZ"), ("c", b"")])
+    head = MAGIC + bytes([1, 1]) + struct.pack("<HI", 0, 2)  # flags bit 0: frames CRC-32C present
+    table = struct.pack("<H", 2) + b"ab" + struct.pack("<Q", 3) + struct.pack("<H", 1) + b"c" + struct.pack("<Q", 0)
+    frames_crc = struct.pack("<I", crc32c.crc32c(b"XYZ"))
+    crc = struct.pack("<I", zlib.crc32(head + table + frames_crc))
+    assert buf == head + table + frames_crc + crc + b"XYZ"
+
+
+def test_layout_without_checksum_is_the_old_format():
+    buf = pack_frames([("ab", b"XYZ"), ("c", b"")], checksum=False)
     head = MAGIC + bytes([1, 0]) + struct.pack("<HI", 0, 2)
     table = struct.pack("<H", 2) + b"ab" + struct.pack("<Q", 3) + struct.pack("<H", 1) + b"c" + struct.pack("<Q", 0)
     crc = struct.pack("<I", zlib.crc32(head + table))
     assert buf == head + table + crc + b"XYZ"
+    assert [(n, bytes(f)) for n, f in unpack_frames(buf)] == [("ab", b"XYZ"), ("c", b"")]
+
+
+def test_every_flip_of_a_frame_byte_is_caught():
+    """Integrity by default: any damage to the frames area is a CorruptFrameError, whether or
+    not the frames carry their own payload checksums."""
+    frames = [("a", b"\x00" * 40), ("b", bytes(range(200)))]
+    buf = pack_frames(frames)
+    start = len(buf) - 240
+    for i in range(start, len(buf)):
+        for bit in (0, 3, 7):
+            bad = bytearray(buf)
+            bad[i] ^= 1 << bit
+            with pytest.raises(CorruptFrameError, match="frames checksum"):
+                unpack_frames(bytes(bad))
 
 
 def test_empty_container():
+    assert len(pack_frames({}, checksum=False)) == 16
+    assert unpack_frames(pack_frames({}, checksum=False)) == []
     buf = pack_frames({})
-    assert len(buf) == 16
+    assert len(buf) == 20  # + the frames' CRC-32C (of nothing)
     assert unpack_frames(buf) == []
     assert is_container(buf)
 
@@ -54,7 +81,7 @@ def test_accepts_every_buffer_type():
 
 
 def test_unpack_is_zero_copy():
-    buf = bytearray(pack_frames([("a", b"hello"), ("b", b"world")]))
+    buf = bytearray(pack_frames([("a", b"hello"), ("b", b"world")], checksum=False))
     views = dict(unpack_frames(buf))
     assert isinstance(views["a"], memoryview)
     buf[-1] = ord("D")  # the view sees the change: no copy was made
@@ -144,7 +171,7 @@ def test_specific_reasons():
     buf = bytearray(small())
     assert "magic" in _corrupt(b"\x89GCF" + bytes(buf[4:]))
     assert "version 2" in _corrupt(bytes(buf[:4]) + b"\x02" + bytes(buf[5:]))
-    assert "reserved" in _corrupt(bytes(buf[:5]) + b"\x01" + bytes(buf[6:]))
+    assert "reserved" in _corrupt(bytes(buf[:5]) + b"\x03" + bytes(buf[6:]))
     assert "reserved" in _corrupt(bytes(buf[:6]) + b"\x00\x01" + bytes(buf[8:]))
     huge = bytes(buf[:8]) + struct.pack("<I", 0xFFFFFFFF) + bytes(buf[12:])
     assert "entries" in _corrupt(huge)
@@ -175,7 +202,9 @@ def test_wrong_types():
 
 def test_pack_header_plus_frames_equals_pack_frames():
     items = [("a", b"xyz"), ("b", b""), ("c", bytes(100))]
-    head = pack_header((n, len(f)) for n, f in items)
+    head = pack_header(((n, len(f)) for n, f in items), frames_crc=crc32c.crc32c(b"".join(f for _, f in items)))
     assert head + b"".join(f for _, f in items) == pack_frames(items)
+    head = pack_header((n, len(f)) for n, f in items)
+    assert head + b"".join(f for _, f in items) == pack_frames(items, checksum=False)
     with pytest.raises(ValueError):
         pack_header([("a", -1)])

@@ -4,6 +4,7 @@ import struct
 import tracemalloc
 import zlib
 
+import crc32c
 import numpy as np
 import pytest
 
@@ -25,19 +26,20 @@ def test_layout_byte_by_byte():
     f = codec.get_codec("fp16").encode(arr)
     assert f[:4] == MAGIC == b"\x89GCF"
     version, flags, dtype, ndim, nsec, reserved, spec_len = struct.unpack_from("<BBBBBBH", f, 4)
-    assert (version, flags, dtype, ndim, nsec, reserved, spec_len) == (1, 0, 3, 2, 1, 0, 4)
+    assert (version, flags, dtype, ndim, nsec, reserved, spec_len) == (1, 2, 3, 2, 1, 0, 4)  # flags: CRC-32C
     assert struct.unpack_from("<2Q", f, 12) == (2, 3)
     assert f[28:32] == b"fp16"
     kind, enc, bits, count, raw_len, stored_len = struct.unpack_from("<BBHQQQ", f, 32)
     assert (kind, enc, bits, count, raw_len, stored_len) == (Kind.VALUES, 0, 16, 6, 12, 12)
-    hl = 32 + SECTION_SIZE + 4
+    hl = 32 + SECTION_SIZE + 4 + 4
+    assert struct.unpack_from("<I", f, hl - 8)[0] == crc32c.crc32c(f[hl:])
     assert struct.unpack_from("<I", f, hl - 4)[0] == zlib.crc32(f[: hl - 4])
     assert len(f) == hl + 12
     assert np.frombuffer(f[hl:], np.uint16).tolist() == arr.astype(np.float16).view(np.uint16).ravel().tolist()
 
 
 def test_wire_size_formula():
-    # header = 12 + 8*ndim + len(spec) + 28*sections + 4 (+4 with crc32); payload as the sections say
+    # header = 12 + 8*ndim + len(spec) + 28*sections + 4 + 4 (payload CRC-32C); payload as the sections say
     for spec, arr, payload in [
         ("none", np.zeros((3, 5), np.float32), 60),
         ("fp16", np.zeros((3, 5), np.float32), 30),
@@ -46,7 +48,8 @@ def test_wire_size_formula():
     ]:
         c = codec.get_codec(spec)
         f = c.encode(arr)
-        assert len(f) == 12 + 8 * arr.ndim + len(c.spec) + 28 + 4 + payload
+        assert len(f) == 12 + 8 * arr.ndim + len(c.spec) + 28 + 4 + 4 + payload
+        assert len(codec.get_codec(spec, checksum=False).encode(arr)) == len(f) - 4
     c = codec.get_codec("fp16+crc32")
     assert len(c.encode(np.zeros(4, np.float32))) == 12 + 8 + len(c.spec) + 28 + 4 + 4 + 8
 
@@ -57,7 +60,8 @@ def test_wire_size_formula():
         (lambda b: b[:MIN_FRAME - 1], "shorter than the 16-byte minimum"),
         (lambda b: b"\x89GCX" + b[4:], "not a gradcodec frame"),
         (lambda b: b[:4] + b"\x02" + b[5:], "version 2 is not supported"),
-        (lambda b: b[:5] + b"\x02" + b[6:], "reserved header bits"),
+        (lambda b: b[:5] + b"\x04" + b[6:], "reserved header bits"),
+        (lambda b: b[:5] + b"\x03" + b[6:], "reserved header bits"),  # both payload checksums: never written
         (lambda b: b[:9] + b"\x01" + b[10:], "reserved header bits"),
         (lambda b: b[:40], "shorter than its"),
         (lambda b: b[:30] + bytes([b[30] ^ 1]) + b[31:], "header checksum mismatch"),
@@ -103,13 +107,50 @@ def test_inflated_shape_of_dense_frame_fails_before_allocating():
 
 
 def test_payload_checksum_catches_payload_damage():
-    f = bytearray(_frame("fp16+crc32"))
-    f[-1] ^= 0x10
-    with pytest.raises(codec.CorruptFrameError, match="payload checksum"):
-        codec.decode(bytes(f))
-    g = bytearray(_frame("fp16"))
+    for spec in ("fp16+crc32", "fp16"):  # the legacy CRC32 stage, and the default CRC-32C
+        f = bytearray(_frame(spec))
+        f[-1] ^= 0x10
+        with pytest.raises(codec.CorruptFrameError, match="payload checksum"):
+            codec.decode(bytes(f))
+    g = bytearray(codec.get_codec("fp16", checksum=False).encode(np.arange(1, 9, dtype=np.float32)))
     g[-1] ^= 0x10
-    codec.decode(bytes(g))  # without the checksum a damaged value decodes (to a wrong value)
+    codec.decode(bytes(g))  # opted out: a damaged value decodes (to a wrong value)
+
+
+def test_checksum_is_on_by_default_and_every_payload_flip_is_caught():
+    """Issue 13 defect 7: one flipped payload byte of a topk+fp16+zstd frame used to decode to
+    wrong values (NaN and inf included) with no error."""
+    x = np.random.default_rng(7).standard_normal(5000).astype(np.float32)
+    f = codec.get_codec("topk(ratio=0.05)+fp16+zstd").encode(x)
+    info = codec.inspect(f)
+    assert info["payload_checksum"] == "crc32c"
+    start = info["header_bytes"]
+    for i in range(start, len(f)):
+        for bit in (0, 5):
+            bad = bytearray(f)
+            bad[i] ^= 1 << bit
+            with pytest.raises(codec.CorruptFrameError):
+                codec.decode(bytes(bad))
+
+
+def test_payload_checksum_flags_and_opt_out():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    on, off, legacy = (codec.get_codec("fp16", checksum=True).encode(x), codec.get_codec("fp16", checksum=False).encode(x),
+                       codec.get_codec("fp16+crc32").encode(x))
+    assert (on[5], off[5], legacy[5]) == (0x02, 0x00, 0x01)
+    assert len(on) == len(off) + 4 == len(legacy) - len("+crc32")
+    hl = 12 + 16 + 4 + 28 + 8
+    assert struct.unpack_from("<I", on, hl - 8)[0] == crc32c.crc32c(on[hl:])
+    hl += len("+crc32")
+    assert struct.unpack_from("<I", legacy, hl - 8)[0] == zlib.crc32(legacy[hl:])
+    for f in (on, off, legacy):
+        assert codec.decode(f).tolist() == x.tolist()
+    assert codec.get_codec("fp16", checksum=False) != codec.get_codec("fp16")
+    assert codec.get_codec(codec.get_codec("fp16", checksum=False).get_config()).checksum is False
+    with pytest.raises(ValueError, match="contradicts"):
+        codec.get_codec("fp16+crc32", checksum=False)
+    with pytest.raises(TypeError, match="checksum"):
+        codec.get_codec("fp16", checksum=1)
 
 
 def test_damaged_zstd_payload_is_corrupt_not_zstd_error():
@@ -157,14 +198,14 @@ def test_inspect_reports_the_header():
     x = np.linspace(-1, 1, 101, dtype=np.float32).reshape(1, 101)
     info = codec.inspect(c.encode(x))
     assert info["codec"] == c.spec and info["dtype"] == "float32" and info["shape"] == [1, 101]
-    assert info["elements"] == 101 and info["payload_checksum"] is True
+    assert info["elements"] == 101 and info["payload_checksum"] == "crc32"
     kinds = [s["kind"] for s in info["sections"]]
     assert kinds[0] in ("index_delta", "index_bitmap") and kinds[1] == "values"
     assert info["sections"][1]["count"] == int(np.sum(np.abs(x) >= 0.5))
     assert info["frame_bytes"] == len(c.encode(x)) == info["header_bytes"] + info["payload_bytes"]
 
 
-def _header(c, arr, sections, checksum=False):
+def _header(c, arr, sections, checksum=True):
     return 12 + 8 * arr.ndim + len(c.spec) + 28 * sections + 4 + (4 if checksum else 0)
 
 
