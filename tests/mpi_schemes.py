@@ -139,8 +139,9 @@ def _gtopk_run(ck, comm, spec, local_spec, *, steps=4, seed=11, layout=GT_LAYOUT
                 ck.same(_gtopk_residual(red, name, rank, opts.get("rank_streams", True)), sim.residual(name, rank),
                         f"{tag} residual[{name!r}] of rank {rank}")
         ck.everywhere_same(got, tag)
-        # bytes on the wire: one pair set (uint32 positions, accumulator-dtype values) per send
-        per_set = sum(k * (4 + ref.acc_dtype(xs[0][n].dtype).itemsize) for n, k in sim.ks.items())
+        # bytes on the wire: an 8-byte status and one pair set (uint32 positions,
+        # accumulator-dtype values) per send
+        per_set = 8 + sum(k * (4 + ref.acc_dtype(xs[0][n].dtype).itemsize) for n, k in sim.ks.items())
         ck.true(red.stats.bytes_sent == ref.tree_sends(rank, p) * per_set,
                 f"{tag}: bytes_sent {red.stats.bytes_sent}, want {ref.tree_sends(rank, p)} sends x {per_set}")
     return red, sim
@@ -164,14 +165,14 @@ def case_gtopk_options(comm, ck):
 
 def case_gtopk_bytes(comm, ck):
     """One float32 tensor of 1000 elements, ratio 0.01 (k = 10): every rank of a power-of-two
-    job sends log2(p) rounds of k * (4 + 4) bytes."""
+    job sends log2(p) rounds of an 8-byte status and k * (4 + 4) bytes."""
     p, rank = ck.p, ck.rank
     red = Allreducer("gtopk(ratio=0.01)", comm)
     x = ref.make_tensor(5, rank, 0, "g", (1000,), F32, "randn")
     red.reduce({"g": x})
     if p & (p - 1) == 0:
         rounds = p.bit_length() - 1
-        ck.true(red.stats.bytes_sent == rounds * 10 * 8, f"p={p}: bytes_sent {red.stats.bytes_sent}, want {rounds} * 10 * 8")
+        ck.true(red.stats.bytes_sent == rounds * (8 + 10 * 8), f"p={p}: bytes_sent {red.stats.bytes_sent}, want {rounds} * (8 + 10 * 8)")
     wire = red.stats.tensors["g"]["wire_bytes"]
     ck.true(wire > 0, f"wire_bytes {wire}")
 

@@ -34,7 +34,7 @@ from codec.ops import scatter, wide_dtype
 from codec.spec import parse as parse_spec
 from transport import message, staging
 
-__all__ = ["Allreducer", "Handle", "Stats", "MismatchError"]
+__all__ = ["Allreducer", "Handle", "Stats", "MismatchError", "RankError", "RankTypeError"]
 
 #: codecs whose reduction may be a majority vote (sign of the sum of signs)
 SIGN_CODECS = ("sign", "efsign", "onebit")
@@ -42,6 +42,84 @@ SIGN_CODECS = ("sign", "efsign", "onebit")
 
 class MismatchError(CodecError, ValueError):
     """Ranks called a collective step with different codecs, options or tensors."""
+
+
+class RankError(CodecError, ValueError):
+    """A step failed on one or more ranks (a non-finite input the codec cannot send, a bad
+    argument): EVERY rank raises it, with the same message, naming the failing ranks and their
+    reasons.  ``ranks``: the failing ranks; ``reasons``: rank -> ``"Type: message"``.  On the
+    failing rank it is chained (``__cause__``) to the rank's own exception."""
+
+    def __init__(self, message: str, ranks=(), reasons=None):
+        super().__init__(message)
+        self.ranks = list(ranks)
+        self.reasons = dict(reasons or {})
+
+
+class RankTypeError(RankError, TypeError):
+    """:class:`RankError` whose first failing rank raised a TypeError (an unsupported dtype, an
+    argument of the wrong type)."""
+
+
+#: per-rank status carried by the step's first collective (docs/transport.md, "Failures")
+OK, FAIL_TYPE, FAIL_VALUE, FAIL_OTHER = 0, 1, 2, 3
+#: or'ed into the status when the rank failed before it could describe its step
+NO_DESC = 4
+#: a reason longer than this is cut (it travels to every rank)
+REASON_CHARS = 600
+
+
+def status_of(exc: BaseException) -> int:
+    """The reason code of an exception: FAIL_TYPE, FAIL_VALUE or FAIL_OTHER."""
+    return FAIL_TYPE if isinstance(exc, TypeError) else FAIL_VALUE if isinstance(exc, ValueError) else FAIL_OTHER
+
+
+def raise_failed(comm, mine, when: str):
+    """Every rank: gather every rank's (status, reason) (``comm.allgather``) and raise the same
+    :class:`RankError` (``RankTypeError`` when the first failing rank's error was a TypeError).
+    ``mine``: this rank's exception, or None.  Call it on every rank of ``comm``, once every
+    rank knows that some rank failed."""
+    reason = None
+    if mine is not None:
+        reason = f"{type(mine).__name__}: {mine}"
+        if len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 3] + "..."
+    every = comm.allgather((OK if mine is None else status_of(mine), reason))
+    bad = [r for r, (s, _) in enumerate(every) if s]
+    if not bad:  # cannot happen: a caller saw a failure
+        raise RankError(f"a rank reported a failure {when} but none gave a reason")
+    head = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {', '.join(map(str, bad))}"
+    detail = "; ".join(f"rank {r}: {every[r][1]}" for r in bad)
+    msg = f"{head} of {len(every)} failed {when}, so every rank raises this: {detail}"
+    cls = RankTypeError if every[bad[0]][0] == FAIL_TYPE else RankError
+    raise cls(msg, bad, {r: every[r][1] for r in bad}) from mine
+
+
+def nonfinite_at(a: np.ndarray, block: int = 1 << 16) -> int:
+    """The first flat position of a NaN or inf in ``a`` (a float ndarray), or -1.
+
+    float32/float64: one vectorised sum (any NaN or inf makes it non-finite; a finite sum
+    proves every element finite), then an exact search only when the sum is not finite.
+    16-bit floats: the exponent bits, in blocks (no full-size temporary)."""
+    if a.size == 0:
+        return -1
+    flat = a.reshape(-1)
+    if a.dtype.itemsize == 2:  # float16 (exponent 0x7C00) or bfloat16 (0x7F80): all ones is inf/NaN
+        limit = 0x7C00 if a.dtype == np.float16 else 0x7F80
+        bits = flat.view(np.uint16)
+        buf = np.empty(min(block, bits.size), np.uint16)
+        for at in range(0, bits.size, block):
+            part = bits[at : at + block]
+            o = buf[: part.size]
+            np.bitwise_and(part, 0x7FFF, out=o)
+            if int(o.max()) >= limit:
+                return at + int(np.argmax(o >= limit))
+        return -1
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(flat)):
+            return -1
+    bad = np.flatnonzero(~np.isfinite(flat))
+    return int(bad[0]) if bad.size else -1
 
 
 @dataclass
@@ -79,16 +157,22 @@ class Handle:
     def __init__(self, reducer, pending, layout, stats):
         self._reducer, self._pending, self._layout = reducer, pending, layout
         self._stats = stats
-        self._result = None
+        self._result = self._error = None
 
     def test(self) -> bool:
         """True when the communication of the first round has completed (never blocks)."""
-        return self._result is not None or self._pending.test()
+        return self._result is not None or self._error is not None or self._pending.test()
 
     def wait(self):
+        if self._error is not None:  # the step failed: its collectives are not run again
+            raise self._error
         if self._result is None:
             t = time.perf_counter()
-            arrays = self._pending.finish(self._stats)
+            try:
+                arrays = self._pending.finish(self._stats)
+            except BaseException as e:
+                self._error, self._pending = e, None
+                raise
             self._stats.communicate_s += time.perf_counter() - t - self._stats.decode_s
             self._result = self._layout.rebuild(arrays)
             self._reducer._record(self._stats)
@@ -164,12 +248,23 @@ class Allreducer:
 
     def ireduce(self, tensors) -> Handle:
         """Start a step and return its :class:`Handle`; the frames are encoded and the
-        communication posted (nonblocking), so computation can overlap it until ``wait()``."""
+        communication posted (nonblocking), so computation can overlap it until ``wait()``.
+
+        Everything that can fail on one rank only (argument types, dtypes, a non-finite
+        input the codec cannot send) is checked before the step's first collective, which
+        carries every rank's status: if any rank failed, every rank raises the same
+        :class:`RankError` and no rank's state (residuals, steps, warm-start Q) changes."""
         t0 = time.perf_counter()
-        layout = _Layout(tensors, self.bucket_bytes)
         stats = Stats()
-        self._check(layout, stats)
-        pending = self.scheme.start(layout.sent, layout.sent_keys, stats)
+        layout = desc = prepared = failed = None
+        try:
+            layout = _Layout(tensors, self.bucket_bytes)
+            desc = self.describe(layout)
+            prepared = self.scheme.prepare(layout.sent, layout.sent_keys)
+        except Exception as e:  # told to every rank in the check, so none is left waiting
+            failed = e
+        self._check(desc, failed, stats)
+        pending = self.scheme.start(prepared, stats)
         t1 = time.perf_counter()
         stats.encode_s = t1 - t0 - stats.communicate_s
         stats.tensors = {
@@ -194,20 +289,33 @@ class Allreducer:
             "structure": layout.kind,
         }
 
-    def _check(self, layout, stats) -> None:
-        """One Allgather of the step's signature hash; on a mismatch every rank gathers the
-        descriptions and raises the same MismatchError, before anything is encoded."""
-        desc = self.describe(layout)
-        text = json.dumps(desc, sort_keys=True)
-        sig = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-        every = np.empty(self.size, np.int64)
+    def _check(self, desc, failed, stats) -> None:
+        """The step's first collective: one Allgather of (status, hash of ``desc``) per rank.
+
+        If a rank failed before it could describe its step, or failed in ``prepare`` while
+        every rank describes the same step, every rank raises the same :class:`RankError`;
+        if the descriptions differ, every rank gathers them and raises the same
+        MismatchError (a failure is then most likely a consequence of the mismatch)."""
+        if failed is None:
+            status = OK
+        else:
+            status = status_of(failed) | (NO_DESC if desc is None else 0)
+        sig = 0
+        if desc is not None:
+            text = json.dumps(desc, sort_keys=True)
+            sig = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+        every = np.empty((self.size, 2), np.int64)
         t = time.perf_counter()
-        self.comm.Allgather(np.array([sig], np.int64), every)
+        self.comm.Allgather(np.array([status, sig], np.int64), every)
         stats.communicate_s += time.perf_counter() - t
-        if np.all(every == every[0]):
-            return
-        descs = self.comm.allgather(desc)
-        raise MismatchError(_mismatch_message(descs))
+        statuses, sigs = every[:, 0].tolist(), every[:, 1]
+        if any(s & NO_DESC for s in statuses):
+            raise_failed(self.comm, failed, "checking its arguments")
+        if not np.all(sigs == sigs[0]):
+            descs = self.comm.allgather(desc)
+            raise MismatchError(_mismatch_message(descs)) from failed
+        if any(statuses):
+            raise_failed(self.comm, failed, "checking its input")
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
@@ -245,7 +353,7 @@ class _Layout:
         else:
             raise TypeError(f"tensors: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
         self.devices = [staging.is_device(x) for x in items]
-        self.arrays = [as_float_array(staging.to_host(x) if d else x, argname=f"tensors[{k!r}]") for k, x, d in zip(self.keys, items, self.devices)]
+        self.arrays = [_plain(as_float_array(staging.to_host(x) if d else x, argname=f"tensors[{k!r}]")) for k, x, d in zip(self.keys, items, self.devices)]
         self.groups = _buckets(self.arrays, bucket_bytes) if bucket_bytes else [[i] for i in range(len(self.arrays))]
         self.sent, self.sent_keys = [], []
         for g in self.groups:
@@ -268,6 +376,13 @@ class _Layout:
         if self.kind == "dict":
             return dict(zip(self.keys, arrays))
         return arrays if self.kind == "list" else tuple(arrays)
+
+
+def _plain(a: np.ndarray) -> np.ndarray:
+    """A base-class, C-contiguous ndarray (an ``np.matrix`` or other subclass is viewed as one)."""
+    if type(a) is not np.ndarray:
+        a = a.view(np.ndarray)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def _buckets(arrays, cap: int) -> list[list[int]]:
@@ -341,19 +456,46 @@ def _scheme(codec_or_spec, reducer):
 
 
 class Scheme:
-    """How a step moves: ``start(arrays, keys, stats)`` encodes and posts the first
-    communication, returning a pending step whose ``finish(stats)`` completes it and returns
-    the reduced arrays (the inputs' dtypes and shapes)."""
+    """How a step moves.  ``prepare(arrays, keys)`` does every check and every piece of local
+    work that can fail on one rank only, and changes no state; it runs before the step's
+    first collective (the config check, which carries its success or failure to every rank).
+    ``start(prepared, stats)`` then encodes and posts the first communication, returning a
+    pending step whose ``finish(stats)`` completes it and returns the reduced arrays (the
+    inputs' dtypes and shapes)."""
 
     def __init__(self, c, reducer):
         self.codec, self.reducer = c, reducer
         self.spec = c.spec
+
+    def prepare(self, arrays, keys):
+        return arrays, keys
 
     def state_dict(self):
         return None
 
     def load_state_dict(self, state):
         pass
+
+
+def rejects_nonfinite(c) -> bool:
+    """Whether codec ``c`` refuses a NaN input (a probe: every element NaN, so a codec that
+    keeps only some elements meets one).  Lossless codecs and ``fp16(nonfinite=keep)`` send
+    NaN and inf as they are; every other lossy codec raises ValueError."""
+    if c.lossless:
+        return False
+    try:
+        c.encode(np.full(8, np.nan, np.float32), key="probe", step=0)
+    except ValueError:
+        return True
+    return False
+
+
+def check_finite(a: np.ndarray, name, spec: str) -> None:
+    """ValueError naming the tensor and the position of its first NaN or inf."""
+    bad = nonfinite_at(a)
+    if bad >= 0:
+        at = np.unravel_index(bad, a.shape) if a.ndim > 1 else bad
+        raise ValueError(f"tensors[{name!r}]: non-finite value ({a.reshape(-1)[bad]}) at position {at}; {spec} needs finite input")
 
 
 class Sums:
@@ -402,7 +544,8 @@ class Sums:
 class Dense(Scheme):
     """``none``: MPI Allreduce (SUM) of the dense arrays (:class:`Sums`)."""
 
-    def start(self, arrays, keys, stats):
+    def start(self, prepared, stats):
+        arrays, _ = prepared
         return _DensePending(self, arrays, Sums(self.reducer.comm, arrays).start(arrays, stats))
 
 
@@ -432,6 +575,23 @@ class Framed(Scheme):
         super().__init__(c, reducer)
         self.ef = codec.ErrorFeedback(c) if reducer.error_feedback and not c.lossless else None
         self.step = 0
+        #: the codec raises on NaN/inf: the inputs are checked before the step's first collective
+        self.finite_only = rejects_nonfinite(c)
+
+    def prepare(self, arrays, keys):
+        """Checks every input before the first collective, changing nothing: finite where the
+        codec needs it, and the shape and dtype of an existing residual."""
+        for a, k in zip(arrays, keys):
+            if self.finite_only:
+                check_finite(a, k, self.spec)
+            if self.ef is not None:
+                try:
+                    r = self.ef.residual(self.key(k))
+                except KeyError:
+                    continue
+                if r.shape != a.shape or r.dtype != a.dtype:
+                    raise ValueError(f"tensors[{k!r}]: was {r.dtype}{list(r.shape)} in an earlier step, now {a.dtype}{list(a.shape)}; its residual does not fit")
+        return arrays, keys
 
     def key(self, name):
         return (name, self.reducer.rank) if self.reducer.rank_streams else name
@@ -456,7 +616,8 @@ class Allgather(Framed):
     """Any codec: one message per rank (message.py), sizes by Allgather, bytes by Allgatherv,
     decode_add of every rank's frames in rank order."""
 
-    def start(self, arrays, keys, stats):
+    def start(self, prepared, stats):
+        arrays, keys = prepared
         comm = self.reducer.comm
         try:
             frames = self.encode(arrays, keys)
@@ -467,11 +628,8 @@ class Allgather(Framed):
         t = time.perf_counter()
         sizes = np.empty(self.reducer.size, np.int64)
         comm.Allgather(np.array([-1 if failed else msg.size], np.int64), sizes)
-        if failed is not None:
-            raise failed
-        if (sizes < 0).any():
-            bad = [int(r) for r in np.flatnonzero(sizes < 0)]
-            raise ValueError(f"tensors: rank {bad[0]} could not encode its tensors this step (its own error says why); nothing was reduced")
+        if (sizes < 0).any():  # an encode failure the checks before the step did not foresee
+            raise_failed(comm, failed, "encoding its tensors")
         displs = np.zeros_like(sizes)
         np.cumsum(sizes[:-1], out=displs[1:])
         recv = np.empty(int(sizes.sum()), np.uint8)

@@ -175,7 +175,7 @@ def project(comm, results, tensors, markdown, say):
             schemes.append(cm.Scheme(spec, "allreduce", sum(a.nbytes for a in tensors.values())))
         elif spec.startswith("gtopk"):
             rounds = max(1, cm.tree_rounds(p_now))
-            k = int(sent // (8 * rounds))  # pairs per round, as measured (uint32 + float32 each)
+            k = int((sent / rounds - 8) // 8)  # pairs per round, as measured (8-byte status, then uint32 + float32 each)
             merge = st.decode_s / rounds
             schemes.append(cm.Scheme(spec, "gtopk", 8 * k, k=k, encode_s=st.encode_s, decode_s=merge))
         elif spec.startswith("powersgd"):

@@ -19,7 +19,13 @@ paper's reduce-to-root plus broadcast, in half the rounds).  The result is those
 scattered into zeros (divided by ``p`` when averaging).  Pairs a rank selected whose position
 is not in the final set go back into its residual, so they are sent later.
 
-Wire, per round: ``k`` positions (uint32, or int64 for tensors above 2**32 elements) and
+Every tree message starts with an int64 status: 0, or the reason code of a rank that could
+not encode (a failure the checks before the step's first collective could not foresee); such
+a rank sends the status alone.  The status spreads through the tree exactly as the pairs do,
+so after the unfold every rank knows of the failure, and every rank raises the same
+``RankError`` instead of waiting for a message that never comes.
+
+Wire, per round: 8 bytes of status, then ``k`` positions (uint32, or int64 for tensors above 2**32 elements) and
 ``k`` values (float32; float64 for float64 tensors) per tensor.
 """
 
@@ -32,7 +38,7 @@ import numpy as np
 import codec
 from codec.ops import wide_dtype
 from codec.spec import format_spec, parse as parse_spec
-from transport.allreduce import Framed, finish_sum
+from transport.allreduce import Framed, finish_sum, raise_failed, status_of
 
 __all__ = ["GTopK", "merge", "schedule"]
 
@@ -77,8 +83,13 @@ def schedule(rank: int, size: int) -> list[tuple[str, int]]:
     return steps
 
 
+#: bytes of the status that starts every tree message
+HEADER = 8
+
+
 class _Pairs:
-    """The pair sets of every tensor of a step, packed into one byte message and back."""
+    """The pair sets of every tensor of a step, packed into one byte message (after the
+    status) and back."""
 
     def __init__(self, arrays, ks):
         self.ks = ks
@@ -87,8 +98,9 @@ class _Pairs:
         self.nbytes = sum(k * (p.itemsize + v.itemsize) for k, p, v in zip(ks, self.pdt, self.vdt))
 
     def pack(self, sets) -> np.ndarray:
-        msg = np.empty(self.nbytes, np.uint8)
-        at = 0
+        msg = np.empty(HEADER + self.nbytes, np.uint8)
+        msg[:HEADER] = 0
+        at = HEADER
         for (pos, val), pdt, vdt in zip(sets, self.pdt, self.vdt):
             for arr, dt in ((pos, pdt), (val, vdt)):
                 b = np.ascontiguousarray(arr, dt).view(np.uint8)
@@ -97,7 +109,7 @@ class _Pairs:
         return msg
 
     def unpack(self, msg):
-        sets, at = [], 0
+        sets, at = [], HEADER
         for k, pdt, vdt in zip(self.ks, self.pdt, self.vdt):
             pos = msg[at : at + k * pdt.itemsize].view(pdt).astype(np.int64)
             at += k * pdt.itemsize
@@ -119,48 +131,90 @@ class GTopK(Framed):
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not gtopk")
 
-    def start(self, arrays, keys, stats):
-        frames = self.encode(arrays, keys)
-        sets = [codec.decode_sparse(frame) for frame in frames]  # values in wide_dtype: the wire's
+    def start(self, prepared, stats):
+        arrays, keys = prepared
+        try:
+            frames = self.encode(arrays, keys)
+            sets = [codec.decode_sparse(frame) for frame in frames]  # values in wide_dtype: the wire's
+        except Exception as e:  # travels in the tree's status, so no rank waits for our pairs
+            return _TreePending(self, arrays, keys, None, [0] * len(arrays), failed=e)
         return _TreePending(self, arrays, keys, sets, [len(f) for f in frames])
 
 
+def _status(msg) -> int:
+    return int(np.frombuffer(msg[:HEADER], "<i8")[0])
+
+
 class _TreePending:
-    def __init__(self, scheme, arrays, keys, sets, wire):
+    def __init__(self, scheme, arrays, keys, sets, wire, failed=None):
         self.scheme, self.arrays, self.keys, self.local = scheme, arrays, keys, sets
-        self.wire = wire
-        self.pairs = _Pairs(arrays, [p.size for p, _ in sets])
+        self.wire, self.failed = wire, failed
+        self.pairs = None if sets is None else _Pairs(arrays, [p.size for p, _ in sets])
 
     def test(self):
         return True  # nothing is posted before wait(), which runs the whole tree
 
+    def _recv(self, comm, peer, known: bool):
+        """A message from ``peer``: the full size when this rank knows it, else probed (a rank
+        that could not encode does not know ``k``)."""
+        from mpi4py import MPI
+
+        if known:
+            buf = np.empty(HEADER + self.pairs.nbytes, np.uint8)
+            st = MPI.Status()
+            comm.Recv(buf, source=peer, status=st)
+        else:
+            st = MPI.Status()
+            comm.Probe(source=peer, status=st)
+            buf = np.empty(st.Get_count(MPI.BYTE), np.uint8)
+            comm.Recv(buf, source=peer)
+            return buf
+        return buf[: st.Get_count(MPI.BYTE)]
+
     def finish(self, stats):
+        from mpi4py import MPI
+
         red = self.scheme.reducer
         comm = red.comm
-        ks = self.pairs.ks
-        sets = list(self.local)
+        known = self.pairs is not None
+        ks = self.pairs.ks if known else None
+        sets = None if self.local is None else list(self.local)
+        status = 0 if self.failed is None else status_of(self.failed)  # ours, or one we heard of
         merge_s = 0.0
         for op, peer in schedule(red.rank, red.size):
             if op != "recv":
-                mine = self.pairs.pack(sets)
+                mine = self.pairs.pack(sets) if status == 0 else np.array([status], "<i8").view(np.uint8)
                 stats.bytes_sent += mine.size
             if op == "return":  # the final pairs back to the rank folded into this one
                 comm.Send(mine, dest=peer)
                 continue
-            theirs = np.empty(self.pairs.nbytes, np.uint8)
-            stats.bytes_received += theirs.size
             if op == "exchange":
-                comm.Sendrecv(mine, dest=peer, recvbuf=theirs, source=peer)
+                if known:
+                    theirs = np.empty(HEADER + self.pairs.nbytes, np.uint8)
+                    st = MPI.Status()
+                    comm.Sendrecv(mine, dest=peer, recvbuf=theirs, source=peer, status=st)
+                    theirs = theirs[: st.Get_count(MPI.BYTE)]
+                else:
+                    req = comm.Isend(mine, dest=peer)
+                    theirs = self._recv(comm, peer, False)
+                    req.Wait()
             elif op == "recv":
-                comm.Recv(theirs, source=peer)
+                theirs = self._recv(comm, peer, known)
             else:  # "send": hand our pairs over, then receive the final ones
                 comm.Send(mine, dest=peer)
-                comm.Recv(theirs, source=peer)
+                theirs = self._recv(comm, peer, known)
+            stats.bytes_received += theirs.size
+            status = status or _status(theirs)
+            if status:
+                continue
+            if op == "send":
                 sets = self.pairs.unpack(theirs)
                 continue
             m0 = time.perf_counter()
             sets = [merge(pa, va, pb, vb, k) for (pa, va), (pb, vb), k in zip(sets, self.pairs.unpack(theirs), ks)]
             merge_s += time.perf_counter() - m0
+        if status:  # every rank knows by now: the status travelled with the pairs
+            raise_failed(comm, self.failed, "encoding its tensors")
         t1 = time.perf_counter()
         out = []
         for a, key, (lpos, lval), (gpos, gval) in zip(self.arrays, self.keys, self.local, sets):

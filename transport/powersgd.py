@@ -4,7 +4,9 @@ and its parameters (``powersgd(rank=2, warm_start=true, min_compression_rate=2, 
 
 Per step, every rank, for every tensor of the step at once:
 
-    M = x + residual                       (the tensor as an n x m matrix, float32 or float64)
+    M = x + residual                       (the tensor as an n x m matrix, float32 or float64);
+                                           M and P = M Q must be finite, checked before the
+                                           step's first collective (the config check)
     Q = start_q(last Q, ...)               warm start, or the draw of (seed, name, step):
                                            the same on every rank
     round 1   Allreduce SUM of every P = M Q (and of the tensors that pass through, dense)
@@ -29,7 +31,7 @@ import numpy as np
 
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
 from codec.ops import wide_dtype
-from transport.allreduce import Scheme, Sums, finish_sum
+from transport.allreduce import Scheme, Sums, check_finite, finish_sum
 
 __all__ = ["TwoRound"]
 
@@ -53,21 +55,25 @@ class TwoRound(Scheme):
         self.memory: dict = {}
 
     def _slot(self, name, a, dt):
+        """The tensor's memory, or a fresh one when it has none that fits (not stored yet:
+        ``prepare`` changes no state)."""
         mem = self.memory.get(name)
         if mem is None or mem["residual"] is not None and (mem["residual"].shape != a.shape or mem["residual"].dtype != dt):
             mem = {"residual": np.zeros(a.shape, dt) if self.reducer.error_feedback else None, "q": None, "step": 0}
-            self.memory[name] = mem
         return mem
 
-    def start(self, arrays, keys, stats):
+    def prepare(self, arrays, keys):
+        """Everything before round 1, on this rank alone: ``M = x + residual``, its check
+        (finite), the starting Q and ``P = M Q`` (finite too: a finite M can overflow), so a
+        rank whose input cannot go through fails in the config check, with every other
+        rank, before anything is sent.  Nothing is stored."""
         st = self.stage
         work, wire = [], []
         for a, name in zip(arrays, keys):
             dt = wide_dtype(a.dtype)
             mem = self._slot(name, a, dt)
             acc = a.astype(dt) if mem["residual"] is None else np.add(a, mem["residual"], dtype=dt)  # a new buffer
-            if not np.isfinite(acc).all():
-                raise ValueError(f"tensors[{name!r}]: non-finite value; powersgd needs finite input")
+            check_finite(acc, name, "powersgd")
             plan = matrix_of(a.shape, st.rank, st.min_compression_rate)
             if plan is None:
                 work.append((mem, acc, None, acc))
@@ -76,8 +82,17 @@ class TwoRound(Scheme):
             n, m, r = plan
             mat = acc.reshape(n, m)
             q = start_q(mem["q"], m, r, dt, st.seed, name, mem["step"], st.warm_start)
-            work.append((mem, mat, plan, mat @ q))
+            p = mat @ q
+            if (p.size and not np.isfinite(p).all()):
+                raise ValueError(f"tensors[{name!r}]: M Q overflows {dt} (|M| up to {float(np.abs(mat).max()):.3g}); powersgd cannot send it")
+            work.append((mem, mat, plan, p))
             wire.append((n + m) * r * dt.itemsize)
+        return arrays, keys, work, wire
+
+    def start(self, prepared, stats):
+        arrays, keys, work, wire = prepared
+        for name, (mem, *_rest) in zip(keys, work):
+            self.memory[name] = mem
         rounds = Sums(self.reducer.comm, arrays).start([w[3] for w in work], stats)
         return _TwoRoundPending(self, arrays, work, rounds, wire)
 
