@@ -83,30 +83,72 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def _write_bytes(path: str, data) -> None:
-    """Write under a temporary name, then rename: no partial OUT on failure."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException as e:
+def _refuse_overwrite(output: str, *inputs: str) -> None:
+    """UsageError when ``output`` is (or, through a symlink or hard link, is the same file as)
+    one of ``inputs``: a command never replaces its own input."""
+    for path in inputs:
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise DataError(f"cannot write {path}: {e.strerror or e}") from None
-        raise
+            same = os.path.samefile(output, path)
+        except (OSError, ValueError):  # one of them does not exist (yet): not the same file
+            same = os.path.realpath(output) == os.path.realpath(path)
+        if same:
+            raise UsageError(f"output {output!r} is the input file {path!r}; refusing to overwrite it, choose another -o")
+
+
+def _write_bytes(path: str, data) -> None:
+    """Write under a fresh temporary name, then rename: no partial OUT on failure."""
+    from codec.io import atomic_write
+
+    try:
+        atomic_write(path, lambda f: f.write(data))
+    except OSError as e:
+        raise DataError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _write_tensors(path: str, tensors) -> None:
-    from codec.io import write_tensors
+    from codec import io
 
     try:
-        write_tensors(path, tensors)
+        io.write_tensors(path, tensors)
     except OSError as e:
         raise DataError(f"cannot write {path}: {e.strerror or e}") from None
+    except io.UnsupportedFormatError as e:
+        raise UsageError(str(e)) from None
+    except (ValueError, TypeError) as e:  # a name the format cannot hold, a non-float array
+        raise DataError(f"cannot write {path}: {e}") from None
+
+
+def _check_names(path: str, names) -> None:
+    """Refuse, before any decoding, a tensor name that OUT's format cannot store unchanged."""
+    from codec import io
+
+    try:
+        io.check_names(path, names)
+    except io.UnsupportedFormatError as e:
+        raise UsageError(str(e)) from None
+    except (ValueError, TypeError) as e:
+        raise DataError(f"cannot write {path}: {e}") from None
+
+
+def _check_container_names(path: str, names) -> None:
+    """Refuse, before any encoding, a name a container cannot hold (docs/format.md)."""
+    from codec.container import MAX_NAME
+
+    for name in names:
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise DataError(f"cannot write {path}: tensor {name!r:.200}: the name is not valid Unicode text (it holds a lone surrogate)") from None
+        if size > MAX_NAME:
+            raise DataError(f"cannot write {path}: tensor {name[:40]!r}...: the name is {size:,} UTF-8 bytes; a container name holds at most {MAX_NAME:,}")
+
+
+def _label(name: str):
+    """A tensor name for a table cell: as it is when printable, else its repr (so control
+    characters, escapes and lone surrogates show as escapes); never parsed as rich markup."""
+    from rich.text import Text
+
+    return Text(name if name.isprintable() else repr(name))
 
 
 def _check_out_ext(path: str) -> str:
@@ -122,11 +164,12 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, highlight=False)
+    return Console(file=stream, highlight=False, markup=False)
 
 
 def _show(*renderables) -> None:
-    """Print rich renderables to stdout.  Off a terminal (pipes, files, tests) render plain text
+    """Print rich renderables to stdout, never parsing text as rich markup (tensor names and
+    paths come from files: '[/x]' is a name, not a closing tag).  Off a terminal (pipes, files, tests) render plain text
     200 columns wide (rich would wrap at 80) with trailing blanks stripped."""
     import io
 
@@ -148,16 +191,16 @@ def _show(*renderables) -> None:
     if hasattr(sys.stdout, "isatty") and sys.stdout.isatty():
         from rich.measure import Measurement
 
-        con = Console(file=sys.stdout, highlight=False)
+        con = Console(file=sys.stdout, highlight=False, markup=False)
         # never squeeze numbers into ellipses: a table wider than the terminal is drawn at its
         # natural width and the terminal wraps it
         need = max((Measurement.get(con, con.options.update_width(10_000), r).maximum for r in renderables if hasattr(r, "gc_title")), default=0)
         if need > con.width:
-            con = Console(file=sys.stdout, highlight=False, width=need)
+            con = Console(file=sys.stdout, highlight=False, markup=False, width=need)
         emit(con)
         return
     buf = io.StringIO()
-    emit(Console(file=buf, width=200, highlight=False, color_system=None, force_terminal=False))
+    emit(Console(file=buf, width=200, highlight=False, markup=False, color_system=None, force_terminal=False))
     lines = [line.rstrip() for line in buf.getvalue().splitlines()]
     sys.stdout.write("\n".join(lines) + "\n")
 
@@ -171,7 +214,7 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=_console(stderr=True), transient=True,
             )
             self.task = self.bar.add_task(label, total=total)
@@ -368,6 +411,8 @@ def _measure_all(c, tensors: dict, repeat: int, step=None) -> list:
 
 
 def _stats_table(title, rows, first: str, caption=None, extra=None):
+    from rich.text import Text
+
     t = _table(title, caption)
     t.add_column(first, overflow="fold")
     for col in extra or ():
@@ -376,10 +421,10 @@ def _stats_table(title, rows, first: str, caption=None, extra=None):
         t.add_column(h, justify="right")
     for r in rows:
         if "error" in r:
-            t.add_row(r["name"], *[r.get(c[2], "") for c in extra or ()], f"[red]failed: {r['error']}[/red]")
+            t.add_row(_label(r["name"]), *[str(r.get(c[2], "")) for c in extra or ()], Text(f"failed: {r['error']}", style="red"))
             continue
         t.add_row(
-            r["name"],
+            _label(r["name"]),
             *[str(r.get(c[2], "")) for c in extra or ()],
             _n(r["elements"]), _n(r["bytes_in"]), _n(r["bytes_out"]), _ratio(r["ratio"]),
             _sci(r["rel_l2_error"]), _cos(r["cosine"]), _sci(r["max_abs_error"]), _gbps(r["encode_gbps"]), _gbps(r["decode_gbps"]),
@@ -432,6 +477,7 @@ def cmd_encode(args) -> int:
     from codec.container import pack_frames
 
     c = _codec(args.spec)
+    _refuse_overwrite(args.output, args.input)
     tensors = _read_tensors(args.input)
     bytes_in = sum(int(x.nbytes) for x in tensors.values())
     if len(tensors) == 1 and not args.container:
@@ -439,12 +485,16 @@ def cmd_encode(args) -> int:
         out = _encode_one(c, name, x)
         kind = "frame"
     else:
+        _check_container_names(args.output, tensors)
         frames = []
         with _Progress(len(tensors), f"encoding with {c.spec}") as bar:
             for name, x in tensors.items():
                 frames.append((name, _encode_one(c, name, x)))
                 bar.advance()
-        out = pack_frames(frames)
+        try:
+            out = pack_frames(frames)
+        except (ValueError, TypeError) as e:
+            raise DataError(f"cannot write {args.output}: {e}") from None
         kind = "container"
     _write_bytes(args.output, out)
     ratio = bytes_in / len(out) if out else float("nan")
@@ -480,12 +530,14 @@ def _decode_one(name: str, frame, in_container: bool):
 
 def cmd_decode(args) -> int:
     ext = _check_out_ext(args.output)
+    _refuse_overwrite(args.output, args.input)
     buf = _read_bytes(args.input)
     boxed, frames = _frames_of(args.input, buf)
     if ext == ".npy" and len(frames) != 1:
         raise UsageError(
             f"{args.input} is a container of {len(frames)} tensors; a .npy file holds exactly one, use -o NAME.npz or NAME.safetensors"
         )
+    _check_names(args.output, [name for name, _ in frames])
     tensors = {}
     with _Progress(len(frames), "decoding") as bar:
         for name, frame in frames:
@@ -525,7 +577,7 @@ def cmd_info(args) -> int:
         t.add_column("field")
         t.add_column("value", overflow="fold")
         for k, v in (
-            ("codec", d["codec"]),
+            ("codec", _label(d["codec"])),
             ("dtype", d["dtype"]),
             ("shape", "(" + ", ".join(map(str, d["shape"])) + ("," if len(d["shape"]) == 1 else "") + ")"),
             ("elements", _n(d["elements"])),
@@ -566,7 +618,7 @@ def cmd_info(args) -> int:
         t.add_column(h, justify=j, overflow="fold")
     for i, (name, d) in enumerate(infos):
         t.add_row(
-            name, d["codec"], d["dtype"], "x".join(map(str, d["shape"])) or "()", _n(d["elements"]), _n(d["raw_bytes"]),
+            _label(name), _label(d["codec"]), d["dtype"], "x".join(map(str, d["shape"])) or "()", _n(d["elements"]), _n(d["raw_bytes"]),
             _n(d["frame_bytes"]), _ratio(d["raw_bytes"] / d["frame_bytes"]), end_section=i == len(infos) - 1,
         )
     ratio = summary["raw_bytes"] / len(buf)
@@ -758,6 +810,11 @@ def _os_message(e: OSError) -> str:
 
 def main(argv=None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    for stream in (sys.stdout, sys.stderr):  # a name or path the terminal cannot encode is escaped, not a crash
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
     try:
         try:
             args = build_parser().parse_args(argv)
@@ -772,6 +829,9 @@ def main(argv=None) -> int:
         return EXIT_DATA
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except MemoryError as e:
+        _error(f"not enough memory{': ' + str(e) if str(e) else ''}")
+        return EXIT_DATA
     except BrokenPipeError:
         try:  # stdout went away (e.g. '| head'): stop quietly, and keep Python from complaining at exit
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -47,14 +47,21 @@ import errno
 import json
 import math
 import os
+import secrets
+import struct
+import tokenize
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from codec.dtypes import bfloat16
 
-__all__ = ["SUPPORTED", "TensorFileError", "UnsupportedFormatError", "read_tensors", "write_tensors"]
+__all__ = [
+    "SUPPORTED", "TensorFileError", "TensorNameError", "UnsupportedFormatError", "atomic_write", "check_names",
+    "read_tensors", "write_tensors",
+]
 
 #: file extensions read_tensors and write_tensors understand
 SUPPORTED = (".npy", ".npz", ".safetensors")
@@ -73,6 +80,30 @@ class TensorFileError(ValueError):
     """A tensor file is damaged, is not what its extension says, or holds a non-float array."""
 
 
+class TensorNameError(ValueError):
+    """A tensor name that the output format cannot store faithfully (see :func:`check_names`)."""
+
+
+#: what a failed parse of untrusted bytes may raise, inside NumPy's .npy header reader (its
+#: Python 2 header filter tokenizes), zipfile,
+#: its decompressors (zlib, bz2 raises OSError, lzma) and json; all become TensorFileError
+_PARSE_ERRORS = (
+    ValueError, TypeError, KeyError, IndexError, EOFError, OSError, RuntimeError, NotImplementedError,
+    OverflowError, RecursionError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error,
+)
+try:  # lzma is optional in some Python builds; zipfile then refuses LZMA members with NotImplementedError
+    import lzma
+
+    _PARSE_ERRORS += (lzma.LZMAError,)
+except ImportError:  # pragma: no cover
+    pass
+_PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+_ZIP_MAX_NAME = 0xFFFF  # a zip member name's length is a u16
+_CHUNK = 1 << 24
+
+
 def _suffix(path: Path, action: str) -> str:
     ext = path.suffix.lower()
     if ext not in SUPPORTED:
@@ -83,20 +114,28 @@ def _suffix(path: Path, action: str) -> str:
     return ext
 
 
+def _float_dtype(name: str, dt: np.dtype, where: str) -> None:
+    """TensorFileError unless ``dt`` is a float type gradcodec handles (or bfloat16 as '<V2')."""
+    if dt.kind == "V" and dt.itemsize == 2 and dt.names is None and dt.subdtype is None:
+        return
+    if dt == bfloat16 or (dt.kind == "f" and dt.itemsize in (2, 4, 8)):
+        return
+    raise TensorFileError(
+        f"{where}: tensor {name!r} has dtype {dt}; gradcodec handles float16, bfloat16, float32 and float64 only"
+    )
+
+
 def _as_float(name: str, arr, where: str) -> np.ndarray:
     """``arr`` as a supported float array (bfloat16 from the '<V2' convention), or TensorFileError."""
     if not isinstance(arr, np.ndarray):
         raise TensorFileError(f"{where}: entry {name!r} is not an array")
     dt = arr.dtype
-    if dt.kind == "V" and dt.itemsize == 2 and dt.names is None and dt.subdtype is None:
+    _float_dtype(name, dt, where)
+    if dt.kind == "V":
         return arr.view(bfloat16)
     if dt == bfloat16:
         return arr
-    if dt.kind == "f" and dt.itemsize in (2, 4, 8):
-        return arr if dt.isnative else arr.astype(dt.newbyteorder("="))
-    raise TensorFileError(
-        f"{where}: tensor {name!r} has dtype {dt}; gradcodec handles float16, bfloat16, float32 and float64 only"
-    )
+    return arr if dt.isnative else arr.astype(dt.newbyteorder("="))
 
 
 def _check_readable(path: Path) -> None:
@@ -113,48 +152,137 @@ def read_tensors(path) -> dict[str, np.ndarray]:
     A ``.npy`` file gives one tensor named by the file stem (``grad.npy`` -> ``"grad"``).
     Raises UnsupportedFormatError (another extension), FileNotFoundError, or TensorFileError
     (damaged file, or a tensor that is not float16/bfloat16/float32/float64, naming it).
+    Every length a file declares is checked against the bytes really there before anything is
+    allocated for it, and every array comes back C-contiguous, native-endian and writeable.
     """
     path = Path(path)
     ext = _suffix(path, "read")
     _check_readable(path)
-    if ext == ".npy":
-        return _read_npy(path)
-    if ext == ".npz":
-        return _read_npz(path)
-    return _read_safetensors(path)
-
-
-def _np_load(path: Path, kind: str):
-    """``np.load`` without pickle; a damaged file becomes a one-line TensorFileError."""
     try:
-        return np.load(path, allow_pickle=False)
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        if ext == ".npy":
+            return _read_npy(path)
+        if ext == ".npz":
+            return _read_npz(path)
+        return _read_safetensors(path)
+    except (TensorFileError, *_PATH_ERRORS):
         raise
-    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:
-        raise TensorFileError(f"{path}: not a readable {kind} file: {_one_line(e)}") from None
+    except MemoryError:
+        raise TensorFileError(f"{path}: not enough memory to read it") from None
+    except _PARSE_ERRORS as e:
+        raise TensorFileError(f"{path}: not a readable {ext} file: {_one_line(e)}") from None
+
+
+def _read_array(fp, avail: int, name: str, where: str) -> np.ndarray:
+    """One .npy array from the file object ``fp``, which has ``avail`` bytes from its position.
+
+    The header (format 1.0 or 2.0, no pickles) is parsed by NumPy; its shape and dtype must
+    account for exactly the bytes that follow it before any memory is allocated for the data.
+    """
+    start = fp.tell()
+    try:
+        magic = fp.read(len(_NPY_MAGIC) + 2)
+        if len(magic) != len(_NPY_MAGIC) + 2 or magic[: len(_NPY_MAGIC)] != _NPY_MAGIC:
+            raise TensorFileError(f"{where}: entry {name!r} is not a .npy array (no NumPy magic)")
+        version = (magic[-2], magic[-1])
+        if version == (1, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_2_0(fp)
+        else:
+            raise TensorFileError(f"{where}: tensor {name!r}: .npy format version {version} is not supported (1.0, 2.0)")
+    except TensorFileError:
+        raise
+    except _PARSE_ERRORS as e:
+        raise TensorFileError(f"{where}: tensor {name!r}: not a readable .npy header: {_one_line(e)}") from None
+    if dt.hasobject:
+        raise TensorFileError(f"{where}: tensor {name!r} holds Python objects (a pickle); refused")
+    _float_dtype(name, dt, where)
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise TensorFileError(f"{where}: tensor {name!r}: shape {shape!r} is not a tuple of non-negative integers")
+    count = math.prod(shape)
+    need = count * dt.itemsize
+    have = avail - (fp.tell() - start)
+    if need != have:
+        raise TensorFileError(
+            f"{where}: tensor {name!r}: its header declares shape {shape} of {dt} ({need} bytes) "
+            f"but {max(have, 0)} bytes of data follow"
+        )
+    try:
+        buf = bytearray(need)
+    except MemoryError:
+        raise TensorFileError(f"{where}: tensor {name!r}: not enough memory for its {need} bytes") from None
+    mv, pos = memoryview(buf), 0
+    while pos < need:
+        got = fp.readinto(mv[pos : pos + _CHUNK])
+        if not got:
+            raise TensorFileError(f"{where}: tensor {name!r}: data ends after {pos} of {need} bytes")
+        pos += got
+    arr = np.frombuffer(buf, dtype=dt, count=count)
+    if fortran and len(shape) > 1:
+        arr = np.ascontiguousarray(arr.reshape(shape[::-1]).T)
+    else:
+        arr = arr.reshape(shape)
+    return _as_float(name, arr, where)
 
 
 def _read_npy(path: Path) -> dict[str, np.ndarray]:
-    arr = _np_load(path, ".npy")
-    if not isinstance(arr, np.ndarray):  # np.load of a zip gives an NpzFile
-        arr.close()
-        raise TensorFileError(f"{path}: not a .npy file; it looks like a .npz (zip) file, rename it")
-    return {path.stem: _as_float(path.stem, arr, str(path))}
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if f.read(4) in _ZIP_MAGICS:
+            raise TensorFileError(f"{path}: not a .npy file; it looks like a .npz (zip) file, rename it")
+        f.seek(0)
+        if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+            raise TensorFileError(f"{path}: not a readable .npy file (it does not start with the NumPy magic)")
+        f.seek(0)
+        return {path.stem: _read_array(f, size, path.stem, str(path))}
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    z = _np_load(path, ".npz")
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise TensorFileError(f"{path}: not a .npz (zip) file; it looks like a .npy file, rename it")
+    """The members of a .npz, read straight from the zip (not through np.load's NpzFile, whose
+    lookup by key confuses a member ``a.npy`` with the key ``a.npy`` of a member ``a.npy.npy``).
+    A member ``X.npy`` is the tensor ``X``; a key that two members would both give is refused."""
+    with open(path, "rb") as f:
+        if f.read(len(_NPY_MAGIC)) == _NPY_MAGIC:
+            raise TensorFileError(f"{path}: not a .npz (zip) file; it looks like a .npy file, rename it")
+    try:
+        zf = zipfile.ZipFile(path)
+    except _PATH_ERRORS:
+        raise
+    except _PARSE_ERRORS as e:
+        raise TensorFileError(f"{path}: not a readable .npz file: {_one_line(e)}") from None
     out = {}
-    with z:
-        for name in z.files:
+    with zf:
+        size = os.path.getsize(path)
+        for info in zf.infolist():
+            member = info.filename
+            name = member[:-4] if member.endswith(".npy") else member
+            if name in out:
+                raise TensorFileError(f"{path}: two zip members give the tensor name {name!r}")
+            if info.compress_type == zipfile.ZIP_STORED and info.file_size > size:
+                raise TensorFileError(f"{path}: entry {name!r} declares {info.file_size} bytes, more than the whole file")
             try:
-                arr = z[name]
-            except (ValueError, EOFError, OSError, zipfile.BadZipFile, KeyError) as e:
+                with zf.open(info) as m:
+                    out[name] = _read_array(m, info.file_size, name, str(path))
+            except TensorFileError:
+                raise
+            except MemoryError:
+                raise TensorFileError(f"{path}: entry {name!r}: not enough memory to read it") from None
+            except _PARSE_ERRORS as e:
                 raise TensorFileError(f"{path}: entry {name!r} cannot be read: {_one_line(e)}") from None
-            out[name] = _as_float(name, arr, str(path))
     return out
+
+
+def _unique_object(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+class _DuplicateKey(Exception):
+    pass
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -168,8 +296,10 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
             raise TensorFileError(f"{path}: header length {n} does not fit a {size}-byte safetensors file")
         head = f.read(n)
         try:
-            meta = json.loads(head.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            meta = json.loads(head.decode("utf-8"), object_pairs_hook=_unique_object)
+        except _DuplicateKey as e:
+            raise TensorFileError(f"{path}: safetensors header names {e.args[0]!r} twice") from None
+        except (ValueError, RecursionError) as e:  # bad UTF-8, bad JSON, too deep, a number too long
             raise TensorFileError(f"{path}: safetensors header is not valid JSON: {_one_line(e)}") from None
         if not isinstance(meta, dict):
             raise TensorFileError(f"{path}: safetensors header is not a JSON object")
@@ -214,14 +344,14 @@ def _st_entry(path: Path, name, entry, data_len: int):
             f"{where} has dtype {dtype}; gradcodec handles {', '.join(_ST_DTYPES)} (float16, bfloat16, float32, float64) only"
         )
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise TensorFileError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        raise TensorFileError(f"{where}: shape {shape!r:.200} is not a list of non-negative integers")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(type(o) is int for o in offsets)
         or not 0 <= offsets[0] <= offsets[1] <= data_len
     ):
-        raise TensorFileError(f"{where}: data_offsets {offsets!r} are not [begin, end] inside the {data_len}-byte data area")
+        raise TensorFileError(f"{where}: data_offsets {offsets!r:.200} are not [begin, end] inside the {data_len}-byte data area")
     dt = _ST_DTYPES[dtype]
     need = math.prod(shape) * dt.itemsize
     if offsets[1] - offsets[0] != need:
@@ -229,44 +359,84 @@ def _st_entry(path: Path, name, entry, data_len: int):
     return name, dt, offsets[0], offsets[1], tuple(shape)
 
 
-# ----------------------------------------------------------------------------- write
-def write_tensors(path, tensors) -> None:
-    """Write ``tensors`` (``{name: array}`` or ``[(name, array)]``) to ``path``.
+# ----------------------------------------------------------------------------- names
+def check_names(path, names) -> None:
+    """Refuse, before anything is written, a tensor name that ``path``'s format cannot store
+    faithfully: one that would be renamed, truncated, dropped or collide with another on the
+    way through the file and back (by this module's reader or NumPy's ``np.load``).
 
-    ``.npy`` takes exactly one tensor (its name is not stored); ``.npz`` and ``.safetensors``
-    keep every name and the order.  bfloat16 in ``.npy``/``.npz`` follows the ``'<V2'``
-    convention of this module's docstring.  The file is written under a temporary name in the
-    same folder and renamed into place, so a failure leaves no partial file.  Raises
-    UnsupportedFormatError for another extension, ValueError for the wrong number of tensors,
-    a repeated name or a non-float array.
+    Every format: a name is a ``str`` of valid Unicode (encodable as UTF-8: no lone
+    surrogates) and no name appears twice.  ``.npy`` stores no name (exactly one tensor, any name).
+    ``.npz`` stores tensor ``X`` as the zip member ``X.npy``: no NUL (zip names end there), no
+    backslash (a path separator to zip tools and on Windows), a relative ``/``-separated path
+    with no empty, ``.`` or ``..`` component and no leading ``/``, at most 65,535 UTF-8 bytes
+    with the ``.npy`` added, and never both ``X`` and ``X.npy`` (``np.load(f)["X.npy"]`` would
+    return ``X``).  ``.safetensors``: ``__metadata__`` is reserved.  Raises
+    UnsupportedFormatError for another extension, TypeError for a non-str name, and
+    :class:`TensorNameError` (a ValueError) naming the tensor otherwise.
     """
-    path = Path(path)
-    ext = _suffix(path, "write")
-    pairs = list(tensors.items() if isinstance(tensors, dict) else tensors)
-    names = [n for n, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"write_tensors: a name appears twice in {names!r:.200}")
-    arrays = []
-    for name, arr in pairs:
+    ext = _suffix(Path(path), "write")
+    names = list(names)
+    seen = set()
+    for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"write_tensors: a name must be a str, got {type(name).__name__}")
-        a = _as_float(name, np.asarray(arr), "write_tensors")
-        arrays.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))
-    if ext == ".npy" and len(arrays) != 1:
-        raise ValueError(
-            f"cannot write {len(arrays)} tensors to {str(path)!r}: a .npy file holds exactly one; use .npz or .safetensors"
+            raise TypeError(f"a tensor name must be a str, got {type(name).__name__}")
+        if name in seen:
+            raise TensorNameError(f"tensor {name!r:.200} appears twice; names in a tensor file are unique")
+        seen.add(name)
+        if ext == ".npy":  # the name is not stored
+            continue
+        try:
+            name_b = name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TensorNameError(f"tensor {name!r:.200}: the name is not valid Unicode text (it holds a lone surrogate)") from None
+        if ext == ".npz":
+            _check_npz_name(name, len(name_b))
+        elif ext == ".safetensors" and name == "__metadata__":
+            raise TensorNameError("'__metadata__' is reserved in .safetensors and cannot name a tensor; use .npz")
+    if ext == ".npz":
+        for name in names:
+            if name.endswith(".npy") and name[:-4] in seen:
+                raise TensorNameError(
+                    f"tensors {name[:-4]!r:.200} and {name!r:.200} cannot share a .npz: both are read back by "
+                    f"np.load as the key {name!r:.200}; use .safetensors"
+                )
+
+
+def _check_npz_name(name: str, nbytes: int) -> None:
+    what = f"tensor {name!r:.200} cannot be a .npz member"
+    if "\x00" in name:
+        raise TensorNameError(f"{what}: it contains a NUL byte, where zip names end; use .safetensors")
+    if "\\" in name:
+        raise TensorNameError(f"{what}: it contains a backslash, a path separator to zip tools; use .safetensors")
+    if name.startswith("/"):
+        raise TensorNameError(f"{what}: it is an absolute path; use .safetensors")
+    if any(part in ("", ".", "..") for part in (name + ".npy").split("/")):
+        raise TensorNameError(f"{what}: it has an empty, '.' or '..' path component; use .safetensors")
+    if nbytes + 4 > _ZIP_MAX_NAME:
+        raise TensorNameError(
+            f"{what}: it is {nbytes:,} UTF-8 bytes, and a zip member name (with '.npy') holds at most {_ZIP_MAX_NAME:,}; "
+            "use .safetensors"
         )
-    if ext == ".safetensors" and "__metadata__" in names:
-        raise ValueError("write_tensors: '__metadata__' is reserved in .safetensors and cannot name a tensor")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+# ----------------------------------------------------------------------------- write
+def atomic_write(path, write) -> None:
+    """Create ``path`` through ``write(f)`` (``f`` a binary file) under a fresh temporary name in
+    the same folder (created exclusively, never an existing file), then rename it into place:
+    a failure, an interrupt included, leaves no partial file and ``path`` as it was.  The new
+    file gets the usual permissions (0666 less the umask)."""
+    path = Path(path)
+    while True:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
-        with open(tmp, "wb") as f:
-            if ext == ".npy":
-                np.lib.format.write_array(f, arrays[0], allow_pickle=False)
-            elif ext == ".npz":
-                _write_npz(f, names, arrays)
-            else:
-                _write_safetensors(f, names, arrays)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -274,6 +444,39 @@ def write_tensors(path, tensors) -> None:
         except OSError:
             pass
         raise
+
+
+def write_tensors(path, tensors) -> None:
+    """Write ``tensors`` (``{name: array}`` or ``[(name, array)]``) to ``path``.
+
+    ``.npy`` takes exactly one tensor (its name is not stored); ``.npz`` and ``.safetensors``
+    keep every name and the order.  Every name must survive the format unchanged
+    (:func:`check_names`): none is ever renamed or dropped.  bfloat16 in ``.npy``/``.npz``
+    follows the ``'<V2'`` convention of this module's docstring.  The file is written through
+    :func:`atomic_write`, so a failure leaves no partial file.  Raises UnsupportedFormatError
+    for another extension, TensorNameError for a name the format cannot hold, ValueError for
+    the wrong number of tensors, and TensorFileError for a non-float array.
+    """
+    path = Path(path)
+    ext = _suffix(path, "write")
+    pairs = list(tensors.items() if isinstance(tensors, dict) else tensors)
+    names = [n for n, _ in pairs]
+    check_names(path, names)
+    arrays = []
+    for name, arr in pairs:
+        a = _as_float(name, np.asarray(arr), "write_tensors")
+        arrays.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))
+    if ext == ".npy" and len(arrays) != 1:
+        raise ValueError(
+            f"cannot write {len(arrays)} tensors to {str(path)!r}: a .npy file holds exactly one; use .npz or .safetensors"
+        )
+    if ext == ".npy":
+        atomic_write(path, lambda f: np.lib.format.write_array(f, arrays[0], allow_pickle=False))
+    elif ext == ".npz":
+        atomic_write(path, lambda f: _write_npz(f, names, arrays))
+    else:
+        header = _st_header(names, arrays)
+        atomic_write(path, lambda f: _write_safetensors(f, header, arrays))
 
 
 def _write_npz(f, names, arrays) -> None:
@@ -284,16 +487,25 @@ def _write_npz(f, names, arrays) -> None:
                 np.lib.format.write_array(member, arr, allow_pickle=False)
 
 
-def _write_safetensors(f, names, arrays) -> None:
+def _st_header(names, arrays) -> bytes:
     header = {}
     pos = 0
     for name, arr in zip(names, arrays):
         header[name] = {"dtype": _ST_NAMES[arr.dtype], "shape": list(arr.shape), "data_offsets": [pos, pos + arr.nbytes]}
         pos += arr.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text = json.dumps(header, separators=(",", ":")).encode("ascii")
     text += b" " * (-len(text) % 8)  # data starts 8-byte aligned, as the reference writer does
-    f.write(len(text).to_bytes(8, "little"))
-    f.write(text)
+    if len(text) > _ST_MAX_HEADER:
+        raise TensorNameError(
+            f"the .safetensors header of these {len(names)} tensors would be {len(text):,} bytes; readers refuse more than "
+            f"{_ST_MAX_HEADER:,} (shorten the names, or use .npz)"
+        )
+    return text
+
+
+def _write_safetensors(f, header: bytes, arrays) -> None:
+    f.write(len(header).to_bytes(8, "little"))
+    f.write(header)
     for arr in arrays:
         f.write(arr.reshape(-1).view(np.uint8).data if arr.size else b"")
 
