@@ -88,9 +88,9 @@ def _refuse_overwrite(output: str, *inputs: str) -> None:
     one of ``inputs``: a command never replaces its own input."""
     for path in inputs:
         try:
-            same = os.path.samefile(output, path)
+            same = os.path.samefile(output, path)  # same device and inode: any path, symlink or hard link
         except (OSError, ValueError):  # one of them does not exist (yet): not the same file
-            same = os.path.realpath(output) == os.path.realpath(path)
+            same = False
         if same:
             raise UsageError(f"output {output!r} is the input file {path!r}; refusing to overwrite it, choose another -o")
 

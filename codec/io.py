@@ -428,7 +428,8 @@ def atomic_write(path, write) -> None:
     file gets the usual permissions (0666 less the umask)."""
     path = Path(path)
     while True:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        # a short prefix of the name: the temporary name must fit NAME_MAX whenever the real one does
+        tmp = path.with_name(f".{path.name[:32]}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
             break

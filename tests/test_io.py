@@ -230,3 +230,122 @@ def test_write_rules(tmp_path):
     write_tensors(tmp_path / "l.npz", [("x", np.ones((2, 2), np.float32)[:, 0])])  # non-contiguous input
     assert read_tensors(tmp_path / "l.npz")["x"].tolist() == [1.0, 1.0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["l.npz"]  # no temporary files remain
+
+
+# ------------------------------------------------------------------ names and hostile files (issue 13)
+@pytest.mark.parametrize("names", [["a\x00x", "a\x00y"], ["w", "w\x00"], ["../up"], ["/abs"], ["a//b"], ["./x"],
+                                   ["a\\b"], ["a" * 65532], ["a", "a.npy"], ["\ud800"]],
+                         ids=["nul-collision", "nul-suffix", "parent", "absolute", "empty", "dot", "backslash",
+                              "too-long", "np.load-ambiguity", "surrogate"])
+def test_npz_refuses_names_it_cannot_hold(tmp_path, names):
+    """Each of these was written as a truncated, colliding or path-like zip member (or raised
+    a struct.error / UnicodeEncodeError from zipfile); now a TensorNameError naming it."""
+    xs = {n: np.full(2, i, np.float32) for i, n in enumerate(names)}
+    with pytest.raises(ValueError, match="tensors? '"):
+        write_tensors(tmp_path / "x.npz", xs)
+    assert not list(tmp_path.iterdir())
+    from codec.io import TensorNameError, check_names
+
+    with pytest.raises(TensorNameError):
+        check_names("x.npz", names)
+    if "\ud800" not in names:  # .safetensors keeps them all
+        write_tensors(tmp_path / "x.safetensors", xs)
+        back = read_tensors(tmp_path / "x.safetensors")
+        assert list(back) == names and all(back[n].tolist() == xs[n].tolist() for n in names)
+    else:
+        with pytest.raises(TensorNameError, match="Unicode"):
+            write_tensors(tmp_path / "x.safetensors", xs)
+
+
+def test_npz_keeps_relative_paths_and_odd_names(tmp_path):
+    names = ["step0000/conv1.weight", "", "a/", "...", "x.npy", "é/ü", "c" * 65531]
+    xs = {n: np.full(2, i, np.float32) for i, n in enumerate(names)}
+    write_tensors(tmp_path / "x.npz", xs)
+    assert list(read_tensors(tmp_path / "x.npz")) == names
+    with np.load(tmp_path / "x.npz") as z:
+        assert z.files == names and all(z[n].tolist() == xs[n].tolist() for n in names)
+    with pytest.raises(ValueError, match="NUL"):  # and one that it cannot hold
+        write_tensors(tmp_path / "y.npz", {"ok": np.ones(1), "a\x00": np.ones(1)})
+
+
+def test_safetensors_header_too_big_to_read_back_is_refused(tmp_path, monkeypatch):
+    """A header longer than readers accept (100 MB; 200 bytes here) was written anyway."""
+    import codec.io
+
+    monkeypatch.setattr(codec.io, "_ST_MAX_HEADER", 200)
+    xs = {f"tensor-{i:03d}": np.ones(1, np.float32) for i in range(10)}
+    with pytest.raises(ValueError, match="header"):
+        write_tensors(tmp_path / "x.safetensors", xs)
+    assert not list(tmp_path.iterdir())
+
+
+def _npy(shape, descr="<f8", data=b"", fortran=False):
+    head = repr({"descr": descr, "fortran_order": fortran, "shape": shape}).encode("latin1")
+    head += b" " * (63 - (len(head) + 10) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head + data
+
+
+def test_npz_members_are_read_by_name_not_by_npzfile_lookup(tmp_path):
+    with zipfile.ZipFile(tmp_path / "a.npz", "w") as z:
+        z.writestr("a.npy", _npy((1,), data=struct.pack("<d", 1.0)))
+        z.writestr("a.npy.npy", _npy((2,), data=struct.pack("<2d", 2.0, 3.0)))
+    out = read_tensors(tmp_path / "a.npz")
+    assert {k: v.tolist() for k, v in out.items()} == {"a": [1.0], "a.npy": [2.0, 3.0]}
+    with zipfile.ZipFile(tmp_path / "d.npz", "w") as z:  # two members, one key: refused, not one dropped
+        z.writestr("a.npy", _npy((1,), data=bytes(8)))
+        z.writestr("a", _npy((2,), data=bytes(16)))
+    with pytest.raises(TensorFileError, match="'a'"):
+        read_tensors(tmp_path / "d.npz")
+
+
+@pytest.mark.parametrize("ext, shape, data", [
+    (".npy", (10**11,), bytes(16)), (".npy", (2**40, 2**20), b""), (".npy", (3,), bytes(16)), (".npy", (3,), bytes(32)),
+    (".npy", (-1,), bytes(8)), (".npz", (10**11,), bytes(16)), (".npz", (3,), bytes(32)),
+], ids=["npy-745GiB", "npy-4EiB", "npy-short", "npy-long", "npy-negative", "npz-745GiB", "npz-long"])
+def test_npy_header_must_match_the_bytes_there(tmp_path, shape, data, ext):
+    """The header's shape and dtype must account for exactly the bytes after it, checked
+    before allocating (NumPy allocated 745 GiB for a 100-byte file: MemoryError, exit 3)."""
+    raw = _npy(shape, data=data)
+    p = tmp_path / f"h{ext}"
+    if ext == ".npy":
+        p.write_bytes(raw)
+    else:
+        with zipfile.ZipFile(p, "w") as z:
+            z.writestr("h.npy", raw)
+    with pytest.raises(TensorFileError, match="'h'"):
+        read_tensors(p)
+
+
+def test_fortran_order_comes_back_c_contiguous(tmp_path):
+    x = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    np.save(tmp_path / "f.npy", x)
+    np.savez(tmp_path / "f.npz", f=x)
+    for p in (tmp_path / "f.npy", tmp_path / "f.npz"):
+        (y,) = read_tensors(p).values()
+        assert y.flags.c_contiguous and y.flags.writeable
+        np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("text, match", [
+    (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', "twice"),
+    (b"[" * 100000, "JSON"),
+    (b'{"a":{"dtype":"F32","shape":[' + b"9" * 5000 + b'],"data_offsets":[0,4]}}', "JSON"),
+], ids=["duplicate-key", "deep", "long-integer"])
+def test_safetensors_hostile_headers(tmp_path, text, match):
+    p = tmp_path / "h.safetensors"
+    p.write_bytes(struct.pack("<Q", len(text)) + text + bytes(8))
+    with pytest.raises(TensorFileError, match=match):
+        read_tensors(p)
+
+
+def test_write_never_touches_an_existing_temporary_name(tmp_path, monkeypatch):
+    """The temporary file is created exclusively: a file already at a name the writer might
+    pick (here: the old fixed '.x.npz.PID.tmp', or a symlink there) is never written through."""
+    import os
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    os.symlink(victim, tmp_path / f".x.npz.{os.getpid()}.tmp")
+    write_tensors(tmp_path / "x.npz", {"a": np.ones(2, np.float32)})
+    assert victim.read_bytes() == b"keep me"
+    assert list(read_tensors(tmp_path / "x.npz")) == ["a"]
