@@ -7,6 +7,34 @@ Each key also has a step counter and a ``state`` dict that stages may use betwee
 the codec receives them through ``Codec.encode_feedback(x, slot)``, which is also where a
 stage plugs in a fused "encode and update the residual" kernel.  The whole state survives
 ``state_dict()`` / ``load_state_dict()`` and pickling.
+
+Loading a state (``load_state_dict``, unpickling) treats it as untrusted input: the whole
+state is checked before anything is replaced, so on error the ErrorFeedback keeps what it
+had, and every error is a ValueError naming the slot's key and the field
+(``state: slot 'layer1.weight': residual: ...``).  The rules:
+
+* ``codec`` (required) builds a codec equal to this one; ``momentum`` (default 0) is a
+  number equal to this one's (unpickling takes both from the state, checked the same way).
+  Any other top-level field is refused.
+* ``slots`` (required) is a list of dicts with the fields ``key``, ``residual``, ``step``
+  (required), ``state`` (default ``{}``) and ``velocity`` (default None); others are refused.
+* ``key``: hashable, not equal to another slot's.
+* ``residual``: a NumPy array of float16, bfloat16, float32 or float64, any shape, layout or
+  byte order; it is copied into a fresh C-contiguous base ndarray (``np.matrix`` and other
+  subclasses as their plain data; masked arrays, lists and other types are refused).  NaN
+  or inf is refused when the codec refuses non-finite input (:func:`passes_nonfinite`:
+  every lossy stage without ``nonfinite=keep``; powersgd for tensors it compresses), since
+  the next step would raise; a codec that carries NaN/inf makes such residuals itself and
+  resumes from them.
+* ``step``: an int (a NumPy integer is fine; bool and float are refused) in
+  ``[0, STEP_LIMIT)`` = ``[0, 2**62)``, the steps a randomk frame can record.
+* ``velocity``: None, or with ``momentum > 0`` an array like the residual (same shape and
+  dtype, copied the same way, same finiteness rule); with momentum 0 it is refused, as it
+  would be silently dropped.
+* ``state``: a dict whose fields are named ``"<stage>.<field>"`` after a stage of the codec;
+  each stage checks and copies its own fields (:meth:`codec.stage.Stage.check_state`:
+  PowerSGD's ``powersgd.q`` must be a finite float32/float64 array of shape ``m x r``, only
+  with ``warm_start`` and for a tensor it compresses); unknown fields are refused.
 """
 
 from __future__ import annotations
@@ -17,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.dtypes import as_float_array
+from codec.dtypes import CODES, as_float_array
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
 
@@ -60,6 +88,10 @@ class ErrorFeedback:
     def encode(self, x, key=None, *, dtype=None) -> bytes:
         """Encode ``x`` plus the residual of ``key``; the new residual is what the frame missed."""
         arr = as_float_array(x, dtype)
+        if isinstance(arr, np.ma.MaskedArray):
+            raise TypeError("x: masked arrays are not supported (the mask would be ignored); pass the filled array")
+        if type(arr) is not np.ndarray:  # np.matrix & co: the plain data (a matrix's reshape(-1) is 2-D)
+            arr = arr.view(np.ndarray)
         slot = self._slots.get(key)
         if slot is None:
             slot = Slot(key, np.zeros(arr.shape, arr.dtype))
@@ -146,31 +178,171 @@ class ErrorFeedback:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned; the codec must be the same."""
-        if not isinstance(state, dict) or "slots" not in state or "codec" not in state:
-            raise ValueError("state: expected the dict ErrorFeedback.state_dict() returns")
-        if get_codec(state["codec"]) != self.codec:
-            raise ValueError(f"state: saved for codec {get_codec(state['codec']).spec!r}, this one is {self.codec.spec!r}")
-        if float(state.get("momentum", 0.0)) != self.momentum:
-            raise ValueError(f"state: saved with momentum {state.get('momentum', 0.0)}, this ErrorFeedback has {self.momentum}")
-        slots = {}
-        for s in state["slots"]:
-            res = np.array(s["residual"], copy=True)
-            vel = s.get("velocity")
-            slots[s["key"]] = Slot(
-                s["key"], res, int(s["step"]), copy.deepcopy(s.get("state", {})), None if vel is None else np.array(vel, copy=True)
-            )
-        self._slots = slots
+        """Restore what :meth:`state_dict` returned; the codec and momentum must be the same.
+
+        The state is untrusted input: it is checked whole before anything is replaced (on
+        error this ErrorFeedback keeps what it had) and its arrays are copied into fresh
+        C-contiguous ones.  The rules are in the module docstring; a state breaking one raises
+        ValueError naming the slot's key and the field."""
+        codec, momentum, slots = _check(state, self.codec, self.momentum)
+        self.codec, self.momentum, self._slots = codec, momentum, slots
 
     def __getstate__(self):
         return self.state_dict()
 
     def __setstate__(self, state):
-        self.codec = get_codec(state["codec"])
-        self.momentum = float(state.get("momentum", 0.0))
-        self._slots = {}
-        self.load_state_dict(state)
+        # unpickling: the codec and momentum come from the state, checked like the rest
+        self.codec, self.momentum, self._slots = _check(state, None, None)
 
     def __repr__(self):
         m = f", momentum={self.momentum}" if self.momentum else ""
         return f"ErrorFeedback({self.codec.spec!r}{m}, keys={len(self._slots)})"
+
+
+# -------------------------------------------------------------------- loading a state
+#: a loaded slot's step lies in [0, STEP_LIMIT): randomk frames record the step and decoders
+#: refuse one >= 2**62, so a larger count could not make another decodable frame
+STEP_LIMIT = 1 << 62
+
+_FLOATS = frozenset(CODES.values())
+_STATE_FIELDS = ("codec", "momentum", "slots")
+_SLOT_FIELDS = ("key", "residual", "step", "state", "velocity")
+
+
+def passes_nonfinite(codec: Codec, shape) -> bool:
+    """Whether ``codec`` encodes an array of ``shape`` holding NaN/inf instead of raising
+    ValueError: when every stage passes it (:meth:`codec.stage.Stage.passes_nonfinite`:
+    lossless stages and ``nonfinite=keep``; powersgd only for tensors it passes through)."""
+    return all(s.passes_nonfinite(tuple(shape)) for s in codec.stages)
+
+
+def _show(key) -> str:
+    text = repr(key)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _plain_array(value, where: str) -> np.ndarray:
+    """A fresh, owned, writeable C-contiguous base-ndarray copy of ``value``: a NumPy array of
+    float16, bfloat16, float32 or float64 in any layout or byte order (a subclass such as
+    ``np.matrix`` is copied as its plain data; a masked array is refused, its mask would be
+    lost).  A local helper, to fold into ``codec.dtypes`` once that has one."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise ValueError(f"{where}: a masked array is not accepted (its mask would be lost); pass a plain NumPy array")
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"{where}: expected a NumPy array, got {type(value).__name__}")
+    dt = value.dtype
+    native = dt.newbyteorder("=") if dt.kind == "f" else dt
+    if native not in _FLOATS:
+        raise ValueError(f"{where}: dtype {dt} is not supported; expected float16, bfloat16, float32 or float64")
+    out = np.empty(value.shape, native)
+    out[...] = value.view(np.ndarray)
+    return out
+
+
+def _check_finite(arr: np.ndarray, where: str, codec: Codec) -> None:
+    if passes_nonfinite(codec, arr.shape):
+        return
+    from codec.ops import first_nonfinite
+
+    i = first_nonfinite(arr)
+    if i >= 0:
+        pos = tuple(int(v) for v in np.unravel_index(i, arr.shape))
+        raise ValueError(f"{where}: non-finite value at {pos}; {codec.spec!r} refuses NaN/inf input, so the next step would fail")
+
+
+def _check(state, codec: Codec | None, momentum: float | None):
+    """``(codec, momentum, slots)`` from an untrusted state dict, every part checked and every
+    array copied; ``codec``/``momentum`` None (unpickling) take the state's own."""
+    if not isinstance(state, dict):
+        raise ValueError(f"state: expected the dict ErrorFeedback.state_dict() returns, got {type(state).__name__}")
+    for name in state:
+        if name not in _STATE_FIELDS:
+            raise ValueError(f"state: unknown field {_show(name)}; expected {list(_STATE_FIELDS)}")
+    for name in ("codec", "slots"):
+        if name not in state:
+            raise ValueError(f"state: {name}: missing; expected the dict ErrorFeedback.state_dict() returns")
+    try:
+        saved = get_codec(state["codec"])
+    except Exception as e:  # noqa: BLE001 - any failure to build the codec is a bad state
+        raise ValueError(f"state: codec: not a codec config ({type(e).__name__}: {e})") from None
+    if codec is not None and saved != codec:
+        raise ValueError(f"state: codec: saved for codec {saved.spec!r}, this one is {codec.spec!r}")
+    codec = saved if codec is None else codec
+    m = state.get("momentum", 0.0)
+    if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, float, np.integer, np.floating)) or not 0 <= m < 1:
+        raise ValueError(f"state: momentum: must be a number in [0, 1), got {_show(m)}")
+    m = float(m)
+    if momentum is not None and m != momentum:
+        raise ValueError(f"state: momentum: saved with {m}, this ErrorFeedback has {momentum}")
+    raw = state["slots"]
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"state: slots: expected a list of dicts, got {type(raw).__name__}")
+    slots: dict = {}
+    for i, s in enumerate(raw):
+        slot = _check_slot(s, i, codec, m)
+        if slot.key in slots:
+            raise ValueError(f"state: slot {_show(slot.key)}: key: appears twice")
+        slots[slot.key] = slot
+    return codec, m, slots
+
+
+def _check_slot(s, i: int, codec: Codec, momentum: float) -> Slot:
+    where = f"state: slot {i}"
+    if not isinstance(s, dict):
+        raise ValueError(f"{where}: expected a dict with {list(_SLOT_FIELDS)}, got {type(s).__name__}")
+    if "key" not in s:
+        raise ValueError(f"{where}: key: missing")
+    key = s["key"]
+    try:
+        hash(key)
+    except TypeError:
+        raise ValueError(f"{where}: key: a {type(key).__name__} is not hashable") from None
+    where = f"state: slot {_show(key)}"
+    for name in s:
+        if name not in _SLOT_FIELDS:
+            raise ValueError(f"{where}: unknown field {_show(name)}; expected {list(_SLOT_FIELDS)}")
+    for name in ("residual", "step"):
+        if name not in s:
+            raise ValueError(f"{where}: {name}: missing")
+    residual = _plain_array(s["residual"], f"{where}: residual")
+    _check_finite(residual, f"{where}: residual", codec)
+    step = s["step"]
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step < STEP_LIMIT:
+        raise ValueError(f"{where}: step: must be an integer in [0, 2**62), got {_show(step)}")
+    velocity = s.get("velocity")
+    if velocity is not None:
+        if not momentum:
+            raise ValueError(f"{where}: velocity: saved, but momentum is 0 here, which keeps no velocity")
+        velocity = _plain_array(velocity, f"{where}: velocity")
+        if velocity.shape != residual.shape or velocity.dtype != residual.dtype:
+            raise ValueError(
+                f"{where}: velocity: expected {residual.dtype}{list(residual.shape)} like the residual, "
+                f"got {velocity.dtype}{list(velocity.shape)}"
+            )
+        _check_finite(velocity, f"{where}: velocity", codec)
+    return Slot(key, residual, int(step), _check_stage_state(s.get("state", {}), codec, residual, where), velocity)
+
+
+def _check_stage_state(state, codec: Codec, residual: np.ndarray, where: str) -> dict:
+    """The per-key stage state: each field goes to the stage its ``"<stage>."`` prefix names,
+    whose :meth:`~codec.stage.Stage.check_state` checks and copies it."""
+    where = f"{where}: state"
+    if not isinstance(state, dict):
+        raise ValueError(f"{where}: expected a dict, got {type(state).__name__}")
+    owned: dict = {s.name: {} for s in codec.stages}
+    for name, value in state.items():
+        if not isinstance(name, str):
+            raise ValueError(f"{where}: field {_show(name)} is not a string")
+        owner = max((s.name for s in codec.stages if name.startswith(s.name + ".")), key=len, default=None)
+        if owner is None:
+            raise ValueError(
+                f"{where}: unknown field {_show(name)}; fields are named '<stage>.<field>' after a stage of {codec.spec!r}"
+            )
+        owned[owner][name] = value
+    clean = {}
+    for s in codec.stages:
+        try:
+            clean.update(s.check_state(owned[s.name], residual.shape, residual.dtype))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    return clean

@@ -213,6 +213,28 @@ class Stage:
     def validate(self) -> None:
         """Reject inconsistent parameter combinations (override; raise ValueError)."""
 
+    def check_state(self, state: dict, shape: tuple, dtype: np.dtype) -> dict:
+        """Check the per-key state this stage keeps in ``ctx.state``, as a loaded checkpoint
+        gives it (untrusted), and return a clean copy, or raise ValueError starting with the
+        field's name.
+
+        A stage names its fields ``"<stage name>.<field>"`` (``"powersgd.q"``);
+        ``ErrorFeedback.load_state_dict`` hands each stage the fields with its prefix, for a
+        key whose array has ``shape`` and ``dtype``.  The copy must be what ``encode`` itself
+        would have stored: arrays as fresh C-contiguous base ndarrays of the exact shape and
+        dtype, values in range.  Override in a stage that keeps state; this default refuses
+        every field, as the stage keeps none."""
+        for name in state:
+            raise ValueError(f"{name}: unknown field; {self.name} keeps no per-key state")
+        return {}
+
+    def passes_nonfinite(self, shape: tuple) -> bool:
+        """Whether encoding an array of ``shape`` passes NaN/inf through this stage rather
+        than raising ValueError: true for a lossless stage and for one whose ``nonfinite``
+        parameter is ``keep``.  ``ErrorFeedback`` refuses to load a residual holding NaN/inf
+        when a stage of its codec would refuse it (the next encode would raise)."""
+        return self.lossless or self.config.get("nonfinite") == "keep"
+
     def at(self, name: str, step: int = 0):
         """The value of parameter ``name`` at ``step`` (``ctx.step``: 0 for a bare encode).
 

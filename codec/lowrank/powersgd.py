@@ -27,6 +27,11 @@ from codec.streams import SEED, key_hash
 #: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
 STATE_Q = "powersgd.q"
 
+#: elements of ``P Q^T`` a decode forms at a time (a band of whole rows), and the fewest rows
+#: of a band (BLAS gets a matrix product, never a matrix-vector one)
+CHUNK = 1 << 18
+MIN_ROWS = 16
+
 
 def matrix_of(shape, rank: int, min_compression_rate: float):
     """``(n, m, r)`` of the matrix a tensor of ``shape`` is compressed as, or None when it
@@ -119,6 +124,42 @@ class PowerSGD(Transform):
     def matrix(self, shape):
         return matrix_of(shape, self.rank, self.min_compression_rate)
 
+    def check_state(self, state, shape, dtype):
+        """A loaded warm-start ``Q`` (``STATE_Q``) must be what :meth:`forward` stores: only
+        with ``warm_start`` and for a tensor that is compressed, of shape ``m x r`` (its matrix
+        view ``n x m``, ``r = min(rank, n, m)``) and the domain dtype (float64 for float64
+        tensors, else float32), finite.  Returned as a fresh C-contiguous array."""
+        clean = {}
+        for name, q in state.items():
+            if name != STATE_Q:
+                raise ValueError(f"{name}: unknown field; powersgd keeps only {STATE_Q!r}")
+            if not self.warm_start:
+                raise ValueError(f"{name}: powersgd(warm_start=false) keeps no Q")
+            plan = self.matrix(shape)
+            if plan is None:
+                raise ValueError(f"{name}: a {np.dtype(dtype)}{list(shape)} tensor passes through powersgd uncompressed, so it has no Q")
+            n, m, r = plan
+            want = self.domain_dtype(dtype)
+            if not isinstance(q, np.ndarray) or isinstance(q, np.ma.MaskedArray):
+                what = "a masked array" if isinstance(q, np.ma.MaskedArray) else type(q).__name__
+                raise ValueError(f"{name}: expected a NumPy array, got {what}")
+            if q.dtype.kind != "f" or q.dtype.newbyteorder("=") != want or q.shape != (m, r):
+                raise ValueError(
+                    f"{name}: expected {want}[{m}, {r}] (m x r for the {n} x {m} matrix view, rank {r}), "
+                    f"got {q.dtype}{list(q.shape)}"
+                )
+            out = np.empty((m, r), want)
+            out[...] = q.view(np.ndarray)
+            if not np.isfinite(out).all():
+                raise ValueError(f"{name}: non-finite value in Q; powersgd needs a finite Q")
+            clean[name] = out
+        return clean
+
+    def passes_nonfinite(self, shape):
+        """A tensor powersgd compresses must be finite; one that passes through meets only
+        the value stage."""
+        return self.matrix(shape) is None
+
     def forward(self, flat, ctx, sections):
         from codec.ops import widen
 
@@ -147,10 +188,26 @@ class PowerSGD(Transform):
         return (plan, ctx.dtype), ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
+        """``P Q^T`` into ``out``, a band of rows at a time (about ``CHUNK`` elements, at
+        least ``MIN_ROWS`` rows): the working memory is a band's product, not the matrix's.
+        Each band is one BLAS product of whole rows of ``P`` with all of ``Q``, so every
+        element is the same dot product as in the whole ``P @ Q.T``, bit for bit."""
         plan, dtype = payload
+        flat = out.reshape(-1)
         if plan is None:
-            self.emit(values, out.reshape(-1), mode, dtype)
+            for i in range(0, values.size, CHUNK):
+                self.emit(values[i : i + CHUNK], flat[i : i + CHUNK], mode, dtype)
             return
         n, m, r = plan
-        p, q = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
-        self.emit((p @ q.T).reshape(-1), out.reshape(-1), mode, dtype)
+        p, qt = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r).T
+        for lo, hi in row_bands(n, m):
+            self.emit((p[lo:hi] @ qt).reshape(-1), flat[lo * m : hi * m], mode, dtype)
+
+
+def row_bands(n: int, m: int):
+    """``(lo, hi)`` row bands of an ``n x m`` product: ``max(1, n // rows)`` bands of nearly
+    equal size, ``rows = max(MIN_ROWS, CHUNK // m)``, so each holds at least ``rows`` rows
+    (or all ``n``) and about ``CHUNK`` elements."""
+    bands = max(1, n // max(MIN_ROWS, CHUNK // max(m, 1)))
+    for i in range(bands):
+        yield i * n // bands, (i + 1) * n // bands
