@@ -13,7 +13,7 @@ cost model (``transport.costmodel``) work without MPI.
 
 from __future__ import annotations
 
-__all__ = ["Allreducer", "Handle", "MismatchError", "Stats"]
+__all__ = ["Allreducer", "Handle", "MismatchError", "RankError", "RankTypeError", "Stats"]
 
 
 def __getattr__(name):

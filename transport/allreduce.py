@@ -494,7 +494,7 @@ def check_finite(a: np.ndarray, name, spec: str) -> None:
     """ValueError naming the tensor and the position of its first NaN or inf."""
     bad = nonfinite_at(a)
     if bad >= 0:
-        at = np.unravel_index(bad, a.shape) if a.ndim > 1 else bad
+        at = tuple(int(i) for i in np.unravel_index(bad, a.shape)) if a.ndim > 1 else bad
         raise ValueError(f"tensors[{name!r}]: non-finite value ({a.reshape(-1)[bad]}) at position {at}; {spec} needs finite input")
 
 
