@@ -27,11 +27,6 @@ from codec.streams import SEED, key_hash
 #: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
 STATE_Q = "powersgd.q"
 
-#: elements of ``P Q^T`` a decode forms at a time (a band of whole rows), and the fewest rows
-#: of a band (BLAS gets a matrix product, never a matrix-vector one)
-CHUNK = 1 << 18
-MIN_ROWS = 16
-
 
 def matrix_of(shape, rank: int, min_compression_rate: float):
     """``(n, m, r)`` of the matrix a tensor of ``shape`` is compressed as, or None when it
@@ -188,26 +183,10 @@ class PowerSGD(Transform):
         return (plan, ctx.dtype), ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
-        """``P Q^T`` into ``out``, a band of rows at a time (about ``CHUNK`` elements, at
-        least ``MIN_ROWS`` rows): the working memory is a band's product, not the matrix's.
-        Each band is one BLAS product of whole rows of ``P`` with all of ``Q``, so every
-        element is the same dot product as in the whole ``P @ Q.T``, bit for bit."""
         plan, dtype = payload
-        flat = out.reshape(-1)
         if plan is None:
-            for i in range(0, values.size, CHUNK):
-                self.emit(values[i : i + CHUNK], flat[i : i + CHUNK], mode, dtype)
+            self.emit(values, out.reshape(-1), mode, dtype)
             return
         n, m, r = plan
-        p, qt = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r).T
-        for lo, hi in row_bands(n, m):
-            self.emit((p[lo:hi] @ qt).reshape(-1), flat[lo * m : hi * m], mode, dtype)
-
-
-def row_bands(n: int, m: int):
-    """``(lo, hi)`` row bands of an ``n x m`` product: ``max(1, n // rows)`` bands of nearly
-    equal size, ``rows = max(MIN_ROWS, CHUNK // m)``, so each holds at least ``rows`` rows
-    (or all ``n``) and about ``CHUNK`` elements."""
-    bands = max(1, n // max(MIN_ROWS, CHUNK // max(m, 1)))
-    for i in range(bands):
-        yield i * n // bands, (i + 1) * n // bands
+        p, q = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
+        self.emit((p @ q.T).reshape(-1), out.reshape(-1), mode, dtype)
