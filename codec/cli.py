@@ -7,10 +7,17 @@
     gradcodec roundtrip SPEC INPUT [--json]        ratio, error and speed per tensor
     gradcodec demo [--json] [--codecs SPEC,...]    every codec on the bundled gradient sample
 
-Exit status: 0 success; 1 bad data (missing, unreadable or corrupt file, data a codec refuses);
-2 usage (bad arguments, bad spec, unknown codec, unsupported file extension); 3 an internal
-error (a bug: one line, or a traceback with GRADCODEC_DEBUG=1); 130 interrupted.  Every
-error is one line ``gradcodec: error: ...`` on stderr.
+Exit status: 0 success; 1 bad data (missing, unreadable or corrupt file, a tensor name the
+output cannot hold, data a codec refuses, not enough memory); 2 usage (bad arguments, bad
+spec, unknown codec, unsupported file extension, an output that is the input file); 3 an
+internal error (a bug, never caused by a file's content or a name: one line, or a traceback
+with GRADCODEC_DEBUG=1); 130 interrupted.  Every error is one line ``gradcodec: error: ...``
+on stderr.
+
+Outputs: a command never writes over its input (same file by any path, symlink or hard
+link); OUT is written to a fresh temporary file and renamed into place; a tensor is never
+renamed or dropped: a name the output format cannot hold (``codec.io.check_names``, a
+container's UTF-8 and length limits) is refused before any work.
 
 ``gradcodec --help`` imports only the ``codec`` package itself (which loads NumPy but no
 Numba kernel); rich, the codec stages' kernels and the file readers are imported by the

@@ -35,10 +35,22 @@ exactly (sorted by offset, no gap, no overlap, nothing after the last).  Tensors
 in the order of their data.  Byte order is little-endian (the format's), which must be the
 host's.
 
+**Names** are never renamed, truncated or dropped on the way through a file:
+:func:`check_names` (called by ``write_tensors``) refuses with :class:`TensorNameError` a
+name the format cannot store as it is (``.npz``: NUL, backslash, absolute or ``.``/``..``/empty
+path components, over 65,531 UTF-8 bytes, ``X`` beside ``X.npy``; every named format: lone
+surrogates; ``.safetensors``: ``__metadata__``, a header over 100 MB).  Reading refuses a
+``.npz`` whose members give one name twice and a ``.safetensors`` header naming one twice.
+
+**Untrusted bytes.**  ``.npy`` data (a file, or a ``.npz`` member read straight from the
+zip) is read only after its header's shape and dtype are checked to account for exactly the
+bytes that follow; any failure inside NumPy's header parser, zipfile or its decompressors is
+a :class:`TensorFileError`.  Arrays come back C-contiguous, native-endian and writeable.
+
 Errors: a path with another extension raises :class:`UnsupportedFormatError`; a missing
 path ``FileNotFoundError``; a file that cannot be read as its extension says, or that holds
-an unsupported array, :class:`TensorFileError`.  Both error classes are ``ValueError``
-subclasses.
+an unsupported array, :class:`TensorFileError`; a name the output format cannot hold,
+:class:`TensorNameError`.  All three error classes are ``ValueError`` subclasses.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import struct
 import tokenize
 import zipfile
@@ -425,8 +438,18 @@ def atomic_write(path, write) -> None:
     """Create ``path`` through ``write(f)`` (``f`` a binary file) under a fresh temporary name in
     the same folder (created exclusively, never an existing file), then rename it into place:
     a failure, an interrupt included, leaves no partial file and ``path`` as it was.  The new
-    file gets the usual permissions (0666 less the umask)."""
+    file gets the usual permissions (0666 less the umask).  An existing ``path`` that is not a
+    regular file or a folder (a pipe, ``/dev/null``, a terminal) is written in place instead:
+    renaming over it would replace the device or pipe itself."""
     path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        with open(path, "wb") as f:
+            write(f)
+        return
     while True:
         # a short prefix of the name: the temporary name must fit NAME_MAX whenever the real one does
         tmp = path.with_name(f".{path.name[:32]}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

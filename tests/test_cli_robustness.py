@@ -298,3 +298,25 @@ def test_fuzzed_tensor_files_never_internal_error(capsys, tmp_path, ext):
 def _zip_bytes(tmp_path, member: bytes) -> bytes:
     _zip(tmp_path / "z.tmp", [("w.npy", member)])
     return (tmp_path / "z.tmp").read_bytes()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_output_that_is_a_pipe_is_written_not_replaced(capsys, tmp_path):
+    """OUT may be a pipe (or /dev/null, /dev/stdout): it is written into; renaming a temporary
+    file over it replaced the pipe itself (as root, over /dev/null: the device node)."""
+    import stat
+
+    src = tmp_path / "g.npy"
+    write_tensors(src, {"g": np.arange(4, dtype=np.float32)})
+    fifo = tmp_path / "out.gcf"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there, so the writer's open does not block
+    try:
+        rc, _, err = run(capsys, "encode", "none", src, "-o", fifo)
+        assert rc == 0, err
+        got = os.read(rfd, 1 << 16)
+    finally:
+        os.close(rfd)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert codec.decode(got).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert listing(tmp_path) == ["g.npy", "out.gcf"]
