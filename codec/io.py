@@ -267,6 +267,8 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     with zf:
         size = os.path.getsize(path)
         for info in zf.infolist():
+            if info.is_dir() and info.file_size == 0:  # a folder entry ('zip -r' writes them): no tensor
+                continue
             member = info.filename
             name = member[:-4] if member.endswith(".npy") else member
             if name in out:

@@ -349,3 +349,12 @@ def test_write_never_touches_an_existing_temporary_name(tmp_path, monkeypatch):
     write_tensors(tmp_path / "x.npz", {"a": np.ones(2, np.float32)})
     assert victim.read_bytes() == b"keep me"
     assert list(read_tensors(tmp_path / "x.npz")) == ["a"]
+
+
+def test_npz_folder_entries_are_not_tensors(tmp_path):
+    """'zip -r' writes an entry per folder; it holds no tensor (it was 'not an array')."""
+    with zipfile.ZipFile(tmp_path / "r.npz", "w") as z:
+        z.writestr("step0000/", b"")
+        z.writestr("step0000/w.npy", _npy((2,), data=struct.pack("<2d", 1.0, 2.0)))
+    out = read_tensors(tmp_path / "r.npz")
+    assert {k: v.tolist() for k, v in out.items()} == {"step0000/w": [1.0, 2.0]}
