@@ -381,14 +381,14 @@ def _measure_all(c, tensors: dict, repeat: int, step=None) -> list:
             frame = c.encode(x)
             y = codec.decode(frame)
         except (ValueError, TypeError, codec.CodecError) as e:
-            raise DataError(f"tensor {name!r}: {e}") from None
+            raise DataError(f"tensor {name!r:.200}: {e}") from None
         s = _Stats()
         s.tensors, s.elements, s.bytes_in, s.bytes_out = 1, int(x.size), int(x.nbytes), len(frame)
         s.t_enc = s.t_dec = float("inf")
         xd = np.asarray(x, dtype=np.float64).reshape(-1)
         yd = np.asarray(y, dtype=np.float64).reshape(-1)
         if xd.size != yd.size:
-            raise DataError(f"tensor {name!r}: decoded {yd.size} elements, encoded {xd.size}")
+            raise DataError(f"tensor {name!r:.200}: decoded {yd.size} elements, encoded {xd.size}")
         with np.errstate(all="ignore"):
             same = (xd == yd) | (np.isnan(xd) & np.isnan(yd))  # exact NaN/inf round trips count as no error
             d = np.where(same, 0.0, yd - xd)
@@ -447,7 +447,7 @@ def _encode_one(c, name: str, x):
     try:
         return c.encode(x)
     except (ValueError, TypeError, CodecError) as e:
-        raise DataError(f"tensor {name!r}: {e}") from None
+        raise DataError(f"tensor {name!r:.200}: {e}") from None
 
 
 # ============================================================================ commands
@@ -532,7 +532,7 @@ def _decode_one(name: str, frame, in_container: bool):
     try:
         return codec.decode(frame)
     except (ValueError, TypeError, codec.CodecError) as e:
-        raise DataError(f"tensor {name!r}: {e}" if in_container else str(e)) from None
+        raise DataError(f"tensor {name!r:.200}: {e}" if in_container else str(e)) from None
 
 
 def cmd_decode(args) -> int:
@@ -566,7 +566,7 @@ def _inspect(name: str, frame, in_container: bool) -> dict:
     try:
         d = codec.inspect(frame)
     except (ValueError, TypeError, codec.CodecError) as e:
-        raise DataError(f"tensor {name!r}: {e}" if in_container else str(e)) from None
+        raise DataError(f"tensor {name!r:.200}: {e}" if in_container else str(e)) from None
     d["raw_bytes"] = d["elements"] * NAMES[d["dtype"]].itemsize
     return d
 

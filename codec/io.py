@@ -134,14 +134,14 @@ def _float_dtype(name: str, dt: np.dtype, where: str) -> None:
     if dt == bfloat16 or (dt.kind == "f" and dt.itemsize in (2, 4, 8)):
         return
     raise TensorFileError(
-        f"{where}: tensor {name!r} has dtype {dt}; gradcodec handles float16, bfloat16, float32 and float64 only"
+        f"{where}: tensor {name!r:.200} has dtype {dt}; gradcodec handles float16, bfloat16, float32 and float64 only"
     )
 
 
 def _as_float(name: str, arr, where: str) -> np.ndarray:
     """``arr`` as a supported float array (bfloat16 from the '<V2' convention), or TensorFileError."""
     if not isinstance(arr, np.ndarray):
-        raise TensorFileError(f"{where}: entry {name!r} is not an array")
+        raise TensorFileError(f"{where}: entry {name!r:.200} is not an array")
     dt = arr.dtype
     _float_dtype(name, dt, where)
     if dt.kind == "V":
@@ -195,40 +195,40 @@ def _read_array(fp, avail: int, name: str, where: str) -> np.ndarray:
     try:
         magic = fp.read(len(_NPY_MAGIC) + 2)
         if len(magic) != len(_NPY_MAGIC) + 2 or magic[: len(_NPY_MAGIC)] != _NPY_MAGIC:
-            raise TensorFileError(f"{where}: entry {name!r} is not a .npy array (no NumPy magic)")
+            raise TensorFileError(f"{where}: entry {name!r:.200} is not a .npy array (no NumPy magic)")
         version = (magic[-2], magic[-1])
         if version == (1, 0):
             shape, fortran, dt = np.lib.format.read_array_header_1_0(fp)
         elif version == (2, 0):
             shape, fortran, dt = np.lib.format.read_array_header_2_0(fp)
         else:
-            raise TensorFileError(f"{where}: tensor {name!r}: .npy format version {version} is not supported (1.0, 2.0)")
+            raise TensorFileError(f"{where}: tensor {name!r:.200}: .npy format version {version} is not supported (1.0, 2.0)")
     except TensorFileError:
         raise
     except _PARSE_ERRORS as e:
-        raise TensorFileError(f"{where}: tensor {name!r}: not a readable .npy header: {_one_line(e)}") from None
+        raise TensorFileError(f"{where}: tensor {name!r:.200}: not a readable .npy header: {_one_line(e)}") from None
     if dt.hasobject:
-        raise TensorFileError(f"{where}: tensor {name!r} holds Python objects (a pickle); refused")
+        raise TensorFileError(f"{where}: tensor {name!r:.200} holds Python objects (a pickle); refused")
     _float_dtype(name, dt, where)
     if not all(type(d) is int and d >= 0 for d in shape):
-        raise TensorFileError(f"{where}: tensor {name!r}: shape {shape!r} is not a tuple of non-negative integers")
+        raise TensorFileError(f"{where}: tensor {name!r:.200}: shape {shape!r:.200} is not a tuple of non-negative integers")
     count = math.prod(shape)
     need = count * dt.itemsize
     have = avail - (fp.tell() - start)
     if need != have:
         raise TensorFileError(
-            f"{where}: tensor {name!r}: its header declares shape {shape} of {dt} ({need} bytes) "
+            f"{where}: tensor {name!r:.200}: its header declares shape {shape!r:.200} of {dt} ({need} bytes) "
             f"but {max(have, 0)} bytes of data follow"
         )
     try:
         buf = bytearray(need)
     except MemoryError:
-        raise TensorFileError(f"{where}: tensor {name!r}: not enough memory for its {need} bytes") from None
+        raise TensorFileError(f"{where}: tensor {name!r:.200}: not enough memory for its {need} bytes") from None
     mv, pos = memoryview(buf), 0
     while pos < need:
         got = fp.readinto(mv[pos : pos + _CHUNK])
         if not got:
-            raise TensorFileError(f"{where}: tensor {name!r}: data ends after {pos} of {need} bytes")
+            raise TensorFileError(f"{where}: tensor {name!r:.200}: data ends after {pos} of {need} bytes")
         pos += got
     arr = np.frombuffer(buf, dtype=dt, count=count)
     if fortran and len(shape) > 1:
@@ -272,18 +272,18 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             member = info.filename
             name = member[:-4] if member.endswith(".npy") else member
             if name in out:
-                raise TensorFileError(f"{path}: two zip members give the tensor name {name!r}")
+                raise TensorFileError(f"{path}: two zip members give the tensor name {name!r:.200}")
             if info.compress_type == zipfile.ZIP_STORED and info.file_size > size:
-                raise TensorFileError(f"{path}: entry {name!r} declares {info.file_size} bytes, more than the whole file")
+                raise TensorFileError(f"{path}: entry {name!r:.200} declares {info.file_size} bytes, more than the whole file")
             try:
                 with zf.open(info) as m:
                     out[name] = _read_array(m, info.file_size, name, str(path))
             except TensorFileError:
                 raise
             except MemoryError:
-                raise TensorFileError(f"{path}: entry {name!r}: not enough memory to read it") from None
+                raise TensorFileError(f"{path}: entry {name!r:.200}: not enough memory to read it") from None
             except _PARSE_ERRORS as e:
-                raise TensorFileError(f"{path}: entry {name!r} cannot be read: {_one_line(e)}") from None
+                raise TensorFileError(f"{path}: entry {name!r:.200} cannot be read: {_one_line(e)}") from None
     return out
 
 
@@ -329,7 +329,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
         for name, _, begin, end, _ in plan:
             if begin != pos:
                 what = "overlaps the previous tensor" if begin < pos else f"leaves a gap of {begin - pos} bytes before it"
-                raise TensorFileError(f"{path}: tensor {name!r} at data offset {begin} {what}")
+                raise TensorFileError(f"{path}: tensor {name!r:.200} at data offset {begin} {what}")
             pos = end
         if pos != data_len:
             raise TensorFileError(f"{path}: tensors end at data offset {pos} but the data area is {data_len} bytes")
@@ -348,7 +348,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def _st_entry(path: Path, name, entry, data_len: int):
-    where = f"{path}: tensor {name!r}"
+    where = f"{path}: tensor {name!r:.200}"
     if not isinstance(entry, dict):
         raise TensorFileError(f"{where}: header entry is not a JSON object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -356,7 +356,7 @@ def _st_entry(path: Path, name, entry, data_len: int):
         raise TensorFileError(f"{where}: header entry has no dtype")
     if dtype not in _ST_DTYPES:
         raise TensorFileError(
-            f"{where} has dtype {dtype}; gradcodec handles {', '.join(_ST_DTYPES)} (float16, bfloat16, float32, float64) only"
+            f"{where} has dtype {dtype!r:.40}; gradcodec handles {', '.join(_ST_DTYPES)} (float16, bfloat16, float32, float64) only"
         )
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise TensorFileError(f"{where}: shape {shape!r:.200} is not a list of non-negative integers")
@@ -370,7 +370,7 @@ def _st_entry(path: Path, name, entry, data_len: int):
     dt = _ST_DTYPES[dtype]
     need = math.prod(shape) * dt.itemsize
     if offsets[1] - offsets[0] != need:
-        raise TensorFileError(f"{where}: {offsets[1] - offsets[0]} data bytes for shape {shape} of {dtype} (needs {need})")
+        raise TensorFileError(f"{where}: {offsets[1] - offsets[0]} data bytes for shape {shape!r:.200} of {dtype} (needs {need})")
     return name, dt, offsets[0], offsets[1], tuple(shape)
 
 
