@@ -65,7 +65,7 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     if type(x).__module__.startswith("torch"):
         arr = _from_torch(x)
     elif isinstance(x, np.ndarray):
-        arr = x
+        arr = base_view(x, argname)
     elif isinstance(x, (bytes, bytearray, memoryview)):
         arr = np.asarray(memoryview(x))
         if dtype is None and arr.dtype == np.uint8:
@@ -84,12 +84,45 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
         if arr.dtype != want:
             if arr.dtype.kind == "O":
                 raise TypeError(f"{argname}: object arrays are not supported")
-            raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            raw = _materialize(arr, argname).reshape(-1).view(np.uint8)
             if raw.size % want.itemsize:
                 raise ValueError(f"{argname}: {raw.size} bytes is not a whole number of {want} elements")
             arr = raw.view(want)
+    if arr.dtype not in _BY_DTYPE and arr.dtype.kind == "f" and arr.dtype.newbyteorder("=") in _BY_DTYPE:
+        arr = arr.astype(arr.dtype.newbyteorder("="))  # big-endian floats: the same values, native order
     if arr.dtype not in _BY_DTYPE:
         raise TypeError(
             f"{argname}: dtype {arr.dtype} is not supported; gradcodec encodes float16, bfloat16, float32 or float64"
         )
-    return arr if arr.flags.c_contiguous else arr.copy(order="C")  # (ascontiguousarray turns 0-d into 1-d)
+    return _materialize(arr, argname)
+
+
+def base_view(a: np.ndarray, argname: str) -> np.ndarray:
+    """``a`` as a plain ``np.ndarray`` (a view: same memory, shape and strides).
+
+    Kernels index arrays flat through ``reshape(-1)``, which an ndarray subclass may override
+    (``np.matrix`` stays 2-D, so a kernel would write row i for element i, outside the
+    buffer): nothing but a base ndarray reaches them.  A masked array is refused: its mask
+    would be silently ignored."""
+    if type(a) is np.ndarray:
+        return a
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"{argname}: masked arrays are not supported (the mask would be ignored); pass {argname}.filled(0) or .data")
+    return a.view(np.ndarray)
+
+
+def _materialize(a: np.ndarray, argname: str) -> np.ndarray:
+    """``a`` itself when it is C-contiguous and aligned, else a C-contiguous copy.
+
+    A broadcast array (a zero stride over an extent > 1: ``np.broadcast_to``, torch's
+    ``expand``) is refused with ValueError: its elements alias, which no gradient does, and
+    copying it could ask for far more memory than the caller holds (a 4-byte scalar
+    broadcast to 2**33 elements is 32 GiB)."""
+    if a.flags.c_contiguous and a.flags.aligned:
+        return a
+    if any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape)):
+        raise ValueError(
+            f"{argname}: a broadcast array (zero stride, shape {a.shape}) is not a gradient; "
+            f"pass np.ascontiguousarray({argname}) to encode its {a.size} elements"
+        )
+    return a.copy(order="C")  # (ascontiguousarray turns 0-d into 1-d)

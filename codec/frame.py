@@ -46,6 +46,8 @@ MAX_NDIM = 32
 MAX_SPEC = 4096
 #: default ceiling on the element count a frame may declare (2**40 elements)
 MAX_ELEMENTS = 1 << 40
+#: the largest ``max_elements`` a caller may ask for: 2**60 float64 values are NumPy's limit
+MAX_ELEMENTS_LIMIT = 1 << 60
 #: the most raw bytes a section may hold per element of the array (plus 1024): two float64
 #: values per element, what a transform's domain can reach (fft with 1- or 2-element blocks
 #: keeps up to one complex coefficient per element; powersgd's r*(n+m) <= 2*n*m values)
@@ -378,8 +380,13 @@ def parse_frame(buf, *, max_elements: int | None = None) -> Frame:
     if data_off != size:
         raise CorruptFrameError(f"frame is {size} bytes but its sections end at byte {data_off}")
     limit = MAX_ELEMENTS if max_elements is None else max_elements
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 0 <= limit <= MAX_ELEMENTS_LIMIT:
+        raise ValueError(f"max_elements: must be an integer in [0, 2**60], got {max_elements!r}")
     if n > limit:
         raise CorruptFrameError(f"frame declares {n} elements, more than the limit of {limit}")
+    if math.prod(d for d in shape if d) > max(limit, MAX_ELEMENTS):
+        # an empty shape such as (2**62, 0): NumPy itself cannot make an array of it
+        raise CorruptFrameError(f"frame declares shape {tuple(shape)}: its non-zero dimensions exceed {max(limit, MAX_ELEMENTS)} elements")
     if flags & _PAYLOAD_FLAGS:
         (pcrc,) = _CRC.unpack_from(mv, pos - _CRC.size)
         payload_crc = _crc32c.crc32c if flags & FLAG_PAYLOAD_CRC32C else zlib.crc32

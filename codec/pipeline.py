@@ -19,7 +19,7 @@ from codec.dtypes import as_float_array
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
 from codec.modes import ADD, SET, SUB
-from codec.stage import KINDS, Context, Stage, lookup, registered
+from codec.stage import KINDS, Context, Stage, check_step, lookup, registered
 
 
 class Codec:
@@ -71,9 +71,7 @@ class Codec:
         scheduled parameters): the same ``(x, key, step)`` always gives the same frame.
         ``ErrorFeedback`` passes its key and the key's step count."""
         arr = as_float_array(x, dtype)
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step: must be an integer >= 0, got {step!r}")
-        return self._encode(arr, Context(arr.shape, arr.dtype, key=key, step=int(step)))
+        return self._encode(arr, Context(arr.shape, arr.dtype, key=key, step=check_step(step)))
 
     def _encode(self, arr: np.ndarray, ctx: Context) -> bytes:
         sections = []
@@ -134,7 +132,8 @@ class Codec:
     def decode_add(self, frame, out, *, subtract: bool = False):
         """``out += decoded`` (``-=`` with ``subtract=True``) without a dense temporary for sparse codecs.
 
-        ``out`` must have the frame's element count and any supported float dtype; returns ``out``.
+        ``out`` must be a NumPy array with the frame's element count and any supported float
+        dtype (writeable, C-contiguous); returns ``out``.
         """
         fr = parse_frame(frame)
         self._check_same(fr)
@@ -321,21 +320,28 @@ def get_codec(spec=None, /, *, checksum: bool | None = None, **params) -> Codec:
 
 
 def _out_array(fr, out, *, add: bool) -> np.ndarray:
-    from codec.dtypes import CODES
+    """The flat base-ndarray view that decoding writes: of a new array when ``out`` is None
+    (decode only), else of ``out``, which must be a writeable, aligned, C-contiguous NumPy
+    array (a subclass is written through a base view; masked arrays are refused) with the
+    frame's element count and dtype (any supported dtype when adding)."""
+    from codec.dtypes import CODES, base_view
 
     if out is None:
-        return np.empty(fr.shape, fr.dtype)
+        if add:
+            raise TypeError("out: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
+        return np.empty(fr.n, fr.dtype)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
-    if out.size != fr.n:
-        raise ValueError(f"out: has {out.size} elements, the frame holds {fr.n} (shape {fr.shape})")
-    if add and out.dtype not in CODES.values():
-        raise ValueError(f"out: dtype {out.dtype} cannot accumulate; use float16, bfloat16, float32 or float64")
-    if not add and out.dtype != fr.dtype:
-        raise ValueError(f"out: dtype {out.dtype} does not match the frame's {fr.dtype}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out: must be a writeable C-contiguous array")
-    return out
+    plain = base_view(out, "out")
+    if plain.size != fr.n:
+        raise ValueError(f"out: has {plain.size} elements, the frame holds {fr.n} (shape {fr.shape})")
+    if add and plain.dtype not in CODES.values():
+        raise ValueError(f"out: dtype {plain.dtype} cannot accumulate; use float16, bfloat16, float32 or float64 (native byte order)")
+    if not add and plain.dtype != fr.dtype:
+        raise ValueError(f"out: dtype {plain.dtype} does not match the frame's {fr.dtype}")
+    if not plain.flags.c_contiguous or not plain.flags.writeable or not plain.flags.aligned:
+        raise ValueError("out: must be a writeable, aligned, C-contiguous array")
+    return plain.reshape(-1)
 
 
 def _codec_of(fr) -> Codec:
@@ -352,15 +358,15 @@ def _decode(fr, out=None):
     codec = _codec_of(fr)
     ctx, payload = codec._read(fr)
     target = _out_array(fr, out, add=False)
-    codec._write(ctx, payload, target.reshape(-1), SET)
-    return target
+    codec._write(ctx, payload, target, SET)
+    return target.reshape(fr.shape) if out is None else out
 
 
 def _decode_add(fr, out, subtract=False):
     codec = _codec_of(fr)
     target = _out_array(fr, out, add=True)
     ctx, payload = codec._read(fr)
-    codec._write(ctx, payload, target.reshape(-1), SUB if subtract else ADD)
+    codec._write(ctx, payload, target, SUB if subtract else ADD)
     return out
 
 

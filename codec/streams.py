@@ -17,7 +17,8 @@ SEED = Param("seed", int, 0, "random stream seed", low=0, high=(1 << 63) - 1)
 
 
 def key_hash(key) -> int:
-    """64 bits of BLAKE2b over the key's text (str as is, integers in decimal, None empty)."""
+    """64 bits of BLAKE2b over the key's text (str as is, integers in decimal, None empty),
+    as UTF-8 (lone surrogates, which a Python str may hold, encoded as themselves)."""
     import hashlib
 
     if key is None:
@@ -28,7 +29,7 @@ def key_hash(key) -> int:
         text = str(int(key))
     else:
         text = repr(key)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def stream(seed: int, ctx) -> np.uint64:

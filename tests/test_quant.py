@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from codec.frame import header_length
 import pytest
 
 import codec
@@ -179,7 +181,7 @@ def check_dense(spec: str, x: np.ndarray, key=None, step=0, frame=None) -> list[
     want_kinds = value_kinds(spec)
     if kinds != want_kinds:
         errs.append(f"{what}: sections {sorted(k.name for k in kinds)}, want {sorted(k.name for k in want_kinds)}")
-    want_h = 12 + 8 * x.ndim + len(c.spec) + 28 * len(info["sections"]) + 4
+    want_h = header_length(x.ndim, len(c.spec), len(info["sections"]))  # 12 + 8*ndim + L + 28*S + 4 + 4
     if H != want_h:
         errs.append(f"{what}: header {H} bytes, formula {want_h}")
     if len(frame) != H + r.payload:

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from codec.frame import header_length
 import pytest
 
 import codec
@@ -104,7 +106,8 @@ def kept_count(frame: bytes) -> int:
 
 
 def header_len(c, ndim: int, nsec: int) -> int:
-    return 12 + 8 * ndim + len(c.spec) + 28 * nsec + 4
+    """12 + 8*ndim + L + 28*S + 4, + 4 for the payload CRC-32C every frame carries by default."""
+    return header_length(ndim, len(c.spec), nsec)
 
 
 # ---------------------------------------------------------------------- data

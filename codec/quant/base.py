@@ -34,6 +34,22 @@ def exponent_range(dtype) -> tuple[int, int]:
     return int(np.frexp(float(info.smallest_subnormal))[1]) - 1, int(info.maxexp) - 1
 
 
+def top_of(dtype) -> float:
+    """The largest finite value of float ``dtype``."""
+    return float(ml_dtypes.finfo(dtype).max)
+
+
+def _largest(p: "Dequant") -> float:
+    """A bound on |value| over every code of ``p`` (from its few per-block scalars).  A
+    quantizer's value can exceed the largest finite value of its dtype (QSGD decodes
+    ``norm * level / s`` and the norm of values near float32's maximum exceeds it); such a
+    frame decodes saturated to that value, as an fp8 "satfinite" conversion does."""
+    if not p.count:
+        return 0.0
+    lut = float(np.abs(p.lut).max(initial=0.0))
+    return lut * float(np.abs(p.scale).max(initial=0.0)) + float(np.abs(p.offset).max(initial=0.0))
+
+
 @dataclass
 class Dequant:
     """A parsed quantizer payload: ``count`` codes of ``bits`` bits packed in ``data`` (raw
@@ -70,11 +86,14 @@ class Quantizer(Stage):
         from codec.modes import SET
         from codec.ops import round_to, store
 
-        if out.dtype == payload.dtype:
+        top = _largest(payload)
+        if out.dtype == payload.dtype and top <= top_of(payload.dtype):
             self._dequantize(payload, out, mode)
             return
         wide = np.empty(out.size, np.float64)  # float64 values, rounded once to the frame's dtype
         self._dequantize(payload, wide, SET)
+        if top > top_of(payload.dtype):  # saturate: finite input never decodes to inf
+            np.clip(wide, -top_of(payload.dtype), top_of(payload.dtype), out=wide)
         store(round_to(wide, payload.dtype), out, mode)
 
     @staticmethod
@@ -166,13 +185,22 @@ def scalars_section(values: np.ndarray) -> Section:
     """float64 ``values`` (already rounded to float32 where they fit) as a scalars section:
     float32 items when every value fits float32, float64 items otherwise."""
     values = np.asarray(values, np.float64).reshape(-1)
+    _check_finite(values)
     if values.size and np.abs(values).max() > F32_MAX:
         return Section(Kind.SCALARS, 64, values.size, values.astype("<f8"))
     return Section(Kind.SCALARS, 32, values.size, values.astype("<f4"))
 
 
+def _check_finite(values) -> None:
+    """An encoder writes no scalar its decoder would reject (:func:`read_scalars`): a scale
+    or norm that overflows float64 (values near its maximum) is a ValueError naming x."""
+    if not np.all(np.isfinite(values)):
+        raise ValueError("x: a per-bucket scale (norm, mean or range) overflows float64: the values are too close to float64's maximum to quantize")
+
+
 def scale_section(value: float) -> Section:
     """One per-tensor scale as a scalars section of one float64."""
+    _check_finite(np.float64(value))
     return Section(Kind.SCALARS, 64, 1, np.array([value], "<f8"))
 
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from codec.frame import Kind, Section
+from codec.frame import MAX_ELEMENTS, Kind, Section
 from codec.quant.base import (
     Dequant,
     Quantizer,
@@ -150,7 +150,7 @@ class RangeFloat(_MiniFloat):
     params = (
         Param("bits", int, 8, "total width in bits: 1 sign + exp_bits + mantissa", low=3, high=16),
         Param("exp_bits", int, None, "exponent bits, 1..min(8, bits-1); auto = min(5, bits // 2)", low=1, high=8, auto=True),
-        Param("block", int, 0, "values per exponent window; 0 = one window for the whole message", low=0),
+        Param("block", int, 0, "values per exponent window; 0 = one window for the whole message", low=0, high=MAX_ELEMENTS),
         rounding("nearest"),
         SEED,
     )
@@ -164,7 +164,7 @@ class RangeFloat(_MiniFloat):
         self.maxmag = (1 << (self.bits - 1)) - 1
 
     def block_len(self, n):
-        return self.block or n
+        return min(self.block or n, n)  # a window longer than the message is the whole message
 
     def windows(self, amax, dtype):
         return _window_tops(amax, self.mant, dtype, 2.0 - math.ldexp(1.0, -self.mant))

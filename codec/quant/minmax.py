@@ -8,6 +8,7 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.ops import readonly
 from codec.quant.base import Dequant, Quantizer, bucket_groups, codes_section, read_codes, read_scalars, rounding, scalars_section
+from codec.frame import MAX_ELEMENTS
 from codec.stage import Param, register
 from codec.streams import SEED
 
@@ -19,7 +20,7 @@ class MinMax(Quantizer):
     name = "minmax"
     params = (
         Param("bits", int, 8, "code width in bits", low=1, high=8),
-        Param("bucket", int, 1024, "values per bucket (each has its own min and max)", low=1),
+        Param("bucket", int, 1024, "values per bucket (each has its own min and max)", low=1, high=MAX_ELEMENTS),
         rounding("nearest"),
         SEED,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.errors import CorruptFrameError
-from codec.frame import Kind, Section
+from codec.frame import MAX_ELEMENTS, Kind, Section
 from codec.ops import readonly
 from codec.quant.base import (
     Dequant,
@@ -30,7 +30,7 @@ class Qsgd(Quantizer):
     name = "qsgd"
     params = (
         Param("levels", int, 16, "quantization levels s per sign", low=1, high=32767),
-        Param("bucket", int, 512, "values per bucket (each has its own norm)", low=1),
+        Param("bucket", int, 512, "values per bucket (each has its own norm)", low=1, high=MAX_ELEMENTS),
         rounding("stochastic"),
         Param("coding", str, "packed", "packed: fixed-width sign+level codes; elias: the paper's run-length Elias-gamma", choices=("packed", "elias")),
         SEED,

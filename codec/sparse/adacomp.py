@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.frame import Kind, Section
+from codec.frame import MAX_ELEMENTS, Kind, Section
 from codec.ops import readonly
 from codec.sparse.magnitude import IndexSelect, collect, raise_nonfinite
 from codec.stage import Param, Stage, register
@@ -51,7 +51,7 @@ class AdaComp(IndexSelect):
 
     name = "adacomp"
     default_value = SignScale
-    params = (Param("bin", int, None, f"bin length L; auto = {CONV_BIN} if ndim >= 3 else {FC_BIN}", low=1, auto=True),)
+    params = (Param("bin", int, None, f"bin length L; auto = {CONV_BIN} if ndim >= 3 else {FC_BIN}", low=1, high=MAX_ELEMENTS, auto=True),)
 
     def length(self, shape) -> int:
         return self.bin if self.bin is not None else (CONV_BIN if len(shape) >= 3 else FC_BIN)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from codec.sparse.magnitude import MagnitudeSelect, k_of
+from codec.frame import MAX_ELEMENTS
 from codec.stage import Param, register
 
 RATIO = 0.01
@@ -15,7 +16,7 @@ class TopK(MagnitudeSelect):
     name = "topk"
     params = (
         Param("ratio", float, RATIO, "fraction kept, in (0, 1]; unused when k is given", low=0.0, high=1.0, schedule=True),
-        Param("k", int, None, "keep exactly min(k, n) elements instead of a ratio", low=1),
+        Param("k", int, None, "keep exactly min(k, n) elements instead of a ratio", low=1, high=MAX_ELEMENTS),
     )
 
     def validate(self):
