@@ -30,14 +30,15 @@ from codec.spec import Call, SpecError, parse_value
 
 KINDS = ("transform", "select", "value", "bytes")
 
-#: the largest step a codec accepts (steps key random streams and schedules as int64)
-MAX_STEP = (1 << 63) - 1
+#: the largest step a codec accepts (steps key random streams and schedules; random-k's frame
+#: records the step, and its decoder has refused 2**62 and above since format v1)
+MAX_STEP = (1 << 62) - 1
 
 
 def check_step(step, argname: str = "step") -> int:
     """``step`` as an int in ``[0, MAX_STEP]``, or ValueError naming ``argname``."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
-        raise ValueError(f"{argname}: must be an integer in [0, 2**63), got {step!r}")
+        raise ValueError(f"{argname}: must be an integer in [0, 2**62), got {step!r}")
     return int(step)
 
 _REGISTRY: dict[str, type["Stage"]] = {}
