@@ -593,7 +593,7 @@ def cmd_info(args) -> int:
             ("payload bytes", _n(d["payload_bytes"])),
             ("frame bytes", _n(d["frame_bytes"])),
             ("ratio", _ratio(d["raw_bytes"] / d["frame_bytes"])),
-            ("payload checksum", "yes (crc32)" if d["payload_checksum"] else "no"),
+            ("payload checksum", d["payload_checksum"] or "none"),
         ):
             t.add_row(k, v)
         s = _table("sections")
@@ -618,7 +618,7 @@ def cmd_info(args) -> int:
         return EXIT_OK
     t = _table(
         f"{args.input}: gradcodec container, format version 1, {len(infos)} tensor{'s' * (len(infos) != 1)}",
-        caption=f"total bytes include the {_n(summary['header_bytes'])}-byte container header and table",
+        caption=f"total bytes include the {_n(summary['header_bytes'])}-byte container header, table and checksums",
     )
     for h, j in (("name", "left"), ("codec", "left"), ("dtype", "left"), ("shape", "left"), ("elements", "right"),
                  ("raw bytes", "right"), ("frame bytes", "right"), ("ratio", "right")):
