@@ -87,11 +87,7 @@ class ErrorFeedback:
 
     def encode(self, x, key=None, *, dtype=None) -> bytes:
         """Encode ``x`` plus the residual of ``key``; the new residual is what the frame missed."""
-        arr = as_float_array(x, dtype)
-        if isinstance(arr, np.ma.MaskedArray):
-            raise TypeError("x: masked arrays are not supported (the mask would be ignored); pass the filled array")
-        if type(arr) is not np.ndarray:  # np.matrix & co: the plain data (a matrix's reshape(-1) is 2-D)
-            arr = arr.view(np.ndarray)
+        arr = _plain_input(x, dtype, "x")
         slot = self._slots.get(key)
         if slot is None:
             slot = Slot(key, np.zeros(arr.shape, arr.dtype))
@@ -132,7 +128,7 @@ class ErrorFeedback:
         from codec.ops import scatter, store
 
         flat = slot.residual.reshape(-1)
-        vals = as_float_array(values, argname="values").reshape(-1)
+        vals = _plain_input(values, None, "values").reshape(-1)
         if positions is None:
             if vals.size != flat.size:
                 raise ValueError(f"values: has {vals.size} elements, the residual of {key!r} has {flat.size}")
@@ -214,6 +210,16 @@ def passes_nonfinite(codec: Codec, shape) -> bool:
     ValueError: when every stage passes it (:meth:`codec.stage.Stage.passes_nonfinite`:
     lossless stages and ``nonfinite=keep``; powersgd only for tensors it passes through)."""
     return all(s.passes_nonfinite(tuple(shape)) for s in codec.stages)
+
+
+def _plain_input(x, dtype, argname: str) -> np.ndarray:
+    """:func:`codec.dtypes.as_float_array`, as a base ndarray: ``np.matrix`` and other
+    subclasses as their plain data (a matrix's ``reshape(-1)`` is 2-D, which kernels index
+    wrongly); a masked array is refused, as its mask would be ignored."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{argname}: masked arrays are not supported (the mask would be ignored); pass the filled array")
+    arr = as_float_array(x, dtype, argname)
+    return arr if type(arr) is np.ndarray else arr.view(np.ndarray)
 
 
 def _show(key) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -490,6 +491,9 @@ def test_velocity_rules():
     for bad, match in [
         (v.astype(np.float64), r"velocity: expected float32\[40, 30\]"),
         (v.reshape(30, 40), r"velocity: expected float32\[40, 30\]"),
+        # larger than the residual: today's main accepted it, broadcast x into it and let the
+        # fused top-k kernel write 12,000 elements into the 1,200-element acc (a segfault)
+        (np.ones((400, 30), np.float32), r"velocity: expected float32\[40, 30\]"),
         (v.astype(np.int32), r"velocity: dtype int32"),
         (v.tolist(), r"velocity: expected a NumPy array"),
         (np.full_like(v, np.nan), r"velocity: non-finite value at \(0, 0\)"),
@@ -546,3 +550,98 @@ def test_matrix_input_encodes_like_an_array(spec, momentum):
 
 def test_step_limit_is_what_randomk_frames_allow():
     assert getattr(feedback, "STEP_LIMIT", None) == STEP_LIMIT
+
+
+def test_add_residual_and_masked_input():
+    a, b = ErrorFeedback("topk(ratio=0.05)"), ErrorFeedback("topk(ratio=0.05)")
+    x = grads(count=1)[0]
+    a.encode(x, key="w")
+    b.encode(x, key="w")
+    a.add_residual("w", np.ones(SHAPE, np.float32))
+    b.add_residual("w", np.asmatrix(np.ones(SHAPE, np.float32)))
+    a.add_residual("w", np.full(2, 3, np.float32), [5, 700])
+    b.add_residual("w", np.asmatrix(np.full(2, 3, np.float32)), [5, 700])
+    assert np.array_equal(a.residual("w"), b.residual("w"))
+    assert_plain(b._slots["w"])
+    with pytest.raises(TypeError, match="x: masked"):
+        a.encode(np.ma.masked_array(x, mask=x > 0), key="w")
+    assert a.step("w") == 1
+
+
+# ------------------------------------------------------------------ fuzzing
+with warnings.catch_warnings():  # np.asmatrix warns that matrices are discouraged
+    warnings.simplefilter("ignore", PendingDeprecationWarning)
+    MATRIX = np.asmatrix(np.ones(SHAPE, np.float32))
+HOSTILE = [
+    -1, 0, 2**62, 2**70, True, 3.0, float("nan"), None, "x", b"x", [], {}, (), [1.0], {"a": 1},
+    np.float32(1), np.array(3.0, np.float32), np.zeros(3, np.float32), np.zeros(SHAPE, np.float64),
+    np.zeros(SHAPE, np.int16), np.zeros(SHAPE, np.complex64), np.zeros(SHAPE, object),
+    np.full(SHAPE, np.nan, np.float32), np.full(SHAPE, np.inf, np.float32), np.zeros((30, 40), np.float32),
+    np.asfortranarray(np.ones(SHAPE, np.float32)), MATRIX,
+    np.ones((30, 2), np.float32), np.ones((30, 2), np.float64), np.full((30, 2), np.nan, np.float32),
+    np.zeros(SHAPE, ">f4"), np.ma.masked_array(np.zeros(SHAPE, np.float32)),
+]
+
+
+def _mutate(state, data):
+    s = copy.deepcopy(state)
+    value = data.draw(st.sampled_from(HOSTILE), label="value")
+    where = data.draw(st.sampled_from(["top", "slot", "state", "delete-top", "delete-slot", "add-top", "add-slot", "add-state"]), label="where")
+    slot = s["slots"][0]
+    if where == "top":
+        s[data.draw(st.sampled_from(["codec", "momentum", "slots"]), label="field")] = value
+    elif where == "slot":
+        slot[data.draw(st.sampled_from(["key", "residual", "step", "state", "velocity"]), label="field")] = value
+    elif where == "state":
+        slot["state"][psgd.STATE_Q] = value
+    elif where == "delete-top":
+        del s[data.draw(st.sampled_from(sorted(s)), label="field")]
+    elif where == "delete-slot":
+        del slot[data.draw(st.sampled_from(sorted(slot)), label="field")]
+    elif where == "add-top":
+        s[data.draw(st.sampled_from(["extra", 0, None]), label="field")] = value
+    elif where == "add-slot":
+        slot[data.draw(st.sampled_from(["extra", "spare", 0]), label="field")] = value
+    else:
+        slot["state"][data.draw(st.sampled_from(["powersgd.p", "topk.q", "x", 1]), label="field")] = value
+    return s
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=st.sampled_from(["topk(ratio=0.05)", "powersgd", "fp16", "none"]), data=st.data())
+def test_fuzzed_states_are_refused_or_resume_correctly(spec, data):
+    """A mutated state is refused with ValueError, or accepted and the next step is the step
+    a clean copy of what was accepted gives: never another error, never a different result."""
+    ef, xs = trained(spec, momentum=0.5)
+    bad = _mutate(ef.state_dict(), data)
+    loaded = ErrorFeedback(spec, momentum=0.5)
+    try:
+        loaded.load_state_dict(bad)
+    except ValueError as e:
+        assert str(e).startswith("state: "), e
+        return
+    # accepted: everything it holds is plain, and equals the clean reading of the state
+    for s in loaded._slots.values():
+        assert_plain(s)
+    clean = {
+        "codec": loaded.codec.get_config(),
+        "momentum": 0.5,
+        "slots": [
+            {"key": s.key, "residual": np.array(s.residual), "step": s.step, "state": copy.deepcopy(s.state),
+             "velocity": None if s.velocity is None else np.array(s.velocity)}
+            for s in loaded._slots.values()
+        ],
+    }
+    twin = ErrorFeedback(spec, momentum=0.5)
+    twin.load_state_dict(clean)
+    for key in loaded.keys():
+        r = loaded._slots[key].residual
+        x = grads(r.shape, r.dtype, 1, seed=9)[0]
+        try:
+            frame = loaded.encode(x, key=key)
+        except ValueError as e:
+            assert "call reset(key)" in str(e), e  # a residual of another shape: the documented error
+            continue
+        assert twin.encode(x, key=key) == frame
+        assert np.array_equal(loaded.residual(key), twin.residual(key), equal_nan=True)
+        assert_plain(loaded._slots[key])
