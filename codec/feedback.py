@@ -48,6 +48,7 @@ import numpy as np
 from codec.dtypes import CODES, as_float_array
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
+from codec.stage import MAX_STEP
 
 
 @dataclass
@@ -91,6 +92,8 @@ class ErrorFeedback:
         slot = self._slots.get(key)
         if slot is None:
             slot = Slot(key, np.zeros(arr.shape, arr.dtype))
+        elif slot.step > MAX_STEP:
+            raise ValueError(f"key: {key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
         elif slot.residual.shape != arr.shape or slot.residual.dtype != arr.dtype:
             raise ValueError(
                 f"x: key {key!r} was {slot.residual.dtype}{list(slot.residual.shape)}, now {arr.dtype}{list(arr.shape)}; "
@@ -196,9 +199,9 @@ class ErrorFeedback:
 
 
 # -------------------------------------------------------------------- loading a state
-#: a loaded slot's step lies in [0, STEP_LIMIT): randomk frames record the step and decoders
-#: refuse one >= 2**62, so a larger count could not make another decodable frame
-STEP_LIMIT = 1 << 62
+#: a loaded slot's step lies in [0, STEP_LIMIT) = [0, 2**62), the steps ``Codec.encode`` takes
+#: (``codec.stage.check_step``): randomk frames record the step and decoders refuse one >= 2**62
+STEP_LIMIT = MAX_STEP + 1
 
 _FLOATS = frozenset(CODES.values())
 _STATE_FIELDS = ("codec", "momentum", "slots")
@@ -315,6 +318,7 @@ def _check_slot(s, i: int, codec: Codec, momentum: float) -> Slot:
     step = s["step"]
     if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step < STEP_LIMIT:
         raise ValueError(f"{where}: step: must be an integer in [0, 2**62), got {_show(step)}")
+    step = int(step)
     velocity = s.get("velocity")
     if velocity is not None:
         if not momentum:
@@ -326,7 +330,7 @@ def _check_slot(s, i: int, codec: Codec, momentum: float) -> Slot:
                 f"got {velocity.dtype}{list(velocity.shape)}"
             )
         _check_finite(velocity, f"{where}: velocity", codec)
-    return Slot(key, residual, int(step), _check_stage_state(s.get("state", {}), codec, residual, where), velocity)
+    return Slot(key, residual, step, _check_stage_state(s.get("state", {}), codec, residual, where), velocity)
 
 
 def _check_stage_state(state, codec: Codec, residual: np.ndarray, where: str) -> dict:

@@ -306,6 +306,19 @@ def test_the_largest_step_still_encodes_with_randomk():
     ef.load_state_dict(with_slot(ef.state_dict(), step=STEP_LIMIT - 1))
     frame = ef.encode(xs[0], key="w")
     codec.decode(frame)
+    assert ef.step("w") == STEP_LIMIT
+    before = ef.residual("w").copy()
+    with pytest.raises(ValueError, match="call reset"):  # not a frame its decoder refuses
+        ef.encode(xs[1], key="w")
+    assert np.array_equal(ef.residual("w"), before) and ef.step("w") == STEP_LIMIT
+
+
+def test_a_residual_of_another_shape_fails_at_the_next_encode(topk_state):
+    ef = ErrorFeedback("topk(ratio=0.05)")
+    ef.load_state_dict(with_slot(topk_state, residual=np.zeros((30, 40), np.float32)))
+    with pytest.raises(ValueError, match=r"x: key 'w' was float32\[30, 40\], now float32\[40, 30\]; call reset"):
+        ef.encode(np.zeros(SHAPE, np.float32), key="w")
+    assert ef.step("w") == topk_state["slots"][0]["step"]
 
 
 @pytest.fixture
