@@ -56,6 +56,7 @@ def _mentions(scheme, fault, victims, p, msg):
 
 
 # ====================================================================== p = 1 on COMM_SELF
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the float16 overflow case
 @pytest.mark.parametrize("case", list(mpi_faults.CASES))
 def test_self(case):
     lines = []
@@ -79,6 +80,7 @@ def test_errors_are_value_or_type_errors():
         red.reduce("not a dict")
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_failed_handle_does_not_run_its_collectives_again():
     """An encode failure after the check raises from wait(); a second wait() raises it again."""
     red = Allreducer("gtopk(ratio=0.1)", MPI.COMM_SELF)

@@ -61,7 +61,7 @@ class RankTypeError(RankError, TypeError):
     argument of the wrong type)."""
 
 
-#: per-rank status carried by the step's first collective (docs/transport.md, "Failures")
+#: per-rank status carried by the step's first collective (docs/transport.md, "Errors and failures")
 OK, FAIL_TYPE, FAIL_VALUE, FAIL_OTHER = 0, 1, 2, 3
 #: or'ed into the status when the rank failed before it could describe its step
 NO_DESC = 4
