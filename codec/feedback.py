@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.dtypes import CODES, as_float_array
+from codec.dtypes import CODES, as_float_array, base_view
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
@@ -216,13 +216,11 @@ def passes_nonfinite(codec: Codec, shape) -> bool:
 
 
 def _plain_input(x, dtype, argname: str) -> np.ndarray:
-    """:func:`codec.dtypes.as_float_array`, as a base ndarray: ``np.matrix`` and other
-    subclasses as their plain data (a matrix's ``reshape(-1)`` is 2-D, which kernels index
-    wrongly); a masked array is refused, as its mask would be ignored."""
-    if isinstance(x, np.ma.MaskedArray):
-        raise TypeError(f"{argname}: masked arrays are not supported (the mask would be ignored); pass the filled array")
+    """:func:`codec.dtypes.as_float_array`, which gives a base ndarray (``np.matrix`` as its
+    plain data: a matrix's ``reshape(-1)`` is 2-D, which kernels index wrongly; a masked array
+    refused); checked again here, as the residual and velocity are formed from it."""
     arr = as_float_array(x, dtype, argname)
-    return arr if type(arr) is np.ndarray else arr.view(np.ndarray)
+    return arr if type(arr) is np.ndarray else base_view(arr, argname)
 
 
 def _show(key) -> str:
