@@ -3,7 +3,7 @@
     acc = x + residual[key];  frame = codec.encode(acc);  residual[key] = acc - decoded(frame)
 
 Each key also has a step counter and a ``state`` dict that stages may use between steps
-(PowerSGD's warm-started Q, a random-k counter, AdaComp's separate gradient and residual):
+(today only PowerSGD's warm-started Q; random-k and the schedules read the step count):
 the codec receives them through ``Codec.encode_feedback(x, slot)``, which is also where a
 stage plugs in a fused "encode and update the residual" kernel.  The whole state survives
 ``state_dict()`` / ``load_state_dict()`` and pickling.
