@@ -31,7 +31,8 @@ class Codec:
 
     Every frame carries a CRC-32C of its payload (the header has its own CRC32), checked
     before decoding; ``checksum=False`` leaves it out, for transports that already guarantee
-    integrity (MPI).  Decoders accept frames with or without it.
+    integrity (MPI).  Decoders accept frames with or without it.  A ``crc32`` stage in the
+    spec writes its zlib CRC32 instead, either way.
     """
 
     def __init__(self, spec, *, checksum: bool = True):
@@ -46,10 +47,8 @@ class Codec:
         self.post = tuple(by_kind["bytes"])
         self.checksum = checksum
         self._frame_options = {"checksum": DEFAULT_CHECKSUM if checksum else None}
-        for s in self.post:
+        for s in self.post:  # a crc32 stage names its own checksum, with or without the default
             self._frame_options.update(s.frame_options())
-        if not checksum and self._frame_options["checksum"] is not None:
-            raise ValueError(f"checksum=False contradicts the {self._frame_options['checksum']!r} stage of {spec!r}, which adds one")
         chooser = self.select or self.transform
         self._implicit_value = chooser is not None and self.value == _default_value(chooser)
         self.spec = specmod.format_spec(

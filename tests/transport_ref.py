@@ -99,8 +99,8 @@ def rebuild(like, arrays):
 class Reference:
     """Every rank's encoder, and the reduction, for one Allreducer configuration."""
 
-    def __init__(self, spec, size: int, *, average=True, error_feedback=True, vote=False, rank_streams=True):
-        self.codec = codec.get_codec(spec)
+    def __init__(self, spec, size: int, *, average=True, error_feedback=True, vote=False, rank_streams=True, checksum=False):
+        self.codec = codec.get_codec(spec, checksum=checksum)  # the Allreducer's default: no payload checksum
         self.size = int(size)
         self.average, self.vote, self.rank_streams = average, vote, rank_streams
         self.use_ef = bool(error_feedback) and not self.codec.lossless

@@ -197,7 +197,9 @@ class Allreducer:
     each coded as one tensor (fewer, larger frames: less per-frame overhead; a sparsifier then
     selects over the bucket, as DDP's bucket hooks do).  ``cuda_aware``: the MPI accepts device buffers
     (``__cuda_array_interface__``); only the dense ``none`` scheme uses them today, every other
-    path stages device arrays through host memory.
+    path stages device arrays through host memory.  ``checksum`` (default False): frames
+    carry the codec's payload CRC-32C; MPI already guarantees the integrity of what it
+    delivers, so the transport leaves it out (a ``crc32`` stage in the spec still adds its own).
     Every rank must construct its Allreducer with the same arguments.
     """
 
@@ -212,8 +214,9 @@ class Allreducer:
         rank_streams: bool = True,
         cuda_aware: bool = False,
         bucket_bytes: int = 0,
+        checksum: bool = False,
     ):
-        for name, v in (("average", average), ("error_feedback", error_feedback), ("vote", vote), ("rank_streams", rank_streams), ("cuda_aware", cuda_aware)):
+        for name, v in (("average", average), ("error_feedback", error_feedback), ("vote", vote), ("rank_streams", rank_streams), ("cuda_aware", cuda_aware), ("checksum", checksum)):
             if not isinstance(v, (bool, np.bool_)):
                 raise TypeError(f"{name}: expected True or False, got {v!r}")
         if comm is None:
@@ -227,6 +230,7 @@ class Allreducer:
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)) or bucket_bytes < 0:
             raise ValueError(f"bucket_bytes: expected an integer >= 0 (0: one frame per tensor), got {bucket_bytes!r}")
         self.bucket_bytes = int(bucket_bytes)
+        self.checksum = bool(checksum)
         self.scheme = _scheme(codec_or_spec, self)
         if self.vote and self.scheme.codec.codec_id.split("+")[0] not in SIGN_CODECS:
             raise ValueError(f"vote: majority vote needs a sign codec ({', '.join(SIGN_CODECS)}), not {self.scheme.spec!r}")
@@ -445,7 +449,7 @@ def _scheme(codec_or_spec, reducer):
             from transport.gtopk import GTopK
 
             return GTopK(codec_or_spec, reducer)
-    c = codec.get_codec(codec_or_spec)
+    c = codec.get_codec(codec_or_spec, checksum=reducer.checksum)
     if c.codec_id == "none":
         return Dense(c, reducer)
     if c.codec_id.split("+")[0] == "powersgd":

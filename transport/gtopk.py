@@ -126,7 +126,7 @@ class GTopK(Framed):
     def __init__(self, spec, reducer):
         stages = parse_spec(spec)
         local = format_spec([("topk", stages[0][1])] + list(stages[1:]))
-        super().__init__(codec.get_codec(local), reducer)
+        super().__init__(codec.get_codec(local, checksum=reducer.checksum), reducer)
         self.spec = format_spec([("gtopk", stages[0][1])] + [(n, p) for n, p in parse_spec(self.codec.spec)[1:]])
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not gtopk")
