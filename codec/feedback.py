@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.dtypes import CODES, as_float_array, base_view
+from codec.dtypes import CODES, as_float_array
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
@@ -88,7 +88,7 @@ class ErrorFeedback:
 
     def encode(self, x, key=None, *, dtype=None) -> bytes:
         """Encode ``x`` plus the residual of ``key``; the new residual is what the frame missed."""
-        arr = _plain_input(x, dtype, "x")
+        arr = as_float_array(x, dtype, "x")
         slot = self._slots.get(key)
         if slot is None:
             slot = Slot(key, np.zeros(arr.shape, arr.dtype))
@@ -131,7 +131,7 @@ class ErrorFeedback:
         from codec.ops import scatter, store
 
         flat = slot.residual.reshape(-1)
-        vals = _plain_input(values, None, "values").reshape(-1)
+        vals = as_float_array(values, None, "values").reshape(-1)
         if positions is None:
             if vals.size != flat.size:
                 raise ValueError(f"values: has {vals.size} elements, the residual of {key!r} has {flat.size}")
@@ -209,18 +209,8 @@ _SLOT_FIELDS = ("key", "residual", "step", "state", "velocity")
 
 
 def passes_nonfinite(codec: Codec, shape) -> bool:
-    """Whether ``codec`` encodes an array of ``shape`` holding NaN/inf instead of raising
-    ValueError: when every stage passes it (:meth:`codec.stage.Stage.passes_nonfinite`:
-    lossless stages and ``nonfinite=keep``; powersgd only for tensors it passes through)."""
-    return all(s.passes_nonfinite(tuple(shape)) for s in codec.stages)
-
-
-def _plain_input(x, dtype, argname: str) -> np.ndarray:
-    """:func:`codec.dtypes.as_float_array`, which gives a base ndarray (``np.matrix`` as its
-    plain data: a matrix's ``reshape(-1)`` is 2-D, which kernels index wrongly; a masked array
-    refused); checked again here, as the residual and velocity are formed from it."""
-    arr = as_float_array(x, dtype, argname)
-    return arr if type(arr) is np.ndarray else base_view(arr, argname)
+    """:meth:`Codec.passes_nonfinite` (kept as a function for callers of the first version)."""
+    return codec.passes_nonfinite(shape)
 
 
 def _show(key) -> str:

@@ -62,6 +62,12 @@ class Codec:
         """True when decode(encode(x)) reproduces x bit for bit (NaN and inf included)."""
         return all(s.lossless for s in self.stages)
 
+    def passes_nonfinite(self, shape) -> bool:
+        """Whether encoding an array of ``shape`` holding NaN/inf sends it rather than raising
+        ValueError: when every stage passes it (:meth:`codec.stage.Stage.passes_nonfinite`:
+        lossless stages and ``nonfinite=keep``; powersgd only for tensors it passes through)."""
+        return all(s.passes_nonfinite(tuple(shape)) for s in self.stages)
+
     # ---------------------------------------------------------------- encode
     def encode(self, x, *, dtype=None, key=None, step: int = 0) -> bytes:
         """Encode ``x`` (any float array-like; ``dtype`` reinterprets raw buffers) into a frame.

@@ -481,19 +481,6 @@ class Scheme:
         pass
 
 
-def rejects_nonfinite(c) -> bool:
-    """Whether codec ``c`` refuses a NaN input (a probe: every element NaN, so a codec that
-    keeps only some elements meets one).  Lossless codecs and ``fp16(nonfinite=keep)`` send
-    NaN and inf as they are; every other lossy codec raises ValueError."""
-    if c.lossless:
-        return False
-    try:
-        c.encode(np.full(8, np.nan, np.float32), key="probe", step=0)
-    except ValueError:
-        return True
-    return False
-
-
 def check_finite(a: np.ndarray, name, spec: str) -> None:
     """ValueError naming the tensor and the position of its first NaN or inf."""
     bad = nonfinite_at(a)
@@ -579,14 +566,12 @@ class Framed(Scheme):
         super().__init__(c, reducer)
         self.ef = codec.ErrorFeedback(c) if reducer.error_feedback and not c.lossless else None
         self.step = 0
-        #: the codec raises on NaN/inf: the inputs are checked before the step's first collective
-        self.finite_only = rejects_nonfinite(c)
 
     def prepare(self, arrays, keys):
         """Checks every input before the first collective, changing nothing: finite where the
         codec needs it, and the shape and dtype of an existing residual."""
         for a, k in zip(arrays, keys):
-            if self.finite_only:
+            if not self.codec.passes_nonfinite(a.shape):  # the codec would raise on NaN/inf
                 check_finite(a, k, self.spec)
             if self.ef is not None:
                 try:
