@@ -126,3 +126,21 @@ def _materialize(a: np.ndarray, argname: str) -> np.ndarray:
             f"pass np.ascontiguousarray({argname}) to encode its {a.size} elements"
         )
     return a.copy(order="C")  # (ascontiguousarray turns 0-d into 1-d)
+
+
+def owned_float_array(value, where: str) -> np.ndarray:
+    """A fresh, owned, writeable C-contiguous base-ndarray copy of ``value``, for state loaded
+    from a checkpoint: a NumPy array of float16, bfloat16, float32 or float64 in any layout or
+    byte order (a subclass such as ``np.matrix`` is copied as its plain data).  Anything else,
+    a masked array included (its mask would be lost), is a ValueError naming ``where``."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise ValueError(f"{where}: a masked array is not accepted (its mask would be lost); pass a plain NumPy array")
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"{where}: expected a NumPy array, got {type(value).__name__}")
+    dt = value.dtype
+    native = dt.newbyteorder("=") if dt.kind == "f" else dt
+    if native not in _BY_DTYPE:
+        raise ValueError(f"{where}: dtype {dt} is not supported; expected float16, bfloat16, float32 or float64")
+    out = np.empty(value.shape, native)
+    out[...] = value.view(np.ndarray)
+    return out

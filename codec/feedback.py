@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.dtypes import CODES, as_float_array
+from codec.dtypes import as_float_array, owned_float_array
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
@@ -203,7 +203,6 @@ class ErrorFeedback:
 #: (``codec.stage.check_step``): randomk frames record the step and decoders refuse one >= 2**62
 STEP_LIMIT = MAX_STEP + 1
 
-_FLOATS = frozenset(CODES.values())
 _STATE_FIELDS = ("codec", "momentum", "slots")
 _SLOT_FIELDS = ("key", "residual", "step", "state", "velocity")
 
@@ -216,24 +215,6 @@ def passes_nonfinite(codec: Codec, shape) -> bool:
 def _show(key) -> str:
     text = repr(key)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _plain_array(value, where: str) -> np.ndarray:
-    """A fresh, owned, writeable C-contiguous base-ndarray copy of ``value``: a NumPy array of
-    float16, bfloat16, float32 or float64 in any layout or byte order (a subclass such as
-    ``np.matrix`` is copied as its plain data; a masked array is refused, its mask would be
-    lost).  A local helper, to fold into ``codec.dtypes`` once that has one."""
-    if isinstance(value, np.ma.MaskedArray):
-        raise ValueError(f"{where}: a masked array is not accepted (its mask would be lost); pass a plain NumPy array")
-    if not isinstance(value, np.ndarray):
-        raise ValueError(f"{where}: expected a NumPy array, got {type(value).__name__}")
-    dt = value.dtype
-    native = dt.newbyteorder("=") if dt.kind == "f" else dt
-    if native not in _FLOATS:
-        raise ValueError(f"{where}: dtype {dt} is not supported; expected float16, bfloat16, float32 or float64")
-    out = np.empty(value.shape, native)
-    out[...] = value.view(np.ndarray)
-    return out
 
 
 def _check_finite(arr: np.ndarray, where: str, codec: Codec) -> None:
@@ -301,7 +282,7 @@ def _check_slot(s, i: int, codec: Codec, momentum: float) -> Slot:
     for name in ("residual", "step"):
         if name not in s:
             raise ValueError(f"{where}: {name}: missing")
-    residual = _plain_array(s["residual"], f"{where}: residual")
+    residual = owned_float_array(s["residual"], f"{where}: residual")
     _check_finite(residual, f"{where}: residual", codec)
     step = s["step"]
     if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step < STEP_LIMIT:
@@ -311,7 +292,7 @@ def _check_slot(s, i: int, codec: Codec, momentum: float) -> Slot:
     if velocity is not None:
         if not momentum:
             raise ValueError(f"{where}: velocity: saved, but momentum is 0 here, which keeps no velocity")
-        velocity = _plain_array(velocity, f"{where}: velocity")
+        velocity = owned_float_array(velocity, f"{where}: velocity")
         if velocity.shape != residual.shape or velocity.dtype != residual.dtype:
             raise ValueError(
                 f"{where}: velocity: expected {residual.dtype}{list(residual.shape)} like the residual, "

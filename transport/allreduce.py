@@ -30,6 +30,7 @@ import codec
 from codec import CodecError
 from codec.dtypes import as_float_array
 from codec.modes import ADD
+from codec.stage import check_step
 from codec.ops import scatter, wide_dtype
 from codec.spec import parse as parse_spec
 from transport import message, staging
@@ -327,6 +328,11 @@ class Allreducer:
         return {"scheme": self.scheme.spec, "rank": self.rank, "size": self.size, "state": self.scheme.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output, saved by this rank of a same-sized job with the
+        same scheme.  The state is checked whole before anything is replaced (a ValueError
+        names the field); on error the reducer keeps its state."""
+        if isinstance(state, dict) and set(state) != {"scheme", "rank", "size", "state"}:
+            raise ValueError(f"state: expected the keys scheme, rank, size and state, got {sorted(map(str, state))}")
         if not isinstance(state, dict) or state.get("scheme") != self.scheme.spec:
             raise ValueError(f"state: saved for {state.get('scheme') if isinstance(state, dict) else state!r}, this Allreducer runs {self.scheme.spec!r}")
         if (state.get("rank"), state.get("size")) != (self.rank, self.size):
@@ -596,9 +602,16 @@ class Framed(Scheme):
         return {"step": self.step, "ef": None if self.ef is None else self.ef.state_dict()}
 
     def load_state_dict(self, state):
-        self.step = int(state["step"])
+        """Checks the whole state first (the step, and the ErrorFeedback's own check, which
+        keeps the old state on error), then replaces it."""
+        if not isinstance(state, dict) or set(state) != {"step", "ef"}:
+            raise ValueError(f"state: state: expected a dict with 'step' and 'ef', got {state!r:.80}")
+        step = check_step(state["step"], "state: state: step")
+        if (state["ef"] is None) != (self.ef is None):
+            raise ValueError(f"state: state: ef: saved {'without' if state['ef'] is None else 'with'} error feedback, this Allreducer runs {'without' if self.ef is None else 'with'} it")
         if self.ef is not None:
             self.ef.load_state_dict(state["ef"])
+        self.step = step
 
 
 class Allgather(Framed):

@@ -29,7 +29,9 @@ import time
 
 import numpy as np
 
+from codec.dtypes import owned_float_array
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
+from codec.stage import check_step
 from codec.ops import wide_dtype
 from transport.allreduce import Scheme, Sums, check_finite, finish_sum
 
@@ -100,7 +102,35 @@ class TwoRound(Scheme):
         return {"memory": copy.deepcopy(self.memory)}
 
     def load_state_dict(self, state):
-        self.memory = copy.deepcopy(state["memory"])
+        """Checks every tensor's memory (residual and Q: finite float32/float64 arrays, copied
+        into fresh C-contiguous ones; step in range) before replacing any; a residual or Q
+        that does not fit the tensor at the next step is redrawn, as :meth:`_slot` and
+        ``start_q`` do for a fresh one."""
+        if not isinstance(state, dict) or set(state) != {"memory"} or not isinstance(state["memory"], dict):
+            raise ValueError(f"state: state: expected {{'memory': {{name: ...}}}}, got {state!r:.80}")
+        memory = {}
+        for name, mem in state["memory"].items():
+            where = f"state: state: memory[{name!r}]"
+            if not isinstance(mem, dict) or set(mem) != {"residual", "q", "step"}:
+                raise ValueError(f"{where}: expected a dict with 'residual', 'q' and 'step'")
+            clean = {"step": check_step(mem["step"], f"{where}: step")}
+            for field in ("residual", "q"):
+                v = mem[field]
+                if v is None:
+                    clean[field] = None
+                    continue
+                arr = owned_float_array(v, f"{where}: {field}")
+                if arr.dtype not in (np.float32, np.float64):
+                    raise ValueError(f"{where}: {field}: dtype {arr.dtype}; powersgd keeps float32 (float64 for float64 tensors)")
+                if not np.isfinite(arr).all():
+                    raise ValueError(f"{where}: {field}: holds NaN or inf; powersgd's next step would send it")
+                clean[field] = arr
+            if (clean["residual"] is None) == self.reducer.error_feedback:
+                raise ValueError(f"{where}: residual: {'missing' if clean['residual'] is None else 'present'}, but this Allreducer runs {'with' if self.reducer.error_feedback else 'without'} error feedback")
+            if clean["q"] is not None and clean["q"].ndim != 2:
+                raise ValueError(f"{where}: q: expected an m x r matrix, got shape {clean['q'].shape}")
+            memory[name] = clean
+        self.memory = memory
 
 
 class _TwoRoundPending:
