@@ -1,0 +1,260 @@
+"""The fuzzers of docs/robustness.md: the regression corpus, a bounded mutation run, and
+checks that the mutators and the oracle do their job.
+
+GRADCODEC_FUZZ_SECONDS sets the bounded run's budget over all targets (default 60 s; 0 skips it).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import codec
+from codec import fuzzing
+from codec.errors import CorruptFrameError
+
+CORPUS = Path(__file__).parent / "fuzz_corpus"
+BUDGET = float(os.environ.get("GRADCODEC_FUZZ_SECONDS", "60"))
+#: share of the bounded run per target (the frame parser is the one most exposed)
+SHARES = {"frame": 0.4, "container": 0.15, "message": 0.15, "spec": 0.15, "state": 0.15}
+
+
+def _corpus_files():
+    out = []
+    for t in fuzzing.TARGETS:
+        d = CORPUS / t
+        if d.is_dir():
+            out += [(t, p) for p in sorted(d.iterdir()) if p.is_file() and not p.name.startswith(".") and p.suffix != ".md"]
+    return out
+
+
+# ----------------------------------------------------------------------------- (a) regression corpus
+@pytest.mark.parametrize("target,path", _corpus_files(), ids=lambda v: v.name if isinstance(v, Path) else v)
+def test_regression_corpus(target, path):
+    """Every input that once fell outside the promise stays inside it."""
+    out = fuzzing.check(target, path.read_bytes())
+    assert not out.finding, f"{target}/{path.name}: {out.label}: {out.detail}"
+
+
+def test_regression_corpus_is_not_empty():
+    files = _corpus_files()
+    assert {t for t, _ in files} >= {"frame", "spec"}, f"regression corpus: {sorted({t for t, _ in files})}"
+
+
+# ----------------------------------------------------------------------------- (b) bounded run
+@pytest.mark.skipif(BUDGET <= 0, reason="GRADCODEC_FUZZ_SECONDS=0")
+@pytest.mark.parametrize("target", fuzzing.TARGETS)
+def test_bounded_fuzz(target, tmp_path):
+    """A short mutation run per target in a child process (a crash fails the test and leaves
+    its input in tests/fuzz_corpus/<target>/crash-<hash>); no outcome outside the promise."""
+    st = fuzzing.supervise(target, seconds=max(3.0, BUDGET * SHARES[target]), seed=int(os.environ.get("GRADCODEC_FUZZ_SEED", "0")),
+                           corpus_dir=CORPUS, findings_dir=tmp_path, hang_seconds=30, full_seeds=False, log=None)
+    assert st.inputs > 0, f"{target}: the fuzz loop ran no input"
+    assert not st.findings and not st.crashes, fuzzing.format_stats(st)
+
+
+# ----------------------------------------------------------------------------- (c) the machinery
+def _frame(spec="fp16", arr=None):
+    arr = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4) if arr is None else arr
+    return codec.get_codec(spec).encode(arr)
+
+
+def _error(buf) -> str:
+    try:
+        codec.decode(buf, max_elements=fuzzing.MAX_ELEMENTS)
+    except codec.CodecError as e:
+        return str(e)
+    return ""
+
+
+@pytest.mark.parametrize("spec", ["fp16", "topk(ratio=0.3)+fp16+zstd", "bf16+crc32", "qsgd(levels=3,bucket=7,rounding=nearest)+crc32"])
+def test_split_join_is_exact(spec):
+    f = _frame(spec)
+    assert fuzzing.split_frame(f).join() == f
+    assert fuzzing.fix_frame_checksums(f) == f
+
+
+def test_field_edit_reaches_past_the_header_crc():
+    """A shape edit with the checksum recomputed fails where the shape is checked, not at the CRC."""
+    f = fuzzing.split_frame(_frame())
+    f.shape = [3, 5]
+    raw, fixed = f.join(fix=False), f.join()
+    assert "checksum" in _error(raw)
+    err = _error(fixed)
+    assert err and "checksum" not in err, err  # 15 elements, 12 fp16 values: the pipeline's count check
+
+
+def test_payload_edit_reaches_past_the_payload_crc():
+    """flags bit 0 (zlib CRC32): a section byte edit with both checksums recomputed decodes."""
+    f = fuzzing.split_frame(_frame("fp16+crc32"))
+    assert f.flags & fuzzing.FLAG_CRC32
+    f.payloads[0] = b"\x00\x3c" + f.payloads[0][2:]  # first value 1.0
+    assert "checksum" in _error(f.join(fix=False))
+    assert codec.decode(f.join())[0, 0] == 1.0
+
+
+def test_crc32c_flag_is_recomputed():
+    """flags bit 1 (payload CRC-32C) puts crc32c(sections) just before the header CRC."""
+    f = fuzzing.split_frame(_frame())
+    f.flags = fuzzing.FLAG_CRC32C
+    buf = f.join()
+    hl = fuzzing.frame_header_len(buf)
+    assert struct.unpack_from("<I", buf, hl - 8)[0] == fuzzing.crc32c(buf[hl:])
+    assert struct.unpack_from("<I", buf, hl - 4)[0] == zlib.crc32(buf[: hl - 4])
+    assert fuzzing.crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+
+
+def test_container_edit_reaches_past_the_table_crc():
+    c = codec.container.pack_frames([("a", _frame()), ("b", _frame("topk(k=2)"))])
+    parts = fuzzing.split_container(c)
+    assert parts.join() == c
+    parts.entries[1][0] = b"a"  # a repeated name: found after the CRC
+    with pytest.raises(CorruptFrameError, match="twice"):
+        codec.container.unpack_frames(parts.join())
+    parts.flags = fuzzing.CFLAG_CRC32C
+    buf = parts.join()
+    t = 12 + sum(10 + len(e[0]) for e in parts.entries)
+    assert struct.unpack_from("<I", buf, t)[0] == fuzzing.crc32c(buf[t + 8 :])
+    assert struct.unpack_from("<I", buf, t + 4)[0] == zlib.crc32(buf[: t + 4])
+
+
+def test_mutators_are_deterministic_and_reach_deep():
+    seeds = fuzzing.seed_corpus(full=False)
+    for target in fuzzing.TARGETS:
+        data = seeds.of(target)[len(seeds.of(target)) // 2][1]
+        a = [fuzzing.mutate(target, random.Random(i), data, data) for i in range(20)]
+        b = [fuzzing.mutate(target, random.Random(i), data, data) for i in range(20)]
+        assert a == b, target
+        assert len(set(a)) > 10, f"{target}: mutations repeat themselves"
+    frames = seeds.frame
+    past_crc = 0
+    for i in range(400):
+        rng = random.Random(i)
+        buf = fuzzing.mutate_frame(rng, frames[rng.randrange(len(frames))][1], frames[rng.randrange(len(frames))][1])
+        err = _error(buf)
+        past_crc += "checksum" not in err and "shorter than" not in err and "magic" not in err
+    assert past_crc > 300, f"only {past_crc} of 400 mutated frames got past the header checks"
+
+
+def test_seed_corpus_covers_every_codec():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_conformance import SPECS
+
+    seeds = fuzzing.seed_corpus(full=False)
+    specs = fuzzing.seed_specs()
+    assert set(SPECS) <= set(specs), sorted(set(SPECS) - set(specs))
+    assert {c["id"] for c in codec.list_codecs()} <= {s for s, _ in seeds.frame}
+    assert set(specs) == {s for s, _ in seeds.frame}, sorted(set(specs) - {s for s, _ in seeds.frame})
+    names = {codec.inspect(f)["dtype"] for _, f in seeds.frame}
+    assert names == {"float16", "bfloat16", "float32", "float64"}
+    for target in fuzzing.TARGETS:
+        assert seeds.of(target), target
+
+
+def test_seeds_are_inside_the_promise():
+    seeds = fuzzing.seed_corpus(full=False)
+    for target in fuzzing.TARGETS:
+        for label, data in seeds.of(target)[::7]:
+            out = fuzzing.check(target, data)
+            assert out.kind == "ok", f"{target} seed of {label}: {out}"
+
+
+def test_oracle_flags_an_unexpected_exception(monkeypatch):
+    f = _frame()
+    assert fuzzing.check("frame", f).kind == "ok"
+
+    def bad(*a, **k):
+        raise IndexError("index 7 is out of bounds")
+
+    monkeypatch.setattr(codec, "decode", bad)
+    out = fuzzing.check("frame", f)
+    assert out.finding and "IndexError" in out.label
+
+
+def test_oracle_accepts_the_documented_errors():
+    f = fuzzing.split_frame(_frame())
+    f.spec = b"nosuch"
+    out = fuzzing.check("frame", f.join())
+    assert out.kind == "rejected" and out.label == "UnknownCodecError"
+    assert fuzzing.check("frame", _frame()[:-1]) == fuzzing.Outcome("rejected", "CorruptFrameError")
+    assert fuzzing.check("spec", b"topk(ratio=") .label == "SpecError"
+
+
+def test_oracle_flags_shape_dtype_and_decode_add(monkeypatch):
+    f = _frame()
+    real_inspect, real_get = codec.inspect, codec.get_codec
+    monkeypatch.setattr(codec, "inspect", lambda fr: {**real_inspect(fr), "shape": [12]})
+    assert fuzzing.check("frame", f).label == "decode's shape or dtype differs from inspect's"
+    monkeypatch.setattr(codec, "inspect", real_inspect)
+
+    class Off:
+        def __init__(self, c):
+            self.c = c
+
+        def decode_add(self, frame, out):
+            self.c.decode_add(frame, out)
+            out.reshape(-1)[0] += 1
+            return out
+
+    monkeypatch.setattr(codec, "get_codec", lambda spec: Off(real_get(spec)))
+    assert fuzzing.check("frame", f, extras=False).label == "decode_add into zeros differs from decode"
+
+
+def test_oracle_flags_memory_and_time(monkeypatch):
+    f = _frame()
+    real = codec.decode
+
+    def hungry(*a, **k):
+        waste = np.ones(80 << 20, np.uint8)  # 80 MiB: over the 64 MiB floor for a 24-byte output
+        del waste
+        return real(*a, **k)
+
+    monkeypatch.setattr(codec, "decode", hungry)
+    out = fuzzing.check("frame", f)
+    assert out.finding and "above the bound" in out.label
+    monkeypatch.setattr(codec, "decode", real)
+    monkeypatch.setattr(fuzzing, "TIME_BOUND", 0.0)
+    out = fuzzing.check("frame", f)
+    assert out.finding and "slower than" in out.label
+
+
+def test_oracle_flags_a_bad_state():
+    ef = codec.ErrorFeedback("fp16")
+    ef.encode(np.ones((3, 4), np.float32), key="w")
+    state = ef.state_dict()
+    good = fuzzing.dumps_state({"codec": "fp16", "momentum": 0.0, "state": state})
+    assert fuzzing.check("state", good).kind == "ok"
+    state["slots"][0]["step"] = "three"
+    out = fuzzing.check("state", fuzzing.dumps_state({"codec": "fp16", "momentum": 0.0, "state": state}))
+    assert out.kind in ("rejected", "finding") and out.label != "ok"
+    with pytest.raises(Exception, match="not allowed"):
+        fuzzing.loads_state(b"\x80\x04cos\nsystem\n.")  # a corpus file cannot run code
+
+
+def _run_selftest(monkeypatch, tmp_path, var):
+    monkeypatch.setenv(var, "5")
+    st = fuzzing.supervise("spec", seconds=60, iterations=12, corpus_dir=tmp_path, full_seeds=False, hang_seconds=3, log=None)
+    return st
+
+
+def test_supervise_saves_a_crashing_input(monkeypatch, tmp_path):
+    st = _run_selftest(monkeypatch, tmp_path, "GRADCODEC_FUZZ_SELFTEST_CRASH")
+    assert [c["kind"] for c in st.crashes] == ["crash"] and st.crashes[0]["iteration"] == 5
+    saved = Path(st.crashes[0]["file"])
+    assert saved.parent == tmp_path / "spec" and saved.name.startswith("crash-")
+    assert saved.read_bytes() == fuzzing.seed_corpus(full=False).spec[5][1]
+    assert st.inputs == 12  # the loop went on after the crash: 11 inputs and the crashing one
+
+
+def test_supervise_saves_a_hanging_input(monkeypatch, tmp_path):
+    st = _run_selftest(monkeypatch, tmp_path, "GRADCODEC_FUZZ_SELFTEST_HANG")
+    assert [c["kind"] for c in st.crashes] == ["hang"]
+    assert Path(st.crashes[0]["file"]).name.startswith("hang-")
+    assert st.inputs == 12
