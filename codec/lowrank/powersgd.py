@@ -27,6 +27,9 @@ from codec.streams import SEED, key_hash
 #: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
 STATE_Q = "powersgd.q"
 
+#: elements of the decoded array rounded to a 16-bit dtype or added into ``out`` at a time
+CHUNK = 1 << 18
+
 
 def matrix_of(shape, rank: int, min_compression_rate: float):
     """``(n, m, r)`` of the matrix a tensor of ``shape`` is compressed as, or None when it
@@ -183,10 +186,29 @@ class PowerSGD(Transform):
         return (plan, ctx.dtype), ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
+        """``P Q^T`` into ``out``.  The product is one BLAS call over the whole matrix (formed
+        in bands of rows, its elements can differ in the last bit: OpenBLAS's edge kernels
+        depend on where a row falls in its tiling); stored as is into a float32/float64
+        ``out`` of the domain's dtype, else formed once in the domain's dtype and rounded or
+        added ``CHUNK`` elements at a time, so the 16-bit rounding and the adding need no
+        second dense temporary."""
+        from codec.modes import SET
+
         plan, dtype = payload
+        flat = out.reshape(-1)
         if plan is None:
-            self.emit(values, out.reshape(-1), mode, dtype)
+            _emit_chunked(self, values, flat, mode, dtype)
             return
         n, m, r = plan
-        p, q = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
-        self.emit((p @ q.T).reshape(-1), out.reshape(-1), mode, dtype)
+        p, qt = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r).T
+        if mode == SET and flat.dtype == values.dtype:
+            np.matmul(p, qt, out=flat.reshape(n, m))
+            return
+        _emit_chunked(self, (p @ qt).reshape(-1), flat, mode, dtype)
+
+
+def _emit_chunked(stage, y, out, mode, dtype) -> None:
+    """``stage.emit`` of flat ``y`` into flat ``out``, ``CHUNK`` elements at a time (rounding
+    and adding are elementwise: the result is the unchunked one)."""
+    for i in range(0, y.size, CHUNK):
+        stage.emit(y[i : i + CHUNK], out[i : i + CHUNK], mode, dtype)

@@ -21,6 +21,10 @@ from codec.stage import Param, Transform, register
 #: thread, so the result does not depend on the count.
 WORKERS = -1
 
+#: output elements the inverse transform handles at a time (a chunk of whole blocks, one block
+#: when a block is longer): decoding's working memory beside the coefficients is a few chunks
+CHUNK = 1 << 18
+
 
 class Layout:
     """How ``n`` elements split into blocks: ``full`` blocks of ``block`` elements, then a
@@ -147,10 +151,21 @@ class FFT(Transform):
 
         lay = Layout(ctx.n, self.block)
         info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
-        pos = decode_indices(info, raw, lay.coefficients)
-        return (lay, pos, ctx.dtype), ctx.domain(2 * pos.size, self.domain_dtype(ctx.dtype))
+        if _keeps_all(info, raw, lay.coefficients):
+            pos, k = None, lay.coefficients
+        else:
+            pos = decode_indices(info, raw, lay.coefficients)
+            k = pos.size
+            if k == lay.coefficients:  # sorted, unique, in range: every position
+                pos = None
+        return (lay, pos, ctx.dtype), ctx.domain(2 * k, self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
+        """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements): the
+        working memory is the chunk's spectrum and inverse, not the tensor's.  Every block is
+        still one ``irfft`` of its whole length, so the result is the unchunked one, bit for
+        bit.  When every coefficient is kept (``pos`` None), ``values`` is the spectrum
+        itself and is transformed in place of a copy."""
         import scipy.fft
 
         from codec.kernels import backend
@@ -160,8 +175,50 @@ class FFT(Transform):
         ctype = np.complex128 if values.dtype == np.float64 else np.complex64
         kern = backend("spectral", values)
         flat = out.reshape(-1)
+        if pos is not None:
+            pos, vals = readonly(pos), readonly(values)
         for start, length, rows, c, base in lay.parts():
-            spec = np.empty((rows, c), ctype)
-            kern.place(spec.view(values.dtype), base, readonly(pos), readonly(values))
-            y = scipy.fft.irfft(spec, n=length, axis=1, workers=WORKERS)
-            self.emit(y, flat[start : start + rows * length], mode, dtype)
+            step = chunk_rows(length, rows)
+            buf = None if pos is None else np.empty((min(step, rows), c), ctype)
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                lo, hi = base + r0 * c, base + r1 * c
+                if pos is None:
+                    spec = values[2 * lo : 2 * hi].view(ctype).reshape(r1 - r0, c)
+                else:
+                    spec = buf[: r1 - r0]
+                    p0, p1 = np.searchsorted(pos, (lo, hi))
+                    kern.place(spec.view(values.dtype), lo, pos[p0:p1], vals[2 * p0 : 2 * p1])
+                y = scipy.fft.irfft(spec, n=length, axis=1, workers=WORKERS).reshape(-1)
+                emit_chunked(self, y, flat[start + r0 * length : start + r1 * length], mode, dtype)
+                y = None
+
+
+def chunk_rows(length: int, rows: int) -> int:
+    """Rows of ``length`` elements the inverse transforms at a time: about ``CHUNK`` elements,
+    a multiple of 16 rows when it is at least 16 (so pocketfft groups rows into SIMD lanes as
+    it does for the whole part), at least one row."""
+    step = max(1, CHUNK // max(length, 1))
+    if step >= 16:
+        step -= step % 16
+    return min(step, max(rows, 1))
+
+
+def emit_chunked(stage, y, out, mode, dtype) -> None:
+    """``stage.emit`` of flat ``y`` into flat ``out``, ``CHUNK`` elements at a time: rounding
+    to a 16-bit dtype and adding are elementwise, so the result is the unchunked one, and the
+    temporaries are those of a chunk."""
+    for i in range(0, y.size, CHUNK):
+        stage.emit(y[i : i + CHUNK], out[i : i + CHUNK], mode, dtype)
+
+
+def _keeps_all(info, raw, total: int) -> bool:
+    """True when the index section is the one an encoder writes for every one of ``total``
+    positions kept: ``total`` gaps-minus-one of 1 bit, all zero (a bitmap is never chosen
+    then: ties go to the gaps).  Checked without decoding ``total`` int64 positions."""
+    from codec.frame import Kind, raw_length
+
+    if int(info.kind) != Kind.INDEX_DELTA or int(info.count) != total or int(info.bits) != 1:
+        return False
+    data = np.asarray(raw).reshape(-1).view(np.uint8)
+    return data.size == raw_length(total, 1) and not data.any()
