@@ -97,7 +97,10 @@ class Param:
         elif self.type is float:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise ValueError(f"{label} must be {self._expected('a number')}, got {value!r}")
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an integer beyond float64's range
+                raise ValueError(f"{label} must be finite, got an integer of {len(str(abs(int(value))))} digits") from None
             if not math.isfinite(value):
                 raise ValueError(f"{label} must be finite, got {value!r}")
         elif self.type is str:

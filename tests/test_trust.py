@@ -195,6 +195,13 @@ def test_length_parameters_have_upper_bounds(spec):
         codec.get_codec(spec)
 
 
+@pytest.mark.parametrize("spec", ["threshold(value=1" + "0" * 400 + ")", "topk(ratio=-1" + "0" * 400 + ")", "terngrad(clip=1" + "0" * 309 + ")"])
+def test_float_parameter_beyond_float64_is_a_value_error(spec):
+    """A float parameter given an integer beyond float64 raised OverflowError (found by the fuzzer)."""
+    with pytest.raises(ValueError, match="must be finite"):
+        codec.get_codec(spec)
+
+
 def test_keyword_parameters_are_bounded_too():
     for name, kw in [("qsgd", {"bucket": 2**64}), ("minmax", {"bucket": 2**63}), ("adacomp", {"bin": 2**64})]:
         with pytest.raises(ValueError, match="<= 1099511627776"):
