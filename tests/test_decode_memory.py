@@ -75,9 +75,11 @@ def measure(c, frame, shape, dtype):
 
 
 # ====================================================================== fft: peak memory
+FFT_CASES = [(theta, value) for theta in (0.0,) for value in ("fp16", "bf16", "")] + [(0.9, "")]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-@pytest.mark.parametrize("value", ["fp16", "bf16", ""], ids=["fp16", "bf16", "rangefloat"])
-@pytest.mark.parametrize("theta", [0.9, 0.0])
+@pytest.mark.parametrize("theta, value", FFT_CASES, ids=[f"theta{t}-{v or 'rangefloat'}" for t, v in FFT_CASES])
 def test_fft_decode_memory_is_bounded(dtype, value, theta):
     """decode, decode(out=) and decode_add of a 4M-element fft frame allocate at most the
     coefficient buffer, the positions and a few chunks (``bound``), which is:
@@ -177,7 +179,7 @@ def test_chunked_fft_decode_is_bit_identical(dtype, chunk):
     rng = np.random.default_rng(4)
     cases = [(n, block) for n in (0, 1, 2, 5, 97, 1001, 4097 + 3) for block in (1, 2, 3, 8, 100, 4096, 0)]
     if chunk == CHUNK:  # several default chunks, and a block longer than one
-        cases += [(3 * chunk + 4097 + 11, block) for block in (4096, chunk + 1, 0)]
+        cases += [(chunk + 4097 + 11, block) for block in (4096, chunk + 1, 0)]
     i = 0
     for n, block in cases:
         for theta in (0.0, 0.6):
