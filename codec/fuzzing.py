@@ -618,6 +618,30 @@ def _value_literal(rng: random.Random) -> str:
     return rng.choice(CALL_LITERALS)
 
 
+def _nearby_literal(rng: random.Random, cur, stage: str, key: str) -> str:
+    """A value near the current one (or the default): in range, but another meaning for the
+    same sections (another width, bucket, block, level count, seed...)."""
+    base = cur
+    if base is None:
+        cls = _registry().get(stage)
+        p = next((p for p in cls.params if p.name == key), None) if cls is not None else None
+        if p is None or p.default is None:
+            return rng.choice(("1", "2", "3", "4", "7", "8", "16"))
+        if p.choices:
+            return str(rng.choice(p.choices))
+        base = str(p.default).lower()
+    try:
+        v = float(base)
+    except ValueError:
+        return rng.choice(("1", "2", "3", "true", "false", base))
+    if not math.isfinite(v):
+        return _value_literal(rng)
+    is_int = "." not in base and "e" not in base.lower()
+    cands = [v + 1, v - 1, v * 2, v / 2, v + 0.5, 1, 2, 3, 5, 8, 0]
+    out = rng.choice(cands)
+    return str(int(out)) if is_int and out == int(out) else repr(float(out))
+
+
 def _split_stages(text: str):
     """``[[name, [[key, value text], ...]], ...]`` of a spec, or None when it does not parse."""
     from codec.spec import format_value, parse
@@ -648,7 +672,8 @@ def mutate_spec_text(rng: random.Random, text: str) -> str:
             if op <= 2:  # set a parameter (a declared one mostly) to an interesting value
                 declared = _param_names(name)
                 key = rng.choice(declared) if declared and rng.random() < 0.9 else rng.choice(["k", "bits", "x", "seed", "steps"])
-                val = _value_literal(rng)
+                cur = next((p[1] for p in ps if p[0] == key), None)
+                val = _nearby_literal(rng, cur, name, key) if rng.random() < 0.4 else _value_literal(rng)
                 for p in ps:
                     if p[0] == key:
                         p[1] = val
@@ -898,7 +923,7 @@ def _mutate_fields(rng: random.Random, f: FrameFields, other: FrameFields | None
         if r < 0.5:
             _set_section(f, i, rng, zstd=not s[1], count=s[3])
         elif r < 0.75:  # a zstd frame that lies about its content size
-            forged = bytes([0x28, 0xB5, 0x2F, 0xFD, 0xC0, 0x58]) + struct.pack("<Q", rng.choice((s[4], s[4] + 1, 1 << 40))) + b"\x01\x00\x00"
+            forged = bytes([0x28, 0xB5, 0x2F, 0xFD, 0xC0, 0x58]) + struct.pack("<Q", rng.choice((s[4], s[4] + 1, 1 << 40)) % (1 << 64)) + b"\x01\x00\x00"
             s[1], s[5] = 1, len(forged)
             f.payloads[i] = forged
         else:  # damaged zstd bytes

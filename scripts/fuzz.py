@@ -30,6 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+if "--atheris-child" in sys.argv:  # instrument gradcodec for coverage before anything imports it
+    import atheris
+
+    with atheris.instrument_imports(include=["codec", "transport"]):
+        import codec  # noqa: F401
+        import codec.container  # noqa: F401
+        import transport.message  # noqa: F401
+        from codec import fuzzing  # noqa: F401
+
 from codec import fuzzing  # noqa: E402
 
 
@@ -48,7 +57,7 @@ def _atheris(target: str, seconds: float, corpus: Path, seed: int, extra) -> int
         write_seeds(seeds, [target])
         args = [sys.executable, str(Path(__file__).resolve()), "--atheris-child", "--target", target, "--seed", str(seed), "--",
                 str(seeds / target), f"-artifact_prefix={out}/", f"-max_total_time={int(seconds)}", "-timeout=60",
-                "-rss_limit_mb=4096", "-print_final_stats=1", f"-seed={seed}", *extra]
+                "-rss_limit_mb=4096", "-max_len=65536", "-print_final_stats=1", f"-seed={seed}", *extra]
         env = dict(os.environ, NUMBA_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         return subprocess.call(args, env=env, cwd=str(ROOT))
 
@@ -58,11 +67,6 @@ def _atheris_child(target: str, seed: int, libfuzzer_args) -> None:
 
     import atheris
 
-    with atheris.instrument_imports(include=["codec", "transport"]):
-        import codec  # noqa: F401
-        import codec.container  # noqa: F401
-        import transport.message  # noqa: F401
-    fuzzing.seed_corpus(full=False)
     one = fuzzing.target_function(target, track_memory=False)
     seeds = fuzzing.seed_corpus(full=False).of(target)
 
