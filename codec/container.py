@@ -182,6 +182,8 @@ def unpack_frames(buf) -> list[tuple[str, memoryview]]:
     off = FIXED_SIZE
     checked = flags & FLAG_FRAMES_CRC32C
     limit = size - _CRC.size * (2 if checked else 1)
+    if limit < FIXED_SIZE:
+        raise CorruptFrameError(f"container is {size} bytes, shorter than the {FIXED_SIZE + 8}-byte minimum with a frames checksum")
     for i in range(count):
         if off + MIN_ENTRY > limit:
             raise CorruptFrameError(f"container table entry {i} runs past the end of the buffer ({size} bytes)")

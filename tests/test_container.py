@@ -37,6 +37,14 @@ def test_layout_without_checksum_is_the_old_format():
     assert [(n, bytes(f)) for n, f in unpack_frames(buf)] == [("ab", b"XYZ"), ("c", b"")]
 
 
+def test_flagged_container_shorter_than_its_checksums_is_corrupt():
+    """A 16-byte container with flags bit 0 raised struct.error (found by the fuzzer)."""
+    head = MAGIC + bytes([1, 1]) + struct.pack("<HI", 0, 0)
+    for tail in (struct.pack("<I", zlib.crc32(head)), b"", b"\x00" * 7):
+        with pytest.raises(CorruptFrameError, match="shorter"):
+            unpack_frames(head + tail)
+
+
 def test_every_flip_of_a_frame_byte_is_caught():
     """Integrity by default: any damage to the frames area is a CorruptFrameError, whether or
     not the frames carry their own payload checksums."""
