@@ -1491,6 +1491,14 @@ def check_frame(data, calls: _Calls, *, extras: bool = True) -> Outcome:
         if not _same_values(dense.reshape(dec.shape), dec):
             raise Finding("decode_sparse disagrees with decode", info["codec"])
     if extras:
+        acc = np.zeros(dec.shape, dec.dtype)
+        calls.call("decode_add(subtract=True)", c.decode_add, data, acc, subtract=True, mem_bound=bound)
+        if not _same_values(acc, -dec):
+            raise Finding("decode_add(subtract=True) into zeros differs from -decode", info["codec"])
+        for kind in (bytearray, lambda b: np.frombuffer(bytes(b), np.uint8)):
+            again, _ = calls.call("decode(other buffer type)", c.decode, kind(data), expect=(), mem_bound=bound)
+            if not _same_nan_aware(again, dec):
+                raise Finding("decode differs with the buffer type", info["codec"])
         _check_odd_outs(data, dec, calls)
     return Outcome("ok", "ok")
 
@@ -1553,6 +1561,10 @@ def check_container(data, calls: _Calls) -> Outcome:
         return Outcome("rejected", type(err).__name__)
     if not isinstance(items, list) or any(not isinstance(n, str) or not isinstance(f, memoryview) for n, f in items):
         raise Finding("unpack_frames returned something else than [(str, memoryview)]")
+    flagged = bool(bytes(data[5:6]) and data[5] & CFLAG_CRC32C)
+    again, _ = calls.call("pack_frames", _container.pack_frames, items, checksum=flagged, expect=())
+    if again != bytes(data):
+        raise Finding("an accepted container does not pack back to the same bytes")
     labels = []
     for _, f in items:
         labels.append(check_frame(f, calls, extras=False).label)
@@ -1612,6 +1624,17 @@ def check_spec(data, calls: _Calls) -> Outcome:
             raise Finding(f"a codec's canonical {what} does not parse back", f"{text!r} -> {again!r}: {berr}"[:300])
         if back != c:
             raise Finding(f"a codec's canonical {what} gives another codec", f"{text!r} -> {again!r}"[:300])
+    ef = codec.ErrorFeedback(c)
+    for arr in _spec_arrays()[:2]:  # the error-feedback path (fused kernels) too, two steps
+        for _ in range(2):
+            frame, eerr = calls.call("ErrorFeedback.encode", ef.encode, arr, "k", expect=(ValueError, TypeError))
+            if eerr is not None:
+                if not _msg_ok(eerr):
+                    raise Finding(f"ErrorFeedback.encode: {type(eerr).__name__} without a message")
+                break
+            dec, _ = calls.call("decode", codec.decode, frame, expect=())
+            _check_plain(dec, "decode's result", dtype=arr.dtype, shape=arr.shape)
+        ef.reset(all=True)
     for arr in _spec_arrays():
         frame, eerr = calls.call("encode", c.encode, arr, expect=(ValueError, TypeError))
         if eerr is not None:
@@ -1628,6 +1651,24 @@ def check_spec(data, calls: _Calls) -> Outcome:
 _FIELDS = ("state", "slot", "residual", "step", "key", "velocity", "codec", "momentum")
 
 
+def _prior_state(ef):
+    """Give ``ef`` a key of its own before the load (None if its codec cannot encode it)."""
+    try:
+        ef.encode(np.linspace(-1, 1, 24).astype(np.float32).reshape(4, 6), key="__prior__")
+        return ef.state_dict()
+    except (ValueError, TypeError):
+        return None
+
+
+def _same_state(a, b) -> bool:
+    if a["codec"] != b["codec"] or a["momentum"] != b["momentum"] or len(a["slots"]) != len(b["slots"]):
+        return False
+    for x, y in zip(a["slots"], b["slots"]):
+        if x["key"] != y["key"] or x["step"] != y["step"] or not _same_nan_aware(x["residual"], y["residual"]):
+            return False
+    return True
+
+
 def check_state(data, calls: _Calls) -> Outcome:
     try:
         obj = loads_state(bytes(data))
@@ -1635,11 +1676,18 @@ def check_state(data, calls: _Calls) -> Outcome:
         ef = codec.ErrorFeedback(spec, momentum=momentum)
     except Exception:  # noqa: BLE001 - not an input the harness can use (a damaged pickle)
         return Outcome("invalid", "unreadable")
+    before = _prior_state(ef)
     _, err = calls.call("load_state_dict", ef.load_state_dict, state, expect=(ValueError, TypeError))
+    # unpickling an ErrorFeedback reads the same state through __setstate__ (codec and
+    # momentum from the state): refused or accepted, with the same kinds of errors
+    blank = codec.ErrorFeedback.__new__(codec.ErrorFeedback)
+    _, perr = calls.call("ErrorFeedback.__setstate__", blank.__setstate__, state, expect=(ValueError, TypeError))
+    for e, what in ((err, "load_state_dict"), (perr, "__setstate__")):
+        if e is not None and not any(w in str(e) for w in _FIELDS):
+            raise Finding(f"{what}: {type(e).__name__} that names no field", str(e)[:200])
     if err is not None:
-        msg = str(err)
-        if not any(w in msg for w in _FIELDS):
-            raise Finding(f"load_state_dict: {type(err).__name__} that names no field", msg[:200])
+        if before is not None and not _same_state(before, ef.state_dict()):
+            raise Finding("a refused load_state_dict changed the ErrorFeedback", str(err)[:200])
         return Outcome("rejected", type(err).__name__)
     for key in ef.keys():
         slot = ef._slots[key]
@@ -1814,7 +1862,7 @@ def _maxrss() -> int:
 
 def fuzz_loop(target: str, *, seconds: float = 60.0, iterations: int | None = None, seed: int = 0, start: int = 0,
               memory: str = "sample", findings_dir=None, beacon=None, report=None, full_seeds: bool = True,
-              report_every: float = 1.0, log=None) -> Stats:
+              report_every: float = 1.0, log=None, deadline: float | None = None) -> Stats:
     """The mutation loop: input ``i`` is a deterministic mutation (seed, i) of a seed input
     (the first ``len(seeds)`` inputs are the seeds themselves); runs until ``seconds`` pass
     or input ``iterations`` is reached (counting from 0; this run starts at ``start``)."""
@@ -1828,6 +1876,8 @@ def fuzz_loop(target: str, *, seconds: float = 60.0, iterations: int | None = No
     bc = _Beacon(beacon) if beacon else None
     if memory == "all" and not tracemalloc.is_tracing():
         tracemalloc.start()
+    if deadline is not None:  # an absolute end (time.time()): the parent's budget includes our start-up
+        seconds = min(seconds, deadline - time.time())
     t0 = time.perf_counter()  # seed corpus generation is not counted
     last = t0
     i = start
@@ -1846,9 +1896,11 @@ def fuzz_loop(target: str, *, seconds: float = 60.0, iterations: int | None = No
         label, data = seeds[rng.randrange(len(seeds))] if i >= len(seeds) else seeds[i]
         if i >= len(seeds):
             try:
-                for _ in range(1 + (rng.random() < 0.25)):
-                    other = seeds[rng.randrange(len(seeds))][1]
-                    data = mutator(rng, data, other)
+                with warnings.catch_warnings(), np.errstate(all="ignore"):
+                    warnings.simplefilter("ignore")
+                    for _ in range(1 + (rng.random() < 0.25)):
+                        other = seeds[rng.randrange(len(seeds))][1]
+                        data = mutator(rng, data, other)
             except Exception as e:  # noqa: BLE001 - a harness bug must not stop the run; it is counted
                 k = f"invalid:mutator {type(e).__name__}"
                 stats.outcomes[k] = stats.outcomes.get(k, 0) + 1
@@ -1937,6 +1989,7 @@ def supervise(target: str, *, seconds: float = 60.0, iterations: int | None = No
             report = os.path.join(tmp, f"report{n_child}.json")
             n_child += 1
             args = [sys.executable, "-m", "codec.fuzzing", "--child", "--target", target, "--seconds", str(left),
+                    "--deadline", repr(time.time() + left),
                     "--seed", str(seed), "--start", str(start), "--beacon", beacon, "--report", report]
             if iterations is not None:
                 args += ["--iterations", str(iterations)]
@@ -2037,6 +2090,7 @@ def _child_main(argv=None) -> int:
     p.add_argument("--iterations", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start", type=int, default=0)
+    p.add_argument("--deadline", type=float)
     p.add_argument("--beacon")
     p.add_argument("--report")
     p.add_argument("--findings-dir")
@@ -2054,7 +2108,7 @@ def _child_main(argv=None) -> int:
     faulthandler.enable()
     fuzz_loop(a.target, seconds=a.seconds, iterations=a.iterations, seed=a.seed, start=a.start, beacon=a.beacon,
               report=a.report, findings_dir=a.findings_dir, memory=a.memory, full_seeds=not a.small_seeds,
-              log=sys.stderr)
+              log=sys.stderr, deadline=a.deadline)
     return 0
 
 

@@ -238,23 +238,18 @@ def test_oracle_flags_a_bad_state():
         fuzzing.loads_state(b"\x80\x04cos\nsystem\n.")  # a corpus file cannot run code
 
 
-def _run_selftest(monkeypatch, tmp_path, var):
-    monkeypatch.setenv(var, "5")
-    st = fuzzing.supervise("spec", seconds=60, iterations=12, corpus_dir=tmp_path, full_seeds=False, hang_seconds=3, log=None)
-    return st
-
-
-def test_supervise_saves_a_crashing_input(monkeypatch, tmp_path):
-    st = _run_selftest(monkeypatch, tmp_path, "GRADCODEC_FUZZ_SELFTEST_CRASH")
-    assert [c["kind"] for c in st.crashes] == ["crash"] and st.crashes[0]["iteration"] == 5
-    saved = Path(st.crashes[0]["file"])
-    assert saved.parent == tmp_path / "spec" and saved.name.startswith("crash-")
-    assert saved.read_bytes() == fuzzing.seed_corpus(full=False).spec[5][1]
-    assert st.inputs == 12  # the loop went on after the crash: 11 inputs and the crashing one
-
-
-def test_supervise_saves_a_hanging_input(monkeypatch, tmp_path):
-    st = _run_selftest(monkeypatch, tmp_path, "GRADCODEC_FUZZ_SELFTEST_HANG")
-    assert [c["kind"] for c in st.crashes] == ["hang"]
-    assert Path(st.crashes[0]["file"]).name.startswith("hang-")
-    assert st.inputs == 12
+def test_supervise_saves_crashing_and_hanging_inputs(monkeypatch, tmp_path):
+    """A child that aborts at input 3 and hangs at input 7: both inputs are saved, the loop
+    goes on after each (12 inputs in all: 10 run, the crashing and the hanging one)."""
+    monkeypatch.setenv("GRADCODEC_FUZZ_SELFTEST_CRASH", "3")
+    monkeypatch.setenv("GRADCODEC_FUZZ_SELFTEST_HANG", "7")
+    st = fuzzing.supervise("spec", seconds=90, iterations=12, corpus_dir=tmp_path, full_seeds=False, hang_seconds=2, log=None)
+    assert [(c["kind"], c["iteration"]) for c in st.crashes] == [("crash", 3), ("hang", 7)]
+    seeds = fuzzing.seed_corpus(full=False).spec
+    for c, i in zip(st.crashes, (3, 7)):
+        saved = Path(c["file"])
+        assert saved.parent == tmp_path / "spec" and saved.name.startswith(f"{c['kind']}-")
+        assert saved.read_bytes() == seeds[i][1]
+    assert st.crashes[0]["signal"] == 6 and "Aborted" in st.crashes[0]["stderr_tail"]
+    # outcomes of inputs run after a child's last report (it reports once a second) are unknown
+    assert st.inputs == 12 and st.outcomes.get("ok", 0) + st.outcomes.get("unreported (child died)", 0) == 10, st.outcomes
