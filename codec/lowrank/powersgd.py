@@ -28,7 +28,8 @@ from codec.streams import SEED, key_hash
 STATE_Q = "powersgd.q"
 
 #: elements of the decoded array rounded to a 16-bit dtype or added into ``out`` at a time
-CHUNK = 1 << 18
+#: (below ``codec._jit.PARALLEL_MIN``: serial kernels, no parallel region per chunk)
+CHUNK = 1 << 16
 
 
 def matrix_of(shape, rank: int, min_compression_rate: float):
