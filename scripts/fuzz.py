@@ -42,7 +42,7 @@ if "--atheris-child" in sys.argv:  # instrument gradcodec for coverage before an
 from codec import fuzzing  # noqa: E402
 
 
-def _atheris(target: str, seconds: float, corpus: Path, seed: int, extra) -> int:
+def _atheris(target: str, seconds: float, corpus: Path, seed: int, extra, ignore_known: bool = False) -> int:
     """Run atheris (libFuzzer) on ``target`` in a child process with the structure-aware
     mutator as its custom mutator; crashes go to ``corpus/<target>/`` (libFuzzer's crash-<sha1>)."""
     try:
@@ -55,19 +55,22 @@ def _atheris(target: str, seconds: float, corpus: Path, seed: int, extra) -> int
     with tempfile.TemporaryDirectory(prefix="gcfuzz-atheris-") as tmp:
         seeds = Path(tmp) / "seeds"
         write_seeds(seeds, [target])
-        args = [sys.executable, str(Path(__file__).resolve()), "--atheris-child", "--target", target, "--seed", str(seed), "--",
+        known = ["--ignore-known", "--corpus", str(corpus)] if ignore_known else []
+        args = [sys.executable, str(Path(__file__).resolve()), "--atheris-child", "--target", target, "--seed", str(seed), *known, "--",
                 str(seeds / target), f"-artifact_prefix={out}/", f"-max_total_time={int(seconds)}", "-timeout=60",
                 "-rss_limit_mb=4096", "-max_len=65536", "-print_final_stats=1", f"-seed={seed}", *extra]
         env = dict(os.environ, NUMBA_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         return subprocess.call(args, env=env, cwd=str(ROOT))
 
 
-def _atheris_child(target: str, seed: int, libfuzzer_args) -> None:
+def _atheris_child(target: str, seed: int, libfuzzer_args, known=frozenset()) -> None:
     import random
 
     import atheris
 
-    one = fuzzing.target_function(target, track_memory=False)
+    if known:
+        print(f"ignoring {len(known)} known finding class(es): {sorted(known)}", file=sys.stderr)
+    one = fuzzing.target_function(target, track_memory=False, ignore=frozenset(known))
     seeds = fuzzing.seed_corpus(full=False).of(target)
 
     def mutator(data: bytes, max_size: int, mseed: int) -> bytes:
@@ -117,6 +120,8 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, help="stop after this many inputs per target")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--atheris", action="store_true", help="coverage-guided with atheris (optional package)")
+    p.add_argument("--ignore-known", action="store_true",
+                   help="with --atheris: do not stop on finding classes the regression corpus already shows")
     p.add_argument("--corpus", type=Path, default=ROOT / "tests" / "fuzz_corpus", help="where crashing inputs go")
     p.add_argument("--save-findings", type=Path, metavar="DIR", help="keep the smallest input of each finding class in DIR/<target>/")
     p.add_argument("--memory", choices=fuzzing.MEMORY_MODES, default="sample", help="tracemalloc on every input, a sample (default), or off")
@@ -128,7 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("rest", nargs="*", help="(after --) extra libFuzzer arguments with --atheris")
     a = p.parse_args(argv)
     if a.atheris_child:
-        _atheris_child(a.target, a.seed, a.rest)
+        _atheris_child(a.target, a.seed, a.rest, fuzzing.known_labels(a.corpus, a.target) if a.ignore_known else ())
         return 0
     if a.replay:
         return replay(a.replay)
@@ -142,7 +147,7 @@ def main(argv=None) -> int:
     if a.atheris:
         rc = 0
         for t in targets:
-            rc |= _atheris(t, a.seconds / len(targets), a.corpus, a.seed, a.rest)
+            rc |= _atheris(t, a.seconds / len(targets), a.corpus, a.seed, a.rest, a.ignore_known)
         return rc
     summary = []
     t0 = time.time()
