@@ -1361,11 +1361,27 @@ def _site(tb) -> str:
     return pick or "?"
 
 
+def _recursing(tb) -> str:
+    """The function that appears most often in a traceback (the one recursing), as
+    ``file:function`` (the path relative to the repository for gradcodec's own files)."""
+    counts: dict = {}
+    for fr in traceback.extract_tb(tb):
+        try:
+            name = Path(fr.filename).resolve().relative_to(_ROOT).as_posix()
+        except ValueError:
+            name = Path(fr.filename).name
+        k = f"{name}:{fr.name}"
+        counts[k] = counts.get(k, 0) + 1
+    return max(counts, key=counts.get) if counts else "?"
+
+
 def _exc_label(call: str, e: BaseException) -> str:
-    site = _site(e.__traceback__)
-    if isinstance(e, RecursionError):  # where the limit hit is arbitrary: name the file only
-        site = site.rsplit(":", 1)[0]
-    return f"{type(e).__name__} at {site}"
+    if isinstance(e, RecursionError):  # where the limit hits is arbitrary: name what recursed
+        inner = _recursing(e.__traceback__)
+        site = _site(e.__traceback__)
+        e.args = (f"{e} (innermost gradcodec frame: {site})",)
+        return f"RecursionError in {inner}"
+    return f"{type(e).__name__} at {_site(e.__traceback__)}"
 
 
 class _Calls:
