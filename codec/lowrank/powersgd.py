@@ -190,10 +190,12 @@ class PowerSGD(Transform):
         """``P Q^T`` into ``out``.  The product is one BLAS call over the whole matrix (formed
         in bands of rows, its elements can differ in the last bit: OpenBLAS's edge kernels
         depend on where a row falls in its tiling); stored as is into a float32/float64
-        ``out`` of the domain's dtype, else formed once in the domain's dtype and rounded or
-        added ``CHUNK`` elements at a time, so the 16-bit rounding and the adding need no
-        second dense temporary."""
+        ``out`` of the domain's dtype, rounded straight into a 16-bit ``out`` of the frame's
+        dtype, else formed once in the domain's dtype and rounded or added ``CHUNK``
+        elements at a time, so the 16-bit rounding and the adding need no second dense
+        temporary."""
         from codec.modes import SET
+        from codec.ops import narrow
 
         plan, dtype = payload
         flat = out.reshape(-1)
@@ -205,11 +207,22 @@ class PowerSGD(Transform):
         if mode == SET and flat.dtype == values.dtype:
             np.matmul(p, qt, out=flat.reshape(n, m))
             return
-        _emit_chunked(self, (p @ qt).reshape(-1), flat, mode, dtype)
+        y = (p @ qt).reshape(-1)
+        if mode == SET and flat.dtype == np.dtype(dtype) and flat.dtype.itemsize == 2:
+            narrow(y, dtype, out=flat.view(np.uint16))  # emit's rounding, straight into out
+            return
+        _emit_chunked(self, y, flat, mode, dtype)
 
 
 def _emit_chunked(stage, y, out, mode, dtype) -> None:
-    """``stage.emit`` of flat ``y`` into flat ``out``, ``CHUNK`` elements at a time (rounding
-    and adding are elementwise: the result is the unchunked one)."""
+    """``stage.emit`` of flat ``y`` into flat ``out``, ``CHUNK`` elements at a time when a
+    16-bit frame or output makes it allocate (the rounded codes, the widened source); in one
+    call, parallel and allocating nothing, when both are float32/float64.  Rounding and
+    adding are elementwise: the result is the unchunked one."""
+    from codec.ops import WIDE
+
+    if np.dtype(dtype) in WIDE and out.dtype in WIDE:
+        stage.emit(y, out, mode, dtype)
+        return
     for i in range(0, y.size, CHUNK):
         stage.emit(y[i : i + CHUNK], out[i : i + CHUNK], mode, dtype)
