@@ -41,9 +41,30 @@ def lut(dtype) -> np.ndarray:
     return table
 
 
-def first_nonfinite(x: np.ndarray) -> int:
-    """The flat position of the first NaN/inf in ``x`` (any float dtype), or -1."""
-    bad = np.flatnonzero(~np.isfinite(widen(np.asarray(x)).reshape(-1)))
+def first_nonfinite(x: np.ndarray, block: int = 1 << 16) -> int:
+    """The flat position of the first NaN/inf in ``x`` (any float dtype, any shape), or -1.
+
+    float32/float64: one vectorised sum (any NaN or inf makes it non-finite; a finite sum
+    proves every element finite), then an exact search only when the sum is not finite.
+    16-bit floats: the exponent bits, in blocks (no full-size temporary)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    if flat.size == 0:
+        return -1
+    if flat.dtype.itemsize == 2:  # float16 (exponent 0x7C00) or bfloat16 (0x7F80): all ones is inf/NaN
+        limit = 0x7C00 if flat.dtype == HALF else 0x7F80
+        bits = flat.view(np.uint16)
+        buf = np.empty(min(block, bits.size), np.uint16)
+        for at in range(0, bits.size, block):
+            part = bits[at : at + block]
+            o = buf[: part.size]
+            np.bitwise_and(part, 0x7FFF, out=o)
+            if int(o.max()) >= limit:
+                return at + int(np.argmax(o >= limit))
+        return -1
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(flat)):
+            return -1
+    bad = np.flatnonzero(~np.isfinite(flat))
     return int(bad[0]) if bad.size else -1
 
 

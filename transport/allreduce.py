@@ -31,7 +31,7 @@ from codec import CodecError
 from codec.dtypes import as_float_array
 from codec.modes import ADD
 from codec.stage import check_step
-from codec.ops import scatter, wide_dtype
+from codec.ops import first_nonfinite, scatter, wide_dtype
 from codec.spec import parse as parse_spec
 from transport import message, staging
 
@@ -94,33 +94,6 @@ def raise_failed(comm, mine, when: str):
     msg = f"{head} of {len(every)} failed {when}, so every rank raises this: {detail}"
     cls = RankTypeError if every[bad[0]][0] == FAIL_TYPE else RankError
     raise cls(msg, bad, {r: every[r][1] for r in bad}) from mine
-
-
-def nonfinite_at(a: np.ndarray, block: int = 1 << 16) -> int:
-    """The first flat position of a NaN or inf in ``a`` (a float ndarray), or -1.
-
-    float32/float64: one vectorised sum (any NaN or inf makes it non-finite; a finite sum
-    proves every element finite), then an exact search only when the sum is not finite.
-    16-bit floats: the exponent bits, in blocks (no full-size temporary)."""
-    if a.size == 0:
-        return -1
-    flat = a.reshape(-1)
-    if a.dtype.itemsize == 2:  # float16 (exponent 0x7C00) or bfloat16 (0x7F80): all ones is inf/NaN
-        limit = 0x7C00 if a.dtype == np.float16 else 0x7F80
-        bits = flat.view(np.uint16)
-        buf = np.empty(min(block, bits.size), np.uint16)
-        for at in range(0, bits.size, block):
-            part = bits[at : at + block]
-            o = buf[: part.size]
-            np.bitwise_and(part, 0x7FFF, out=o)
-            if int(o.max()) >= limit:
-                return at + int(np.argmax(o >= limit))
-        return -1
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(np.add.reduce(flat)):
-            return -1
-    bad = np.flatnonzero(~np.isfinite(flat))
-    return int(bad[0]) if bad.size else -1
 
 
 @dataclass
@@ -489,7 +462,7 @@ class Scheme:
 
 def check_finite(a: np.ndarray, name, spec: str) -> None:
     """ValueError naming the tensor and the position of its first NaN or inf."""
-    bad = nonfinite_at(a)
+    bad = first_nonfinite(a)
     if bad >= 0:
         at = tuple(int(i) for i in np.unravel_index(bad, a.shape)) if a.ndim > 1 else bad
         raise ValueError(f"tensors[{name!r}]: non-finite value ({a.reshape(-1)[bad]}) at position {at}; {spec} needs finite input")
