@@ -325,16 +325,13 @@ def get_codec(spec=None, /, *, checksum: bool | None = None, **params) -> Codec:
 
 
 def _out_array(fr, out, *, add: bool) -> np.ndarray:
-    """The flat base-ndarray view that decoding writes: of a new array when ``out`` is None
-    (decode only), else of ``out``, which must be a writeable, aligned, C-contiguous NumPy
-    array (a subclass is written through a base view; masked arrays are refused) with the
-    frame's element count and dtype (any supported dtype when adding)."""
+    """The flat base-ndarray view of ``out`` that decoding writes: a writeable, aligned,
+    C-contiguous NumPy array (a subclass is written through a base view; masked arrays are
+    refused) with the frame's element count and dtype (any supported dtype when adding)."""
     from codec.dtypes import CODES, base_view
 
     if out is None:
-        if add:
-            raise TypeError("out: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
-        return np.empty(fr.n, fr.dtype)
+        raise TypeError("out: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
     plain = base_view(out, "out")
@@ -361,8 +358,10 @@ def _codec_of(fr) -> Codec:
 
 def _decode(fr, out=None):
     codec = _codec_of(fr)
-    ctx, payload = codec._read(fr)
-    target = _out_array(fr, out, add=False)
+    target = None if out is None else _out_array(fr, out, add=False)  # a wrong out: refused first
+    ctx, payload = codec._read(fr)  # every section checked before the dense output is allocated
+    if target is None:
+        target = np.empty(fr.n, fr.dtype)
     codec._write(ctx, payload, target, SET)
     return target.reshape(fr.shape) if out is None else out
 

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from codec.frame import MAX_ELEMENTS
 from codec.stage import Param, Transform, register
 
 #: FFT worker threads (scipy.fft ``workers``): every CPU.  Each 1-D transform runs whole on one
@@ -75,7 +76,7 @@ class FFT(Transform):
             high=1.0,
             schedule=True,
         ),
-        Param("block", int, 4096, "elements per FFT block; 0 = the whole tensor as one block", low=0, high=1 << 40),
+        Param("block", int, 4096, "elements per FFT block; 0 = the whole tensor as one block", low=0, high=MAX_ELEMENTS),
         Param("keep", str, "per_block", "drop theta of every block's coefficients, or of the whole spectrum", choices=("per_block", "global")),
     )
 
