@@ -41,9 +41,62 @@ __all__ = [
     "check_malformed",
     "check_fixture",
     "write_fixture",
+    "PIPELINES",
 ]
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), bfloat16)
+
+
+#: pipelines that combine stages, which the conformance suite (tests/test_conformance.py) runs
+#: besides every registered stage id on its own, and the fuzzer seeds its corpus from
+PIPELINES = (
+    "fp16+zstd",
+    "bf16+crc32",
+    "none+zstd(level=1)+crc32",
+    "threshold(value=0.5)",
+    "threshold(value=0.5)+fp16+zstd",
+    "threshold(value=0.001)+bf16",
+    "fp16(nonfinite=keep)",
+    "topk(ratio=0.1)",
+    "topk(k=3)+fp16+zstd",
+    "gaussiank(ratio=0.05)",
+    "gaussiank(ratio=0.05,exact=true)+bf16",
+    "dgc(ratio=0.05,sample=0.5)",
+    "randomk(ratio=0.1,seed=3,scale=true)",
+    "randomk(ratio=0.3)+fp16",
+    "adacomp(bin=7)",
+    "adacomp+none",
+    "adacomp+fp16+crc32",
+    "topk(ratio=warmup(0.5,0.01,steps=2))",
+    "rangefloat(bits=5,block=7,rounding=stochastic)",
+    "rangefloat(bits=16,exp_bits=8)+zstd",
+    "rangefloat(bits=3,exp_bits=1)",
+    "fp8(format=e5m2,scale=true)",
+    "fp8(scale=true,rounding=stochastic)",
+    "qsgd(levels=3,bucket=7,rounding=nearest)+crc32",
+    "qsgd(levels=300)+zstd",
+    "minmax(bits=3,bucket=7,rounding=stochastic)",
+    "minmax(bits=1,bucket=1)",
+    "terngrad(clip=0)",
+    "sign(scale=l1)",
+    "topk(ratio=0.1)+qsgd",
+    "topk(k=3)+rangefloat(bits=6)",
+    "adacomp+rangefloat",
+    "gaussiank(ratio=0.05)+minmax(bits=4)",
+    "randomk(ratio=0.3)+terngrad",
+    "threshold(value=0.5)+onebit",
+    "qsgd(coding=elias)",
+    "topk(ratio=0.1)+qsgd(levels=4,bucket=7,coding=elias)+zstd",
+    "fft(theta=0)+none",
+    "fft(theta=0.5,block=8)+none",
+    "fft(theta=0.3,block=0)+fp16",
+    "fft(theta=0.7,block=16,keep=global)+none+zstd",
+    "fft(theta=exp(0.9,0.5,steps=3),block=7)+crc32",
+    "fft(block=5)+qsgd(bucket=4)",
+    "powersgd(rank=1)",
+    "powersgd(rank=3,min_compression_rate=0)+bf16",
+    "powersgd(warm_start=false,min_compression_rate=1)+rangefloat+zstd",
+)
 
 
 def sample_arrays(seed: int = 0) -> list[np.ndarray]:
