@@ -1124,7 +1124,10 @@ def _bad_array(rng: random.Random, a):
     a = np.asarray(a) if isinstance(a, np.ndarray) and a.size <= 1 << 20 else np.zeros(3, np.float32)
     r = rng.randrange(18)
     if r == 0:
-        return a.astype(rng.choice((np.int32, np.int8, np.bool_, np.complex64, np.uint16, object, ">f4", ">f8", "V2")))
+        try:
+            return a.astype(rng.choice((np.int32, np.int8, np.bool_, np.complex64, np.uint16, object, ">f4", ">f8", "V2")))
+        except (TypeError, ValueError):  # no cast from this dtype (bfloat16 to V2, ...)
+            return a.view(np.uint8) if a.ndim else np.zeros(3, np.int32)
     if r == 1:
         others = [d for d in DTYPES if d != a.dtype]
         return a.astype(rng.choice(others))

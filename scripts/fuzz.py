@@ -77,12 +77,18 @@ def _atheris_child(target: str, seed: int, libfuzzer_args, known=frozenset()) ->
         rng = random.Random(mseed)
         if not data or rng.random() < 0.05:
             data = seeds[rng.randrange(len(seeds))][1]
-        out = fuzzing.mutate(target, rng, bytes(data), seeds[rng.randrange(len(seeds))][1])
+        try:
+            out = fuzzing.mutate(target, rng, bytes(data), seeds[rng.randrange(len(seeds))][1])
+        except Exception:  # noqa: BLE001 - a mutator bug must not stop libFuzzer: start from a seed
+            out = seeds[rng.randrange(len(seeds))][1]
         return out[:max_size]
 
     def crossover(a: bytes, b: bytes, max_size: int, mseed: int) -> bytes:
         rng = random.Random(mseed)
-        return fuzzing.mutate(target, rng, bytes(a), bytes(b))[:max_size]
+        try:
+            return fuzzing.mutate(target, rng, bytes(a), bytes(b))[:max_size]
+        except Exception:  # noqa: BLE001
+            return bytes(a)[:max_size]
 
     atheris.Setup([sys.argv[0], *libfuzzer_args], one, custom_mutator=mutator, custom_crossover=crossover)
     atheris.Fuzz()
