@@ -69,7 +69,8 @@ from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 
 __all__ = [
     "TARGETS",
-    "SEED_SPECS",
+    "EXTRA_PIPELINES",
+    "seed_specs",
     "Outcome",
     "check",
     "seed_corpus",
@@ -89,56 +90,9 @@ __all__ = [
 
 TARGETS = ("frame", "container", "message", "spec", "state")
 
-#: every pipeline the conformance suite runs (tests/test_conformance.py SPECS) besides the
-#: registered stage ids, which :func:`seed_specs` adds from ``codec.list_codecs()``
-PIPELINES = (
-    "fp16+zstd",
-    "bf16+crc32",
-    "none+zstd(level=1)+crc32",
-    "threshold(value=0.5)",
-    "threshold(value=0.5)+fp16+zstd",
-    "threshold(value=0.001)+bf16",
-    "fp16(nonfinite=keep)",
-    "topk(ratio=0.1)",
-    "topk(k=3)+fp16+zstd",
-    "gaussiank(ratio=0.05)",
-    "gaussiank(ratio=0.05,exact=true)+bf16",
-    "dgc(ratio=0.05,sample=0.5)",
-    "randomk(ratio=0.1,seed=3,scale=true)",
-    "randomk(ratio=0.3)+fp16",
-    "adacomp(bin=7)",
-    "adacomp+none",
-    "adacomp+fp16+crc32",
-    "topk(ratio=warmup(0.5,0.01,steps=2))",
-    "rangefloat(bits=5,block=7,rounding=stochastic)",
-    "rangefloat(bits=16,exp_bits=8)+zstd",
-    "rangefloat(bits=3,exp_bits=1)",
-    "fp8(format=e5m2,scale=true)",
-    "fp8(scale=true,rounding=stochastic)",
-    "qsgd(levels=3,bucket=7,rounding=nearest)+crc32",
-    "qsgd(levels=300)+zstd",
-    "minmax(bits=3,bucket=7,rounding=stochastic)",
-    "minmax(bits=1,bucket=1)",
-    "terngrad(clip=0)",
-    "sign(scale=l1)",
-    "topk(ratio=0.1)+qsgd",
-    "topk(k=3)+rangefloat(bits=6)",
-    "adacomp+rangefloat",
-    "gaussiank(ratio=0.05)+minmax(bits=4)",
-    "randomk(ratio=0.3)+terngrad",
-    "threshold(value=0.5)+onebit",
-    "qsgd(coding=elias)",
-    "topk(ratio=0.1)+qsgd(levels=4,bucket=7,coding=elias)+zstd",
-    "fft(theta=0)+none",
-    "fft(theta=0.5,block=8)+none",
-    "fft(theta=0.3,block=0)+fp16",
-    "fft(theta=0.7,block=16,keep=global)+none+zstd",
-    "fft(theta=exp(0.9,0.5,steps=3),block=7)+crc32",
-    "fft(block=5)+qsgd(bucket=4)",
-    "powersgd(rank=1)",
-    "powersgd(rank=3,min_compression_rate=0)+bf16",
-    "powersgd(warm_start=false,min_compression_rate=1)+rangefloat+zstd",
-    # a few more that reach other paths: every byte stage on a sparse and a transform codec
+#: pipelines the fuzzer seeds from besides the conformance suite's (``codec.testing.PIPELINES``)
+#: and the registered stage ids: every byte stage on a sparse and a transform codec
+EXTRA_PIPELINES = (
     "topk(ratio=0.2)+fp16+zstd+crc32",
     "fft(theta=0.5,block=8)+rangefloat(bits=4)+crc32",
     "powersgd(rank=2)+fp16+zstd",
@@ -146,12 +100,15 @@ PIPELINES = (
 
 
 def seed_specs() -> list[str]:
-    """Every registered codec id, then :data:`PIPELINES` (no repeats, in that order)."""
+    """Every registered codec id, then the conformance suite's pipelines
+    (``codec.testing.PIPELINES``), then :data:`EXTRA_PIPELINES` (no repeats, in that order)."""
+    from codec.testing import PIPELINES
+
     out = [c["id"] for c in codec.list_codecs()]
-    return out + [s for s in PIPELINES if s not in out]
-
-
-SEED_SPECS = PIPELINES  # the fixed part; seed_specs() adds the registry's ids
+    for s in (*PIPELINES, *EXTRA_PIPELINES):
+        if s not in out:
+            out.append(s)
+    return out
 
 # ----------------------------------------------------------------------------- checksums
 FRAME_MAGIC = b"\x89GCF"
