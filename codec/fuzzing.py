@@ -910,9 +910,36 @@ def _mutate_fields(rng: random.Random, f: FrameFields, other: FrameFields | None
             f.dtype = other.dtype
 
 
+def _fresh_frame(rng: random.Random, data: bytes) -> bytes | None:
+    """A valid frame of a codec whose spec is a mutation of ``data``'s (unusual parameter
+    combinations), encoding a small random array; None when no such codec or encode exists."""
+    f = split_frame(data)
+    if f is None:
+        return None
+    try:
+        text = mutate_spec_text(rng, f.spec.decode("utf-8"))
+        c = codec.get_codec(text)
+    except Exception:  # noqa: BLE001 - most mutated specs are refused: then no fresh frame
+        return None
+    shape = rng.choice(((rng.randrange(0, 300),), (rng.randrange(1, 20), rng.randrange(1, 20)), (), (2, 3, rng.randrange(1, 9))))
+    gen = np.random.default_rng(rng.randrange(1 << 32))
+    arr = (gen.standard_t(2, size=shape) * rng.choice((1e-3, 1.0, 1e4))).astype(DTYPES[rng.randrange(4)])
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            return c.encode(arr, key="k", step=rng.choice((0, 1, 7, 1000)))
+    except (ValueError, TypeError):
+        return None
+
+
 def mutate_frame(rng: random.Random, data: bytes, other: bytes | None = None) -> bytes:
     """A mutated frame: mostly field edits with checksums recomputed; else bit flips,
-    byte edits, truncations and splices (checksums recomputed most of the time)."""
+    byte edits, truncations and splices (checksums recomputed most of the time); one in 20
+    a fresh frame of a codec with mutated (but accepted) parameters, edited or not."""
+    if rng.random() < 0.05:
+        fresh = _fresh_frame(rng, data)
+        if fresh is not None:
+            return fresh if rng.random() < 0.5 else mutate_frame(rng, fresh, other)
     r = rng.random()
     f = split_frame(data) if r < 0.72 else None
     if f is not None:
