@@ -121,7 +121,7 @@ def replay(corpus: Path) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--target", default="frame", help=f"one of {', '.join(fuzzing.TARGETS)}, or all")
+    p.add_argument("--target", default="frame", help=f"one of {', '.join(fuzzing.TARGETS)}, a comma-separated list, or all")
     p.add_argument("--seconds", type=float, default=60.0, help="wall-clock budget (split evenly with --target all)")
     p.add_argument("--iterations", type=int, help="stop after this many inputs per target")
     p.add_argument("--seed", type=int, default=0)
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         return 0
     if a.replay:
         return replay(a.replay)
-    targets = list(fuzzing.TARGETS) if a.target == "all" else [a.target]
+    targets = list(fuzzing.TARGETS) if a.target == "all" else a.target.split(",")
     for t in targets:
         if t not in fuzzing.TARGETS:
             p.error(f"--target: {t!r} is not one of {', '.join(fuzzing.TARGETS)} or all")
