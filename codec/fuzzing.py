@@ -65,7 +65,7 @@ import numpy as np
 import codec
 from codec import container as _container
 from codec.dtypes import CODES, bfloat16
-from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
+from codec.errors import CodecError, CorruptFrameError
 
 __all__ = [
     "TARGETS",
@@ -1587,7 +1587,8 @@ def check_message(data, calls: _Calls) -> Outcome:
     (count,) = struct.unpack_from("<I", data, 0)
     from transport import message  # the transport's parser (codec's layering: only here, only for fuzzing)
 
-    frames, err = calls.call("message.unpack", message.unpack, data[4:], count, 0)
+    msg = np.frombuffer(bytes(data), np.uint8)[4:]  # what the transport passes: a slice of its receive buffer
+    frames, err = calls.call("message.unpack", message.unpack, msg, count, 0)
     if err is not None:
         return Outcome("rejected", type(err).__name__)
     if len(frames) != count:
