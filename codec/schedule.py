@@ -69,9 +69,12 @@ def _signature(kind: _Kind) -> str:
 def _number(sched: str, what: str, v) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise ValueError(f"schedule {sched}: {what} must be a number, got {v!r}")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond float64's range
+        f = math.inf
     if not math.isfinite(f):
-        raise ValueError(f"schedule {sched}: {what} must be finite, got {v!r}")
+        raise ValueError(f"schedule {sched}: {what} must be finite, got {str(v)[:40]!r}")
     return f
 
 

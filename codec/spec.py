@@ -70,11 +70,17 @@ def _tokens(text: str):
     return out
 
 
+#: how deeply call values may nest (a schedule is one level: ``warmup(0.25,0.001,steps=1000)``);
+#: deeper text is refused before the parser, the formatter or a schedule could recurse on it
+MAX_DEPTH = 8
+
+
 class _Parser:
     def __init__(self, text: str):
         self.text = text
         self.toks = _tokens(text)
         self.i = 0
+        self.depth = 0
 
     def peek(self):
         return self.toks[self.i]
@@ -137,7 +143,10 @@ class _Parser:
         raise SpecError(f"bad spec {self.text!r}: expected a value at position {pos}, found {text or 'the end'!r}")
 
     def call(self, name):
-        self.take("punct", "(")
+        tok = self.take("punct", "(")
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise SpecError(f"bad spec {self.text[:80]!r}: call values nest more than {MAX_DEPTH} deep at position {tok[2]}")
         args, kwargs = [], []
         if not self.is_punct(")"):
             while True:
@@ -155,6 +164,7 @@ class _Parser:
                     break
                 self.take()
         self.take("punct", ")", what="',' or ')'")
+        self.depth -= 1
         return Call(name, tuple(args), tuple(kwargs))
 
 

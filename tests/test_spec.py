@@ -91,3 +91,24 @@ _values = st.one_of(
 @given(st.lists(st.tuples(_names, st.dictionaries(_names, _values, max_size=3)), min_size=1, max_size=4))
 def test_format_parse_round_trip(stages):
     assert parse(format_spec(stages)) == stages
+
+
+def test_call_values_nest_at_most_max_depth():
+    """A value nested 300 calls deep raised RecursionError (parsing, or formatting the error
+    when no schedule was allowed there); found by the fuzzer."""
+    from codec.spec import MAX_DEPTH, SpecError, parse
+
+    ok = "f(" * MAX_DEPTH + "1" + ")" * MAX_DEPTH
+    assert parse(f"topk(ratio={ok})")[0][0] == "topk"
+    for depth in (MAX_DEPTH + 1, 300, 5000):
+        deep = "f(" * depth + "1" + ")" * depth
+        with pytest.raises(SpecError, match="nest more than"):
+            parse(f"topk(ratio={deep})")
+        with pytest.raises(ValueError):
+            codec.get_codec(f"fp16(nonfinite={deep})")
+
+
+def test_schedule_value_beyond_float64_is_a_value_error():
+    """A schedule point given as a 400-digit integer raised OverflowError; found by the fuzzer."""
+    with pytest.raises(ValueError, match="finite"):
+        codec.get_codec("topk(ratio=warmup(1" + "0" * 400 + ",0.01,steps=10))")
