@@ -640,7 +640,7 @@ def mutate_spec_text(rng: random.Random, text: str) -> str:
                 else:
                     ps.append([key, val])
             elif op == 3 and rng.random() < 0.15:  # a value nested in calls, deeper than any schedule
-                depth = rng.choice((2, 3, 10, 100, 400, 1300))
+                depth = rng.choice((2, 3, 7, 8, 9, 10, 100, 400, 1300))
                 key = rng.choice(_param_names(name) or ["ratio"])
                 ps.append([key, rng.choice(("warmup(", "f(", "linear(1,")) * depth + "1" + ")" * depth])
             elif op == 3:  # another stage name
