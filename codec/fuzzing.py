@@ -11,7 +11,8 @@ frame       a frame                                          codec.inspect, code
 container   a container (codec/container.py)                 unpack_frames, then every frame
                                                              as the frame target
 message     u32 count (the receiver's, trusted), then one    transport.message.unpack, then
-            rank's transport message                         every frame as the frame target
+            rank's transport message (registered by          every frame as the frame target
+            transport.fuzzing: codec never imports transport)
 spec        spec text, UTF-8                                 codec.get_codec, then a small
                                                              encode / decode round trip
 state       a pickle (restricted: numpy arrays and plain     ErrorFeedback.load_state_dict,
@@ -88,7 +89,33 @@ __all__ = [
     "loads_state",
 ]
 
-TARGETS = ("frame", "container", "message", "spec", "state")
+#: the targets: this module's four, then any another layer registers (:func:`register_target`;
+#: ``transport.fuzzing`` adds ``message``: codec never imports transport)
+TARGETS = ["frame", "container", "spec", "state"]
+
+
+@dataclass
+class ExtraTarget:
+    """A target registered by another layer: its mutator and check (as this module's own),
+    ``seeds(frames_by_spec, rng) -> [(label, bytes)]``, and the module whose ``-m`` runs a
+    supervised child for it (it registers the target, then calls :func:`child_main`)."""
+
+    mutate: object
+    check: object
+    seeds: object
+    module: str
+
+
+_EXTRA: dict = {}
+
+
+def register_target(name: str, *, mutate, check, seeds, module: str) -> None:
+    """Add a fuzz target of another layer (idempotent)."""
+    _EXTRA[name] = ExtraTarget(mutate, check, seeds, module)
+    MUTATORS[name] = mutate
+    CHECKS[name] = check
+    if name not in TARGETS:
+        TARGETS.append(name)
 
 #: pipelines the fuzzer seeds from besides the conformance suite's (``codec.testing.PIPELINES``)
 #: and the registered stage ids: every byte stage on a sparse and a transform codec
@@ -113,7 +140,6 @@ def seed_specs() -> list[str]:
 # ----------------------------------------------------------------------------- checksums
 FRAME_MAGIC = b"\x89GCF"
 CONTAINER_MAGIC = b"\x89GCC"
-MESSAGE_MAGIC = b"GCM1"
 #: frame flags: bit 0 = payload CRC32 (zlib), bit 1 = payload CRC-32C (Castagnoli)
 FLAG_CRC32 = 0x01
 FLAG_CRC32C = 0x02
@@ -347,39 +373,6 @@ def split_container(buf) -> ContainerFields | None:
     return ContainerFields(magic, version, flags, reserved, entries, None, b[off:])
 
 
-# ----------------------------------------------------------------------------- message fields
-def split_message(buf):
-    """``(count, magic, declared count, lengths, frames, trailing)`` of a message target input
-    (u32 receiver count, then the message), or None."""
-    b = bytes(buf)
-    if len(b) < 12:
-        return None
-    (count,) = struct.unpack_from("<I", b, 0)
-    msg = b[4:]
-    magic = msg[:4]
-    (declared,) = struct.unpack_from("<I", msg, 4)
-    if 8 + 8 * declared > len(msg):
-        return None
-    lengths = list(struct.unpack_from(f"<{declared}Q", msg, 8))
-    off = 8 + 8 * declared
-    frames = []
-    for n in lengths:
-        take = min(n, max(0, len(msg) - off))
-        frames.append(msg[off : off + take])
-        off += take
-    return [count, magic, declared, lengths, frames, msg[off:]]
-
-
-def join_message(count, magic, declared, lengths, frames, trailing=b"") -> bytes:
-    out = bytearray(struct.pack("<I", count % (1 << 32)))
-    out += magic[:4].ljust(4, b"\0") + struct.pack("<I", declared % (1 << 32))
-    for n in lengths:
-        out += struct.pack("<Q", n % (1 << 64))
-    for f in frames:
-        out += f
-    return bytes(out + trailing)
-
-
 # ----------------------------------------------------------------------------- state pickles
 _STATE_GLOBALS = {
     ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy", "matrix"),
@@ -444,14 +437,10 @@ class Seeds:
     """The seed corpus: per target a list of ``(label, input bytes)``; ``label`` is the spec
     of the codec that made it (what the per-codec counts of a run are keyed by)."""
 
-    frame: list
-    container: list
-    message: list
-    spec: list
-    state: list
+    by_target: dict
 
     def of(self, target: str) -> list:
-        return getattr(self, target)
+        return self.by_target[target]
 
 
 def _encode_all(spec: str, arrays, feedback: bool):
@@ -499,22 +488,22 @@ def seed_corpus(full: bool = True, specs=None) -> Seeds:
     by_spec: dict = {}
     for spec, f in frames:
         by_spec.setdefault(spec, []).append(f)
-    containers, messages = [], []
+    containers = []
     rng = random.Random(1)
     names = ["", "w", "layer1.weight", "é/ü", "x" * 40]
     for spec, fs in by_spec.items():
         for k in (1, 2, 4):
             pick = [rng.choice(fs) for _ in range(k)]
             containers.append((spec, _container.pack_frames([(f"{names[i % len(names)]}{i}", f) for i, f in enumerate(pick)])))
-            messages.append((spec, join_message(k, MESSAGE_MAGIC, k, [len(f) for f in pick], pick)))
     containers.append(("-", _container.pack_frames([])))
-    messages.append(("-", join_message(0, MESSAGE_MAGIC, 0, [], [])))
     spec_seeds = [(s, s.encode()) for s in specs]
     for s in specs:  # canonical forms too (what frames carry)
         canon = codec.get_codec(s).spec
         if canon != s:
             spec_seeds.append((s, canon.encode()))
-    out = Seeds(frames, containers, messages, spec_seeds, states)
+    out = Seeds({"frame": frames, "container": containers, "spec": spec_seeds, "state": states})
+    for name, t in _EXTRA.items():  # targets another layer registered, seeded from the frames
+        out.by_target[name] = t.seeds(by_spec, random.Random(1))
     _SEED_CACHE[key] = out
     return out
 
@@ -545,7 +534,7 @@ CALL_LITERALS = (
 )
 
 
-def _weighted(rng: random.Random, table):
+def weighted(rng: random.Random, table):
     total = sum(w for w, _ in table)
     x = rng.random() * total
     for w, f in table:
@@ -753,7 +742,7 @@ def _factor(rng: random.Random, n: int) -> list:
 def _mutate_fields(rng: random.Random, f: FrameFields, other: FrameFields | None) -> None:
     """One structure-aware edit of a frame's fields (in place)."""
     n = f.n
-    op = _weighted(rng, (
+    op = weighted(rng, (
         (3, "version"), (6, "flags"), (4, "dtype"), (2, "reserved"), (3, "ndim_raw"), (2, "nsec_raw"), (2, "speclen_raw"),
         (14, "dim"), (6, "reshape"), (4, "add_dim"), (3, "drop_dim"), (8, "resize_consistent"),
         (16, "spec"), (3, "spec_bytes"),
@@ -974,8 +963,8 @@ def mutate_frame(rng: random.Random, data: bytes, other: bytes | None = None) ->
 def mutate_container(rng: random.Random, data: bytes, other: bytes | None = None) -> bytes:
     c = split_container(data) if rng.random() < 0.85 else None
     if c is None:
-        return _byte_mutation(rng, data, other, fix_container_checksums)
-    op = _weighted(rng, ((30, "frame"), (5, "version"), (5, "flags"), (4, "reserved"), (6, "count"), (8, "name"),
+        return byte_mutation(rng, data, other, fix_container_checksums)
+    op = weighted(rng, ((30, "frame"), (5, "version"), (5, "flags"), (4, "reserved"), (6, "count"), (8, "name"),
                          (8, "name_len"), (10, "frame_len"), (6, "struct"), (6, "splice_frame")))
     e = c.entries
     if op == "frame" and e:
@@ -1013,7 +1002,7 @@ def mutate_container(rng: random.Random, data: bytes, other: bytes | None = None
     return c.join(fix=rng.random() < 0.97)
 
 
-def _byte_mutation(rng: random.Random, data: bytes, other, fixer) -> bytes:
+def byte_mutation(rng: random.Random, data: bytes, other, fixer) -> bytes:
     b = bytearray(data)
     r = rng.random()
     if r < 0.45 and b:
@@ -1030,61 +1019,6 @@ def _byte_mutation(rng: random.Random, data: bytes, other, fixer) -> bytes:
         b = b[: rng.randrange(len(b) + 1)] + other[rng.randrange(len(other) + 1) :]
     out = bytes(b)
     return fixer(out) if rng.random() < 0.6 else out
-
-
-def mutate_message(rng: random.Random, data: bytes, other: bytes | None = None) -> bytes:
-    m = split_message(data) if rng.random() < 0.85 else None
-    if m is None:
-        return _byte_mutation(rng, data, other, lambda x: x)
-    count, magic, declared, lengths, frames, trailing = m
-    op = _weighted(rng, ((40, "frame"), (6, "count"), (6, "declared"), (3, "magic"), (14, "length"), (8, "struct"), (4, "trailing")))
-    if op == "frame" and frames:
-        k = rng.randrange(len(frames))
-        frames[k] = mutate_frame(rng, frames[k], frames[rng.randrange(len(frames))])
-        lengths[k] = len(frames[k])
-    elif op == "count":
-        count = rng.choice((0, max(0, count - 1), count + 1, 0xFFFFFFFF, 1 << 28, (1 << 61) // 8))
-    elif op == "declared":
-        declared = rng.choice((0, max(0, declared - 1), declared + 1, 0xFFFFFFFF))
-    elif op == "magic":
-        magic = rng.choice((b"GCM2", b"\x89GCF", b"\0\0\0\0"))
-    elif op == "length" and lengths:
-        k = rng.randrange(len(lengths))
-        total = sum(lengths)
-        r = rng.random()
-        if r < 0.4:
-            lengths[k] = rng.choice((0, lengths[k] + 1, max(0, lengths[k] - 1), (1 << 64) - 1, 1 << 63))
-        elif r < 0.7 and len(lengths) > 1:  # wrap the u64 sum back to the real total
-            j = (k + 1) % len(lengths)
-            lengths[k] = (lengths[k] + (1 << 63)) % (1 << 64)
-            lengths[j] = (lengths[j] + (1 << 63)) % (1 << 64)
-        elif r < 0.85 and len(lengths) > 1:  # move bytes between two frames: total unchanged
-            j = (k + 1) % len(lengths)
-            d = rng.randrange(1, 40)
-            lengths[k] += d
-            lengths[j] = (lengths[j] - d) % (1 << 64)
-        else:
-            lengths[k] = (lengths[k] - total + (len(data) - 12 - 8 * len(lengths))) % (1 << 64)
-    elif op == "struct":
-        r = rng.randrange(3)
-        if r == 0 and frames:
-            k = rng.randrange(len(frames))
-            del frames[k], lengths[k]
-            declared = count = len(frames) if rng.random() < 0.7 else count
-        elif r == 1 and frames:
-            k = rng.randrange(len(frames))
-            frames.insert(k, frames[k])
-            lengths.insert(k, lengths[k])
-            declared = count = len(frames) if rng.random() < 0.7 else count
-        elif other is not None:
-            o = split_message(other)
-            if o is not None and o[4] and frames:
-                k = rng.randrange(len(frames))
-                frames[k] = o[4][rng.randrange(len(o[4]))]
-                lengths[k] = len(frames[k])
-    elif op == "trailing":
-        trailing = trailing + rng.randbytes(rng.choice((1, 8)))
-    return join_message(count, magic, declared, lengths, frames, trailing)
 
 
 def mutate_spec(rng: random.Random, data: bytes, other: bytes | None = None) -> bytes:
@@ -1173,7 +1107,7 @@ def mutate_state(rng: random.Random, data: bytes, other: bytes | None = None) ->
     try:
         obj = loads_state(data)
     except Exception:  # noqa: BLE001
-        return _byte_mutation(rng, data, other, lambda x: x)
+        return byte_mutation(rng, data, other, lambda x: x)
     if not isinstance(obj, dict) or "state" not in obj:
         return data
     st = obj["state"]
@@ -1191,7 +1125,7 @@ def _mutate_state_obj(rng: random.Random, st, other):
         return st if rng.random() < 0.5 else {"codec": None, "slots": []}
     st = dict(st)
     slots = st.get("slots")
-    op = _weighted(rng, ((30, "slot"), (5, "top_type"), (6, "top_keys"), (8, "codec"), (6, "momentum"), (8, "slots_type"), (6, "slots_struct"), (4, "splice")))
+    op = weighted(rng, ((30, "slot"), (5, "top_type"), (6, "top_keys"), (8, "codec"), (6, "momentum"), (8, "slots_type"), (6, "slots_struct"), (4, "splice")))
     if op == "slot" and isinstance(slots, list) and slots:
         slots = list(slots)
         k = rng.randrange(len(slots))
@@ -1200,7 +1134,7 @@ def _mutate_state_obj(rng: random.Random, st, other):
             slots[k] = {"key": "k", "residual": np.zeros(3, np.float32), "step": 0, "state": {}, "velocity": None}
         else:
             s = dict(s)
-            field_ = _weighted(rng, ((20, "residual"), (8, "step"), (8, "key"), (10, "state"), (10, "velocity"), (6, "keys")))
+            field_ = weighted(rng, ((20, "residual"), (8, "step"), (8, "key"), (10, "state"), (10, "velocity"), (6, "keys")))
             if field_ == "residual":
                 s["residual"] = _bad_array(rng, s.get("residual"))
             elif field_ == "step":
@@ -1291,7 +1225,6 @@ def _safe_codec(cfg) -> bool:
 MUTATORS = {
     "frame": mutate_frame,
     "container": mutate_container,
-    "message": mutate_message,
     "spec": mutate_spec,
     "state": mutate_state,
 }
@@ -1588,27 +1521,6 @@ def check_container(data, calls: _Calls) -> Outcome:
     return Outcome("ok", "ok" if not labels else "ok+" + "/".join(sorted(set(labels))))
 
 
-def check_message(data, calls: _Calls) -> Outcome:
-    if len(data) < 4:
-        return Outcome("invalid", "short")
-    (count,) = struct.unpack_from("<I", data, 0)
-    from transport import message  # the transport's parser (codec's layering: only here, only for fuzzing)
-
-    msg = np.frombuffer(bytes(data), np.uint8)[4:]  # what the transport passes: a slice of its receive buffer
-    frames, err = calls.call("message.unpack", message.unpack, msg, count, 0)
-    if err is not None:
-        return Outcome("rejected", type(err).__name__)
-    if len(frames) != count:
-        raise Finding("message.unpack returned another frame count", f"{len(frames)} != {count}")
-    total = 0
-    for f in frames:
-        total += len(f)
-        check_frame(f, calls, extras=False)
-    if total + 8 + 8 * count != len(data) - 4:
-        raise Finding("message.unpack's frames do not tile the message")
-    return Outcome("ok", "ok")
-
-
 _SPEC_ARRAYS = None
 
 
@@ -1734,7 +1646,6 @@ def check_state(data, calls: _Calls) -> Outcome:
 CHECKS = {
     "frame": lambda d, c: check_frame(d, c),
     "container": check_container,
-    "message": check_message,
     "spec": check_spec,
     "state": check_state,
 }
@@ -2019,7 +1930,8 @@ def supervise(target: str, *, seconds: float = 60.0, iterations: int | None = No
                 break
             report = os.path.join(tmp, f"report{n_child}.json")
             n_child += 1
-            args = [sys.executable, "-m", "codec.fuzzing", "--child", "--target", target, "--seconds", str(left),
+            module = _EXTRA[target].module if target in _EXTRA else "codec.fuzzing"
+            args = [sys.executable, "-m", module, "--child", "--target", target, "--seconds", str(left),
                     "--deadline", repr(time.time() + left),
                     "--seed", str(seed), "--start", str(start), "--beacon", beacon, "--report", report]
             if iterations is not None:
@@ -2111,7 +2023,7 @@ def format_stats(stats: Stats) -> str:
     return "\n".join(lines)
 
 
-def _child_main(argv=None) -> int:
+def child_main(argv=None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m codec.fuzzing")
@@ -2144,4 +2056,4 @@ def _child_main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main())
+    sys.exit(child_main())

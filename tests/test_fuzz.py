@@ -17,6 +17,7 @@ import pytest
 
 import codec
 from codec import fuzzing
+import transport.fuzzing  # noqa: F401  (registers the message target: codec never imports transport)
 from codec.errors import CorruptFrameError
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
@@ -132,7 +133,7 @@ def test_mutators_are_deterministic_and_reach_deep():
         b = [fuzzing.mutate(target, random.Random(i), data, data) for i in range(20)]
         assert a == b, target
         assert len(set(a)) > 10, f"{target}: mutations repeat themselves"
-    frames = seeds.frame
+    frames = seeds.of("frame")
     past_crc = 0
     for i in range(400):
         rng = random.Random(i)
@@ -149,9 +150,9 @@ def test_seed_corpus_covers_every_codec():
     seeds = fuzzing.seed_corpus(full=False)
     specs = fuzzing.seed_specs()
     assert set(SPECS) <= set(specs), sorted(set(SPECS) - set(specs))
-    assert {c["id"] for c in codec.list_codecs()} <= {s for s, _ in seeds.frame}
-    assert set(specs) == {s for s, _ in seeds.frame}, sorted(set(specs) - {s for s, _ in seeds.frame})
-    names = {codec.inspect(f)["dtype"] for _, f in seeds.frame}
+    assert {c["id"] for c in codec.list_codecs()} <= {s for s, _ in seeds.of("frame")}
+    assert set(specs) == {s for s, _ in seeds.of("frame")}, sorted(set(specs) - {s for s, _ in seeds.of("frame")})
+    names = {codec.inspect(f)["dtype"] for _, f in seeds.of("frame")}
     assert names == {"float16", "bfloat16", "float32", "float64"}
     for target in fuzzing.TARGETS:
         assert seeds.of(target), target
@@ -244,7 +245,7 @@ def test_supervise_saves_crashing_and_hanging_inputs(monkeypatch, tmp_path):
     monkeypatch.setenv("GRADCODEC_FUZZ_SELFTEST_HANG", "7")
     st = fuzzing.supervise("spec", seconds=90, iterations=12, corpus_dir=tmp_path, full_seeds=False, hang_seconds=2, log=None)
     assert [(c["kind"], c["iteration"]) for c in st.crashes] == [("crash", 3), ("hang", 7)]
-    seeds = fuzzing.seed_corpus(full=False).spec
+    seeds = fuzzing.seed_corpus(full=False).of("spec")
     for c, i in zip(st.crashes, (3, 7)):
         saved = Path(c["file"])
         assert saved.parent == tmp_path / "spec" and saved.name.startswith(f"{c['kind']}-")
