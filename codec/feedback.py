@@ -27,7 +27,7 @@ had, and every error is a ValueError naming the slot's key and the field
   the next step would raise; a codec that carries NaN/inf makes such residuals itself and
   resumes from them.
 * ``step``: an int (a NumPy integer is fine; bool and float are refused) in
-  ``[0, STEP_LIMIT)`` = ``[0, 2**62)``, the steps a randomk frame can record.
+  ``[0, 2**62)`` (``codec.stage.check_step``), the steps a randomk frame can record.
 * ``velocity``: None, or with ``momentum > 0`` an array like the residual (same shape and
   dtype, copied the same way, same finiteness rule); with momentum 0 it is refused, as it
   would be silently dropped.
@@ -48,7 +48,7 @@ import numpy as np
 from codec.dtypes import as_float_array, owned_float_array
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
-from codec.stage import MAX_STEP
+from codec.stage import MAX_STEP, check_step
 
 
 @dataclass
@@ -199,9 +199,6 @@ class ErrorFeedback:
 
 
 # -------------------------------------------------------------------- loading a state
-#: a loaded slot's step lies in [0, STEP_LIMIT) = [0, 2**62), the steps ``Codec.encode`` takes
-#: (``codec.stage.check_step``): randomk frames record the step and decoders refuse one >= 2**62
-STEP_LIMIT = MAX_STEP + 1
 
 _STATE_FIELDS = ("codec", "momentum", "slots")
 _SLOT_FIELDS = ("key", "residual", "step", "state", "velocity")
@@ -284,10 +281,7 @@ def _check_slot(s, i: int, codec: Codec, momentum: float) -> Slot:
             raise ValueError(f"{where}: {name}: missing")
     residual = owned_float_array(s["residual"], f"{where}: residual")
     _check_finite(residual, f"{where}: residual", codec)
-    step = s["step"]
-    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step < STEP_LIMIT:
-        raise ValueError(f"{where}: step: must be an integer in [0, 2**62), got {_show(step)}")
-    step = int(step)
+    step = check_step(s["step"], f"{where}: step")
     velocity = s.get("velocity")
     if velocity is not None:
         if not momentum:
