@@ -562,7 +562,11 @@ def test_matrix_input_encodes_like_an_array(spec, momentum):
 
 
 def test_step_limit_is_what_randomk_frames_allow():
-    assert getattr(feedback, "STEP_LIMIT", None) == STEP_LIMIT
+    from codec.stage import MAX_STEP
+
+    assert MAX_STEP + 1 == STEP_LIMIT
+    x = np.ones(16, np.float32)
+    assert codec.decode(codec.get_codec("randomk(ratio=0.5)").encode(x, step=STEP_LIMIT - 1)).shape == (16,)
 
 
 def test_add_residual_and_masked_input():
