@@ -13,6 +13,8 @@ import codec
 from codec.dtypes import bfloat16
 from codec.frame import Section, build_frame, parse_frame
 
+pytestmark = pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")  # np.matrix on purpose
+
 # every registered codec alone, plus pipelines whose decode takes another path
 SPECS = [c["id"] for c in codec.list_codecs()] + [
     "topk(ratio=0.1)+fp16", "topk(ratio=0.1)+qsgd", "fft(theta=0.5)+fp16", "powersgd(rank=1,min_compression_rate=0)",
