@@ -1,0 +1,104 @@
+"""Frames, decodes and error-feedback residuals stay byte-identical across refactors.
+
+tests/fixtures/frame_hashes.json holds, for every registered codec id and every pipeline of
+``codec.testing.PIPELINES`` on fixed inputs (every dtype, edge sizes, arrays that span several
+65,536-element chunks), a SHA-256 over: the bare frames at steps 0 and 7 under two keys, their
+decodes, and three error-feedback steps (frames and residuals).  The file was written before
+the "one contract per layer" refactor (issue 14) from main at ad26bf8 and is never regenerated:
+a change of any byte here is a format change and must be documented, not re-recorded.
+
+    python tests/test_frames_unchanged.py --write   # only to create the file, never to update it
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import codec
+from codec.dtypes import bfloat16
+from codec.testing import PIPELINES
+
+HASHES = Path(__file__).with_name("fixtures") / "frame_hashes.json"
+
+
+def inputs() -> list[np.ndarray]:
+    rng = np.random.default_rng(20261125)
+    heavy = (rng.standard_t(2, size=200_003) * 1e-3).astype(np.float32)
+    arrays = [
+        np.zeros((0,), np.float32),
+        np.array([-2.5], np.float32),
+        (rng.standard_normal((13, 37)) * 0.01).astype(np.float32),
+        heavy,
+        heavy[:131_073].astype(np.float64),
+        heavy[:70_001].astype(np.float16),
+        heavy[:70_001].astype(bfloat16),
+        (rng.standard_t(3, size=(7, 11, 5)) * 1e-2).astype(np.float16),
+        (rng.standard_normal(999) * 1e-3).astype(bfloat16),
+    ]
+    return arrays
+
+
+def specs() -> list[str]:
+    return sorted({c["id"] for c in codec.list_codecs()} | set(PIPELINES))
+
+
+def digest(spec: str, x: np.ndarray) -> str:
+    h = hashlib.sha256()
+
+    def put(tag, data):
+        h.update(tag.encode())
+        if isinstance(data, np.ndarray):
+            data = np.ascontiguousarray(data).view(np.uint8).tobytes() + str(data.shape).encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    try:
+        c = codec.get_codec(spec)
+        for step, key in ((0, "a"), (7, "layer.3")):
+            frame = c.encode(x, step=step, key=key)
+            put("frame", frame)
+            put("decode", codec.decode(frame))
+        ef = codec.ErrorFeedback(c)
+        rng = np.random.default_rng(5)
+        for _ in range(3):
+            g = (x.astype(np.float64) * (1 + 0.25 * rng.standard_normal(x.shape))).astype(x.dtype)
+            put("ef", ef.encode(g, key="w"))
+            put("residual", ef.residual("w"))
+    except Exception as e:  # noqa: BLE001 - the class of a refusal is part of the behaviour
+        put("error", type(e).__name__)
+    return h.hexdigest()
+
+
+def table() -> dict[str, list[str]]:
+    xs = inputs()
+    return {spec: [digest(spec, x) for x in xs] for spec in specs()}
+
+
+def load() -> dict[str, list[str]]:
+    return json.loads(HASHES.read_text())
+
+
+@pytest.mark.parametrize("spec", sorted(load()) if HASHES.exists() else [])
+def test_frames_byte_identical(spec):
+    want = load()[spec]
+    got = [digest(spec, x) for x in inputs()]
+    bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    assert not bad, f"{spec}: frames, decodes or residuals changed for inputs {bad} (see tests/test_frames_unchanged.py)"
+
+
+def test_every_codec_is_covered():
+    missing = set(specs()) - set(load())
+    assert not missing, f"codecs with no recorded hashes: {sorted(missing)}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"] or HASHES.exists():
+        sys.exit("usage: python tests/test_frames_unchanged.py --write  (only when the file does not exist)")
+    HASHES.write_text(json.dumps(table(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {HASHES}")
