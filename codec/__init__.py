@@ -11,18 +11,11 @@ Importing this package imports no Numba kernel and compiles nothing: kernels loa
 
 from __future__ import annotations
 
-from codec import entropy as _entropy  # noqa: F401  (registers zstd, crc32)
+from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.pipeline import Codec, decode, decode_sparse, get_codec, list_codecs
-from codec.quant import floats as _floats  # noqa: F401  (registers none, fp16, bf16)
-from codec.quant import minifloat as _minifloat, minmax as _minmax, qsgd as _qsgd  # noqa: F401  (register)
-from codec.quant import signs as _signs, terngrad as _terngrad  # noqa: F401
-from codec.sparse import adacomp as _adacomp, dgc as _dgc, gaussiank as _gaussiank  # noqa: F401  (register)
-from codec.sparse import randomk as _randomk, threshold as _threshold, topk as _topk  # noqa: F401
-from codec.spectral import fft as _fft  # noqa: F401  (registers fft)
-from codec.lowrank import powersgd as _powersgd  # noqa: F401  (registers powersgd)
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
 Each function follows the numbered semantics of the document literally, favouring the
 obviously correct over the fast: no Numba, only NumPy (uint64 arithmetic wraps mod 2**64),
-``ml_dtypes`` for the fp8 codes and ``codec.sparse.randomk.key_hash`` for the key hash.
+``ml_dtypes`` for the fp8 codes and ``codec.stages.select.randomk.key_hash`` for the key hash.
 
 Every quantizer takes the coded values ``values`` (a flat array in the array's dtype:
 float16 / bfloat16 / float32 / float64; after a select stage: the kept values in position
@@ -29,7 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from codec.dtypes import bfloat16
-from codec.sparse.randomk import key_hash
+from codec.stages.select.randomk import key_hash
 from sparse_ref import _C1, _C2, mix_int, round_to as _sparse_round_to  # SplitMix64 and the rounding, shared
 
 F16 = np.dtype(np.float16)

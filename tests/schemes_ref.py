@@ -5,7 +5,7 @@ ranks in one process.
 Nothing here imports ``transport``: the merge, the tree schedule, the error-feedback
 bookkeeping and the averaging are written from the docstrings of transport/gtopk.py and
 transport/powersgd.py.  The codec (``codec.ErrorFeedback``, ``codec.decode_sparse``,
-``codec.ops.round_to``, ``codec.lowrank.powersgd``'s ``matrix_of``/``start_q``/
+``codec.ops.round_to``, ``codec.stages.transform.powersgd``'s ``matrix_of``/``start_q``/
 ``orthogonalize``) is used as the building block the transport is specified against.
 
 Inputs: every rank's tensors are drawn from ``(seed, rank, step)`` (plus a component shared
@@ -19,7 +19,7 @@ import numpy as np
 
 import codec
 from codec.dtypes import bfloat16
-from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
+from codec.stages.transform.powersgd import matrix_of, orthogonalize, start_q
 from codec.ops import round_to
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 import codec
-import codec.lowrank.powersgd as psgd
-import codec.spectral.fft as fftmod
+import codec.stages.transform.powersgd as psgd
+import codec.stages.transform.fft as fftmod
 from codec.dtypes import bfloat16
 from codec.modes import ADD
 from codec.ops import round_to, store

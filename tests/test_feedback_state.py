@@ -21,7 +21,7 @@ import codec
 from codec import feedback
 from codec.dtypes import bfloat16
 from codec.feedback import ErrorFeedback
-from codec.lowrank import powersgd as psgd
+from codec.stages.transform import powersgd as psgd
 
 #: the largest step + 1 a state may hold: randomk frames record the step, and decoders refuse one >= 2**62
 STEP_LIMIT = 1 << 62

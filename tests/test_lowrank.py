@@ -29,7 +29,7 @@ from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 from codec.lowrank import Factors, Plan, factorize, plan
-from codec.lowrank import powersgd as psgd
+from codec.stages.transform import powersgd as psgd
 from codec.sample import load_sample
 from codec.stage import Context
 

@@ -10,7 +10,7 @@ import pytest
 
 from codec._jit import PARALLEL_MIN
 from codec.kernels.cpu import select as S
-from codec.sparse.magnitude import collect
+from codec.stages.select.magnitude import collect
 
 SIZES = [0, 1, 7, S.CHUNK - 1, S.CHUNK + 1, 3 * S.CHUNK + 17]
 DTYPES = [np.float32, np.float64]

@@ -1,5 +1,5 @@
 """Two-round PowerSGD over MPI (Vogels et al., NeurIPS'19, Algorithms 1 and 2), with the
-codec's functions (``codec.lowrank.powersgd``: ``matrix_of``, ``start_q``, ``orthogonalize``)
+codec's functions (``codec.stages.transform.powersgd``: ``matrix_of``, ``start_q``, ``orthogonalize``)
 and its parameters (``powersgd(rank=2, warm_start=true, min_compression_rate=2, seed=0)``).
 
 Per step, every rank, for every tensor of the step at once:
@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from codec.dtypes import owned_float_array
-from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
+from codec.stages.transform.powersgd import matrix_of, orthogonalize, start_q
 from codec.stage import check_step
 from codec.ops import wide_dtype
 from transport.allreduce import Scheme, Sums, check_finite, finish_sum

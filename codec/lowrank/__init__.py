@@ -1,13 +1,14 @@
-"""Low-rank gradient compression: the ``powersgd`` codec and Pufferfish's factorization helpers.
+"""Low-rank helpers that are not stages: Pufferfish's factorization.
 
-* :mod:`codec.lowrank.powersgd`: PowerSGD as a transform stage, and the kernels
-  (``matrix_of``, ``initial_q``, ``start_q``, ``orthogonalize``) the distributed version reuses.
 * :func:`factorize` and :func:`plan` (:mod:`codec.lowrank.pufferfish`): Pufferfish (Wang,
   Agarwal, Papailiopoulos, MLSys'21) pre-factorizes layers so that gradients are small by
   construction; these helpers work on NumPy arrays and shapes, for any framework.
+* :mod:`codec.lowrank.powersgd` re-exports the PowerSGD functions (``matrix_of``,
+  ``initial_q``, ``start_q``, ``orthogonalize``); the ``powersgd`` stage itself is a transform
+  and lives in :mod:`codec.stages.transform.powersgd`.
 
-``import codec`` registers ``powersgd`` through this package; the Pufferfish helpers load on
-first use (``codec.lowrank.plan``), so they add nothing to that import.
+The Pufferfish helpers load on first use (``codec.lowrank.plan``), so they add nothing to
+``import codec``.
 """
 
 __all__ = ["Factors", "Plan", "factorize", "plan"]

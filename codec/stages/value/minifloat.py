@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from codec.frame import MAX_ELEMENTS, Kind, Section
-from codec.quant.base import (
+from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
     code_dtype,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from codec.sparse.magnitude import MagnitudeSelect, k_of
+from codec.stages.select.magnitude import MagnitudeSelect, k_of
 from codec.stage import Param, register
 
 

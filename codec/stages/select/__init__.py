@@ -4,3 +4,5 @@
 exact top-k over the candidates, the index coder); one module per codec: ``topk``,
 ``gaussiank``, ``dgc``, ``threshold``, ``randomk``, ``adacomp``.
 """
+
+from codec.stages.select import adacomp, dgc, gaussiank, randomk, threshold, topk  # noqa: F401  (register)

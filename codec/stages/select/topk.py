@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from codec.sparse.magnitude import MagnitudeSelect, k_of
+from codec.stages.select.magnitude import MagnitudeSelect, k_of
 from codec.frame import MAX_ELEMENTS
 from codec.stage import Param, register
 

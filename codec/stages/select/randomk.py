@@ -7,7 +7,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
-from codec.sparse.magnitude import k_of
+from codec.stages.select.magnitude import k_of
 from codec.stage import Param, Stage, register
 from codec.streams import SEED, key_hash
 

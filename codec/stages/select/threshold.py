@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from codec.sparse.magnitude import MagnitudeSelect
+from codec.stages.select.magnitude import MagnitudeSelect
 from codec.stage import Param, register
 
 

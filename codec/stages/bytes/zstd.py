@@ -1,8 +1,4 @@
-"""Byte stages: ``zstd`` (per-section compression) and ``crc32`` (the legacy payload checksum).
-
-Every frame carries a payload CRC-32C unless its codec was built with ``checksum=False``;
-``crc32`` replaces it by zlib's CRC32, which was the only payload checksum before it became
-the default (frames made with it keep their bytes)."""
+"""``zstd``: per-section compression (a section is kept raw when zstd does not shrink it)."""
 
 from __future__ import annotations
 
@@ -35,14 +31,3 @@ class Zstd(Stage):
 
     def frame_options(self) -> dict:
         return {"compressor": self.compress}
-
-
-@register
-class Crc32(Stage):
-    """A zlib CRC32 of all section bytes as the payload checksum (instead of the default CRC-32C)."""
-
-    name = "crc32"
-    kind = "bytes"
-
-    def frame_options(self) -> dict:
-        return {"checksum": "crc32"}

@@ -122,7 +122,7 @@ class FFT(Transform):
         return np.concatenate(pos or [np.empty(0, np.int64)]), np.concatenate(vals or [np.empty(0, dt)])
 
     def _global(self, parts, lay, theta, kern, flat, ctx, dt):
-        from codec.sparse.magnitude import Magnitudes
+        from codec.stages.select.magnitude import Magnitudes
 
         total = lay.coefficients
         mag = np.empty(total, np.float64)
@@ -142,7 +142,7 @@ class FFT(Transform):
 
     def _raise_nonfinite(self, flat, ctx):
         from codec.ops import first_nonfinite
-        from codec.sparse.magnitude import raise_nonfinite
+        from codec.stages.select.magnitude import raise_nonfinite
 
         if first_nonfinite(flat) >= 0:
             raise_nonfinite(flat, ctx, self.name)

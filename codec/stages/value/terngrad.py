@@ -9,7 +9,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
-from codec.quant.base import (
+from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
     magnitude_bits,

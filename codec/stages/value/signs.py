@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.frame import Kind, Section
-from codec.quant.base import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_section, scale_section, sequential_sum
+from codec.stages.value.quantizer import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_section, scale_section, sequential_sum
 from codec.stage import Param, register
 
 

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from codec.sparse.magnitude import MagnitudeSelect, k_of
+from codec.stages.select.magnitude import MagnitudeSelect, k_of
 from codec.stage import Param, register
 
 MIN_SAMPLE = 4096

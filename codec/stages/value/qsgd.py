@@ -8,7 +8,7 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.frame import MAX_ELEMENTS, Kind, Section
 from codec.ops import readonly
-from codec.quant.base import (
+from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
     bucket_groups,

@@ -7,7 +7,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.ops import readonly
-from codec.quant.base import Dequant, Quantizer, bucket_groups, codes_section, read_codes, read_scalars, rounding, scalars_section
+from codec.stages.value.quantizer import Dequant, Quantizer, bucket_groups, codes_section, read_codes, read_scalars, rounding, scalars_section
 from codec.frame import MAX_ELEMENTS
 from codec.stage import Param, register
 from codec.streams import SEED

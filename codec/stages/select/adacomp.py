@@ -7,7 +7,7 @@ import numpy as np
 
 from codec.frame import MAX_ELEMENTS, Kind, Section
 from codec.ops import readonly
-from codec.sparse.magnitude import IndexSelect, collect, raise_nonfinite
+from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite
 from codec.stage import Param, Stage, register
 
 #: the paper's bin lengths: convolutions (ndim >= 3) and everything else

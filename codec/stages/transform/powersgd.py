@@ -1,0 +1,228 @@
+"""``powersgd(rank=2, warm_start=true, min_compression_rate=2, seed=0)``: PowerSGD as a codec
+(Vogels, Karimireddy, Jaggi, NeurIPS'19), with the rules of PyTorch's DDP hook.
+
+A tensor of shape ``(n, ...)`` is the matrix ``M`` (``n x m``, ``m`` the product of the rest).
+One power iteration: ``P = M Q``; ``P`` orthonormalised; ``Q = M^T P``.  The frame carries
+``P`` (n x r) then ``Q`` (m x r), row-major, through the value stage (default ``none``); the
+decoded array is ``P Q^T``.  ``Q`` starts from a Gaussian drawn from ``(seed, key)``, the
+same on every rank, and with ``warm_start`` the next step of the same key starts from this
+step's ``Q`` (kept in the ErrorFeedback state, so it survives ``state_dict`` and pickle).
+Tensors with ``ndim <= 1``, and matrices where ``(n + m) * r * min_compression_rate`` is not
+below ``n * m``, pass through uncompressed.
+
+The functions here (:func:`matrix_of`, :func:`initial_q`, :func:`start_q`,
+:func:`orthogonalize`) are what the distributed two-round version reuses: ``P = M Q``, allreduce ``P``,
+orthogonalise, ``Q = M^T P``, allreduce ``Q``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from codec.stage import Param, Transform, register
+from codec.streams import SEED, key_hash
+
+#: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
+STATE_Q = "powersgd.q"
+
+#: elements of the decoded array rounded to a 16-bit dtype or added into ``out`` at a time
+#: (below ``codec._jit.PARALLEL_MIN``: serial kernels, no parallel region per chunk)
+CHUNK = 1 << 16
+
+
+def matrix_of(shape, rank: int, min_compression_rate: float):
+    """``(n, m, r)`` of the matrix a tensor of ``shape`` is compressed as, or None when it
+    passes through (ndim <= 1, or ``(n + m) * r * min_compression_rate >= n * m``); ``r`` is
+    ``min(rank, n, m)``."""
+    if len(shape) <= 1:
+        return None
+    n, m = int(shape[0]), math.prod(shape[1:])
+    r = min(rank, n, m)
+    if r == 0 or (n + m) * r * min_compression_rate >= n * m:
+        return None
+    return n, m, r
+
+
+def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.ndarray:
+    """The ``m x r`` standard Gaussian ``Q`` drawn from ``(seed, key, step)`` (NumPy's PCG64
+    seeded with that triple): identical on every rank and every run."""
+    rng = np.random.Generator(np.random.PCG64([seed, key_hash(key), step]))
+    return rng.standard_normal((m, r), dtype=np.dtype(dtype).type)
+
+
+def start_q(last, m: int, r: int, dtype, seed: int, key=None, step: int = 0, warm_start: bool = True) -> np.ndarray:
+    """The orthonormalised ``Q`` (m x r) a power iteration starts from; PyTorch's hook
+    orthogonalises it too.
+
+    With ``warm_start``, this is the key's last ``Q`` (``last``) when its shape and dtype fit,
+    else :func:`initial_q` of ``(seed, key, 0)``.  Without it, the draw of ``(seed, key, step)``.
+    A warm ``Q`` with a zero column (the last gradient was zero, or of lower rank) is replaced
+    by the draw of ``(seed, key, step)``, since ``M Q`` would otherwise stay zero in that
+    column for ever."""
+    if not warm_start:
+        return orthogonalize(initial_q(m, r, dtype, seed, key, step))
+    if last is None or last.shape != (m, r) or last.dtype != dtype:
+        return orthogonalize(initial_q(m, r, dtype, seed, key, 0))
+    q = orthogonalize(np.array(last, copy=True))
+    if np.all(np.any(q != 0, axis=0)):
+        return q
+    return orthogonalize(initial_q(m, r, dtype, seed, key, step))
+
+
+def orthogonalize(p: np.ndarray) -> np.ndarray:
+    """Orthonormalise the columns of ``p`` (n x r) in place and return it.
+
+    Gram-Schmidt for ``r <= 2``; Householder QR (``numpy.linalg.qr``) otherwise.  The earlier
+    columns are removed twice ("twice is enough": one pass leaves a dependent column's
+    dot-product rounding, which grows with n, along the earlier column, and normalising it
+    would send that column twice).  Epsilon guard: a column whose norm after that is 0 or at
+    most 16 machine epsilons of its norm before becomes zero instead of amplified rounding
+    noise, so ``P P^T`` stays a projection.
+    """
+    r = p.shape[1]
+    if r > 2:
+        q, _ = np.linalg.qr(p)
+        p[...] = q
+        return p
+    tiny = 16 * np.finfo(p.dtype).eps
+    for i in range(r):
+        col = p[:, i]
+        before = np.linalg.norm(col)
+        for _ in range(2):
+            for j in range(i):
+                col -= p[:, j] * np.dot(p[:, j], col)
+        norm = np.linalg.norm(col)
+        if norm == 0 or norm <= tiny * before:
+            col[...] = 0
+        else:
+            col /= norm
+    return p
+
+
+@register
+class PowerSGD(Transform):
+    """Rank-r PowerSGD: one warm-started power iteration, P (n x r) and Q (m x r) sent (Vogels et al. 2019)."""
+
+    name = "powersgd"
+    default_value = "none"
+    params = (
+        Param("rank", int, 2, "rank r of the approximation P Q^T (capped at min(n, m))", low=1, high=1 << 20),
+        Param("warm_start", bool, True, "start each step's power iteration from the key's last Q"),
+        Param(
+            "min_compression_rate",
+            float,
+            2.0,
+            "compress only when n*m > this times (n + m)*r; smaller tensors pass through",
+            low=0.0,
+        ),
+        SEED,
+    )
+
+    def matrix(self, shape):
+        return matrix_of(shape, self.rank, self.min_compression_rate)
+
+    def check_state(self, state, shape, dtype):
+        """A loaded warm-start ``Q`` (``STATE_Q``) must be what :meth:`forward` stores: only
+        with ``warm_start`` and for a tensor that is compressed, of shape ``m x r`` (its matrix
+        view ``n x m``, ``r = min(rank, n, m)``) and the domain dtype (float64 for float64
+        tensors, else float32), finite.  Returned as a fresh C-contiguous array."""
+        clean = {}
+        for name, q in state.items():
+            if name != STATE_Q:
+                raise ValueError(f"{name}: unknown field; powersgd keeps only {STATE_Q!r}")
+            if not self.warm_start:
+                raise ValueError(f"{name}: powersgd(warm_start=false) keeps no Q")
+            plan = self.matrix(shape)
+            if plan is None:
+                raise ValueError(f"{name}: a {np.dtype(dtype)}{list(shape)} tensor passes through powersgd uncompressed, so it has no Q")
+            n, m, r = plan
+            want = self.domain_dtype(dtype)
+            if not isinstance(q, np.ndarray) or isinstance(q, np.ma.MaskedArray):
+                what = "a masked array" if isinstance(q, np.ma.MaskedArray) else type(q).__name__
+                raise ValueError(f"{name}: expected a NumPy array, got {what}")
+            if q.dtype.kind != "f" or q.dtype.newbyteorder("=") != want or q.shape != (m, r):
+                raise ValueError(
+                    f"{name}: expected {want}[{m}, {r}] (m x r for the {n} x {m} matrix view, rank {r}), "
+                    f"got {q.dtype}{list(q.shape)}"
+                )
+            out = np.empty((m, r), want)
+            out[...] = q.view(np.ndarray)
+            if not np.isfinite(out).all():
+                raise ValueError(f"{name}: non-finite value in Q; powersgd needs a finite Q")
+            clean[name] = out
+        return clean
+
+    def passes_nonfinite(self, shape):
+        """A tensor powersgd compresses must be finite; one that passes through meets only
+        the value stage."""
+        return self.matrix(shape) is None
+
+    def forward(self, flat, ctx, sections):
+        from codec.ops import widen
+
+        plan = self.matrix(ctx.shape)
+        if plan is None:
+            return flat
+        n, m, r = plan
+        mat = widen(flat).reshape(n, m)
+        dt = mat.dtype
+        if not np.isfinite(mat).all():  # one cheap check: NaN would spread through every value
+            from codec.stages.select.magnitude import raise_nonfinite
+
+            raise_nonfinite(flat, ctx, self.name)
+        q = start_q(ctx.state.get(STATE_Q), m, r, dt, self.seed, ctx.key, ctx.step, self.warm_start)
+        p = orthogonalize(mat @ q)
+        q = mat.T @ p
+        if self.warm_start:
+            ctx.state[STATE_Q] = q
+        return np.concatenate((p.reshape(-1), q.reshape(-1)))
+
+    def read(self, reader, ctx):
+        plan = self.matrix(ctx.shape)
+        if plan is None:
+            return (None, ctx.dtype), ctx.domain(ctx.n, ctx.dtype)
+        n, m, r = plan
+        return (plan, ctx.dtype), ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype))
+
+    def inverse(self, payload, values, out, mode):
+        """``P Q^T`` into ``out``.  The product is one BLAS call over the whole matrix (formed
+        in bands of rows, its elements can differ in the last bit: OpenBLAS's edge kernels
+        depend on where a row falls in its tiling); stored as is into a float32/float64
+        ``out`` of the domain's dtype, rounded straight into a 16-bit ``out`` of the frame's
+        dtype, else formed once in the domain's dtype and rounded or added ``CHUNK``
+        elements at a time, so the 16-bit rounding and the adding need no second dense
+        temporary."""
+        from codec.modes import SET
+        from codec.ops import narrow
+
+        plan, dtype = payload
+        flat = out.reshape(-1)
+        if plan is None:
+            _emit_chunked(self, values, flat, mode, dtype)
+            return
+        n, m, r = plan
+        p, qt = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r).T
+        if mode == SET and flat.dtype == values.dtype:
+            np.matmul(p, qt, out=flat.reshape(n, m))
+            return
+        y = (p @ qt).reshape(-1)
+        if mode == SET and flat.dtype == np.dtype(dtype) and flat.dtype.itemsize == 2:
+            narrow(y, dtype, out=flat.view(np.uint16))  # emit's rounding, straight into out
+            return
+        _emit_chunked(self, y, flat, mode, dtype)
+
+
+def _emit_chunked(stage, y, out, mode, dtype) -> None:
+    """``stage.emit`` of flat ``y`` into flat ``out``, ``CHUNK`` elements at a time when a
+    16-bit frame or output makes it allocate (the rounded codes, the widened source); in one
+    call, parallel and allocating nothing, when both are float32/float64.  Rounding and
+    adding are elementwise: the result is the unchunked one."""
+    from codec.ops import WIDE
+
+    if np.dtype(dtype) in WIDE and out.dtype in WIDE:
+        stage.emit(y, out, mode, dtype)
+        return
+    for i in range(0, y.size, CHUNK):
+        stage.emit(y[i : i + CHUNK], out[i : i + CHUNK], mode, dtype)
