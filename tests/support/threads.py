@@ -1,0 +1,32 @@
+"""The one thread-count determinism harness: run the same script in fresh processes with
+different ``NUMBA_NUM_THREADS`` and require the same output.
+
+Numba fixes its thread pool at first use, so a thread count can only be changed for a new
+process; the script prints a digest (e.g. a SHA-256 of frames and residuals) to stdout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def run_with_threads(script: str, threads: int, *args: str, timeout: float = 300) -> str:
+    """stdout of ``python -c script *args`` under ``NUMBA_NUM_THREADS=threads`` (stripped);
+    a failing script fails the test with its stderr."""
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"the script failed with {threads} thread(s):\n{r.stderr[-3000:]}"
+    return r.stdout.strip()
+
+
+def same_across_threads(script: str, *args: str, counts=(1, 2), timeout: float = 300) -> str:
+    """Run ``script`` once per thread count in ``counts``; assert the outputs are non-empty and
+    identical, and return that output (so a caller can also compare it with this process)."""
+    outs = {t: run_with_threads(script, t, *args, timeout=timeout) for t in counts}
+    first = outs[counts[0]]
+    assert first, "the determinism script printed nothing"
+    assert all(o == first for o in outs.values()), "results depend on NUMBA_NUM_THREADS: " + ", ".join(
+        f"{t} thread(s): {o[:80]}" for t, o in outs.items()
+    )
+    return first
