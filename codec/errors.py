@@ -1,7 +1,17 @@
-"""The exceptions of gradcodec.
+"""The root of gradcodec's exceptions.
 
-``CodecError`` is the root.  ``CorruptFrameError`` and ``UnknownCodecError`` are also
-``ValueError`` subclasses, so code that only knows NumPy-style errors still catches them.
+Every exception gradcodec raises on purpose is a :class:`CodecError`; most are also a
+``ValueError`` (or ``TypeError``), so code that only knows NumPy-style errors still catches
+them.  The classes live beside the code that raises them; docs/api.md ("Errors") lists them:
+
+- here: ``CorruptFrameError``, ``UnknownCodecError``
+- ``codec.spec.SpecError``: a spec string that does not parse
+- ``codec.io``: ``UnsupportedFormatError``, ``TensorFileError``, ``TensorNameError``
+- ``transport``: ``MismatchError``, ``RankError``, ``RankTypeError``
+- ``codec.cli``: ``UsageError``, ``DataError`` (never leave ``main``: they become exit 2 and 1)
+
+tests/test_errors.py walks every module of codec/ and transport/ and holds every exception
+class defined there to this.
 """
 
 

@@ -26,6 +26,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from codec.errors import CodecError
+
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<number>[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf|nan)(?![A-Za-z_0-9]))
@@ -50,8 +52,8 @@ class Call:
         return f"{self.name}({','.join(items)})"
 
 
-class SpecError(ValueError):
-    pass
+class SpecError(CodecError, ValueError):
+    """A spec string that does not parse (docs/spec.md); a ``ValueError`` too."""
 
 
 def _tokens(text: str):
