@@ -270,9 +270,9 @@ def test_npz_keeps_relative_paths_and_odd_names(tmp_path):
 
 def test_safetensors_header_too_big_to_read_back_is_refused(tmp_path, monkeypatch):
     """A header longer than readers accept (100 MB; 200 bytes here) was written anyway."""
-    import codec.io
+    import codec.io.safetensors
 
-    monkeypatch.setattr(codec.io, "_ST_MAX_HEADER", 200)
+    monkeypatch.setattr(codec.io.safetensors, "MAX_HEADER", 200)
     xs = {f"tensor-{i:03d}": np.ones(1, np.float32) for i in range(10)}
     with pytest.raises(ValueError, match="header"):
         write_tensors(tmp_path / "x.safetensors", xs)
