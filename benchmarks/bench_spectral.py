@@ -171,7 +171,7 @@ def bench_sample():
             opt = float(np.sqrt(np.sum(sv[rank:] ** 2)))
             state = {}  # the key's warm-start state, as ErrorFeedback keeps it
             for it in range(5):
-                dec = codec.decode(c._encode(g, Context(g.shape, g.dtype, key=k, state=state)))
+                dec = codec.decode(c.encode_with(g, Context(g.shape, g.dtype, key=k, state=state)))
                 e = float(np.linalg.norm(dec.astype(np.float64) - g) / opt)
                 if it == 0:
                     cold.append(e)

@@ -4,8 +4,11 @@
 
 Each key also has a step counter and a ``state`` dict that stages may use between steps
 (today only PowerSGD's warm-started Q; random-k and the schedules read the step count):
-the codec receives them through ``Codec.encode_feedback(x, slot)``, which is also where a
-stage plugs in a fused "encode and update the residual" kernel.  The whole state survives
+the stages receive them in their :class:`~codec.stage.Context`.  The step itself lives
+here (:meth:`ErrorFeedback._step`), built on the codec's pipeline primitives
+(``Codec.sections``, ``frame``, ``subtract``); stages plug in fused kernels through their
+kind's hooks (``Select.fuses_feedback``, ``Value.encode_feedback``), and :meth:`Slot.commit`
+is the one place a new residual is installed.  The whole state survives
 ``state_dict()`` / ``load_state_dict()`` and pickling.
 
 Loading a state (``load_state_dict``, unpickling) treats it as untrusted input: the whole
@@ -48,7 +51,7 @@ import numpy as np
 from codec.dtypes import as_float_array, owned_float_array
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
-from codec.stage import MAX_STEP, check_step
+from codec.stage import MAX_STEP, Context, check_step
 
 
 @dataclass
@@ -62,8 +65,24 @@ class Slot:
     state: dict = field(default_factory=dict)
     #: DGC's momentum u (ErrorFeedback(momentum=m)); None without momentum
     velocity: np.ndarray | None = field(default=None, repr=False)
-    #: a second residual-sized buffer a fused kernel may write into and swap (not saved)
+    #: a second residual-sized buffer the next step's ``acc`` is written into (not saved)
     spare: np.ndarray | None = field(default=None, repr=False)
+
+    def context(self, x: np.ndarray) -> Context:
+        """The stages' context for encoding ``x`` under this key: key, step and state."""
+        return Context(x.shape, x.dtype, key=self.key, step=self.step, state=self.state)
+
+    def take_spare(self) -> np.ndarray:
+        """A residual-sized buffer for the step's ``acc`` (the spare, or a new one); it is the
+        caller's until :meth:`commit` (on error it is simply dropped: the residual is intact)."""
+        acc = self.spare if self.spare is not None else np.empty_like(self.residual)
+        self.spare = None
+        return acc
+
+    def commit(self, residual: np.ndarray) -> None:
+        """Install ``residual`` (a buffer from :meth:`take_spare`, holding ``acc - decoded``)
+        as the new residual; the old one becomes the spare.  The only writer of a residual."""
+        self.spare, self.residual = self.residual, residual
 
 
 class ErrorFeedback:
@@ -103,14 +122,42 @@ class ErrorFeedback:
             u = np.zeros_like(arr) if slot.velocity is None else slot.velocity
             m = round_to(self.momentum, arr.dtype)
             u = np.add(np.multiply(u, m, dtype=arr.dtype), arr, dtype=arr.dtype)  # in x's dtype, a new buffer
-            frame, sent = self.codec._feedback(u, slot)
+            frame, sent = self._step(u, slot)
             u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
             slot.velocity = u
         else:
-            frame = self.codec.encode_feedback(arr, slot)
+            frame = self._step(arr, slot)[0]
         slot.step += 1
         self._slots[key] = slot
         return frame
+
+    def _step(self, x: np.ndarray, slot: Slot):
+        """One error-feedback step: the frame of ``acc = x + slot.residual``, with ``acc -
+        decoded`` committed as the new residual; also returns the sent positions (None: all).
+
+        Three ways, the first that applies: a value stage alone may fuse the whole step
+        (``Value.encode_feedback``: fp16/bf16 on float32); a select stage with
+        ``fuses_feedback`` forms ``acc`` inside its selection pass; otherwise ``acc = x +
+        residual`` is formed first.  Then ``acc -= decoded`` (a sparse frame touches only its
+        positions) and ``acc`` is committed.  ``acc`` is a buffer other than the residual, so
+        on error the residual is untouched."""
+        c = self.codec
+        ctx = slot.context(x)
+        flat = x.reshape(-1)
+        if c.select is None and c.transform is None:
+            sections: list = []
+            if c.value.encode_feedback(flat, slot, ctx, sections):
+                return c.frame(sections, x.dtype, x.shape), None
+        acc = slot.take_spare()
+        if c.select is not None and c.select.fuses_feedback:
+            sections = c.sections(flat, ctx, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
+        else:
+            np.add(x, slot.residual, out=acc)
+            sections = c.sections(acc.reshape(-1), ctx)
+        frame = c.frame(sections, x.dtype, x.shape)
+        c.subtract(frame, acc.reshape(-1))
+        slot.commit(acc)
+        return frame, ctx.positions
 
     def residual(self, key=None) -> np.ndarray:
         """The current residual of ``key`` (a read-only view)."""

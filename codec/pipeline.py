@@ -76,56 +76,45 @@ class Codec:
         scheduled parameters): the same ``(x, key, step)`` always gives the same frame.
         ``ErrorFeedback`` passes its key and the key's step count."""
         arr = as_float_array(x, dtype)
-        return self._encode(arr, Context(arr.shape, arr.dtype, key=key, step=check_step(step)))
+        return self.encode_with(arr, Context(arr.shape, arr.dtype, key=key, step=check_step(step)))
 
-    def _encode(self, arr: np.ndarray, ctx: Context) -> bytes:
-        sections = []
-        values = arr.reshape(-1)
-        vctx = ctx
+    # ---------------------------------------------------------------- pipeline primitives
+    # What encode and decode are made of, for codec.feedback.ErrorFeedback (which owns the
+    # error-feedback step) and for callers holding a Context (per-key stage state).  ``arr``
+    # and ``flat`` are plain C-contiguous base ndarrays (codec.dtypes.as_float_array's output).
+
+    def encode_with(self, arr: np.ndarray, ctx: Context) -> bytes:
+        """The frame of ``arr`` with an explicit :class:`~codec.stage.Context` (key, step and
+        the per-key ``state`` stages may keep, as PowerSGD's Q)."""
+        return self.frame(self.sections(arr.reshape(-1), ctx), arr.dtype, arr.shape)
+
+    def sections(self, flat: np.ndarray, ctx: Context, *, residual=None, out=None) -> list:
+        """Run the stages on ``flat``: transform or select, then value; returns the sections.
+
+        ``residual``/``out`` (a select stage with ``fuses_feedback`` only): select from
+        ``acc = flat + residual``, written into ``out`` in the selection pass.  Sets
+        ``ctx.positions`` to the sent positions when a select stage ran."""
+        sections: list = []
+        values, vctx = flat, ctx
         if self.transform is not None:
-            values = self.transform.forward(values, ctx, sections)
+            values = self.transform.forward(flat, ctx, sections)
             vctx = ctx.domain(values.size, values.dtype)
         elif self.select is not None:
-            ctx.positions, values = self.select.select(values, ctx, sections)
+            if residual is not None and not self.select.fuses_feedback:
+                raise ValueError(f"residual: {self.select.name} does not fuse error feedback into its selection")
+            ctx.positions, values = self.select.select(flat, ctx, sections, residual=residual, out=out)
         self.value.encode(values, vctx, sections)
-        return build_frame(self.spec, arr.dtype, arr.shape, sections, **self._frame_options)
+        return sections
 
-    def encode_feedback(self, x: np.ndarray, slot) -> bytes:
-        """One error-feedback step for ``ErrorFeedback``: encode ``x + slot.residual`` and leave
-        ``acc - decoded`` in ``slot.residual``."""
-        return self._feedback(x, slot)[0]
+    def frame(self, sections: list, dtype, shape) -> bytes:
+        """The frame holding ``sections`` for an array of ``dtype`` and ``shape``, with this
+        codec's spec, checksum and byte stages."""
+        return build_frame(self.spec, dtype, shape, sections, **self._frame_options)
 
-    def _feedback(self, x: np.ndarray, slot):
-        """:meth:`encode_feedback`, also returning the sent positions (None: all of them).
-
-        A select stage with ``fuses_feedback`` forms ``acc = x + residual`` inside its own
-        selection pass (``select(x, ctx, sections, residual=, out=)``); without a select
-        or transform stage, the value stage may define ``encode_feedback(x, slot, ctx, sections) -> bool``,
-        a fused kernel that appends the sections and updates the residual (or declines).
-        Otherwise: acc = x + residual; encode.  The residual becomes ``acc - decoded``, by
-        subtracting the frame (sparse frames touch only the sent positions); ``acc`` is a
-        buffer other than the residual, so on error the residual is untouched.
-        """
-        ctx = Context(x.shape, x.dtype, key=slot.key, step=slot.step, state=slot.state)
-        flat = x.reshape(-1)
-        if self.select is None and self.transform is None:
-            fused = getattr(self.value, "encode_feedback", None)
-            sections = []
-            if fused is not None and fused(flat, slot, ctx, sections):
-                return build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options), None
-        acc = slot.spare if slot.spare is not None else np.empty_like(slot.residual)
-        slot.spare = None  # in use; given back below, or dropped on error
-        if getattr(self.select, "fuses_feedback", False):
-            sections = []
-            ctx.positions, values = self.select.select(flat, ctx, sections, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
-            self.value.encode(values, ctx, sections)
-            frame = build_frame(self.spec, x.dtype, x.shape, sections, **self._frame_options)
-        else:
-            np.add(x, slot.residual, out=acc)
-            frame = self._encode(acc, ctx)
-        self._decode_into(parse_frame(frame), acc.reshape(-1), SUB)
-        slot.spare, slot.residual = slot.residual, acc
-        return frame, ctx.positions
+    def subtract(self, frame: bytes, flat: np.ndarray) -> None:
+        """``flat -= decode(frame)`` in place, rounded once (a sparse frame touches only its
+        positions); ``frame`` is one this codec just made."""
+        self._decode_into(parse_frame(frame), flat, SUB)
 
     # ---------------------------------------------------------------- decode
     def decode(self, frame, out=None, *, max_elements=None):
@@ -251,8 +240,8 @@ class Codec:
 # -------------------------------------------------------------------- helpers
 def _default_value(chooser) -> Stage:
     """The value stage a pipeline without one gets: the select or transform stage's
-    ``default_value`` (a registered name, or a Stage class private to the stage), else ``none``."""
-    value = getattr(chooser, "default_value", "none") if chooser is not None else "none"
+    ``default_value`` (a registered name, or a Value class private to the stage), else ``none``."""
+    value = "none" if chooser is None else chooser.default_value
     return (value if isinstance(value, type) else lookup(value))()
 
 

@@ -1,23 +1,32 @@
-"""Stages, their declared parameters, and the registry that spec strings are resolved against.
+"""The stage contract: one base class per kind, the registry spec strings resolve against.
 
 A codec is a pipeline of stages (see ``codec.pipeline``), one of each kind at most, in this
 order::
 
     transform -> select -> value -> bytes...
 
-* ``transform``: maps the flat array into another domain (blocked rfft, low-rank) and back;
-  it chooses its own coefficients, so no select stage follows it (see :class:`Transform`).
-* ``select``: picks which elements are sent (top-k, AdaComp, ...) and codes their positions.
-* ``value``: codes the kept values (``none`` keeps them exactly, ``fp16``, ``bf16``, ...).
-* ``bytes``: acts on the stored bytes of every section (``zstd``) or the frame (``crc32``).
+Each kind has a base class here that declares the hooks a stage of that kind must define
+(abstract methods) and the ones it may define (plain methods or class attributes with a
+default); the implementations live in ``codec/stages/<kind>/``:
 
-A stage class declares ``name``, ``kind``, ``params`` (a tuple of :class:`Param`) and a
-one-line docstring, and is registered with :func:`register`.  Stage modules must not import
-Numba at module level: kernels are imported inside methods, so ``import codec`` stays cheap.
+* :class:`Transform` (``codec/stages/transform/``: fft, powersgd): maps the flat array into
+  another domain and back; it chooses its own coefficients, so no select stage follows it.
+* :class:`Select` (``codec/stages/select/``: topk, adacomp, ...): which elements are sent,
+  and the coding of their positions.
+* :class:`Value` (``codec/stages/value/``: none, fp16, qsgd, ...): how the kept values are coded.
+* :class:`Bytes` (``codec/stages/bytes/``: zstd, crc32): acts on the stored bytes.
+
+A stage class derives from its kind's base, sets ``name``, ``params`` (a tuple of
+:class:`~codec.params.Param`) and a one-line docstring, and is registered with
+:func:`register`.  A class that sets ``name`` but misses a required hook raises TypeError
+when it is defined.  Stage modules must not import Numba at module level: kernels are
+reached inside methods through ``codec.kernels.backend``, so ``import codec`` stays cheap.
+docs/adding-a-codec.md walks through adding one.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -25,9 +34,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from codec.errors import UnknownCodecError
-from codec.schedule import build
-from codec.spec import Call, SpecError, parse_value
+from codec.params import Param  # noqa: F401  (re-exported: stage authors import it from here)
+from codec.spec import Call
 
+#: the stage kinds, in pipeline order
 KINDS = ("transform", "select", "value", "bytes")
 
 #: the largest step a codec accepts (steps key random streams and schedules; random-k's frame
@@ -41,125 +51,8 @@ def check_step(step, argname: str = "step") -> int:
         raise ValueError(f"{argname}: must be an integer in [0, 2**62), got {step!r}")
     return int(step)
 
+
 _REGISTRY: dict[str, type["Stage"]] = {}
-
-
-@dataclass(frozen=True)
-class Param:
-    """One declared parameter of a stage: name, type, default, bounds or choices, and a doc line.
-
-    ``schedule=True`` (int or float parameters): the value may also be a schedule of the step
-    (:mod:`codec.schedule`): a ``Schedule``, a parsed ``codec.spec.Call`` or its text (how a
-    config dict carries it), e.g. ``warmup(0.25,0.001,steps=1000)``.  Every value the schedule
-    can produce must lie within ``low``/``high``.  A stage reads it with ``self.at(name, step)``.
-
-    ``auto=True`` (default must be None): ``None`` and the word ``auto`` both mean "use the
-    stage's default rule" and convert to None, so ``adacomp(bin=auto)`` is ``adacomp``.
-    """
-
-    name: str
-    type: type
-    default: Any
-    doc: str
-    choices: tuple = ()
-    low: float | None = None
-    high: float | None = None
-    schedule: bool = False
-    auto: bool = False
-
-    def __post_init__(self):
-        if self.schedule and self.type not in (int, float):
-            raise ValueError(f"parameter {self.name}: schedule=True needs an int or float parameter, not {self.type.__name__}")
-        if self.auto and self.default is not None:
-            raise ValueError(f"parameter {self.name}: auto=True needs default None (None is what 'auto' means), got {self.default!r}")
-
-    def convert(self, value, where: str):
-        """Check and normalise a user-given value; raises ValueError naming ``where.name``."""
-        label = f"{where}: parameter {self.name}"
-        if self.auto and (value is None or (isinstance(value, str) and value.strip().lower() == "auto")):
-            return None
-        if self.schedule and isinstance(value, str):
-            value = self._parse_schedule_text(value, label)
-        if isinstance(value, Call):
-            if self.schedule:
-                return self._convert_schedule(value, label)
-            raise ValueError(f"{label} is not schedulable: it takes {self._expected(self._kind())}, got {value}")
-        if self.type is bool:
-            if not isinstance(value, (bool, np.bool_)):
-                raise ValueError(f"{label} must be true or false, got {value!r}")
-            return bool(value)
-        if self.type is int:
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{label} must be {self._expected('an integer')}, got {value!r}")
-            value = int(value)
-        elif self.type is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{label} must be {self._expected('a number')}, got {value!r}")
-            try:
-                value = float(value)
-            except OverflowError:  # an integer beyond float64's range
-                raise ValueError(f"{label} must be finite, got an integer of {len(str(abs(int(value))))} digits") from None
-            if not math.isfinite(value):
-                raise ValueError(f"{label} must be finite, got {value!r}")
-        elif self.type is str:
-            if not isinstance(value, str):
-                raise ValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
-        if self.choices and value not in self.choices:
-            raise ValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
-        self._check_bounds(value, label, value)
-        return value
-
-    def _kind(self) -> str:
-        if self.choices:
-            return f"one of {list(self.choices)}"
-        return {bool: "true or false", int: "an integer", float: "a number"}.get(self.type, f"a {self.type.__name__}")
-
-    def _expected(self, what: str) -> str:
-        if self.schedule:
-            what += " or a schedule such as warmup(0.25,0.001,steps=1000)"
-        if self.auto:
-            what += " or auto"
-        return what
-
-    def _check_bounds(self, v, label, shown, where=""):
-        if self.low is not None and v < self.low:
-            raise ValueError(f"{label} must be >= {self.low}, got {shown!r}{where}")
-        if self.high is not None and v > self.high:
-            raise ValueError(f"{label} must be <= {self.high}, got {shown!r}{where}")
-
-    def _parse_schedule_text(self, text: str, label: str) -> Call:
-        try:
-            value = parse_value(text)
-        except SpecError as e:
-            raise ValueError(f"{label} must be {self._expected('a number')}, got {text!r} ({e})") from None
-        if not isinstance(value, Call):
-            raise ValueError(f"{label} must be {self._expected('a number')}, got the string {text!r}")
-        return value
-
-    def _convert_schedule(self, call: Call, label: str):
-        try:
-            sched = build(call)
-        except ValueError as e:
-            raise ValueError(f"{label}: {e}") from None
-        for what, v in sched.points():
-            self._check_bounds(v, label, v, f" ({what} of {sched})")
-        return sched
-
-    def describe(self) -> dict:
-        d = {"name": self.name, "type": self.type.__name__, "default": self.default, "doc": self.doc}
-        if self.choices:
-            d["choices"] = list(self.choices)
-        if self.low is not None:
-            d["min"] = self.low
-        if self.high is not None:
-            d["max"] = self.high
-        if self.schedule:
-            d["schedule"] = True
-        if self.auto:
-            d["auto"] = True
-        return d
 
 
 @dataclass
@@ -197,17 +90,32 @@ class Context:
         return tuple(int(v) for v in np.unravel_index(flat, self.shape)) if self.shape else ()
 
 
-class Stage:
-    """Base class of every pipeline stage (see the module docstring for the contract)."""
+class Stage(abc.ABC):
+    """What every stage has: parameters, validation, per-key state, schedules.  Derive from
+    the kind's base (:class:`Transform`, :class:`Select`, :class:`Value`, :class:`Bytes`),
+    never from this class directly."""
 
     name: ClassVar[str]
     kind: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
     #: True when the stage loses no information (``none``, ``zstd``, ``crc32``)
     lossless: ClassVar[bool] = True
-    #: a select stage that sends changed values (randomk's n/k), so error feedback's residual
-    #: at the sent positions is a rounding remainder, not 0, even with exact value coding
-    scales_values: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        """A class that sets ``name`` is a concrete stage: it must derive from its kind's base
+        and define every hook that base requires; checked here, when the class is defined."""
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            return
+        base = next((b for b in _KIND_BASES.values() if issubclass(cls, b)), None)
+        if base is None:
+            raise TypeError(
+                f"stage {cls.__name__}: derive from the base of its kind "
+                f"({', '.join('codec.stage.' + b.__name__ for b in _KIND_BASES.values())}), not from Stage"
+            )
+        missing = sorted(h for h in dir(cls) if getattr(getattr(cls, h, None), "__isabstractmethod__", False))
+        if missing:
+            raise TypeError(f"stage {cls.__name__} ({cls.kind}): does not define {', '.join(missing)}, which a {cls.kind} stage must")
 
     def __init__(self, **kwargs):
         declared = {p.name: p for p in self.params}
@@ -280,20 +188,30 @@ class Stage:
 class Transform(Stage):
     """Base of the transform stages (``fft``, ``powersgd``): the array is mapped into another
     domain, the transform keeps what it sends, and the value stage codes the kept
-    coefficients.  A subclass implements three methods:
-
-    * ``forward(flat, ctx, sections) -> values``: the coefficients to code (1-D, float32 or
-      float64: the value stage sees ``ctx.domain(values.size, values.dtype)``), appending
-      the transform's own sections (e.g. the positions of the kept coefficients) first.
-    * ``read(reader, ctx) -> (payload, vctx)``: check and read those sections, allocating
-      nothing of the dense size; ``vctx`` is the value stage's context (count, dtype).
-    * ``inverse(payload, values, out, mode)``: write the dense array for ``values`` (the
-      decoded coefficients, float32/float64) into flat ``out`` through :meth:`emit`
-      (``mode`` SET, ADD or SUB; any float dtype, rounded once).
-    """
+    coefficients.  Required hooks: :meth:`forward`, :meth:`read`, :meth:`inverse`."""
 
     kind = "transform"
     lossless = False
+    required = ("forward", "read", "inverse")
+    #: the value stage a spec without one gets: a registered name, or a Value class of its own
+    default_value: ClassVar[str | type] = "none"
+
+    @abc.abstractmethod
+    def forward(self, flat, ctx, sections) -> np.ndarray:
+        """The coefficients to code (1-D, float32 or float64: the value stage sees
+        ``ctx.domain(values.size, values.dtype)``), appending the transform's own sections
+        (e.g. the positions of the kept coefficients) first."""
+
+    @abc.abstractmethod
+    def read(self, reader, ctx):
+        """Check and read the transform's sections, allocating nothing of the dense size;
+        returns ``(payload, vctx)``, ``vctx`` being the value stage's context (count, dtype)."""
+
+    @abc.abstractmethod
+    def inverse(self, payload, values, out, mode) -> None:
+        """Write the dense array for ``values`` (the decoded coefficients, float32/float64)
+        into flat ``out`` through :meth:`emit` (``mode`` SET, ADD or SUB; any float dtype,
+        rounded once)."""
 
     @staticmethod
     def domain_dtype(dtype) -> np.dtype:
@@ -313,10 +231,85 @@ class Transform(Stage):
         store(y if dtype in WIDE else round_to(y, dtype), out, mode)
 
 
+class Select(Stage):
+    """Base of the select stages (sparsifiers): which elements a frame carries.  Required
+    hooks: :meth:`select`, :meth:`positions`.  A select stage may leave facts for the value
+    stage in ``ctx.hints`` (AdaComp's scale)."""
+
+    kind = "select"
+    lossless = False
+    required = ("select", "positions")
+    #: the value stage a spec without one gets: a registered name, or a Value class of its own
+    #: that spec strings cannot name (AdaComp's sign coding)
+    default_value: ClassVar[str | type] = "none"
+    #: ``select`` takes ``residual=`` and ``out=`` and selects from ``acc = values + residual``,
+    #: written into ``out`` in its own pass (error feedback without a separate add)
+    fuses_feedback: ClassVar[bool] = False
+    #: the stage sends changed values (randomk's n/k), so error feedback's residual at the
+    #: sent positions is a rounding remainder, not 0, even with exact value coding
+    scales_values: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def select(self, values, ctx, sections, residual=None, out=None):
+        """``(positions, kept_values)``: sorted flat int64 positions and the values to code,
+        appending the index sections.  ``residual``/``out`` only with :attr:`fuses_feedback`."""
+
+    @abc.abstractmethod
+    def positions(self, reader, ctx) -> np.ndarray:
+        """Check and read the index sections of a frame: the sorted flat positions."""
+
+
+class Value(Stage):
+    """Base of the value stages: how the kept values are coded.  Required hooks:
+    :meth:`encode`, :meth:`read`, :meth:`write`; optional: :meth:`encode_feedback`."""
+
+    kind = "value"
+    required = ("encode", "read", "write")
+
+    @abc.abstractmethod
+    def encode(self, values, ctx, sections) -> None:
+        """Append the sections coding ``values`` (1-D, the array's dtype or the domain's)."""
+
+    @abc.abstractmethod
+    def read(self, reader, ctx, count):
+        """Check and read the sections of ``count`` values; returns a compact payload and
+        allocates nothing dense."""
+
+    @abc.abstractmethod
+    def write(self, payload, out, mode) -> None:
+        """Write the decoded values into the float32/float64 buffer ``out`` (``mode`` SET, ADD
+        or SUB)."""
+
+    def encode_feedback(self, x, slot, ctx, sections) -> bool:
+        """A fused error-feedback step for a codec of this value stage alone: append the
+        sections coding ``x + slot.residual`` and commit the new residual with
+        ``slot.commit`` (taking the buffer from ``slot.take_spare()``), returning True; or
+        return False (the default) to let ``ErrorFeedback`` add, encode and subtract."""
+        return False
+
+
+class Bytes(Stage):
+    """Base of the byte stages: they act on the stored bytes.  Required hook:
+    :meth:`frame_options`."""
+
+    kind = "bytes"
+    required = ("frame_options",)
+
+    @abc.abstractmethod
+    def frame_options(self) -> dict:
+        """Options for ``codec.frame.build_frame``: ``compressor`` (a section compressor) or
+        ``checksum`` (the payload checksum's name)."""
+
+
+_KIND_BASES: dict[str, type[Stage]] = {"transform": Transform, "select": Select, "value": Value, "bytes": Bytes}
+
+
 def register(cls: type[Stage]) -> type[Stage]:
     """Class decorator: make a stage available to spec strings under ``cls.name``."""
-    if cls.kind not in KINDS:
-        raise ValueError(f"stage {cls.__name__}: kind must be one of {KINDS}, got {cls.kind!r}")
+    if not isinstance(cls, type) or not issubclass(cls, tuple(_KIND_BASES.values())):
+        raise TypeError(f"stage {cls!r}: derive from codec.stage.Transform, Select, Value or Bytes")
+    if cls.kind not in KINDS or not issubclass(cls, _KIND_BASES[cls.kind]):
+        raise ValueError(f"stage {cls.__name__}: kind must be the kind of its base class, got {cls.kind!r}")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"stage name {cls.name!r} is already registered by {_REGISTRY[cls.name].__name__}")
     _REGISTRY[cls.name] = cls

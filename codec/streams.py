@@ -10,12 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.stage import Param
-
-#: the ``seed`` parameter of every stage that draws random numbers
-SEED = Param("seed", int, 0, "random stream seed", low=0, high=(1 << 63) - 1)
-
-
 def key_hash(key) -> int:
     """64 bits of BLAKE2b over the key's text (str as is, integers in decimal, None empty),
     as UTF-8 (lone surrogates, which a Python str may hold, encoded as themselves)."""

@@ -90,16 +90,24 @@ def test_load_state_dict_rejects_another_codec():
         codec.ErrorFeedback("bf16").load_state_dict({"nope": 1})
 
 
-def test_state_reaches_the_codec_hook():
+def test_state_reaches_the_stages():
+    """ErrorFeedback hands every stage the slot's key, step count and one persistent state dict."""
+    from codec.stages.value.floats import Fp16
+
     seen = []
 
-    class Spy(codec.Codec):
-        def encode_feedback(self, x, slot):
-            seen.append((slot.key, slot.step, id(slot.state)))
-            slot.state["calls"] = slot.state.get("calls", 0) + 1
-            return super().encode_feedback(x, slot)
+    class Spy(Fp16):  # not registered: a Codec can be built from stage instances
+        name = "fp16"
 
-    ef = codec.ErrorFeedback(Spy("fp16"))
+        def encode(self, values, ctx, sections):
+            seen.append((ctx.key, ctx.step, id(ctx.state)))
+            ctx.state["calls"] = ctx.state.get("calls", 0) + 1
+            return super().encode(values, ctx, sections)
+
+        def encode_feedback(self, x, slot, ctx, sections):
+            return False  # take the generic step, which calls encode
+
+    ef = codec.ErrorFeedback(codec.Codec([Spy()]))
     for _ in range(3):
         ef.encode(np.ones(2, np.float32), key="q")
     assert [s[:2] for s in seen] == [("q", 0), ("q", 1), ("q", 2)]

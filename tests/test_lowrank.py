@@ -1,10 +1,10 @@
 """The ``powersgd`` transform stage and the Pufferfish helpers (``codec.lowrank``) against the
-plain NumPy reference ``tests/lowrank_ref.py`` (docs/codecs.md, "powersgd" and "Pufferfish
+plain NumPy reference ``tests/reference/lowrank.py`` (docs/codecs.md, "powersgd" and "Pufferfish
 factorization helpers").
 
 PowerSGD is checked through the public API (``get_codec``, ``encode`` with ``key=``/``step=``,
 ``decode``, ``inspect``, ``ErrorFeedback`` with ``state_dict``/pickle) and, for warm starts
-outside ErrorFeedback, ``Codec._encode`` with a shared ``Context.state``: the frame's values
+outside ErrorFeedback, ``Codec.encode_with`` with a shared ``Context.state``: the frame's values
 section must hold the reference's ``P`` then ``Q`` bit for bit and the decoded array must
 equal the reference's ``P @ Q.T`` bit for bit; pass-through tensors must come back exactly.
 Properties: wire size, recovery of low-rank matrices, the error against the truncated-SVD
@@ -33,8 +33,7 @@ from codec.stages.transform import powersgd as psgd
 from codec.sample import load_sample
 from codec.stage import Context
 
-sys.path.insert(0, str(Path(__file__).parent))
-import lowrank_ref as ref  # noqa: E402
+from reference import lowrank as ref
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = [F32, F64, F16, BF16]
@@ -295,7 +294,7 @@ def test_sample_error_against_svd_optimum(sample_matrices):
         state = {}
         factors = []
         for it in range(5):
-            frame = c._encode(g, Context(g.shape, g.dtype, key=k, state=state))
+            frame = c.encode_with(g, Context(g.shape, g.dtype, key=k, state=state))
             factors.append(rel(codec.decode(frame), g) * np.linalg.norm(g.astype(np.float64)) / opt)
             assert state[psgd.STATE_Q].shape == (math.prod(g.shape[1:]), 2)
             if it == 0:  # the cold step is the reference's, bit for bit
@@ -309,7 +308,7 @@ def test_sample_error_against_svd_optimum(sample_matrices):
     assert np.median(list(warm.values())) < np.median(list(cold.values())) - 0.2, (cold, warm)
     # the warm start is what helps: 5 cold steps (fresh state each time) stay at the cold factor
     for k, g in sample_matrices.items():
-        frame = c._encode(g, Context(g.shape, g.dtype, key=k, state={}))
+        frame = c.encode_with(g, Context(g.shape, g.dtype, key=k, state={}))
         assert rel(codec.decode(frame), g) * np.linalg.norm(g.astype(np.float64)) / ref.svd_error(g, 2) == pytest.approx(cold[k], rel=1e-9)
 
 
@@ -434,21 +433,21 @@ def test_state_q_of_another_shape_or_dtype_is_not_used():
     x = make((30, 20), seed=8)
     cold = c.encode(x, key="k")
     state = {psgd.STATE_Q: np.ones((21, 2), np.float32)}
-    assert c._encode(x, Context(x.shape, x.dtype, key="k", state=state)) == cold
+    assert c.encode_with(x, Context(x.shape, x.dtype, key="k", state=state)) == cold
     assert state[psgd.STATE_Q].shape == (20, 2)
     state = {psgd.STATE_Q: np.ones((20, 2), np.float64)}
-    assert c._encode(x, Context(x.shape, x.dtype, key="k", state=state)) == cold
+    assert c.encode_with(x, Context(x.shape, x.dtype, key="k", state=state)) == cold
     assert state[psgd.STATE_Q].dtype == np.float32
     # a fitting Q (of full rank) is used (the warm start)
     last = np.random.default_rng(5).standard_normal((20, 2)).astype(np.float32)
     state = {psgd.STATE_Q: last.copy()}
-    warm = c._encode(x, Context(x.shape, x.dtype, key="k", state=state))
+    warm = c.encode_with(x, Context(x.shape, x.dtype, key="k", state=state))
     assert warm != cold
     assert values_section(warm)[1] == ref.encode(x, key="k", q=last)[0].tobytes()
     # without warm start, the state is neither read nor written
     c2 = codec.get_codec("powersgd(warm_start=false)")
     state = {psgd.STATE_Q: np.ones((20, 2), np.float32)}
-    assert c2._encode(x, Context(x.shape, x.dtype, key="k", state=state)) == c2.encode(x, key="k")
+    assert c2.encode_with(x, Context(x.shape, x.dtype, key="k", state=state)) == c2.encode(x, key="k")
     assert np.array_equal(state[psgd.STATE_Q], np.ones((20, 2), np.float32))
 
 
@@ -905,7 +904,7 @@ def test_a_warm_q_with_a_zero_column_is_redrawn():
     # rank-deficient last gradient: the second column of Q is zero, so the draw of step 7 is used
     state = {psgd.STATE_Q: np.ones((64, 2), np.float32)}
     x = rng.standard_normal((64, 64)).astype(np.float32)
-    frame = codec.get_codec("powersgd")._encode(x, Context(x.shape, x.dtype, key="k", step=7, state=state))
+    frame = codec.get_codec("powersgd").encode_with(x, Context(x.shape, x.dtype, key="k", step=7, state=state))
     fresh = psgd.orthogonalize(psgd.initial_q(64, 2, np.float32, 0, "k", 7))
     p = psgd.orthogonalize(x @ fresh)
     assert_same(codec.decode(frame), p @ (x.T @ p).T, "redrawn Q")

@@ -11,23 +11,21 @@ import codec
 from codec import schedule, testing
 from codec.schedule import Schedule, build, exp, linear, step, warmup
 from codec.spec import Call, parse, parse_value
-from codec.stage import _REGISTRY, Param, Stage, register
+from codec.stage import _REGISTRY, Param, Select, register
 
 
 # ---------------------------------------------------------------- a test-only stage
-class _SchedProbe(Stage):
+class _SchedProbe(Select):
     """Test-only select stage: keep |x| >= value(step); at most `count` (schedulable int) unused."""
 
     name = "_sched_probe"
-    kind = "select"
-    lossless = False
     params = (
         Param("value", float, 0.0, "magnitude threshold", low=0.0, schedule=True),
         Param("count", int, 10, "an integer schedulable parameter", low=1, high=100, schedule=True),
         Param("bin", int, None, "auto or a bin size", low=1, auto=True),
     )
 
-    def select(self, values, ctx, sections):
+    def select(self, values, ctx, sections, residual=None, out=None):
         from codec.ops import widen
         from codec.pack import encode_indices
 

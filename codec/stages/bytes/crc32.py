@@ -6,15 +6,14 @@ the default (frames made with it keep their bytes)."""
 
 from __future__ import annotations
 
-from codec.stage import Stage, register
+from codec.stage import Bytes, register
 
 
 @register
-class Crc32(Stage):
+class Crc32(Bytes):
     """A zlib CRC32 of all section bytes as the payload checksum (instead of the default CRC-32C)."""
 
     name = "crc32"
-    kind = "bytes"
 
     def frame_options(self) -> dict:
         return {"checksum": "crc32"}

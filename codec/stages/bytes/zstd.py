@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 
 from codec.frame import Encoding
-from codec.stage import Param, Stage, register
+from codec.params import Param
+from codec.stage import Bytes, register
 
 
 @functools.lru_cache(maxsize=32)
@@ -16,11 +17,10 @@ def _compressor(level: int):
 
 
 @register
-class Zstd(Stage):
+class Zstd(Bytes):
     """zstd on every section; a section is kept raw when zstd does not make it smaller."""
 
     name = "zstd"
-    kind = "bytes"
     params = (Param("level", int, 3, "zstd compression level (negative levels are faster)", low=-7, high=22),)
 
     def compress(self, raw):

@@ -8,7 +8,8 @@ import numpy as np
 from codec.frame import MAX_ELEMENTS, Kind, Section
 from codec.ops import readonly
 from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite
-from codec.stage import Param, Stage, register
+from codec.params import Param
+from codec.stage import Value, register
 
 #: the paper's bin lengths: convolutions (ndim >= 3) and everything else
 CONV_BIN, FC_BIN = 50, 500
@@ -16,11 +17,10 @@ CONV_BIN, FC_BIN = 50, 500
 SPAN = 1 << 16
 
 
-class SignScale(Stage):
+class SignScale(Value):
     """AdaComp's own value coding: one sign bit per kept value (1 = negative) and the scale."""
 
     name = "adacomp.signs"
-    kind = "value"
     lossless = False
 
     def encode(self, values, ctx, sections):

@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from codec.stages.select.magnitude import MagnitudeSelect, k_of
-from codec.stage import Param, register
+from codec.params import Param, ratio
+from codec.stage import register
 
 MIN_SAMPLE = 4096
 RETRIES = 10
@@ -20,13 +21,9 @@ class DGC(MagnitudeSelect):
 
     name = "dgc"
     params = (
-        Param("ratio", float, 0.01, "target density k/n, in (0, 1]", low=0.0, high=1.0, schedule=True),
-        Param("sample", float, 0.01, "sampled fraction, in (0, 1]", low=0.0, high=1.0),
+        ratio(),
+        Param("sample", float, 0.01, "sampled fraction, in (0, 1]", low=0.0, low_open=True, high=1.0),
     )
-
-    def validate(self):
-        if self.ratio == 0 or self.sample == 0:
-            raise ValueError("dgc: parameters ratio and sample must be > 0")
 
     def choose(self, mags, ctx):
         n = mags.n

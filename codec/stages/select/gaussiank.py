@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 
 from codec.stages.select.magnitude import MagnitudeSelect, k_of
-from codec.stage import Param, register
+from codec.params import Param, ratio
+from codec.stage import register
 
 
 def bounds(k: int) -> tuple[int, int]:
@@ -31,13 +32,9 @@ class GaussianK(MagnitudeSelect):
     name = "gaussiank"
     needs_sums = True
     params = (
-        Param("ratio", float, 0.01, "target density k/n, in (0, 1]", low=0.0, high=1.0, schedule=True),
+        ratio(),
         Param("exact", bool, False, "keep exactly k elements (then equal to topk)"),
     )
-
-    def validate(self):
-        if self.ratio == 0:
-            raise ValueError("gaussiank: parameter ratio must be > 0")
 
     def choose(self, mags, ctx):
         ratio = self.at("ratio", ctx.step)

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from codec.ops import readonly
-from codec.stage import Stage
+from codec.stage import Select
 
 #: elements sampled to choose a cut (all of them below this size)
 SAMPLE = 1 << 16
@@ -258,14 +258,12 @@ def _round_down(t: float, dtype, tiny: float) -> float:
     return max(float(v), tiny)
 
 
-class IndexSelect(Stage):
+class IndexSelect(Select):
     """A select stage whose positions travel through the shared index coder (codec.pack).
 
     ``select`` may take ``residual`` and ``out``: it then selects from ``acc = values +
     residual``, written into ``out`` (error feedback, fused with the selection pass)."""
 
-    kind = "select"
-    lossless = False
     #: select() accepts residual= and out= (Codec.encode_feedback uses it)
     fuses_feedback = True
 

@@ -8,8 +8,9 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
 from codec.stages.select.magnitude import k_of
-from codec.stage import Param, Stage, register
-from codec.streams import SEED, key_hash
+from codec.params import SEED, Param, ratio
+from codec.stage import Select, register
+from codec.streams import key_hash
 
 __all__ = ["RandomK", "key_hash", "positions"]
 
@@ -32,22 +33,16 @@ def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
 
 
 @register
-class RandomK(Stage):
+class RandomK(Select):
     """k uniformly random positions from (seed, key, step); positions regenerated, not sent."""
 
     name = "randomk"
-    kind = "select"
-    lossless = False
     fuses_feedback = True
     params = (
-        Param("ratio", float, 0.01, "fraction kept, in (0, 1]", low=0.0, high=1.0, schedule=True),
+        ratio(0.01, "fraction kept, in (0, 1]"),
         SEED,
         Param("scale", bool, False, "multiply kept values by n/k (unbiased)"),
     )
-
-    def validate(self):
-        if self.ratio == 0:
-            raise ValueError("randomk: parameter ratio must be > 0")
 
     @property
     def scales_values(self) -> bool:

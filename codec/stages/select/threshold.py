@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from codec.stages.select.magnitude import MagnitudeSelect
-from codec.stage import Param, register
+from codec.params import Param
+from codec.stage import register
 
 
 @register

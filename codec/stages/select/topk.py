@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from codec.stages.select.magnitude import MagnitudeSelect, k_of
 from codec.frame import MAX_ELEMENTS
-from codec.stage import Param, register
+from codec.params import Param, ratio
+from codec.stage import register
 
 RATIO = 0.01
 
@@ -15,15 +16,13 @@ class TopK(MagnitudeSelect):
 
     name = "topk"
     params = (
-        Param("ratio", float, RATIO, "fraction kept, in (0, 1]; unused when k is given", low=0.0, high=1.0, schedule=True),
+        ratio(RATIO, "fraction kept, in (0, 1]; unused when k is given"),
         Param("k", int, None, "keep exactly min(k, n) elements instead of a ratio", low=1, high=MAX_ELEMENTS),
     )
 
     def validate(self):
         if self.k is not None and self.ratio != RATIO:
             raise ValueError("topk: give ratio or k, not both")
-        if self.ratio == 0:
-            raise ValueError("topk: parameter ratio must be > 0")
 
     def kept(self, n: int, step: int) -> int:
         if self.k is not None:

@@ -16,7 +16,8 @@ import math
 import numpy as np
 
 from codec.frame import MAX_ELEMENTS
-from codec.stage import Param, Transform, register
+from codec.params import Param
+from codec.stage import Transform, register
 
 #: FFT worker threads (scipy.fft ``workers``): every CPU.  Each 1-D transform runs whole on one
 #: thread, so the result does not depend on the count.

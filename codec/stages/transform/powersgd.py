@@ -21,8 +21,9 @@ import math
 
 import numpy as np
 
-from codec.stage import Param, Transform, register
-from codec.streams import SEED, key_hash
+from codec.params import Param, SEED
+from codec.stage import Transform, register
+from codec.streams import key_hash
 
 #: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
 STATE_Q = "powersgd.q"

@@ -6,23 +6,14 @@ import numpy as np
 
 from codec.dtypes import bfloat16
 from codec.frame import Kind, Section
-from codec.stage import Param, Stage, register
-
-NONFINITE = Param(
-    "nonfinite",
-    str,
-    "raise",
-    "NaN/inf input: raise ValueError naming the first position, or keep (sent as IEEE NaN/inf)",
-    choices=("raise", "keep"),
-)
-
+from codec.params import NONFINITE
+from codec.stage import Value, register
 
 @register
-class Exact(Stage):
+class Exact(Value):
     """Values stored exactly in the array's own dtype (lossless; NaN and inf carried)."""
 
     name = "none"
-    kind = "value"
 
     def encode(self, values, ctx, sections):
         sections.append(Section(Kind.VALUES, values.dtype.itemsize * 8, values.size, values))
@@ -37,10 +28,9 @@ class Exact(Stage):
         store(values, out, mode)
 
 
-class _Half(Stage):
+class _Half(Value):
     """A 16-bit IEEE-style float: the shared code of fp16 and bf16."""
 
-    kind = "value"
     lossless = False
     params = (NONFINITE,)
     dtype: np.dtype
@@ -64,14 +54,13 @@ class _Half(Stage):
         from codec.ops import lut
 
         def fill(out):
-            acc = slot.spare if slot.spare is not None else np.empty_like(slot.residual)
-            slot.spare = acc
+            acc = slot.take_spare()
             bad = backend("convert", x).half_feedback(
                 x, slot.residual.reshape(-1), acc.reshape(-1), out.view(np.uint16), lut(self.dtype), self.dtype != np.float16
             )
             if bad and self.nonfinite == "raise":
                 self._raise_nonfinite(x.astype(np.float64) + slot.residual.reshape(-1), ctx)
-            slot.spare, slot.residual = slot.residual, acc
+            slot.commit(acc)
 
         sections.append(Section(Kind.VALUES, 16, x.size, fill=fill))
         return True

@@ -23,10 +23,9 @@ from codec.stages.value.quantizer import (
     ints_section,
     read_codes,
     read_ints,
-    rounding,
 )
-from codec.stage import Param, register
-from codec.streams import SEED
+from codec.params import Param, SEED, rounding
+from codec.stage import register
 
 
 @functools.lru_cache(maxsize=64)

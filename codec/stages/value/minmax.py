@@ -7,10 +7,10 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.ops import readonly
-from codec.stages.value.quantizer import Dequant, Quantizer, bucket_groups, codes_section, read_codes, read_scalars, rounding, scalars_section
+from codec.stages.value.quantizer import Dequant, Quantizer, bucket_groups, codes_section, read_codes, read_scalars, scalars_section
 from codec.frame import MAX_ELEMENTS
-from codec.stage import Param, register
-from codec.streams import SEED
+from codec.params import Param, SEED, rounding
+from codec.stage import register
 
 
 @register

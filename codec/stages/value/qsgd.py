@@ -16,11 +16,10 @@ from codec.stages.value.quantizer import (
     codes_section,
     read_codes,
     read_scalars,
-    rounding,
     scalars_section,
 )
-from codec.stage import Param, register
-from codec.streams import SEED
+from codec.params import Param, SEED, rounding
+from codec.stage import register
 
 
 @register

@@ -18,14 +18,12 @@ from codec.errors import CorruptFrameError
 from codec.frame import Kind, Section
 from codec.ops import readonly
 from codec.pack import _code_dtype as code_dtype  # noqa: F401  (the narrowest unsigned dtype for a code width)
-from codec.stage import Param, Stage
+import abc
+
+from codec.stage import Value
 
 #: float32's largest finite value (per-bucket scalars beyond it travel as float64)
 F32_MAX = float(np.finfo(np.float32).max)
-
-
-def rounding(default: str) -> Param:
-    return Param("rounding", str, default, "nearest (ties to even) or stochastic (unbiased)", choices=("nearest", "stochastic"))
 
 
 def exponent_range(dtype) -> tuple[int, int]:
@@ -67,10 +65,9 @@ class Dequant:
     trits: bool = False
 
 
-class Quantizer(Stage):
+class Quantizer(Value):
     """Base of the quantizer value stages (docs/codecs.md, "Quantizers")."""
 
-    kind = "value"
     lossless = False
 
     def encode(self, values, ctx, sections):
@@ -79,8 +76,9 @@ class Quantizer(Stage):
         x = readonly(np.ascontiguousarray(widen(values)).reshape(-1))
         self.quantize(x, ctx, sections)
 
-    def quantize(self, x, ctx, sections) -> None:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def quantize(self, x, ctx, sections) -> None:
+        """Append the sections coding ``x`` (float32/float64, 1-D, contiguous, read-only)."""
 
     def write(self, payload: Dequant, out, mode) -> None:
         from codec.modes import SET

@@ -7,7 +7,8 @@ import numpy as np
 
 from codec.frame import Kind, Section
 from codec.stages.value.quantizer import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_section, scale_section, sequential_sum
-from codec.stage import Param, register
+from codec.params import Param
+from codec.stage import register
 
 
 class _Bits(Quantizer):

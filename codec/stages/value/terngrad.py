@@ -20,8 +20,8 @@ from codec.stages.value.quantizer import (
     scale_section,
     sequential_sum,
 )
-from codec.stage import Param, register
-from codec.streams import SEED
+from codec.params import Param, SEED
+from codec.stage import register
 
 #: 3**5: a byte holds five trits, so byte values 243..255 never occur
 TRIT_BYTES = 243
