@@ -16,6 +16,8 @@ from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.pipeline import Codec, decode, decode_sparse, get_codec, list_codecs
+from codec.spec import format_spec, parse as parse_spec  # for transports: docs/api.md, "For transports"
+from codec.stage import check_step  # for transports: docs/api.md, "For transports"
 
 __version__ = "0.1.0"
 
@@ -25,11 +27,14 @@ __all__ = [
     "CorruptFrameError",
     "ErrorFeedback",
     "UnknownCodecError",
+    "check_step",
     "decode",
     "decode_sparse",
+    "format_spec",
     "get_codec",
     "inspect",
     "list_codecs",
+    "parse_spec",
 ]
 
 

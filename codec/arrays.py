@@ -1,0 +1,36 @@
+"""Array helpers for layers above the codec (the MPI transport): the codec's own rules for
+dtypes, rounding, finiteness and sparse sums, so a transport computes the same bits as
+``decode_add`` without reaching into codec internals.  docs/api.md, "For transports".
+
+* :func:`as_float_array` — an input as a plain C-contiguous float ndarray (the rule
+  ``Codec.encode`` applies to its ``x``);
+* :func:`owned_float_array` — a checkpoint's array as a fresh owned float ndarray, or ValueError;
+* :func:`wide_dtype` — the accumulator dtype of a tensor dtype (float64 for float64, else float32);
+* :func:`round_to` — round once, to nearest even, to a dtype (16-bit included);
+* :func:`first_nonfinite` — flat position of the first NaN/inf, or -1 (no full-size temporary);
+* :func:`scatter_add` — ``out[positions] += values``, each element rounded once, as
+  ``decode_add`` of a sparse frame does;
+* :func:`on_device` — True for arrays in GPU memory (``__cuda_array_interface__``).
+
+Importing this module imports no Numba kernel: kernels load on the first call that needs one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.dtypes import as_float_array, owned_float_array
+from codec.kernels import on_device
+from codec.modes import ADD
+from codec.ops import first_nonfinite, round_to, scatter, wide_dtype
+
+__all__ = ["as_float_array", "first_nonfinite", "on_device", "owned_float_array", "round_to", "scatter_add", "wide_dtype"]
+
+
+def scatter_add(values, positions, out: np.ndarray) -> None:
+    """``out.flat[positions] += values`` in place, each touched element rounded once to
+    ``out``'s dtype: the sum ``Codec.decode_add`` forms for a sparse frame, so the pairs of
+    ``codec.decode_sparse(frame)`` scatter-added into ``acc`` give ``decode_add(frame, acc)``'s
+    bits.  ``positions``: unique integers in ``range(out.size)`` (repeats are not detected);
+    ``out``: a C-contiguous float ndarray of any shape, indexed flat."""
+    scatter(values, positions, out, ADD)
