@@ -12,16 +12,14 @@ the chunked inverse, fft+fp16 of a float16 tensor peaked at 9x its output (18x f
 dense temporaries.
 
 Bit identity: the chunked inverse must decode to exactly what the one-shot reference does
-(``tests/spectral_ref.py``: zero spectrum, kept coefficients placed, scipy ``irfft`` per
+(``tests/reference/spectral.py``: zero spectrum, kept coefficients placed, scipy ``irfft`` per
 block, one rounding), for sizes that are not multiples of the block or of the chunk; a small
 ``CHUNK`` makes small arrays span many chunks.
 """
 
 from __future__ import annotations
 
-import sys
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,8 +32,7 @@ from codec.modes import ADD
 from codec.ops import round_to, store
 from codec.testing import assert_identical as assert_same
 
-sys.path.insert(0, str(Path(__file__).parent))
-import spectral_ref as ref  # noqa: E402
+from reference import spectral as ref
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = [F16, BF16, F32, F64]
@@ -152,7 +149,7 @@ def test_powersgd_decode_memory_is_bounded(dtype, value):
 # ====================================================================== bit identity
 def reference(frame, c):
     """The one-shot decode: positions and values from the frame (value stage ``none``), the
-    reference inverse of tests/spectral_ref.py."""
+    reference inverse of tests/reference/spectral.py."""
     from codec.frame import parse_frame
     from codec.pack import decode_indices
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import copy
 import math
 import pickle
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

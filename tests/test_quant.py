@@ -2,7 +2,7 @@
 
 Every quantizer is checked through the public API (``get_codec``, ``encode`` with
 ``key=``/``step=``, ``decode``, ``decode_add``, ``ErrorFeedback``, ``inspect``) against
-``tests/quant_ref.py``: the decoded array must equal the reference bit for bit, the frame's
+``tests/reference/quant.py``: the decoded array must equal the reference bit for bit, the frame's
 sections (codes, per-bucket scalars, per-block ints) must equal the reference's, and the
 frame length must be the documented ``H + payload``.  Stages not registered yet are
 skipped, not passed.
@@ -11,8 +11,6 @@ skipped, not passed.
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -24,9 +22,8 @@ from codec.testing import assert_identical as assert_same, diff_msg
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 
-sys.path.insert(0, str(Path(__file__).parent))
-import quant_ref as ref  # noqa: E402
-import sparse_ref  # noqa: E402
+from reference import quant as ref
+from reference import sparse as sparse_ref
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = [F32, F64, F16, BF16]

@@ -1,7 +1,7 @@
 """Quantizers (docs/codecs.md, "Quantizers (value stages)"): properties and statistics.
 
 ``tests/test_quant.py`` checks the quantizers bit for bit against the NumPy references of
-``tests/quant_ref.py``; this module checks the guarantees the spec states from first
+``tests/reference/quant.py``; this module checks the guarantees the spec states from first
 principles, with references that share nothing with either:
 
 * ``rangefloat``: hypothesis over widths, exponent widths, blocks and dtypes: relative error

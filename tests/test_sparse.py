@@ -1,7 +1,7 @@
 """Select stages (docs/codecs.md, "Select stages (sparsifiers)") against plain NumPy references.
 
 Every sparsifier is checked through the public API (``get_codec``, ``encode``, ``decode``,
-``decode_add``, ``ErrorFeedback``, ``parse_frame``) against ``tests/sparse_ref.py``: the
+``decode_add``, ``ErrorFeedback``, ``parse_frame``) against ``tests/reference/sparse.py``: the
 decoded array must equal the reference's dense array bit for bit (value stage ``none``),
 the kept positions read from the frame's index section must equal the reference's, and the
 frame's kept count must match.  Stages not registered yet are skipped, not passed.
@@ -14,7 +14,6 @@ import pickle
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -27,8 +26,7 @@ from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
 
-sys.path.insert(0, str(Path(__file__).parent))
-import sparse_ref as ref  # noqa: E402
+from reference import sparse as ref
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = [F32, F64, F16, BF16]

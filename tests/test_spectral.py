@@ -2,7 +2,7 @@
 
 Every check goes through the public API (``get_codec``, ``encode`` with ``step=``,
 ``decode``, ``decode_add``, ``ErrorFeedback``, ``parse_frame``) and compares with
-``tests/spectral_ref.py``: the kept spectrum positions read from the frame's index section
+``tests/reference/spectral.py``: the kept spectrum positions read from the frame's index section
 and the kept ``re, im`` values (value stage ``none``) must equal the reference's bit for
 bit, and so must the decoded array.  Properties: ``theta=0`` reproduces the input within FFT
 rounding, the squared error equals the dropped coefficients' energy (Parseval), schedules
@@ -14,9 +14,7 @@ counts, ties at the cut, non-finite rows.
 from __future__ import annotations
 
 import pickle
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -33,8 +31,7 @@ from codec.kernels.cpu import spectral as K
 from codec.pack import decode_indices
 from codec.testing import check_decode_add, check_error_feedback, sample_arrays
 
-sys.path.insert(0, str(Path(__file__).parent))
-import spectral_ref as ref  # noqa: E402
+from reference import spectral as ref
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
 DTYPES = [F32, F64, F16, BF16]

@@ -2,7 +2,7 @@
 
 Follows the numbered rules of ``fft(theta=, block=, keep=)`` literally, favouring the
 obviously correct over the fast: no Numba, no histogram, no codec import (only the bfloat16
-dtype and sparse_ref's once-rounding to 16-bit formats).
+dtype and reference.sparse's once-rounding to 16-bit formats).
 
 * :func:`encode` gives the kept spectrum positions (sorted int64) and the values the value
   stage codes: ``re, im`` of each kept coefficient, interleaved, in position order, in the
@@ -17,16 +17,13 @@ The tests compare the codec against these bit for bit (value stage ``none``).
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import scipy.fft
 
 from codec.dtypes import bfloat16
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sparse_ref import round_to  # noqa: E402
+from .sparse import round_to
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(bfloat16)

@@ -30,7 +30,7 @@ import numpy as np
 
 from codec.dtypes import bfloat16
 from codec.stages.select.randomk import key_hash
-from sparse_ref import _C1, _C2, mix_int, round_to as _sparse_round_to  # SplitMix64 and the rounding, shared
+from .sparse import _C1, _C2, mix_int, round_to as _sparse_round_to  # SplitMix64 and the rounding, shared
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(bfloat16)
@@ -62,7 +62,7 @@ def check_finite(x) -> None:
 
 
 def round_to(x, dtype) -> np.ndarray:
-    """float64 ``x`` rounded once (nearest, ties to even) to ``dtype`` (sparse_ref's rounding;
+    """float64 ``x`` rounded once (nearest, ties to even) to ``dtype`` (reference.sparse's rounding;
     float32/float64 overflow to inf quietly)."""
     with np.errstate(over="ignore"):
         return _sparse_round_to(x, dtype)

@@ -3,7 +3,7 @@
 
 Follows the numbered rules literally, with the same NumPy operations as the codec where the
 result must agree bit for bit (``M @ Q``, Gram-Schmidt, ``M.T @ P``, ``P @ Q.T``), and no
-``codec`` import except the bfloat16 dtype; sparse_ref's once-rounding to 16-bit formats and key hash.
+``codec`` import except the bfloat16 dtype; reference.sparse's once-rounding to 16-bit formats and key hash.
 
 * :func:`matrix_of`, :func:`initial_q`, :func:`orthogonalize`: rules 1-3.
 * :func:`encode` returns the values the value stage codes (``P.ravel()`` then ``Q.ravel()``
@@ -18,15 +18,12 @@ result must agree bit for bit (``M @ Q``, Gram-Schmidt, ``M.T @ P``, ``P @ Q.T``
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from codec.dtypes import bfloat16
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sparse_ref import key_hash, round_to  # noqa: E402
+from .sparse import key_hash, round_to
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(bfloat16)
