@@ -4,7 +4,7 @@ Every exception gradcodec raises on purpose is a :class:`CodecError`; most are a
 ``ValueError`` (or ``TypeError``), so code that only knows NumPy-style errors still catches
 them.  The classes live beside the code that raises them; docs/api.md ("Errors") lists them:
 
-- here: ``CorruptFrameError``, ``UnknownCodecError``
+- here: ``CorruptFrameError``, ``UnknownCodecError``, ``NonFiniteError``
 - ``codec.spec.SpecError``: a spec string that does not parse
 - ``codec.io``: ``UnsupportedFormatError``, ``TensorFileError``, ``TensorNameError``
 - ``transport``: ``MismatchError``, ``RankError``, ``RankTypeError``
@@ -25,3 +25,14 @@ class CorruptFrameError(CodecError, ValueError):
 
 class UnknownCodecError(CodecError, ValueError):
     """A spec, config or frame names a codec or stage that is not registered."""
+
+
+class NonFiniteError(CodecError, ValueError):
+    """NaN or inf where a codec needs finite values; the one builder of that message:
+    ``"{where}: non-finite value at position {position}; {who} {why}"`` (``where`` names the
+    argument, ``position`` is the array index of the first bad element, ``who`` the codec
+    or stage that refuses it)."""
+
+    def __init__(self, where: str, position, who: str, why: str = "needs finite input"):
+        super().__init__(f"{where}: non-finite value at position {position}; {who} {why}")
+        self.position = position

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from codec.dtypes import as_float_array, owned_float_array
+from codec.errors import NonFiniteError
 from codec.ops import round_to
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP, Context, check_step
@@ -269,7 +270,7 @@ def _check_finite(arr: np.ndarray, where: str, codec: Codec) -> None:
     i = first_nonfinite(arr)
     if i >= 0:
         pos = tuple(int(v) for v in np.unravel_index(i, arr.shape))
-        raise ValueError(f"{where}: non-finite value at {pos}; {codec.spec!r} refuses NaN/inf input, so the next step would fail")
+        raise NonFiniteError(where, pos, repr(codec.spec), "refuses NaN/inf input, so the next step would fail")
 
 
 def _check(state, codec: Codec | None, momentum: float | None):

@@ -245,7 +245,7 @@ def test_nonfinite_residual_follows_the_codec(bad):
     ef, _ = trained("topk(ratio=0.05)")
     state = ef.state_dict()
     state["slots"][0]["residual"][3, 4] = bad
-    refused(ErrorFeedback("topk(ratio=0.05)"), state, r"state: slot 'w': residual: non-finite value at \(3, 4\)")
+    refused(ErrorFeedback("topk(ratio=0.05)"), state, r"state: slot 'w': residual: non-finite value at position \(3, 4\)")
     # a codec that carries NaN/inf makes such residuals itself, and resumes from them
     for spec in ("none", "fp16(nonfinite=keep)", "none+zstd"):
         ef, xs = trained(spec)
@@ -509,7 +509,7 @@ def test_velocity_rules():
         (np.ones((400, 30), np.float32), r"velocity: expected float32\[40, 30\]"),
         (v.astype(np.int32), r"velocity: dtype int32"),
         (v.tolist(), r"velocity: expected a NumPy array"),
-        (np.full_like(v, np.nan), r"velocity: non-finite value at \(0, 0\)"),
+        (np.full_like(v, np.nan), r"velocity: non-finite value at position \(0, 0\)"),
     ]:
         refused(plain, with_slot(state, velocity=bad), "state: slot 'w': " + match)
     # momentum off: a saved velocity would be silently dropped, so it is refused

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from codec.errors import NonFiniteError
 from codec.ops import readonly
 from codec.stage import Select
 
@@ -65,7 +66,7 @@ def collect(run, nchunk: int, cap: int, vdtype=None):
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
     from codec.ops import first_nonfinite
 
-    raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(acc))}; {name} needs finite input")
+    raise NonFiniteError("x", ctx.where(first_nonfinite(acc)), name)
 
 
 class Magnitudes:

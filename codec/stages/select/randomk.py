@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.errors import CorruptFrameError
+from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import Kind, Section
 from codec.stages.select.magnitude import k_of
 from codec.params import SEED, Param, ratio
@@ -59,7 +59,7 @@ class RandomK(Select):
         kept = acc[idx]
         bad = first_nonfinite(kept)
         if bad >= 0:  # only kept values are looked at (the rest is never read)
-            raise ValueError(f"x: non-finite value at position {ctx.where(idx[bad])}; randomk needs finite kept values")
+            raise NonFiniteError("x", ctx.where(idx[bad]), "randomk", "needs finite kept values")
         if self.scale and idx.size:
             kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
         sections.append(Section(Kind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.dtypes import bfloat16
+from codec.errors import NonFiniteError
 from codec.frame import Kind, Section
 from codec.params import NONFINITE
 from codec.stage import Value, register
@@ -68,10 +69,7 @@ class _Half(Value):
     def _raise_nonfinite(self, values, ctx):
         from codec.ops import first_nonfinite
 
-        raise ValueError(
-            f"x: non-finite value at position {ctx.where(first_nonfinite(values))}; {self.name} is lossy, pass "
-            f"{self.name}(nonfinite=keep) to send NaN/inf anyway"
-        )
+        raise NonFiniteError("x", ctx.where(first_nonfinite(values)), self.name, f"is lossy, pass {self.name}(nonfinite=keep) to send NaN/inf anyway")
 
     def read(self, reader, ctx, count):
         _, raw = reader.take(Kind.VALUES, bits=16, count=count)

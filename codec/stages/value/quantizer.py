@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from codec.errors import CorruptFrameError
+from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import Kind, Section
 from codec.ops import readonly
 from codec.pack import _code_dtype as code_dtype  # noqa: F401  (the narrowest unsigned dtype for a code width)
@@ -108,7 +108,7 @@ class Quantizer(Value):
     def raise_nonfinite(self, x, ctx):
         from codec.ops import first_nonfinite
 
-        raise ValueError(f"x: non-finite value at position {ctx.where(first_nonfinite(x))}; {self.name} needs finite input")
+        raise NonFiniteError("x", ctx.where(first_nonfinite(x)), self.name)
 
     @property
     def stochastic(self) -> bool:
