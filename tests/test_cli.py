@@ -343,10 +343,10 @@ def test_keyboard_interrupt_and_internal_error(capsys, monkeypatch):
     def broken(args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "cmd_list", interrupted)
+    monkeypatch.setattr(cli.commands, "cmd_list", interrupted)
     rc, out, err = run(capsys, "list")
     assert rc == 130 and out == "" and err == ""
-    monkeypatch.setattr(cli, "cmd_list", broken)
+    monkeypatch.setattr(cli.commands, "cmd_list", broken)
     assert "internal error" in fails(capsys, 3, "list")
     monkeypatch.setenv("GRADCODEC_DEBUG", "1")
     with pytest.raises(RuntimeError):

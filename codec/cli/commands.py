@@ -1,0 +1,328 @@
+"""The subcommands of ``gradcodec``: ``cmd_NAME(args) -> exit status``, one per command."""
+
+from __future__ import annotations
+
+import os
+
+from codec.cli.errors import EXIT_DATA, EXIT_OK, DataError, UsageError
+from codec.cli.files import (
+    check_container_names, check_names, check_out_ext, read_bytes, read_input, refuse_overwrite, user_codec, write_bytes,
+    write_output,
+)
+from codec.cli.measure import Stats, measure_all
+from codec.cli.render import (
+    ProgressBar, fmt_int, fmt_ratio, name_cell, print_json, show, stats_table, table,
+)
+
+
+def _encode_one(c, name: str, x):
+    from codec.errors import CodecError
+
+    try:
+        return c.encode(x)
+    except (ValueError, TypeError, CodecError) as e:
+        raise DataError(f"tensor {name!r:.200}: {e}") from None
+
+
+def cmd_list(args) -> int:
+    import codec
+
+    codecs = codec.list_codecs()
+    if args.json:
+        print_json(codecs)
+        return EXIT_OK
+    t = table(
+        f"{len(codecs)} registered codecs (combine them with '+': e.g. topk(ratio=0.001)+fp16+zstd; "
+        "~ marks a parameter that may be a schedule, e.g. ratio=warmup(0.25,0.001,steps=1000))"
+    )
+    for h in ("id", "kind", "lossless", "parameters (default)", "description"):
+        t.add_column(h, overflow="fold")
+    for c in codecs:
+        params = []
+        for p in c["params"]:
+            text = f"{p['name']}={'auto' if p.get('auto') else p['default']}"
+            if "choices" in p:
+                text += " (" + "|".join(map(str, p["choices"])) + ")"
+            elif "min" in p or "max" in p:
+                text += f" ({p.get('min', '')}..{p.get('max', '')})"
+            if p.get("schedule"):
+                text += " ~"
+            params.append(text)
+        t.add_row(c["id"], c["kind"], "yes" if c["lossless"] else "no", ", ".join(params) or "-", c["doc"])
+    show(t)
+    return EXIT_OK
+
+
+def cmd_encode(args) -> int:
+    from codec.container import pack_frames
+
+    c = user_codec(args.spec)
+    refuse_overwrite(args.output, args.input)
+    tensors = read_input(args.input)
+    bytes_in = sum(int(x.nbytes) for x in tensors.values())
+    if len(tensors) == 1 and not args.container:
+        ((name, x),) = tensors.items()
+        out = _encode_one(c, name, x)
+        kind = "frame"
+    else:
+        check_container_names(args.output, tensors)
+        frames = []
+        with ProgressBar(len(tensors), f"encoding with {c.spec}") as bar:
+            for name, x in tensors.items():
+                frames.append((name, _encode_one(c, name, x)))
+                bar.advance()
+        try:
+            out = pack_frames(frames)
+        except (ValueError, TypeError) as e:
+            raise DataError(f"cannot write {args.output}: {e}") from None
+        kind = "container"
+    write_bytes(args.output, out)
+    ratio = bytes_in / len(out) if out else float("nan")
+    print(
+        f"{args.input} -> {args.output} ({kind}, {len(tensors)} tensor{'s' * (len(tensors) != 1)}, {c.spec}): "
+        f"{fmt_int(bytes_in)} bytes in, {fmt_int(len(out))} bytes out, ratio {fmt_ratio(ratio)}"
+    )
+    return EXIT_OK
+
+
+def _frames_of(path: str, buf) -> tuple[bool, list]:
+    """(is_container, [(name, frame)]) of a frame file; a bare frame is named by the file stem."""
+    from codec.container import is_container, unpack_frames
+
+    from codec.errors import CorruptFrameError
+
+    if is_container(buf):
+        try:
+            return True, unpack_frames(buf)
+        except CorruptFrameError as e:
+            raise DataError(f"{path}: {e}") from None
+    return False, [(os.path.splitext(os.path.basename(path))[0], memoryview(buf))]
+
+
+def _decode_one(name: str, frame, in_container: bool):
+    import codec
+
+    try:
+        return codec.decode(frame)
+    except (ValueError, TypeError, codec.CodecError) as e:
+        raise DataError(f"tensor {name!r:.200}: {e}" if in_container else str(e)) from None
+
+
+def cmd_decode(args) -> int:
+    ext = check_out_ext(args.output)
+    refuse_overwrite(args.output, args.input)
+    buf = read_bytes(args.input)
+    boxed, frames = _frames_of(args.input, buf)
+    if ext == ".npy" and len(frames) != 1:
+        raise UsageError(
+            f"{args.input} is a container of {len(frames)} tensors; a .npy file holds exactly one, use -o NAME.npz or NAME.safetensors"
+        )
+    check_names(args.output, [name for name, _ in frames])
+    tensors = {}
+    with ProgressBar(len(frames), "decoding") as bar:
+        for name, frame in frames:
+            tensors[name] = _decode_one(name, frame, boxed)
+            bar.advance()
+    write_output(args.output, tensors)
+    raw = sum(int(x.nbytes) for x in tensors.values())
+    print(
+        f"{args.input} -> {args.output} ({len(tensors)} tensor{'s' * (len(tensors) != 1)}): "
+        f"{fmt_int(len(buf))} bytes in, {fmt_int(raw)} bytes out"
+    )
+    return EXIT_OK
+
+
+def _inspect(name: str, frame, in_container: bool) -> dict:
+    import codec
+    from codec.dtypes import NAMES
+
+    try:
+        d = codec.inspect(frame)
+    except (ValueError, TypeError, codec.CodecError) as e:
+        raise DataError(f"tensor {name!r:.200}: {e}" if in_container else str(e)) from None
+    d["raw_bytes"] = d["elements"] * NAMES[d["dtype"]].itemsize
+    return d
+
+
+def cmd_info(args) -> int:
+    buf = read_bytes(args.input)
+    boxed, frames = _frames_of(args.input, buf)
+    infos = [(name, _inspect(name, f, boxed)) for name, f in frames]
+    if not boxed:
+        d = infos[0][1]
+        if args.json:
+            print_json(d)
+            return EXIT_OK
+        t = table(f"{args.input}: gradcodec frame, format version {d['format_version']}")
+        t.add_column("field")
+        t.add_column("value", overflow="fold")
+        for k, v in (
+            ("codec", name_cell(d["codec"])),
+            ("dtype", d["dtype"]),
+            ("shape", "(" + ", ".join(map(str, d["shape"])) + ("," if len(d["shape"]) == 1 else "") + ")"),
+            ("elements", fmt_int(d["elements"])),
+            ("raw bytes", fmt_int(d["raw_bytes"])),
+            ("header bytes", fmt_int(d["header_bytes"])),
+            ("payload bytes", fmt_int(d["payload_bytes"])),
+            ("frame bytes", fmt_int(d["frame_bytes"])),
+            ("ratio", fmt_ratio(d["raw_bytes"] / d["frame_bytes"])),
+            ("payload checksum", d["payload_checksum"] or "none"),
+        ):
+            t.add_row(k, v)
+        s = table("sections")
+        for h, j in (("#", "right"), ("kind", "left"), ("encoding", "left"), ("bits", "right"), ("count", "right"),
+                     ("raw bytes", "right"), ("stored bytes", "right")):
+            s.add_column(h, justify=j)
+        for i, sec in enumerate(d["sections"]):
+            s.add_row(str(i), sec["kind"], sec["encoding"], str(sec["bits"]), fmt_int(sec["count"]), fmt_int(sec["raw_bytes"]), fmt_int(sec["stored_bytes"]))
+        show(t, s)
+        return EXIT_OK
+    frame_total = sum(d["frame_bytes"] for _, d in infos)
+    summary = {
+        "format_version": 1,
+        "count": len(infos),
+        "container_bytes": len(buf),
+        "header_bytes": len(buf) - frame_total,
+        "elements": sum(d["elements"] for _, d in infos),
+        "raw_bytes": sum(d["raw_bytes"] for _, d in infos),
+    }
+    if args.json:
+        print_json({"container": summary, "tensors": [{"name": n, **d} for n, d in infos]})
+        return EXIT_OK
+    t = table(
+        f"{args.input}: gradcodec container, format version 1, {len(infos)} tensor{'s' * (len(infos) != 1)}",
+        caption=f"total bytes include the {fmt_int(summary['header_bytes'])}-byte container header, table and checksums",
+    )
+    for h, j in (("name", "left"), ("codec", "left"), ("dtype", "left"), ("shape", "left"), ("elements", "right"),
+                 ("raw bytes", "right"), ("frame bytes", "right"), ("ratio", "right")):
+        t.add_column(h, justify=j, overflow="fold")
+    for i, (name, d) in enumerate(infos):
+        t.add_row(
+            name_cell(name), name_cell(d["codec"]), d["dtype"], "x".join(map(str, d["shape"])) or "()", fmt_int(d["elements"]), fmt_int(d["raw_bytes"]),
+            fmt_int(d["frame_bytes"]), fmt_ratio(d["raw_bytes"] / d["frame_bytes"]), end_section=i == len(infos) - 1,
+        )
+    ratio = summary["raw_bytes"] / len(buf)
+    t.add_row("TOTAL", "", "", "", fmt_int(summary["elements"]), fmt_int(summary["raw_bytes"]), fmt_int(len(buf)), fmt_ratio(ratio), style="bold")
+    show(t)
+    return EXIT_OK
+
+
+def cmd_roundtrip(args) -> int:
+    c = user_codec(args.spec)
+    tensors = read_input(args.input)
+    rows, total = [], Stats()
+    with ProgressBar(len(tensors), f"round trip with {c.spec}") as bar:
+        stats = measure_all(c, tensors, args.repeat, bar.advance)
+    for name, st in zip(tensors, stats):
+        total.add(st)
+        row = st.row(name)
+        del row["tensors"]
+        rows.append(row)
+    tot = total.row("TOTAL")
+    if args.json:
+        print_json({"codec": c.spec, "lossless": c.lossless, "input": args.input, "rows": rows, "total": tot})
+        return EXIT_OK
+    if rows:
+        rows[-1]["_before_total"] = True
+    tot["_total"] = True
+    title = f"round trip of {args.input} with {c.spec} ({'lossless' if c.lossless else 'lossy'})"
+    caption = "bytes out: whole frames, headers included; ratio = bytes in / bytes out; speeds: raw bytes / best of " \
+              f"{args.repeat} timed round{'s' * (args.repeat != 1)} over all tensors, after one untimed warm-up"
+    show(stats_table(title, rows + [tot], "tensor", caption))
+    return EXIT_OK
+
+
+#: pipelines the demo runs after one default spec per registered codec id
+DEMO_PIPELINES = (
+    "fp16+zstd",
+    "bf16+zstd",
+    "threshold(value=0.001)+fp16+zstd",
+    "topk(ratio=0.001)+fp16+zstd",
+    "gaussiank(ratio=0.05)+bf16",
+    "adacomp+zstd",
+    "qsgd+zstd",
+    "topk(ratio=0.01)+rangefloat",
+)
+
+
+def spec_list(text: str) -> list[str]:
+    """Split ``a,b(x=1,y=2),c`` on the commas outside parentheses."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        cur.append(ch)
+    out.append("".join(cur).strip())
+    specs = [s for s in out if s]
+    if not specs:
+        raise UsageError("--codecs: expected a comma-separated list of specs, e.g. 'fp16,zstd'")
+    return specs
+
+
+def _demo_specs() -> list[str]:
+    import codec
+
+    return [c["id"] for c in codec.list_codecs()] + list(DEMO_PIPELINES)
+
+
+def cmd_demo(args) -> int:
+    import codec
+    from codec import sample
+
+    if args.codecs is not None:
+        specs = spec_list(args.codecs)
+        codecs = [(s, user_codec(s)) for s in specs]  # a bad user spec is a usage error, before any work
+    else:
+        codecs = []
+        for s in _demo_specs():
+            try:
+                codecs.append((s, codec.get_codec(s)))
+            except (ValueError, TypeError, codec.CodecError) as e:
+                codecs.append((s, e))
+    try:
+        grads = sample.load_sample()
+    except OSError as e:
+        raise DataError(f"cannot load the bundled sample: {e}") from None
+    n_el = sum(int(x.size) for x in grads.values())
+    n_b = sum(int(x.nbytes) for x in grads.values())
+    dtypes = sorted({str(x.dtype) for x in grads.values()})
+    rows, failed = [], 0
+    with ProgressBar(len(codecs) * len(grads), "demo") as bar:
+        for label, c in codecs:
+            if isinstance(c, Exception):
+                rows.append({"name": label, "error": str(c)})
+                failed += 1
+                continue
+            total = Stats()
+            try:
+                for st in measure_all(c, grads, args.repeat, lambda: bar.advance(f"demo: {c.spec}")):
+                    total.add(st)
+            except DataError as e:
+                rows.append({"name": c.spec, "error": str(e)})
+                failed += 1
+                continue
+            row = total.row(c.spec)
+            row["lossless"] = c.lossless
+            rows.append(row)
+    about = (
+        f"{len(grads)} {'/'.join(dtypes)} gradient tensors ({fmt_int(n_el)} elements, {fmt_int(n_b)} bytes) "
+        "of a small CNN trained on scikit-learn digits, 4 training steps (codec.sample)"
+    )
+    if args.json:
+        print_json({"sample": {"tensors": len(grads), "elements": n_el, "bytes": n_b, "about": about}, "rows": rows})
+    else:
+        for r in rows:
+            if "lossless" in r:
+                r["lossless"] = "yes" if r["lossless"] else "no"
+        caption = (
+            "one TOTAL row per codec over all tensors: bytes out = whole frames, headers included; ratio = bytes in / "
+            f"bytes out; rel L2 err = ||y-x||/||x|| and cosine over the concatenation; speeds = raw bytes / best of "
+            f"{args.repeat} timed round{'s' * (args.repeat != 1)} over all tensors, after one untimed warm-up"
+        )
+        show(stats_table(f"gradcodec demo: {about}", rows, "codec", caption, extra=[("lossless", "center", "lossless")]))
+    return EXIT_DATA if failed else EXIT_OK
+
