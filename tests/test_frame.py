@@ -11,6 +11,8 @@ import pytest
 import codec
 from codec.frame import FIXED_SIZE, MAGIC, MIN_FRAME, SECTION_SIZE, Kind, parse_frame
 
+from support.threads import same_across_threads
+
 
 def _frame(spec="fp16", arr=None):
     arr = np.arange(10, dtype=np.float32) if arr is None else arr
@@ -177,20 +179,14 @@ def test_zstd_only_used_when_smaller():
 
 
 def test_frames_are_deterministic_across_thread_counts(tmp_path):
-    import subprocess
-    import sys
-
     script = (
         "import numpy as np, codec, sys;"
         "x = (np.random.default_rng(5).standard_t(2, 300_001) * 1e-3).astype(np.float32);"
         "f = b''.join(codec.get_codec(s).encode(x) for s in ['fp16', 'bf16', 'threshold(value=0.002)+fp16+zstd', 'zstd']);"
         "sys.stdout.write(__import__('hashlib').sha256(f).hexdigest())"
     )
-    outs = set()
-    for threads in ("1", "2"):
-        env = dict(__import__("os").environ, NUMBA_NUM_THREADS=threads)
-        outs.add(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout)
-    assert len(outs) == 1
+    digest = same_across_threads(script)  # equal under NUMBA_NUM_THREADS=1 and 2 (asserted there)
+    assert len(digest) == 64
 
 
 def test_inspect_reports_the_header():

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import subprocess
-import sys
 from fractions import Fraction
 
 import ml_dtypes
@@ -38,6 +35,8 @@ from hypothesis import strategies as st
 import codec
 from codec.dtypes import bfloat16
 from codec.frame import Kind, parse_frame
+
+from support.threads import same_across_threads
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
 
@@ -711,15 +710,8 @@ def test_frames_do_not_depend_on_thread_count():
     specs = STOCHASTIC + ["rangefloat(block=1000)", "fp8(format=e5m2,scale=true,rounding=stochastic)", "qsgd(rounding=nearest)",
                           "minmax", "rangefloat", "sign", "efsign", "onebit", "topk(ratio=0.3)+qsgd(levels=4)"]
 
-    def run(threads):
-        env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-        r = subprocess.run([sys.executable, "-c", THREAD_SCRIPT, *specs], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        return r.stdout.strip()
-
-    one, two = run(1), run(2)
+    one = same_across_threads(THREAD_SCRIPT, *specs)  # equal under NUMBA_NUM_THREADS=1 and 2 (asserted there)
     assert len(one) == 64
-    assert one == two, f"frames differ between 1 and 2 threads: {one} vs {two}"
     h = hashlib.sha256()
     rng = np.random.default_rng(31)
     x = (rng.standard_normal(300_000) * np.exp(rng.uniform(-3, 1, 300_000))).astype(np.float32)
