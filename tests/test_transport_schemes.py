@@ -36,7 +36,7 @@ from schemes_ref import BF16, F16, F32, F64  # noqa: E402
 
 MPI = pytest.importorskip("mpi4py.MPI")
 from transport import Allreducer  # noqa: E402
-from transport.gtopk import merge, schedule  # noqa: E402
+from transport.schemes.gtopk import merge, schedule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve().parent / "mpi_schemes.py"

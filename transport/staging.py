@@ -4,8 +4,7 @@ allows.
 An input that exposes ``__cuda_array_interface__`` (CuPy, PyTorch CUDA tensors, Numba device
 arrays) is copied to host memory for encoding, and the reduced result is copied back to a
 Numba device array, so a caller gets device arrays for device inputs.  The codecs' CUDA
-kernels come later; when they land, ``to_host`` is where a device frame path plugs in, and a
-CUDA-aware MPI (``Allreducer(cuda_aware=True)``) receives device buffers directly.  Both
+kernels come later; when they land, ``to_host`` is where a device frame path plugs in.  Both
 copies need the optional ``numba-cuda`` package (``pip install -e ".[cuda]"``).
 """
 
@@ -13,13 +12,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.arrays import on_device
+
 
 def is_device(x) -> bool:
-    """True for arrays living in GPU memory (``__cuda_array_interface__``, not a NumPy array)."""
-    return hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray)
+    """True for arrays living in GPU memory (``__cuda_array_interface__``, not a NumPy array):
+    the codec's own test (``codec.arrays.on_device``), so both layers agree on what a device
+    array is."""
+    return on_device(x)
 
 
 def _cuda():
+    # imported on the first device array, not at module level: numba.cuda is optional
+    # (the ``cuda`` extra) and loading it costs time every host-only job would pay
     try:
         from numba import cuda
     except ImportError:  # pragma: no cover - numba always imports; numba.cuda may not

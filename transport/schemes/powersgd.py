@@ -1,5 +1,5 @@
 """Two-round PowerSGD over MPI (Vogels et al., NeurIPS'19, Algorithms 1 and 2), with the
-codec's functions (``codec.stages.transform.powersgd``: ``matrix_of``, ``start_q``, ``orthogonalize``)
+codec's functions (``codec.lowrank.powersgd``: ``matrix_of``, ``start_q``, ``orthogonalize``)
 and its parameters (``powersgd(rank=2, warm_start=true, min_compression_rate=2, seed=0)``).
 
 Per step, every rank, for every tensor of the step at once:
@@ -29,11 +29,10 @@ import time
 
 import numpy as np
 
-from codec.dtypes import owned_float_array
-from codec.stages.transform.powersgd import matrix_of, orthogonalize, start_q
-from codec.stage import check_step
-from codec.ops import wide_dtype
-from transport.allreduce import Scheme, Sums, check_finite, finish_sum
+import codec
+from codec.arrays import owned_float_array, wide_dtype
+from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
+from transport.schemes.base import Scheme, Sums, check_finite, finish_sum
 
 __all__ = ["TwoRound"]
 
@@ -42,9 +41,10 @@ class TwoRound(Scheme):
     """``powersgd(...)`` as the two-round allreduce; no value or bytes stage (P and Q travel
     as MPI Allreduce buffers in float32, float64 for float64 tensors)."""
 
-    def __init__(self, c, reducer):
-        super().__init__(c, reducer)
-        if len(c.stages) != 2 or c.value.name != "none":
+    def __init__(self, codec_or_spec, reducer):
+        super().__init__(codec_or_spec, reducer)
+        c = self.codec
+        if len(codec.parse_spec(c.spec)) != 1:  # the canonical spec leaves out the implicit value stage
             raise ValueError(
                 f"codec_or_spec: two-round PowerSGD allreduces P and Q as plain arrays; {c.spec!r} adds stages it cannot apply (use 'powersgd(...)')"
             )
@@ -113,7 +113,7 @@ class TwoRound(Scheme):
             where = f"state: state: memory[{name!r}]"
             if not isinstance(mem, dict) or set(mem) != {"residual", "q", "step"}:
                 raise ValueError(f"{where}: expected a dict with 'residual', 'q' and 'step'")
-            clean = {"step": check_step(mem["step"], f"{where}: step")}
+            clean = {"step": codec.check_step(mem["step"], f"{where}: step")}
             for field in ("residual", "q"):
                 v = mem[field]
                 if v is None:

@@ -36,9 +36,10 @@ import time
 import numpy as np
 
 import codec
-from codec.ops import wide_dtype
-from codec.spec import format_spec, parse as parse_spec
-from transport.allreduce import Framed, finish_sum, raise_failed, status_of
+from codec.arrays import wide_dtype
+from transport.errors import raise_failed, status_of
+from transport.schemes.allgather import Framed
+from transport.schemes.base import finish_sum, mpi
 
 __all__ = ["GTopK", "merge", "schedule"]
 
@@ -124,10 +125,10 @@ class GTopK(Framed):
     the merge tree of :func:`schedule`."""
 
     def __init__(self, spec, reducer):
-        stages = parse_spec(spec)
-        local = format_spec([("topk", stages[0][1])] + list(stages[1:]))
+        stages = codec.parse_spec(spec)
+        local = codec.format_spec([("topk", stages[0][1])] + list(stages[1:]))
         super().__init__(codec.get_codec(local, checksum=reducer.checksum), reducer)
-        self.spec = format_spec([("gtopk", stages[0][1])] + [(n, p) for n, p in parse_spec(self.codec.spec)[1:]])
+        self.spec = codec.format_spec([("gtopk", stages[0][1])] + [(n, p) for n, p in codec.parse_spec(self.codec.spec)[1:]])
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not gtopk")
 
@@ -157,8 +158,7 @@ class _TreePending:
     def _recv(self, comm, peer, known: bool):
         """A message from ``peer``: the full size when this rank knows it, else probed (a rank
         that could not encode does not know ``k``)."""
-        from mpi4py import MPI
-
+        MPI = mpi()
         if known:
             buf = np.empty(HEADER + self.pairs.nbytes, np.uint8)
             st = MPI.Status()
@@ -172,8 +172,7 @@ class _TreePending:
         return buf[: st.Get_count(MPI.BYTE)]
 
     def finish(self, stats):
-        from mpi4py import MPI
-
+        MPI = mpi()
         red = self.scheme.reducer
         comm = red.comm
         known = self.pairs is not None

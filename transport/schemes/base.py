@@ -1,0 +1,155 @@
+"""What every scheme shares: the :class:`Scheme` base and the pending-step protocol
+(:class:`Pending`), the dense sum of flat parts (:class:`Sums`), the one division and
+rounding at the end (:func:`finish_sum`) and the finiteness check (:func:`check_finite`).
+
+A scheme never imports the Allreducer: it gets the reducer as an argument and reads its
+options (``comm``, ``rank``, ``size``, ``average``, ``error_feedback``, ``vote``,
+``rank_streams``, ``bucket_bytes``, ``checksum``) from it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+import codec
+from codec.arrays import first_nonfinite, round_to, wide_dtype
+
+__all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_sum", "mpi", "vote_error"]
+
+#: codecs whose reduction may be a majority vote (sign of the sum of signs)
+SIGN_CODECS = ("sign", "efsign", "onebit")
+
+
+def mpi():
+    """``mpi4py.MPI``, imported on first use and never at module level: importing it
+    initialises MPI, and ``import transport`` (the cost model, the message fuzzer, a reducer
+    built on a communicator the caller made) must work where mpi4py is absent or unwanted."""
+    from mpi4py import MPI
+
+    return MPI
+
+
+def vote_error(spec: str) -> ValueError:
+    """The error of ``vote=True`` with a codec that is not a sign codec."""
+    return ValueError(f"vote: majority vote needs a sign codec ({', '.join(SIGN_CODECS)}), not {spec!r}")
+
+
+class Pending(Protocol):
+    """A step in flight, as :meth:`Scheme.start` returns it (``Handle`` drives it).
+
+    ``wire``: this rank's wire bytes per sent tensor (its frame, headers included, or what the
+    scheme sends for it).  ``test()``: True when the first round's communication has
+    completed; never blocks.  ``finish(stats)``: completes the step (every remaining round),
+    adds the bytes it moved to ``stats`` (a ``transport.Stats``), sets ``stats.decode_s``,
+    and returns the reduced arrays, with the inputs' dtypes and shapes, in the sent order.
+    It is called once, on every rank, in the order the steps were started."""
+
+    wire: list
+
+    def test(self) -> bool: ...
+
+    def finish(self, stats) -> list: ...
+
+
+class Scheme:
+    """How a step moves.  ``prepare(arrays, keys)`` does every check and every piece of local
+    work that can fail on one rank only, and changes no state; it runs before the step's
+    first collective (the config check, which carries its success or failure to every rank).
+    ``start(prepared, stats)`` then encodes and posts the first communication, returning a
+    :class:`Pending` step whose ``finish(stats)`` completes it and returns the reduced arrays
+    (the inputs' dtypes and shapes).
+
+    ``Scheme(codec_or_spec, reducer)``: ``codec_or_spec`` as the Allreducer got it (a spec
+    string, config dict or ``codec.Codec``).  :meth:`takes` lets a scheme decline a spec
+    whose head names it (the default scheme then runs it)."""
+
+    def __init__(self, codec_or_spec, reducer):
+        self.reducer = reducer
+        self.codec = codec.get_codec(codec_or_spec, checksum=reducer.checksum)
+        self.spec = self.codec.spec
+
+    @classmethod
+    def takes(cls, stages) -> bool:
+        """Whether this scheme runs the parsed spec ``stages`` (``[(name, params)]``) whose head
+        names it in the table (transport/schemes/__init__.py)."""
+        return True
+
+    def prepare(self, arrays, keys):
+        return arrays, keys
+
+    def start(self, prepared, stats) -> Pending:
+        raise NotImplementedError
+
+    def state_dict(self):
+        return None
+
+    def load_state_dict(self, state):
+        pass
+
+
+def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None) -> np.ndarray:
+    """``acc / size`` when averaging (one division), rounded once to ``dtype``.
+
+    ``touched``: sorted unique flat positions outside which ``acc`` is known to be zero (a
+    sparse sum); only those are divided and rounded, so the untouched pages of a fresh
+    ``np.zeros`` are never written.  The result is the same bits either way."""
+    if touched is not None:
+        flat = acc.reshape(-1)
+        part = finish_sum(flat[touched], dtype, size, average)
+        if acc.dtype == dtype:
+            flat[touched] = part
+            return acc
+        out = np.zeros(acc.shape, dtype)
+        out.reshape(-1)[touched] = part
+        return out
+    if average and size > 1:
+        np.divide(acc, acc.dtype.type(size), out=acc)
+    return acc if acc.dtype == dtype else round_to(acc, dtype)
+
+
+def check_finite(a: np.ndarray, name, spec: str) -> None:
+    """ValueError naming the tensor and the position of its first NaN or inf."""
+    bad = first_nonfinite(a)
+    if bad >= 0:
+        at = tuple(int(i) for i in np.unravel_index(bad, a.shape)) if a.ndim > 1 else bad
+        raise ValueError(f"tensors[{name!r}]: non-finite value ({a.reshape(-1)[bad]}) at position {at}; {spec} needs finite input")
+
+
+class Sums:
+    """MPI Allreduce (SUM, in place, nonblocking) of a list of flat parts: one buffer per
+    accumulator dtype (``wide_dtype`` of each tensor's dtype), so a step costs one collective
+    per dtype however many tensors it has.  Used by ``none`` and by both PowerSGD rounds."""
+
+    def __init__(self, comm, arrays):
+        self.comm = comm
+        self.groups = {}
+        for i, a in enumerate(arrays):
+            self.groups.setdefault(wide_dtype(a.dtype), []).append(i)
+
+    def start(self, parts, stats) -> "Sums":
+        MPI = mpi()
+        self.sizes = [p.size for p in parts]
+        self.bufs, self.reqs = {}, []
+        for dt, idx in self.groups.items():
+            buf = np.concatenate([parts[i].reshape(-1) for i in idx], dtype=dt)
+            self.bufs[dt] = buf
+            self.reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf))
+            stats.bytes_sent += buf.nbytes
+            stats.bytes_received += buf.nbytes
+        return self
+
+    def test(self) -> bool:
+        return mpi().Request.Testall(self.reqs)
+
+    def wait(self) -> list[np.ndarray]:
+        """The summed parts, flat, in the order they were given (views of the buffers)."""
+        mpi().Request.Waitall(self.reqs)
+        out = [None] * len(self.sizes)
+        for dt, idx in self.groups.items():
+            at = 0
+            for i in idx:
+                out[i] = self.bufs[dt][at : at + self.sizes[i]]
+                at += self.sizes[i]
+        return out
