@@ -4,7 +4,7 @@ A stage parameter declared ``Param(..., schedule=True)`` may hold a constant or 
 :class:`Schedule`.  The step ``t`` is an int >= 0: ``ErrorFeedback`` counts steps per key, a
 bare ``encode`` is step 0.  A stage reads its parameter with ``self.at(name, ctx.step)``.
 
-Kinds (``u = min(floor(t / every) * every, steps) / steps``; computed in float64)::
+Forms (``u = min(floor(t / every) * every, steps) / steps``; computed in float64)::
 
     linear(start, end, steps=N, every=1)   start + (end - start) * u
     exp(start, end, steps=N, every=1)      start * (end / start) ** u          (start, end > 0)
@@ -31,25 +31,25 @@ from dataclasses import dataclass
 
 from codec.spec import Call
 
-__all__ = ["Schedule", "build", "exp", "linear", "parse", "step", "warmup", "KINDS"]
+__all__ = ["Schedule", "build", "exp", "linear", "parse", "step", "warmup", "FORMS"]
 
 
 @dataclass(frozen=True)
-class _Kind:
+class _Form:
     name: str
-    values: tuple  # names of the positional values; empty for a variadic kind
+    values: tuple  # names of the positional values; empty for a variadic form
     variadic: bool
     keywords: tuple  # ((name, default or None when required), ...), in canonical order
 
 
 _RAMP = (("steps", None), ("every", 1))
 
-#: The schedule kinds by name.
-KINDS: dict[str, _Kind] = {
-    "linear": _Kind("linear", ("start", "end"), False, _RAMP),
-    "exp": _Kind("exp", ("start", "end"), False, _RAMP),
-    "warmup": _Kind("warmup", ("start", "end"), False, _RAMP),
-    "step": _Kind("step", (), True, (("every", None),)),
+#: The schedule forms by name (the head of a schedule's spec text).
+FORMS: dict[str, _Form] = {
+    "linear": _Form("linear", ("start", "end"), False, _RAMP),
+    "exp": _Form("exp", ("start", "end"), False, _RAMP),
+    "warmup": _Form("warmup", ("start", "end"), False, _RAMP),
+    "step": _Form("step", (), True, (("every", None),)),
 }
 
 _EXAMPLE = {
@@ -60,10 +60,10 @@ _EXAMPLE = {
 }
 
 
-def _signature(kind: _Kind) -> str:
-    vals = "v0, v1, ..." if kind.variadic else ", ".join(kind.values)
-    kws = ", ".join(f"{k}=N" if d is None else f"{k}={d}" for k, d in kind.keywords)
-    return f"{kind.name}({vals}, {kws})"
+def _signature(form: _Form) -> str:
+    vals = "v0, v1, ..." if form.variadic else ", ".join(form.values)
+    kws = ", ".join(f"{k}=N" if d is None else f"{k}={d}" for k, d in form.keywords)
+    return f"{form.name}({vals}, {kws})"
 
 
 def _number(sched: str, what: str, v) -> float:
@@ -100,10 +100,10 @@ class Schedule(Call):
 
     def __post_init__(self):
         name = self.name
-        kind = KINDS.get(name) if isinstance(name, str) else None
-        if kind is None:
-            raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(sorted(KINDS))} (e.g. {_EXAMPLE['warmup']})")
-        sig = _signature(kind)
+        form = FORMS.get(name) if isinstance(name, str) else None
+        if form is None:
+            raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(sorted(FORMS))} (e.g. {_EXAMPLE['warmup']})")
+        sig = _signature(form)
         args = tuple(self.args)
         kwargs = tuple(self.kwargs)
         given: dict = {}
@@ -111,8 +111,8 @@ class Schedule(Call):
             if k in given:
                 raise ValueError(f"schedule {name}: argument {k!r} given twice; expected {sig}")
             given[k] = v
-        keywords = dict(kind.keywords)
-        if kind.variadic:
+        keywords = dict(form.keywords)
+        if form.variadic:
             for k in given:
                 if k not in keywords:
                     raise ValueError(f"schedule {name}: unknown argument {k!r}; expected {sig}")
@@ -120,25 +120,25 @@ class Schedule(Call):
                 raise ValueError(f"schedule {name}: needs at least one value; expected {sig}, e.g. {_EXAMPLE[name]}")
             values = tuple(_number(name, f"value {i} (v{i})", v) for i, v in enumerate(args))
         else:
-            if len(args) > len(kind.values):
+            if len(args) > len(form.values):
                 raise ValueError(
-                    f"schedule {name}: takes {len(kind.values)} positional values ({', '.join(kind.values)}), "
-                    f"got {len(args)}; give {' and '.join(k + '=' for k, _ in kind.keywords)} by name, e.g. {_EXAMPLE[name]}"
+                    f"schedule {name}: takes {len(form.values)} positional values ({', '.join(form.values)}), "
+                    f"got {len(args)}; give {' and '.join(k + '=' for k, _ in form.keywords)} by name, e.g. {_EXAMPLE[name]}"
                 )
             for k in given:
-                if k not in keywords and k not in kind.values:
+                if k not in keywords and k not in form.values:
                     raise ValueError(f"schedule {name}: unknown argument {k!r}; expected {sig}")
-            vals = dict(zip(kind.values, args))
-            for k in kind.values:
+            vals = dict(zip(form.values, args))
+            for k in form.values:
                 if k in given:
                     if k in vals:
                         raise ValueError(f"schedule {name}: {k} given twice (by position and by name)")
                     vals[k] = given[k]
                 if k not in vals:
                     raise ValueError(f"schedule {name}: missing {k}; expected {sig}, e.g. {_EXAMPLE[name]}")
-            values = tuple(_number(name, k, vals[k]) for k in kind.values)
+            values = tuple(_number(name, k, vals[k]) for k in form.values)
         counts = []
-        for k, default in kind.keywords:
+        for k, default in form.keywords:
             if k not in given:
                 if default is None:
                     raise ValueError(f"schedule {name}: missing {k}=; expected {sig}, e.g. {_EXAMPLE[name]}")
@@ -156,7 +156,8 @@ class Schedule(Call):
 
     # ------------------------------------------------------------ fields by name
     @property
-    def kind(self) -> str:
+    def form(self) -> str:
+        """The schedule's form: ``linear``, ``exp``, ``warmup`` or ``step`` (its name)."""
         return self.name
 
     @property
@@ -167,7 +168,7 @@ class Schedule(Call):
     @property
     def steps(self) -> int | None:
         """The ramp length (None for ``step``)."""
-        return None if KINDS[self.name].variadic else dict(self.kwargs)["steps"]
+        return None if FORMS[self.name].variadic else dict(self.kwargs)["steps"]
 
     @property
     def every(self) -> int:
@@ -176,8 +177,8 @@ class Schedule(Call):
     def points(self) -> tuple:
         """``((label, value), ...)``: every value the schedule passes through that can be an
         extreme; every value it produces lies between their min and max."""
-        kind = KINDS[self.name]
-        labels = [f"v{i}" for i in range(len(self.args))] if kind.variadic else list(kind.values)
+        form = FORMS[self.name]
+        labels = [f"v{i}" for i in range(len(self.args))] if form.variadic else list(form.values)
         return tuple(zip(labels, self.args))
 
     # ------------------------------------------------------------ evaluation

@@ -152,7 +152,7 @@ def test_python_constructors_equal_parsed_ones():
 
 def test_fields_by_name():
     s = warmup(0.25, 0.001, steps=1000, every=10)
-    assert (s.kind, s.values, s.steps, s.every) == ("warmup", (0.25, 0.001), 1000, 10)
+    assert (s.form, s.values, s.steps, s.every) == ("warmup", (0.25, 0.001), 1000, 10)
     assert s.points() == (("start", 0.25), ("end", 0.001))
     t = step(3, 2, 1, every=5)
     assert (t.values, t.steps, t.every) == ((3.0, 2.0, 1.0), None, 5)
