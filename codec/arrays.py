@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.dtypes import as_float_array, owned_float_array
-from codec.kernels import on_device
+from codec.dtypes import as_float_array, on_device, owned_float_array
 from codec.modes import ADD
 from codec.ops import first_nonfinite, round_to, scatter, wide_dtype
 

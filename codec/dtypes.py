@@ -41,6 +41,16 @@ def resolve_dtype(dtype, argname: str = "dtype") -> np.dtype:
     return dt
 
 
+def on_device(*arrays) -> bool:
+    """True when any argument is a device (CUDA) array: it exposes ``__cuda_array_interface__``
+    and is not a NumPy array (CuPy, PyTorch CUDA tensors, Numba device arrays).  The one
+    test of "is this a device array" (kernel dispatch, input coercion, transport staging)."""
+    for a in arrays:
+        if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
+            return True
+    return False
+
+
 def _from_torch(x):
     torch = sys.modules["torch"]
     if x.device.type != "cpu":
@@ -60,7 +70,7 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     bfloat16); the result is then 1-D unless ``x`` already had that dtype.  Integer, bool,
     complex and object input without ``dtype`` raise TypeError naming ``argname``.
     """
-    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
+    if on_device(x):
         raise TypeError(f"{argname}: device (CUDA) arrays are not supported yet; copy to host memory first")
     if type(x).__module__.startswith("torch"):
         arr = _from_torch(x)

@@ -3,7 +3,7 @@
 A stochastic stage draws from ``stream = mix(mix(mix(seed) ^ key_hash(key)) ^ step)``, so a
 frame depends only on its input, spec, tensor key and step: the same on every rank, for any
 thread count, on the CPU and (later) on the GPU.  The kernels derive the stream themselves
-(``codec.kernels.cpu.rng``); Python only hashes the key.
+(the ``rng`` kernel family); Python only hashes the key.
 """
 
 from __future__ import annotations
@@ -28,6 +28,6 @@ def key_hash(key) -> int:
 
 def stream(seed: int, ctx) -> np.uint64:
     """The frame's 64-bit stream for ``seed`` and the context's key and step."""
-    from codec.kernels.cpu.rng import stream as kernel_stream
+    from codec.kernels import backend
 
-    return np.uint64(kernel_stream(np.uint64(seed), np.uint64(key_hash(ctx.key)), np.uint64(ctx.step % (1 << 64))))
+    return np.uint64(backend("rng").stream(np.uint64(seed), np.uint64(key_hash(ctx.key)), np.uint64(ctx.step % (1 << 64))))

@@ -26,6 +26,10 @@ subprocess timeout fails it.
 ``--uncaught``: the faulty step's exception is not caught (a training script that does not
 expect it): the job must end non-zero within seconds, under ``-m mpi4py`` (MPI_Abort) and
 without it (every rank exits with the exception), after every rank printed its RAISED line.
+
+Imports: running a script puts its folder (tests/) first on sys.path, and ``python -m mpi4py``
+does the same, so ``reference`` (tests/reference/) imports as it does under pytest; the
+launchers put the repository root on PYTHONPATH for ``transport`` and ``codec``.
 """
 
 from __future__ import annotations
@@ -35,13 +39,10 @@ import hashlib
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from transport import Allreducer  # noqa: E402
+from transport import Allreducer
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 

@@ -1,4 +1,4 @@
-"""MPI checks of the gTop-k and two-round PowerSGD schemes against tests/schemes_ref.py.
+"""MPI checks of the gTop-k and two-round PowerSGD schemes against tests/reference/schemes.py.
 
 Run under MPI (tests/test_transport_schemes.py launches it):
 
@@ -10,6 +10,10 @@ runs the serial simulation of all p ranks and compares its own result and residu
 Failures are collected instead of raised (an assertion on one rank would leave the others
 waiting in a collective), then printed as ``FAIL <case> rank r: ...``; a passing case prints
 ``OK <case> rank r/p``.  An unexpected exception aborts the whole job (``comm.Abort``).
+
+Imports: running a script puts its folder (tests/) first on sys.path, and ``python -m mpi4py``
+does the same, so ``reference`` (tests/reference/) imports as it does under pytest; the
+launchers put the repository root on PYTHONPATH for ``transport`` and ``codec``.
 """
 
 from __future__ import annotations
@@ -18,17 +22,12 @@ import hashlib
 import os
 import sys
 import traceback
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import schemes_ref as ref  # noqa: E402
-from schemes_ref import BF16, F16, F32, F64  # noqa: E402
-
-from transport import Allreducer  # noqa: E402
+from reference import schemes as ref
+from reference.schemes import BF16, F16, F32, F64
+from transport import Allreducer
 
 
 class Checks:

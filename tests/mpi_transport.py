@@ -2,8 +2,8 @@
 
     mpiexec -n P python -m mpi4py tests/mpi_transport.py CASE [CASE ...]     (or "all")
 
-Every rank makes the inputs of EVERY rank deterministically (transport_ref.make_inputs, from
-the seed and the rank), so it can run the serial reference (transport_ref.Reference) for the
+Every rank makes the inputs of EVERY rank deterministically (reference.transport.make_inputs,
+from the seed and the rank), so it can run the serial reference (reference.transport.Reference) for the
 whole job locally and compare its own result with it bit for bit; a hash of the result is
 also allgathered, so the ranks must agree with each other.  A failed check raises, and under
 ``python -m mpi4py`` an uncaught exception aborts the whole job with a non-zero exit status
@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
+from mpi4py import MPI
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
-
-from transport import Allreducer, MismatchError  # noqa: E402
-from transport_ref import BF16, F16, F32, F64, MIXED, SMALL, Reference, dense_reference, digest, items, make_inputs, same_bits  # noqa: E402
+from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, dense_reference, digest, items, make_inputs, same_bits
+from transport import Allreducer, MismatchError
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -1,4 +1,4 @@
-"""transport: the Allreducer against the serial reference (tests/transport_ref.py).
+"""transport: the Allreducer against the serial reference (tests/reference/transport.py).
 
 Serial tests run on ``MPI.COMM_SELF`` (one rank); the launched tests run
 ``mpiexec -n P python -m mpi4py tests/mpi_transport.py ...`` for P = 2, 3, 4 (every case of
@@ -25,8 +25,7 @@ import codec
 from codec import CodecError, CorruptFrameError
 from transport import message
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from transport_ref import BF16, F16, F32, F64, MIXED, SMALL, Reference, digest, items, make_inputs, same_bits  # noqa: E402
+from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, digest, items, make_inputs, same_bits  # noqa: E402
 
 try:
     from mpi4py import MPI

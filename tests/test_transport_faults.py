@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mpi_faults  # noqa: E402
+import mpi_faults  # tests/ is on sys.path (pytest puts it there)
 
 MPI = pytest.importorskip("mpi4py.MPI")
 from transport import Allreducer, RankError, RankTypeError  # noqa: E402

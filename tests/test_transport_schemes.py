@@ -1,5 +1,5 @@
 """The gTop-k tree (transport/gtopk.py) and the two-round PowerSGD (transport/powersgd.py)
-against independent serial simulations (tests/schemes_ref.py).
+against independent serial simulations (tests/reference/schemes.py).
 
 * unit tests of ``transport.gtopk.merge`` (against a dict-based merge, and symmetric bit for
   bit) and ``schedule`` (every rank covered, symmetric pairs, log2(p2) exchanges);
@@ -29,10 +29,9 @@ from hypothesis import strategies as st
 import codec
 from codec.testing import assert_identical
 
-sys.path.insert(0, str(Path(__file__).parent))
-import mpi_schemes  # noqa: E402
-import schemes_ref as ref  # noqa: E402
-from schemes_ref import BF16, F16, F32, F64  # noqa: E402
+import mpi_schemes  # tests/ is on sys.path (pytest puts it there)
+from reference import schemes as ref
+from reference.schemes import BF16, F16, F32, F64
 
 MPI = pytest.importorskip("mpi4py.MPI")
 from transport import Allreducer  # noqa: E402

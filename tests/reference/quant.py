@@ -163,8 +163,7 @@ def _scalars32(vals, up: bool) -> tuple[np.ndarray, int]:
 #: column lanes (lane j adds the chunk's values j, j+64, ... in order) over the first
 #: 64*floor(len/64) values, the lanes added in order from 0, then the chunk's remaining
 #: values in order; the chunk results added in chunk order from 0.
-LANES = 64
-CHUNK = 1 << 16
+from codec.layout import CHUNK, LANES  # noqa: E402  (the one definition: codec/layout.py)
 
 
 def lanes_sum(v: np.ndarray, width: int = LANES) -> float:

@@ -14,10 +14,18 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-
+from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
 
-_CHUNK = 1 << 16
+__all__ = [
+    "narrow_codes",
+    "lut_decode",
+    "combine",
+    "combine_odd",
+    "half_combine",
+    "count_nonfinite",
+    "half_feedback",
+]
 
 
 @jit
@@ -109,11 +117,11 @@ def narrow_codes(x, out, bf16):
     even; returns the non-finite count.  Every value goes through float32 rounded to odd
     (exact for float32 input), so float64 input is not double-rounded."""
     n = x.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
+    nchunk = (n + CHUNK - 1) // CHUNK
     bad = np.zeros(nchunk, np.int64)
     for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
         k = np.int64(0)
         for i in range(lo, hi):
             u = _f64_to_f32_odd_bits(np.float64(x[i]))
@@ -127,10 +135,10 @@ def narrow_codes(x, out, bf16):
 def lut_decode(codes, lut, out, mode):
     """``out (=|+=|-=) lut[codes]`` for 16-bit codes; ``mode`` is SET, ADD or SUB."""
     n = codes.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
+    nchunk = (n + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
         if mode == SET:
             for i in range(lo, hi):
                 out[i] = lut[codes[i]]
@@ -146,10 +154,10 @@ def lut_decode(codes, lut, out, mode):
 def combine(src, out, mode):
     """``out (=|+=|-=) src`` elementwise (same length); casting to ``out``'s dtype."""
     n = src.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
+    nchunk = (n + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
         if mode == SET:
             for i in range(lo, hi):
                 out[i] = src[i]
@@ -169,11 +177,11 @@ def combine_odd(src, out, mode):
     round-to-odd value, ready for a correct narrowing to fp16/bf16.
     """
     n = src.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
+    nchunk = (n + CHUNK - 1) // CHUNK
     sign = -1.0 if mode == SUB else 1.0
     for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
         for i in range(lo, hi):
             out[i] = _sum_odd(np.float64(out[i]), np.float64(src[i]) * sign)
 
@@ -192,11 +200,11 @@ def half_combine(src, codes, lut, mode, bf16):
     (4x slower fused).
     """
     n = src.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
+    nchunk = (n + CHUNK - 1) // CHUNK
     sign = -1.0 if mode == SUB else 1.0
     for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
         av = np.empty(_BLOCK, np.float32)
         ub = np.empty(_BLOCK, np.uint32)
         for blo in range(lo, hi, _BLOCK):
@@ -218,11 +226,11 @@ def half_combine(src, codes, lut, mode, bf16):
 def count_nonfinite(x):
     """Number of NaN/inf entries of a float array (branch-free, chunked)."""
     n = x.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
+    nchunk = (n + CHUNK - 1) // CHUNK
     bad = np.zeros(nchunk, np.int64)
     for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
         k = np.int64(0)
         for i in range(lo, hi):
             v = x[i]
@@ -240,11 +248,11 @@ def half_feedback(x, r, acc, codes, lut, bf16):
     intact until the step succeeds.  Returns the non-finite count of x + r.
     """
     n = x.size
-    nchunk = (n + _CHUNK - 1) // _CHUNK
+    nchunk = (n + CHUNK - 1) // CHUNK
     bad = np.zeros(nchunk, np.int64)
     for c in prange(nchunk):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
         k = np.int64(0)
         for i in range(lo, hi):
             a = np.float32(x[i] + r[i])

@@ -20,6 +20,8 @@ import numpy as np
 
 from codec._jit import jit, prange
 
+__all__ = ["pack_codes", "unpack_codes", "delta_encode", "delta_decode", "bitmap_encode", "bitmap_count", "bitmap_decode"]
+
 _GROUPS = 1 << 13  # groups of 8 codes per parallel chunk
 
 # Codes travel as their little-endian bytes plus an item size (1, 2, 4 or 8): one compiled

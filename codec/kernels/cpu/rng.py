@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit
+from codec.layout import SPAN, SPAN_BITS, TO_UNIT
 
-#: values per block key (the period of the 64-bit part of the stream)
-SPAN = 1 << 16
-#: 2**-32: 32 random bits to a uniform on [0, 1)
-TO_UNIT = 2.0**-32
+__all__ = ["mix", "stream", "block_key", "bits32", "uniform"]
+
+_SHIFT = np.uint64(SPAN_BITS)
+_LOW = np.uint64(SPAN - 1)
 
 
 @jit
@@ -36,14 +37,15 @@ def stream(seed, khash, step):
 
 @jit
 def block_key(strm, i):
-    """The 32-bit key of the 65,536 values around value ``i``: low half of ``mix(stream + (i >> 16))``."""
-    return np.uint32(mix(strm + (np.uint64(i) >> np.uint64(16))) & np.uint64(0xFFFFFFFF))
+    """The 32-bit key of the ``SPAN`` (65,536) values around value ``i``: low half of
+    ``mix(stream + (i >> 16))``."""
+    return np.uint32(mix(strm + (np.uint64(i) >> _SHIFT)) & np.uint64(0xFFFFFFFF))
 
 
 @jit
 def bits32(key, i):
     """32 random bits for value ``i``: ``h32(key + (i mod 2**16))`` (Wellons' 2-round hash)."""
-    x = np.uint32(key + np.uint32(np.uint64(i) & np.uint64(0xFFFF)))
+    x = np.uint32(key + np.uint32(np.uint64(i) & _LOW))
     x = np.uint32(x ^ (x >> np.uint32(16)))
     x = np.uint32(x * np.uint32(0x21F0AAAD))
     x = np.uint32(x ^ (x >> np.uint32(15)))

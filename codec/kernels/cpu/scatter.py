@@ -7,6 +7,8 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.modes import ADD, SET
 
+__all__ = ["scatter"]
+
 _CHUNK = 1 << 14
 
 

@@ -14,6 +14,8 @@ import numpy as np
 
 from codec._jit import jit, prange
 
+__all__ = ["block_top", "magnitudes", "place"]
+
 #: a row's magnitudes (float64, >= 0) are binned by the top bits of their bit patterns, which
 #: order like the values: 11 exponent and 4 mantissa bits, 1/16 of a binade per bin
 BIN_SHIFT = 48

@@ -13,8 +13,6 @@ from codec.stage import Value, register
 
 #: the paper's bin lengths: convolutions (ndim >= 3) and everything else
 CONV_BIN, FC_BIN = 50, 500
-#: about this many elements per chunk of bins
-SPAN = 1 << 16
 
 
 class SignScale(Value):
@@ -58,13 +56,14 @@ class AdaComp(IndexSelect):
 
     def select(self, values, ctx, sections, residual=None, out=None):
         from codec.kernels import backend
+        from codec.layout import group_buckets
         from codec.ops import WIDE, round_to, widen
         from codec.pack import encode_indices
 
         n = values.size
         L = self.length(ctx.shape)
         nbins = -(-n // L)
-        per_chunk = max(1, SPAN // L)
+        per_chunk = group_buckets(L)  # bins per kernel chunk: whole bins, about CHUNK values
         nchunk = -(-nbins // per_chunk)
         # float32/float64 under error feedback: the kernel forms G = R + dW into out in its pass;
         # 16-bit: G is rounded to the array's dtype first, the test runs on exact float32 widenings

@@ -20,8 +20,6 @@ from codec.stage import Select
 
 #: elements sampled to choose a cut (all of them below this size)
 SAMPLE = 1 << 16
-#: column lanes of the mean/variance sums (passed at run time so the kernel's loop vectorises)
-LANES = 64
 
 
 def k_of(ratio: float, n: int) -> int:
@@ -121,7 +119,7 @@ class Magnitudes:
 
     def _scan(self, cut: float) -> None:
         from codec.kernels import backend
-        from codec.kernels.cpu.select import CHUNK
+        from codec.layout import CHUNK, LANES
 
         n = self.n
         src, dt = self._src, self._src.dtype

@@ -65,9 +65,9 @@ class _MiniFloat(Quantizer):
 
     def quantize(self, x, ctx, sections):
         from codec.kernels import backend
-        from codec.kernels.cpu.quant import CHUNK
+        from codec.layout import CHUNK
 
-        kern = backend("quant", x)
+        kern = backend("quantize", x)
         n = x.size
         block = max(1, self.block_len(n))
         nblocks = -(-n // block)

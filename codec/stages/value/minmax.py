@@ -37,7 +37,7 @@ class MinMax(Quantizer):
             wide = x.dtype == np.float64
             ibits = readonly(x.view(np.int64 if wide else np.int32))
             low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
-            backend("quant", x).minmax_encode(
+            backend("bucket", x).minmax_encode(
                 x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
                 lows, highs, codes, bad,
             )

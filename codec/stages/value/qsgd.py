@@ -41,7 +41,7 @@ class Qsgd(Quantizer):
 
     def quantize(self, x, ctx, sections):
         from codec.kernels import backend
-        from codec.kernels.cpu.quant import LANES
+        from codec.layout import LANES
 
         n = x.size
         nb, _, ngroups = bucket_groups(n, self.bucket)
@@ -49,7 +49,7 @@ class Qsgd(Quantizer):
         codes = np.empty(n, code_dtype(self.code_bits))
         bad = np.zeros(ngroups, np.int64)
         if n:
-            backend("quant", x).qsgd_encode(x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad)
+            backend("bucket", x).qsgd_encode(x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad)
         if bad.any():
             self.raise_nonfinite(x, ctx)
         sections.append(scalars_section(norms))
@@ -68,7 +68,7 @@ class Qsgd(Quantizer):
         bytes so chunks code in parallel; an ``ints`` section holds each chunk's byte length."""
         from codec.kernels import backend
 
-        kern = backend("quant", codes)
+        kern = backend("elias", codes)
         per, nchunk = self._chunks(codes.size)
         sizes = np.zeros(nchunk, np.uint64)
         codes = readonly(codes)
@@ -112,7 +112,7 @@ class Qsgd(Quantizer):
         codes = np.zeros(count, code_dtype(self.code_bits))
         bad = np.zeros(nchunk, np.int64)
         if nchunk:
-            backend("quant", data).elias_decode(readonly(data), starts, count, self.bucket, per, self.levels, codes, bad)
+            backend("elias", data).elias_decode(readonly(data), starts, count, self.bucket, per, self.levels, codes, bad)
         if bad.any():
             raise CorruptFrameError(f"qsgd frame: Elias stream of chunk {int(np.flatnonzero(bad)[0])} is damaged")
         return codes.astype(codes.dtype.newbyteorder("<"), copy=False).view(np.uint8)

@@ -98,7 +98,7 @@ class Quantizer(Value):
     def _dequantize(p: Dequant, out, mode) -> None:
         from codec.kernels import backend
 
-        kern = backend("quant", out)
+        kern = backend("dequant", out)
         if p.trits:
             kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
         else:
@@ -145,9 +145,9 @@ def magnitude_values(top: np.ndarray, dtype) -> tuple[np.ndarray, bool]:
 def bucket_groups(n: int, bucket: int) -> tuple[int, int, int]:
     """(buckets, buckets per group, groups) of ``n`` values in buckets of ``bucket``: a group is
     the kernels' unit of parallel work, about 65,536 values of whole buckets."""
-    nb = -(-n // bucket)
-    per = max(1, (1 << 16) // bucket)
-    return nb, per, -(-nb // per)
+    from codec import layout
+
+    return layout.bucket_groups(n, bucket)
 
 
 def codes_section(codes: np.ndarray, bits: int) -> Section:
@@ -173,7 +173,7 @@ def read_codes(reader, bits: int, count: int, limit=None) -> np.ndarray:
         from codec.kernels import backend
 
         fmask, fshift, largest = limit
-        top = backend("quant", raw).max_field(readonly(raw), bits, count, fmask, fshift)
+        top = backend("dequant", raw).max_field(readonly(raw), bits, count, fmask, fshift)
         if top > largest:
             raise CorruptFrameError(f"values section: a code field of {top}, no encoder writes more than {largest}")
     return raw

@@ -16,14 +16,14 @@ class _Bits(Quantizer):
 
     def quantize(self, x, ctx, sections):
         from codec.kernels import backend
-        from codec.kernels.cpu.quant import CHUNK, LANES
+        from codec.layout import CHUNK, LANES
 
         n = x.size
         nchunk = -(-n // CHUNK)
         out = np.empty(-(-n // 8), np.uint8)
         sums, nneg, bad = np.zeros((nchunk, 3)), np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
         if n:
-            backend("quant", x).sign_encode(x, out, LANES, sums, nneg, bad)
+            backend("quantize", x).sign_encode(x, out, LANES, sums, nneg, bad)
         if bad.any():
             self.raise_nonfinite(x, ctx)
         self.add_levels(sections, n, [sequential_sum(sums[:, j]) for j in range(3)], int(nneg.sum()), ctx.dtype)

@@ -40,9 +40,9 @@ class TernGrad(Quantizer):
 
     def quantize(self, x, ctx, sections):
         from codec.kernels import backend
-        from codec.kernels.cpu.quant import CHUNK, LANES
+        from codec.layout import CHUNK, LANES
 
-        kern = backend("quant", x)
+        kern = backend("quantize", x)
         n = x.size
         nchunk = -(-n // CHUNK)
         bits, mask = magnitude_bits(x)

@@ -3,10 +3,11 @@ tests/mpi_schemes.py): the gTop-k merge tree and the two-round PowerSGD, for ``p
 ranks in one process.
 
 Nothing here imports ``transport``: the merge, the tree schedule, the error-feedback
-bookkeeping and the averaging are written from the docstrings of transport/gtopk.py and
-transport/powersgd.py.  The codec (``codec.ErrorFeedback``, ``codec.decode_sparse``,
-``codec.ops.round_to``, ``codec.stages.transform.powersgd``'s ``matrix_of``/``start_q``/
+bookkeeping and the averaging are written from the docstrings of transport/schemes/gtopk.py
+and transport/schemes/powersgd.py.  The codec (``codec.ErrorFeedback``, ``codec.decode_sparse``,
+``codec.arrays.round_to``, ``codec.lowrank.powersgd``'s ``matrix_of``/``start_q``/
 ``orthogonalize``) is used as the building block the transport is specified against.
+Importable as ``reference.schemes`` from tests/.
 
 Inputs: every rank's tensors are drawn from ``(seed, rank, step)`` (plus a component shared
 by all ranks, drawn from ``(seed, step)``, so the ranks' top-k positions overlap), so any
@@ -19,8 +20,8 @@ import numpy as np
 
 import codec
 from codec.dtypes import bfloat16
-from codec.stages.transform.powersgd import matrix_of, orthogonalize, start_q
-from codec.ops import round_to
+from codec.arrays import round_to
+from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
 
 F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
 

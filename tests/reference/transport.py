@@ -1,13 +1,14 @@
 """A serial reference for ``transport.Allreducer``: every rank simulated in one process.
 
 Built on the codec's public API only (``get_codec``, ``ErrorFeedback``, ``Codec.encode``,
-``Codec.decode_add``, ``codec.ops.round_to``); nothing from ``transport`` is imported, so a
-bug in the transport cannot hide in its own reference.
+``Codec.decode_add``, ``codec.arrays.round_to``); nothing from ``transport`` is imported, so a
+bug in the transport cannot hide in its own reference.  Importable as ``reference.transport``
+from tests/ (tests/reference/__init__.py).
 
     ref = Reference("topk(ratio=0.01)+fp16", size=4)
     want = ref.step([inputs_of_rank_0, ..., inputs_of_rank_3])     # dicts (or lists) of arrays
 
-What one step computes (the allgather scheme, docs in transport/allreduce.py):
+What one step computes (the allgather scheme, docs in transport/schemes/allgather.py):
 
 * every rank encodes every tensor: through its OWN ``ErrorFeedback`` (one per rank) with key
   ``(name, rank)`` (``rank_streams=True``) or ``name``; without error feedback (or for a
@@ -29,7 +30,7 @@ import numpy as np
 
 import codec
 from codec.dtypes import bfloat16
-from codec.ops import round_to
+from codec.arrays import round_to
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(bfloat16)

@@ -1,0 +1,71 @@
+"""Private helpers that several CPU kernel families share (Numba CPU).
+
+No family imports another family's private names: what two of them need lives here.  Nothing
+in this module is part of a family's contract (``__all__``); a CUDA twin keeps its own
+equivalents beside its kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec import layout
+from codec._jit import jit
+from codec.layout import SPAN
+
+#: loop indices are unsigned: Numba then drops the negative-index wraparound from every
+#: array access (AdaComp's test loop ran 2.2x faster, 12.4 -> 5.6 ms for 25M)
+U = np.uint64
+
+#: values per chunk of the trit kernels (a multiple of 5, so chunks fill whole bytes); the
+#: encoder (quantize.terngrad_encode) and the decoder (dequant.trits_dequantize) use it
+TRIT_CHUNK = 65535
+
+#: :func:`codec.layout.group_buckets` compiled for the kernels (the one definition of a
+#: bucket group)
+group_buckets = jit(layout.group_buckets)
+
+
+@jit
+def chunk_sums(src, lo, hi, shift, width):
+    """float64 sum and sum of squares of ``src[lo:hi] - shift``, accumulated in ``width``
+    column lanes (row by row, then the lanes in order, then the tail).  A shift near the mean
+    keeps the variance free of cancellation when |mean| >> std.
+
+    The inner loop runs over columns, so it is elementwise and LLVM's loop vectoriser packs
+    it into SIMD without reassociating anything; ``width`` must be a runtime value (a
+    constant would be unrolled into scalars, and Numba has the SLP vectoriser off).
+    Measured 0.17 ns/element against 0.96 for four scalar lanes."""
+    cs = np.zeros(width)
+    cq = np.zeros(width)
+    rows = (hi - lo) // width
+    for row in range(U(rows)):
+        base = U(lo) + row * U(width)
+        for col in range(U(width)):
+            v = np.float64(src[base + col]) - shift
+            cs[col] += v
+            cq[col] += v * v
+    s = 0.0
+    q = 0.0
+    for col in range(width):
+        s += cs[col]
+        q += cq[col]
+    for i in range(U(lo + rows * width), U(hi)):
+        v = np.float64(src[i]) - shift
+        s += v
+        q += v * v
+    return s, q
+
+
+@jit
+def span_end(i, hi):
+    """End of the run from ``i`` that shares ``i``'s random block key (at most ``hi``)."""
+    return min(hi, (i | (SPAN - 1)) + 1)
+
+
+@jit
+def floor_plus(t, u):
+    """``floor(t + u)`` for ``t >= 0`` and ``u`` in [0, 1), exactly: ``floor(t) + (frac(t) >= 1 - u)``
+    (each step is exact in float64, where ``t + u`` itself may round)."""
+    f = np.floor(t)
+    return f + np.float64(t - f >= 1.0 - u)

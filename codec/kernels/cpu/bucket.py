@@ -1,0 +1,199 @@
+"""Bucketed quantization encoders (Numba CPU): QSGD and min-max (docs/codecs.md,
+"Quantizers"); their decoder is ``dequant``, QSGD's Elias coder ``elias``.
+
+One parallel task per bucket group (whole buckets, about ``CHUNK`` values: see
+``codec.layout.bucket_groups``); a bucket's statistics and its codes are made while the
+bucket sits in cache.  A bucket's squared norm is a float64 sum in ``width`` (``LANES``)
+column lanes per ``CHUNK``-value piece, pieces added in order, so a NumPy reference and a
+CUDA twin reproduce it bit for bit; random bits come from ``rng`` by value index.  Results
+never depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from codec._jit import jit, prange
+from codec.kernels.cpu._common import U, floor_plus, group_buckets, span_end
+from codec.kernels.cpu.rng import block_key, uniform
+from codec.layout import CHUNK
+
+__all__ = ["qsgd_encode", "minmax_encode"]
+
+
+@jit
+def _sumsq(x, lo, hi, width, e):
+    """float64 sum of squares of ``x[lo:hi] * 2**e`` (``e = 0``: as they are; the scaling is
+    exact) in ``width`` column lanes (lanes in order, then the tail), and the NaN/inf count."""
+    cq = np.zeros(width)
+    rows = (hi - lo) // width
+    k = np.int64(0)
+    for row in range(U(rows)):
+        base = U(lo) + row * U(width)
+        for col in range(U(width)):
+            v = np.float64(x[base + col])
+            v = math.ldexp(v, e) if e != 0 else v
+            cq[col] += v * v
+            k += np.int64(not (v - v == 0))
+    q = 0.0
+    for col in range(width):
+        q += cq[col]
+    for i in range(U(lo + rows * width), U(hi)):
+        v = np.float64(x[i])
+        v = math.ldexp(v, e) if e != 0 else v
+        q += v * v
+        k += np.int64(not (v - v == 0))
+    return q, k
+
+
+@jit
+def _norm(x, lo, hi, width):
+    """L2 norm of ``x[lo:hi]`` (float64) and its NaN/inf count: ``sqrt`` of the lane sum of
+    squares over 65,536-value chunks of the bucket, chunk results added in order.  When that
+    sum overflows or could have lost terms to underflow (float64 data only), it is recomputed
+    on the values times ``2**-E`` (exact, ``E = floor(log2 max|v|)``) and scaled back."""
+    q = 0.0
+    k = np.int64(0)
+    for c in range(lo, hi, CHUNK):
+        qc, kc = _sumsq(x, c, min(hi, c + CHUNK), width, 0)
+        q += qc
+        k += kc
+    if k or (q >= 2.0**-960 and q < np.inf):
+        return np.sqrt(q), k
+    top = _absmax(x, lo, hi)
+    if top == 0.0:
+        return 0.0, k
+    e = np.int64(np.floor(np.log2(top)))
+    s = 0.0
+    for c in range(lo, hi, CHUNK):
+        s += _sumsq(x, c, min(hi, c + CHUNK), width, -e)[0]
+    return math.ldexp(np.sqrt(s), e), k
+
+
+@jit
+def _absmax(x, lo, hi):
+    m = 0.0
+    for i in range(U(lo), U(hi)):
+        m = max(m, abs(np.float64(x[i])))
+    return m
+
+
+@jit
+def _up32(v):
+    """``v`` (finite, >= 0) rounded up to float32, as float64; inf when that overflows."""
+    f = np.float32(v)
+    if np.float64(f) < v:
+        f = np.nextafter(f, np.float32(np.inf))
+    return np.float64(f)
+
+
+@jit
+def _down32(v):
+    """``v`` (finite) rounded down to float32, as float64; -inf when that overflows."""
+    f = np.float32(v)
+    if np.float64(f) > v:
+        f = np.nextafter(f, np.float32(-np.inf))
+    return np.float64(f)
+
+
+@jit
+def _round(t, stochastic, key, i):
+    """``t >= 0`` rounded to an integer-valued float64: half to even, or ``floor(t + u_i)``."""
+    if stochastic:
+        return floor_plus(t, uniform(key, i))
+    return np.rint(t)
+
+
+@jit(parallel=True)
+def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad):
+    """QSGD: per bucket ``norms[b]`` (float32 rounded up when that fits, else float64) and
+    codes ``level << 1 | sign`` with ``level = round(|v| * (s / norm))`` clamped to ``s``."""
+    n = x.size
+    nb = norms.size
+    per = group_buckets(bucket)
+    for g in prange((nb + per - 1) // per):
+        nbad = np.int64(0)
+        for b in range(g * per, min(nb, (g + 1) * per)):
+            lo = b * bucket
+            hi = min(n, lo + bucket)
+            norm, k = _norm(x, lo, hi, width)
+            nbad += k
+            up = _up32(norm)
+            norm = up if up < np.inf else norm
+            norms[b] = norm
+            scale = s / norm if norm > 0 else 0.0
+            i0 = lo
+            while i0 < hi:
+                i1 = span_end(i0, hi)
+                key = block_key(strm, i0) if stochastic else np.uint32(0)
+                for i in range(U(i0), U(i1)):
+                    v = np.float64(x[i])
+                    level = min(_round(abs(v) * scale, stochastic, key, i), np.float64(s))
+                    lv = U(level) if level == level else U(0)  # NaN input (reported through bad)
+                    codes[i] = (lv << U(1)) | U((v < 0) & (lv > 0))
+                i0 = i1
+        bad[g] = nbad
+
+
+@jit
+def _key(b, low):
+    """An integer that orders like the float whose (signed) bit pattern is ``b``; its own inverse."""
+    b = np.int64(b)
+    return b ^ ((b >> 63) & low)
+
+
+@jit
+def _key_value(k, low, is64):
+    """The float64 value of the float32 (or, with ``is64``, float64) whose key is ``k``."""
+    b = _key(k, low)
+    if is64:
+        v = np.int64(b)
+        return v.view(np.float64)
+    w = np.int32(b)
+    return np.float64(w.view(np.float32))
+
+
+@jit(parallel=True)
+def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad):
+    """Min-max: per bucket ``lows[b]`` / ``highs[b]`` (float32 rounded down / up when they fit,
+    else float64) and codes ``round((v - lo) * (levels / (hi - lo)))`` clamped to ``[0, levels]``.
+    The bounds come from integer keys of ``ibits`` (``x``'s bits as int32/int64; ``low`` the
+    mask below the sign, ``inf`` the infinity pattern): an integer min/max vectorises."""
+    n = x.size
+    nb = lows.size
+    is64 = ibits.itemsize == 8
+    per = group_buckets(bucket)
+    for g in prange((nb + per - 1) // per):
+        nbad = np.int64(0)
+        for b in range(g * per, min(nb, (g + 1) * per)):
+            lo = b * bucket
+            hi = min(n, lo + bucket)
+            kmin = _key(ibits[lo], low)
+            kmax = kmin
+            for i in range(U(lo), U(hi)):
+                k = _key(ibits[i], low)
+                kmin = min(kmin, k)
+                kmax = max(kmax, k)
+            if kmax >= inf or kmin < -inf:
+                nbad += 1  # NaN or inf: reported through bad
+                kmin = kmax = 0
+            mn = _key_value(kmin, low, is64)
+            mx = _key_value(kmax, low, is64)
+            dn = _down32(mn)
+            up = _up32(mx)
+            if dn > -np.inf and up < np.inf:
+                mn, mx = dn, up
+            lows[b] = mn
+            highs[b] = mx
+            inv = levels / (mx - mn) if mx > mn else 0.0
+            i0 = lo
+            while i0 < hi:
+                i1 = span_end(i0, hi)
+                key = block_key(strm, i0) if stochastic else np.uint32(0)
+                for i in range(U(i0), U(i1)):
+                    t = _round((np.float64(x[i]) - mn) * inv, stochastic, key, i)
+                    codes[i] = np.int32(min(max(t, 0.0), np.float64(levels)))
+                i0 = i1
+        bad[g] = nbad
