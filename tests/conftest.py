@@ -1,4 +1,5 @@
-"""Shared test fixtures: a correctly rounded reference for the 16-bit float formats."""
+"""Shared test fixtures: a correctly rounded reference for the 16-bit float formats, and the
+kernel backends the kernel tests run against."""
 
 from __future__ import annotations
 
@@ -64,3 +65,16 @@ def exact_round():
 def ref16():
     """The :func:`round16` reference (a fixture so every test module shares one definition)."""
     return round16
+
+
+#: the kernel backends every kernel test runs against: a test that takes ``backend`` gets its
+#: family's module as ``codec.kernels.module(family, backend)``.  The CUDA issue adds "cuda",
+#: run under Numba's simulator (NUMBA_ENABLE_CUDASIM=1) where no GPU is present.
+BACKENDS = ["cpu"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """The name of a kernel backend ("cpu"; later also "cuda"), for
+    ``codec.kernels.module(family, backend)``."""
+    return request.param

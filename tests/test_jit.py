@@ -1,11 +1,29 @@
-"""The jit wrapper: project options, and serial/parallel twins that agree bit for bit."""
+"""The jit wrappers and the kernel lookup.
+
+* ``codec._jit``: project options, and serial/parallel twins that agree bit for bit;
+* ``codec._cuda_jit``: imports no ``numba.cuda`` until used, and its kernels run under the
+  CUDA simulator (skipped where Numba's CUDA target is not installed);
+* ``codec.kernels``: families discovered from ``codec/kernels/cpu/``, each one's ``__all__``
+  exactly its public kernels, ``backend``/``module`` (``package=`` included) and their errors.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from codec import _jit
-from codec.kernels.cpu import convert, pack, scatter
+import codec.kernels
+from codec import _cuda_jit, _jit
+from codec.kernels import backend, families, module
 from codec.ops import lut
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = ROOT / "codec" / "kernels" / "cpu"
 
 
 def test_fastmath_is_refused():
@@ -14,6 +32,7 @@ def test_fastmath_is_refused():
 
 
 def test_parallel_kernels_pick_by_size_and_both_twins_agree():
+    convert, pack, scatter = (module(f, "cpu") for f in ("convert", "pack", "scatter"))  # twins are the CPU wrapper's
     n = _jit.PARALLEL_MIN + 12_345
     rng = np.random.default_rng(0)
     x = (rng.standard_t(2, n) * 1e-3).astype(np.float32)
@@ -30,3 +49,132 @@ def test_parallel_kernels_pick_by_size_and_both_twins_agree():
         getattr(scatter.scatter, twin)(x[idx], idx, out, 1)
         runs.append((bad, codes.tobytes(), dec.tobytes(), packed.tobytes(), out.tobytes()))
     assert runs[0] == runs[1]
+
+
+# ---------------------------------------------------------------- codec._cuda_jit
+def test_cuda_fastmath_is_refused():
+    with pytest.raises(ValueError, match="fastmath"):
+        _cuda_jit.jit(fastmath=True)
+
+
+def test_importing_the_cuda_wrapper_imports_no_numba_cuda():
+    code = "import sys, codec._cuda_jit; print([m for m in sys.modules if m.split('.')[0] == 'numba'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
+
+
+CUDA_KERNEL = """
+from codec._cuda_jit import jit, numba_cuda
+
+cuda = numba_cuda()
+
+
+@jit(device=True)
+def twice(v):
+    return 2 * v
+
+
+@jit
+def twice_plus_one(a, out):
+    i = cuda.grid(1)
+    if i < a.size:
+        out[i] = twice(a[i]) + 1
+"""
+
+CUDA_RUN = """
+import sys
+try:
+    import numba.cuda  # noqa: F401
+except ImportError:
+    print("no numba.cuda")
+    sys.exit(0)
+import numpy as np
+import tiny
+a = np.arange(70, dtype=np.float32)
+out = np.zeros_like(a)
+tiny.twice_plus_one[3, 32](a, out)  # three blocks, the last one partly idle
+print("ok" if np.array_equal(out, 2 * a + 1) else f"wrong: {out}")
+"""
+
+
+def test_cuda_wrapper_kernel_runs_under_the_simulator(tmp_path):
+    (tmp_path / "tiny.py").write_text(CUDA_KERNEL)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    r = subprocess.run([sys.executable, "-c", CUDA_RUN], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    if r.stdout.strip() == "no numba.cuda":
+        pytest.skip("Numba's CUDA target (numba-cuda) is not installed")
+    assert r.stdout.strip() == "ok", r.stdout
+
+
+# ---------------------------------------------------------------- codec.kernels lookup
+def public_defs(path: Path) -> tuple[set, list | None]:
+    """Public top-level functions of a kernel file and its ``__all__`` (None when absent)."""
+    tree = ast.parse(path.read_text())
+    defs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    alls = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)]
+    return defs, (alls[0] if alls else None)
+
+
+def test_families_are_the_public_cpu_files():
+    files = sorted(p.stem for p in CPU.glob("*.py") if not p.stem.startswith("_"))
+    assert codec.kernels.FAMILIES == tuple(files) == families()
+    assert "quant" not in files and {"quantize", "bucket", "dequant", "elias"} <= set(files)
+
+
+@pytest.mark.parametrize("family", codec.kernels.FAMILIES)
+def test_every_family_declares_exactly_its_kernels(family):
+    """``__all__`` is the contract a CUDA twin meets: every public function, nothing else."""
+    defs, names = public_defs(CPU / f"{family}.py")
+    assert names is not None, f"codec/kernels/cpu/{family}.py has no __all__"
+    assert len(names) == len(set(names)) and set(names) == defs, (family, sorted(defs ^ set(names)))
+    mod = module(family)
+    assert all(callable(getattr(mod, name)) for name in names)
+
+
+def test_lookup_errors():
+    with pytest.raises(ValueError, match="no kernel family 'nope'; families: bucket, convert"):
+        backend("nope", np.zeros(3))
+    with pytest.raises(ValueError, match="device: must be one of"):
+        module("pack", "gpu")
+    with pytest.raises(TypeError, match="no CUDA kernels for 'pack'"):
+        module("pack", "cuda")
+
+
+class FakeDeviceArray:
+    """What dispatch looks at: a ``__cuda_array_interface__`` on something not a NumPy array."""
+
+    __cuda_array_interface__ = {"shape": (3,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def test_backend_picks_by_where_the_arrays_live():
+    assert backend("scatter", np.zeros(3), np.zeros(2, np.int64)) is module("scatter", "cpu")
+    assert backend("rng") is module("rng")
+    with pytest.raises(TypeError, match="no CUDA kernels for 'scatter'"):
+        backend("scatter", np.zeros(3), FakeDeviceArray())
+
+
+def test_kernels_outside_the_library(tmp_path, monkeypatch):
+    """``package=``: ``<package>.cpu.<family>`` found by the same rules (a test-only stage's kernel)."""
+    cpu = tmp_path / "outside" / "kernels" / "cpu"
+    cpu.mkdir(parents=True)
+    for d in (cpu.parents[1], cpu.parent, cpu):
+        (d / "__init__.py").write_text("")
+    (cpu / "_helpers.py").write_text("")
+    (cpu / "twice.py").write_text(textwrap.dedent('''
+        __all__ = ["twice"]
+
+
+        def twice(x):
+            return 2 * x
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pkg = "outside.kernels"
+    assert families(pkg) == ("twice",)
+    kern = backend("twice", np.ones(2), package=pkg)
+    assert kern is module("twice", package=pkg) and kern.__name__ == "outside.kernels.cpu.twice"
+    assert kern.twice(np.ones(2)).tolist() == [2.0, 2.0]
+    with pytest.raises(ValueError, match="no kernel family 'thrice' in outside.kernels; families: twice"):
+        backend("thrice", np.ones(2), package=pkg)
+    with pytest.raises(TypeError, match="no CUDA kernels for 'twice'"):
+        backend("twice", FakeDeviceArray(), package=pkg)
