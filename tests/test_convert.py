@@ -1,4 +1,4 @@
-"""16-bit float conversion (codec.ops.narrow/widen/store, kernels/cpu/convert) against references.
+"""16-bit float conversion (codec.ops.narrow/widen/store, the ``convert`` kernel family) against references.
 
 References: NumPy's float32/float64 -> float16 casts (both correctly rounded), ml_dtypes for
 float32 -> bfloat16, and ``round16`` (tests/conftest.py: scale, ``np.rint``, scale back) for
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from codec import ops
-from codec.kernels import backend
+from codec.kernels import module
+from codec.layout import CHUNK  # elements per parallel chunk of the convert kernels
 from codec.modes import ADD, SET, SUB
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN tes
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = (F16, BF16)
-CHUNK = 1 << 16  # elements per parallel chunk of the convert kernels
 SIZES = (0, 1, 7, CHUNK - 1, CHUNK, 2 * CHUNK + 3)
 
 
@@ -260,9 +260,9 @@ def test_f64_to_f32_odd_kernel():
     over = np.abs(v.astype(np.float64)) > np.abs(x)
     v[over] = np.nextafter(v[over], np.float32(0))
     want = v.view(np.uint32) | ((v.astype(np.float64) != x) & ~np.isnan(x)).astype(np.uint32)
-    from codec.kernels.cpu.convert import _f64_to_f32_odd_bits
+    odd_bits = module("convert", "cpu")._f64_to_f32_odd_bits  # a CPU helper (a CUDA twin's is a device function)
 
-    got = np.array([_f64_to_f32_odd_bits(v) for v in x], np.uint32)
+    got = np.array([odd_bits(v) for v in x], np.uint32)
     nan = np.isnan(x)
     np.testing.assert_array_equal(got[~nan], want[~nan])
     assert np.isnan(got[nan].view(np.float32)).all()
@@ -292,7 +292,7 @@ def test_lut_and_widen_every_code(dtype):
 @pytest.mark.parametrize("mode", (SET, ADD, SUB))
 @pytest.mark.parametrize("out_dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
-def test_lut_decode_modes(dtype, out_dtype, mode):
+def test_lut_decode_modes(dtype, out_dtype, mode, backend):
     rng = np.random.default_rng(mode)
     codes = np.concatenate([np.arange(1 << 16, dtype=np.uint32).astype(np.uint16), rng.integers(0, 1 << 16, CHUNK + 5, dtype=np.uint16)])
     base = heavy(rng, codes.size, out_dtype)
@@ -300,7 +300,7 @@ def test_lut_decode_modes(dtype, out_dtype, mode):
     want = {SET: vals, ADD: base + vals, SUB: base - vals}[mode]
     out = base.copy()
     with np.errstate(invalid="ignore"):
-        backend("convert", out).lut_decode(codes, ops.lut(dtype), out, mode)
+        module("convert", backend).lut_decode(codes, ops.lut(dtype), out, mode)
     assert_same_floats(out, want)
     # the same through ops.store (16-bit source into a wide output)
     out = base.copy()
@@ -312,7 +312,7 @@ def test_lut_decode_modes(dtype, out_dtype, mode):
 # ---------------------------------------------------------------- fused error feedback
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
 @pytest.mark.parametrize("n", SIZES)
-def test_half_feedback(n, dtype, ref16):
+def test_half_feedback(n, dtype, ref16, backend):
     """a = x + r (float32); codes = round(a); new residual = a - value(codes); non-finite count of a."""
     rng = np.random.default_rng(n + 1)
     x = heavy(rng, n, np.float32)
@@ -325,7 +325,7 @@ def test_half_feedback(n, dtype, ref16):
     acc_want = a - lut_reference(dtype)[codes_want]
     acc = np.full(n, 7.0, np.float32)
     codes = np.zeros(n, np.uint16)
-    bad = backend("convert", x).half_feedback(x, r, acc, codes, ops.lut(dtype), dtype == BF16)
+    bad = module("convert", backend).half_feedback(x, r, acc, codes, ops.lut(dtype), dtype == BF16)
     assert bad == int((~np.isfinite(a)).sum())
     assert_codes(codes, codes_want, dtype)
     assert_same_floats(acc, acc_want)

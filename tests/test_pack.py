@@ -1,4 +1,5 @@
-"""Bit packing and index-set coding against pure-NumPy references (codec.pack, kernels/cpu/pack)."""
+"""Bit packing and index-set coding against pure-NumPy references: codec.pack, and the ``pack``
+kernel family itself on every kernel backend (the ``backend`` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from hypothesis import strategies as st
 
 from codec.errors import CorruptFrameError
 from codec.frame import Kind, SectionInfo, raw_length
+from codec.kernels import module
+from codec.ops import readonly
 from codec.pack import decode_indices, encode_indices, pack_bits, unpack_bits
 
 UNSIGNED = (np.uint8, np.uint16, np.uint32, np.uint64)
@@ -286,3 +289,50 @@ def test_decode_indices_rejects_corrupt_sections():
     # last bitmap bit in range is fine; n % 8 == 0 has no padding
     np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x08]].astype(np.uint8), n), [99])
     np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_BITMAP, 1, 16), np.array([0, 0x80], np.uint8), 16), [15])
+
+
+# ---------------------------------------------------------------- the pack family, per backend
+def code_dtype(bits):
+    """The codes' dtype codec.pack hands the kernels: the narrowest unsigned one that holds them."""
+    return next(np.dtype(d) for d in UNSIGNED if np.dtype(d).itemsize * 8 >= bits)
+
+
+@pytest.mark.parametrize("bits", (1, 2, 3, 7, 8, 9, 11, 16, 17, 29, 32, 33, 63, 64))
+def test_pack_family_codes_across_chunks(backend, bits):
+    kern = module("pack", backend)
+    rng = np.random.default_rng(bits)
+    n = BIG + 3  # whole parallel chunks, then a tail of fewer than 8 codes
+    codes = (random_codes(rng, n, np.uint64) & mask(bits)).astype(code_dtype(bits))
+    out = np.full(raw_length(n, bits), 0xA5, np.uint8)  # every byte must be written
+    kern.pack_codes(readonly(codes), bits, out)
+    assert out.tobytes() == ref_pack(codes, bits).tobytes()
+    back = np.empty(n, code_dtype(bits))
+    kern.unpack_codes(readonly(out), bits, back)
+    np.testing.assert_array_equal(back, codes)
+
+
+def test_pack_family_index_sets(backend):
+    kern = module("pack", backend)
+    rng = np.random.default_rng(7)
+    n = 2 * 8 * (1 << 16) + 13  # a bitmap of more than two parallel chunks of bytes
+    idx = np.flatnonzero(rng.random(n) < 0.01).astype(np.int64)
+    gaps = np.empty(idx.size, np.uint64)
+    assert kern.delta_encode(readonly(idx), gaps) == ref_gaps(idx).max()
+    np.testing.assert_array_equal(gaps, ref_gaps(idx).astype(np.uint64))
+    back = np.empty(idx.size, np.int64)
+    assert kern.delta_decode(readonly(gaps), n, back)
+    np.testing.assert_array_equal(back, idx)
+    assert not kern.delta_decode(readonly(gaps), int(idx[-1]), np.empty(idx.size, np.int64))  # one reaches n
+    assert kern.delta_encode(readonly(idx[::-1].copy()), np.empty(idx.size, np.uint64)) == -1
+    bitmap = np.full(raw_length(n, 1), 0xA5, np.uint8)
+    kern.bitmap_encode(readonly(idx), bitmap)
+    m = np.zeros(n, np.uint8)
+    m[idx] = 1
+    assert bitmap.tobytes() == np.packbits(m, bitorder="little").tobytes()
+    counts = kern.bitmap_count(readonly(bitmap))
+    assert counts.dtype == np.int64 and counts.size > 2 and counts.sum() == idx.size
+    starts = np.zeros(counts.size, np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    pos = np.empty(idx.size, np.int64)
+    kern.bitmap_decode(readonly(bitmap), starts, pos)
+    np.testing.assert_array_equal(pos, idx)

@@ -1,5 +1,6 @@
-"""The quantization kernels (codec.kernels.cpu.quant) and the random stream
-(codec.kernels.cpu.rng) against plain NumPy references of their documented contracts.
+"""The quantization kernels (the ``quantize``, ``bucket`` and ``dequant`` families) and the
+random stream (``rng``) against plain NumPy references of their documented contracts, on every
+kernel backend (the ``backend`` fixture of tests/conftest.py).
 
 The quantizer stages are checked end to end in test_quant.py; here each kernel is called the
 way its stage calls it (read-only inputs, the same argument types) and compared bit for bit
@@ -11,13 +12,15 @@ float32 and float64 input, NaN/inf reporting, serial and parallel twins.
 
 from __future__ import annotations
 
+import types
+
 import ml_dtypes
 import numpy as np
 import pytest
 
+from codec import layout
 from codec._jit import PARALLEL_MIN
-from codec.kernels.cpu import quant as Q
-from codec.kernels.cpu import rng as R
+from codec.kernels import module
 from codec.modes import ADD, SET, SUB
 from codec.ops import readonly
 
@@ -30,6 +33,20 @@ KINDS = ["normal", "heavy", "sparse"]
 U64 = np.uint64
 M32 = U64(0xFFFFFFFF)
 BIG = 300_007  # one input per parallel kernel for the twins check (>= PARALLEL_MIN)
+#: the kernel families under test
+FAMILIES = ("quantize", "bucket", "dequant", "rng")
+#: ``K.<family>``: that family's module on the running test's backend (set by :func:`kernels`),
+#: so the run_* and check_* helpers below call the same backend as the test
+K = types.SimpleNamespace()
+
+
+@pytest.fixture(autouse=True)
+def kernels(backend):
+    """Every test here runs once per kernel backend, with ``K`` pointing at its modules."""
+    for family in FAMILIES:
+        setattr(K, family, module(family, backend))
+    yield K
+    K.__dict__.clear()
 
 
 # ====================================================================== helpers
@@ -332,7 +349,7 @@ def ref_untrit(raw, n):
 
 # ====================================================================== kernel calls (as the stages make them)
 def run_absmax(x, block, fn=None):
-    fn = fn or Q.absmax_units
+    fn = fn or K.quantize.absmax_units
     bits, mask = fbits(x)
     _, units, upb = ref_units(x.size, block)
     top = np.zeros(units, bits.dtype)
@@ -342,7 +359,7 @@ def run_absmax(x, block, fn=None):
 
 
 def run_minifloat(x, block, emin, m, maxmag, signpos, stochastic=False, strm=U64(0), fn=None):
-    fn = fn or Q.minifloat_encode
+    fn = fn or K.quantize.minifloat_encode
     _, units, upb = ref_units(x.size, block)
     codes = np.zeros(x.size, np.uint8 if signpos < 8 else np.uint16)
     bad = np.zeros(units, np.int64)
@@ -352,7 +369,7 @@ def run_minifloat(x, block, emin, m, maxmag, signpos, stochastic=False, strm=U64
 
 
 def run_qsgd(x, bucket, s, stochastic, strm=U64(0), fn=None):
-    fn = fn or Q.qsgd_encode
+    fn = fn or K.bucket.qsgd_encode
     n = x.size
     nb = -(-n // bucket)
     per = max(1, CHUNK // bucket)
@@ -365,7 +382,7 @@ def run_qsgd(x, bucket, s, stochastic, strm=U64(0), fn=None):
 
 
 def run_minmax(x, bucket, levels, stochastic, strm=U64(0), fn=None):
-    fn = fn or Q.minmax_encode
+    fn = fn or K.bucket.minmax_encode
     n = x.size
     nb = -(-n // bucket)
     per = max(1, CHUNK // bucket)
@@ -381,7 +398,7 @@ def run_minmax(x, bucket, levels, stochastic, strm=U64(0), fn=None):
 
 
 def run_moments(x, shift, fn=None):
-    fn = fn or Q.tensor_moments
+    fn = fn or K.quantize.tensor_moments
     nchunk = -(-x.size // CHUNK)
     bits, mask = fbits(x)
     sums, top = np.zeros((nchunk, 2)), np.zeros(nchunk, bits.dtype)
@@ -391,7 +408,7 @@ def run_moments(x, shift, fn=None):
 
 
 def run_terngrad(x, clip, s, strm, fn=None):
-    fn = fn or Q.terngrad_encode
+    fn = fn or K.quantize.terngrad_encode
     out = np.empty(-(-x.size // 5), np.uint8)
     if x.size:
         fn(ro(x), float(clip), float(s), U64(strm), out)
@@ -399,7 +416,7 @@ def run_terngrad(x, clip, s, strm, fn=None):
 
 
 def run_sign(x, fn=None):
-    fn = fn or Q.sign_encode
+    fn = fn or K.quantize.sign_encode
     n = x.size
     nchunk = -(-n // CHUNK)
     out = np.empty(-(-n // 8), np.uint8)
@@ -410,7 +427,7 @@ def run_sign(x, fn=None):
 
 
 def run_dequantize(raw, bits, n, lut, block, a, off, out, mode, fn=None):
-    fn = fn or Q.dequantize
+    fn = fn or K.dequant.dequantize
     fn(ro(raw), bits, n, ro(lut), block, ro(a), ro(off), out, mode)
     return out
 
@@ -427,7 +444,9 @@ def ref_dequantize(raw, bits, n, lut, block, a, off, out0, mode):
 
 # ====================================================================== the random stream
 def test_constants():
-    assert Q.CHUNK == CHUNK and Q.LANES == LANES and R.SPAN == 1 << 16 and Q.TRIT_CHUNK == TRIT_CHUNK
+    from codec.kernels.cpu import _common  # the trit kernels' chunk: a CPU work split, not a layout constant
+
+    assert layout.CHUNK == CHUNK and layout.LANES == LANES and layout.SPAN == 1 << 16 and _common.TRIT_CHUNK == TRIT_CHUNK
     assert PARALLEL_MIN <= BIG
 
 
@@ -445,11 +464,11 @@ def test_mix_and_stream_match_reference():
     zs = np.concatenate([np.array([0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1], np.uint64),
                          rng.integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True)])
     want = ref_mix(zs)
-    assert [int(R.mix(z)) for z in zs] == want.tolist()
+    assert [int(K.rng.mix(z)) for z in zs] == want.tolist()
     assert [mix_int(int(z)) for z in zs] == want.tolist()
-    assert int(R.mix(U64(0))) == 0
+    assert int(K.rng.mix(U64(0))) == 0
     for seed, khash, step in [(0, 0, 0), (1, 2, 3), (2**63 - 1, 2**64 - 1, 2**64 - 1), (12345, 0xDEADBEEF, 10**12)]:
-        got = R.stream(U64(seed), U64(khash), U64(step))
+        got = K.rng.stream(U64(seed), U64(khash), U64(step))
         assert isinstance(got, (np.uint64, int)) and int(got) == int(ref_stream(seed, khash, step))
         lit = mix_int(mix_int(mix_int(seed) ^ khash) ^ step)
         assert int(got) == lit
@@ -466,14 +485,14 @@ def test_block_key_bits32_uniform_match_reference(strm):
     keys = ref_block_key(strm, idx)
     bits = ref_bits(strm, idx)
     for i, k, r in zip(idx.tolist(), keys.tolist(), bits.tolist()):
-        key = np.uint32(R.block_key(strm, U64(i)))  # a uint32 inside the kernels (Numba returns an int)
+        key = np.uint32(K.rng.block_key(strm, U64(i)))  # a uint32 inside the kernels (Numba returns an int)
         assert int(key) == k
-        assert int(R.block_key(strm, i)) == k  # a Python int index (int64) too
-        assert int(R.bits32(key, U64(i))) == r
-        u = R.uniform(key, U64(i))
+        assert int(K.rng.block_key(strm, i)) == k  # a Python int index (int64) too
+        assert int(K.rng.bits32(key, U64(i))) == r
+        u = K.rng.uniform(key, U64(i))
         assert u == r / 2**32 and 0.0 <= u < 1.0
     # one key per 2**16-aligned span of values
-    k = [int(R.block_key(strm, U64(i))) for i in (65535, 65536, 131071, 131072)]
+    k = [int(K.rng.block_key(strm, U64(i))) for i in (65535, 65536, 131071, 131072)]
     assert k[1] == k[2] and len({k[0], k[1], k[3]}) == 3
 
 
@@ -481,7 +500,7 @@ def test_bits32_wraps_key_plus_index_mod_2_32():
     for key in (0xFFFFFFFF, 0xFFFFFFF0, 0x80000000):
         for i in (0, 15, 16, 65535, 65536 + 17):
             x = (key + (i & 0xFFFF)) & 0xFFFFFFFF
-            assert int(R.bits32(np.uint32(key), U64(i))) == int(ref_h32(x)[0])
+            assert int(K.rng.bits32(np.uint32(key), U64(i))) == int(ref_h32(x)[0])
 
 
 def test_random_bits_are_uniform_enough():
@@ -999,7 +1018,7 @@ def test_max_field_every_width(bits):
             codes = rng.integers(0, 1 << bits, n, dtype=np.uint64) >> U64(rng.integers(0, bits + 1))
             raw = np.concatenate([ref_pack(codes, bits), np.full(slack, 255, np.uint8)])
             for fmask, fshift in fields:
-                got = Q.max_field(ro(raw), bits, n, fmask, fshift)
+                got = K.dequant.max_field(ro(raw), bits, n, fmask, fshift)
                 want = int(((codes & U64(fmask)) >> U64(fshift)).max(initial=0))
                 assert int(got) == want, (n, slack, fmask, fshift)
 
@@ -1011,8 +1030,8 @@ def test_max_field_finds_the_last_code_and_chunk_edges():
             codes = np.zeros(n, np.uint64)
             codes[where] = (1 << bits) - 1
             raw = ro(ref_pack(codes, bits))
-            assert int(Q.max_field(raw, bits, n, (1 << bits) - 1, 0)) == (1 << bits) - 1, (bits, where)
-            assert int(Q.max_field(raw, bits, n, (1 << bits) - 1, bits - 1)) == 1
+            assert int(K.dequant.max_field(raw, bits, n, (1 << bits) - 1, 0)) == (1 << bits) - 1, (bits, where)
+            assert int(K.dequant.max_field(raw, bits, n, (1 << bits) - 1, bits - 1)) == 1
 
 
 # ====================================================================== trits_dequantize
@@ -1028,14 +1047,16 @@ def test_trits_dequantize(dtype, mode):
         raw = (t.reshape(-1, 5) @ np.array([1, 3, 9, 27, 81])).astype(np.uint8)
         out0 = rng.standard_normal(n).astype(dtype)
         out = out0.copy()
-        Q.trits_dequantize(ro(raw), n, ro(vals3), out, mode)
+        K.dequant.trits_dequantize(ro(raw), n, ro(vals3), out, mode)
         val = vals3[trits].astype(dtype)
         want = val if mode == SET else (out0 + val if mode == ADD else out0 - val)
         assert_same(out, want, f"n={n}")
 
 
 # ====================================================================== serial and parallel twins
-def test_serial_and_parallel_twins_agree():
+def test_serial_and_parallel_twins_agree(backend):
+    if backend != "cpu":
+        pytest.skip("the serial and parallel twins are the CPU jit wrapper's")
     n = BIG
     runs = []
     for twin in ("serial", "parallel"):
@@ -1044,30 +1065,30 @@ def test_serial_and_parallel_twins_agree():
             x = data("heavy", n, dtype)
             x[:: 997] = -0.0
             block = CHUNK + 77
-            res.append(run_absmax(x, block, getattr(Q.absmax_units, twin)))
+            res.append(run_absmax(x, block, getattr(K.quantize.absmax_units, twin)))
             emin = window_emins(x, block, 3, 4, dtype)
             _, units, upb = ref_units(n, block)
             for stochastic in (False, True):
                 codes, bad = np.zeros(n, np.uint8), np.zeros(units, np.int64)
-                getattr(Q.minifloat_encode, twin)(ro(x), block, upb, emin, 3, 0x7F, 7, stochastic, STRM, codes, bad)
+                getattr(K.quantize.minifloat_encode, twin)(ro(x), block, upb, emin, 3, 0x7F, 7, stochastic, STRM, codes, bad)
                 res += [codes, bad]
-                res += list(run_qsgd(x, 512, 16, stochastic, STRM, getattr(Q.qsgd_encode, twin)))
-                res += list(run_minmax(x, 1024, 255, stochastic, STRM, getattr(Q.minmax_encode, twin)))
-            res += list(run_moments(x, float(x[0]), getattr(Q.tensor_moments, twin)))
+                res += list(run_qsgd(x, 512, 16, stochastic, STRM, getattr(K.bucket.qsgd_encode, twin)))
+                res += list(run_minmax(x, 1024, 255, stochastic, STRM, getattr(K.bucket.minmax_encode, twin)))
+            res += list(run_moments(x, float(x[0]), getattr(K.quantize.tensor_moments, twin)))
             s = terngrad_scale(x, 0.01)
-            res.append(run_terngrad(x, 0.01, s, STRM, getattr(Q.terngrad_encode, twin)))
-            res += list(run_sign(x, getattr(Q.sign_encode, twin)))
+            res.append(run_terngrad(x, 0.01, s, STRM, getattr(K.quantize.terngrad_encode, twin)))
+            res += list(run_sign(x, getattr(K.quantize.sign_encode, twin)))
             for bits in (3, 11):
                 raw, lut, a, off = dequant_case(bits, n, 700, True)
                 for mode in (SET, ADD, SUB):
                     out = np.ones(n, dtype)
-                    run_dequantize(raw, bits, n, lut, 700, a, off, out, mode, getattr(Q.dequantize, twin))
+                    run_dequantize(raw, bits, n, lut, 700, a, off, out, mode, getattr(K.dequant.dequantize, twin))
                     res.append(out)
-                res.append(np.uint64(getattr(Q.max_field, twin)(ro(raw), bits, n, (1 << bits) - 1, 1)))
+                res.append(np.uint64(getattr(K.dequant.max_field, twin)(ro(raw), bits, n, (1 << bits) - 1, 1)))
             raw = np.random.default_rng(9).integers(0, 243, -(-n // 5), dtype=np.uint8)
             for mode in (SET, SUB):
                 out = np.ones(n, dtype)
-                getattr(Q.trits_dequantize, twin)(ro(raw), n, ro(np.array([0.0, 0.3, -0.3])), out, mode)
+                getattr(K.dequant.trits_dequantize, twin)(ro(raw), n, ro(np.array([0.0, 0.3, -0.3])), out, mode)
                 res.append(out)
         runs.append([np.asarray(r).tobytes() for r in res])
     assert len(runs[0]) == len(runs[1])

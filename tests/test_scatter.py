@@ -1,4 +1,5 @@
-"""codec.ops.scatter and codec.ops.store against NumPy references, every mode and dtype.
+"""codec.ops.scatter and codec.ops.store against NumPy references, every mode and dtype, and the
+``scatter`` kernel family itself on every kernel backend (the ``backend`` fixture).
 
 The contract: ``out (=|+=|-=) src`` is the exact result correctly rounded (nearest, ties to
 even) to ``out``'s dtype.  The NumPy reference computes in float64 and is exact except where
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from codec import ops
+from codec.kernels import module
 from codec.modes import ADD, SET, SUB
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
@@ -214,3 +216,24 @@ def test_scatter_rejects_bad_input():
         ops.scatter(np.ones(2, np.float32), np.array([1]), out, ADD)
     with pytest.raises(TypeError):
         ops.scatter(np.ones(1, np.float32), np.array([1.0]), out, ADD)
+
+
+# ---------------------------------------------------------------- the scatter family, per backend
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", WIDE, ids=str)
+def test_scatter_family_across_chunks(backend, dtype, mode):
+    """``out[idx] (=|+=|-=) values`` for unique ``idx`` in ``out``'s own dtype (one rounding,
+    as NumPy's); SET zeroes the rest.  More than two parallel chunks of indices."""
+    rng = np.random.default_rng(mode)
+    n = 8 * CHUNK
+    idx = np.sort(rng.choice(n, 2 * CHUNK + 5, replace=False)).astype(np.int64)
+    values = rng.standard_normal(idx.size).astype(dtype)
+    base = rng.standard_normal(n).astype(dtype)
+    want = np.zeros(n, dtype) if mode == SET else base.copy()
+    if mode == SUB:
+        want[idx] -= values
+    else:
+        want[idx] = values if mode == SET else want[idx] + values
+    out = base.copy()
+    module("scatter", backend).scatter(ops.readonly(values), ops.readonly(idx), out, mode)
+    assert out.tobytes() == want.tobytes()

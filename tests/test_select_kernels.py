@@ -1,4 +1,4 @@
-"""The selection kernels (codec.kernels.cpu.select) against plain NumPy, chunk by chunk.
+"""The selection kernels (the ``select`` family, on every backend) against plain NumPy, chunk by chunk.
 
 The codecs built on them are checked against references of their semantics in
 test_sparse.py; here each kernel's own contract is checked directly: rows and counts,
@@ -9,11 +9,18 @@ import numpy as np
 import pytest
 
 from codec._jit import PARALLEL_MIN
-from codec.kernels.cpu import select as S
+from codec.kernels import module
+from codec.layout import CHUNK, LANES
 from codec.stages.select.magnitude import collect
 
-SIZES = [0, 1, 7, S.CHUNK - 1, S.CHUNK + 1, 3 * S.CHUNK + 17]
+SIZES = [0, 1, 7, CHUNK - 1, CHUNK + 1, 3 * CHUNK + 17]
 DTYPES = [np.float32, np.float64]
+
+
+@pytest.fixture
+def S(backend):
+    """The ``select`` family's kernels on ``backend``."""
+    return module("select", backend)
 
 
 def data(kind, n, dtype, seed=0):
@@ -27,15 +34,15 @@ def data(kind, n, dtype, seed=0):
     return x.astype(dtype)
 
 
-def run_candidates(x, r, cut, cap, sums=False, shift=0.0):
+def run_candidates(S, x, r, cut, cap, sums=False, shift=0.0):
     n = x.size
-    nchunk = -(-n // S.CHUNK)
+    nchunk = -(-n // CHUNK)
     acc = np.empty(n if r.size else 0, x.dtype)
     bad = np.zeros(nchunk, np.int64)
     sm = np.zeros((nchunk if sums else 0, 2))
 
     def run(chunks, buf, vals, counts):
-        S.candidates(x, r, acc, x.dtype.type(cut), chunks, buf, vals, counts, bad, sm, shift, 64)
+        S.candidates(x, r, acc, x.dtype.type(cut), chunks, buf, vals, counts, bad, sm, shift, LANES)
 
     idx, vals = collect(run, nchunk, cap, x.dtype) if nchunk else (np.empty(0, np.int64), np.empty(0, x.dtype))
     return idx, vals, acc, bad, sm
@@ -45,14 +52,14 @@ def run_candidates(x, r, cut, cap, sums=False, shift=0.0):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
 @pytest.mark.parametrize("feedback", [False, True])
-def test_candidates_match_numpy(kind, n, dtype, feedback):
+def test_candidates_match_numpy(S, kind, n, dtype, feedback):
     x = data(kind, n, dtype)
     r = data("heavy", n, dtype, seed=1) if feedback else np.empty(0, dtype)
     a = x + r if feedback else x
     cut = float(np.quantile(np.abs(a), 0.99)) if n else 1.0
     cut = cut or float(np.finfo(dtype).smallest_subnormal)
     for cap in (1, 64, max(1, n)):  # cap 1 and 64 make most rows overfull: the re-run path
-        idx, vals, acc, bad, _ = run_candidates(x, r, cut, cap)
+        idx, vals, acc, bad, _ = run_candidates(S, x, r, cut, cap)
         want = np.flatnonzero(np.abs(a) >= dtype(cut))
         assert np.array_equal(idx, want)
         assert np.array_equal(vals, a[want])
@@ -62,16 +69,16 @@ def test_candidates_match_numpy(kind, n, dtype, feedback):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_candidates_sums_and_nonfinite(dtype):
-    n = 2 * S.CHUNK + 5
+def test_candidates_sums_and_nonfinite(S, dtype):
+    n = 2 * CHUNK + 5
     x = data("normal", n, dtype) + 1000
-    idx, _, _, bad, sm = run_candidates(x, np.empty(0, dtype), np.inf, 8, sums=True, shift=1000.0)
+    idx, _, _, bad, sm = run_candidates(S, x, np.empty(0, dtype), np.inf, 8, sums=True, shift=1000.0)
     d = x.astype(np.float64) - 1000.0
     assert idx.size == 0
     np.testing.assert_allclose(sm.sum(0), [d.sum(), (d * d).sum()], rtol=1e-12, atol=1e-9)
-    x[[3, S.CHUNK + 9, n - 1]] = [np.nan, np.inf, -np.inf]
-    idx, _, _, bad, _ = run_candidates(x, np.empty(0, dtype), 0.5, 8)
-    assert bad.tolist() == [1, 1, 1] and not np.isin([3, S.CHUNK + 9, n - 1], idx).any()
+    x[[3, CHUNK + 9, n - 1]] = [np.nan, np.inf, -np.inf]
+    idx, _, _, bad, _ = run_candidates(S, x, np.empty(0, dtype), 0.5, 8)
+    assert bad.tolist() == [1, 1, 1] and not np.isin([3, CHUNK + 9, n - 1], idx).any()
 
 
 def ref_adacomp(dw, g, L):
@@ -87,14 +94,14 @@ def ref_adacomp(dw, g, L):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [1, 7, 499, 501, 3 * S.CHUNK + 17])
+@pytest.mark.parametrize("n", [1, 7, 499, 501, 3 * CHUNK + 17])
 @pytest.mark.parametrize("L", [1, 7, 50, 500])
 @pytest.mark.parametrize("feedback", [False, True])
-def test_adacomp_bins_match_numpy(n, L, dtype, feedback):
+def test_adacomp_bins_match_numpy(S, n, L, dtype, feedback):
     dw = data("heavy", n, dtype)
     r = data("heavy", n, dtype, seed=5)
     g = (r + dw) if feedback else dw
-    per_chunk = max(1, S.CHUNK // L)
+    per_chunk = max(1, CHUNK // L)
     nbins = -(-n // L)
     nchunk = -(-nbins // per_chunk)
     gmax = np.empty(nbins, dtype)
@@ -116,27 +123,28 @@ def test_adacomp_bins_match_numpy(n, L, dtype, feedback):
     assert not bad.any()
 
 
-def random_positions(out, n, seed=12345):
+def random_positions(S, out, n, seed=12345):
     u64 = np.uint64
     S.random_positions(out, u64(seed), u64(99), u64(3), u64((max(2, (n - 1).bit_length()) + 1) // 2), n)
 
 
-def test_random_positions_are_a_permutation_prefix():
+def test_random_positions_are_a_permutation_prefix(S):
     for n in (2, 3, 5, 17, 1000, 4097):
         out = np.empty(n, np.int64)
-        random_positions(out, n)
+        random_positions(S, out, n)
         assert sorted(out.tolist()) == list(range(n))  # all k = n images: a permutation of [0, n)
         part = np.empty(n // 2, np.int64)
-        random_positions(part, n)
+        random_positions(S, part, n)
         assert np.array_equal(part, out[: n // 2])  # each j maps independently of k
 
 
 def test_serial_and_parallel_twins_agree():
+    S = module("select", "cpu")  # the serial and parallel twins are the CPU jit wrapper's
     n = PARALLEL_MIN + 12_345
     x = data("heavy", n, np.float32)
     r = data("heavy", n, np.float32, seed=1)
     cut = np.float32(np.quantile(np.abs(x + r), 0.99))
-    nchunk = -(-n // S.CHUNK)
+    nchunk = -(-n // CHUNK)
     runs = []
     for twin in ("serial", "parallel"):
         buf = np.zeros((nchunk, 4096), np.int64)
@@ -144,7 +152,7 @@ def test_serial_and_parallel_twins_agree():
         counts, bad = np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
         sums = np.zeros((nchunk, 2))
         acc = np.empty(n, np.float32)
-        getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0, 64)
+        getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0, LANES)
         pos = np.empty(5000, np.int64)
         u64 = np.uint64
         getattr(S.random_positions, twin)(pos, u64(7), u64(1), u64(2), u64(((n - 1).bit_length() + 1) // 2), n)
