@@ -1,0 +1,107 @@
+"""The frame's and the container's magic numbers, checksum flags and checksums: the fuzzer
+recomputes them after an edit, so the edit reaches the checks behind the CRCs.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+
+FRAME_MAGIC = b"\x89GCF"
+CONTAINER_MAGIC = b"\x89GCC"
+#: frame flags: bit 0 = payload CRC32 (zlib), bit 1 = payload CRC-32C (Castagnoli)
+FLAG_CRC32 = 0x01
+FLAG_CRC32C = 0x02
+#: container flags: bit 0 = CRC-32C of the frames area after the table
+CFLAG_CRC32C = 0x01
+
+
+def crc32c(data) -> int:
+    """CRC-32C (Castagnoli) of ``data``: the ``crc32c`` package, or a table-driven fallback."""
+    try:
+        import crc32c as _c
+
+        return _c.crc32c(bytes(data))
+    except ImportError:  # pragma: no cover - the package is a dependency of the format
+        return _crc32c_slow(bytes(data))
+
+
+_C_TABLE = None
+
+
+def _crc32c_slow(data: bytes) -> int:  # pragma: no cover
+    global _C_TABLE
+    if _C_TABLE is None:
+        t = []
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            t.append(c)
+        _C_TABLE = t
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _C_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def _payload_crc(flags: int, data) -> int:
+    return crc32c(data) if flags & FLAG_CRC32C and not flags & FLAG_CRC32 else zlib.crc32(data)
+
+
+def frame_header_len(buf) -> int | None:
+    """The header length ``parse_frame`` computes from ``buf``'s own fields (None if too short)."""
+    if len(buf) < 12:
+        return None
+    flags, ndim, nsec = buf[5], buf[7], buf[8]
+    spec_len = buf[10] | buf[11] << 8
+    return 12 + 8 * ndim + spec_len + 28 * nsec + (4 if flags & (FLAG_CRC32 | FLAG_CRC32C) else 0) + 4
+
+
+def fix_frame_checksums(buf) -> bytes:
+    """``buf`` with its payload checksum (flags bit 0: zlib CRC32, bit 1: CRC-32C) and header
+    CRC32 recomputed where ``parse_frame`` will look for them, whatever the other fields say:
+    an edit anywhere then reaches the checks behind the CRCs."""
+    b = bytearray(buf)
+    hl = frame_header_len(b)
+    if hl is None or len(b) < hl:
+        return bytes(b)
+    pos = hl - 4
+    flags = b[5]
+    if flags & (FLAG_CRC32 | FLAG_CRC32C):
+        struct.pack_into("<I", b, pos - 4, _payload_crc(flags, memoryview(b)[hl:]))
+    struct.pack_into("<I", b, pos, zlib.crc32(memoryview(b)[:pos]))
+    return bytes(b)
+
+
+def _container_table_end(b) -> int | None:
+    """Where a container's table ends (walking ``count`` entries as unpack_frames does)."""
+    if len(b) < 12:
+        return None
+    (count,) = struct.unpack_from("<I", b, 8)
+    off = 12
+    for _ in range(count):
+        if off + 10 > len(b):
+            return None
+        (nl,) = struct.unpack_from("<H", b, off)
+        off += 2 + nl + 8
+    return off if off <= len(b) else None
+
+
+def fix_container_checksums(buf) -> bytes:
+    """``buf`` with the container's table CRC32 (and, with flags bit 0, the CRC-32C of the
+    frames area, stored just before the table CRC, which covers it) recomputed."""
+    b = bytearray(buf)
+    t = _container_table_end(b)
+    if t is None:
+        return bytes(b)
+    if b[5] & CFLAG_CRC32C:
+        if t + 8 > len(b):
+            return bytes(b)
+        struct.pack_into("<I", b, t, crc32c(memoryview(b)[t + 8 :]))
+        t += 4
+    if t + 4 > len(b):
+        return bytes(b)
+    struct.pack_into("<I", b, t, zlib.crc32(memoryview(b)[:t]))
+    return bytes(b)

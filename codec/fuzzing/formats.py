@@ -1,0 +1,189 @@
+"""The inputs as editable structures: a frame's fields (:class:`FrameFields`), a container's
+(:class:`ContainerFields`), split without validation and joined back with the checksums
+recomputed; and the state target's restricted pickles (:func:`dumps_state`, :func:`loads_state`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import struct
+from dataclasses import dataclass, field
+
+from codec.fuzzing.checksums import (
+    CFLAG_CRC32C,
+    CONTAINER_MAGIC,
+    FLAG_CRC32,
+    FLAG_CRC32C,
+    FRAME_MAGIC,
+    fix_container_checksums,
+    fix_frame_checksums,
+)
+
+
+@dataclass
+class FrameFields:
+    """A frame's fields, split without validation (docs/format.md), to edit and rejoin.
+
+    ``ndim``, ``nsec`` and ``spec_len`` are None when they follow ``shape``, ``sections`` and
+    ``spec``; an int forces a (possibly inconsistent) value.  ``sections`` holds
+    ``[kind, encoding, bits, count, raw_len, stored_len]`` lists; ``payloads`` their stored
+    bytes; ``trailing`` anything after them."""
+
+    magic: bytes = FRAME_MAGIC
+    version: int = 1
+    flags: int = 0
+    dtype: int = 3
+    reserved: int = 0
+    shape: list = field(default_factory=list)
+    spec: bytes = b""
+    sections: list = field(default_factory=list)
+    payloads: list = field(default_factory=list)
+    trailing: bytes = b""
+    ndim: int | None = None
+    nsec: int | None = None
+    spec_len: int | None = None
+
+    def copy(self) -> "FrameFields":
+        return FrameFields(
+            self.magic, self.version, self.flags, self.dtype, self.reserved, list(self.shape), self.spec,
+            [list(s) for s in self.sections], list(self.payloads), self.trailing, self.ndim, self.nsec, self.spec_len,
+        )
+
+    def join(self, fix: bool = True) -> bytes:
+        """The frame bytes; checksums recomputed when ``fix`` (else left zero)."""
+        ndim = len(self.shape) if self.ndim is None else self.ndim
+        nsec = len(self.sections) if self.nsec is None else self.nsec
+        spec_len = len(self.spec) if self.spec_len is None else self.spec_len
+        out = bytearray(self.magic[:4].ljust(4, b"\0"))
+        out += struct.pack("<BBBBBBH", self.version & 255, self.flags & 255, self.dtype & 255, ndim & 255, nsec & 255,
+                           self.reserved & 255, spec_len & 0xFFFF)
+        for d in self.shape:
+            out += struct.pack("<Q", d % (1 << 64))
+        out += self.spec
+        for s in self.sections:
+            out += struct.pack("<BBHQQQ", s[0] & 255, s[1] & 255, s[2] & 0xFFFF, s[3] % (1 << 64), s[4] % (1 << 64), s[5] % (1 << 64))
+        if self.flags & (FLAG_CRC32 | FLAG_CRC32C):
+            out += b"\0\0\0\0"
+        out += b"\0\0\0\0"
+        for p in self.payloads:
+            out += p
+        out += self.trailing
+        return fix_frame_checksums(out) if fix else bytes(out)
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.shape)
+
+
+def split_frame(buf) -> FrameFields | None:
+    """Split a frame into :class:`FrameFields` (None when even the fixed header is missing)."""
+    b = bytes(buf)
+    if len(b) < 16:
+        return None
+    magic, version, flags, dt, ndim, nsec, reserved, spec_len = struct.unpack_from("<4sBBBBBBH", b, 0)
+    off = 12
+    if off + 8 * ndim + spec_len + 28 * nsec > len(b):
+        return None
+    shape = list(struct.unpack_from(f"<{ndim}Q", b, off))
+    off += 8 * ndim
+    spec = b[off : off + spec_len]
+    off += spec_len
+    sections = []
+    for _ in range(nsec):
+        sections.append(list(struct.unpack_from("<BBHQQQ", b, off)))
+        off += 28
+    off += 8 if flags & (FLAG_CRC32 | FLAG_CRC32C) else 4
+    payloads = []
+    for s in sections:
+        take = min(s[5], max(0, len(b) - off))
+        payloads.append(b[off : off + take])
+        off += take
+    return FrameFields(magic, version, flags, dt, reserved, shape, spec, sections, payloads, b[off:])
+
+
+# ----------------------------------------------------------------------------- container fields
+@dataclass
+class ContainerFields:
+    """A container split without validation: entries ``[name_bytes, frame]`` plus raw fields."""
+
+    magic: bytes = CONTAINER_MAGIC
+    version: int = 1
+    flags: int = 0
+    reserved: int = 0
+    entries: list = field(default_factory=list)  # [name bytes, frame bytes, name_len override|None, frame_len override|None]
+    count: int | None = None
+    trailing: bytes = b""
+
+    def join(self, fix: bool = True) -> bytes:
+        count = len(self.entries) if self.count is None else self.count
+        out = bytearray(self.magic[:4].ljust(4, b"\0"))
+        out += struct.pack("<BBHI", self.version & 255, self.flags & 255, self.reserved & 0xFFFF, count % (1 << 32))
+        for name, frame, nl, fl in self.entries:
+            out += struct.pack("<H", (len(name) if nl is None else nl) & 0xFFFF) + name
+            out += struct.pack("<Q", (len(frame) if fl is None else fl) % (1 << 64))
+        if self.flags & CFLAG_CRC32C:
+            out += b"\0\0\0\0"
+        out += b"\0\0\0\0"
+        for e in self.entries:
+            out += e[1]
+        out += self.trailing
+        return fix_container_checksums(out) if fix else bytes(out)
+
+
+def split_container(buf) -> ContainerFields | None:
+    b = bytes(buf)
+    if len(b) < 16:
+        return None
+    magic, version, flags, reserved, count = struct.unpack_from("<4sBBHI", b, 0)
+    off, table = 12, []
+    for _ in range(count):
+        if off + 10 > len(b):
+            return None
+        (nl,) = struct.unpack_from("<H", b, off)
+        if off + 10 + nl > len(b):
+            return None
+        name = b[off + 2 : off + 2 + nl]
+        (fl,) = struct.unpack_from("<Q", b, off + 2 + nl)
+        table.append((name, fl))
+        off += 10 + nl
+    off += 8 if flags & CFLAG_CRC32C else 4
+    entries = []
+    for name, fl in table:
+        take = min(fl, max(0, len(b) - off))
+        entries.append([name, b[off : off + take], None, None])
+        off += take
+    return ContainerFields(magic, version, flags, reserved, entries, None, b[off:])
+
+
+# ----------------------------------------------------------------------------- state pickles
+_STATE_GLOBALS = {
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy", "matrix"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
+    ("numpy.matrixlib.defmatrix", "matrix"), ("numpy._core.defchararray", "chararray"),
+    ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
+    ("builtins", "slice"), ("builtins", "range"),
+}
+
+
+class _StateUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays, scalars and dtypes (any ``numpy.dtypes`` class, ml_dtypes types)
+    and plain containers; nothing else (a corpus file must not run code)."""
+
+    def find_class(self, module, name):
+        if (module, name) in _STATE_GLOBALS or module == "numpy.dtypes" or (
+            module == "ml_dtypes" and name.replace("_", "").isalnum()
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"state pickle: global {module}.{name} is not allowed")
+
+
+def dumps_state(obj) -> bytes:
+    return pickle.dumps(obj, protocol=4)
+
+
+def loads_state(data: bytes):
+    return _StateUnpickler(io.BytesIO(data)).load()

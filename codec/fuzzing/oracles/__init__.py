@@ -1,0 +1,1 @@
+"""The oracles, one per parser, and the comparisons they share."""
