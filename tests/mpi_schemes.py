@@ -94,12 +94,17 @@ def _inputs(seed, step, layout, p):
     return [ref.make_inputs(seed, r, step, layout) for r in range(p)]
 
 
-def _gtopk_residual(red, name, rank, rank_streams=True):
-    key = (name, rank) if rank_streams else name
-    for slot in red.state_dict()["state"]["ef"]["slots"]:
+def saved_slot(red, key) -> dict:
+    """The slot of ``key`` in the reducer's checkpoint (``state_dict()["feedback"]``, one
+    ErrorFeedback state for every scheme)."""
+    for slot in red.state_dict()["feedback"]["slots"]:
         if slot["key"] == key:
-            return slot["residual"]
+            return slot
     raise KeyError(key)
+
+
+def _gtopk_residual(red, name, rank, rank_streams=True):
+    return saved_slot(red, (name, rank) if rank_streams else name)["residual"]
 
 
 # ====================================================================== gTop-k
@@ -212,7 +217,7 @@ def _spec(rank=2, warm=True, rate=2.0, seed=0):
 
 
 def _psgd_residual(red, name):
-    return red.state_dict()["state"]["memory"][name]["residual"]
+    return saved_slot(red, name)["residual"]
 
 
 def _psgd_run(ck, comm, *, steps=4, seed=31, layout=PS_LAYOUT, rank=2, warm=True, rate=2.0, pseed=0, **opts):
@@ -235,7 +240,7 @@ def _psgd_run(ck, comm, *, steps=4, seed=31, layout=PS_LAYOUT, rank=2, warm=True
             ck.match(got[name], want[name], f"{tag} result[{name!r}]", exact, rtol=1e-5 if x.dtype != F16 and x.dtype != BF16 else 0)
             plan = ref.matrix_of(x.shape, rank, rate)
             if plan is not None and warm:
-                ck.match(red.state_dict()["state"]["memory"][name]["q"], sim.mem[name]["q"], f"{tag} warm Q[{name!r}]", exact)
+                ck.match(saved_slot(red, name)["state"]["powersgd.q"], sim.mem[name]["q"], f"{tag} warm Q[{name!r}]", exact)
             if not ef:
                 continue
             res = _psgd_residual(red, name)

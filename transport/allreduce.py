@@ -247,23 +247,37 @@ class Allreducer:
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
-        """Residuals and warm-start state (pickle-able, no communicator)."""
-        return {"scheme": self.scheme.spec, "rank": self.rank, "size": self.size, "state": self.scheme.state_dict()}
+        """This rank's per-tensor memory, one shape for every scheme (pickle-able, no
+        communicator): ``{"scheme": spec, "rank": r, "size": p, "feedback": f}`` where ``f`` is
+        the scheme's ``codec.ErrorFeedback.state_dict()`` (residuals when error feedback is on,
+        steps, PowerSGD's warm-start Q), or None for ``none``, which keeps no memory."""
+        ef = self.scheme.ef
+        return {"scheme": self.scheme.spec, "rank": self.rank, "size": self.size, "feedback": None if ef is None else ef.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output, saved by this rank of a same-sized job with the
-        same scheme.  The state is checked whole before anything is replaced (a ValueError
-        names the field); on error the reducer keeps its state."""
-        if isinstance(state, dict) and set(state) != {"scheme", "rank", "size", "state"}:
-            raise ValueError(f"state: expected the keys scheme, rank, size and state, got {sorted(map(str, state))}")
-        if not isinstance(state, dict) or state.get("scheme") != self.scheme.spec:
-            raise ValueError(f"state: saved for {state.get('scheme') if isinstance(state, dict) else state!r}, this Allreducer runs {self.scheme.spec!r}")
-        if (state.get("rank"), state.get("size")) != (self.rank, self.size):
+        same scheme and options.  The state is untrusted: it is checked whole before anything
+        is replaced (``feedback`` by ``ErrorFeedback.load_state_dict``, which keeps the old
+        memory on error); a ValueError names the field, and on error the reducer keeps its state."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state: expected the dict Allreducer.state_dict() returns, got {type(state).__name__}")
+        if set(state) != {"scheme", "rank", "size", "feedback"}:
+            raise ValueError(f"state: expected the keys scheme, rank, size and feedback, got {sorted(map(str, state))}")
+        if state["scheme"] != self.scheme.spec:
+            raise ValueError(f"state: saved for {state['scheme']!r:.80}, this Allreducer runs {self.scheme.spec!r}")
+        if (state["rank"], state["size"]) != (self.rank, self.size):
             raise ValueError(
-                f"state: saved by rank {state.get('rank')} of {state.get('size')}, this is rank {self.rank} of {self.size}; "
+                f"state: saved by rank {state['rank']!r:.20} of {state['size']!r:.20}, this is rank {self.rank} of {self.size}; "
                 "residuals belong to the rank that made them"
             )
-        self.scheme.load_state_dict(state["state"])
+        ef, feedback = self.scheme.ef, state["feedback"]
+        if ef is None:
+            if feedback is not None:
+                raise ValueError(f"state: feedback: {self.scheme.spec!r} keeps no per-tensor memory, so the state holds None, got {type(feedback).__name__}")
+            return
+        if feedback is None:
+            raise ValueError(f"state: feedback: None, but {self.scheme.spec!r} keeps per-tensor memory (an ErrorFeedback state)")
+        ef.load_state_dict(feedback)
 
     def __repr__(self):
         return f"Allreducer({self.scheme.spec!r}, rank {self.rank} of {self.size}, average={self.average}, error_feedback={self.error_feedback})"

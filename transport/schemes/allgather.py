@@ -9,8 +9,10 @@
 so every rank performs the same operations on the same bytes and computes the same bits.
 
 :class:`Framed` is the base of the schemes that code each tensor into a frame on every rank
-(this one and gTop-k): it holds the per-tensor coding state (an ``ErrorFeedback`` and the step
-counter) and its ``state_dict`` / ``load_state_dict``.
+(this one and gTop-k): it keeps every tensor's memory in one ``codec.ErrorFeedback``
+(``self.ef``), with residuals when error feedback is on and the codec is lossy, without them
+otherwise (then a slot holds the tensor's step and stage state only).  A frame's step is its
+key's step: how many frames that tensor has made (docs/transport.md, "State").
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ __all__ = ["Allgather", "Framed"]
 
 
 class Framed(Scheme):
-    """A scheme that codes each tensor into a frame on every rank (through ErrorFeedback
-    keyed ``(name, rank)``, or ``name`` without ``rank_streams``) and keeps the state of that."""
+    """A scheme that codes each tensor into a frame on every rank, through its
+    ErrorFeedback (``self.ef``) keyed ``(name, rank)``, or ``name`` without ``rank_streams``:
+    with residuals when the reducer has error feedback and the codec is lossy."""
 
     def __init__(self, codec_or_spec, reducer):
         super().__init__(codec_or_spec, reducer)
         c = self.codec
-        self.ef = codec.ErrorFeedback(c) if reducer.error_feedback and not c.lossless else None
-        self.step = 0
+        self.ef = codec.ErrorFeedback(c, residuals=reducer.error_feedback and not c.lossless)
 
     def prepare(self, arrays, keys):
         """Checks every input before the first collective, changing nothing: finite where the
@@ -44,7 +46,7 @@ class Framed(Scheme):
         for a, k in zip(arrays, keys):
             if not self.codec.passes_nonfinite(a.shape):  # the codec would raise on NaN/inf
                 check_finite(a, k, self.spec)
-            if self.ef is not None:
+            if self.ef.residuals:
                 try:
                     r = self.ef.residual(self.key(k))
                 except KeyError:
@@ -57,26 +59,8 @@ class Framed(Scheme):
         return (name, self.reducer.rank) if self.reducer.rank_streams else name
 
     def encode(self, arrays, keys):
-        """One frame per tensor; advances the step."""
-        step, self.step = self.step, self.step + 1
-        if self.ef is not None:
-            return [self.ef.encode(a, self.key(k)) for a, k in zip(arrays, keys)]
-        return [self.codec.encode(a, key=self.key(k), step=step) for a, k in zip(arrays, keys)]
-
-    def state_dict(self):
-        return {"step": self.step, "ef": None if self.ef is None else self.ef.state_dict()}
-
-    def load_state_dict(self, state):
-        """Checks the whole state first (the step, and the ErrorFeedback's own check, which
-        keeps the old state on error), then replaces it."""
-        if not isinstance(state, dict) or set(state) != {"step", "ef"}:
-            raise ValueError(f"state: state: expected a dict with 'step' and 'ef', got {state!r:.80}")
-        step = codec.check_step(state["step"], "state: state: step")
-        if (state["ef"] is None) != (self.ef is None):
-            raise ValueError(f"state: state: ef: saved {'without' if state['ef'] is None else 'with'} error feedback, this Allreducer runs {'without' if self.ef is None else 'with'} it")
-        if self.ef is not None:
-            self.ef.load_state_dict(state["ef"])
-        self.step = step
+        """One frame per tensor, each at its key's step, which it advances."""
+        return [self.ef.encode(a, self.key(k)) for a, k in zip(arrays, keys)]
 
 
 class Allgather(Framed):

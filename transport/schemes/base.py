@@ -4,7 +4,10 @@ rounding at the end (:func:`finish_sum`) and the finiteness check (:func:`check_
 
 A scheme never imports the Allreducer: it gets the reducer as an argument and reads its
 options (``comm``, ``rank``, ``size``, ``average``, ``error_feedback``, ``vote``,
-``rank_streams``, ``bucket_bytes``, ``checksum``) from it.
+``rank_streams``, ``bucket_bytes``, ``checksum``) from it.  A scheme keeps its per-tensor
+memory (residuals, steps, stage state such as PowerSGD's Q) in one ``codec.ErrorFeedback``,
+``self.ef`` (None for a scheme without memory); the Allreducer's ``state_dict`` /
+``load_state_dict`` save and check it, the same way for every scheme.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 
 import codec
 from codec.arrays import first_nonfinite, round_to, wide_dtype
+from codec.errors import NonFiniteError
 
 __all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_sum", "mpi", "vote_error"]
 
@@ -63,7 +67,12 @@ class Scheme:
 
     ``Scheme(codec_or_spec, reducer)``: ``codec_or_spec`` as the Allreducer got it (a spec
     string, config dict or ``codec.Codec``).  :meth:`takes` lets a scheme decline a spec
-    whose head names it (the default scheme then runs it)."""
+    whose head names it (the default scheme then runs it).
+
+    ``ef``: the scheme's per-tensor memory, a ``codec.ErrorFeedback`` (None: the scheme keeps
+    none, as ``none``'s MPI Allreduce); :meth:`prepare` reads it and never changes it."""
+
+    ef = None
 
     def __init__(self, codec_or_spec, reducer):
         self.reducer = reducer
@@ -81,12 +90,6 @@ class Scheme:
 
     def start(self, prepared, stats) -> Pending:
         raise NotImplementedError
-
-    def state_dict(self):
-        return None
-
-    def load_state_dict(self, state):
-        pass
 
 
 def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None) -> np.ndarray:
@@ -110,11 +113,11 @@ def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None) -
 
 
 def check_finite(a: np.ndarray, name, spec: str) -> None:
-    """ValueError naming the tensor and the position of its first NaN or inf."""
+    """``codec.errors.NonFiniteError`` (a ValueError) naming the tensor and the position of its
+    first NaN or inf."""
     bad = first_nonfinite(a)
     if bad >= 0:
-        at = tuple(int(i) for i in np.unravel_index(bad, a.shape)) if a.ndim > 1 else bad
-        raise ValueError(f"tensors[{name!r}]: non-finite value ({a.reshape(-1)[bad]}) at position {at}; {spec} needs finite input")
+        raise NonFiniteError(f"tensors[{name!r}]", tuple(int(i) for i in np.unravel_index(bad, a.shape)), spec)
 
 
 class Sums:

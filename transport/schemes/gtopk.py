@@ -220,7 +220,7 @@ class _TreePending:
             res = np.zeros(a.shape, a.dtype)
             res.reshape(-1)[gpos] = finish_sum(gval, a.dtype, red.size, red.average)
             out.append(res)
-            if self.scheme.ef is not None and lpos.size:
+            if self.scheme.ef.residuals and lpos.size:
                 missed = ~np.isin(lpos, gpos, assume_unique=True)
                 if missed.any():
                     self.scheme.ef.add_residual(self.scheme.key(key), lval[missed], lpos[missed])

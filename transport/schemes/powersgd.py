@@ -20,21 +20,52 @@ decompress(C(Delta_w))``), so the ranks' decoded parts add up to the result exac
 the allgather scheme; PyTorch's hook instead keeps ``M - result``.  Tensors that pass through
 (``ndim <= 1`` or too small to pay, as in the codec) are summed densely in round 1 and leave
 no residual.  One Allreduce per accumulator dtype per round.
+
+Memory: one ``codec.ErrorFeedback`` slot per tensor name (:class:`Memory`): the residual in
+the accumulator dtype (float32, float64 for float64 tensors; none without error feedback),
+the step, and with ``warm_start`` the summed Q as ``"powersgd.q"``, the field the codec's
+PowerSGD stage keeps it in, so the stage's ``check_state`` checks a loaded one.  A tensor
+whose shape or dtype changes starts over (a new slot; without error feedback its step goes
+on).  ``prepare`` reads the slots (``ErrorFeedback.slot``), ``start`` stores them
+(``ErrorFeedback.keep``), ``finish`` installs the new residual (``Slot.commit``), the new Q
+and the next step.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
 
 import codec
-from codec.arrays import owned_float_array, wide_dtype
+from codec.arrays import first_nonfinite, wide_dtype
+from codec.errors import NonFiniteError
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
 from transport.schemes.base import Scheme, Sums, check_finite, finish_sum
 
-__all__ = ["TwoRound"]
+__all__ = ["Memory", "STATE_Q", "TwoRound"]
+
+#: the slot-state field of the warm-start Q: the codec's PowerSGD stage's own
+#: (``codec.stages.transform.powersgd.STATE_Q``; stage fields are ``"<stage>.<field>"``)
+STATE_Q = "powersgd.q"
+
+
+class Memory(codec.ErrorFeedback):
+    """The two-round PowerSGD's per-tensor memory: an ``ErrorFeedback`` of the ``powersgd``
+    codec whose step the scheme runs itself (``slot``/``keep``).  Its residuals are in the
+    accumulator dtype, so a loaded slot must be float32 or float64 and, since every residual
+    is added into the next step's input, finite (passed-through tensors included: the
+    transport checks them too); everything else is ``ErrorFeedback``'s check."""
+
+    def check_slot(self, slot, where):
+        what = "residual" if slot.residual is not None else "dtype"
+        if slot.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"{where}: {what}: dtype {slot.dtype}; powersgd keeps float32 (float64 for float64 tensors)")
+        if slot.residual is not None:
+            bad = first_nonfinite(slot.residual)
+            if bad >= 0:
+                at = tuple(int(i) for i in np.unravel_index(bad, slot.shape))
+                raise NonFiniteError(f"{where}: residual", at, "two-round powersgd", "would send it in the next step")
 
 
 class TwoRound(Scheme):
@@ -53,16 +84,8 @@ class TwoRound(Scheme):
         if reducer.bucket_bytes:
             raise ValueError("bucket_bytes: powersgd compresses each tensor as its own matrix; leave bucket_bytes at 0")
         self.stage = c.transform
-        #: per tensor name: residual (None without error feedback), last summed Q, step
-        self.memory: dict = {}
-
-    def _slot(self, name, a, dt):
-        """The tensor's memory, or a fresh one when it has none that fits (not stored yet:
-        ``prepare`` changes no state)."""
-        mem = self.memory.get(name)
-        if mem is None or mem["residual"] is not None and (mem["residual"].shape != a.shape or mem["residual"].dtype != dt):
-            mem = {"residual": np.zeros(a.shape, dt) if self.reducer.error_feedback else None, "q": None, "step": 0}
-        return mem
+        #: per tensor name: residual (without error feedback: none), step, warm-start Q
+        self.ef = Memory(c, residuals=reducer.error_feedback)
 
     def prepare(self, arrays, keys):
         """Everything before round 1, on this rank alone: ``M = x + residual``, its check
@@ -73,64 +96,34 @@ class TwoRound(Scheme):
         work, wire = [], []
         for a, name in zip(arrays, keys):
             dt = wide_dtype(a.dtype)
-            mem = self._slot(name, a, dt)
-            acc = a.astype(dt) if mem["residual"] is None else np.add(a, mem["residual"], dtype=dt)  # a new buffer
+            slot = self.ef.slot(name, a.shape, dt)  # stored, or new and not stored yet
+            acc = a.astype(dt) if slot.residual is None else np.add(a, slot.residual, dtype=dt)  # a new buffer
             check_finite(acc, name, "powersgd")
             plan = matrix_of(a.shape, st.rank, st.min_compression_rate)
             if plan is None:
-                work.append((mem, acc, None, acc))
+                work.append((slot, acc, None, acc))
                 wire.append(acc.nbytes)
                 continue
             n, m, r = plan
             mat = acc.reshape(n, m)
-            q = start_q(mem["q"], m, r, dt, st.seed, name, mem["step"], st.warm_start)
+            q = start_q(slot.state.get(STATE_Q), m, r, dt, st.seed, name, slot.step, st.warm_start)
             p = mat @ q
-            if (p.size and not np.isfinite(p).all()):
-                raise ValueError(f"tensors[{name!r}]: M Q overflows {dt} (|M| up to {float(np.abs(mat).max()):.3g}); powersgd cannot send it")
-            work.append((mem, mat, plan, p))
+            bad = first_nonfinite(p)
+            if bad >= 0:  # a finite M can overflow
+                raise NonFiniteError(
+                    f"tensors[{name!r}]: P = M Q", tuple(int(i) for i in np.unravel_index(bad, p.shape)), "powersgd",
+                    f"cannot send it (M Q overflows {dt}; |M| up to {float(np.abs(mat).max()):.3g})",
+                )
+            work.append((slot, mat, plan, p))
             wire.append((n + m) * r * dt.itemsize)
         return arrays, keys, work, wire
 
     def start(self, prepared, stats):
         arrays, keys, work, wire = prepared
-        for name, (mem, *_rest) in zip(keys, work):
-            self.memory[name] = mem
+        for slot, *_rest in work:
+            self.ef.keep(slot)
         rounds = Sums(self.reducer.comm, arrays).start([w[3] for w in work], stats)
         return _TwoRoundPending(self, arrays, work, rounds, wire)
-
-    def state_dict(self):
-        return {"memory": copy.deepcopy(self.memory)}
-
-    def load_state_dict(self, state):
-        """Checks every tensor's memory (residual and Q: finite float32/float64 arrays, copied
-        into fresh C-contiguous ones; step in range) before replacing any; a residual or Q
-        that does not fit the tensor at the next step is redrawn, as :meth:`_slot` and
-        ``start_q`` do for a fresh one."""
-        if not isinstance(state, dict) or set(state) != {"memory"} or not isinstance(state["memory"], dict):
-            raise ValueError(f"state: state: expected {{'memory': {{name: ...}}}}, got {state!r:.80}")
-        memory = {}
-        for name, mem in state["memory"].items():
-            where = f"state: state: memory[{name!r}]"
-            if not isinstance(mem, dict) or set(mem) != {"residual", "q", "step"}:
-                raise ValueError(f"{where}: expected a dict with 'residual', 'q' and 'step'")
-            clean = {"step": codec.check_step(mem["step"], f"{where}: step")}
-            for field in ("residual", "q"):
-                v = mem[field]
-                if v is None:
-                    clean[field] = None
-                    continue
-                arr = owned_float_array(v, f"{where}: {field}")
-                if arr.dtype not in (np.float32, np.float64):
-                    raise ValueError(f"{where}: {field}: dtype {arr.dtype}; powersgd keeps float32 (float64 for float64 tensors)")
-                if not np.isfinite(arr).all():
-                    raise ValueError(f"{where}: {field}: holds NaN or inf; powersgd's next step would send it")
-                clean[field] = arr
-            if (clean["residual"] is None) == self.reducer.error_feedback:
-                raise ValueError(f"{where}: residual: {'missing' if clean['residual'] is None else 'present'}, but this Allreducer runs {'with' if self.reducer.error_feedback else 'without'} error feedback")
-            if clean["q"] is not None and clean["q"].ndim != 2:
-                raise ValueError(f"{where}: q: expected an m x r matrix, got shape {clean['q'].shape}")
-            memory[name] = clean
-        self.memory = memory
 
 
 class _TwoRoundPending:
@@ -146,7 +139,7 @@ class _TwoRoundPending:
         summed = self.rounds.wait()
         t = time.perf_counter()
         ps, qs = [], []
-        for (mem, mat, plan, _), s in zip(self.work, summed):
+        for (slot, mat, plan, _), s in zip(self.work, summed):
             if plan is None:
                 ps.append(None)
                 qs.append(np.empty(0, s.dtype))
@@ -154,24 +147,30 @@ class _TwoRoundPending:
             n, m, r = plan
             p = orthogonalize(s.reshape(n, r).copy())
             q_local = mat.T @ p
-            if mem["residual"] is not None:
-                np.subtract(mat, p @ q_local.T, out=mem["residual"].reshape(n, m))
+            if slot.residual is not None:  # this rank's M - P Q_local^T
+                res = slot.take_spare()
+                np.subtract(mat, p @ q_local.T, out=res.reshape(n, m))
+                slot.commit(res)
             ps.append(p)
             qs.append(q_local.reshape(-1))
         work_s = time.perf_counter() - t
         qsum = Sums(red.comm, self.arrays).start(qs, stats).wait()
         c1 = time.perf_counter()
         out = []
-        for a, (mem, mat, plan, _), s, p, qq in zip(self.arrays, self.work, summed, ps, qsum):
+        warm = self.scheme.stage.warm_start
+        for a, (slot, mat, plan, _), s, p, qq in zip(self.arrays, self.work, summed, ps, qsum):
             if plan is None:  # a view of round 1's buffer, as with none
                 out.append(finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape))
-                if mem["residual"] is not None:
-                    mem["residual"][...] = 0
+                if slot.residual is not None:  # sent whole: nothing left over
+                    res = slot.take_spare()
+                    res[...] = 0
+                    slot.commit(res)
             else:
                 n, m, r = plan
                 qm = qq.reshape(m, r).copy()
                 out.append(finish_sum(p @ qm.T, a.dtype, red.size, red.average).reshape(a.shape))
-                mem["q"] = qm
-            mem["step"] += 1
+                if warm:  # the next step's start (without warm_start, Q is drawn afresh)
+                    slot.state[STATE_Q] = qm
+            slot.step += 1
         stats.decode_s = work_s + time.perf_counter() - c1
         return out
