@@ -178,3 +178,73 @@ def test_add_residual_rejects_bad_arguments():
     with pytest.raises(TypeError, match="values"):
         ef.add_residual("a", np.ones(4, np.int32))
     np.testing.assert_array_equal(ef.residual("a"), before)  # nothing changed
+
+
+# ---------------------------------------------------------------------- residuals=False
+@pytest.mark.parametrize("spec", ["qsgd(levels=4)", "randomk(ratio=0.3)", "topk(ratio=0.2)+fp16", "none+zstd"])
+def test_without_residuals_a_frame_is_the_codecs_at_the_keys_step(spec):
+    c = codec.get_codec(spec)
+    ef = codec.ErrorFeedback(c, residuals=False)
+    rng = np.random.default_rng(1)
+    for step in range(3):
+        x = rng.standard_normal((6, 7)).astype(np.float32)
+        assert ef.encode(x, key="w") == c.encode(x, key="w", step=step)
+        assert ef.step("w") == step + 1 and ef.residual("w") is None
+    y = np.ones(4, np.float32)  # another key starts at step 0
+    assert ef.encode(y, key="b") == c.encode(y, key="b", step=0)
+
+
+def test_without_residuals_stage_state_is_kept_and_a_new_shape_keeps_the_step():
+    from codec.stages.transform.powersgd import STATE_Q
+
+    ef = codec.ErrorFeedback("powersgd(rank=2)", residuals=False)
+    x = np.random.default_rng(2).standard_normal((30, 20)).astype(np.float32)
+    ef.encode(x, key="w")
+    assert ef._slots["w"].state[STATE_Q].shape == (20, 2)  # the warm start, as with residuals
+    ef.encode(np.ones((10, 40), np.float32), key="w")  # a new shape: no error, nothing to feed back
+    slot = ef._slots["w"]
+    assert ef.step("w") == 2 and slot.shape == (10, 40) and slot.state[STATE_Q].shape == (40, 2)
+
+
+def test_without_residuals_options_are_checked():
+    with pytest.raises(ValueError, match="momentum"):
+        codec.ErrorFeedback("topk(ratio=0.1)", momentum=0.9, residuals=False)
+    with pytest.raises(TypeError, match="residuals"):
+        codec.ErrorFeedback("topk(ratio=0.1)", residuals=1)
+    ef = codec.ErrorFeedback("topk(ratio=0.5)", residuals=False)
+    ef.encode(np.ones(4, np.float32), key="a")
+    with pytest.raises(ValueError, match="residuals"):
+        ef.add_residual("a", np.ones(4, np.float32))
+    assert "residuals=False" in repr(ef)
+
+
+# ---------------------------------------------------------------------- a step run by the caller
+def test_slot_reads_and_keep_stores():
+    ef = codec.ErrorFeedback("topk(ratio=0.5)")
+    fresh = ef.slot("w", (3,), np.float32)
+    assert ef.keys() == [] and fresh.step == 0 and np.array_equal(fresh.residual, np.zeros(3, np.float32))
+    ef.encode(np.array([1.0, -2.0, 0.5], np.float32), key="w")
+    stored = ef.slot("w", (3,), np.float32)
+    assert stored is ef._slots["w"] and stored.step == 1
+    # another shape or dtype: a new slot (not stored), the stored one untouched
+    other = ef.slot("w", (4,), np.float32)
+    assert other is not stored and other.step == 0 and other.residual.shape == (4,) and ef._slots["w"] is stored
+    assert ef.slot("w", (3,), np.float64).residual.dtype == np.float64
+    # the caller's step: commit a residual, advance, keep
+    acc = other.take_spare()
+    acc[...] = 0.25
+    other.commit(acc)
+    other.step += 1
+    ef.keep(other)
+    assert ef.step("w") == 1 and ef.residual("w").tolist() == [0.25] * 4
+    with pytest.raises(ValueError, match="slot"):
+        ef.keep(codec.ErrorFeedback("topk(ratio=0.5)", residuals=False).slot("v", (2,), np.float32))
+
+
+def test_slot_without_residuals_carries_the_step():
+    ef = codec.ErrorFeedback("qsgd(levels=4)", residuals=False)
+    ef.encode(np.ones(5, np.float32), key="w")
+    ef.encode(np.ones(5, np.float32), key="w")
+    s = ef.slot("w", (2, 2), np.float32)
+    assert s.residual is None and s.step == 2 and s.shape == (2, 2) and s is not ef._slots["w"]
+    assert ef._slots["w"].shape == (5,)

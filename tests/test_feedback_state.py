@@ -79,7 +79,10 @@ def refused(ef, state, match, *, setstate=True):
     assert after["codec"] == before["codec"] and len(after["slots"]) == len(before["slots"])
     for a, b in zip(after["slots"], before["slots"]):
         assert a["key"] == b["key"] and a["step"] == b["step"]
-        assert np.array_equal(a["residual"], b["residual"], equal_nan=True)
+        if b["residual"] is None:  # an ErrorFeedback without residuals
+            assert a["residual"] is None and a["shape"] == b["shape"] and a["dtype"] == b["dtype"]
+        else:
+            assert np.array_equal(a["residual"], b["residual"], equal_nan=True)
     if not setstate:
         return
     blank = ErrorFeedback.__new__(ErrorFeedback)  # unpickling validates the same way
@@ -662,3 +665,67 @@ def test_fuzzed_states_are_refused_or_resume_correctly(spec, data):
         assert twin.encode(x, key=key) == frame
         assert np.array_equal(loaded.residual(key), twin.residual(key), equal_nan=True)
         assert_plain(loaded._slots[key])
+
+
+# ---------------------------------------------------------------------- residuals=False
+def _residual_less(spec="powersgd(rank=2)"):
+    ef = ErrorFeedback(spec, residuals=False)
+    xs = grads(SHAPE, np.float32, 4)
+    for x in xs[:2]:
+        ef.encode(x, key="w")
+    return ef, xs[2:]
+
+
+def test_a_state_without_residuals_round_trips():
+    ef, xs = _residual_less()
+    state = ef.state_dict()
+    assert state["residuals"] is False
+    (slot,) = state["slots"]
+    assert slot["residual"] is None and tuple(slot["shape"]) == SHAPE and slot["dtype"] == "float32"
+    assert slot["step"] == 2 and slot["state"][psgd.STATE_Q].shape == (30, 2)
+    loaded = ErrorFeedback("powersgd(rank=2)", residuals=False)
+    loaded.load_state_dict(pickle.loads(pickle.dumps(state)))
+    for restored in (loaded, pickle.loads(pickle.dumps(ef))):  # unpickling takes residuals from the state
+        twin, xs = _residual_less()
+        assert restored.residuals is False
+        for x in xs:
+            assert restored.encode(x, key="w") == twin.encode(x, key="w")
+            assert restored.step("w") == twin.step("w")
+
+
+def test_a_state_without_residuals_is_checked():
+    ef, _ = _residual_less()
+    state = ef.state_dict()
+    target, _ = _residual_less()
+    refused(target, with_slot(state, residual=np.zeros(SHAPE, np.float32)), "residual: saved")
+    refused(target, with_slot(state, shape=DELETE), "shape: missing")
+    refused(target, with_slot(state, dtype=DELETE), "dtype: missing")
+    refused(target, with_slot(state, dtype="int32"), "dtype")
+    refused(target, with_slot(state, dtype=np.float32), "dtype")
+    refused(target, with_slot(state, shape=(40, 1.5)), "shape")
+    refused(target, with_slot(state, shape="40x30"), "shape")
+    refused(target, with_slot(state, shape=(True, 30)), "shape")
+    refused(target, with_slot(state, shape=(30, 40)), "powersgd.q")  # the Q no longer fits the matrix
+    refused(target, with_slot(state, velocity=np.zeros(SHAPE, np.float32)), "velocity")
+    refused(target, {**state, "residuals": "no"}, "residuals")
+    refused(target, {**state, "momentum": 0.5}, "momentum")
+    # a state with residuals does not load into an ErrorFeedback without them, and back
+    with_res, _ = trained("powersgd(rank=2)")
+    refused(target, with_res.state_dict(), "residuals", setstate=False)
+    refused(with_res, state, "residuals", setstate=False)
+    refused(with_res, with_slot(with_res.state_dict(), shape=SHAPE), "shape")
+
+
+def test_check_slot_can_refuse_and_the_state_is_kept():
+    class Strict(ErrorFeedback):
+        def check_slot(self, slot, where):
+            if slot.dtype != np.float64:
+                raise ValueError(f"{where}: dtype: only float64 here")
+
+    ef, _ = trained("topk(ratio=0.1)")
+    target = Strict("topk(ratio=0.1)")
+    target.encode(np.ones(SHAPE, np.float64), key="w")
+    refused(target, ef.state_dict(), "only float64", setstate=False)
+    blank = Strict.__new__(Strict)
+    with pytest.raises(ValueError, match="only float64"):
+        blank.__setstate__(ef.state_dict())
