@@ -1,9 +1,10 @@
 """transport: the Allreducer against the serial reference (tests/reference/transport.py).
 
-Serial tests run on ``MPI.COMM_SELF`` (one rank); the launched tests run
-``mpiexec -n P python -m mpi4py tests/mpi_transport.py ...`` for P = 2, 3, 4 (every case of
-the script in one launch per P) and check that each rank printed its OK line.  The message
-format tests need no MPI at all.
+Serial tests run on ``MPI.COMM_SELF`` (one rank), and so does every case of
+tests/mpi_transport.py (each is a function of a communicator, as in tests/mpi_schemes.py);
+the launched tests run ``mpiexec -n P python -m mpi4py tests/mpi_transport.py ...`` for
+P = 2, 3, 4 (every case of the script in one launch per P, with a timeout) and check that
+each rank printed its OK line and no FAIL line.  The message format tests need no MPI at all.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import codec
 from codec import CodecError, CorruptFrameError
 from transport import message
 
-from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, digest, items, make_inputs, same_bits  # noqa: E402
+import mpi_transport  # tests/ is on sys.path (pytest puts it there)
+from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, digest, items, make_inputs, same_bits
 
 try:
     from mpi4py import MPI
@@ -396,6 +398,17 @@ def test_message_truncated_anywhere():
         message.unpack(good, len(frames), 1)
 
 
+# ---------------------------------------------------------------------- the MPI cases, p = 1
+@needs_mpi
+@pytest.mark.parametrize("case", list(mpi_transport.CASES))
+def test_self(case):
+    """Every case of tests/mpi_transport.py on ``MPI.COMM_SELF`` in this process."""
+    if mpi_transport.MIN_RANKS.get(case, 1) > 1:
+        pytest.skip(f"{case} needs {mpi_transport.MIN_RANKS[case]} ranks (test_launched_exception_aborts_the_job runs it)")
+    failures = mpi_transport.run_case(MPI.COMM_SELF, case)
+    assert not failures, "\n".join(failures)
+
+
 # ---------------------------------------------------------------------- launched under mpiexec
 def _mpiexec() -> str:
     exe = Path(sys.executable).parent / "mpiexec"
@@ -439,6 +452,9 @@ def launched(p):
 @pytest.mark.parametrize("p,case", [(p, c) for p, cases in PLAN.items() for c in cases], ids=lambda v: f"np{v}" if isinstance(v, int) else v)
 def test_launched(p, case):
     rc, out, _ = launched(p)
+    fails = [ln for ln in out.splitlines() if ln.startswith(f"FAIL {case} ")]
+    assert not fails, "\n".join(fails[:40])
+    assert "ERROR" not in out, out[-6000:]
     done = {(c, int(r)) for c, r in re.findall(rf"OK (\w+) rank (\d+)/{p}\b", out)}
     missing = [r for r in range(p) if (case, r) not in done]
     assert not missing, f"case {case!r} on {p} ranks: no OK from ranks {missing} (exit {rc}); output:\n{out[-6000:]}"

@@ -138,6 +138,8 @@ class GTopKSim:
         self.p, self.average, self.rank_streams = p, average, rank_streams
         self.efs = [codec.ErrorFeedback(self.codec) for _ in range(p)] if error_feedback else None
         self.calls = 0
+        #: (rank, key) -> frames made under that key without error feedback (the key's step)
+        self.steps: dict = {}
         self.ks: dict = {}
 
     def key(self, name, rank):
@@ -156,7 +158,9 @@ class GTopKSim:
                 if self.efs is not None:
                     frame = self.efs[r].encode(x, self.key(name, r))
                 else:
-                    frame = self.codec.encode(x, key=self.key(name, r), step=self.calls)
+                    step = self.steps.get((r, self.key(name, r)), 0)
+                    frame = self.codec.encode(x, key=self.key(name, r), step=step)
+                    self.steps[(r, self.key(name, r))] = step + 1
                 pos, val = codec.decode_sparse(frame)
                 local.append({int(q): vdt.type(v) for q, v in zip(pos.tolist(), val.astype(vdt))})
             k = len(local[0])

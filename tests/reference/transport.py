@@ -12,7 +12,8 @@ What one step computes (the allgather scheme, docs in transport/schemes/allgathe
 
 * every rank encodes every tensor: through its OWN ``ErrorFeedback`` (one per rank) with key
   ``(name, rank)`` (``rank_streams=True``) or ``name``; without error feedback (or for a
-  lossless codec) ``codec.encode(x, key=..., step=<index of the call>)``;
+  lossless codec) ``codec.encode(x, key=..., step=<frames this key made before>)`` (the key's
+  step: the index of the call when every call sends the same tensors);
 * per tensor, ``acc = zeros(shape, float32 | float64 for float64 tensors)``, then
   ``decode_add`` of rank 0's frame, rank 1's, ... in rank order;
 * ``average`` (and more than one rank): ``acc / size``, once; then rounded once to the
@@ -108,6 +109,8 @@ class Reference:
         #: one ErrorFeedback per simulated rank (None without error feedback)
         self.efs = [codec.ErrorFeedback(self.codec) for _ in range(self.size)] if self.use_ef else None
         self.calls = 0
+        #: (rank, key) -> frames made under that key without error feedback
+        self.steps: dict = {}
         #: the frames of the last step, frames[rank][tensor index]
         self.frames = None
 
@@ -118,7 +121,12 @@ class Reference:
         keys, arrays = items(tensors)
         if self.use_ef:
             return [self.efs[rank].encode(a, key=self.key(k, rank)) for k, a in zip(keys, arrays)]
-        return [self.codec.encode(a, key=self.key(k, rank), step=self.calls) for k, a in zip(keys, arrays)]
+        frames = []
+        for k, a in zip(keys, arrays):
+            step = self.steps.get((rank, self.key(k, rank)), 0)
+            frames.append(self.codec.encode(a, key=self.key(k, rank), step=step))
+            self.steps[(rank, self.key(k, rank))] = step + 1
+        return frames
 
     def step(self, per_rank):
         """The reduced result every rank must get, for ``per_rank[r]`` = rank r's tensors."""
