@@ -79,6 +79,35 @@ def test_errors_are_value_or_type_errors():
         red.reduce("not a dict")
 
 
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "gtopk(ratio=0.1)", "powersgd(rank=1)", "qsgd(levels=4)"])
+@pytest.mark.parametrize("shape", [(8, 6), (5,), ()], ids=["2d", "1d", "scalar"])
+def test_a_non_finite_input_is_told_by_the_one_builder(spec, shape):
+    """The transport's finiteness checks raise codec.errors.NonFiniteError (a ValueError), the
+    one builder of the non-finite message: the tensor, the position, the scheme."""
+    from codec.errors import NonFiniteError
+
+    x = np.ones(shape, np.float32)
+    x.reshape(-1)[-1] = np.inf
+    red = Allreducer(spec, MPI.COMM_SELF)
+    with pytest.raises(RankError) as info:
+        red.reduce({"ok": np.ones(4, np.float32), "bad": x})
+    cause = info.value.__cause__
+    assert isinstance(cause, NonFiniteError) and isinstance(cause, ValueError)
+    at = tuple(int(i) for i in np.unravel_index(x.size - 1, shape))
+    assert f"tensors['bad']: non-finite value at position {at}; " in str(cause), str(cause)
+    assert red.state_dict()["feedback"]["slots"] == []  # nothing was stored
+
+
+def test_powersgd_overflow_in_p_is_a_non_finite_error():
+    from codec.errors import NonFiniteError
+
+    x = np.full((20, 16), 3e38, np.float32)  # finite, but M Q overflows float32
+    with pytest.raises(RankError) as info:
+        Allreducer("powersgd(rank=1)", MPI.COMM_SELF).reduce({"w": x})
+    cause = info.value.__cause__
+    assert isinstance(cause, NonFiniteError) and "P = M Q" in str(cause) and "overflows float32" in str(cause)
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_failed_handle_does_not_run_its_collectives_again():
     """An encode failure after the check raises from wait(); a second wait() raises it again."""
