@@ -17,8 +17,9 @@ canonical spec).  A scheme may decline a spec its head names (:meth:`Scheme.take
 Allreducer (transport/allreduce.py), which imports this package.
 
 Adding a scheme: a module here with a :class:`Scheme` subclass (``prepare``, ``start``
-returning a :class:`Pending`, ``state_dict``/``load_state_dict``), one entry in
-:data:`SCHEMES`, a section in docs/transport.md.
+returning a :class:`Pending`; any per-tensor memory in its ``codec.ErrorFeedback``,
+``self.ef``, which the Allreducer's ``state_dict``/``load_state_dict`` save and check), one
+entry in :data:`SCHEMES`, a section in docs/transport.md.
 """
 
 from __future__ import annotations
