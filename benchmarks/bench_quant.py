@@ -278,12 +278,12 @@ def omega_table(top: int) -> np.ndarray:
 def coding_sizes(frame, c) -> dict:
     """Payload sizes (bytes, the frame header not included) of the Elias codings of a qsgd
     frame's levels, and the order-0 entropy floor; all from the frame's own codes and norms."""
-    from codec.frame import Kind, parse_frame
+    from codec.frame import SectionKind, parse_frame
     from codec.pack import unpack_bits
 
     rd = parse_frame(frame).reader()  # a plain qsgd frame: a scalars section (norms), a values section (codes)
-    norms, _ = rd.take(Kind.SCALARS)
-    info, raw = rd.take(Kind.VALUES)
+    norms, _ = rd.take(SectionKind.SCALARS)
+    info, raw = rd.take(SectionKind.VALUES)
     codes = unpack_bits(raw, info.bits, info.count).astype(np.int64)  # level << 1 | sign
     level = codes >> 1
     n, nb, bucket = codes.size, norms.count, int(c.value.bucket)

@@ -61,8 +61,8 @@ SECTION_SIZE = _SECTION.size  # 28
 MIN_FRAME = FIXED_SIZE + _CRC.size  # 16
 
 
-class Kind(IntEnum):
-    """Role of a section.  Codes are part of the format: add new ones, never renumber."""
+class SectionKind(IntEnum):
+    """Role of a section (the "kind" byte of a section entry, docs/format.md).  Codes are part of the format: add new ones, never renumber."""
 
     VALUES = 1  #: coded values, one item per kept element
     INDEX_BITMAP = 2  #: one bit per element, set where kept
@@ -102,7 +102,7 @@ class Section:
             self.data = self.data.reshape(-1).view(np.uint8)
         got = memoryview(self.data).nbytes
         if got != self.raw_len:
-            raise AssertionError(f"section {Kind(self.kind).name}: {got} bytes for {self.count} x {self.bits} bits")
+            raise AssertionError(f"section {SectionKind(self.kind).name}: {got} bytes for {self.count} x {self.bits} bits")
 
     @property
     def raw_len(self) -> int:
@@ -130,7 +130,7 @@ class SectionInfo:
     @property
     def kind_name(self) -> str:
         try:
-            return Kind(self.kind).name.lower()
+            return SectionKind(self.kind).name.lower()
         except ValueError:
             return f"kind{self.kind}"
 
@@ -283,7 +283,7 @@ class SectionReader:
         self.i = 0
 
     def take(self, kind, bits=None, count=None, max_count=None) -> tuple[SectionInfo, np.ndarray]:
-        """The next section, which must have ``kind`` (a Kind or tuple of them; ``bits``/``count`` if
+        """The next section, which must have ``kind`` (a SectionKind or tuple of them; ``bits``/``count`` if
         given): returns (info, raw bytes)."""
         f = self.frame
         if self.i >= len(f.sections):

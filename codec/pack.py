@@ -15,7 +15,7 @@ import operator
 import numpy as np
 
 from codec.errors import CorruptFrameError
-from codec.frame import Kind, Section, raw_length
+from codec.frame import SectionKind, Section, raw_length
 from codec.kernels import backend
 from codec.ops import readonly
 
@@ -106,10 +106,10 @@ def encode_indices(idx, n: int) -> Section:
         raise ValueError("idx: positions must be strictly increasing")
     width = max(1, int(big).bit_length())
     if raw_length(k, width) <= raw_length(n, 1):
-        return Section(Kind.INDEX_DELTA, width, k, pack_bits(gaps, width))
+        return Section(SectionKind.INDEX_DELTA, width, k, pack_bits(gaps, width))
     bitmap = np.empty(raw_length(n, 1), np.uint8)  # the kernel writes every byte
     kern.bitmap_encode(idx, bitmap)
-    return Section(Kind.INDEX_BITMAP, 1, n, bitmap)
+    return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
 
 
 def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:
@@ -133,7 +133,7 @@ def decode_indices(info, raw, n: int) -> np.ndarray:
     raw = _as_bytes(raw)
     kern = backend("pack", raw)
     kind, bits, count = int(info.kind), int(info.bits), int(info.count)
-    if kind == Kind.INDEX_DELTA:
+    if kind == SectionKind.INDEX_DELTA:
         if count > n or not 1 <= bits <= max(1, (n - 1).bit_length()):
             raise CorruptFrameError(f"index section: {count} gaps of {bits} bits cannot address {n} elements")
         _check_payload(raw, count, bits, "index section")
@@ -142,7 +142,7 @@ def decode_indices(info, raw, n: int) -> np.ndarray:
         if not kern.delta_decode(readonly(gaps), n, idx):
             raise CorruptFrameError(f"index section: a position lies beyond the {n} elements")
         return idx
-    if kind == Kind.INDEX_BITMAP:
+    if kind == SectionKind.INDEX_BITMAP:
         if bits != 1 or count != n:
             raise CorruptFrameError(f"index bitmap: {count} items of {bits} bits for {n} elements")
         _check_payload(raw, n, 1, "index bitmap")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import codec
-from codec.frame import FIXED_SIZE, MAGIC, MIN_FRAME, SECTION_SIZE, Kind, parse_frame
+from codec.frame import FIXED_SIZE, MAGIC, MIN_FRAME, SECTION_SIZE, SectionKind, parse_frame
 
 from support.threads import same_across_threads
 
@@ -32,7 +32,7 @@ def test_layout_byte_by_byte():
     assert struct.unpack_from("<2Q", f, 12) == (2, 3)
     assert f[28:32] == b"fp16"
     kind, enc, bits, count, raw_len, stored_len = struct.unpack_from("<BBHQQQ", f, 32)
-    assert (kind, enc, bits, count, raw_len, stored_len) == (Kind.VALUES, 0, 16, 6, 12, 12)
+    assert (kind, enc, bits, count, raw_len, stored_len) == (SectionKind.VALUES, 0, 16, 6, 12, 12)
     hl = 32 + SECTION_SIZE + 4 + 4
     assert struct.unpack_from("<I", f, hl - 8)[0] == crc32c.crc32c(f[hl:])
     assert struct.unpack_from("<I", f, hl - 4)[0] == zlib.crc32(f[: hl - 4])

@@ -25,7 +25,7 @@ import pytest
 import codec
 from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
-from codec.frame import Kind, parse_frame
+from codec.frame import SectionKind, parse_frame
 from codec.lowrank import Factors, Plan, factorize, plan
 from codec.stages.transform import powersgd as psgd
 from codec.sample import load_sample
@@ -65,7 +65,7 @@ def lowrank(n, m, k, seed=0, dtype=F32) -> np.ndarray:
 def values_section(frame: bytes):
     """``(SectionInfo, raw bytes)`` of the frame's only section, which must be ``values``."""
     fr = parse_frame(frame)
-    assert [s.kind for s in fr.sections] == [Kind.VALUES], [s.kind_name for s in fr.sections]
+    assert [s.kind for s in fr.sections] == [SectionKind.VALUES], [s.kind_name for s in fr.sections]
     s = fr.sections[0]
     assert s.encoding == 0 and s.stored_len == s.raw_len
     return s, bytes(frame[s.offset : s.offset + s.stored_len])

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codec.errors import CorruptFrameError
-from codec.frame import Kind, SectionInfo, raw_length
+from codec.frame import SectionKind, SectionInfo, raw_length
 from codec.kernels import module
 from codec.ops import readonly
 from codec.pack import decode_indices, encode_indices, pack_bits, unpack_bits
@@ -65,10 +65,10 @@ def roundtrip_indices(idx, n):
     width = ref_width(idx)
     delta_bytes, bitmap_bytes = raw_length(idx.size, width), raw_length(n, 1)
     if delta_bytes <= bitmap_bytes:  # ties go to delta
-        assert (sec.kind, sec.bits, sec.count) == (Kind.INDEX_DELTA, width, idx.size)
+        assert (sec.kind, sec.bits, sec.count) == (SectionKind.INDEX_DELTA, width, idx.size)
         assert bytes(sec.data) == ref_pack(ref_gaps(idx).astype(np.uint64), width).tobytes()
     else:
-        assert (sec.kind, sec.bits, sec.count) == (Kind.INDEX_BITMAP, 1, n)
+        assert (sec.kind, sec.bits, sec.count) == (SectionKind.INDEX_BITMAP, 1, n)
         m = np.zeros(n, np.uint8)
         m[idx] = 1
         assert bytes(sec.data) == np.packbits(m, bitorder="little").tobytes()
@@ -210,16 +210,16 @@ def test_indices_choice_at_the_tie():
     # n = 32: bitmap 4 bytes.  8 positions with a largest gap of 13 -> width 4 -> 4 bytes: tie -> delta
     tie = np.r_[np.arange(7), 20]
     assert (raw_length(8, ref_width(tie)), raw_length(32, 1)) == (4, 4)
-    assert roundtrip_indices(tie, 32).kind == Kind.INDEX_DELTA
+    assert roundtrip_indices(tie, 32).kind == SectionKind.INDEX_DELTA
     # one more position -> 36 bits -> 5 bytes: bitmap
-    assert roundtrip_indices(np.r_[np.arange(8), 20], 32).kind == Kind.INDEX_BITMAP
+    assert roundtrip_indices(np.r_[np.arange(8), 20], 32).kind == SectionKind.INDEX_BITMAP
     # a bitmap of n=1 is one byte, as is one delta code: tie -> delta
-    assert roundtrip_indices([0], 1).kind == Kind.INDEX_DELTA
-    assert roundtrip_indices([], 0).kind == Kind.INDEX_DELTA
+    assert roundtrip_indices([0], 1).kind == SectionKind.INDEX_DELTA
+    assert roundtrip_indices([], 0).kind == SectionKind.INDEX_DELTA
     # all of range(n): gaps of 0, width 1 -> n bits either way: tie -> delta
-    assert roundtrip_indices(np.arange(64), 64).kind == Kind.INDEX_DELTA
+    assert roundtrip_indices(np.arange(64), 64).kind == SectionKind.INDEX_DELTA
     half = np.flatnonzero(np.random.default_rng(1).random(1000) < 0.5)
-    assert roundtrip_indices(half, 1000).kind == Kind.INDEX_BITMAP
+    assert roundtrip_indices(half, 1000).kind == SectionKind.INDEX_BITMAP
 
 
 def test_indices_beyond_32_bits():
@@ -233,7 +233,7 @@ def test_indices_beyond_32_bits():
         list(range(3, 1000, 7)) + [1 << 33, (1 << 34) - 3],
     ):
         sec = roundtrip_indices(idx, n)
-        assert sec.kind == Kind.INDEX_DELTA
+        assert sec.kind == SectionKind.INDEX_DELTA
     assert encode_indices([(1 << 34) + 1], n).bits == 35
 
 
@@ -257,38 +257,38 @@ def delta_section(gaps, width):
 def test_decode_indices_rejects_corrupt_sections():
     n = 100
     ok = delta_section([1, 2, 3], 2)
-    np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_DELTA, 2, 3), ok, n), [1, 4, 8])
+    np.testing.assert_array_equal(decode_indices(info_of(SectionKind.INDEX_DELTA, 2, 3), ok, n), [1, 4, 8])
     bad = [
         # a position past the end, from the last gap or from the sum of gaps
-        (info_of(Kind.INDEX_DELTA, 7, 1), delta_section([100], 7), n),
-        (info_of(Kind.INDEX_DELTA, 7, 2), delta_section([60, 39], 7), n),
+        (info_of(SectionKind.INDEX_DELTA, 7, 1), delta_section([100], 7), n),
+        (info_of(SectionKind.INDEX_DELTA, 7, 2), delta_section([60, 39], 7), n),
         # a width wider than any gap in range(n) can need
-        (info_of(Kind.INDEX_DELTA, 8, 1), delta_section([3], 8), n),
-        (info_of(Kind.INDEX_DELTA, 64, 1), delta_section([3], 64), n),
+        (info_of(SectionKind.INDEX_DELTA, 8, 1), delta_section([3], 8), n),
+        (info_of(SectionKind.INDEX_DELTA, 64, 1), delta_section([3], 64), n),
         # more positions than elements
-        (info_of(Kind.INDEX_DELTA, 1, 11), delta_section([0] * 11, 1), 10),
+        (info_of(SectionKind.INDEX_DELTA, 1, 11), delta_section([0] * 11, 1), 10),
         # padding bits after the last gap are set
-        (info_of(Kind.INDEX_DELTA, 2, 3), np.array([ok[0] | 0xC0], np.uint8), n),
+        (info_of(SectionKind.INDEX_DELTA, 2, 3), np.array([ok[0] | 0xC0], np.uint8), n),
         # truncated / overlong payloads
-        (info_of(Kind.INDEX_DELTA, 7, 3), delta_section([1, 2], 7), n),
-        (info_of(Kind.INDEX_DELTA, 2, 3), np.concatenate([ok, [0]]).astype(np.uint8), n),
+        (info_of(SectionKind.INDEX_DELTA, 7, 3), delta_section([1, 2], 7), n),
+        (info_of(SectionKind.INDEX_DELTA, 2, 3), np.concatenate([ok, [0]]).astype(np.uint8), n),
         # bitmap: wrong element count, padding bits set, wrong length
-        (info_of(Kind.INDEX_BITMAP, 1, 99), np.zeros(13, np.uint8), n),
-        (info_of(Kind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x10]].astype(np.uint8), n),
-        (info_of(Kind.INDEX_BITMAP, 1, n), np.zeros(12, np.uint8), n),
-        (info_of(Kind.INDEX_BITMAP, 1, n), np.r_[np.zeros(13), [1]].astype(np.uint8), n),
+        (info_of(SectionKind.INDEX_BITMAP, 1, 99), np.zeros(13, np.uint8), n),
+        (info_of(SectionKind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x10]].astype(np.uint8), n),
+        (info_of(SectionKind.INDEX_BITMAP, 1, n), np.zeros(12, np.uint8), n),
+        (info_of(SectionKind.INDEX_BITMAP, 1, n), np.r_[np.zeros(13), [1]].astype(np.uint8), n),
         # bitmap items must be one bit each
-        (SectionInfo(int(Kind.INDEX_BITMAP), 0, 2, n, 25, 25, 0), np.zeros(25, np.uint8), n),
+        (SectionInfo(int(SectionKind.INDEX_BITMAP), 0, 2, n, 25, 25, 0), np.zeros(25, np.uint8), n),
         # not an index section at all
-        (info_of(Kind.VALUES, 8, 3), np.zeros(3, np.uint8), n),
+        (info_of(SectionKind.VALUES, 8, 3), np.zeros(3, np.uint8), n),
     ]
     for i, (info, raw, nn) in enumerate(bad):
         with pytest.raises(CorruptFrameError):
             decode_indices(info, raw, nn)
             pytest.fail(f"case {i} decoded")
     # last bitmap bit in range is fine; n % 8 == 0 has no padding
-    np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x08]].astype(np.uint8), n), [99])
-    np.testing.assert_array_equal(decode_indices(info_of(Kind.INDEX_BITMAP, 1, 16), np.array([0, 0x80], np.uint8), 16), [15])
+    np.testing.assert_array_equal(decode_indices(info_of(SectionKind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x08]].astype(np.uint8), n), [99])
+    np.testing.assert_array_equal(decode_indices(info_of(SectionKind.INDEX_BITMAP, 1, 16), np.array([0, 0x80], np.uint8), 16), [15])
 
 
 # ---------------------------------------------------------------- the pack family, per backend

@@ -20,7 +20,7 @@ import pytest
 import codec
 from codec.testing import assert_identical as assert_same, diff_msg
 from codec.dtypes import bfloat16
-from codec.frame import Kind, parse_frame
+from codec.frame import SectionKind, parse_frame
 
 from reference import quant as ref
 from reference import sparse as sparse_ref
@@ -61,7 +61,7 @@ def section_bytes(frame: bytes, s) -> bytes:
 
 
 def sections(frame: bytes) -> dict:
-    """{Kind: (SectionInfo, raw bytes)} of the LAST section of each kind: the value stage
+    """{SectionKind: (SectionInfo, raw bytes)} of the LAST section of each kind: the value stage
     writes after the select stage (randomk's ints section comes before rangefloat's)."""
     out = {}
     for s in parse_frame(frame).sections:
@@ -73,11 +73,11 @@ def frame_positions(frame: bytes):
     """Kept positions read from the index section (None when there is none)."""
     n = parse_frame(frame).n
     secs = sections(frame)
-    if Kind.INDEX_BITMAP in secs:
-        s, raw = secs[Kind.INDEX_BITMAP]
+    if SectionKind.INDEX_BITMAP in secs:
+        s, raw = secs[SectionKind.INDEX_BITMAP]
         return np.flatnonzero(np.unpackbits(np.frombuffer(raw, np.uint8), bitorder="little")[:n]).astype(np.int64)
-    if Kind.INDEX_DELTA in secs:
-        s, raw = secs[Kind.INDEX_DELTA]
+    if SectionKind.INDEX_DELTA in secs:
+        s, raw = secs[SectionKind.INDEX_DELTA]
         return np.cumsum(ref.unpack_bits(raw, s.bits, s.count) + 1) - 1
     return None
 
@@ -92,24 +92,24 @@ def _ints(raw: bytes, bits: int) -> np.ndarray:
 
 #: the value stage's own sections (besides the values), by stage name
 EXTRA = {
-    "rangefloat": {Kind.INTS},
+    "rangefloat": {SectionKind.INTS},
     "fp8": set(),
-    "qsgd": {Kind.SCALARS},
-    "terngrad": {Kind.SCALARS},
+    "qsgd": {SectionKind.SCALARS},
+    "terngrad": {SectionKind.SCALARS},
     "sign": set(),
-    "efsign": {Kind.SCALARS},
-    "onebit": {Kind.SCALARS},
-    "minmax": {Kind.SCALARS},
+    "efsign": {SectionKind.SCALARS},
+    "onebit": {SectionKind.SCALARS},
+    "minmax": {SectionKind.SCALARS},
 }
 
 
 def value_kinds(vspec: str) -> set:
     name, p = ref.parse_spec(vspec)
-    kinds = {Kind.VALUES} | EXTRA[name]
+    kinds = {SectionKind.VALUES} | EXTRA[name]
     if name == "fp8" and p.get("scale"):
-        kinds.add(Kind.INTS)
+        kinds.add(SectionKind.INTS)
     if name == "sign" and p.get("scale") == "l1":
-        kinds.add(Kind.SCALARS)
+        kinds.add(SectionKind.SCALARS)
     return kinds
 
 
@@ -118,9 +118,9 @@ def check_value_sections(vspec: str, frame: bytes, r: ref.Coded, what: str) -> l
     errs = []
     secs = sections(frame)
     name, _ = ref.parse_spec(vspec)
-    if Kind.VALUES not in secs:
+    if SectionKind.VALUES not in secs:
         return [f"{what}: no values section"]
-    s, raw = secs[Kind.VALUES]
+    s, raw = secs[SectionKind.VALUES]
     if r.values_bits is not None and s.bits != r.values_bits:
         errs.append(f"{what}: values section has {s.bits}-bit items, want {r.values_bits}")
     if r.values_count is not None and s.count != r.values_count:
@@ -131,10 +131,10 @@ def check_value_sections(vspec: str, frame: bytes, r: ref.Coded, what: str) -> l
         first = int(np.flatnonzero(a[:m] != b[:m])[0]) if np.any(a[:m] != b[:m]) else m
         errs.append(f"{what}: values section bytes differ ({a.size} vs {b.size} bytes; first at byte {first})")
     if r.scalars is not None and r.scalars.size:
-        if Kind.SCALARS not in secs:
+        if SectionKind.SCALARS not in secs:
             errs.append(f"{what}: no scalars section")
         else:
-            s, raw = secs[Kind.SCALARS]
+            s, raw = secs[SectionKind.SCALARS]
             if s.bits != r.scalars_bits:
                 errs.append(f"{what}: scalars are {s.bits}-bit, want {r.scalars_bits}")
             else:
@@ -147,10 +147,10 @@ def check_value_sections(vspec: str, frame: bytes, r: ref.Coded, what: str) -> l
                 if not ok:
                     errs.append(f"{what}: scalars {got[:4].tolist()}... != reference {want[:4].tolist()}...")
     if r.ints is not None and r.ints.size:
-        if Kind.INTS not in secs:
+        if SectionKind.INTS not in secs:
             errs.append(f"{what}: no ints section")
         else:
-            s, raw = secs[Kind.INTS]
+            s, raw = secs[SectionKind.INTS]
             if s.bits != 16:
                 errs.append(f"{what}: ints section is {s.bits}-bit, want int16")
             elif not np.array_equal(_ints(raw, 16), r.ints):
@@ -174,7 +174,7 @@ def check_dense(spec: str, x: np.ndarray, key=None, step=0, frame=None) -> list[
         errs.append(m)
     info = codec.inspect(frame)
     H = info["header_bytes"]
-    kinds = {getattr(Kind, s["kind"].upper()) for s in info["sections"]}
+    kinds = {getattr(SectionKind, s["kind"].upper()) for s in info["sections"]}
     want_kinds = value_kinds(spec)
     if kinds != want_kinds:
         errs.append(f"{what}: sections {sorted(k.name for k in kinds)}, want {sorted(k.name for k in want_kinds)}")
@@ -470,7 +470,7 @@ def test_signed_zeros_by_spec():
     assert np.signbit(codec.decode(codec.get_codec("rangefloat").encode(x))).tolist() == [False, True, False, True]
     for spec in ("sign", "onebit", "efsign"):
         frame = codec.get_codec(spec).encode(x)
-        _, raw = sections(frame)[Kind.VALUES]
+        _, raw = sections(frame)[SectionKind.VALUES]
         assert raw[0] & 0xF == 0b1000, f"{spec}: sign bits {raw[0] & 0xF:04b}, want 1000 (-0.0 is positive)"
     d = codec.decode(codec.get_codec("sign").encode(x))
     assert d.tolist() == [1, 1, 1, -1]
@@ -662,8 +662,8 @@ def test_after_select(select, value):
                 if pos is None or not np.array_equal(pos, pos0):
                     errs.append(f"{what}: index section differs from {select}+none")
                     continue
-                idx = {k: v[1] for k, v in sections(frame).items() if k in (Kind.INDEX_BITMAP, Kind.INDEX_DELTA)}
-                idx0 = {k: v[1] for k, v in sections(f0).items() if k in (Kind.INDEX_BITMAP, Kind.INDEX_DELTA)}
+                idx = {k: v[1] for k, v in sections(frame).items() if k in (SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA)}
+                idx0 = {k: v[1] for k, v in sections(f0).items() if k in (SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA)}
                 if idx != idx0:
                     errs.append(f"{what}: index section bytes differ from {select}+none")
                 ib = sparse_ref.index_bytes(pos, x.size)

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 import codec
 from codec.dtypes import bfloat16
-from codec.frame import Kind, parse_frame
+from codec.frame import SectionKind, parse_frame
 
 from support.threads import same_across_threads
 
@@ -65,7 +65,7 @@ def same(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
-def section(frame: bytes, kind: Kind) -> tuple:
+def section(frame: bytes, kind: SectionKind) -> tuple:
     """(info, raw bytes) of the frame's only section of ``kind``."""
     fr = parse_frame(frame)
     hits = [i for i, s in enumerate(fr.sections) if s.kind == kind]
@@ -225,7 +225,7 @@ def test_rangefloat_nearest_window_error_and_grid(case):
     blk = block or max(1, flat.size)
     starts = range(0, flat.size, blk)
     Ts = [rf_T(np.abs(flat[s : s + blk].astype(np.float64)), m, x.dtype) for s in starts]
-    info, raw = section(frame, Kind.INTS)
+    info, raw = section(frame, SectionKind.INTS)
     wire = np.frombuffer(raw, "<i2").tolist() if info.bits == 16 else None
     assert wire == Ts, f"{spec} on {x.dtype}: block exponents T on the wire {wire}, spec gives {Ts}"
     for s, T in zip(starts, Ts):
@@ -384,7 +384,7 @@ def test_fp8_scale_matches_ml_dtypes(fmt):
         M = float(np.abs(x64).max())
         s = fp8_scale(M, fmt, F32)
         frame = c.encode(x)
-        info, raw = section(frame, Kind.INTS)
+        info, raw = section(frame, SectionKind.INTS)
         assert info.bits == 16 and np.frombuffer(raw, "<i2").tolist() == [s], f"array {j}: scale {np.frombuffer(raw, '<i2')} on the wire, spec gives {s}"
         q = fp8_ref(np.ldexp(x64, -s).astype(np.float32), fmt)  # v * 2**-s is exact in float64
         with np.errstate(all="ignore"):
@@ -415,7 +415,7 @@ def test_fp8_scale_float64(fmt):
         M = float(np.abs(x).max())
         s = fp8_scale(M, fmt, F64)
         frame = c.encode(x)
-        info, raw = section(frame, Kind.INTS)
+        info, raw = section(frame, SectionKind.INTS)
         assert np.frombuffer(raw, "<i2").tolist() == [s], f"float64 array {j} (max|v|={M!r}): scale {np.frombuffer(raw, '<i2')} on the wire, spec gives {s}"
         with np.errstate(all="ignore"):
             want = np.ldexp(fp8_nearest64(np.ldexp(x, -s), fmt), s)
@@ -725,7 +725,7 @@ def test_frames_do_not_depend_on_thread_count():
 
 # ====================================================================== 5. sign / efsign / onebit
 def sign_bits(frame: bytes, n: int) -> np.ndarray:
-    info, raw = section(frame, Kind.VALUES)
+    info, raw = section(frame, SectionKind.VALUES)
     assert info.bits == 1 and info.count == n
     return np.unpackbits(np.frombuffer(raw, np.uint8), bitorder="little")[:n]
 

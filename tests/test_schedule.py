@@ -34,10 +34,10 @@ class _SchedProbe(Select):
         return idx, values[idx]
 
     def positions(self, reader, ctx):
-        from codec.frame import Kind
+        from codec.frame import SectionKind
         from codec.pack import decode_indices
 
-        info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
+        info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP))
         return decode_indices(info, raw, ctx.n)
 
 

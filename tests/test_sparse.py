@@ -21,7 +21,7 @@ import codec
 from codec import testing
 from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
-from codec.frame import Kind, parse_frame
+from codec.frame import SectionKind, parse_frame
 
 from reference import sparse as ref
 from support.threads import same_across_threads
@@ -84,13 +84,13 @@ def frame_positions(frame: bytes):
     """Kept positions read from the frame's index section (None when there is none)."""
     fr = parse_frame(frame)
     secs = sections(frame)
-    if Kind.INDEX_BITMAP in secs:
-        s = secs[Kind.INDEX_BITMAP]
+    if SectionKind.INDEX_BITMAP in secs:
+        s = secs[SectionKind.INDEX_BITMAP]
         assert s.count == fr.n and s.bits == 1
         bits = np.unpackbits(np.frombuffer(_section_bytes(frame, s), np.uint8), bitorder="little")
         return np.flatnonzero(bits[: fr.n]).astype(np.int64)
-    if Kind.INDEX_DELTA in secs:
-        s = secs[Kind.INDEX_DELTA]
+    if SectionKind.INDEX_DELTA in secs:
+        s = secs[SectionKind.INDEX_DELTA]
         gaps = _unpack(_section_bytes(frame, s), s.bits, s.count)
         return np.cumsum(gaps + 1) - 1
     return None
@@ -98,7 +98,7 @@ def frame_positions(frame: bytes):
 
 def kept_count(frame: bytes) -> int:
     """Items in the frame's values section (one per kept element)."""
-    return sections(frame)[Kind.VALUES].count
+    return sections(frame)[SectionKind.VALUES].count
 
 
 def header_len(c, ndim: int, nsec: int) -> int:
@@ -543,7 +543,7 @@ def test_dgc_lower_bound_and_retry_arithmetic(q, kept, counts):
 
 # ====================================================================== randomk
 def _ints(frame):
-    s = sections(frame)[Kind.INTS]
+    s = sections(frame)[SectionKind.INTS]
     assert s.count == 3 and s.bits == 64, f"ints section: {s.count} x {s.bits} bits"
     return [int(v) for v in _unpack(_section_bytes(frame, s), 64, 3)]
 
@@ -554,7 +554,7 @@ def test_randomk_frame_carries_seed_step_and_key_not_positions():
     c = codec.get_codec("randomk(ratio=0.02,seed=12345)")
     frame = c.encode(x)
     kinds = {s.kind for s in parse_frame(frame).sections}
-    assert kinds == {Kind.INTS, Kind.VALUES}, f"sections {kinds}: no index section expected"
+    assert kinds == {SectionKind.INTS, SectionKind.VALUES}, f"sections {kinds}: no index section expected"
     assert _ints(frame) == [12345, 0, ref.key_hash(None)]
     assert c.encode(x) == frame
     ef = codec.ErrorFeedback(c)
@@ -629,14 +629,14 @@ def test_adacomp_sections_hold_scale_and_sign_bits(dtype):
     x = make("heavy", (8, 9, 10), dtype, seed=9)
     frame = codec.get_codec("adacomp").encode(x)
     secs = sections(frame)
-    assert len(secs) == 3 and Kind.SCALARS in secs and Kind.VALUES in secs, f"sections {sorted(secs)}"
-    assert (Kind.INDEX_DELTA in secs) != (Kind.INDEX_BITMAP in secs)
-    sc = secs[Kind.SCALARS]
+    assert len(secs) == 3 and SectionKind.SCALARS in secs and SectionKind.VALUES in secs, f"sections {sorted(secs)}"
+    assert (SectionKind.INDEX_DELTA in secs) != (SectionKind.INDEX_BITMAP in secs)
+    sc = secs[SectionKind.SCALARS]
     assert sc.count == 1 and sc.bits == 64
     (s,) = struct.unpack("<d", _section_bytes(frame, sc))
     assert s == float(ref.adacomp_scale(x, 50))
     pos, vals, _ = ref.adacomp(x, None, 50)
-    v = secs[Kind.VALUES]
+    v = secs[SectionKind.VALUES]
     assert v.bits == 1 and v.count == pos.size
     signs = _unpack(_section_bytes(frame, v), 1, v.count)
     assert signs.tolist() == np.signbit(x.reshape(-1)[pos].astype(np.float64)).astype(int).tolist()
@@ -653,7 +653,7 @@ def test_adacomp_scale_is_rounded_once_to_bfloat16():
     pos, vals, _ = ref.adacomp(x, None, 1)
     assert vals.astype(np.float64).tolist() == [1.0078125] * 3
     frame = check_against("adacomp(bin=1)", x, pos, vals)
-    (s,) = struct.unpack("<d", _section_bytes(frame, sections(frame)[Kind.SCALARS]))
+    (s,) = struct.unpack("<d", _section_bytes(frame, sections(frame)[SectionKind.SCALARS]))
     assert s == 1.0078125
     # float16: the same rule (1 + 2**-11 is the midpoint there)
     h = np.array([3.0, 3 / 2048, 2.0**-24], np.float16)

@@ -26,7 +26,7 @@ import codec
 from codec import testing
 from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
-from codec.frame import Kind, parse_frame
+from codec.frame import SectionKind, parse_frame
 from codec.kernels.cpu import spectral as K
 from codec.pack import decode_indices
 from codec.testing import check_decode_add, check_error_feedback, sample_arrays
@@ -88,8 +88,8 @@ def frame_parts(frame: bytes, block: int):
     fr = parse_frame(frame)
     assert len(fr.sections) == 2, f"sections {[s.kind_name for s in fr.sections]}"
     idx, vals = fr.sections
-    assert idx.kind in (Kind.INDEX_DELTA, Kind.INDEX_BITMAP), idx.kind_name
-    assert vals.kind == Kind.VALUES, vals.kind_name
+    assert idx.kind in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP), idx.kind_name
+    assert vals.kind == SectionKind.VALUES, vals.kind_name
     dt = ref.domain_dtype(fr.dtype)
     assert vals.bits == 8 * dt.itemsize, f"values section has {vals.bits}-bit items, want {8 * dt.itemsize}"
     pos = decode_indices(idx, fr.raw(0), ref.spectrum_size(fr.n, block))
@@ -242,7 +242,7 @@ def test_value_stage_codes_the_coefficients():
     x = make("normal", 200, F32, seed=4)
     pos, vals = ref.encode(x, 0.5, 16, "per_block")
     fr = parse_frame(codec.get_codec(spec_of(0.5, 16, value="fp16")).encode(x))
-    assert fr.sections[1].kind == Kind.VALUES and fr.sections[1].bits == 16
+    assert fr.sections[1].kind == SectionKind.VALUES and fr.sections[1].bits == 16
     assert np.array_equal(decode_indices(fr.sections[0], fr.raw(0), ref.spectrum_size(200, 16)), pos)
     assert_same(fr.raw(1).view(np.float16), vals.astype(np.float16), "fp16 values")
     dec = codec.decode(codec.get_codec(spec_of(0.5, 16, value="fp16")).encode(x))

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from codec.errors import CorruptFrameError, NonFiniteError
-from codec.frame import Kind, Section
+from codec.frame import SectionKind, Section
 from codec.stage import Value, register
 
 PACKAGE = "recipe.kernels"  # in the library: leave package= out (codec.kernels)
@@ -54,18 +54,18 @@ class Int8(Value):
         codes = np.zeros(x.size, np.int8)
         if scale > 0:
             kern.quantize(x, scale, codes)
-        sections.append(Section(Kind.SCALARS, 64, 1, np.array([scale], "<f8")))
-        sections.append(Section(Kind.VALUES, 8, codes.size, codes))
+        sections.append(Section(SectionKind.SCALARS, 64, 1, np.array([scale], "<f8")))
+        sections.append(Section(SectionKind.VALUES, 8, codes.size, codes))
 
     def read(self, reader, ctx, count):
         from codec.kernels import backend
         from codec.ops import readonly
 
-        _, raw = reader.take(Kind.SCALARS, bits=64, count=1)
+        _, raw = reader.take(SectionKind.SCALARS, bits=64, count=1)
         scale = float(raw.view("<f8")[0])
         if not 0 <= scale <= float(ml_dtypes.finfo(ctx.dtype).max) / TOP:
             raise CorruptFrameError(f"int8: scale {scale!r} is not one an encoder writes for {ctx.dtype}")
-        _, raw = reader.take(Kind.VALUES, bits=8, count=count)
+        _, raw = reader.take(SectionKind.VALUES, bits=8, count=count)
         codes = readonly(raw.view(np.int8))
         if backend("int8", codes, package=PACKAGE).invalid_codes(codes):
             raise CorruptFrameError("int8: code -128, which no encoder writes")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.frame import MAX_ELEMENTS, Kind, Section
+from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.ops import readonly
 from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite
 from codec.params import Param
@@ -24,16 +24,16 @@ class SignScale(Value):
     def encode(self, values, ctx, sections):
         from codec.pack import pack_bits
 
-        sections.append(Section(Kind.SCALARS, 64, 1, np.array([ctx.hints["scale"]], "<f8")))
+        sections.append(Section(SectionKind.SCALARS, 64, 1, np.array([ctx.hints["scale"]], "<f8")))
         signs = np.signbit(values).view(np.uint8)
-        sections.append(Section(Kind.VALUES, 1, values.size, pack_bits(signs, 1)))
+        sections.append(Section(SectionKind.VALUES, 1, values.size, pack_bits(signs, 1)))
 
     def read(self, reader, ctx, count):
         from codec.pack import unpack_bits
 
-        _, raw = reader.take(Kind.SCALARS, bits=64, count=1)
+        _, raw = reader.take(SectionKind.SCALARS, bits=64, count=1)
         scale = float(raw.view("<f8")[0])
-        _, bits = reader.take(Kind.VALUES, bits=1, count=count)
+        _, bits = reader.take(SectionKind.VALUES, bits=1, count=count)
         return scale, unpack_bits(bits, 1, count)
 
     def write(self, payload, out, mode):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.errors import CorruptFrameError, NonFiniteError
-from codec.frame import Kind, Section
+from codec.frame import SectionKind, Section
 from codec.stages.select.magnitude import k_of
 from codec.params import SEED, Param, ratio
 from codec.stage import Select, register
@@ -62,11 +62,11 @@ class RandomK(Select):
             raise NonFiniteError("x", ctx.where(idx[bad]), "randomk", "needs finite kept values")
         if self.scale and idx.size:
             kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
-        sections.append(Section(Kind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
+        sections.append(Section(SectionKind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
         return idx, kept
 
     def positions(self, reader, ctx):
-        info, raw = reader.take(Kind.INTS, bits=64, count=3)
+        info, raw = reader.take(SectionKind.INTS, bits=64, count=3)
         seed, step, khash = (int(v) for v in raw.view("<u8"))
         if seed != self.seed:
             raise CorruptFrameError(f"randomk frame records seed {seed}, its codec tag says {self.seed}")

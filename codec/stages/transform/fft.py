@@ -151,11 +151,11 @@ class FFT(Transform):
 
     # ------------------------------------------------------------------ decode
     def read(self, reader, ctx):
-        from codec.frame import Kind
+        from codec.frame import SectionKind
         from codec.pack import decode_indices
 
         lay = Layout(ctx.n, self.block)
-        info, raw = reader.take((Kind.INDEX_DELTA, Kind.INDEX_BITMAP))
+        info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP))
         if _keeps_all(info, raw, lay.coefficients):
             pos, k = None, lay.coefficients
         else:
@@ -219,9 +219,9 @@ def _keeps_all(info, raw, total: int) -> bool:
     """True when the index section is the one an encoder writes for every one of ``total``
     positions kept: ``total`` gaps-minus-one of 1 bit, all zero (a bitmap is never chosen
     then: ties go to the gaps).  Checked without decoding ``total`` int64 positions."""
-    from codec.frame import Kind, raw_length
+    from codec.frame import SectionKind, raw_length
 
-    if int(info.kind) != Kind.INDEX_DELTA or int(info.count) != total or int(info.bits) != 1:
+    if int(info.kind) != SectionKind.INDEX_DELTA or int(info.count) != total or int(info.bits) != 1:
         return False
     data = np.asarray(raw).reshape(-1).view(np.uint8)
     return data.size == raw_length(total, 1) and not data.any()

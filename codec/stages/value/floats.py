@@ -6,7 +6,7 @@ import numpy as np
 
 from codec.dtypes import bfloat16
 from codec.errors import NonFiniteError
-from codec.frame import Kind, Section
+from codec.frame import SectionKind, Section
 from codec.params import NONFINITE
 from codec.stage import Value, register
 
@@ -17,10 +17,10 @@ class Exact(Value):
     name = "none"
 
     def encode(self, values, ctx, sections):
-        sections.append(Section(Kind.VALUES, values.dtype.itemsize * 8, values.size, values))
+        sections.append(Section(SectionKind.VALUES, values.dtype.itemsize * 8, values.size, values))
 
     def read(self, reader, ctx, count):
-        _, raw = reader.take(Kind.VALUES, bits=ctx.dtype.itemsize * 8, count=count)
+        _, raw = reader.take(SectionKind.VALUES, bits=ctx.dtype.itemsize * 8, count=count)
         return raw.view(ctx.dtype)
 
     def write(self, values, out, mode):
@@ -44,7 +44,7 @@ class _Half(Value):
             if bad and self.nonfinite == "raise":
                 self._raise_nonfinite(values, ctx)
 
-        sections.append(Section(Kind.VALUES, 16, values.size, fill=fill))
+        sections.append(Section(SectionKind.VALUES, 16, values.size, fill=fill))
 
     def encode_feedback(self, x, slot, ctx, sections) -> bool:
         """Fused error-feedback step for float32: one pass forms x + residual, writes its codes
@@ -63,7 +63,7 @@ class _Half(Value):
                 self._raise_nonfinite(x.astype(np.float64) + slot.residual.reshape(-1), ctx)
             slot.commit(acc)
 
-        sections.append(Section(Kind.VALUES, 16, x.size, fill=fill))
+        sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill))
         return True
 
     def _raise_nonfinite(self, values, ctx):
@@ -72,7 +72,7 @@ class _Half(Value):
         raise NonFiniteError("x", ctx.where(first_nonfinite(values)), self.name, f"is lossy, pass {self.name}(nonfinite=keep) to send NaN/inf anyway")
 
     def read(self, reader, ctx, count):
-        _, raw = reader.take(Kind.VALUES, bits=16, count=count)
+        _, raw = reader.take(SectionKind.VALUES, bits=16, count=count)
         return raw.view(np.uint16)
 
     def write(self, codes, out, mode):

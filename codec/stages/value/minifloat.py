@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from codec.frame import MAX_ELEMENTS, Kind, Section
+from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
@@ -97,7 +97,7 @@ class _MiniFloat(Quantizer):
                 self.raise_nonfinite(x, ctx)
 
         if bits in (8, 16):  # the codes are written once, straight into the frame
-            sections.append(Section(Kind.VALUES, bits, n, fill=lambda out: encode_into(out.view(code_dtype(bits)))))
+            sections.append(Section(SectionKind.VALUES, bits, n, fill=lambda out: encode_into(out.view(code_dtype(bits)))))
         else:
             codes = np.empty(n, code_dtype(bits))
             encode_into(codes)

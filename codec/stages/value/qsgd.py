@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.errors import CorruptFrameError
-from codec.frame import MAX_ELEMENTS, Kind, Section
+from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.ops import readonly
 from codec.stages.value.quantizer import (
     Dequant,
@@ -79,7 +79,7 @@ class Qsgd(Quantizer):
         out = np.zeros(int(starts[-1]), np.uint8)
         if nchunk:
             kern.elias_encode(codes, self.bucket, per, starts[:-1], out)
-        return [Section(Kind.INTS, 64, nchunk, sizes.astype("<u8")), Section(Kind.VALUES, 8, out.size, out)]
+        return [Section(SectionKind.INTS, 64, nchunk, sizes.astype("<u8")), Section(SectionKind.VALUES, 8, out.size, out)]
 
     def read(self, reader, ctx, count):
         nb = -(-count // self.bucket)
@@ -101,12 +101,12 @@ class Qsgd(Quantizer):
         from codec.kernels import backend
 
         per, nchunk = self._chunks(count)
-        _, raw = reader.take(Kind.INTS, bits=64, count=nchunk)
+        _, raw = reader.take(SectionKind.INTS, bits=64, count=nchunk)
         sizes = raw.view("<u8")
         info = reader.remaining()[0] if reader.remaining() else None
-        if info is None or info.kind != Kind.VALUES or info.bits != 8 or int(sizes.sum(dtype=np.uint64)) != info.count:
+        if info is None or info.kind != SectionKind.VALUES or info.bits != 8 or int(sizes.sum(dtype=np.uint64)) != info.count:
             raise CorruptFrameError("qsgd frame: the Elias chunk lengths do not add up to the values section")
-        _, data = reader.take(Kind.VALUES, bits=8, count=info.count)
+        _, data = reader.take(SectionKind.VALUES, bits=8, count=info.count)
         starts = np.zeros(nchunk + 1, np.int64)
         np.cumsum(sizes.astype(np.int64), out=starts[1:])
         codes = np.zeros(count, code_dtype(self.code_bits))

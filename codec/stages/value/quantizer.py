@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from codec.errors import CorruptFrameError, NonFiniteError
-from codec.frame import Kind, Section
+from codec.frame import SectionKind, Section
 from codec.ops import readonly
 from codec.pack import _code_dtype as code_dtype  # noqa: F401  (the narrowest unsigned dtype for a code width)
 import abc
@@ -156,8 +156,8 @@ def codes_section(codes: np.ndarray, bits: int) -> Section:
     from codec.pack import pack_bits
 
     if bits in (8, 16):
-        return Section(Kind.VALUES, bits, codes.size, codes.astype(f"<u{bits // 8}", copy=False))
-    return Section(Kind.VALUES, bits, codes.size, pack_bits(codes, bits))
+        return Section(SectionKind.VALUES, bits, codes.size, codes.astype(f"<u{bits // 8}", copy=False))
+    return Section(SectionKind.VALUES, bits, codes.size, pack_bits(codes, bits))
 
 
 def read_codes(reader, bits: int, count: int, limit=None) -> np.ndarray:
@@ -167,7 +167,7 @@ def read_codes(reader, bits: int, count: int, limit=None) -> np.ndarray:
     CorruptFrameError."""
     from codec.pack import _check_payload
 
-    _, raw = reader.take(Kind.VALUES, bits=bits, count=count)
+    _, raw = reader.take(SectionKind.VALUES, bits=bits, count=count)
     _check_payload(raw, count, bits, "values section")
     if limit is not None and count and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
         from codec.kernels import backend
@@ -185,8 +185,8 @@ def scalars_section(values: np.ndarray) -> Section:
     values = np.asarray(values, np.float64).reshape(-1)
     _check_finite(values)
     if values.size and np.abs(values).max() > F32_MAX:
-        return Section(Kind.SCALARS, 64, values.size, values.astype("<f8"))
-    return Section(Kind.SCALARS, 32, values.size, values.astype("<f4"))
+        return Section(SectionKind.SCALARS, 64, values.size, values.astype("<f8"))
+    return Section(SectionKind.SCALARS, 32, values.size, values.astype("<f4"))
 
 
 def _check_finite(values) -> None:
@@ -199,12 +199,12 @@ def _check_finite(values) -> None:
 def scale_section(value: float) -> Section:
     """One per-tensor scale as a scalars section of one float64."""
     _check_finite(np.float64(value))
-    return Section(Kind.SCALARS, 64, 1, np.array([value], "<f8"))
+    return Section(SectionKind.SCALARS, 64, 1, np.array([value], "<f8"))
 
 
 def read_scalars(reader, count: int, bits=(32, 64)) -> np.ndarray:
     """A scalars section of ``count`` float32 or float64 items as float64; all must be finite."""
-    info, raw = reader.take(Kind.SCALARS, bits=bits, count=count)
+    info, raw = reader.take(SectionKind.SCALARS, bits=bits, count=count)
     values = raw.view("<f4" if info.bits == 32 else "<f8").astype(np.float64)
     if not np.all(np.isfinite(values)):
         raise CorruptFrameError("scalars section: a non-finite value")
@@ -213,11 +213,11 @@ def read_scalars(reader, count: int, bits=(32, 64)) -> np.ndarray:
 
 def ints_section(values) -> Section:
     """Small signed integers (exponents) as an ints section of int16 items."""
-    return Section(Kind.INTS, 16, len(values), np.asarray(values, "<i2"))
+    return Section(SectionKind.INTS, 16, len(values), np.asarray(values, "<i2"))
 
 
 def read_ints(reader, count: int, low: int, high: int, what: str) -> np.ndarray:
-    _, raw = reader.take(Kind.INTS, bits=16, count=count)
+    _, raw = reader.take(SectionKind.INTS, bits=16, count=count)
     values = raw.view("<i2").astype(np.int64)
     if values.size and (values.min() < low or values.max() > high):
         raise CorruptFrameError(f"ints section: {what} outside [{low}, {high}]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.frame import Kind, Section
+from codec.frame import SectionKind, Section
 from codec.stages.value.quantizer import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_section, scale_section, sequential_sum
 from codec.params import Param
 from codec.stage import register
@@ -27,7 +27,7 @@ class _Bits(Quantizer):
         if bad.any():
             self.raise_nonfinite(x, ctx)
         self.add_levels(sections, n, [sequential_sum(sums[:, j]) for j in range(3)], int(nneg.sum()), ctx.dtype)
-        sections.append(Section(Kind.VALUES, 1, n, out))
+        sections.append(Section(SectionKind.VALUES, 1, n, out))
 
     def read(self, reader, ctx, count):
         lut = self.read_levels(reader, ctx)

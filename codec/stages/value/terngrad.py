@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from codec.errors import CorruptFrameError
-from codec.frame import Kind, Section
+from codec.frame import SectionKind, Section
 from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
@@ -65,7 +65,7 @@ class TernGrad(Quantizer):
         if n:
             kern.terngrad_encode(x, clip, s, self.stream(ctx), out)
         sections.append(scale_section(s))
-        sections.append(Section(Kind.VALUES, 8, out.size, out))
+        sections.append(Section(SectionKind.VALUES, 8, out.size, out))
 
     def read(self, reader, ctx, count):
         s = float(read_scalars(reader, 1, bits=64)[0])
