@@ -7,7 +7,7 @@ and the kept ``re, im`` values (value stage ``none``) must equal the reference's
 bit, and so must the decoded array.  Properties: ``theta=0`` reproduces the input within FFT
 rounding, the squared error equals the dropped coefficients' energy (Parseval), schedules
 of ``theta`` keep what they say at every step.  The kernels of
-``codec.kernels.cpu.spectral`` are checked directly: serial and parallel twins, thread
+the ``spectral`` family are checked directly, on every backend (the ``backend`` fixture): serial and parallel twins, thread
 counts, ties at the cut, non-finite rows.
 """
 
@@ -27,7 +27,7 @@ from codec import testing
 from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import SectionKind, parse_frame
-from codec.kernels.cpu import spectral as K
+from codec.kernels import module
 from codec.pack import decode_indices
 from codec.testing import check_decode_add, check_error_feedback, sample_arrays
 
@@ -543,6 +543,23 @@ def _ref_block_top(spec, k, base):
 
 
 @pytest.fixture
+def K(backend):
+    """The ``spectral`` family's kernels on ``backend``."""
+    return module("spectral", backend)
+
+
+def forms(fn):
+    """The ways to call kernel ``fn``: its serial and parallel twins and the size dispatch
+    (the CPU jit wrapper's), or ``fn`` alone on a backend without twins."""
+    return (fn.serial, fn.parallel, fn) if hasattr(fn, "serial") else (fn,)
+
+
+def twins(fn):
+    """The serial and parallel twins of ``fn`` (the CPU jit wrapper's), or ``fn`` alone."""
+    return (fn.serial, fn.parallel) if hasattr(fn, "serial") else (fn,)
+
+
+@pytest.fixture
 def threads():
     """Run with numba's thread count set; restored afterwards."""
     before = numba.get_num_threads()
@@ -551,7 +568,7 @@ def threads():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_block_top_kernel(dtype, threads):
+def test_block_top_kernel(K, dtype, threads):
     """block_top against the reference per row (ties at the cut, one-bin rows, k=0, k=c),
     serial == parallel twin, 1 thread == 2 threads."""
     for rows, c in ((16, 33), (9, 1), (8, 2), (17, 129), (203, 12)):  # 203 rows: several rows per chunk of work
@@ -561,7 +578,7 @@ def test_block_top_kernel(dtype, threads):
             results = []
             for t in (1, 2):
                 threads(t)
-                for fn in (K.block_top.serial, K.block_top.parallel, K.block_top):
+                for fn in forms(K.block_top):
                     results.append(_block_top(fn, spec, k, 1000))
             for pos, vals, bad in results:
                 assert not bad.any()
@@ -570,7 +587,7 @@ def test_block_top_kernel(dtype, threads):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_kernels_flag_nonfinite_rows(dtype, threads):
+def test_kernels_flag_nonfinite_rows(K, dtype, threads):
     for rows in (6, 150):  # 150: bad rows between good ones in one chunk of work
         c = 10
         spec = _kernel_rows(dtype, rows, c, seed=3)
@@ -584,7 +601,7 @@ def test_kernels_flag_nonfinite_rows(dtype, threads):
         want_pos, want_vals = _ref_block_top(spec, 4, 0)
         for t in (1, 2):
             threads(t)
-            for fn in (K.block_top.serial, K.block_top.parallel):
+            for fn in twins(K.block_top):
                 pos, vals, bad = _block_top(fn, spec, 4, 0)
                 assert np.array_equal(bad, flags), f"rows={rows}: bad {np.flatnonzero(bad).tolist()}"
                 for b in good:  # good rows are still right
@@ -592,29 +609,29 @@ def test_kernels_flag_nonfinite_rows(dtype, threads):
                     assert_same(vals[8 * b : 8 * b + 8], want_vals[8 * b : 8 * b + 8], f"rows={rows} row {b}")
                 for b in np.flatnonzero(flags):  # bad rows: output untouched
                     assert np.all(pos[4 * b : 4 * b + 4] == -7)
-            for fn in (K.magnitudes.serial, K.magnitudes.parallel):
+            for fn in twins(K.magnitudes):
                 mag = np.full(rows * c, -1.0)
                 bad = np.zeros(rows, np.uint8)
                 fn(_readonly(spec), mag, bad)
                 assert np.array_equal(bad, flags)
         for k in (0, c):  # k = 0 and k = c still flag
-            _, _, bad = _block_top(K.block_top.serial, spec, k, 0)
+            _, _, bad = _block_top(twins(K.block_top)[0], spec, k, 0)
             assert np.array_equal(bad, flags), f"k={k}"
     if dtype == np.float64:  # a finite coefficient whose square overflows float64
         spec = _kernel_rows(dtype, 2, 4, seed=4)
         spec[0, 1] = 1e200
-        assert _block_top(K.block_top.serial, spec, 2, 0)[2].tolist() == [1, 0]
+        assert _block_top(twins(K.block_top)[0], spec, 2, 0)[2].tolist() == [1, 0]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_magnitudes_kernel(dtype, threads):
+def test_magnitudes_kernel(K, dtype, threads):
     rows, c = 24, 37
     spec = _kernel_rows(dtype, rows, c, seed=11)
     pairs = spec.reshape(rows * c, 2)
     want = pairs[:, 0].astype(np.float64) ** 2 + pairs[:, 1].astype(np.float64) ** 2
     for t in (1, 2):
         threads(t)
-        for fn in (K.magnitudes.serial, K.magnitudes.parallel, K.magnitudes):
+        for fn in forms(K.magnitudes):
             mag = np.full(rows * c, -1.0)
             bad = np.zeros(rows, np.uint8)
             fn(_readonly(spec), mag, bad)
@@ -623,7 +640,7 @@ def test_magnitudes_kernel(dtype, threads):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_place_kernel(dtype, threads):
+def test_place_kernel(K, dtype, threads):
     """place scatters sorted positions (of a spectrum starting at ``base``) into zeroed rows."""
     rng = np.random.default_rng(12)
     rows, c, base = 11, 9, 57
@@ -638,7 +655,7 @@ def test_place_kernel(dtype, threads):
             want[j // c, 2 * (j % c) : 2 * (j % c) + 2] = vals[2 * i : 2 * i + 2]
     for t in (1, 2):
         threads(t)
-        for fn in (K.place.serial, K.place.parallel, K.place):
+        for fn in forms(K.place):
             out = np.full((rows, 2 * c), 5, dtype)
             fn(out, base, _readonly(pos), _readonly(vals))
             assert_same(out, want, f"place ({t} threads)")
