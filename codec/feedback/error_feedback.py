@@ -1,0 +1,230 @@
+"""``ErrorFeedback``: residual memory per key around any codec, and the error-feedback step
+(the overview is in :mod:`codec.feedback`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.dtypes import as_float_array
+from codec.feedback.slot import Slot
+from codec.feedback.state import check, saved
+from codec.ops import round_to
+from codec.pipeline import Codec, get_codec
+from codec.stage import MAX_STEP
+
+
+class ErrorFeedback:
+    """Error feedback around ``codec`` (a Codec, spec string or config dict).
+
+    ``momentum=m`` (0 <= m < 1, default 0: off) adds Deep Gradient Compression's momentum
+    correction with momentum-factor masking: per key, ``u = m*u + x`` (in x's dtype, ``m``
+    rounded to it); the codec encodes
+    ``u + residual``; then ``u`` is zeroed where the frame sent values (everywhere for a
+    dense codec).  Works with any codec.
+
+    ``residuals=False`` keeps per key only the step and the stage state: ``encode`` is then
+    ``codec.encode(x, key=key, step=<the key's step>)`` (with the key's stage state) and
+    advances the step; nothing is fed back.  A key whose shape or dtype changes keeps its
+    step and starts its stage state over.  Momentum needs residuals.
+
+    >>> ef = ErrorFeedback("topk(ratio=0.01)", momentum=0.9)
+    >>> frame = ef.encode(grad, key="layer1.weight")   # doctest: +SKIP
+    """
+
+    def __init__(self, codec, *, momentum: float = 0.0, residuals: bool = True):
+        self.codec: Codec = get_codec(codec)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+            raise ValueError(f"momentum: must be a number in [0, 1), got {momentum!r}")
+        if not isinstance(residuals, (bool, np.bool_)):
+            raise TypeError(f"residuals: expected True or False, got {residuals!r}")
+        if momentum and not residuals:
+            raise ValueError("momentum: DGC's momentum correction feeds the residual, and residuals=False keeps none")
+        self.momentum = float(momentum)
+        self.residuals = bool(residuals)
+        self._slots: dict = {}
+
+    def encode(self, x, key=None, *, dtype=None) -> bytes:
+        """Encode ``x`` plus the residual of ``key``; the new residual is what the frame missed.
+        Without residuals: the frame of ``x`` at the key's step.  Advances the key's step."""
+        arr = as_float_array(x, dtype, "x")
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._fresh(key, arr.shape, arr.dtype)
+        elif slot.step > MAX_STEP:
+            raise ValueError(f"key: {key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
+        elif not slot.fits(arr.shape, arr.dtype):
+            if self.residuals:
+                raise ValueError(
+                    f"x: key {key!r} was {slot.dtype}{list(slot.shape)}, now {arr.dtype}{list(arr.shape)}; "
+                    "call reset(key) to start it over"
+                )
+            slot = self._fresh(key, arr.shape, arr.dtype, slot.step)  # nothing to feed back: the step goes on
+        if not self.residuals:
+            frame = self.codec.encode_with(arr, slot.context(arr))
+        elif self.momentum:
+            u = np.zeros_like(arr) if slot.velocity is None else slot.velocity
+            m = round_to(self.momentum, arr.dtype)
+            u = np.add(np.multiply(u, m, dtype=arr.dtype), arr, dtype=arr.dtype)  # in x's dtype, a new buffer
+            frame, sent = self._step(u, slot)
+            u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
+            slot.velocity = u
+        else:
+            frame = self._step(arr, slot)[0]
+        slot.step += 1
+        self._slots[key] = slot
+        return frame
+
+    def _step(self, x: np.ndarray, slot: Slot):
+        """One error-feedback step: the frame of ``acc = x + slot.residual``, with ``acc -
+        decoded`` committed as the new residual; also returns the sent positions (None: all).
+
+        Three ways, the first that applies: a value stage alone may fuse the whole step
+        (``Value.encode_feedback``: fp16/bf16 on float32); a select stage with
+        ``fuses_feedback`` forms ``acc`` inside its selection pass; otherwise ``acc = x +
+        residual`` is formed first.  Then ``acc -= decoded`` (a sparse frame touches only its
+        positions) and ``acc`` is committed.  ``acc`` is a buffer other than the residual, so
+        on error the residual is untouched."""
+        c = self.codec
+        ctx = slot.context(x)
+        flat = x.reshape(-1)
+        if c.select is None and c.transform is None:
+            sections: list = []
+            if c.value.encode_feedback(flat, slot, ctx, sections):
+                return c.frame(sections, x.dtype, x.shape), None
+        acc = slot.take_spare()
+        if c.select is not None and c.select.fuses_feedback:
+            sections = c.sections(flat, ctx, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
+        else:
+            np.add(x, slot.residual, out=acc)
+            sections = c.sections(acc.reshape(-1), ctx)
+        frame = c.frame(sections, x.dtype, x.shape)
+        c.subtract(frame, acc.reshape(-1))
+        slot.commit(acc)
+        return frame, ctx.positions
+
+    def _fresh(self, key, shape, dtype, step: int = 0) -> Slot:
+        """A new slot for arrays of ``shape`` and ``dtype``: a zero residual (none without
+        residuals), no stage state, ``step``."""
+        if self.residuals:
+            return Slot(key, np.zeros(shape, dtype), step)
+        return Slot(key, None, step, shape=shape, dtype=dtype)
+
+    # ------------------------------------------------------------ a step run by the caller
+    def slot(self, key, shape, dtype) -> Slot:
+        """The slot of ``key`` for arrays of ``shape`` and ``dtype``, for a caller that runs the
+        error-feedback step itself (the transport's two-round PowerSGD): the stored slot when
+        it fits, else a new one (zero residual, no stage state, step 0; without residuals
+        the step carries over), which is NOT stored: :meth:`keep` stores it.  Changes nothing.
+
+        The caller forms ``acc`` from ``slot.residual``, installs the new residual with
+        ``slot.take_spare()`` / ``slot.commit(...)``, keeps stage state in ``slot.state`` and
+        advances ``slot.step`` by one per frame.  Unlike :meth:`encode`, a key whose shape or
+        dtype changed starts over instead of raising."""
+        dtype = np.dtype(dtype)
+        shape = tuple(int(n) for n in shape)
+        slot = self._slots.get(key)
+        if slot is not None and slot.step > MAX_STEP:
+            raise ValueError(f"key: {key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
+        if slot is not None and slot.fits(shape, dtype):
+            return slot
+        step = slot.step if slot is not None and not self.residuals else 0
+        return self._fresh(key, shape, dtype, step)
+
+    def keep(self, slot: Slot) -> None:
+        """Store ``slot`` (from :meth:`slot`) as the memory of ``slot.key``, replacing any."""
+        if not isinstance(slot, Slot) or (slot.residual is None) == self.residuals:
+            raise ValueError(f"slot: expected a Slot {'with' if self.residuals else 'without'} a residual, as slot() makes")
+        self._slots[slot.key] = slot
+
+    def check_slot(self, slot: Slot, where: str) -> None:
+        """Refuse (ValueError starting with ``where``) a loaded slot that passed every generic
+        check but that this ErrorFeedback's step could not use; nothing by default.  A scheme
+        that runs its own step and keeps stricter memory (the two-round PowerSGD's float32 or
+        float64, finite residuals) overrides it."""
+
+    # ------------------------------------------------------------ reading the memory
+    def residual(self, key=None) -> np.ndarray | None:
+        """The current residual of ``key`` (a read-only view); None without residuals."""
+        r = self._slots[key].residual
+        if r is None:
+            return None
+        r = r.view()
+        r.flags.writeable = False
+        return r
+
+    def add_residual(self, key, values, positions=None) -> None:
+        """``residual[key] += values`` (at the flat ``positions`` when given, else everywhere).
+
+        For what a codec sent but the transport did not deliver: gTop-k returns the values a
+        rank selected that missed the global top-k, so they are sent later, as error feedback
+        intends.  ``values`` are rounded once into the residual's dtype."""
+        if not self.residuals:
+            raise ValueError("add_residual: this ErrorFeedback keeps no residuals (residuals=False)")
+        slot = self._slots.get(key)
+        if slot is None:
+            raise KeyError(f"key: no residual for {key!r}; encode it first")
+        from codec.modes import ADD
+        from codec.ops import scatter, store
+
+        flat = slot.residual.reshape(-1)
+        vals = as_float_array(values, None, "values").reshape(-1)
+        if positions is None:
+            if vals.size != flat.size:
+                raise ValueError(f"values: has {vals.size} elements, the residual of {key!r} has {flat.size}")
+            store(vals, flat, ADD)
+            return
+        pos = np.asarray(positions)
+        if pos.ndim != 1 or pos.dtype.kind not in "iu" or pos.size != vals.size:
+            raise ValueError(f"positions: expected a 1-D integer array as long as values, got {pos.dtype}{list(pos.shape)} for {vals.size} values")
+        if pos.size and (pos.min() < 0 or pos.max() >= flat.size):
+            raise ValueError(f"positions: must lie in [0, {flat.size}) for the residual of {key!r}")
+        scatter(vals, pos, flat, ADD)
+
+    def step(self, key=None) -> int:
+        """How many frames ``key`` has produced."""
+        slot = self._slots.get(key)
+        return 0 if slot is None else slot.step
+
+    def keys(self) -> list:
+        return list(self._slots)
+
+    def reset(self, key=None, *, all: bool = False) -> None:
+        """Forget ``key`` (or every key with ``all=True``)."""
+        if all:
+            self._slots.clear()
+        else:
+            self._slots.pop(key, None)
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: codec config and, per key, residual, step and stage state."""
+        return {
+            "codec": self.codec.get_config(),
+            "momentum": self.momentum,
+            "residuals": self.residuals,
+            "slots": [saved(s) for s in self._slots.values()],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned; the codec and momentum must be the same.
+
+        The state is untrusted input: it is checked whole before anything is replaced (on
+        error this ErrorFeedback keeps what it had) and its arrays are copied into fresh
+        C-contiguous ones.  The rules are in the module docstring; a state breaking one raises
+        ValueError naming the slot's key and the field."""
+        codec, momentum, residuals, slots = check(state, self.codec, self.momentum, self.residuals, self.check_slot)
+        self.codec, self.momentum, self.residuals, self._slots = codec, momentum, residuals, slots
+
+    def __getstate__(self):
+        return self.state_dict()
+
+    def __setstate__(self, state):
+        # unpickling: the codec, momentum and residuals come from the state, checked like the rest
+        self.codec, self.momentum, self.residuals, self._slots = check(state, None, None, None, self.check_slot)
+
+    def __repr__(self):
+        m = f", momentum={self.momentum}" if self.momentum else ""
+        r = "" if self.residuals else ", residuals=False"
+        return f"ErrorFeedback({self.codec.spec!r}{m}{r}, keys={len(self._slots)})"
+
+
+ErrorFeedback.__module__ = "codec.feedback"  # its public home (pickles and reprs name it there)

@@ -1,0 +1,60 @@
+"""A key's memory in an :class:`~codec.feedback.ErrorFeedback`: the residual, the step
+count, stage state; :meth:`Slot.commit` is the one writer of a residual."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from codec.stage import Context
+
+
+@dataclass
+class Slot:
+    """Per-key memory: the residual (the key's shape and dtype; None in an ErrorFeedback
+    without residuals), the step count, stage state.  ``shape`` and ``dtype`` are the key's
+    array shape and dtype: the residual's, given on their own when there is no residual."""
+
+    key: Any
+    residual: np.ndarray | None
+    step: int = 0
+    state: dict = field(default_factory=dict)
+    #: DGC's momentum u (ErrorFeedback(momentum=m)); None without momentum
+    velocity: np.ndarray | None = field(default=None, repr=False)
+    #: a second residual-sized buffer the next step's ``acc`` is written into (not saved)
+    spare: np.ndarray | None = field(default=None, repr=False)
+    shape: tuple | None = field(default=None, repr=False)
+    dtype: np.dtype | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.residual is not None:
+            self.shape, self.dtype = self.residual.shape, self.residual.dtype
+        elif self.shape is None or self.dtype is None:
+            raise TypeError("Slot: a slot without a residual needs shape and dtype")
+        else:
+            self.shape, self.dtype = tuple(int(n) for n in self.shape), np.dtype(self.dtype)
+
+    def fits(self, shape, dtype) -> bool:
+        """Whether this slot is for arrays of ``shape`` and ``dtype``."""
+        return self.shape == tuple(shape) and self.dtype == np.dtype(dtype)
+
+    def context(self, x: np.ndarray) -> Context:
+        """The stages' context for encoding ``x`` under this key: key, step and state."""
+        return Context(x.shape, x.dtype, key=self.key, step=self.step, state=self.state)
+
+    def take_spare(self) -> np.ndarray:
+        """A residual-sized buffer for the step's ``acc`` (the spare, or a new one); it is the
+        caller's until :meth:`commit` (on error it is simply dropped: the residual is intact)."""
+        acc = self.spare if self.spare is not None else np.empty_like(self.residual)
+        self.spare = None
+        return acc
+
+    def commit(self, residual: np.ndarray) -> None:
+        """Install ``residual`` (a buffer from :meth:`take_spare`, holding ``acc - decoded``)
+        as the new residual; the old one becomes the spare.  The only writer of a residual."""
+        self.spare, self.residual = self.residual, residual
+
+
+Slot.__module__ = "codec.feedback"  # its public home (pickles and reprs name it there)
