@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import pkgutil
 from pathlib import Path
 
 from codec.dtypes import on_device
@@ -50,6 +49,8 @@ def families(package: str = __name__) -> tuple[str, ...]:
     (every family has a CPU file; a CUDA twin is optional).  For this package the folder is
     listed without importing anything; for another package its ``cpu`` subpackage is located
     (its parents are imported, it is not)."""
+    import pkgutil  # here, not at import: ``import codec`` imports this package and must stay cheap
+
     if package == __name__:
         where = [str(Path(__file__).with_name("cpu"))]
     else:
@@ -58,9 +59,13 @@ def families(package: str = __name__) -> tuple[str, ...]:
     return tuple(sorted(m.name for m in pkgutil.iter_modules(where) if not m.name.startswith("_")))
 
 
-#: every kernel family of the library, sorted (``codec/kernels/cpu/<family>.py``; what each
-#: one holds: its module docstring and docs/kernels.md, "Families")
-FAMILIES = families()
+def __getattr__(name):
+    # ``FAMILIES``: every kernel family of the library, sorted (``codec/kernels/cpu/<family>.py``;
+    # what each one holds: its module docstring and docs/kernels.md, "Families"), listed on
+    # first use rather than at import
+    if name == "FAMILIES":
+        return families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def backend(family: str, *arrays, package: str = __name__):
