@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import subprocess
-import sys
 from fractions import Fraction
 
 import ml_dtypes
@@ -23,6 +20,7 @@ from codec import ops
 from codec.kernels import module
 from codec.layout import CHUNK  # elements per parallel chunk of the convert kernels
 from codec.modes import ADD, SET, SUB
+from support.threads import same_across_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
 
@@ -375,17 +373,9 @@ print(h.hexdigest())
 """
 
 
-def run_workload(threads):
-    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-    r = subprocess.run([sys.executable, "-c", WORKLOAD], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
-
-
 def test_results_do_not_depend_on_thread_count():
     """Every kernel family, sizes spanning many chunks: same bytes with 1, 3 and the default threads."""
-    one = run_workload(1)
-    three = run_workload(3)
+    one = three = same_across_threads(WORKLOAD, counts=(1, 3))  # equal under NUMBA_NUM_THREADS=1 and 3 (asserted there)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), np.errstate(all="ignore"):
         exec(compile(WORKLOAD, "<workload>", "exec"), {})
