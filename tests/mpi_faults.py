@@ -16,32 +16,31 @@ tests/test_transport_faults.py launches it, and calls the same case functions on
 4. checks that the failed step changed no state (``state_dict`` before and after, bit for
    bit), then reduces another good step on the reducer and on its twin, which never saw the
    faulty step: the results must be equal, and equal on every rank;
-5. prints ``OK <case> rank r/p``.
+5. the one MPI harness (tests/support/mpi.py) prints ``OK <case> rank r/p <seconds>s``, or
+   ``FAIL <case> rank r/p: ...`` per failed check.
 
 The pytest side checks that every rank raised the same type with the same message, in under
-10 seconds.  A failed check prints ``FAIL <case> rank r: ...``.  On today's transport a rank
-that raises alone leaves the others inside a collective: the launch hangs, and the test's
-subprocess timeout fails it.
+10 seconds.  A rank that raised alone would leave the others inside a collective: the launch
+would hang, and the launcher's timeout fails it.
 
 ``--uncaught``: the faulty step's exception is not caught (a training script that does not
 expect it): the job must end non-zero within seconds, under ``-m mpi4py`` (MPI_Abort) and
 without it (every rank exits with the exception), after every rank printed its RAISED line.
 
-Imports: running a script puts its folder (tests/) first on sys.path, and ``python -m mpi4py``
-does the same, so ``reference`` (tests/reference/) imports as it does under pytest; the
-launchers put the repository root on PYTHONPATH for ``transport`` and ``codec``.
+Imports: tests/ is on sys.path (for ``reference`` and ``support``) and the launcher puts the
+repository root on PYTHONPATH, as tests/support/mpi.py says.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import os
 import sys
 import time
 
 import numpy as np
 
+from reference.transport import digest
+from support.mpi import Checks, main as harness_main, same_state, say
 from transport import Allreducer
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
@@ -133,37 +132,15 @@ def expected(scheme: str, fault: str, p: int):
     return FAULTS[fault]
 
 
-def same_state(a, b) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-    if isinstance(a, dict):
-        return isinstance(b, dict) and list(a) == list(b) and all(same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same_state(u, v) for u, v in zip(a, b))
-    return a == b
-
-
-def digest(d: dict) -> str:
-    h = hashlib.blake2b(digest_size=12)
-    for k, v in d.items():
-        h.update(k.encode() + v.dtype.str.encode() + str(v.shape).encode() + np.ascontiguousarray(v).tobytes())
-    return h.hexdigest()
-
-
-def _say(line: str) -> None:
-    """One write per line, so the ranks' lines do not interleave."""
-    sys.stdout.flush()
-    os.write(1, (line + "\n").encode())
-
-
-def run_case(comm, name: str, uncaught: bool = False, say=_say) -> dict:
+def run_case(comm, name: str, uncaught: bool = False, say=say) -> dict:
     """Run one case on ``comm``; returns this rank's record:
-    ``{"raised": (type name, message) or None, "seconds", "result", "failures": [...]}``."""
+    ``{"raised": (type name, message) or None, "seconds", "result", "failures": [...]}``;
+    ``say`` writes its RAISED / RETURNED line."""
     scheme, fault = CASES[name]
     spec = SCHEMES[scheme]
     rank, p = comm.Get_rank(), comm.Get_size()
     tag = f"{name} rank {rank}/{p}"
-    failures = []
+    ck = Checks(comm, name)
     red, twin = Allreducer(spec, comm), Allreducer(spec, comm)
     good = inputs(rank, 0)
     if fault == "overflow":  # every element 60000: a float16 residual of 60000 for the victim
@@ -189,17 +166,16 @@ def run_case(comm, name: str, uncaught: bool = False, say=_say) -> dict:
         say(f"RETURNED {tag} {seconds:.3f}")
     want = expected(scheme, fault, p)
     if (raised and raised[0]) != want:
-        failures.append(f"expected {want or 'no exception'}, got {raised}")
+        ck.fail(f"expected {want or 'no exception'}, got {raised}")
     if want is None and result is not None and fault in NONE_PASSES:  # NaN / inf reach every rank at the victim's position
         spot = result["w"][3, 4] if fault == "nan" else result["b"][2]
         ok = np.isnan(spot) if fault == "nan" else np.isneginf(spot)
         if not ok:
-            failures.append(f"the dense sum holds {spot!r} where the victim sent {fault}")
-        if digest({k: v for k, v in result.items()}) != comm.allgather(digest(result))[0]:
-            failures.append("ranks disagree on the dense result")
+            ck.fail(f"the dense sum holds {spot!r} where the victim sent {fault}")
+        ck.agree(result, "the dense result")
     # no state changed (an encode failure after the check is the documented exception)
     if fault != "overflow" and want is not None and not same_state(before, red.state_dict()):
-        failures.append("the failed step changed this rank's state")
+        ck.fail("the failed step changed this rank's state")
     # the ranks are still in step, and the reducer goes on as if the step never happened
     nxt = inputs(rank, 2)
     if fault == "overflow":
@@ -210,30 +186,16 @@ def run_case(comm, name: str, uncaught: bool = False, say=_say) -> dict:
     if fault != "overflow" and (want is not None):
         ref = twin.reduce(nxt)
         if digest(got) != digest(ref):
-            failures.append("the step after the failure differs from a reducer that never saw it")
-    hashes = comm.allgather(digest(got))
-    if len(set(hashes)) != 1:
-        failures.append(f"ranks disagree on the step after the failure: {hashes}")
-    for f in failures:
-        say(f"FAIL {tag}: {f}")
-    if not failures:
-        say(f"OK {tag}")
-    return {"raised": raised, "seconds": seconds, "result": result, "failures": failures}
+            ck.fail("the step after the failure differs from a reducer that never saw it")
+    ck.agree(got, "the step after the failure")
+    return {"raised": raised, "seconds": seconds, "result": result, "failures": ck.failures}
 
 
 def main(argv) -> int:
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    """``--uncaught``: the faulty step's exception propagates (no ERROR line, no ``Abort``)."""
     uncaught = "--uncaught" in argv
-    names = [a for a in argv if a != "--uncaught"]
-    names = [c for a in names for c in (list(CASES) if a == "all" else [a])]
-    unknown = [c for c in names if c not in CASES]
-    if unknown or not names:
-        raise SystemExit(f"usage: mpi_faults.py [--uncaught] CASE [CASE ...]; cases: all, {', '.join(CASES)} (unknown: {unknown})")
-    for name in names:
-        run_case(comm, name, uncaught)
-    return 0
+    return harness_main(CASES, [a for a in argv if a != "--uncaught"], run=lambda comm, name: run_case(comm, name, uncaught)["failures"],
+                        abort=not uncaught, usage="[--uncaught] CASE [CASE ...]")
 
 
 if __name__ == "__main__":

@@ -4,90 +4,36 @@ Run under MPI (tests/test_transport_schemes.py launches it):
 
     mpiexec -n 4 python -m mpi4py tests/mpi_schemes.py gtopk powersgd
 
-Every case runs on ``comm`` (COMM_WORLD here; the pytest process calls the same functions
-with COMM_SELF for p = 1).  Each rank rebuilds every rank's inputs from (seed, rank, step),
-runs the serial simulation of all p ranks and compares its own result and residuals with it.
-Failures are collected instead of raised (an assertion on one rank would leave the others
-waiting in a collective), then printed as ``FAIL <case> rank r: ...``; a passing case prints
-``OK <case> rank r/p``.  An unexpected exception aborts the whole job (``comm.Abort``).
+Every case runs on ``comm`` through the one MPI harness (tests/support/mpi.py: COMM_WORLD
+here; the pytest process calls the same functions with COMM_SELF for p = 1).  Each rank
+rebuilds every rank's inputs from (seed, rank, step), runs the serial simulation of all p ranks
+and compares its own result and residuals with it.
 
-Imports: running a script puts its folder (tests/) first on sys.path, and ``python -m mpi4py``
-does the same, so ``reference`` (tests/reference/) imports as it does under pytest; the
-launchers put the repository root on PYTHONPATH for ``transport`` and ``codec``.
+Imports: tests/ is on sys.path (for ``reference`` and ``support``) and the launcher puts the
+repository root on PYTHONPATH, as tests/support/mpi.py says.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import sys
-import traceback
 
 import numpy as np
 
 from reference import schemes as ref
 from reference.schemes import BF16, F16, F32, F64
+from support.mpi import Checks, main, run_case as harness_run_case
 from transport import Allreducer
 
+EPS = {F16: 2.0**-10, BF16: 2.0**-7, F32: 2.0**-23, F64: 2.0**-52}
 
-class Checks:
-    """Collects failed checks of one case on one rank."""
 
-    def __init__(self, comm, case):
-        self.comm, self.case = comm, case
-        self.rank, self.p = comm.Get_rank(), comm.Get_size()
-        self.failures: list[str] = []
-
-    def fail(self, msg):
-        self.failures.append(msg)
-
-    def true(self, cond, msg):
-        if not cond:
-            self.fail(msg)
-
-    def same(self, got, want, what):
-        got, want = np.asarray(got), np.asarray(want)
-        if got.dtype != want.dtype or got.shape != want.shape:
-            self.fail(f"{what}: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}")
-            return
-        if got.tobytes() != want.tobytes():
-            g, w = got.reshape(-1), want.reshape(-1)
-            diff = np.frombuffer(got.tobytes(), np.uint8) != np.frombuffer(want.tobytes(), np.uint8)
-            bad = np.unique(np.flatnonzero(diff) // max(got.itemsize, 1))
-            i = int(bad[0])
-            self.fail(f"{what}: {bad.size} of {got.size} elements differ in bits; first at {i}: got {g[i]!r}, want {w[i]!r}")
-
-    def close(self, got, want, what, rtol):
-        got, want = np.asarray(got), np.asarray(want)
-        if got.dtype != want.dtype or got.shape != want.shape:
-            self.fail(f"{what}: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}")
-            return
-        g, w = got.astype(F64), want.astype(F64)
-        scale = float(np.max(np.abs(w))) if w.size else 0.0
-        err = float(np.max(np.abs(g - w))) if w.size else 0.0
-        if err > rtol * max(scale, 1e-30):
-            self.fail(f"{what}: max abs error {err:.3g} > {rtol:g} * max|want| {scale:.3g}")
-
-    def match(self, got, want, what, exact, rtol=1e-5):
+class SchemeChecks(Checks):
+    def match(self, got, want, what, exact, rtol=1e-5) -> bool:
         """Bitwise when ``exact``, else within ``rtol`` of the largest magnitude."""
         if exact:
-            self.same(got, want, what)
-        else:
-            want = np.asarray(want)
-            rtol = max(rtol, 4 * EPS[want.dtype])
-            self.close(got, want, what, rtol)
-
-    def everywhere_same(self, arrays: dict, what):
-        """The arrays' bits hash the same on every rank."""
-        h = hashlib.blake2b(digest_size=16)
-        for k in sorted(arrays, key=str):
-            a = np.ascontiguousarray(arrays[k])
-            h.update(str(k).encode() + a.dtype.str.encode() + str(a.shape).encode() + a.tobytes())
-        every = self.comm.allgather(h.hexdigest())
-        self.true(len(set(every)) == 1, f"{what}: ranks hold different bits ({every})")
-
-
-EPS = {F16: 2.0**-10, BF16: 2.0**-7, F32: 2.0**-23, F64: 2.0**-52}
+            return self.same(got, want, what)
+        want = np.asarray(want)
+        return self.close(got, want, what, max(rtol, 4 * EPS[want.dtype]))
 
 
 def _inputs(seed, step, layout, p):
@@ -122,7 +68,7 @@ GT_LAYOUT = [
 
 
 def _gtopk_run(ck, comm, spec, local_spec, *, steps=4, seed=11, layout=GT_LAYOUT, use_ireduce=False, **opts):
-    p, rank = ck.p, ck.rank
+    p, rank = ck.size, ck.rank
     red = Allreducer(spec, comm, **opts)
     sim = ref.GTopKSim(local_spec, p, average=opts.get("average", True), error_feedback=opts.get("error_feedback", True),
                        rank_streams=opts.get("rank_streams", True))
@@ -142,7 +88,7 @@ def _gtopk_run(ck, comm, spec, local_spec, *, steps=4, seed=11, layout=GT_LAYOUT
             if sim.efs is not None and xs[0][name].size:
                 ck.same(_gtopk_residual(red, name, rank, opts.get("rank_streams", True)), sim.residual(name, rank),
                         f"{tag} residual[{name!r}] of rank {rank}")
-        ck.everywhere_same(got, tag)
+        ck.agree(got, tag)
         # bytes on the wire: an 8-byte status and one pair set (uint32 positions,
         # accumulator-dtype values) per send
         per_set = 8 + sum(k * (4 + ref.acc_dtype(xs[0][n].dtype).itemsize) for n, k in sim.ks.items())
@@ -170,7 +116,7 @@ def case_gtopk_options(comm, ck):
 def case_gtopk_bytes(comm, ck):
     """One float32 tensor of 1000 elements, ratio 0.01 (k = 10): every rank of a power-of-two
     job sends log2(p) rounds of an 8-byte status and k * (4 + 4) bytes."""
-    p, rank = ck.p, ck.rank
+    p, rank = ck.size, ck.rank
     red = Allreducer("gtopk(ratio=0.01)", comm)
     x = ref.make_tensor(5, rank, 0, "g", (1000,), F32, "randn")
     red.reduce({"g": x})
@@ -183,7 +129,7 @@ def case_gtopk_bytes(comm, ck):
 
 def case_gtopk_state(comm, ck):
     """state_dict after 2 steps, loaded into a fresh Allreducer, continues identically."""
-    p, rank = ck.p, ck.rank
+    p, rank = ck.size, ck.rank
     layout = GT_LAYOUT
     a = Allreducer("gtopk(ratio=0.05)", comm)
     for step in range(2):
@@ -223,7 +169,7 @@ def _psgd_residual(red, name):
 def _psgd_run(ck, comm, *, steps=4, seed=31, layout=PS_LAYOUT, rank=2, warm=True, rate=2.0, pseed=0, **opts):
     """Result and residuals against the simulation (bitwise for p <= 2), identical on every
     rank, and the error-feedback invariant: sum_i (acc_i - residual_i) == result * p."""
-    p, me = ck.p, ck.rank
+    p, me = ck.size, ck.rank
     exact = p <= 2
     spec = _spec(rank, warm, rate, pseed)
     red = Allreducer(spec, comm, **opts)
@@ -235,7 +181,7 @@ def _psgd_run(ck, comm, *, steps=4, seed=31, layout=PS_LAYOUT, rank=2, warm=True
         want = sim.step(xs)
         got = red.reduce(xs[me])
         tag = f"{spec} {opts} step {step}"
-        ck.everywhere_same(got, tag)
+        ck.agree(got, tag)
         for name, x in xs[me].items():
             ck.match(got[name], want[name], f"{tag} result[{name!r}]", exact, rtol=1e-5 if x.dtype != F16 and x.dtype != BF16 else 0)
             plan = ref.matrix_of(x.shape, rank, rate)
@@ -275,7 +221,7 @@ def case_powersgd(comm, ck):
 
 def case_powersgd_state(comm, ck):
     """state_dict after 2 steps continues identically in a fresh Allreducer."""
-    p, me = ck.p, ck.rank
+    p, me = ck.size, ck.rank
     spec = _spec(2, True, 2.0, 4)
     a = Allreducer(spec, comm)
     for step in range(2):
@@ -322,39 +268,8 @@ CASES = {
 
 def run_case(comm, name) -> list[str]:
     """Run one case on ``comm``; the list of failures on this rank."""
-    ck = Checks(comm, name)
-    CASES[name](comm, ck)
-    return ck.failures
-
-
-def _say(line: str) -> None:
-    """One write per line, so the ranks' lines do not interleave."""
-    sys.stdout.flush()
-    os.write(1, (line + "\n").encode())
-
-
-def main(argv) -> int:
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    rank, p = comm.Get_rank(), comm.Get_size()
-    names = argv or list(CASES)
-    bad = 0
-    for name in names:
-        try:
-            failures = run_case(comm, name)
-        except BaseException:
-            _say(f"ERROR {name} rank {rank}:\n{traceback.format_exc()}")
-            comm.Abort(1)
-            return 1
-        for f in failures:
-            _say(f"FAIL {name} rank {rank}: {f}")
-        if not failures:
-            _say(f"OK {name} rank {rank}/{p}")
-        bad += len(failures)
-        comm.Barrier()
-    return 1 if bad else 0
+    return harness_run_case(CASES, comm, name, SchemeChecks)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(CASES, sys.argv[1:], checks=SchemeChecks))

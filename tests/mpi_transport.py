@@ -2,52 +2,35 @@
 
     mpiexec -n P python -m mpi4py tests/mpi_transport.py CASE [CASE ...]     (or "all")
 
-Every case is a function of a communicator (as in tests/mpi_schemes.py): the pytest process
-calls each one on ``MPI.COMM_SELF`` (p = 1), and the launches run them on ``COMM_WORLD``.
-Every rank makes the inputs of EVERY rank deterministically (reference.transport.make_inputs,
-from the seed and the rank), so it can run the serial reference (reference.transport.Reference)
-for the whole job locally and compare its own result with it bit for bit; a hash of the
-result is also allgathered, so the ranks must agree with each other.  Failed checks are
-collected instead of raised (an assertion on one rank would leave the others waiting in a
-collective), then printed as ``FAIL <case> rank r: ...``; a passing case prints
-``OK <case> rank r/P <seconds>s``.  An unexpected exception aborts the whole job
-(``comm.Abort``), so no rank is left waiting.
+Every case is a function of a communicator, run by the one MPI harness (tests/support/mpi.py:
+the pytest process calls each one on ``MPI.COMM_SELF`` (p = 1), the launches run them on
+``COMM_WORLD``, and the harness prints ``OK`` / ``FAIL`` / ``ERROR`` lines).  Every rank makes
+the inputs of EVERY rank deterministically (reference.transport.make_inputs, from the seed and
+the rank), so it can run the serial reference (reference.transport.Reference) for the whole job
+locally and compare its own result with it bit for bit; a hash of the result is also
+allgathered, so the ranks must agree with each other.
 
 The ``raise`` case is the exception: rank 1 raises RuntimeError while the others are inside
 ``reduce``; the job must end, non-zero, without hanging.  It needs two ranks or more, and
 ends the job, so it runs only in its own launch.
 
-Imports: running a script puts its folder (tests/) first on sys.path, and ``python -m mpi4py``
-does the same, so ``reference`` (tests/reference/) imports as it does under pytest; the
-launchers put the repository root on PYTHONPATH for ``transport`` and ``codec``.
+Imports: tests/ is on sys.path (for ``reference`` and ``support``) and the launcher puts the
+repository root on PYTHONPATH, as tests/support/mpi.py says.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-import traceback
 
 import numpy as np
 
-from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, dense_reference, digest, items, make_inputs, same_bits
+from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, dense_reference, items, make_inputs, same_bits
+from support.mpi import Checks, main as harness_main, run_case as harness_run_case, say
 from transport import Allreducer, MismatchError
 
 
-class Checks:
-    """One case on one rank: the communicator, and the failed checks collected."""
-
-    def __init__(self, comm, case):
-        self.comm, self.case = comm, case
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.failures: list[str] = []
-
-    def fail(self, msg) -> bool:
-        """Record a failed check; False, so ``return ck.fail(...)`` ends a check."""
-        self.failures.append(f"rank {self.rank}/{self.size}: {msg}")
-        return False
-
+class TransportChecks(Checks):
     def everyone(self, seed, step, layout=MIXED, kind="dict"):
         """Every rank's inputs of ``step``."""
         return [make_inputs(seed, r, step, layout, kind) for r in range(self.size)]
@@ -61,23 +44,7 @@ def check_same(ck, got, want, label) -> bool:
     wk, wa = items(want)
     if gk != wk:
         return ck.fail(f"{label}: keys {gk} != {wk}")
-    for k, g, w in zip(gk, ga, wa):
-        if not isinstance(g, np.ndarray):
-            return ck.fail(f"{label}: {k!r} is a {type(g).__name__}")
-        if g.shape != w.shape or g.dtype != w.dtype:
-            return ck.fail(f"{label}: {k!r} is {g.dtype}{g.shape}, expected {w.dtype}{w.shape}")
-        if not same_bits(g, w):
-            bad = np.flatnonzero(np.ascontiguousarray(g).reshape(-1).view(np.uint8) != np.ascontiguousarray(w).reshape(-1).view(np.uint8))
-            at = int(bad[0]) // g.dtype.itemsize
-            return ck.fail(f"{label}: {k!r} differs from the reference in {bad.size} bytes; first at element {at}: {g.reshape(-1)[at]!r} != {w.reshape(-1)[at]!r}")
-    return True
-
-
-def agree(ck, result, label):
-    """Every rank got the same bits."""
-    hashes = ck.comm.allgather(digest(result))
-    if len(set(hashes)) != 1:
-        ck.fail(f"{label}: ranks disagree on the result: {hashes}")
+    return all(ck.same(g, w, f"{label}: {k!r}") for k, g, w in zip(gk, ga, wa))
 
 
 def run(ck, spec, *, steps=2, layout=SMALL, seed=0, kind="dict", check_stats=True, **opts):
@@ -92,7 +59,7 @@ def run(ck, spec, *, steps=2, layout=SMALL, seed=0, kind="dict", check_stats=Tru
         got = red.reduce(per_rank[rank])
         want = ref.step(per_rank)
         check_same(ck, got, want, f"{label} step {s}")
-        agree(ck, got, f"{label} step {s}")
+        ck.agree(got, f"{label} step {s}")
         if check_stats:
             st = red.stats
             if st.bytes_sent != ref.message_bytes(rank):
@@ -177,7 +144,7 @@ def case_ef(comm, ck):
             per_rank = ck.everyone(7, s, SMALL)
             got = red.reduce(per_rank[rank])
             check_same(ck, got, ref.step(per_rank), f"{spec} {opts} step {s}")
-            agree(ck, got, f"{spec} {opts} step {s}")
+            ck.agree(got, f"{spec} {opts} step {s}")
             for name, _, _ in SMALL:
                 key = (name, rank) if opts.get("rank_streams", True) else name
                 mine, want = red.scheme.ef.residual(key), ref.residual(rank, name)
@@ -223,8 +190,8 @@ def case_ireduce(comm, ck):
         else:
             check_same(ck, r1, want1, f"{spec} ireduce 1")
             check_same(ck, r2, want2, f"{spec} ireduce 2")
-        agree(ck, r1, f"{spec} ireduce 1")
-        agree(ck, r2, f"{spec} ireduce 2")
+        ck.agree(r1, f"{spec} ireduce 1")
+        ck.agree(r2, f"{spec} ireduce 2")
         if red.calls != 2:
             ck.fail(f"{spec}: calls {red.calls} after two waits")
         # a handle polled with test() until done
@@ -239,7 +206,7 @@ def case_ireduce(comm, ck):
         got3 = h.wait()
         if spec != "none":
             check_same(ck, got3, want3, f"{spec} after test()")
-        agree(ck, got3, f"{spec} after test()")
+        ck.agree(got3, f"{spec} after test()")
 
 
 def case_average(comm, ck):
@@ -250,7 +217,7 @@ def case_average(comm, ck):
     per_rank = ck.everyone(9, 0, MIXED)
     got = red.reduce(per_rank[ck.rank])
     check_dense(ck, got, per_rank, False, "none average=False")
-    agree(ck, got, "none average=False")
+    ck.agree(got, "none average=False")
 
 
 def check_dense(ck, got, per_rank, average, label) -> bool:
@@ -276,7 +243,7 @@ def case_none(comm, ck):
         check_dense(ck, got, per_rank, True, f"none step {s}")
         if size <= 2:
             check_same(ck, got, want, f"none step {s}")
-        agree(ck, got, f"none step {s}")
+        ck.agree(got, f"none step {s}")
         dense = {k: a.nbytes for k, a in per_rank[rank].items()}
         if {k: v["wire_bytes"] for k, v in red.stats.tensors.items()} != dense:
             ck.fail(f"none: wire_bytes {red.stats.tensors} are not the dense sizes")
@@ -286,7 +253,7 @@ def case_none(comm, ck):
     got = Allreducer("none", comm).reduce(lst[rank])
     if not isinstance(got, list) or [a.dtype for a in got] != [a.dtype for a in lst[rank]]:
         ck.fail("none: a list input did not come back as a list of the same dtypes")
-    agree(ck, got, "none list")
+    ck.agree(got, "none list")
 
 
 def expect_mismatch(ck, label, build, call, contains):
@@ -373,7 +340,7 @@ def case_mismatch(comm, ck):
             per_rank = ck.everyone(13, s, SMALL)
             got = red.reduce(per_rank[rank])
             check_same(ck, got, ref.step(per_rank), f"after a mismatch {opts} step {s}")
-            agree(ck, got, f"after a mismatch {opts} step {s}")
+            ck.agree(got, f"after a mismatch {opts} step {s}")
 
 
 def case_nonfinite(comm, ck):
@@ -398,7 +365,7 @@ def case_nonfinite(comm, ck):
     elif "non-finite" not in errs[0][1]:
         ck.fail(f"the error does not say non-finite: {errs[0][1]}")
     got = red.reduce(make_inputs(15, rank, 1, SMALL))
-    agree(ck, got, "the step after a rank-local error")
+    ck.agree(got, "the step after a rank-local error")
 
 
 def case_raise(comm, ck):
@@ -411,7 +378,7 @@ def case_raise(comm, ck):
         time.sleep(0.5)  # the others are blocked in the step's first collective by now
         raise RuntimeError("rank 1 failed mid-step")
     red.reduce(x)
-    _say(f"UNREACHABLE rank {rank}: reduce returned without rank 1")
+    say(f"UNREACHABLE rank {rank}: reduce returned without rank 1")
 
 
 CASES = {
@@ -433,43 +400,8 @@ MIN_RANKS = {"raise": 2}
 
 def run_case(comm, name) -> list[str]:
     """Run one case on ``comm``; the list of failures on this rank."""
-    ck = Checks(comm, name)
-    CASES[name](comm, ck)
-    return ck.failures
-
-
-def _say(line: str) -> None:
-    """One write per line, so the ranks' lines do not interleave."""
-    sys.stdout.flush()
-    os.write(1, (line + "\n").encode())
-
-
-def main(argv) -> int:
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    names = [c for a in argv for c in (ALL if a == "all" else [a])]
-    unknown = [c for c in names if c not in CASES]
-    if unknown or not names:
-        raise SystemExit(f"usage: mpi_transport.py CASE [CASE ...]; cases: all, {', '.join(CASES)} (unknown: {unknown})")
-    bad = 0
-    for name in names:
-        t = time.perf_counter()
-        try:
-            failures = run_case(comm, name)
-        except BaseException:
-            _say(f"ERROR {name} rank {rank}:\n{traceback.format_exc()}")
-            comm.Abort(1)
-            return 1
-        comm.Barrier()
-        for f in failures:
-            _say(f"FAIL {name} {f}")
-        if not failures:
-            _say(f"OK {name} rank {rank}/{size} {time.perf_counter() - t:.2f}s")
-        bad += len(failures)
-    return 1 if bad else 0
+    return harness_run_case(CASES, comm, name, TransportChecks)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(harness_main(CASES, sys.argv[1:], every=ALL, checks=TransportChecks))

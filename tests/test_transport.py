@@ -1,23 +1,17 @@
 """transport: the Allreducer against the serial reference (tests/reference/transport.py).
 
 Serial tests run on ``MPI.COMM_SELF`` (one rank), and so does every case of
-tests/mpi_transport.py (each is a function of a communicator, as in tests/mpi_schemes.py);
-the launched tests run ``mpiexec -n P python -m mpi4py tests/mpi_transport.py ...`` for
-P = 2, 3, 4 (every case of the script in one launch per P, with a timeout) and check that
-each rank printed its OK line and no FAIL line.  The message format tests need no MPI at all.
+tests/mpi_transport.py (each a function of a communicator, in the one MPI harness of
+tests/support/mpi.py); the launched tests run ``mpiexec -n P python -m mpi4py
+tests/mpi_transport.py ...`` for P = 2, 3, 4 (every case of the script in one launch per P,
+with a timeout) and check that each rank printed its OK line and no FAIL or ERROR line.  The
+message format tests need no MPI at all.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import pickle
-import re
-import shutil
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +22,7 @@ from transport import message
 
 import mpi_transport  # tests/ is on sys.path (pytest puts it there)
 from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, digest, items, make_inputs, same_bits
+from support.mpi import launch
 
 try:
     from mpi4py import MPI
@@ -36,8 +31,7 @@ except ImportError:  # pragma: no cover - mpi4py comes with the test extra
 
 needs_mpi = pytest.mark.skipif(MPI is None, reason="mpi4py is not installed (pip install -e '.[test]')")
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "tests" / "mpi_transport.py"
+SCRIPT = mpi_transport.__file__
 
 
 def reducer(spec, **opts):
@@ -410,70 +404,45 @@ def test_self(case):
 
 
 # ---------------------------------------------------------------------- launched under mpiexec
-def _mpiexec() -> str:
-    exe = Path(sys.executable).parent / "mpiexec"
-    found = str(exe) if exe.exists() else shutil.which("mpiexec")
-    assert found, "mpiexec not found next to the interpreter or on PATH (pip install mpich)"
-    return found
-
-
-def launch(p: int, *cases: str, timeout: float = 120.0):
-    """Run the script on ``p`` ranks; returns (returncode, output, seconds).  A hang is killed
-    (the whole process group) and fails the test."""
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    cmd = [_mpiexec(), "-n", str(p), sys.executable, "-m", "mpi4py", str(SCRIPT), *cases]
-    t = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"mpiexec -n {p} {' '.join(cases)} did not finish in {timeout} s (hung); output:\n{out[-4000:]}")
-    return proc.returncode, out, time.monotonic() - t
-
-
 CASES = ["codecs", "structure", "ef", "ireduce", "average", "none", "mismatch"]
 #: the cases each rank count runs, all in ONE launch per count (each launch pays the JIT load);
 #: 3 is the non-power-of-two count
 PLAN = {2: CASES, 3: ["codecs", "ef", "none", "mismatch"], 4: CASES}
-_RUNS: dict = {}
 
 
-def launched(p):
-    """(returncode, output, seconds) of the launch for ``p`` ranks, run once per session."""
-    if p not in _RUNS:
-        _RUNS[p] = launch(p, *PLAN[p])
-    return _RUNS[p]
+@functools.lru_cache(maxsize=None)
+def launched(p: int, *cases: str, timeout: float = 120.0):
+    """The launch of ``cases`` (default: PLAN[p]) on ``p`` ranks, run once per session; a hang
+    is killed (the whole process group) and fails the test."""
+    run = launch(SCRIPT, p, *(cases or PLAN[p]), timeout=timeout)
+    if run.hung:
+        pytest.fail(run.report([f"did not finish in {timeout} s (hung)"], tail=4000))
+    return run
 
 
 @needs_mpi
 @pytest.mark.parametrize("p,case", [(p, c) for p, cases in PLAN.items() for c in cases], ids=lambda v: f"np{v}" if isinstance(v, int) else v)
 def test_launched(p, case):
-    rc, out, _ = launched(p)
-    fails = [ln for ln in out.splitlines() if ln.startswith(f"FAIL {case} ")]
-    assert not fails, "\n".join(fails[:40])
-    assert "ERROR" not in out, out[-6000:]
-    done = {(c, int(r)) for c, r in re.findall(rf"OK (\w+) rank (\d+)/{p}\b", out)}
-    missing = [r for r in range(p) if (case, r) not in done]
-    assert not missing, f"case {case!r} on {p} ranks: no OK from ranks {missing} (exit {rc}); output:\n{out[-6000:]}"
-    assert rc == 0 or case != PLAN[p][-1], f"exit status {rc} after every case passed; output:\n{out[-6000:]}"
+    run = launched(p)
+    problems = run.problems(case)
+    assert not problems, run.report(problems)
+    assert run.returncode == 0 or case != PLAN[p][-1], run.report([f"exit status {run.returncode} after every case passed"])
 
 
 @needs_mpi
 def test_launched_exception_aborts_the_job():
     """Rank 1 raises while ranks 0 and 2 wait inside reduce: the job ends, non-zero, fast."""
-    rc, out, seconds = launch(3, "raise", timeout=120)
-    assert rc != 0, out[-4000:]
-    assert "rank 1 failed mid-step" in out, out[-4000:]
-    assert "UNREACHABLE" not in out
-    assert seconds < 60, f"took {seconds:.0f} s to abort"
+    run = launched(3, "raise", timeout=120)
+    assert run.returncode != 0, run.report(tail=4000)
+    assert "rank 1 failed mid-step" in run.output, run.report(tail=4000)
+    assert "UNREACHABLE" not in run.output
+    assert run.seconds < 60, f"took {run.seconds:.0f} s to abort"
 
 
 @needs_mpi
 def test_launched_encoding_error_on_one_rank():
     """A rank whose input the codec rejects (inf into topk) raises ValueError; the other ranks
     must learn of it in the same step instead of going on into the sizes Allgather."""
-    rc, out, seconds = launch(2, "nonfinite", timeout=30)
-    assert rc == 0 and len(re.findall(r"OK nonfinite rank \d/2", out)) == 2, f"exit {rc}; output:\n{out[-6000:]}"
+    run = launched(2, "nonfinite", timeout=30)
+    problems = run.problems("nonfinite")
+    assert not problems and run.returncode == 0, run.report(problems)

@@ -13,26 +13,19 @@ rank's state changes, and the next step works (tests/mpi_faults.py; docs/transpo
 from __future__ import annotations
 
 import functools
-import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mpi_faults  # tests/ is on sys.path (pytest puts it there)
+from support.mpi import launch
 
 MPI = pytest.importorskip("mpi4py.MPI")
 from transport import Allreducer, RankError, RankTypeError  # noqa: E402
 from codec.ops import first_nonfinite as nonfinite_at  # noqa: E402  (the transport checks inputs with it)
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "tests" / "mpi_faults.py"
+SCRIPT = mpi_faults.__file__
 #: every rank must have raised within this many seconds of entering the faulty step
 RAISE_S = 10.0
 #: a launch that takes longer hung (each launch runs every case: about 5-15 s when it works)
@@ -60,7 +53,7 @@ def _mentions(scheme, fault, victims, p, msg):
 def test_self(case):
     lines = []
     rec = mpi_faults.run_case(MPI.COMM_SELF, case, say=lines.append)
-    assert not rec["failures"], "\n".join(lines)
+    assert not rec["failures"], "\n".join(lines + rec["failures"])
     scheme, fault = mpi_faults.CASES[case]
     if rec["raised"] is not None:
         name, msg = rec["raised"]
@@ -149,32 +142,10 @@ def test_dense_none_passes_nan_and_inf_on():
 
 
 # ====================================================================== p = 2, 4 under mpiexec
-def _mpiexec() -> str:
-    exe = Path(sys.executable).parent / "mpiexec"
-    found = str(exe) if exe.exists() else shutil.which("mpiexec")
-    if not found:
-        pytest.skip("no mpiexec")
-    return found
-
-
 @functools.lru_cache(maxsize=None)
 def _launch(p: int, launcher: str, *args: str, timeout: float = LAUNCH_TIMEOUT_S):
-    """(returncode or None when it hung, output, seconds); a hang is killed, process group and all."""
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONWARNINGS"] = "ignore::RuntimeWarning"
-    py = [sys.executable, "-m", "mpi4py"] if launcher == "mpi4py" else [sys.executable]
-    cmd = [_mpiexec(), "-n", str(p), *py, str(SCRIPT), *args]
-    t = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        rc = None
-    return rc, out, time.monotonic() - t
+    """The launch (``returncode`` None when it hung: killed, process group and all)."""
+    return launch(SCRIPT, p, *args, timeout=timeout, mpi4py=launcher == "mpi4py", env={"PYTHONWARNINGS": "ignore::RuntimeWarning"})
 
 
 LINE = re.compile(r"^(RAISED|RETURNED) (\w+) rank (\d+)/(\d+) ([\d.]+)(?: (\w+) (.*))?$", re.M)
@@ -189,12 +160,16 @@ def _records(out, p):
     return recs
 
 
-def check_case(case, p, out, hang_note):
+def check_case(case, run):
     scheme, fault = mpi_faults.CASES[case]
+    p, out = run.ranks, run.output
     recs = _records(out, p).get(case, {})
-    problems = [ln for ln in out.splitlines() if ln.startswith(f"FAIL {case} ")]
+    problems = run.fails(case)
+    if "ERROR" in out:
+        problems.append("a rank printed ERROR (an unexpected exception)")
     missing = sorted(set(range(p)) - set(recs))
     if missing:
+        hang_note = f" (the launch hung and was killed after {run.seconds:.0f} s)" if run.hung else ""
         problems.append(f"no RAISED/RETURNED line from ranks {missing}{hang_note}")
     want = mpi_faults.expected(scheme, fault, p)
     kinds = {(k, t, m) for k, _, t, m in recs.values()}
@@ -210,7 +185,7 @@ def check_case(case, p, out, hang_note):
         for part in _mentions(scheme, fault, mpi_faults.victims(fault, p), p, msg):
             if part not in msg:
                 problems.append(f"the message {msg} does not mention {part!r}")
-    ok = {int(r) for r in re.findall(rf"^OK {case} rank (\d+)/{p}$", out, re.M)}
+    ok = run.oks(case)
     if ok != set(range(p)) and not missing:
         problems.append(f"OK lines from ranks {sorted(ok)} only")
     return problems
@@ -223,14 +198,13 @@ def test_launched(scheme, p, launcher):
     """Every fault of ``scheme`` on ``p`` ranks: every rank raises the same error (type and
     message) in under 10 s, its state unchanged, and the next step agrees with a twin reducer
     that never saw the faulty step."""
-    rc, out, seconds = _launch(p, launcher, "all")
-    hang_note = f" (the launch hung and was killed after {seconds:.0f} s)" if rc is None else ""
+    run = _launch(p, launcher, "all")
     problems = []
     for case, (s, _) in mpi_faults.CASES.items():
         if s == scheme:
-            problems += [f"{case}: {m}" for m in check_case(case, p, out, hang_note)]
-    assert not problems, "\n".join(problems[:30]) + f"\n--- output (exit {rc}, {seconds:.0f} s):\n{out[-3000:]}"
-    assert rc == 0, f"exit status {rc}; output:\n{out[-3000:]}"
+            problems += [f"{case}: {m}" for m in check_case(case, run)]
+    assert not problems, run.report(problems[:30], tail=3000)
+    assert run.returncode == 0, run.report([f"exit status {run.returncode}"], tail=3000)
 
 
 @pytest.mark.parametrize("launcher", ["mpi4py", "plain"])
@@ -238,9 +212,10 @@ def test_launched(scheme, p, launcher):
 def test_launched_uncaught_ends_the_job(case, p, launcher):
     """A script that does not catch the error: every rank raises it, and the job ends non-zero
     within seconds, with and without mpi4py's abort hook."""
-    rc, out, seconds = _launch(p, launcher, "--uncaught", case, timeout=60)
-    assert rc is not None, f"hung: killed after {seconds:.0f} s\n{out[-3000:]}"
-    assert rc != 0, out[-3000:]
+    run = _launch(p, launcher, "--uncaught", case, timeout=60)
+    assert not run.hung, run.report([f"hung: killed after {run.seconds:.0f} s"], tail=3000)
+    assert run.returncode != 0, run.report(tail=3000)
+    out = run.output
     recs = _records(out, p).get(case, {})
     # every rank reaches its own raise (test_launched shows it with the error caught), but here
     # the first rank to exit non-zero makes mpiexec kill the others, so under load some ranks

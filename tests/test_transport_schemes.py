@@ -6,20 +6,15 @@ against independent serial simulations (tests/reference/schemes.py).
 * p = 1: every case of tests/mpi_schemes.py on COMM_SELF in this process, plus cross-checks
   with the plain codec (one rank's gTop-k is its top-k frame, one rank's two-round PowerSGD
   is the codec's PowerSGD with error feedback) and the error paths;
-* p = 2..6: tests/mpi_schemes.py under mpiexec, one launch per p (cached), one test per case:
-  every rank prints ``OK <case> rank r/p`` when its result (bitwise identical on every rank)
-  and residuals match the simulation (bitwise for gTop-k, and for PowerSGD when p <= 2).
+* p = 2..6: tests/mpi_schemes.py under mpiexec (tests/support/mpi.py), one launch per p
+  (cached, with a timeout), one test per case: every rank prints ``OK <case> rank r/p`` when
+  its result (bitwise identical on every rank) and residuals match the simulation (bitwise for
+  gTop-k, and for PowerSGD when p <= 2).
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,13 +27,13 @@ from codec.testing import assert_identical
 import mpi_schemes  # tests/ is on sys.path (pytest puts it there)
 from reference import schemes as ref
 from reference.schemes import BF16, F16, F32, F64
+from support.mpi import launch
 
 MPI = pytest.importorskip("mpi4py.MPI")
 from transport import Allreducer  # noqa: E402
 from transport.schemes.gtopk import merge, schedule  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = Path(__file__).resolve().parent / "mpi_schemes.py"
+SCRIPT = mpi_schemes.__file__
 GTOPK_CASES = ["gtopk", "gtopk_options", "gtopk_bytes", "gtopk_state"]
 PSGD_CASES = ["powersgd", "powersgd_state", "powersgd_lowrank"]
 ALL_CASES = GTOPK_CASES + PSGD_CASES
@@ -239,38 +234,19 @@ def test_powersgd_nan_names_the_tensor(shape):
 
 
 # ====================================================================== p >= 2 under mpiexec
-def _mpiexec():
-    cand = Path(sys.executable).parent / "mpiexec"
-    return str(cand) if cand.exists() else shutil.which("mpiexec")
-
-
 @functools.lru_cache(maxsize=None)
 def _launch(p: int):
-    exe = _mpiexec()
-    if exe is None:
-        pytest.skip("no mpiexec")
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [exe, "-n", str(p), sys.executable, "-m", "mpi4py", str(SCRIPT), *LAUNCHES[p]]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired as e:
-        return None, f"timed out after 120 s\n{e.stdout}\n{e.stderr}"
-    return proc.returncode, proc.stdout + "\n" + proc.stderr
+    return launch(SCRIPT, p, *LAUNCHES[p], timeout=120)
 
 
 @pytest.mark.parametrize("p,case", [(p, c) for p, cases in LAUNCHES.items() for c in cases])
 def test_mpi(p, case):
-    rc, out = _launch(p)
-    assert rc is not None, out
-    assert "ERROR" not in out, out[-6000:]
-    fails = [ln for ln in out.splitlines() if ln.startswith(f"FAIL {case} ")]
-    assert not fails, "\n".join(fails[:40])
-    ok = {int(r) for r, n in re.findall(rf"^OK {case} rank (\d+)/(\d+)$", out, re.M) if int(n) == p}
-    assert ok == set(range(p)), f"OK lines for ranks {sorted(ok)} of {p}\n{out[-4000:]}"
+    run = _launch(p)
+    problems = run.problems(case)
+    assert not problems, run.report(problems)
 
 
 @pytest.mark.parametrize("p", list(LAUNCHES))
 def test_mpi_exit_status(p):
-    rc, out = _launch(p)
-    assert rc == 0, out[-6000:]
+    run = _launch(p)
+    assert run.returncode == 0, run.report()
