@@ -19,6 +19,7 @@ from mpi4py import MPI  # noqa: E402
 import codec  # noqa: E402
 from transport import Allreducer  # noqa: E402
 from transport.schemes.powersgd import STATE_Q  # noqa: E402
+from support.mpi import same_state  # noqa: E402
 
 X = [{"w": np.random.default_rng(s).standard_normal((12, 10)).astype(np.float32), "b": np.linspace(-1, 1, 7, dtype=np.float32)} for s in range(4)]
 
@@ -50,16 +51,6 @@ def _trained(spec, steps=2, **kw):
 
 def _same(a, b):
     return list(a) == list(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
-
-
-def _same_state(a, b) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-    if isinstance(a, dict):
-        return isinstance(b, dict) and list(a) == list(b) and all(_same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same_state(u, v) for u, v in zip(a, b))
-    return a == b
 
 
 def _recording(red):
@@ -125,7 +116,7 @@ def test_a_restored_state_continues_like_an_uninterrupted_twin(spec, opts, resid
     a = _trained(spec, **opts)
     b = reducer(spec, **opts)
     b.load_state_dict(pickle.loads(pickle.dumps(a.state_dict())))
-    assert _same_state(b.state_dict(), a.state_dict())
+    assert same_state(b.state_dict(), a.state_dict())
     fresh = reducer(spec, **opts)
     fa, fb = _recording(a), _recording(b)
     differs = False
@@ -133,7 +124,7 @@ def test_a_restored_state_continues_like_an_uninterrupted_twin(spec, opts, resid
         want = a.reduce(x)
         assert _same(b.reduce(x), want)
         differs |= not _same(fresh.reduce(x), want)
-        assert _same_state(b.state_dict(), a.state_dict())
+        assert same_state(b.state_dict(), a.state_dict())
     assert fa == fb
     # the memory changes the results unless the codec is deterministic and nothing is fed back
     matters = residuals or spec.startswith(("qsgd", "powersgd"))
