@@ -1,25 +1,20 @@
 """The transport's scripts run under mpiexec: the example trains, the benchmark prints its tables."""
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from support.mpi import ROOT, THREADS, mpiexec
+
 pytest.importorskip("mpi4py")
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _mpiexec():
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
 
 
 def _launch(n, args, timeout=180):
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return subprocess.run([_mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    """stdout and stderr apart (the checks read the script's own output), one thread per rank."""
+    env = dict(os.environ, **THREADS)
+    return subprocess.run([mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("spec", ["topk(ratio=0.01)", "gtopk(ratio=0.01)", "powersgd(rank=2)"])
