@@ -11,13 +11,13 @@ Importing this package imports no Numba kernel and compiles nothing: kernels loa
 
 from __future__ import annotations
 
-from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.pipeline import Codec, decode, decode_sparse, get_codec, list_codecs
 from codec.spec import format_spec, parse as parse_spec  # for transports: docs/api.md, "For transports"
 from codec.stage import check_step  # for transports: docs/api.md, "For transports"
+from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 
 __version__ = "0.1.0"
 

@@ -107,13 +107,17 @@ class Stage(abc.ABC):
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             return
-        base = next((b for b in _KIND_BASES.values() if issubclass(cls, b)), None)
+        base = next((b for b in _KIND_BASES.values() if b in cls.__mro__), None)
         if base is None:
             raise TypeError(
                 f"stage {cls.__name__}: derive from the base of its kind "
                 f"({', '.join('codec.stage.' + b.__name__ for b in _KIND_BASES.values())}), not from Stage"
             )
-        missing = sorted(h for h in dir(cls) if getattr(getattr(cls, h, None), "__isabstractmethod__", False))
+        # the bases' abstract names (ABCMeta has computed them: every base is a finished class)
+        # and any declared here; abstract if still unimplemented on cls
+        names = {n for b in cls.__mro__[1:] for n in getattr(b, "__abstractmethods__", ())}
+        names.update(n for n, v in vars(cls).items() if getattr(v, "__isabstractmethod__", False))
+        missing = sorted(n for n in names if getattr(getattr(cls, n, None), "__isabstractmethod__", False))
         if missing:
             raise TypeError(f"stage {cls.__name__} ({cls.kind}): does not define {', '.join(missing)}, which a {cls.kind} stage must")
 
