@@ -13,21 +13,16 @@ default) and, when installed, xxHash's XXH3-64.
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 import zlib
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import best, synthetic  # noqa: E402
+
 SPECS = ["fp16", "bf16", "none", "topk(ratio=0.001)", "topk(ratio=0.01)+fp16", "qsgd", "rangefloat", "adacomp", "efsign"]
-
-
-def best(fn, repeat):
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return min(out)
 
 
 def main(argv=None):
@@ -41,7 +36,7 @@ def main(argv=None):
 
     import codec
 
-    x = (np.random.default_rng(0).standard_t(2, args.n) * 1e-3).astype(np.float32)
+    x = synthetic(args.n)
     rows = []
     largest = b""
     for spec in SPECS:

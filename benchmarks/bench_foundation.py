@@ -15,18 +15,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 
-
-def best(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import best  # noqa: E402
 
 
 def subprocess_time(code: str) -> float:

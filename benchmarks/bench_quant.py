@@ -35,23 +35,8 @@ Targets: deterministic dense quantizers encode and decode at >= 0.5x memcpy, sto
 >= 0.3x (a codec is stochastic when one of its stages draws random numbers).  Compositions
 (``+zstd``, a select stage) are reported but have no target; fp16/bf16 are listed for reference.
 
-QSGD coding (``--parts coding``).  For qsgd(levels=L) (bucket 512, stochastic) with L = 4, 16,
-256, on the bundled sample (every tensor of every step, one frame each) and on the synthetic
-array: the bytes of the ``qsgd`` frame, of ``qsgd+zstd(level=Z)`` (Z = 1, 3, 19; 19 on the
-synthetic array only with --slow, ~2 min), and the exact size of three Elias codings of the
-same levels (read back from the frame), each counted as the qsgd frame's header plus one
-bit-stream of ceil(bits / 8) bytes per tensor:
-
-* Elias-gamma, dense: per bucket a 32-bit norm; per value gamma(level + 1), plus one sign bit
-  when level > 0.  (gamma(m) takes 2 * floor(log2 m) + 1 bits.)
-* Elias-gamma, run-length: per bucket a 32-bit norm and gamma(nnz + 1) (the bucket's count
-  of non-zero levels); per non-zero value gamma(z + 1) with z the zeros since the previous
-  non-zero of the bucket (or since the bucket's start), one sign bit and gamma(level).
-* Elias-omega, run-length: the same with Elias's recursive (omega) code, the QSGD paper's
-  choice (Alistarh et al. 2017, section 3.2 / appendix, "Elias recursive coding").
-
-and the order-0 entropy of the codes (level and sign; per frame) plus 32 bits per norm, a
-floor for any coder that codes values independently.
+QSGD coding (``--parts coding``): QSGD's levels coded by zstd against the paper's Elias codes,
+in bytes; what is counted is described in benchmarks/qsgd_coding.py.
 """
 
 from __future__ import annotations
@@ -65,7 +50,11 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sparse import FIRST_CALL, Samples, footer, gbps, log, machine_info, rate_cell, render  # noqa: E402
+from harness import (  # noqa: E402
+    Samples, bullets, footer, heading, job_pass, load_steps, log, machine_info, memcpy_line, rate_cell, render, step_number,
+    synthetic, timed,
+)
+from qsgd_coding import ELIAS, best_of, coding_table  # noqa: E402
 
 DEFAULT_CODECS = (
     "fp16",
@@ -89,7 +78,6 @@ DEFAULT_CODECS = (
 REFERENCE = ("none", "fp16", "bf16")  # value stages that are not quantizers
 DECODE_SAMPLES = 3  # decode and decode_add samples per encode sample
 TARGET = {"deterministic": 0.5, "stochastic": 0.3}
-QSGD_LEVELS = (4, 16, 256)
 CHUNK = 1 << 20  # elements per float64 chunk of the error sums
 
 
@@ -166,15 +154,9 @@ class CodecJob:
         c = self.c
         if self.first is None:  # the very first calls: timed apart, never in the figures
             first = {}
-            t = time.perf_counter()
-            frame = c.encode(x, key="g", step=0)
-            first["enc"] = time.perf_counter() - t
-            t = time.perf_counter()
-            codec.decode(frame, out=out)
-            first["dec"] = time.perf_counter() - t
-            t = time.perf_counter()
-            c.decode_add(frame, acc)
-            first["add"] = time.perf_counter() - t
+            frame, first["enc"] = timed(lambda: c.encode(x, key="g", step=0))
+            _, first["dec"] = timed(lambda: codec.decode(frame, out=out))
+            _, first["add"] = timed(lambda: c.decode_add(frame, acc))
             self.first = first
             self.wire = len(frame)
             self.canonical = c.spec
@@ -207,20 +189,6 @@ class CodecJob:
 # --------------------------------------------------------------------------- real sample
 
 
-def load_steps():
-    from codec.sample import load_sample
-
-    steps: dict[str, dict[str, np.ndarray]] = {}
-    for key, v in load_sample().items():
-        st, layer = key.split("/", 1)
-        steps.setdefault(st, {})[layer] = v
-    return steps
-
-
-def step_number(name: str) -> int:
-    return int(name.replace("step", ""))
-
-
 def bench_sample(spec, steps, repeat):
     """Per recorded step: every tensor encoded on its own (``encode(v, key=layer, step=N)``);
     wire bytes, relative L2 error and cosine of the step's decoded tensors against its inputs;
@@ -251,137 +219,6 @@ def bench_sample(spec, steps, repeat):
     mean = lambda v: sum(v) / len(v)  # noqa: E731
     return {"spec": spec, **classify(c), "n": n, "wire": mean(res["wire"]), "enc_ms": 1e3 * mean(res["enc"]),
             "dec_ms": 1e3 * mean(res["dec"]), "err": mean(res["err"]), "cos": mean(res["cos"])}
-
-
-# --------------------------------------------------------------------------- QSGD level coding
-
-
-def gamma_bits(m: np.ndarray) -> np.ndarray:
-    """Elias-gamma code length of integers ``m >= 1``: 2 * floor(log2 m) + 1."""
-    m = np.asarray(m, np.int64)
-    return 2 * (np.frexp(m.astype(np.float64))[1].astype(np.int64) - 1) + 1
-
-
-def omega_table(top: int) -> np.ndarray:
-    """Elias-omega (recursive) code length of every integer 1..top (index 0 unused)."""
-    t = np.zeros(top + 1, np.int64)
-    for m in range(1, top + 1):
-        bits, v = 1, m  # the final '0'
-        while v > 1:
-            nb = v.bit_length()
-            bits += nb
-            v = nb - 1
-        t[m] = bits
-    return t
-
-
-def coding_sizes(frame, c) -> dict:
-    """Payload sizes (bytes, the frame header not included) of the Elias codings of a qsgd
-    frame's levels, and the order-0 entropy floor; all from the frame's own codes and norms."""
-    from codec.frame import SectionKind, parse_frame
-    from codec.pack import unpack_bits
-
-    rd = parse_frame(frame).reader()  # a plain qsgd frame: a scalars section (norms), a values section (codes)
-    norms, _ = rd.take(SectionKind.SCALARS)
-    info, raw = rd.take(SectionKind.VALUES)
-    codes = unpack_bits(raw, info.bits, info.count).astype(np.int64)  # level << 1 | sign
-    level = codes >> 1
-    n, nb, bucket = codes.size, norms.count, int(c.value.bucket)
-    norm_bits = 32 * nb
-    nz = np.flatnonzero(level)
-    lv = level[nz]
-    # dense gamma: gamma(level + 1) per value, a sign bit per non-zero level
-    dense = norm_bits + int(gamma_bits(level + 1).sum()) + nz.size
-    # run-length: per bucket a count; per non-zero: zeros since the previous non-zero of the bucket, sign, level
-    bid = nz // bucket
-    prev = np.empty_like(nz)
-    prev[1:] = nz[:-1]
-    first = np.ones(nz.size, bool)
-    first[1:] = bid[1:] != bid[:-1]
-    prev[first] = bid[first] * bucket - 1
-    zeros = nz - prev - 1
-    counts = np.bincount(bid, minlength=nb) if nb else np.zeros(0, np.int64)
-    rl_gamma = norm_bits + int(gamma_bits(counts + 1).sum()) + int(gamma_bits(zeros + 1).sum()) + nz.size + int(gamma_bits(lv).sum())
-    om = omega_table(int(max(bucket + 1, c.value.levels)))
-    rl_omega = norm_bits + int(om[counts + 1].sum()) + int(om[zeros + 1].sum()) + nz.size + int(om[lv].sum())
-    freq = np.bincount(codes)
-    freq = freq[freq > 0] / n
-    h0 = norm_bits + float(-(freq * np.log2(freq)).sum()) * n
-    return {"gamma": math.ceil(dense / 8), "rl_gamma": math.ceil(rl_gamma / 8), "rl_omega": math.ceil(rl_omega / 8),
-            "h0": h0 / 8}
-
-
-ELIAS = {"gamma": "Elias-γ dense", "rl_gamma": "Elias-γ run-length", "rl_omega": "Elias-ω run-length"}
-
-
-def coding_row(arrays, levels, zlevels, seeds) -> dict:
-    """Totals over ``arrays`` ({key: array}, one frame each) for qsgd(levels=...): frame header
-    and payload bytes of qsgd and qsgd+zstd(level=Z), payload bytes of the Elias codings."""
-    import codec
-
-    c = codec.get_codec(f"qsgd(levels={levels})")
-    row = {"n": 0, "frames": 0, "head": 0, "qsgd": 0, "gamma": 0, "rl_gamma": 0, "rl_omega": 0, "h0": 0.0,
-           **{("zstd", z): 0 for z in zlevels}, **{("zhead", z): 0 for z in zlevels}}
-    for k, v in arrays.items():
-        key, step = seeds(k)
-        f = c.encode(v, key=key, step=step)
-        head = codec.inspect(f)["header_bytes"]
-        sz = coding_sizes(f, c)
-        dec = codec.decode(f)
-        row["n"] += v.size
-        row["frames"] += 1
-        row["head"] += head
-        row["qsgd"] += len(f) - head
-        for name in ("gamma", "rl_gamma", "rl_omega", "h0"):
-            row[name] += sz[name]
-        for z in zlevels:
-            cz = codec.get_codec(f"qsgd(levels={levels})+zstd(level={z})")
-            fz = cz.encode(v, key=key, step=step)
-            if not np.array_equal(codec.decode(fz), dec):  # same levels, only the bytes differ
-                raise AssertionError(f"qsgd+zstd(level={z}) decodes differently from qsgd for {k}")
-            zh = codec.inspect(fz)["header_bytes"]
-            row[("zstd", z)] += len(fz) - zh
-            row[("zhead", z)] += zh
-    return row
-
-
-def best_of(r, zl):
-    bz = min((r[("zstd", z)], z) for z in zl)
-    be = min((r[k], k) for k in ELIAS)
-    return bz, be
-
-
-def coding_table(x, steps, zlevels_sample, zlevels_synth, md):
-    rows_out = []
-    totals = []
-    for L in QSGD_LEVELS:
-        mine = []
-        for st in sorted(steps):
-            num = step_number(st)
-            log(f"coding: sample {st}, qsgd(levels={L}) ...")
-            r = coding_row(steps[st], L, zlevels_sample, lambda k, num=num: (k, num))
-            mine.append(r)
-            rows_out.append((f"sample {st}", L, r, zlevels_sample))
-        tot = {k: sum(r[k] for r in mine) for k in mine[0]}
-        rows_out.append(("**sample, all 4 steps**" if md else "sample, all 4 steps", L, tot, zlevels_sample))
-        totals.append(("bundled sample (4 steps x 8 tensors)", L, tot, zlevels_sample))
-        if x is not None:
-            log(f"coding: synthetic, qsgd(levels={L}) ...")
-            r = coding_row({"g": x}, L, zlevels_synth, lambda k: (None, 0))
-            rows_out.append((f"synthetic {x.size:,}", L, r, zlevels_synth))
-            totals.append((f"synthetic {x.size:,}", L, r, zlevels_synth))
-    zall = sorted(set(zlevels_sample) | set(zlevels_synth))
-    hdr = (["data", "levels (bits/code)", "elements", "frames", "qsgd payload"] + [f"+zstd({z})" for z in zall]
-           + [ELIAS[k] for k in ELIAS] + ["order-0 entropy", "smaller", "best zstd / best Elias", "qsgd header"])
-    rows = []
-    for data, L, r, zl in rows_out:
-        bz, be = best_of(r, zl)
-        win = f"zstd({bz[1]})" if bz[0] < be[0] else ELIAS[be[1]]
-        cell = lambda v: f"{v:,}"  # noqa: E731
-        rows.append([data, f"{L} ({1 + L.bit_length()})", f"{r['n']:,}", r["frames"], cell(r["qsgd"])]
-                    + [cell(r[("zstd", z)]) if z in zl else "-" for z in zall]
-                    + [cell(r[k]) for k in ELIAS] + [f"{r['h0']:,.0f}", win, f"{bz[0] / be[0]:.3f}", cell(r["head"])])
-    return hdr, rows, totals
 
 
 # --------------------------------------------------------------------------- main
@@ -417,8 +254,7 @@ def main(argv=None):
     x = None
     if "speed" in parts or "coding" in parts:
         log("generating data ...")
-        rng = np.random.default_rng(0)
-        x = (rng.standard_t(2, args.n) * 1e-3).astype(np.float32)
+        x = synthetic(args.n)
 
     # ---- synthetic speed, in passes (each codec's samples spread over the run)
     mc = None
@@ -436,19 +272,12 @@ def main(argv=None):
                 notes.append(f"{spec}: {type(e).__name__}: {e}")
         per_pass = -(-args.repeat // args.passes)
         for p in range(args.passes):
-            for job in jobs:
-                if getattr(job, "error", None) or (p and job.spent > args.budget):
-                    continue
-                log(f"pass {p + 1}/{args.passes}: {job.spec} ...")
-                try:
-                    job.run_pass(x, out, acc, dst, memcpy, per_pass, args.budget / args.passes)
-                except Exception as e:  # a codec being written may fail: report it, go on
-                    job.error = "error (see notes)"
-                    notes.append(f"{job.spec}: {type(e).__name__}: {e}")
+            job_pass(jobs, p, args.passes, args.budget, notes,
+                     lambda job: job.run_pass(x, out, acc, dst, memcpy, per_pass, args.budget / args.passes),
+                     lambda e: "error (see notes)")
         results = [r if isinstance(r, dict) else {"spec": r.spec, "skip": r.error} if getattr(r, "error", None)
                    else r.result() for r in results]
         mc = memcpy.best("memcpy")
-        mc_med = float(np.median(memcpy.t["memcpy"]))
         del out, acc, dst
 
     # ---- real sample
@@ -482,15 +311,14 @@ def main(argv=None):
                      f"passes over all codecs with memcpy interleaved (fewer for a codec slower than --budget "
                      f"{args.budget:g} s; see 'samples'; decode and decode_add take {DECODE_SAMPLES}x as many); first "
                      f"calls excluded; ratios are to the best memcpy of the run")
-        lines.append(f"memcpy (np.copyto, {nbytes / 1e6:.0f} MB): best {mc * 1e3:.1f} ms = {gbps(nbytes, mc):.2f} GB/s "
-                     f"(median {mc_med * 1e3:.1f} ms over {memcpy.count('memcpy')} samples)")
-    print("\n".join(("- " + s if md else s) for s in lines))
+        lines.append(memcpy_line(nbytes, memcpy))
+    bullets(lines, md)
 
     if mc is not None:
         print()
         title = (f"Synthetic gradient: {args.n:,} float32 (Student-t df=2 x 1e-3); speed cells are GB/s (x memcpy); "
                  f"err and cosine of one frame (key 'g', step 0)")
-        print(f"**{title}**\n" if md else title)
+        heading(title, md)
         hdr = ["codec", "rounding", "B/elem", "x smaller", "encode", "decode", "decode_add", "rel L2 err", "cosine",
                "first call s (enc/dec/add)", "samples"]
         rows = []
@@ -510,7 +338,7 @@ def main(argv=None):
         print()
         title = ("Targets: dense quantizers encode and decode >= 0.5x memcpy (deterministic), >= 0.3x (stochastic); "
                  "'needs' = how much faster it must get")
-        print(f"**{title}**\n" if md else title)
+        heading(title, md)
         rows = []
         for r in results:
             if "skip" in r:
@@ -532,7 +360,7 @@ def main(argv=None):
         title = (f"Bundled real sample: 4 recorded steps x 8 tensors ({n:,} elements, {4 * n:,} B per step), one frame per "
                  f"tensor (key = tensor name, step = recorded step); time: best of {args.repeat} encodes / decodes of a "
                  f"whole step; all means over the 4 steps")
-        print(f"**{title}**\n" if md else title)
+        heading(title, md)
         hdr = ["codec", "rounding", "wire B/step", "B/elem", "x smaller", "encode ms/step", "decode ms/step", "rel L2 err",
                "cosine"]
         rows = []
@@ -552,7 +380,7 @@ def main(argv=None):
                  "qsgd+zstd(level=Z), and of the Elias codes of the same levels (ceil(bits/8) per tensor); sample: one "
                  "frame per tensor, summed; the last column is the qsgd frames' headers (a +zstd frame's header is longer "
                  "by its spec text, '+zstd' or '+zstd(level=Z)')")
-        print(f"**{title}**\n" if md else title)
+        heading(title, md)
         print(render(hdr, rows, md))
         print()
         for data, L, r, zl in totals:
@@ -564,17 +392,9 @@ def main(argv=None):
                     + (f"; the default qsgd+zstd (level 3) is {z3 / be[0]:.3f}x the best Elias" if z3 else "") + ")")
             print(("- " + line) if md else line)
 
-    print()
-    footer(
-        [
-            "B/elem = frame bytes / n, headers included; x smaller = n*4 / frame bytes",
-            "rounding: 'stochastic' when a stage of the codec draws random numbers (stochastic rounding, TernGrad)",
-            FIRST_CALL,
-        ],
-        t_run,
-        notes,
-        md,
-    )
+    footer(["B/elem = frame bytes / n, headers included; x smaller = n*4 / frame bytes",
+            "rounding: 'stochastic' when a stage of the codec draws random numbers (stochastic rounding, TernGrad)"],
+           t_run, notes, md)
 
 
 if __name__ == "__main__":

@@ -31,51 +31,22 @@ and counted on the wire (kept count, bytes, headers included).
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import platform
-import shlex
-import subprocess
 import sys
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (  # noqa: E402
+    Samples, bullets, footer, heading, job_pass, load_steps, log, machine_info, memcpy_line, rate_cell, render, synthetic,
+    timed,
+)
+
 SPARSIFIERS = ("topk", "gaussiank", "dgc", "randomk", "threshold", "adacomp")
 POOL = 3  # distinct gradients cycled through the error-feedback steps
 DECODE_SAMPLES = 3  # decode and decode_add samples per encode sample
-
-
-# --------------------------------------------------------------------------- timing
-
-
-class Samples:
-    """Wall-clock samples per name; ``best`` is the minimum."""
-
-    def __init__(self):
-        self.t: dict[str, list[float]] = {}
-
-    def time(self, name, fn):
-        t = time.perf_counter()
-        r = fn()
-        self.t.setdefault(name, []).append(time.perf_counter() - t)
-        return r
-
-    def best(self, name) -> float:
-        return min(self.t[name])
-
-    def count(self, name) -> int:
-        return len(self.t.get(name, ()))
-
-
-def gbps(nbytes, seconds):
-    return nbytes / seconds / 1e9
-
-
-def rate_cell(nbytes, seconds, memcpy_s):
-    """'GB/s (x memcpy)'."""
-    return f"{gbps(nbytes, seconds):.2f} ({memcpy_s / seconds:.2f}x)"
 
 
 # --------------------------------------------------------------------------- frames
@@ -105,6 +76,12 @@ def display(name, ratio, spec):
     return f"{name}(ratio={ratio:g})" if spec == name else spec
 
 
+def skip_row(r, width):
+    """The row of a codec that was skipped or failed: its name, the reason, blanks."""
+    shown = r["name"] if r["ratio"] is None else f"{r['name']}(ratio={r['ratio']:g})"
+    return [shown, r["skip"]] + [""] * (width - 2)
+
+
 def specs_for(name, ratio, absx):
     """Spec string for codec ``name`` at target density ``ratio`` (threshold: quantile of |x|)."""
     if name == "threshold":
@@ -113,73 +90,6 @@ def specs_for(name, ratio, absx):
     if name == "adacomp":
         return "adacomp"
     return f"{name}(ratio={ratio:g})"
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def machine_info() -> list[str]:
-    import numba
-
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    try:
-        import torch
-
-        tv = torch.__version__
-    except ImportError:
-        tv = "not installed"
-    here = os.path.dirname(os.path.abspath(__file__))
-    git = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "../codec"], capture_output=True, text=True).stdout
-    return [
-        f"command: {' '.join(shlex.quote(a) for a in [os.path.basename(sys.executable)] + sys.argv)}",
-        f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"machine: {cpu}; {os.cpu_count()} cores ({usable} usable); numba threads {numba.get_num_threads()}",
-        f"versions: python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, torch {tv}; "
-        f"git {git or '?'}{' (codec/ has uncommitted changes)' if dirty.strip() else ''}",
-    ]
-
-
-# --------------------------------------------------------------------------- tables
-
-
-def render(headers, rows, markdown):
-    rows = [[str(c) for c in r] for r in rows]
-    if markdown:
-        out = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-        out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-        return "\n".join(out)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    return "\n".join([fmt(headers), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])
-
-
-FIRST_CALL = (
-    "first call: the first call of each operation in this process (Numba compile, or cache load with a warm "
-    "on-disk cache; kernels shared by several codecs are paid by the first of them); never in the figures"
-)
-
-
-def footer(lines, t_run, notes, md):
-    """The closing list of a benchmark: ``lines``, the total run time since ``t_run``, ``notes``."""
-    lines = lines + [f"total run time {time.perf_counter() - t_run:.0f} s"] + [f"note: {s}" for s in notes]
-    print("\n".join(("- " + s if md else s) for s in lines))
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -204,18 +114,10 @@ class CodecJob:
         c = ef.codec
         if self.first is None:
             first = {}
-            t = time.perf_counter()
-            frame = ef.encode(pool[0], key="g")
-            first["ef"] = time.perf_counter() - t
-            t = time.perf_counter()
-            c.encode(x)
-            first["enc"] = time.perf_counter() - t
-            t = time.perf_counter()
-            codec.decode(frame, out=out)
-            first["dec"] = time.perf_counter() - t
-            t = time.perf_counter()
-            c.decode_add(frame, acc)
-            first["add"] = time.perf_counter() - t
+            frame, first["ef"] = timed(lambda: ef.encode(pool[0], key="g"))
+            _, first["enc"] = timed(lambda: c.encode(x))
+            _, first["dec"] = timed(lambda: codec.decode(frame, out=out))
+            _, first["add"] = timed(lambda: c.decode_add(frame, acc))
             self.first = first
         else:
             ef.encode(pool[0], key="g")
@@ -335,7 +237,6 @@ def main(argv=None):
 
     t_run = time.perf_counter()
     import codec
-    from codec.sample import load_sample
 
     try:
         import torch
@@ -347,8 +248,7 @@ def main(argv=None):
     md = args.markdown
 
     log("generating data ...")
-    rng = np.random.default_rng(0)
-    x = (rng.standard_t(2, args.n) * 1e-3).astype(np.float32)
+    x = synthetic(args.n)
     pool = [x] + [np.roll(x, (i * args.n) // POOL + 1) for i in range(1, POOL)]
     absx = np.abs(x)
     out, acc, dst = np.empty_like(x), np.zeros_like(x), np.empty_like(x)
@@ -370,15 +270,9 @@ def main(argv=None):
     base_s = Samples()
     ks = [k_of(r, args.n) for r in ratios]
     for p in range(args.passes):
-        for job in jobs:
-            if getattr(job, "error", None) or (p and job.spent > args.budget):
-                continue  # failed, or slow: keep the samples it has
-            log(f"pass {p + 1}/{args.passes}: {job.spec} ...")
-            try:
-                job.run_pass(pool, x, out, acc, dst, memcpy, per_pass, args.budget / args.passes)
-            except Exception as e:  # a codec being written may fail: report it, go on
-                job.error = f"error: {type(e).__name__}: {str(e)[:80]}"
-                notes.append(f"{job.spec}: {type(e).__name__}: {e}")
+        job_pass(jobs, p, args.passes, args.budget, notes,
+                 lambda job: job.run_pass(pool, x, out, acc, dst, memcpy, per_pass, args.budget / args.passes),
+                 lambda e: f"error: {type(e).__name__}: {str(e)[:80]}")
         log(f"pass {p + 1}/{args.passes}: baselines ...")
         baselines_pass(x, ks, dst, memcpy, per_pass, torch, base_s)
     results = [r if isinstance(r, dict) else {"name": r.name, "ratio": r.ratio, "skip": r.error}
@@ -386,17 +280,12 @@ def main(argv=None):
     base = {r: {"argpartition": base_s.best(("argpartition", k)),
                 "torch": base_s.best(("torch", k)) if torch is not None else None} for r, k in zip(ratios, ks)}
     mc = memcpy.best("memcpy")
-    mc_med = float(np.median(memcpy.t["memcpy"]))
     nbytes = x.nbytes
 
     # ---- real sample
     sample_rows = []
     if not args.no_sample:
-        grads = load_sample()
-        steps: dict[str, dict[str, np.ndarray]] = {}
-        for key, v in grads.items():
-            st, layer = key.split("/", 1)
-            steps.setdefault(st, {})[layer] = v
+        steps = load_steps()
         for name in wanted:
             for ratio in ([None] if name == "adacomp" else ratios):
                 if name not in registered:
@@ -413,20 +302,18 @@ def main(argv=None):
     lines.append(f"method: best (minimum time) of {per_pass * args.passes} samples per figure, taken in {args.passes} passes "
                  f"over all codecs with memcpy interleaved (fewer for a codec slower than --budget {args.budget:g} s; see "
                  f"'samples (enc)'; decode and decode_add take {DECODE_SAMPLES}x as many); ratios are to the best memcpy of the run")
-    lines.append(f"memcpy (np.copyto, {nbytes / 1e6:.0f} MB): best {mc * 1e3:.1f} ms = {gbps(nbytes, mc):.2f} GB/s "
-                 f"(median {mc_med * 1e3:.1f} ms over {memcpy.count('memcpy')} samples)")
-    print("\n".join(("- " + s if md else s) for s in lines))
+    lines.append(memcpy_line(nbytes, memcpy))
+    bullets(lines, md)
 
     print()
     title = f"Synthetic gradient: {args.n:,} float32 (Student-t df=2 x 1e-3); cells are GB/s (x memcpy)"
-    print(f"**{title}**\n" if md else title)
+    heading(title, md)
     hdr = ["codec", "kept", "wire bytes", "B/elem", "x smaller", "EF encode", "encode", "decode", "decode_add",
            "first call s (ef/enc/dec/add)", "samples (enc)"]
     rows = []
     for r in results:
         if "skip" in r:
-            shown = r["name"] if r["ratio"] is None else f"{r['name']}(ratio={r['ratio']:g})"
-            rows.append([shown, r["skip"]] + [""] * (len(hdr) - 2))
+            rows.append(skip_row(r, len(hdr)))
             continue
         f = r["first"]
         rows.append([
@@ -438,7 +325,7 @@ def main(argv=None):
 
     print()
     title = "Top-k baselines on the same array (exact top-k by |x|); topk columns: how many times faster codec topk is"
-    print(f"**{title}**\n" if md else title)
+    heading(title, md)
     topk = {r["ratio"]: r for r in results if r["name"] == "topk" and "skip" not in r}
     hdr = ["ratio", "k", "np.argpartition", "torch.topk (2 threads)", "topk enc / argpart", "topk enc / torch",
            "topk+EF / argpart", "topk+EF / torch"]
@@ -455,7 +342,7 @@ def main(argv=None):
     print(render(hdr, rows, md))
 
     print()
-    print("**Targets**\n" if md else "Targets")
+    heading("Targets", md)
     rows = []
 
     def why(name, ratio):
@@ -493,30 +380,20 @@ def main(argv=None):
         title = (f"Bundled real sample: 4 recorded steps x 8 tensors ({n:,} elements, {4 * n:,} B per step), each step under a "
                  f"fresh ErrorFeedback keyed by tensor name; wire, kept and error of its first frames; time: best of "
                  f"{args.repeat} further EF steps; all means over the 4 steps")
-        print(f"**{title}**\n" if md else title)
+        heading(title, md)
         hdr = ["codec", "kept", "wire B/step", "B/elem", "x smaller", "EF encode ms/step", "decode ms/step", "rel L2 err"]
         rows = []
         for r in sample_rows:
             if "skip" in r:
-                shown = r["name"] if r["ratio"] is None else f"{r['name']}(ratio={r['ratio']:g})"
-                rows.append([shown, r["skip"]] + [""] * (len(hdr) - 2))
+                rows.append(skip_row(r, len(hdr)))
                 continue
             rows.append([r["spec"], f"{r['kept']:.4f}", f"{r['wire']:,.0f}", f"{r['wire'] / r['n']:.3f}",
                          f"{4 * r['n'] / r['wire']:.1f}", f"{r['enc_ms']:.2f}", f"{r['dec_ms']:.2f}", f"{r['rel_err']:.3f}"])
         print(render(hdr, rows, md))
 
-    print()
-    footer(
-        [
-            "kept: fraction of elements in the latest EF frame (threshold's T is the (1-R) quantile of |x| of the input, "
+    footer(["kept: fraction of elements in the latest EF frame (threshold's T is the (1-R) quantile of |x| of the input, "
             "so it keeps ~R on a bare encode and more under EF as the residual grows; adacomp is adaptive); "
-            "x smaller = n*4 / frame bytes, headers included",
-            FIRST_CALL,
-        ],
-        t_run,
-        notes,
-        md,
-    )
+            "x smaller = n*4 / frame bytes, headers included"], t_run, notes, md)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sparse import Samples, log, machine_info, rate_cell, render  # noqa: E402
+from harness import Samples, log, machine_info, rate_cell, render, synthetic  # noqa: E402
 
 FFT_CODECS = (
     "fft(theta=0.9)+rangefloat(bits=8)",
@@ -193,7 +193,7 @@ def main(argv=None):
     print("\n".join(machine_info()))
     s = Samples()
     if "speed" in parts:
-        x = (np.random.default_rng(0).standard_t(2, a.n) * 1e-3).astype(np.float32)
+        x = synthetic(a.n)
         head, rows, note = bench_speed(x, FFT_CODECS, a.repeat, a.passes, s)
         print(f"\nfft on {a.n:,} float32 (Student-t df=2)\n")
         print(render(head, rows, a.markdown))
