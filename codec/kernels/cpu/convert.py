@@ -178,12 +178,18 @@ def combine_odd(src, out, mode):
     """
     n = src.size
     nchunk = (n + CHUNK - 1) // CHUNK
-    sign = -1.0 if mode == SUB else 1.0
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        for i in range(lo, hi):
-            out[i] = _sum_odd(np.float64(out[i]), np.float64(src[i]) * sign)
+        # one loop per mode, no ``src * sign``: LLVM may turn a multiply by a visible -1.0/1.0
+        # select into a sign flip in one compilation and not the other, and a NaN's sign bit
+        # then differs between the serial and the parallel twin
+        if mode == SUB:
+            for i in range(lo, hi):
+                out[i] = _sum_odd(np.float64(out[i]), -np.float64(src[i]))
+        else:
+            for i in range(lo, hi):
+                out[i] = _sum_odd(np.float64(out[i]), np.float64(src[i]))
 
 
 _BLOCK = 2048  # elements per L1-resident staging block
@@ -201,7 +207,6 @@ def half_combine(src, codes, lut, mode, bf16):
     """
     n = src.size
     nchunk = (n + CHUNK - 1) // CHUNK
-    sign = -1.0 if mode == SUB else 1.0
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
@@ -212,8 +217,12 @@ def half_combine(src, codes, lut, mode, bf16):
             ss = src[blo : min(hi, blo + _BLOCK)]
             for j in range(cs.size):
                 av[j] = lut[cs[j]]
-            for j in range(cs.size):
-                ub[j] = _f64_to_f32_odd_bits(_sum_odd(np.float64(av[j]), np.float64(ss[j]) * sign))
+            if mode == SUB:  # one loop per mode: see combine_odd (a NaN's sign bit)
+                for j in range(cs.size):
+                    ub[j] = _f64_to_f32_odd_bits(_sum_odd(np.float64(av[j]), -np.float64(ss[j])))
+            else:
+                for j in range(cs.size):
+                    ub[j] = _f64_to_f32_odd_bits(_sum_odd(np.float64(av[j]), np.float64(ss[j])))
             if bf16:
                 for j in range(cs.size):
                     cs[j] = _f32_to_bf16_bits(ub[j])
