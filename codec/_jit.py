@@ -16,7 +16,11 @@ from __future__ import annotations
 import functools
 import types
 
-import numba
+from codec import threads
+
+threads.prepare_numba()  # before Numba's OpenMP runtime loads: idle threads wait passively
+
+import numba  # noqa: E402
 
 _DEFAULTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
@@ -44,8 +48,19 @@ class _SizeDispatch:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args):
-        kernel = self.parallel if getattr(args[0], "size", 0) >= PARALLEL_MIN else self.serial
-        return kernel(*args)
+        if getattr(args[0], "size", 0) < PARALLEL_MIN:
+            return self.serial(*args)
+        n = threads.budget()  # this process's share of the cores (codec/threads.py)
+        if n <= 1:
+            return self.serial(*args)
+        mine = numba.get_num_threads()  # the calling thread's setting: lowered, never raised
+        if n >= mine:
+            return self.parallel(*args)
+        numba.set_num_threads(n)
+        try:
+            return self.parallel(*args)
+        finally:
+            numba.set_num_threads(mine)
 
 
 def jit(fn=None, **options):

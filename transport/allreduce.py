@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from codec import threads
 from codec.arrays import as_float_array
 from transport import staging
 from transport.errors import NO_DESC, OK, MismatchError, raise_failed, status_of
@@ -162,6 +163,7 @@ class Allreducer:
         self.stats = Stats()
         self.totals = Stats()
         self.calls = 0
+        self._placed = False  # reported this node's rank count to the thread budget
 
     @property
     def spec(self) -> str:
@@ -182,6 +184,9 @@ class Allreducer:
         input the codec cannot send) is checked before the step's first collective, which
         carries every rank's status: if any rank failed, every rank raises the same
         :class:`RankError` and no rank's state (residuals, steps, warm-start Q) changes."""
+        if not self._placed:  # the first step is collective: count the ranks sharing this node
+            self._placed = True
+            threads.set_local_ranks(_node_ranks(self.comm))
         t0 = time.perf_counter()
         stats = Stats()
         layout = desc = prepared = failed = None
@@ -360,3 +365,13 @@ def _mismatch_message(descs) -> str:
             if ta != tb:
                 return f"ranks disagree: rank 0 has tensor {ta[0]!r} as {ta[2]}{ta[1]}, rank {r} has {tb[0]!r} as {tb[2]}{tb[1]}"
     return "ranks disagree on the step's configuration"
+
+
+def _node_ranks(comm) -> int:
+    """How many ranks of ``comm`` share this rank's node (a shared-memory split: collective),
+    for the thread budget (codec/threads.py); the launcher's variables count the rest."""
+    node = comm.Split_type(mpi().COMM_TYPE_SHARED)
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()

@@ -17,8 +17,10 @@ and the table shows the best step (its stats are that step's, of rank 0).  Bytes
 headers included; for gTop-k every round's sends, for PowerSGD both rounds), averaged over
 ranks; ``x smaller`` is dense bytes over that.  ``speedup`` is the dense Allreduce's step
 time over the codec's, both measured in this run.  The cores are divided among the ranks that
-share a node: ``NUMBA_NUM_THREADS`` and the BLAS thread variables default to cores // ranks
-per node (from the launcher's environment), at least 1.
+share a node: gradcodec's kernels by its thread budget (codec/threads.py; run with
+``GRADCODEC_THREADS=off`` to see the machine without it), NumPy's BLAS (PowerSGD's products)
+by the BLAS thread variables, which default here to cores // ranks per node (from the
+launcher's environment), at least 1.
 
 The projection applies transport.costmodel to the synthetic model's measured message sizes
 and compute times (encode, decode of one frame or one gTop-k merge) for 1, 10 and 100 Gbit/s
@@ -36,8 +38,9 @@ def _threads_per_rank() -> str:
     return str(max(1, (os.cpu_count() or 1) // max(1, int(local))))
 
 
-# before NumPy loads its BLAS: ranks sharing a node share its cores
-for _var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+# before NumPy loads its BLAS: ranks sharing a node share its cores (gradcodec's own kernels
+# follow codec/threads.py, which needs no variable set here)
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, _threads_per_rank())
 
 import argparse  # noqa: E402
@@ -205,8 +208,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from mpi4py import MPI
 
+    import codec._jit  # noqa: F401  (Numba as the kernels load it, for the thread budget below)
+    from codec import threads
+
     comm = MPI.COMM_WORLD
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local = node.Get_size()
+    node.Free()
+    threads.set_local_ranks(local)
     rank = comm.Get_rank()
 
     def say(text):
@@ -217,7 +226,8 @@ def main(argv=None):
     if "none" not in codecs:
         codecs.insert(0, "none")
     say(
-        f"python -m transport.bench: {comm.Get_size()} ranks ({local} on this node, {os.environ['NUMBA_NUM_THREADS']} Numba/BLAS threads each), "
+        f"python -m transport.bench: {comm.Get_size()} ranks ({local} on this node; each: {threads.budget()} gradcodec threads"
+        f" ({os.environ.get(threads.ENV) or 'budget'}), {os.environ['OPENBLAS_NUM_THREADS']} BLAS threads), "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}, {sys.platform}"
     )
     if not args.no_sample:

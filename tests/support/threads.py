@@ -14,7 +14,9 @@ import sys
 def run_with_threads(script: str, threads: int, *args: str, timeout: float = 300) -> str:
     """stdout of ``python -c script *args`` under ``NUMBA_NUM_THREADS=threads`` (stripped);
     a failing script fails the test with its stderr."""
-    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    # the pool and the thread budget (codec/threads.py) both set, so the kernels use exactly
+    # ``threads`` threads whatever the machine's core count or the launcher says
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), GRADCODEC_THREADS=str(threads))
     r = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"the script failed with {threads} thread(s):\n{r.stderr[-3000:]}"
     return r.stdout.strip()
