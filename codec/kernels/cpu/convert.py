@@ -1,8 +1,8 @@
 """Float format conversion kernels (Numba CPU): float32/float64 -> fp16/bf16 codes and back.
 
 The encoder (``narrow_codes``) works on float32 bits (float64 is first rounded to odd in
-float32), rounds to nearest, ties to even, and counts non-finite inputs in the same pass
-(branch-free, so the loop vectorises).  Decoders expand 16-bit codes through a 65,536-entry float32 table (exact for
+float32), rounds to nearest, ties to even, and counts non-finite inputs, one chunk at a time
+in simple branch-free loops that vectorise.  Decoders expand 16-bit codes through a 65,536-entry float32 table (exact for
 every code, NaN payloads included) and either store, add or subtract into the output.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
@@ -30,29 +30,24 @@ __all__ = [
 
 @jit
 def _f32_to_f16_bits(u):
-    """IEEE binary16 bits of the float32 whose bits are ``u`` (uint32), round to nearest even."""
+    """IEEE binary16 bits of the float32 whose bits are ``u`` (uint32), round to nearest even.
+
+    Branch-free (three candidates and two selects), so a loop of it vectorises: a normal half
+    rebiases the exponent and rounds the 13 dropped bits to nearest even in integer
+    arithmetic; a subnormal half (|x| < 2**-14) is ``|x| + 0.5`` in float32, whose rounding
+    (nearest even, at 2**-24: the half's subnormal quantum) leaves the code in the low bits
+    (the carry into the smallest normal included); |x| >= 65520 gives inf, NaN a quiet NaN
+    with the top payload bits.
+    """
     sign = (u >> np.uint32(16)) & np.uint32(0x8000)
     a = u & np.uint32(0x7FFFFFFF)
-    # normal half: rebias the exponent, round the 13 dropped mantissa bits to nearest even
-    normal = (a - np.uint32(0x38000000) + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
-    # subnormal half (|x| < 2**-14): value = round(|x| * 2**24), done on the integer significand
-    e = a >> np.uint32(23)
-    m = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
-    s = np.uint32(126) - min(e, np.uint32(126))
-    s = min(s, np.uint32(31))
-    q = m >> s
-    rem = m & ((np.uint32(1) << s) - np.uint32(1))
-    half = np.uint32(1) << (s - np.uint32(1))
-    sub = q + np.uint32((rem > half) | ((rem == half) & ((q & np.uint32(1)) == np.uint32(1))))
-    if e == np.uint32(0):
-        sub = np.uint32(0)
-    # |x| >= 65520 rounds to inf through the normal path; inf and NaN handled explicitly
-    big = np.uint32(0x7C00) if a <= np.uint32(0x7F800000) else np.uint32(0x7E00) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
-    h = normal
-    if a < np.uint32(0x38800000):
-        h = sub
-    if a >= np.uint32(0x47800000):
-        h = big
+    normal = (a + np.uint32(0xC8000FFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)  # a - 0x38000000 + 0xFFF + odd
+    f = np.uint32(a).view(np.float32)  # Numba's scalar .view() wants a variable defined by np.<dtype>()
+    s = np.float32(f + np.float32(0.5))
+    sub = s.view(np.uint32) - np.uint32(0x3F000000)  # minus the bits of 0.5
+    big = np.uint32(0x7E00) | ((a >> np.uint32(13)) & np.uint32(0x3FF)) if a > np.uint32(0x7F800000) else np.uint32(0x7C00)
+    h = sub if a < np.uint32(0x38800000) else normal
+    h = big if a >= np.uint32(0x47800000) else h
     return np.uint16(h | sign)
 
 
@@ -111,6 +106,24 @@ def _sum_odd(a, b):
     return r.view(np.float64)
 
 
+@jit
+def _narrow_block(xs, os, bf16):
+    """One chunk of :func:`narrow_codes`: simple loops over contiguous slices, the format
+    chosen outside them, so each one vectorises (the chunked loop over ``x[i]`` did not:
+    0.2-0.4x memcpy against 1.5-1.8x now)."""
+    if bf16:
+        for i in range(xs.size):
+            os[i] = _f32_to_bf16_bits(_f64_to_f32_odd_bits(np.float64(xs[i])))
+    else:
+        for i in range(xs.size):
+            os[i] = _f32_to_f16_bits(_f64_to_f32_odd_bits(np.float64(xs[i])))
+    k = np.int64(0)
+    for i in range(xs.size):
+        v = xs[i]
+        k += np.int64(not (v - v == 0))
+    return k
+
+
 @jit(parallel=True)
 def narrow_codes(x, out, bf16):
     """fp16 (``bf16=False``) or bf16 codes of float32/float64 ``x``, correctly rounded to nearest
@@ -122,12 +135,7 @@ def narrow_codes(x, out, bf16):
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        k = np.int64(0)
-        for i in range(lo, hi):
-            u = _f64_to_f32_odd_bits(np.float64(x[i]))
-            out[i] = _f32_to_bf16_bits(u) if bf16 else _f32_to_f16_bits(u)
-            k += _nonfinite(u)
-        bad[c] = k
+        bad[c] = _narrow_block(x[lo:hi], out[lo:hi], bf16)
     return bad.sum()
 
 
