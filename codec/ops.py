@@ -80,7 +80,7 @@ def widen(x: np.ndarray) -> np.ndarray:
         return x
     out = np.empty(x.shape, np.float32)
     codes = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
-    backend("convert", x).lut_decode(readonly(codes), lut(x.dtype), out.reshape(-1), SET)
+    backend("convert", x).half_decode(readonly(codes), out.reshape(-1), SET, x.dtype != HALF)
     return out
 
 
@@ -129,7 +129,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     kern = backend("convert", flat)
     if flat.dtype in WIDE:
         if src.dtype not in WIDE:  # 16-bit source: straight through the table, one pass
-            kern.lut_decode(readonly(src.view(np.uint16)), lut(src.dtype), flat, mode)
+            kern.half_decode(readonly(src.view(np.uint16)), flat, mode, src.dtype != HALF)
         elif mode != SET and flat.dtype == np.float32 and src.dtype == np.float64:
             kern.combine_odd(readonly(src), flat, mode)
         else:

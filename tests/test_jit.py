@@ -20,7 +20,6 @@ import pytest
 import codec.kernels
 from codec import _cuda_jit, _jit
 from codec.kernels import backend, families, module
-from codec.ops import lut
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "codec" / "kernels" / "cpu"
@@ -41,7 +40,7 @@ def test_parallel_kernels_pick_by_size_and_both_twins_agree():
         codes = np.empty(n, np.uint16)
         bad = getattr(convert.narrow_codes, twin)(x, codes, False)
         dec = np.empty(n, np.float64)
-        getattr(convert.lut_decode, twin)(codes, lut(np.float16), dec, 0)
+        getattr(convert.half_decode, twin)(codes, dec, 0, False)
         packed = np.zeros((n * 11 + 7) // 8, np.uint8)
         getattr(pack._pack, twin)(codes.view(np.uint8), 2, 11, packed)
         out = np.ones(n, np.float32)

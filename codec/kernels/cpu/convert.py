@@ -2,8 +2,10 @@
 
 The encoder (``narrow_codes``) works on float32 bits (float64 is first rounded to odd in
 float32), rounds to nearest, ties to even, and counts non-finite inputs, one chunk at a time
-in simple branch-free loops that vectorise.  Decoders expand 16-bit codes through a 65,536-entry float32 table (exact for
-every code, NaN payloads included) and either store, add or subtract into the output.
+in simple branch-free loops that vectorise.  The decoder (``half_decode``) computes each
+code's float32 value arithmetically (exact, NaN payloads included), also in vectorising
+loops, and stores, adds or subtracts it into the output.  ``half_combine`` and
+``half_feedback`` still read values through the 65,536-entry table ``codec.ops.lut``.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
 depend on the thread count.
@@ -19,7 +21,7 @@ from codec.modes import ADD, SET, SUB
 
 __all__ = [
     "narrow_codes",
-    "lut_decode",
+    "half_decode",
     "combine",
     "combine_odd",
     "half_combine",
@@ -139,23 +141,67 @@ def narrow_codes(x, out, bf16):
     return bad.sum()
 
 
+@jit
+def _f16_to_f32(h):
+    """The float32 value of IEEE binary16 code ``h``, exact (NaN payloads kept, as NumPy's
+    cast does).  Branch-free, so a loop of it vectorises: shift the exponent and significand
+    into place and rebias; inf/NaN rebias once more; a subnormal half is renormalised by one
+    float32 subtraction of 2**-14."""
+    u = (np.uint32(h) & np.uint32(0x7FFF)) << np.uint32(13)
+    e = u & np.uint32(0x0F800000)
+    u += np.uint32(112 << 23)
+    special = u + np.uint32(112 << 23)
+    f = np.uint32(u + np.uint32(1 << 23)).view(np.float32)  # Numba's scalar .view() wants np.<dtype>()
+    sub = np.float32(f - np.float32(6.103515625e-05)).view(np.uint32)
+    r = special if e == np.uint32(0x0F800000) else u
+    r = sub if e == np.uint32(0) else r
+    r |= (np.uint32(h) & np.uint32(0x8000)) << np.uint32(16)
+    return np.uint32(r).view(np.float32)
+
+
+@jit
+def _bf16_to_f32(h):
+    """The float32 value of bfloat16 code ``h``: its bits are the float32's top half."""
+    b = np.uint32(np.uint32(h) << np.uint32(16))
+    return b.view(np.float32)
+
+
+@jit
+def _decode_block(cs, os, mode, bf16):
+    """One chunk of :func:`half_decode`: one simple loop per format and mode, so each
+    vectorises (a 65,536-entry table gather did not: 0.23x memcpy against 0.8x)."""
+    if bf16:
+        if mode == SET:
+            for i in range(cs.size):
+                os[i] = _bf16_to_f32(cs[i])
+        elif mode == ADD:
+            for i in range(cs.size):
+                os[i] += _bf16_to_f32(cs[i])
+        else:
+            for i in range(cs.size):
+                os[i] -= _bf16_to_f32(cs[i])
+    elif mode == SET:
+        for i in range(cs.size):
+            os[i] = _f16_to_f32(cs[i])
+    elif mode == ADD:
+        for i in range(cs.size):
+            os[i] += _f16_to_f32(cs[i])
+    else:
+        for i in range(cs.size):
+            os[i] -= _f16_to_f32(cs[i])
+
+
 @jit(parallel=True)
-def lut_decode(codes, lut, out, mode):
-    """``out (=|+=|-=) lut[codes]`` for 16-bit codes; ``mode`` is SET, ADD or SUB."""
+def half_decode(codes, out, mode, bf16):
+    """``out (=|+=|-=) value(codes)`` for fp16 (``bf16=False``) or bf16 codes into a
+    float32/float64 ``out``; ``mode`` is SET, ADD or SUB.  Values are exact (the same as the
+    table ``codec.ops.lut`` holds, NaN payloads included)."""
     n = codes.size
     nchunk = (n + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        if mode == SET:
-            for i in range(lo, hi):
-                out[i] = lut[codes[i]]
-        elif mode == ADD:
-            for i in range(lo, hi):
-                out[i] += lut[codes[i]]
-        else:
-            for i in range(lo, hi):
-                out[i] -= lut[codes[i]]
+        _decode_block(codes[lo:hi], out[lo:hi], mode, bf16)
 
 
 @jit(parallel=True)

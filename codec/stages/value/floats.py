@@ -77,9 +77,8 @@ class _Half(Value):
 
     def write(self, codes, out, mode):
         from codec.kernels import backend
-        from codec.ops import lut
 
-        backend("convert", out).lut_decode(codes, lut(self.dtype), out, mode)
+        backend("convert", out).half_decode(codes, out, mode, self.dtype != np.float16)
 
 
 @register
