@@ -4,8 +4,9 @@ The encoder (``narrow_codes``) works on float32 bits (float64 is first rounded t
 float32), rounds to nearest, ties to even, and counts non-finite inputs, one chunk at a time
 in simple branch-free loops that vectorise.  The decoder (``half_decode``) computes each
 code's float32 value arithmetically (exact, NaN payloads included), also in vectorising
-loops, and stores, adds or subtracts it into the output.  ``half_combine`` and
-``half_feedback`` still read values through the 65,536-entry table ``codec.ops.lut``.
+loops, and stores, adds or subtracts it into the output; ``half_feedback`` (the fused
+error-feedback step) uses the same conversions.  ``half_combine`` (adding into 16-bit
+outputs) still reads values through the 65,536-entry table ``codec.ops.lut``.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
 depend on the thread count.
@@ -60,11 +61,6 @@ def _f32_to_bf16_bits(u):
     if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
         r = (u >> np.uint32(16)) | np.uint32(0x40)
     return np.uint16(r)
-
-
-@jit
-def _nonfinite(u):
-    return np.int64((u & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
 
 
 @jit
@@ -302,13 +298,35 @@ def count_nonfinite(x):
     return bad.sum()
 
 
+@jit
+def _feedback_block(xs, rs, accs, cs, bf16):
+    """One chunk of :func:`half_feedback`, one simple loop per format (they vectorise)."""
+    if bf16:
+        for i in range(xs.size):
+            a = np.float32(xs[i] + rs[i])
+            h = _f32_to_bf16_bits(a.view(np.uint32))
+            cs[i] = h
+            accs[i] = a - _bf16_to_f32(h)
+    else:
+        for i in range(xs.size):
+            a = np.float32(xs[i] + rs[i])
+            h = _f32_to_f16_bits(a.view(np.uint32))
+            cs[i] = h
+            accs[i] = a - _f16_to_f32(h)
+    k = np.int64(0)
+    for i in range(xs.size):
+        v = np.float32(xs[i] + rs[i])
+        k += np.int64(not (v - v == 0))
+    return k
+
+
 @jit(parallel=True)
-def half_feedback(x, r, acc, codes, lut, bf16):
+def half_feedback(x, r, acc, codes, bf16):
     """Fused error-feedback step into fp16 (``bf16=False``) or bf16 codes, float32 only.
 
-    a = x + r;  codes = round(a);  acc = a - lut[codes]  (the new residual).  One pass: reads
-    x and r, writes acc and codes.  ``acc`` must not alias ``r``: the caller keeps ``r``
-    intact until the step succeeds.  Returns the non-finite count of x + r.
+    a = x + r;  codes = round(a);  acc = a - value(codes)  (the new residual).  One pass per
+    chunk: reads x and r, writes acc and codes.  ``acc`` must not alias ``r``: the caller
+    keeps ``r`` intact until the step succeeds.  Returns the non-finite count of x + r.
     """
     n = x.size
     nchunk = (n + CHUNK - 1) // CHUNK
@@ -316,13 +334,5 @@ def half_feedback(x, r, acc, codes, lut, bf16):
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        k = np.int64(0)
-        for i in range(lo, hi):
-            a = np.float32(x[i] + r[i])
-            u = a.view(np.uint32)
-            h = _f32_to_bf16_bits(u) if bf16 else _f32_to_f16_bits(u)
-            codes[i] = h
-            acc[i] = a - lut[h]
-            k += _nonfinite(u)
-        bad[c] = k
+        bad[c] = _feedback_block(x[lo:hi], r[lo:hi], acc[lo:hi], codes[lo:hi], bf16)
     return bad.sum()

@@ -52,13 +52,10 @@ class _Half(Value):
         if x.dtype != np.float32:
             return False
         from codec.kernels import backend
-        from codec.ops import lut
 
         def fill(out):
             acc = slot.take_spare()
-            bad = backend("convert", x).half_feedback(
-                x, slot.residual.reshape(-1), acc.reshape(-1), out.view(np.uint16), lut(self.dtype), self.dtype != np.float16
-            )
+            bad = backend("convert", x).half_feedback(x, slot.residual.reshape(-1), acc.reshape(-1), out.view(np.uint16), self.dtype != np.float16)
             if bad and self.nonfinite == "raise":
                 self._raise_nonfinite(x.astype(np.float64) + slot.residual.reshape(-1), ctx)
             slot.commit(acc)
