@@ -196,7 +196,6 @@ class Transform(Stage):
 
     kind = "transform"
     lossless = False
-    required = ("forward", "read", "inverse")
     #: the value stage a spec without one gets: a registered name, or a Value class of its own
     default_value: ClassVar[str | type] = "none"
 
@@ -242,7 +241,6 @@ class Select(Stage):
 
     kind = "select"
     lossless = False
-    required = ("select", "positions")
     #: the value stage a spec without one gets: a registered name, or a Value class of its own
     #: that spec strings cannot name (AdaComp's sign coding)
     default_value: ClassVar[str | type] = "none"
@@ -268,7 +266,6 @@ class Value(Stage):
     :meth:`encode`, :meth:`read`, :meth:`write`; optional: :meth:`encode_feedback`."""
 
     kind = "value"
-    required = ("encode", "read", "write")
 
     @abc.abstractmethod
     def encode(self, values, ctx, sections) -> None:
@@ -297,7 +294,6 @@ class Bytes(Stage):
     :meth:`frame_options`."""
 
     kind = "bytes"
-    required = ("frame_options",)
 
     @abc.abstractmethod
     def frame_options(self) -> dict:

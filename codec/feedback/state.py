@@ -80,7 +80,7 @@ def _show(key) -> str:
 
 
 def _check_finite(arr: np.ndarray, where: str, codec: Codec) -> None:
-    if passes_nonfinite(codec, arr.shape):
+    if codec.passes_nonfinite(arr.shape):
         return
     from codec.ops import first_nonfinite
 
