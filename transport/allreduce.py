@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from codec import threads
-from codec.arrays import as_float_array
+from codec.arrays import as_float_array, on_device
 from transport import staging
 from transport.errors import NO_DESC, OK, MismatchError, raise_failed, status_of
 from transport.schemes import scheme_for
@@ -304,7 +304,7 @@ class _Layout:
             items = list(tensors)
         else:
             raise TypeError(f"tensors: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
-        self.devices = [staging.is_device(x) for x in items]
+        self.devices = [on_device(x) for x in items]  # the codec's one device-array test
         self.arrays = [_plain(as_float_array(staging.to_host(x) if d else x, argname=f"tensors[{k!r}]")) for k, x, d in zip(self.keys, items, self.devices)]
         self.groups = _buckets(self.arrays, bucket_bytes) if bucket_bytes else [[i] for i in range(len(self.arrays))]
         self.sent, self.sent_keys = [], []

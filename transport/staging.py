@@ -12,15 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.arrays import on_device
-
-
-def is_device(x) -> bool:
-    """True for arrays living in GPU memory (``__cuda_array_interface__``, not a NumPy array):
-    the codec's own test (``codec.arrays.on_device``), so both layers agree on what a device
-    array is."""
-    return on_device(x)
-
 
 def _cuda():
     # imported on the first device array, not at module level: numba.cuda is optional
