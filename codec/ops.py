@@ -1,14 +1,13 @@
 """Array operations the stages share, dispatched to the kernel layer.
 
 Kernels handle float32/float64 buffers; 16-bit floats (float16, bfloat16) are widened to
-float32 exactly through a 65,536-entry table and narrowed with round-to-nearest-even.  Every
+float32 exactly and narrowed with round-to-nearest-even (kernels ``half_decode``,
+``narrow_codes``).  Every
 result is the exact one rounded once to the output dtype (float64 and mixed-precision sums go
 through round-to-odd, so there is no double rounding).
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -27,18 +26,6 @@ def readonly(a: np.ndarray) -> np.ndarray:
         a = a.view()
         a.flags.writeable = False
     return a
-
-
-@functools.cache
-def lut(dtype) -> np.ndarray:
-    """float32 value of every 16-bit code of ``dtype`` (float16 or bfloat16); read-only."""
-    codes = np.arange(1 << 16, dtype=np.uint16)
-    if np.dtype(dtype) == HALF:
-        table = codes.view(np.float16).astype(np.float32)
-    else:
-        table = (codes.astype(np.uint32) << 16).view(np.float32)
-    table.flags.writeable = False
-    return table
 
 
 def first_nonfinite(x: np.ndarray, block: int = 1 << 16) -> int:
@@ -128,7 +115,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     flat = out.reshape(-1)
     kern = backend("convert", flat)
     if flat.dtype in WIDE:
-        if src.dtype not in WIDE:  # 16-bit source: straight through the table, one pass
+        if src.dtype not in WIDE:  # 16-bit source: converted and combined in one pass
             kern.half_decode(readonly(src.view(np.uint16)), flat, mode, src.dtype != HALF)
         elif mode != SET and flat.dtype == np.float32 and src.dtype == np.float64:
             kern.combine_odd(readonly(src), flat, mode)
@@ -142,7 +129,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
         else:
             codes[...] = narrow(src, flat.dtype)[0]
         return
-    kern.half_combine(readonly(widen(src)), codes, lut(flat.dtype), mode, flat.dtype != HALF)
+    kern.half_combine(readonly(widen(src)), codes, mode, flat.dtype != HALF)
 
 
 def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> None:
@@ -176,4 +163,4 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     flat[idx] = picked
 
 
-__all__ = ["lut", "readonly", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]
+__all__ = ["readonly", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]

@@ -5,8 +5,8 @@ float32), rounds to nearest, ties to even, and counts non-finite inputs, one chu
 in simple branch-free loops that vectorise.  The decoder (``half_decode``) computes each
 code's float32 value arithmetically (exact, NaN payloads included), also in vectorising
 loops, and stores, adds or subtracts it into the output; ``half_feedback`` (the fused
-error-feedback step) uses the same conversions.  ``half_combine`` (adding into 16-bit
-outputs) still reads values through the 65,536-entry table ``codec.ops.lut``.
+error-feedback step) and ``half_combine`` (adding into 16-bit outputs) use the same
+conversions.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
 depend on the thread count.
@@ -106,19 +106,20 @@ def _sum_odd(a, b):
 
 @jit
 def _narrow_block(xs, os, bf16):
-    """One chunk of :func:`narrow_codes`: simple loops over contiguous slices, the format
-    chosen outside them, so each one vectorises (the chunked loop over ``x[i]`` did not:
-    0.2-0.4x memcpy against 1.5-1.8x now)."""
+    """One chunk of :func:`narrow_codes`: one simple loop per format over contiguous slices,
+    converting and counting non-finite values in the same pass, so it vectorises (the chunked
+    loop over ``x[i]`` did not: 0.2-0.4x memcpy against 1.5-1.8x now)."""
+    k = np.int64(0)
     if bf16:
         for i in range(xs.size):
-            os[i] = _f32_to_bf16_bits(_f64_to_f32_odd_bits(np.float64(xs[i])))
+            v = xs[i]
+            os[i] = _f32_to_bf16_bits(_f64_to_f32_odd_bits(np.float64(v)))
+            k += np.int64(not (v - v == 0))
     else:
         for i in range(xs.size):
-            os[i] = _f32_to_f16_bits(_f64_to_f32_odd_bits(np.float64(xs[i])))
-    k = np.int64(0)
-    for i in range(xs.size):
-        v = xs[i]
-        k += np.int64(not (v - v == 0))
+            v = xs[i]
+            os[i] = _f32_to_f16_bits(_f64_to_f32_odd_bits(np.float64(v)))
+            k += np.int64(not (v - v == 0))
     return k
 
 
@@ -190,8 +191,8 @@ def _decode_block(cs, os, mode, bf16):
 @jit(parallel=True)
 def half_decode(codes, out, mode, bf16):
     """``out (=|+=|-=) value(codes)`` for fp16 (``bf16=False``) or bf16 codes into a
-    float32/float64 ``out``; ``mode`` is SET, ADD or SUB.  Values are exact (the same as the
-    table ``codec.ops.lut`` holds, NaN payloads included)."""
+    float32/float64 ``out``; ``mode`` is SET, ADD or SUB.  Values are exact (NumPy's cast of
+    every code, NaN payloads included)."""
     n = codes.size
     nchunk = (n + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
@@ -242,43 +243,41 @@ def combine_odd(src, out, mode):
                 out[i] = _sum_odd(np.float64(out[i]), np.float64(src[i]))
 
 
-_BLOCK = 2048  # elements per L1-resident staging block
+
+
+@jit
+def _combine_block(ss, cs, mode, bf16):
+    """One chunk of :func:`half_combine`: one simple loop per format and mode (they
+    vectorise), the code's value computed arithmetically."""
+    if bf16:
+        if mode == SUB:  # one loop per mode: see combine_odd (a NaN's sign bit)
+            for j in range(cs.size):
+                cs[j] = _f32_to_bf16_bits(_f64_to_f32_odd_bits(_sum_odd(np.float64(_bf16_to_f32(cs[j])), -np.float64(ss[j]))))
+        else:
+            for j in range(cs.size):
+                cs[j] = _f32_to_bf16_bits(_f64_to_f32_odd_bits(_sum_odd(np.float64(_bf16_to_f32(cs[j])), np.float64(ss[j]))))
+    elif mode == SUB:
+        for j in range(cs.size):
+            cs[j] = _f32_to_f16_bits(_f64_to_f32_odd_bits(_sum_odd(np.float64(_f16_to_f32(cs[j])), -np.float64(ss[j]))))
+    else:
+        for j in range(cs.size):
+            cs[j] = _f32_to_f16_bits(_f64_to_f32_odd_bits(_sum_odd(np.float64(_f16_to_f32(cs[j])), np.float64(ss[j]))))
 
 
 @jit(parallel=True)
-def half_combine(src, codes, lut, mode, bf16):
-    """16-bit output in place: ``codes = round(lut[codes] (+|-) src)`` for ADD/SUB, rounded once.
+def half_combine(src, codes, mode, bf16):
+    """16-bit output in place: ``codes = round(value(codes) (+|-) src)`` for ADD/SUB, rounded once.
 
-    ``codes`` are the output's fp16 (``bf16=False``) or bf16 codes, ``lut`` their float32 values;
-    the sum is formed in float64 rounded to odd, then rounded to odd again to float32 and to
-    nearest-even to 16 bits: the exact sum, correctly rounded.  Staged through small buffers
-    per block: the table lookup (a gather) would otherwise keep the arithmetic from vectorising
-    (4x slower fused).
+    ``codes`` are the output's fp16 (``bf16=False``) or bf16 codes; the sum is formed in
+    float64 rounded to odd, then rounded to odd again to float32 and to nearest-even to 16
+    bits: the exact sum, correctly rounded.
     """
     n = src.size
     nchunk = (n + CHUNK - 1) // CHUNK
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        av = np.empty(_BLOCK, np.float32)
-        ub = np.empty(_BLOCK, np.uint32)
-        for blo in range(lo, hi, _BLOCK):
-            cs = codes[blo : min(hi, blo + _BLOCK)]
-            ss = src[blo : min(hi, blo + _BLOCK)]
-            for j in range(cs.size):
-                av[j] = lut[cs[j]]
-            if mode == SUB:  # one loop per mode: see combine_odd (a NaN's sign bit)
-                for j in range(cs.size):
-                    ub[j] = _f64_to_f32_odd_bits(_sum_odd(np.float64(av[j]), -np.float64(ss[j])))
-            else:
-                for j in range(cs.size):
-                    ub[j] = _f64_to_f32_odd_bits(_sum_odd(np.float64(av[j]), np.float64(ss[j])))
-            if bf16:
-                for j in range(cs.size):
-                    cs[j] = _f32_to_bf16_bits(ub[j])
-            else:
-                for j in range(cs.size):
-                    cs[j] = _f32_to_f16_bits(ub[j])
+        _combine_block(src[lo:hi], codes[lo:hi], mode, bf16)
 
 
 @jit(parallel=True)
@@ -300,23 +299,23 @@ def count_nonfinite(x):
 
 @jit
 def _feedback_block(xs, rs, accs, cs, bf16):
-    """One chunk of :func:`half_feedback`, one simple loop per format (they vectorise)."""
+    """One chunk of :func:`half_feedback`: one simple loop per format, forming ``x + r``,
+    its code, the new residual and the non-finite count in one pass (it vectorises)."""
+    k = np.int64(0)
     if bf16:
         for i in range(xs.size):
             a = np.float32(xs[i] + rs[i])
             h = _f32_to_bf16_bits(a.view(np.uint32))
             cs[i] = h
             accs[i] = a - _bf16_to_f32(h)
+            k += np.int64(not (a - a == 0))
     else:
         for i in range(xs.size):
             a = np.float32(xs[i] + rs[i])
             h = _f32_to_f16_bits(a.view(np.uint32))
             cs[i] = h
             accs[i] = a - _f16_to_f32(h)
-    k = np.int64(0)
-    for i in range(xs.size):
-        v = np.float32(xs[i] + rs[i])
-        k += np.int64(not (v - v == 0))
+            k += np.int64(not (a - a == 0))
     return k
 
 
