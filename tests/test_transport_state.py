@@ -280,3 +280,17 @@ def test_a_state_saved_with_other_options_is_refused(spec):
         with pytest.raises(ValueError, match="residuals"):
             target.load_state_dict(saved)
         assert pickle.dumps(target.state_dict()) == before
+
+
+def test_powersgd_keeps_one_residual_buffer_per_tensor():
+    """Two-round PowerSGD makes a fresh M every step and installs M - P Q^T in it, so a
+    tensor's memory is one residual buffer (no spare), and a passed-through tensor's residual
+    stays the zeros it has after one step."""
+    red = Allreducer("powersgd(rank=2)", MPI.COMM_SELF)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        red.reduce({"w": rng.standard_normal((32, 48)).astype(np.float32), "b": np.ones(48, np.float32)})
+    for key in ("w", "b"):
+        slot = red.scheme.ef._slots[key]
+        assert slot.spare is None and slot.residual.shape == slot.shape and slot.residual.flags.c_contiguous
+    assert not red.scheme.ef.residual("b").any() and red.scheme.ef.residual("w").any()

@@ -51,10 +51,13 @@ class Slot:
         self.spare = None
         return acc
 
-    def commit(self, residual: np.ndarray) -> None:
+    def commit(self, residual: np.ndarray, *, keep_spare: bool = True) -> None:
         """Install ``residual`` (a buffer from :meth:`take_spare`, holding ``acc - decoded``)
-        as the new residual; the old one becomes the spare.  The only writer of a residual."""
-        self.spare, self.residual = self.residual, residual
+        as the new residual; the old one becomes the spare, or is dropped with
+        ``keep_spare=False`` (a caller that makes a fresh ``acc`` every step anyway, as the
+        two-round PowerSGD does, keeps one buffer instead of two).  The only writer of a
+        residual."""
+        self.spare, self.residual = (self.residual if keep_spare else None), residual
 
 
 Slot.__module__ = "codec.feedback"  # its public home (pickles and reprs name it there)

@@ -147,10 +147,9 @@ class _TwoRoundPending:
             n, m, r = plan
             p = orthogonalize(s.reshape(n, r).copy())
             q_local = mat.T @ p
-            if slot.residual is not None:  # this rank's M - P Q_local^T
-                res = slot.take_spare()
-                np.subtract(mat, p @ q_local.T, out=res.reshape(n, m))
-                slot.commit(res)
+            if slot.residual is not None:  # this rank's M - P Q_local^T, in M's own buffer
+                np.subtract(mat, p @ q_local.T, out=mat)  # M is not read again this step
+                slot.commit(mat.reshape(slot.shape), keep_spare=False)
             ps.append(p)
             qs.append(q_local.reshape(-1))
         work_s = time.perf_counter() - t
@@ -161,10 +160,8 @@ class _TwoRoundPending:
         for a, (slot, mat, plan, _), s, p, qq in zip(self.arrays, self.work, summed, ps, qsum):
             if plan is None:  # a view of round 1's buffer, as with none
                 out.append(finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape))
-                if slot.residual is not None:  # sent whole: nothing left over
-                    res = slot.take_spare()
-                    res[...] = 0
-                    slot.commit(res)
+                if slot.residual is not None and slot.residual.any():  # sent whole: nothing left over
+                    slot.commit(np.zeros_like(slot.residual), keep_spare=False)  # (zero after one step)
             else:
                 n, m, r = plan
                 qm = qq.reshape(m, r).copy()
