@@ -47,18 +47,12 @@ class ErrorFeedback:
         """Encode ``x`` plus the residual of ``key``; the new residual is what the frame missed.
         Without residuals: the frame of ``x`` at the key's step.  Advances the key's step."""
         arr = as_float_array(x, dtype, "x")
+        self.check(key, arr.shape, arr.dtype)
         slot = self._slots.get(key)
         if slot is None:
             slot = self._fresh(key, arr.shape, arr.dtype)
-        elif slot.step > MAX_STEP:
-            raise ValueError(f"key: {key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
-        elif not slot.fits(arr.shape, arr.dtype):
-            if self.residuals:
-                raise ValueError(
-                    f"x: key {key!r} was {slot.dtype}{list(slot.shape)}, now {arr.dtype}{list(arr.shape)}; "
-                    "call reset(key) to start it over"
-                )
-            slot = self._fresh(key, arr.shape, arr.dtype, slot.step)  # nothing to feed back: the step goes on
+        elif not slot.fits(arr.shape, arr.dtype):  # without residuals (check): the step goes on
+            slot = self._fresh(key, arr.shape, arr.dtype, slot.step)
         if not self.residuals:
             frame = self.codec.encode_with(arr, slot.context(arr))
         elif self.momentum:
@@ -73,6 +67,21 @@ class ErrorFeedback:
         slot.step += 1
         self._slots[key] = slot
         return frame
+
+    def check(self, key, shape, dtype, argname: str = "x") -> None:
+        """What :meth:`encode` checks before it changes anything, for a caller that must
+        know first (a transport, before its collective): the key has steps left, and with
+        residuals an array of ``shape`` and ``dtype`` fits the key's residual.  ValueError
+        naming ``argname`` otherwise."""
+        slot = self._slots.get(key)
+        if slot is None:
+            return
+        _check_steps(slot)
+        if self.residuals and not slot.fits(shape, dtype):
+            raise ValueError(
+                f"{argname}: key {key!r} was {slot.dtype}{list(slot.shape)}, now {np.dtype(dtype)}{list(shape)}; "
+                "call reset(key) to start it over"
+            )
 
     def _step(self, x: np.ndarray, slot: Slot):
         """One error-feedback step: the frame of ``acc = x + slot.residual``, with ``acc -
@@ -123,8 +132,8 @@ class ErrorFeedback:
         dtype = np.dtype(dtype)
         shape = tuple(int(n) for n in shape)
         slot = self._slots.get(key)
-        if slot is not None and slot.step > MAX_STEP:
-            raise ValueError(f"key: {key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
+        if slot is not None:
+            _check_steps(slot)
         if slot is not None and slot.fits(shape, dtype):
             return slot
         step = slot.step if slot is not None and not self.residuals else 0
@@ -225,6 +234,12 @@ class ErrorFeedback:
         m = f", momentum={self.momentum}" if self.momentum else ""
         r = "" if self.residuals else ", residuals=False"
         return f"ErrorFeedback({self.codec.spec!r}{m}{r}, keys={len(self._slots)})"
+
+
+def _check_steps(slot: Slot) -> None:
+    """ValueError when ``slot``'s key has used up its steps (``codec.stage.MAX_STEP``)."""
+    if slot.step > MAX_STEP:
+        raise ValueError(f"key: {slot.key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
 
 
 ErrorFeedback.__module__ = "codec.feedback"  # its public home (pickles and reprs name it there)

@@ -42,17 +42,12 @@ class Framed(Scheme):
 
     def prepare(self, arrays, keys):
         """Checks every input before the first collective, changing nothing: finite where the
-        codec needs it, and the shape and dtype of an existing residual."""
+        codec needs it, and what the ErrorFeedback's encode would refuse (steps left, the shape
+        and dtype of an existing residual)."""
         for a, k in zip(arrays, keys):
             if not self.codec.passes_nonfinite(a.shape):  # the codec would raise on NaN/inf
                 check_finite(a, k, self.spec)
-            if self.ef.residuals:
-                try:
-                    r = self.ef.residual(self.key(k))
-                except KeyError:
-                    continue
-                if r.shape != a.shape or r.dtype != a.dtype:
-                    raise ValueError(f"tensors[{k!r}]: was {r.dtype}{list(r.shape)} in an earlier step, now {a.dtype}{list(a.shape)}; its residual does not fit")
+            self.ef.check(self.key(k), a.shape, a.dtype, f"tensors[{k!r}]")
         return arrays, keys
 
     def key(self, name):
