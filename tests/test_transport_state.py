@@ -294,3 +294,20 @@ def test_powersgd_keeps_one_residual_buffer_per_tensor():
         slot = red.scheme.ef._slots[key]
         assert slot.spare is None and slot.residual.shape == slot.shape and slot.residual.flags.c_contiguous
     assert not red.scheme.ef.residual("b").any() and red.scheme.ef.residual("w").any()
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.5)", "gtopk(ratio=0.5)", "randomk(ratio=0.5)"])
+def test_a_key_out_of_steps_fails_before_the_collective(spec):
+    """ErrorFeedback.check runs in the scheme's pre-collective check: a key that has used up
+    its steps fails there (every rank raises, nothing changes), not after the first collective."""
+    from codec.stage import MAX_STEP
+
+    red = Allreducer(spec, MPI.COMM_SELF)
+    x = {"w": np.arange(1, 9, dtype=np.float32)}
+    red.reduce(x)
+    slot = next(iter(red.scheme.ef._slots.values()))
+    slot.step = MAX_STEP + 1
+    before = copy.deepcopy(red.scheme.ef.state_dict()["slots"][0]["residual"])
+    with pytest.raises(ValueError, match=r"failed checking its input.*2\*\*62 frames"):
+        red.reduce(x)
+    assert slot.step == MAX_STEP + 1 and np.array_equal(red.scheme.ef.residual(slot.key), before)
