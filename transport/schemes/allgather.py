@@ -46,7 +46,7 @@ class Framed(Scheme):
         and dtype of an existing residual)."""
         for a, k in zip(arrays, keys):
             if not self.codec.passes_nonfinite(a.shape):  # the codec would raise on NaN/inf
-                check_finite(a, k, self.spec)
+                check_finite(a, f"tensors[{k!r}]", self.spec)
             self.ef.check(self.key(k), a.shape, a.dtype, f"tensors[{k!r}]")
         return arrays, keys
 

@@ -112,12 +112,12 @@ def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None) -
     return acc if acc.dtype == dtype else round_to(acc, dtype)
 
 
-def check_finite(a: np.ndarray, name, spec: str) -> None:
-    """``codec.errors.NonFiniteError`` (a ValueError) naming the tensor and the position of its
-    first NaN or inf."""
+def check_finite(a: np.ndarray, where: str, who: str, why: str = "needs finite input") -> None:
+    """``codec.errors.NonFiniteError`` (a ValueError) naming ``where`` (``tensors['w']``) and
+    the position of ``a``'s first NaN or inf; nothing when ``a`` is finite."""
     bad = first_nonfinite(a)
     if bad >= 0:
-        raise NonFiniteError(f"tensors[{name!r}]", tuple(int(i) for i in np.unravel_index(bad, a.shape)), spec)
+        raise NonFiniteError(where, tuple(int(i) for i in np.unravel_index(bad, a.shape)), who, why)
 
 
 class Sums:

@@ -39,7 +39,6 @@ import numpy as np
 
 import codec
 from codec.arrays import first_nonfinite, wide_dtype
-from codec.errors import NonFiniteError
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
 from transport.schemes.base import Scheme, Sums, check_finite, finish_sum
 
@@ -61,11 +60,8 @@ class Memory(codec.ErrorFeedback):
         what = "residual" if slot.residual is not None else "dtype"
         if slot.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"{where}: {what}: dtype {slot.dtype}; powersgd keeps float32 (float64 for float64 tensors)")
-        if slot.residual is not None:
-            bad = first_nonfinite(slot.residual)
-            if bad >= 0:
-                at = tuple(int(i) for i in np.unravel_index(bad, slot.shape))
-                raise NonFiniteError(f"{where}: residual", at, "two-round powersgd", "would send it in the next step")
+        if slot.residual is not None and self.codec.passes_nonfinite(slot.shape):  # else ErrorFeedback's check scanned it
+            check_finite(slot.residual, f"{where}: residual", "two-round powersgd", "would send it in the next step")
 
 
 class TwoRound(Scheme):
@@ -98,7 +94,7 @@ class TwoRound(Scheme):
             dt = wide_dtype(a.dtype)
             slot = self.ef.slot(name, a.shape, dt)  # stored, or new and not stored yet
             acc = a.astype(dt) if slot.residual is None else np.add(a, slot.residual, dtype=dt)  # a new buffer
-            check_finite(acc, name, "powersgd")
+            check_finite(acc, f"tensors[{name!r}]", "powersgd")
             plan = matrix_of(a.shape, st.rank, st.min_compression_rate)
             if plan is None:
                 work.append((slot, acc, None, acc))
@@ -108,12 +104,8 @@ class TwoRound(Scheme):
             mat = acc.reshape(n, m)
             q = start_q(slot.state.get(STATE_Q), m, r, dt, st.seed, name, slot.step, st.warm_start)
             p = mat @ q
-            bad = first_nonfinite(p)
-            if bad >= 0:  # a finite M can overflow
-                raise NonFiniteError(
-                    f"tensors[{name!r}]: P = M Q", tuple(int(i) for i in np.unravel_index(bad, p.shape)), "powersgd",
-                    f"cannot send it (M Q overflows {dt}; |M| up to {float(np.abs(mat).max()):.3g})",
-                )
+            if first_nonfinite(p) >= 0:  # a finite M can overflow
+                check_finite(p, f"tensors[{name!r}]: P = M Q", "powersgd", f"cannot send it (M Q overflows {dt}; |M| up to {float(np.abs(mat).max()):.3g})")
             work.append((slot, mat, plan, p))
             wire.append((n + m) * r * dt.itemsize)
         return arrays, keys, work, wire
