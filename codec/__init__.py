@@ -16,7 +16,6 @@ from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.pipeline import Codec, decode, decode_sparse, get_codec, list_codecs
 from codec.spec import format_spec, parse as parse_spec  # for transports: docs/api.md, "For transports"
-from codec.stage import check_step  # for transports: docs/api.md, "For transports"
 from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 
 __version__ = "0.1.0"
@@ -27,7 +26,6 @@ __all__ = [
     "CorruptFrameError",
     "ErrorFeedback",
     "UnknownCodecError",
-    "check_step",
     "decode",
     "decode_sparse",
     "format_spec",

@@ -4,7 +4,6 @@ dtypes, rounding, finiteness and sparse sums, so a transport computes the same b
 
 * :func:`as_float_array` — an input as a plain C-contiguous float ndarray (the rule
   ``Codec.encode`` applies to its ``x``);
-* :func:`owned_float_array` — a checkpoint's array as a fresh owned float ndarray, or ValueError;
 * :func:`wide_dtype` — the accumulator dtype of a tensor dtype (float64 for float64, else float32);
 * :func:`round_to` — round once, to nearest even, to a dtype (16-bit included);
 * :func:`first_nonfinite` — flat position of the first NaN/inf, or -1 (no full-size temporary);
@@ -19,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.dtypes import as_float_array, on_device, owned_float_array
+from codec.dtypes import as_float_array, on_device
 from codec.modes import ADD
 from codec.ops import first_nonfinite, round_to, scatter, wide_dtype
 
-__all__ = ["as_float_array", "first_nonfinite", "on_device", "owned_float_array", "round_to", "scatter_add", "wide_dtype"]
+__all__ = ["as_float_array", "first_nonfinite", "on_device", "round_to", "scatter_add", "wide_dtype"]
 
 
 def scatter_add(values, positions, out: np.ndarray) -> None:

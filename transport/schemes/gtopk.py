@@ -128,7 +128,7 @@ class GTopK(Framed):
         stages = codec.parse_spec(spec)
         local = codec.format_spec([("topk", stages[0][1])] + list(stages[1:]))
         super().__init__(codec.get_codec(local, checksum=reducer.checksum), reducer)
-        self.spec = codec.format_spec([("gtopk", stages[0][1])] + [(n, p) for n, p in codec.parse_spec(self.codec.spec)[1:]])
+        self.spec = codec.format_spec([("gtopk", stages[0][1])] + codec.parse_spec(self.codec.spec)[1:])
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not gtopk")
 
