@@ -56,15 +56,13 @@ class AdaComp(IndexSelect):
 
     def select(self, values, ctx, sections, residual=None, out=None):
         from codec.kernels import backend
-        from codec.layout import group_buckets
+        from codec.layout import bucket_groups
         from codec.ops import WIDE, round_to, widen
         from codec.pack import encode_indices
 
         n = values.size
         L = self.length(ctx.shape)
-        nbins = -(-n // L)
-        per_chunk = group_buckets(L)  # bins per kernel chunk: whole bins, about CHUNK values
-        nchunk = -(-nbins // per_chunk)
+        nbins, per_chunk, nchunk = bucket_groups(n, L)  # kernel chunks of whole bins, about CHUNK values
         # float32/float64 under error feedback: the kernel forms G = R + dW into out in its pass;
         # 16-bit: G is rounded to the array's dtype first, the test runs on exact float32 widenings
         form = residual is not None and values.dtype in WIDE

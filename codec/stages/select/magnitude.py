@@ -119,12 +119,12 @@ class Magnitudes:
 
     def _scan(self, cut: float) -> None:
         from codec.kernels import backend
-        from codec.layout import CHUNK, LANES
+        from codec.layout import CHUNK, LANES, chunks
 
         n = self.n
         src, dt = self._src, self._src.dtype
         kern = backend("select", src)
-        nchunk = -(-n // CHUNK)
+        nchunk = chunks(n)
         empty = np.empty(0, dt)
         form = self._r is not None and self.cut is None
         x, r, acc = (src, self._r, self.acc) if form else (src, empty, empty)

@@ -7,7 +7,8 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.ops import readonly
-from codec.stages.value.quantizer import Dequant, Quantizer, bucket_groups, codes_section, read_codes, read_scalars, scalars_section
+from codec.layout import bucket_groups
+from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, scalars_section
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, SEED, rounding
 from codec.stage import register

@@ -11,13 +11,13 @@ from codec.ops import readonly
 from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
-    bucket_groups,
     code_dtype,
     codes_section,
     read_codes,
     read_scalars,
     scalars_section,
 )
+from codec.layout import bucket_groups
 from codec.params import Param, SEED, rounding
 from codec.stage import register
 

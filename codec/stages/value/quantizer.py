@@ -142,14 +142,6 @@ def magnitude_values(top: np.ndarray, dtype) -> tuple[np.ndarray, bool]:
 
 
 # ---------------------------------------------------------------------------- sections
-def bucket_groups(n: int, bucket: int) -> tuple[int, int, int]:
-    """(buckets, buckets per group, groups) of ``n`` values in buckets of ``bucket``: a group is
-    the kernels' unit of parallel work, about 65,536 values of whole buckets."""
-    from codec import layout
-
-    return layout.bucket_groups(n, bucket)
-
-
 def codes_section(codes: np.ndarray, bits: int) -> Section:
     """``codes`` (uint8/uint16) as a values section of ``bits``-bit items: the bytes themselves
     at 8 or 16 bits, bit-packed otherwise."""

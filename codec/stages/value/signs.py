@@ -16,10 +16,10 @@ class _Bits(Quantizer):
 
     def quantize(self, x, ctx, sections):
         from codec.kernels import backend
-        from codec.layout import CHUNK, LANES
+        from codec.layout import LANES, chunks
 
         n = x.size
-        nchunk = -(-n // CHUNK)
+        nchunk = chunks(n)
         out = np.empty(-(-n // 8), np.uint8)
         sums, nneg, bad = np.zeros((nchunk, 3)), np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
         if n:

@@ -40,11 +40,11 @@ class TernGrad(Quantizer):
 
     def quantize(self, x, ctx, sections):
         from codec.kernels import backend
-        from codec.layout import CHUNK, LANES
+        from codec.layout import LANES, chunks
 
         kern = backend("quantize", x)
         n = x.size
-        nchunk = -(-n // CHUNK)
+        nchunk = chunks(n)
         bits, mask = magnitude_bits(x)
         sums, top = np.zeros((nchunk, 2)), np.zeros(nchunk, bits.dtype)
         shift = float(x[0]) if n else 0.0
