@@ -40,7 +40,7 @@ from codec.dtypes import on_device
 #: the backends a family may have, in dispatch order
 BACKENDS = ("cpu", "cuda")
 
-__all__ = ["BACKENDS", "FAMILIES", "backend", "families", "module"]
+__all__ = ["BACKENDS", "backend", "families", "module"]
 
 
 @functools.cache
@@ -57,15 +57,6 @@ def families(package: str = __name__) -> tuple[str, ...]:
         spec = importlib.util.find_spec(f"{package}.cpu")
         where = list(spec.submodule_search_locations or []) if spec is not None else []
     return tuple(sorted(m.name for m in pkgutil.iter_modules(where) if not m.name.startswith("_")))
-
-
-def __getattr__(name):
-    # ``FAMILIES``: every kernel family of the library, sorted (``codec/kernels/cpu/<family>.py``;
-    # what each one holds: its module docstring and docs/kernels.md, "Families"), listed on
-    # first use rather than at import
-    if name == "FAMILIES":
-        return families()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def backend(family: str, *arrays, package: str = __name__):
