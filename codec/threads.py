@@ -21,7 +21,7 @@ each process takes its share of the cores it may run on::
   forced to 2 per process, four processes on two cores took 2.5 ms per encode instead of
   32 ms, while a process alone keeps the speed of spinning (a passive wait cost it 0.1 ms
   per parallel call).  This is GNU OpenMP's setting, for Numba's ``omp`` threading layer
-  (the one here); with TBB installed Numba picks TBB, whose idle workers sleep anyway.
+  (the one here); with TBB installed Numba picks TBB, which this setting does not reach.
 
 A parallel kernel asks :func:`budget` on every call and runs its serial twin when the budget
 is one thread, so the budget holds in any calling thread.  ``GRADCODEC_THREADS=N`` fixes the
