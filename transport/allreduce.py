@@ -186,7 +186,7 @@ class Allreducer:
         :class:`RankError` and no rank's state (residuals, steps, warm-start Q) changes."""
         if not self._placed:  # the first step is collective: count the ranks sharing this node
             self._placed = True
-            threads.set_local_ranks(_node_ranks(self.comm))
+            threads.set_local_ranks(node_ranks(self.comm))
         t0 = time.perf_counter()
         stats = Stats()
         layout = desc = prepared = failed = None
@@ -367,7 +367,7 @@ def _mismatch_message(descs) -> str:
     return "ranks disagree on the step's configuration"
 
 
-def _node_ranks(comm) -> int:
+def node_ranks(comm) -> int:
     """How many ranks of ``comm`` share this rank's node (a shared-memory split: collective),
     for the thread budget (codec/threads.py); the launcher's variables count the rest."""
     node = comm.Split_type(mpi().COMM_TYPE_SHARED)

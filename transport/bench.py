@@ -211,11 +211,11 @@ def main(argv=None):
     import codec._jit  # noqa: F401  (Numba as the kernels load it, for the thread budget below)
     from codec import threads
 
+    from transport.allreduce import node_ranks
+
     comm = MPI.COMM_WORLD
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local = node.Get_size()
-    node.Free()
-    threads.set_local_ranks(local)
+    local = node_ranks(comm)
+    threads.set_local_ranks(local)  # as an Allreducer does at its first step: the header shows the budget
     rank = comm.Get_rank()
 
     def say(text):
