@@ -327,8 +327,12 @@ def _as_buffer(buf) -> memoryview:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
-def parse_frame(buf, *, max_elements: int | None = None) -> Frame:
-    """Validate ``buf`` as a frame and return its parsed header (sections are read lazily)."""
+def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = True) -> Frame:
+    """Validate ``buf`` as a frame and return its parsed header (sections are read lazily).
+
+    ``verify_payload=False`` skips the payload checksum (one pass over the payload) and
+    nothing else: only for a frame this process has just built and still holds, as the
+    error-feedback step's subtraction of its own frame (``Codec.subtract``)."""
     mv = _as_buffer(buf)
     size = mv.nbytes
     if size < MIN_FRAME:
@@ -387,7 +391,7 @@ def parse_frame(buf, *, max_elements: int | None = None) -> Frame:
     if math.prod(d for d in shape if d) > max(limit, MAX_ELEMENTS):
         # an empty shape such as (2**62, 0): NumPy itself cannot make an array of it
         raise CorruptFrameError(f"frame declares shape {tuple(shape)}: its non-zero dimensions exceed {max(limit, MAX_ELEMENTS)} elements")
-    if flags & _PAYLOAD_FLAGS:
+    if flags & _PAYLOAD_FLAGS and verify_payload:
         (pcrc,) = _CRC.unpack_from(mv, pos - _CRC.size)
         payload_crc = _crc32c.crc32c if flags & FLAG_PAYLOAD_CRC32C else zlib.crc32
         if payload_crc(mv[header_len:]) != pcrc:

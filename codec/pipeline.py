@@ -113,8 +113,9 @@ class Codec:
 
     def subtract(self, frame: bytes, flat: np.ndarray) -> None:
         """``flat -= decode(frame)`` in place, rounded once (a sparse frame touches only its
-        positions); ``frame`` is one this codec just made."""
-        self._decode_into(parse_frame(frame), flat, SUB)
+        positions); ``frame`` is one this codec just made, so its payload checksum, computed
+        while it was built, is not verified again."""
+        self._decode_into(parse_frame(frame, verify_payload=False), flat, SUB)
 
     # ---------------------------------------------------------------- decode
     def decode(self, frame, out=None, *, max_elements=None):

@@ -231,3 +231,19 @@ def test_zstd_wire_size_formula():
     raw = x.tobytes()
     z = zstandard.ZstdCompressor(level=5, write_content_size=True).compress(raw)
     assert len(c.encode(x)) == _header(c, x, 1) + min(len(raw), len(z))
+
+
+def test_verify_payload_false_skips_only_the_payload_checksum():
+    """For a frame the process just built (Codec.subtract): the payload CRC is not recomputed;
+    every header check still runs."""
+    import codec
+    from codec.errors import CorruptFrameError
+
+    frame = bytearray(codec.get_codec("fp16").encode(np.arange(1, 65, dtype=np.float32)))
+    frame[-1] ^= 0xFF  # a payload byte
+    with pytest.raises(CorruptFrameError, match="payload checksum"):
+        parse_frame(bytes(frame))
+    assert parse_frame(bytes(frame), verify_payload=False).n == 64
+    frame[0] ^= 0xFF  # the magic
+    with pytest.raises(CorruptFrameError, match="not a gradcodec frame"):
+        parse_frame(bytes(frame), verify_payload=False)
