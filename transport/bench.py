@@ -33,7 +33,9 @@ import os
 
 
 def _threads_per_rank() -> str:
-    """cores // ranks on this node (MPICH's MPI_LOCALNRANKS or Open MPI's local size), at least 1."""
+    """cores // ranks on this node (MPICH's MPI_LOCALNRANKS or Open MPI's local size), at least 1:
+    the BLAS share, set before NumPy loads, so before ``codec`` (and its ``codec.threads``,
+    which budgets gradcodec's own kernels) can be imported."""
     local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or "1"
     return str(max(1, (os.cpu_count() or 1) // max(1, int(local))))
 
