@@ -14,7 +14,8 @@ from __future__ import annotations
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
-from codec.pipeline import Codec, decode, decode_sparse, get_codec, list_codecs
+from codec.manyframe import Layout
+from codec.pipeline import Codec, decode, decode_add_many, decode_many, decode_sparse, get_codec, list_codecs
 from codec.spec import format_spec, parse as parse_spec  # for transports: docs/api.md, "For transports"
 from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 
@@ -25,8 +26,11 @@ __all__ = [
     "CodecError",
     "CorruptFrameError",
     "ErrorFeedback",
+    "Layout",
     "UnknownCodecError",
     "decode",
+    "decode_add_many",
+    "decode_many",
     "decode_sparse",
     "format_spec",
     "get_codec",

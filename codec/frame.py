@@ -340,8 +340,10 @@ def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = 
     magic, version, flags, dcode, ndim, nsec, reserved, spec_len = _FIXED.unpack_from(mv, 0)
     if magic != MAGIC:
         raise CorruptFrameError(f"not a gradcodec frame (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version == 2:
+        raise CorruptFrameError("this is a many-tensor frame (format v2, from encode_many): decode it with codec.decode_many")
     if version != VERSION:
-        raise CorruptFrameError(f"frame format version {version} is not supported (this gradcodec reads version {VERSION})")
+        raise CorruptFrameError(f"frame format version {version} is not supported (this gradcodec reads versions 1 and 2)")
     if flags & _RESERVED_FLAGS or reserved or flags & _PAYLOAD_FLAGS == _PAYLOAD_FLAGS:
         raise CorruptFrameError(f"reserved header bits are set (flags={flags:#04x}, reserved={reserved:#04x})")
     if ndim > MAX_NDIM or spec_len > MAX_SPEC:

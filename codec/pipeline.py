@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import numpy as np
 
@@ -111,11 +112,49 @@ class Codec:
         codec's spec, checksum and byte stages."""
         return build_frame(self.spec, dtype, shape, sections, **self._frame_options)
 
-    def subtract(self, frame: bytes, flat: np.ndarray) -> None:
-        """``flat -= decode(frame)`` in place, rounded once (a sparse frame touches only its
-        positions); ``frame`` is one this codec just made, so its payload checksum, computed
-        while it was built, is not verified again."""
-        self._decode_into(parse_frame(frame, verify_payload=False), flat, SUB)
+    def frame_many(self, sections: list, layout, form: str = "table") -> bytes:
+        """The many-tensor frame (format v2, :mod:`codec.manyframe`) holding ``sections[i]``
+        for tensor i of ``layout``; ``form`` "table" or "hash"."""
+        from codec.manyframe import build_many
+
+        return build_many(self.spec, layout, sections, form=form, **self._frame_options)
+
+    def subtract(self, fr, flat: np.ndarray) -> None:
+        """``flat -= decode(fr)`` in place, rounded once (a sparse frame touches only its
+        positions); ``fr`` is a parsed frame (:func:`codec.frame.parse_frame`, or a tensor of
+        a many-tensor frame) that this codec made."""
+        self._decode_into(fr, flat, SUB)
+
+    # ---------------------------------------------------------------- many tensors
+    def encode_many(self, tensors, *, keys=None, step: int = 0, layout: str = "table") -> bytes:
+        """One frame (format v2) holding every tensor of ``tensors``: a dict name -> array (the
+        names are kept, and decoding gives a dict back) or a sequence of arrays.
+
+        Each tensor is coded exactly as :meth:`encode` would code it alone (top-k's k, a
+        quantizer's buckets, PowerSGD's matrices and the random streams are per tensor):
+        ``keys`` (one per tensor; default None for all) and ``step`` are what ``encode``
+        takes.  ``layout="hash"`` writes the layout's 8-byte hash instead of its table, for
+        peers that agreed on it; decoding such a frame needs ``layout=``."""
+        from codec.manyframe import Layout
+
+        names, arrays = many_inputs(tensors)
+        keys = many_keys(keys, len(arrays))
+        step = check_step(step)
+        sections = [self.sections(a.reshape(-1), Context(a.shape, a.dtype, key=k, step=step)) for a, k in zip(arrays, keys)]
+        lay = Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), names)
+        return self.frame_many(sections, lay, layout)
+
+    def decode_many(self, frame, out=None, *, layout=None, max_elements=None):
+        """:func:`codec.decode_many`, checking that the frame was made by this codec."""
+        mf = _parse_many(frame, layout, max_elements)
+        self._check_same(mf)
+        return _decode_many(mf, out)
+
+    def decode_add_many(self, frame, out, *, layout=None, subtract: bool = False):
+        """:func:`codec.decode_add_many`, checking that the frame was made by this codec."""
+        mf = _parse_many(frame, layout, None)
+        self._check_same(mf)
+        return _decode_add_many(mf, out, subtract)
 
     # ---------------------------------------------------------------- decode
     def decode(self, frame, out=None, *, max_elements=None):
@@ -314,25 +353,25 @@ def get_codec(spec=None, /, *, checksum: bool | None = None, **params) -> Codec:
     return _cached(spec, checksum)
 
 
-def _out_array(fr, out, *, add: bool) -> np.ndarray:
+def _out_array(fr, out, *, add: bool, argname: str = "out") -> np.ndarray:
     """The flat base-ndarray view of ``out`` that decoding writes: a writeable, aligned,
     C-contiguous NumPy array (a subclass is written through a base view; masked arrays are
     refused) with the frame's element count and dtype (any supported dtype when adding)."""
     from codec.dtypes import CODES, base_view
 
     if out is None:
-        raise TypeError("out: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
+        raise TypeError(f"{argname}: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
-    plain = base_view(out, "out")
+        raise TypeError(f"{argname}: expected a NumPy array, got {type(out).__name__}")
+    plain = base_view(out, argname)
     if plain.size != fr.n:
-        raise ValueError(f"out: has {plain.size} elements, the frame holds {fr.n} (shape {fr.shape})")
+        raise ValueError(f"{argname}: has {plain.size} elements, the frame holds {fr.n} (shape {fr.shape})")
     if add and plain.dtype not in CODES.values():
-        raise ValueError(f"out: dtype {plain.dtype} cannot accumulate; use float16, bfloat16, float32 or float64 (native byte order)")
+        raise ValueError(f"{argname}: dtype {plain.dtype} cannot accumulate; use float16, bfloat16, float32 or float64 (native byte order)")
     if not add and plain.dtype != fr.dtype:
-        raise ValueError(f"out: dtype {plain.dtype} does not match the frame's {fr.dtype}")
+        raise ValueError(f"{argname}: dtype {plain.dtype} does not match the frame's {fr.dtype}")
     if not plain.flags.c_contiguous or not plain.flags.writeable or not plain.flags.aligned:
-        raise ValueError("out: must be a writeable, aligned, C-contiguous array")
+        raise ValueError(f"{argname}: must be a writeable, aligned, C-contiguous array")
     return plain.reshape(-1)
 
 
@@ -385,6 +424,119 @@ def _decode_sparse(fr):
         raise ValueError(f"frame: {fr.spec!r} has no select stage, so the frame is not sparse; use codec.decode")
     ctx, payload = codec._read(fr)
     return ctx.positions, codec._kept(ctx, payload)
+
+
+# -------------------------------------------------------------------- many tensors
+def many_inputs(tensors, argname: str = "tensors"):
+    """``(names, arrays)`` of a dict name -> array (names a tuple of str) or a sequence of
+    arrays (names None); each array through :func:`codec.dtypes.as_float_array`."""
+    if isinstance(tensors, dict):
+        for k in tensors:
+            if not isinstance(k, str):
+                raise TypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
+        return tuple(tensors), [as_float_array(v, None, f"{argname}[{k!r}]") for k, v in tensors.items()]
+    if isinstance(tensors, (list, tuple)):
+        return None, [as_float_array(v, None, f"{argname}[{i}]") for i, v in enumerate(tensors)]
+    raise TypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
+
+
+def many_keys(keys, count: int) -> list:
+    """``keys`` as a list of ``count`` per-tensor keys (None: None for every tensor)."""
+    if keys is None:
+        return [None] * count
+    if isinstance(keys, (str, bytes)) or not hasattr(keys, "__len__"):
+        raise TypeError(f"keys: expected one key per tensor (a list), got {type(keys).__name__}")
+    if len(keys) != count:
+        raise ValueError(f"keys: {len(keys)} keys for {count} tensors")
+    return list(keys)
+
+
+def _hashable(key):
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"keys: a key must be hashable, got {type(key).__name__}") from None
+    return key
+
+
+def _parse_many(frame, layout, max_elements):
+    from codec.manyframe import parse_many
+
+    return parse_many(frame, layout=layout, max_elements=max_elements)
+
+
+def _many_targets(mf, out, *, add: bool) -> list:
+    """Per tensor of ``mf``, the flat array decoding writes (None: a new one), from ``out``:
+    None, a dict name -> array (exactly the frame's names) or a sequence (frame order)."""
+    count = len(mf)
+    if out is None:
+        if add:
+            raise TypeError("out: decode_add_many adds into existing arrays; pass them")
+        return [None] * count
+    names = mf.layout.names
+    if isinstance(out, dict):
+        if names is None:
+            raise TypeError("out: this frame does not name its tensors; pass a list of arrays in frame order")
+        if set(out) != set(names):
+            missing, extra = sorted(set(names) - set(out)), sorted(set(out) - set(names))
+            raise ValueError(f"out: must hold exactly the frame's tensors (missing {missing}, not in the frame {extra})")
+        items = [(f"out[{k!r}]", out[k]) for k in names]
+    elif isinstance(out, (list, tuple)):
+        if len(out) != count:
+            raise ValueError(f"out: {len(out)} arrays for a frame of {count} tensors")
+        items = [(f"out[{i}]", a) for i, a in enumerate(out)]
+    else:
+        raise TypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
+    return [_out_array(mf.tensor(i), a, add=add, argname=where) for i, (where, a) in enumerate(items)]
+
+
+def _read_many(mf) -> tuple:
+    """The codec of ``mf`` and every tensor's checked, compactly read payload (phase 1 for all
+    tensors before any output is allocated)."""
+    codec = _codec_of(mf)
+    return codec, [codec._read(mf.tensor(i)) for i in range(len(mf))]
+
+
+def _decode_many(mf, out=None):
+    targets = _many_targets(mf, out, add=False)
+    codec, reads = _read_many(mf)
+    lay = mf.layout
+    results = []
+    for i, ((ctx, payload), target) in enumerate(zip(reads, targets)):
+        if target is None:
+            target = np.empty(math.prod(lay.shapes[i]), lay.dtypes[i])
+        codec._write(ctx, payload, target, SET)
+        results.append(target.reshape(lay.shapes[i]))
+    if out is not None:
+        return out
+    return results if lay.names is None else dict(zip(lay.names, results))
+
+
+def _decode_add_many(mf, out, subtract=False):
+    targets = _many_targets(mf, out, add=True)
+    codec, reads = _read_many(mf)
+    for (ctx, payload), target in zip(reads, targets):
+        codec._write(ctx, payload, target, SUB if subtract else ADD)
+    return out
+
+
+def decode_many(frame, out=None, *, layout=None, max_elements=None):
+    """Decode a many-tensor frame (:meth:`Codec.encode_many`) with nothing but the frame: a
+    dict name -> array when the frame names its tensors, else a list; or fill ``out`` (a dict
+    or list of arrays of the frame's dtypes and sizes) and return it.
+
+    ``layout`` (a :class:`codec.Layout`, or the tensors to read it off) is required for a
+    frame in the layout-hash form and checked against a frame's table otherwise;
+    ``max_elements`` bounds the sum of the tensors' element counts.  Every section of every
+    tensor is checked before any output is allocated."""
+    return _decode_many(_parse_many(frame, layout, max_elements), out)
+
+
+def decode_add_many(frame, out, *, layout=None, subtract: bool = False):
+    """``out[i] += decoded[i]`` for every tensor of a many-tensor frame (``-=`` with
+    ``subtract=True``); ``out`` a dict or list of arrays of any supported float dtype with
+    the tensors' element counts.  Returns ``out``."""
+    return _decode_add_many(_parse_many(frame, layout, None), out, subtract)
 
 
 def list_codecs() -> list[dict]:

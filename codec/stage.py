@@ -281,12 +281,14 @@ class Value(Stage):
         """Write the decoded values into the float32/float64 buffer ``out`` (``mode`` SET, ADD
         or SUB)."""
 
-    def encode_feedback(self, x, slot, ctx, sections) -> bool:
+    def encode_feedback(self, x, slot, ctx, sections):
         """A fused error-feedback step for a codec of this value stage alone: append the
-        sections coding ``x + slot.residual`` and commit the new residual with
-        ``slot.commit`` (taking the buffer from ``slot.take_spare()``), returning True; or
-        return False (the default) to let ``ErrorFeedback`` add, encode and subtract."""
-        return False
+        sections coding ``x + slot.residual``, writing the new residual into a buffer from
+        ``slot.take_spare()`` (in a section's ``fill`` or here), and return a function of no
+        arguments that commits it (``slot.commit``), which ``ErrorFeedback`` calls once the
+        whole frame is built; or return None (the default) to let ``ErrorFeedback`` add,
+        encode and subtract."""
+        return None
 
 
 class Bytes(Stage):

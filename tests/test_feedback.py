@@ -105,7 +105,7 @@ def test_state_reaches_the_stages():
             return super().encode(values, ctx, sections)
 
         def encode_feedback(self, x, slot, ctx, sections):
-            return False  # take the generic step, which calls encode
+            return None  # take the generic step, which calls encode
 
     ef = codec.ErrorFeedback(codec.Codec([Spy()]))
     for _ in range(3):

@@ -61,7 +61,8 @@ def test_wire_size_formula():
     [
         (lambda b: b[:MIN_FRAME - 1], "shorter than the 16-byte minimum"),
         (lambda b: b"\x89GCX" + b[4:], "not a gradcodec frame"),
-        (lambda b: b[:4] + b"\x02" + b[5:], "version 2 is not supported"),
+        (lambda b: b[:4] + b"\x03" + b[5:], "version 3 is not supported"),
+        (lambda b: b[:4] + b"\x02" + b[5:], "decode it with codec.decode_many"),
         (lambda b: b[:5] + b"\x04" + b[6:], "reserved header bits"),
         (lambda b: b[:5] + b"\x03" + b[6:], "reserved header bits"),  # both payload checksums: never written
         (lambda b: b[:9] + b"\x01" + b[10:], "reserved header bits"),

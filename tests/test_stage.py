@@ -48,7 +48,7 @@ def test_the_pipeline_reads_typed_hooks():
     """Optional hooks have a typed default on the base: nothing is looked up with getattr."""
     assert Select.fuses_feedback is False and Select.scales_values is False and Select.default_value == "none"
     assert Transform.default_value == "none"
-    assert Value.encode_feedback(codec.get_codec("none").value, None, None, None, []) is False
+    assert Value.encode_feedback(codec.get_codec("none").value, None, None, None, []) is None
     c = codec.get_codec("adacomp")
     assert c.value.name == "adacomp.signs" and isinstance(c.value, Value)
 

@@ -5,7 +5,7 @@
 Each key also has a step counter and a ``state`` dict that stages may use between steps
 (today only PowerSGD's warm-started Q; random-k and the schedules read the step count):
 the stages receive them in their :class:`~codec.stage.Context`.  The step itself lives
-here (:meth:`ErrorFeedback._step`), built on the codec's pipeline primitives
+here (:meth:`ErrorFeedback._feedback`), built on the codec's pipeline primitives
 (``Codec.sections``, ``frame``, ``subtract``); stages plug in fused kernels through their
 kind's hooks (``Select.fuses_feedback``, ``Value.encode_feedback``), and :meth:`Slot.commit`
 is the one place a new residual is installed.  The whole state survives

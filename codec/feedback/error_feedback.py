@@ -7,9 +7,11 @@ import numpy as np
 
 from codec.dtypes import as_float_array
 from codec.feedback.slot import Slot
+from codec.frame import parse_frame
+from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
 from codec.ops import round_to
-from codec.pipeline import Codec, get_codec
+from codec.pipeline import Codec, _hashable, get_codec, many_inputs, many_keys
 from codec.stage import MAX_STEP
 
 
@@ -47,26 +49,50 @@ class ErrorFeedback:
         """Encode ``x`` plus the residual of ``key``; the new residual is what the frame missed.
         Without residuals: the frame of ``x`` at the key's step.  Advances the key's step."""
         arr = as_float_array(x, dtype, "x")
-        self.check(key, arr.shape, arr.dtype)
+        slot = self._claim(key, arr, "x")
+        sections, finish = self._begin(arr, slot)
+        frame = self.codec.frame(sections, arr.dtype, arr.shape)
+        finish(lambda: parse_frame(frame, verify_payload=False))
+        return frame
+
+    def encode_many(self, tensors, keys=None, *, layout: str = "table") -> bytes:
+        """One many-tensor frame (:meth:`codec.Codec.encode_many`) of every tensor plus its
+        key's residual, each tensor's step exactly what :meth:`encode` would do with it.
+
+        ``tensors``: a dict name -> array or a sequence of arrays; ``keys`` default to the
+        names (a dict) or the positions 0, 1, ... (a sequence).  Every tensor is checked
+        before anything changes, and on any error no residual or step changes."""
+        names, arrays = many_inputs(tensors)
+        if keys is None:
+            keys = list(names) if names is not None else list(range(len(arrays)))
+        keys = many_keys(keys, len(arrays))
+        if len(set(map(_hashable, keys))) != len(keys):
+            raise ValueError("keys: every tensor needs its own key; a key appears twice")
+        where = [f"tensors[{k!r}]" for k in (names if names is not None else range(len(arrays)))]
+        slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, where)]  # checks all, changes nothing
+        begun = [self._begin(a, s) for a, s in zip(arrays, slots)]
+        lay = Layout.of(dict(zip(names, arrays)) if names is not None else arrays)
+        frame = self.codec.frame_many([b[0] for b in begun], lay, layout)
+        parsed = []
+
+        def tensor_frame(i):
+            if not parsed:
+                parsed.append(parse_many(frame, layout=lay, verify_payload=False))
+            return parsed[0].tensor(i)
+
+        for i, (_, finish) in enumerate(begun):
+            finish(lambda i=i: tensor_frame(i))
+        return frame
+
+    def _claim(self, key, arr: np.ndarray, argname: str) -> Slot:
+        """The slot ``arr`` is encoded with under ``key`` (stored, or a new one); checks, stores nothing."""
+        self.check(key, arr.shape, arr.dtype, argname)
         slot = self._slots.get(key)
         if slot is None:
-            slot = self._fresh(key, arr.shape, arr.dtype)
-        elif not slot.fits(arr.shape, arr.dtype):  # without residuals (check): the step goes on
-            slot = self._fresh(key, arr.shape, arr.dtype, slot.step)
-        if not self.residuals:
-            frame = self.codec.encode_with(arr, slot.context(arr))
-        elif self.momentum:
-            u = np.zeros_like(arr) if slot.velocity is None else slot.velocity
-            m = round_to(self.momentum, arr.dtype)
-            u = np.add(np.multiply(u, m, dtype=arr.dtype), arr, dtype=arr.dtype)  # in x's dtype, a new buffer
-            frame, sent = self._step(u, slot)
-            u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
-            slot.velocity = u
-        else:
-            frame = self._step(arr, slot)[0]
-        slot.step += 1
-        self._slots[key] = slot
-        return frame
+            return self._fresh(key, arr.shape, arr.dtype)
+        if not slot.fits(arr.shape, arr.dtype):  # without residuals (check): the step goes on
+            return self._fresh(key, arr.shape, arr.dtype, slot.step)
+        return slot
 
     def check(self, key, shape, dtype, argname: str = "x") -> None:
         """What :meth:`encode` checks before it changes anything, for a caller that must
@@ -83,9 +109,38 @@ class ErrorFeedback:
                 "call reset(key) to start it over"
             )
 
-    def _step(self, x: np.ndarray, slot: Slot):
-        """One error-feedback step: the frame of ``acc = x + slot.residual``, with ``acc -
-        decoded`` committed as the new residual; also returns the sent positions (None: all).
+    def _begin(self, x: np.ndarray, slot: Slot):
+        """The first half of a step: the sections of ``x`` (plus the residual) and
+        ``finish(frame)``, which, once the frame holding them is built, installs the new memory
+        (residual, velocity), advances the step and stores the slot.  ``frame()`` returns the
+        parsed frame of this tensor (a v1 frame, or the tensor's view of a many-tensor
+        frame).  Nothing changes before ``finish``: an error in between loses nothing."""
+        if not self.residuals:
+            return self.codec.sections(x.reshape(-1), slot.context(x)), lambda frame: self._advance(slot)
+        if not self.momentum:
+            sections, finish = self._feedback(x, slot)
+            return sections, lambda frame: (finish(frame), self._advance(slot))
+        u = np.zeros_like(x) if slot.velocity is None else slot.velocity
+        m = round_to(self.momentum, x.dtype)
+        u = np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)  # in x's dtype, a new buffer
+        sections, finish = self._feedback(u, slot)
+
+        def finish_momentum(frame):
+            sent = finish(frame)
+            u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
+            slot.velocity = u
+            self._advance(slot)
+
+        return sections, finish_momentum
+
+    def _advance(self, slot: Slot) -> None:
+        slot.step += 1
+        self._slots[slot.key] = slot
+
+    def _feedback(self, x: np.ndarray, slot: Slot):
+        """The error-feedback step on ``acc = x + slot.residual``: its sections, and
+        ``finish(frame)`` committing ``acc - decoded`` as the new residual and returning the
+        sent positions (None: all).
 
         Three ways, the first that applies: a value stage alone may fuse the whole step
         (``Value.encode_feedback``: fp16/bf16 on float32); a select stage with
@@ -98,18 +153,22 @@ class ErrorFeedback:
         flat = x.reshape(-1)
         if c.select is None and c.transform is None:
             sections: list = []
-            if c.value.encode_feedback(flat, slot, ctx, sections):
-                return c.frame(sections, x.dtype, x.shape), None
+            commit = c.value.encode_feedback(flat, slot, ctx, sections)
+            if commit is not None:
+                return sections, lambda frame: commit()
         acc = slot.take_spare()
         if c.select is not None and c.select.fuses_feedback:
             sections = c.sections(flat, ctx, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
         else:
             np.add(x, slot.residual, out=acc)
             sections = c.sections(acc.reshape(-1), ctx)
-        frame = c.frame(sections, x.dtype, x.shape)
-        c.subtract(frame, acc.reshape(-1))
-        slot.commit(acc)
-        return frame, ctx.positions
+
+        def finish(frame):
+            c.subtract(frame(), acc.reshape(-1))
+            slot.commit(acc)
+            return ctx.positions
+
+        return sections, finish
 
     def _fresh(self, key, shape, dtype, step: int = 0) -> Slot:
         """A new slot for arrays of ``shape`` and ``dtype``: a zero residual (none without

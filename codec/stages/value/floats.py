@@ -46,22 +46,23 @@ class _Half(Value):
 
         sections.append(Section(SectionKind.VALUES, 16, values.size, fill=fill))
 
-    def encode_feedback(self, x, slot, ctx, sections) -> bool:
+    def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32: one pass forms x + residual, writes its codes
-        straight into the frame and the new residual into a spare buffer, swapped in on success."""
+        straight into the frame and the new residual into a spare buffer, committed once the
+        whole frame is built."""
         if x.dtype != np.float32:
-            return False
+            return None
         from codec.kernels import backend
 
+        acc = slot.take_spare()
+
         def fill(out):
-            acc = slot.take_spare()
             bad = backend("convert", x).half_feedback(x, slot.residual.reshape(-1), acc.reshape(-1), out.view(np.uint16), self.dtype != np.float16)
             if bad and self.nonfinite == "raise":
                 self._raise_nonfinite(x.astype(np.float64) + slot.residual.reshape(-1), ctx)
-            slot.commit(acc)
 
         sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill))
-        return True
+        return lambda: slot.commit(acc)
 
     def _raise_nonfinite(self, values, ctx):
         from codec.ops import first_nonfinite
