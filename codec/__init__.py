@@ -46,7 +46,16 @@ def inspect(frame) -> dict:
     Keys: ``format_version``, ``codec`` (canonical spec), ``dtype``, ``shape``, ``elements``,
     ``payload_checksum`` (``"crc32c"``, ``"crc32"`` or None), ``header_bytes``, ``payload_bytes``, ``frame_bytes``, and
     ``sections``: a list of {kind, encoding, bits, count, raw_bytes, stored_bytes}.
+
+    A many-tensor frame (format v2) gives ``format_version`` 2, ``codec``,
+    ``payload_checksum``, ``header_bytes``, ``payload_bytes``, ``frame_bytes``, ``layout``
+    ("table" or "hash"), ``compressed`` (the payload is one zstd frame) and ``tensors``: per
+    tensor {name, dtype, shape, elements, sections}; a hash-form frame needs ``layout=``.
     """
+    from codec.manyframe import is_many
+
+    if is_many(frame):
+        return _inspect_many(frame)
     fr = _parse_frame(frame)
     payload = sum(s.stored_len for s in fr.sections)
     return {
@@ -59,15 +68,43 @@ def inspect(frame) -> dict:
         "header_bytes": fr.header_len,
         "payload_bytes": payload,
         "frame_bytes": fr.header_len + payload,
-        "sections": [
+        "sections": [_section(s) for s in fr.sections],
+    }
+
+
+def _section(s) -> dict:
+    return {
+        "kind": s.kind_name,
+        "encoding": "zstd" if s.encoding else "raw",
+        "bits": s.bits,
+        "count": s.count,
+        "raw_bytes": s.raw_len,
+        "stored_bytes": s.stored_len,
+    }
+
+
+def _inspect_many(frame, layout=None) -> dict:
+    from codec.manyframe import FLAG_LAYOUT_HASH, FLAG_ZSTD, parse_many
+
+    mf = parse_many(frame, layout=layout)
+    lay = mf.layout
+    return {
+        "format_version": 2,
+        "codec": mf.spec,
+        "payload_checksum": mf.checksum,
+        "layout": "hash" if mf.flags & FLAG_LAYOUT_HASH else "table",
+        "compressed": bool(mf.flags & FLAG_ZSTD),
+        "header_bytes": mf.header_len,
+        "payload_bytes": mf.stored_len,
+        "frame_bytes": mf.header_len + mf.stored_len,
+        "tensors": [
             {
-                "kind": s.kind_name,
-                "encoding": "zstd" if s.encoding else "raw",
-                "bits": s.bits,
-                "count": s.count,
-                "raw_bytes": s.raw_len,
-                "stored_bytes": s.stored_len,
+                "name": None if lay.names is None else lay.names[i],
+                "dtype": lay.dtypes[i].name,
+                "shape": list(lay.shapes[i]),
+                "elements": lay.sizes[i],
+                "sections": [_section(s) for s in mf.tensor_sections[i]],
             }
-            for s in fr.sections
+            for i in range(len(lay))
         ],
     }

@@ -1,0 +1,266 @@
+"""Many-tensor frames (format v2, codec/manyframe.py): one frame for all of a step's tensors.
+
+Every codec's many-tensor frame holds, per tensor, exactly the sections its single-tensor
+frame holds (the payload bytes are the same, in tensor order); decoding gives what each
+single frame gives; ErrorFeedback.encode_many is ErrorFeedback.encode per tensor; a damaged
+frame is a CorruptFrameError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import codec
+from codec import testing
+from codec.dtypes import bfloat16
+from codec.errors import NonFiniteError
+from codec.frame import parse_frame
+from codec.manyframe import Layout, parse_many, put_varint
+
+SPECS = [c["id"] for c in codec.list_codecs() if c["kind"] != "bytes"] + list(testing.PIPELINES)
+
+
+def model(seed=0, dtypes=(np.float32,)):
+    """A small model's gradients: edge sizes (0, 1, odd, 0-d), a matrix, heavy tails."""
+    rng = np.random.default_rng(seed)
+    shapes = [(10,), (1,), (0,), (1000,), (333,), (7, 9), (), (3, 0, 2), (64, 3, 3)]
+    out = {}
+    for i, shape in enumerate(shapes):
+        dt = dtypes[i % len(dtypes)]
+        x = rng.standard_t(3, shape) * 10.0 ** rng.integers(-3, 2)
+        out[f"layer{i}.w"] = np.asarray(x).astype(dt)
+    return out
+
+
+def payload_of(frame) -> bytes:
+    fr = parse_frame(frame)
+    return b"".join(bytes(fr.raw(i)) for i in range(len(fr.sections)))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_each_tensor_is_coded_as_if_alone(spec):
+    c = codec.get_codec(spec)
+    ts = model(1, (np.float32, np.float64, np.float16, bfloat16))
+    keys = list(ts)
+    many = c.encode_many(ts, keys=keys, step=3)
+    singles = [c.encode(x, key=k, step=3) for k, x in ts.items()]
+    mf = parse_many(many)
+    assert mf.spec == c.spec and mf.layout.names == tuple(ts)
+    assert bytes(mf.payload) == b"".join(payload_of(f) for f in singles) or c.post, "payload differs from the single frames'"
+    got = codec.decode_many(many)
+    assert list(got) == keys
+    for k, f in zip(keys, singles):
+        want = codec.decode(f)
+        assert got[k].dtype == want.dtype and got[k].shape == want.shape
+        assert np.array_equal(got[k], want, equal_nan=True), k
+    assert c.decode_many(many).keys() == got.keys()
+
+
+@pytest.mark.parametrize("spec", ["fp16", "topk(ratio=0.1)", "qsgd", "powersgd", "adacomp", "fft+zstd"])
+def test_out_add_and_lists(spec):
+    c = codec.get_codec(spec)
+    ts = model(2)
+    arrays = list(ts.values())
+    many = c.encode_many(arrays)  # a list: no names, decoded to a list
+    dec = codec.decode_many(many)
+    assert isinstance(dec, list) and len(dec) == len(arrays)
+    out = [np.full_like(a, 7) for a in arrays]
+    assert codec.decode_many(many, out=out) is out
+    for o, d in zip(out, dec):
+        assert np.array_equal(o, d)
+    acc = [np.ones(a.shape, np.float64) for a in arrays]
+    codec.decode_add_many(many, acc)
+    for a, d in zip(acc, dec):
+        assert np.array_equal(a, 1 + d.astype(np.float64))
+    codec.decode_add_many(many, acc, subtract=True)
+    for a in acc:
+        assert np.array_equal(a, np.ones_like(a))
+    named = c.encode_many(ts)
+    outd = {k: np.empty_like(v) for k, v in reversed(ts.items())}  # matched by name, not order
+    codec.decode_many(named, out=outd)
+    for k, d in zip(ts, dec):
+        assert np.array_equal(outd[k], d)
+
+
+def test_layout_hash_form():
+    c = codec.get_codec("topk(ratio=0.1)")
+    ts = model(3)
+    table, hashed = c.encode_many(ts), c.encode_many(ts, layout="hash")
+    assert len(hashed) < len(table)
+    with pytest.raises(ValueError, match="layout"):
+        codec.decode_many(hashed)
+    got = codec.decode_many(hashed, layout=Layout.of(ts))
+    want = codec.decode_many(table)
+    assert all(np.array_equal(got[k], want[k]) for k in ts)
+    assert all(np.array_equal(a, b) for a, b in zip(codec.decode_many(hashed, layout=ts).values(), want.values()))
+    other = dict(ts)
+    other["layer0.w"] = np.zeros(11, np.float32)
+    with pytest.raises(codec.CorruptFrameError, match="layout hash"):
+        codec.decode_many(hashed, layout=other)
+    renamed = {k + "x": v for k, v in ts.items()}
+    with pytest.raises(codec.CorruptFrameError, match="layout hash"):
+        codec.decode_many(hashed, layout=renamed)
+    with pytest.raises(ValueError, match="layout"):  # a table frame checks a given layout
+        codec.decode_many(table, layout=other)
+    with pytest.raises(ValueError, match="layout"):
+        c.encode_many(ts, layout="names")
+
+
+def test_framing_is_a_few_bytes_per_tensor():
+    """Beyond the sections' payload: one header (spec once), the layout table and a pattern id
+    plus a varint count per section: a few bytes per tensor (docs/format.md)."""
+    rng = np.random.default_rng(4)
+    ts = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(1000, 10_001, 200)]
+    for spec, most in [("fp16", 8), ("topk(ratio=0.01)", 8), ("adacomp", 11)]:
+        c = codec.get_codec(spec)
+        many = c.encode_many(ts)
+        mf = parse_many(many)
+        payload = len(many) - mf.header_len
+        assert payload == sum(len(payload_of(c.encode(t))) for t in ts)
+        assert (len(many) - payload - 60) / len(ts) <= most, spec
+        hashed = c.encode_many(ts, layout="hash")
+        assert (len(hashed) - payload - 60) / len(ts) <= most - 4, spec  # no shapes
+
+
+def test_empty_and_mixed():
+    c = codec.get_codec("fp16")
+    f = c.encode_many([])
+    assert codec.decode_many(f) == [] and codec.decode_many(c.encode_many({})) == {}
+    with pytest.raises(TypeError, match="tensors"):
+        c.encode_many(np.ones(3, np.float32))
+    with pytest.raises(TypeError, match=r"tensors\['b'\]"):
+        c.encode_many({"a": np.ones(3, np.float32), "b": np.ones(3, np.int32)})
+    with pytest.raises(TypeError, match="names must be str"):
+        c.encode_many({1: np.ones(3, np.float32)})
+    with pytest.raises(ValueError, match="keys"):
+        c.encode_many([np.ones(3, np.float32)], keys=[1, 2])
+    ts = model(5)
+    many = c.encode_many(ts)
+    with pytest.raises(ValueError, match=r"out\['layer3.w'\]"):
+        codec.decode_many(many, out={k: np.empty(v.size + (k == "layer3.w"), v.dtype) for k, v in ts.items()})
+    with pytest.raises(ValueError, match="missing"):
+        codec.decode_many(many, out={k: np.empty_like(v) for k, v in list(ts.items())[1:]})
+    with pytest.raises(TypeError, match="out"):
+        codec.decode_add_many(many, None)
+    with pytest.raises(codec.CorruptFrameError, match="decode_many"):
+        codec.decode(many)
+    with pytest.raises(codec.CorruptFrameError, match="many-tensor"):
+        codec.decode_many(c.encode(np.ones(3, np.float32)))
+    with pytest.raises(codec.CodecError, match="not by this codec"):
+        codec.get_codec("bf16").decode_many(many)
+
+
+def test_max_elements_bounds_the_sum():
+    c = codec.get_codec("none")
+    many = c.encode_many([np.ones(600, np.float32), np.ones(600, np.float32)])
+    codec.decode_many(many, max_elements=1200)
+    with pytest.raises(codec.CorruptFrameError, match="more than the limit"):
+        codec.decode_many(many, max_elements=1199)
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.2)", "fp16", "qsgd+zstd", "none(checksum=False)"])
+def test_every_damaged_byte_is_refused(spec):
+    checksum = "checksum=False" not in spec
+    c = codec.get_codec(spec.replace("(checksum=False)", ""), checksum=checksum)
+    rng = np.random.default_rng(6)
+    ts = {"a": rng.standard_normal(40).astype(np.float32), "b": rng.standard_normal((3, 5)).astype(np.float64)}
+    many = c.encode_many(ts)
+    want = codec.decode_many(many)
+    mf = parse_many(many)
+    for i in range(len(many)):
+        bad = bytearray(many)
+        bad[i] ^= 0x21
+        if not checksum and i >= mf.header_len:  # no payload checksum: a value may change, nothing else
+            try:
+                codec.decode_many(bytes(bad))
+            except codec.CorruptFrameError:
+                pass
+            continue
+        with pytest.raises(codec.CorruptFrameError):
+            codec.decode_many(bytes(bad))
+    for cut in range(len(many)):
+        with pytest.raises(codec.CorruptFrameError):
+            codec.decode_many(many[:cut])
+    assert all(np.array_equal(want[k], codec.decode_many(many)[k]) for k in ts)
+
+
+def _forge(body: bytes, flags=0) -> bytes:
+    """A v2 header with a correct CRC around ``body`` (fields after the fixed 8 bytes)."""
+    import struct
+    import zlib
+
+    head = b"\x89GCF" + bytes([2, flags, 0, 0]) + body
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def test_forged_headers_fail_before_allocating():
+    spec = b"none"
+
+    def v(n):
+        out = bytearray()
+        put_varint(out, n)
+        return bytes(out)
+
+    huge_shape = v(len(spec)) + spec + v(1) + bytes([3, 1]) + v(1 << 40) + v(1) + bytes([1, 1, 32]) + v(0) + v(1 << 40)
+    with pytest.raises(codec.CorruptFrameError, match="more than the limit"):
+        codec.decode_many(_forge(huge_shape), max_elements=1 << 20)
+    with pytest.raises(codec.CorruptFrameError, match="minimal varint"):
+        codec.decode_many(_forge(b"\x84\x00" + spec))
+    with pytest.raises(codec.CorruptFrameError, match="tensors"):
+        codec.decode_many(_forge(v(len(spec)) + spec + v(1 << 50)))
+    bad_count = v(len(spec)) + spec + v(1) + bytes([3, 1]) + v(4) + v(1) + bytes([1, 1, 32]) + v(0) + v(5)
+    with pytest.raises(codec.CorruptFrameError, match="sections end"):
+        codec.decode_many(_forge(bad_count))
+    with pytest.raises(codec.CorruptFrameError, match="reserved"):
+        codec.decode_many(_forge(b"", flags=0x80))
+
+
+@pytest.mark.parametrize("spec, momentum", [("topk(ratio=0.1)", 0), ("fp16", 0), ("qsgd", 0), ("powersgd", 0), ("randomk(ratio=0.3)", 0.9), ("adacomp", 0)])
+def test_error_feedback_many_equals_per_tensor(spec, momentum):
+    ts0 = model(7, (np.float32, np.float64))
+    ef_many, ef_one = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
+    rng = np.random.default_rng(8)
+    for step in range(3):
+        ts = {k: (v * rng.standard_normal(v.shape)).astype(v.dtype) for k, v in ts0.items()}
+        many = ef_many.encode_many(ts)
+        singles = {k: ef_one.encode(x, key=k) for k, x in ts.items()}
+        got = codec.decode_many(many)
+        for k in ts:
+            assert np.array_equal(got[k], codec.decode(singles[k])), (step, k)
+            assert np.array_equal(ef_many.residual(k), ef_one.residual(k)), (step, k)
+            assert ef_many.step(k) == ef_one.step(k) == step + 1
+    lst = codec.ErrorFeedback(spec, momentum=momentum)
+    lst.encode_many(list(ts0.values()))
+    assert lst.keys() == list(range(len(ts0)))
+
+
+@pytest.mark.parametrize("spec", ["fp16", "topk(ratio=0.1)", "qsgd"])
+def test_a_failing_step_changes_nothing(spec):
+    ef = codec.ErrorFeedback(spec)
+    ts = model(9)
+    ef.encode_many(ts)
+    before = {k: (ef.residual(k).copy(), ef.step(k)) for k in ts}
+    bad = dict(ts)
+    last = list(ts)[-1]
+    bad[last] = bad[last].copy()
+    bad[last].reshape(-1)[5] = np.nan
+    with pytest.raises(NonFiniteError):
+        ef.encode_many(bad)
+    for k in ts:
+        assert np.array_equal(ef.residual(k), before[k][0], equal_nan=True) and ef.step(k) == before[k][1], k
+    with pytest.raises(ValueError, match="key appears twice"):
+        ef.encode_many(list(ts.values())[:2], keys=["a", "a"])
+    shape_changed = dict(ts)
+    shape_changed["layer0.w"] = np.ones(11, np.float32)
+    with pytest.raises(ValueError, match=r"tensors\['layer0.w'\]"):
+        ef.encode_many(shape_changed)
+
+
+def test_inspect_describes_a_many_frame():
+    c = codec.get_codec("topk(ratio=0.1)")
+    ts = model(10)
+    info = codec.inspect(c.encode_many(ts))
+    assert info["format_version"] == 2 and info["codec"] == c.spec
+    assert [t["name"] for t in info["tensors"]] == list(ts)
+    assert [t["shape"] for t in info["tensors"]] == [list(v.shape) for v in ts.values()]
+    assert info["frame_bytes"] == info["header_bytes"] + info["payload_bytes"]
