@@ -15,7 +15,7 @@ from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.manyframe import Layout
-from codec.pipeline import Codec, decode, decode_add_many, decode_many, decode_sparse, get_codec, list_codecs
+from codec.pipeline import Codec, decode, decode_add_many, decode_many, decode_sparse, decode_sparse_many, get_codec, list_codecs
 from codec.spec import format_spec, parse as parse_spec  # for transports: docs/api.md, "For transports"
 from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 
@@ -32,6 +32,7 @@ __all__ = [
     "decode_add_many",
     "decode_many",
     "decode_sparse",
+    "decode_sparse_many",
     "format_spec",
     "get_codec",
     "inspect",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 
-def inspect(frame) -> dict:
+def inspect(frame, *, layout=None) -> dict:
     """The validated header of ``frame`` as a dict (nothing is decoded).
 
     Keys: ``format_version``, ``codec`` (canonical spec), ``dtype``, ``shape``, ``elements``,
@@ -55,7 +56,7 @@ def inspect(frame) -> dict:
     from codec.manyframe import is_many
 
     if is_many(frame):
-        return _inspect_many(frame)
+        return _inspect_many(frame, layout)
     fr = _parse_frame(frame)
     payload = sum(s.stored_len for s in fr.sections)
     return {

@@ -6,6 +6,7 @@ dtypes, rounding, finiteness and sparse sums, so a transport computes the same b
   ``Codec.encode`` applies to its ``x``);
 * :func:`wide_dtype` — the accumulator dtype of a tensor dtype (float64 for float64, else float32);
 * :func:`round_to` — round once, to nearest even, to a dtype (16-bit included);
+* :func:`round_into` — the same, written into a caller's array;
 * :func:`first_nonfinite` — flat position of the first NaN/inf, or -1 (no full-size temporary);
 * :func:`scatter_add` — ``out[positions] += values``, each element rounded once, as
   ``decode_add`` of a sparse frame does;
@@ -22,7 +23,17 @@ from codec.dtypes import as_float_array, on_device
 from codec.modes import ADD
 from codec.ops import first_nonfinite, round_to, scatter, wide_dtype
 
-__all__ = ["as_float_array", "first_nonfinite", "on_device", "round_to", "scatter_add", "wide_dtype"]
+__all__ = ["as_float_array", "first_nonfinite", "on_device", "round_into", "round_to", "scatter_add", "wide_dtype"]
+
+
+def round_into(src: np.ndarray, out: np.ndarray) -> None:
+    """``out[...] = src`` rounded once, to nearest even, to ``out``'s dtype (any supported
+    float dtypes; ``out`` C-contiguous with ``src``'s element count): :func:`round_to`
+    without the new array, for a result that goes into the caller's buffer."""
+    from codec.modes import SET
+    from codec.ops import store
+
+    store(src, out, SET)
 
 
 def scatter_add(values, positions, out: np.ndarray) -> None:

@@ -301,26 +301,30 @@ def is_many(buf) -> bool:
     return mv.nbytes > 4 and mv[:4] == MAGIC and mv[4] == VERSION
 
 
-def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool = True) -> ManyFrame:
-    """Validate ``buf`` as a v2 frame; ``layout`` (a :class:`Layout`, or the tensors) is
-    required for the layout-hash form and checked against the table form."""
-    from codec.frame import _as_buffer
+@dataclass
+class Header:
+    """The fields of a v2 header as :func:`read_header` walks them (nothing checked beyond
+    the buffer's bounds and the varints' form; the CRC sits at ``crc_at``)."""
 
-    mv = _as_buffer(buf)
+    flags: int
+    spec_raw: bytes
+    count: int
+    named: bool
+    stored_hash: bytes | None
+    shapes: list | None
+    dtypes: list | None
+    names: list | None
+    per_tensor: list
+    raw_total: int | None
+    crc_at: int
+    header_len: int
+
+
+def read_header(mv) -> Header:
+    """Walk a v2 header field by field, each bounded by the buffer: CorruptFrameError at the
+    first field that does not fit.  The fixed 8 bytes must already have been checked."""
     size = mv.nbytes
-    if size < FIXED_SIZE + _CRC.size:
-        raise CorruptFrameError(f"frame is {size} bytes, shorter than the {FIXED_SIZE + _CRC.size}-byte minimum many-tensor header")
-    magic, version, flags, reserved = _FIXED.unpack_from(mv, 0)
-    if magic != MAGIC:
-        raise CorruptFrameError(f"not a gradcodec frame (magic {bytes(magic)!r}, expected {MAGIC!r})")
-    if version != VERSION:
-        raise CorruptFrameError(f"frame format version {version} is not a many-tensor frame (version {VERSION})")
-    if flags & ~_KNOWN_FLAGS or reserved or flags & _CHECKSUM_FLAGS == _CHECKSUM_FLAGS:
-        raise CorruptFrameError(f"reserved header bits are set (flags={flags:#04x}, reserved={reserved:#06x})")
-    limit = MAX_ELEMENTS if max_elements is None else max_elements
-    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 0 <= limit <= MAX_ELEMENTS_LIMIT:
-        raise ValueError(f"max_elements: must be an integer in [0, 2**60], got {max_elements!r}")
-    # the header's fields, each bounded by the buffer (the CRC is checked once its end is known)
+    flags = mv[5]
     cur = _Cursor(mv, FIXED_SIZE, size)
     spec_len = cur.varint("the spec length")
     if spec_len > MAX_SPEC:
@@ -330,24 +334,11 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
     if count > size - cur.pos:  # every tensor takes at least one header byte
         raise CorruptFrameError(f"header declares {count} tensors, more than its {size} bytes can describe")
     named = bool(flags & FLAG_NAMES)
+    stored_hash = shapes = dts = names = None
     if flags & FLAG_LAYOUT_HASH:
         stored_hash = bytes(cur.take(HASH_SIZE, "the layout hash"))
-        shapes = dts = names = None
     else:
-        shapes, dts, names = [], [], [] if named else None
-        for i in range(count):
-            code = cur.byte("a tensor's dtype")
-            ndim = cur.byte("a tensor's ndim")
-            if code not in dtypes.CODES or ndim > MAX_NDIM:
-                raise CorruptFrameError(f"tensor {i}: unknown dtype code {code} or ndim {ndim} beyond {MAX_NDIM}")
-            dts.append(dtypes.CODES[code])
-            shapes.append(tuple(cur.varint("a dimension") for _ in range(ndim)))
-            if named:
-                raw_name = bytes(cur.take(cur.varint("a name length"), "a name"))
-                try:
-                    names.append(raw_name.decode("utf-8"))
-                except UnicodeDecodeError:
-                    raise CorruptFrameError(f"tensor {i}: name is not UTF-8") from None
+        shapes, dts, names = read_table(cur, count, named)
     npat = cur.varint("the pattern count")
     if npat > size - cur.pos:
         raise CorruptFrameError(f"header declares {npat} section patterns, more than its {size} bytes can describe")
@@ -368,38 +359,81 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
             raise CorruptFrameError(f"tensor {i}: pattern {pid}, the frame has {npat}")
         per_tensor.append((patterns[pid], [cur.varint("a section count") for _ in patterns[pid]]))
     raw_total = cur.varint("the payload length") if flags & FLAG_ZSTD else None
-    checked = flags & _CHECKSUM_FLAGS
-    crc_at = cur.pos + (_CRC.size if checked else 0)
+    crc_at = cur.pos + (_CRC.size if flags & _CHECKSUM_FLAGS else 0)
     header_len = crc_at + _CRC.size
     if header_len > size:
         raise CorruptFrameError(f"frame is {size} bytes, shorter than its {header_len}-byte header")
-    (crc,) = _CRC.unpack_from(mv, crc_at)
-    if zlib.crc32(mv[:crc_at]) != crc:
+    return Header(flags, spec_raw, count, named, stored_hash, shapes, dts, names, per_tensor, raw_total, crc_at, header_len)
+
+
+def read_table(cur: _Cursor, count: int, named: bool):
+    """``(shapes, dtypes, names)`` of ``count`` tensors from a layout table at ``cur``."""
+    shapes, dts, names = [], [], [] if named else None
+    for i in range(count):
+        code = cur.byte("a tensor's dtype")
+        ndim = cur.byte("a tensor's ndim")
+        if code not in dtypes.CODES or ndim > MAX_NDIM:
+            raise CorruptFrameError(f"tensor {i}: unknown dtype code {code} or ndim {ndim} beyond {MAX_NDIM}")
+        dts.append(dtypes.CODES[code])
+        shapes.append(tuple(cur.varint("a dimension") for _ in range(ndim)))
+        if named:
+            raw_name = bytes(cur.take(cur.varint("a name length"), "a name"))
+            try:
+                names.append(raw_name.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CorruptFrameError(f"tensor {i}: name is not UTF-8") from None
+    return shapes, dts, names
+
+
+def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool = True) -> ManyFrame:
+    """Validate ``buf`` as a v2 frame; ``layout`` (a :class:`Layout`, or the tensors) is
+    required for the layout-hash form and checked against the table form."""
+    from codec.frame import _as_buffer
+
+    mv = _as_buffer(buf)
+    size = mv.nbytes
+    if size < FIXED_SIZE + _CRC.size:
+        raise CorruptFrameError(f"frame is {size} bytes, shorter than the {FIXED_SIZE + _CRC.size}-byte minimum many-tensor header")
+    magic, version, flags, reserved = _FIXED.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise CorruptFrameError(f"not a gradcodec frame (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise CorruptFrameError(f"frame format version {version} is not a many-tensor frame (version {VERSION})")
+    if flags & ~_KNOWN_FLAGS or reserved or flags & _CHECKSUM_FLAGS == _CHECKSUM_FLAGS:
+        raise CorruptFrameError(f"reserved header bits are set (flags={flags:#04x}, reserved={reserved:#06x})")
+    limit = MAX_ELEMENTS if max_elements is None else max_elements
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 0 <= limit <= MAX_ELEMENTS_LIMIT:
+        raise ValueError(f"max_elements: must be an integer in [0, 2**60], got {max_elements!r}")
+    h = read_header(mv)
+    (crc,) = _CRC.unpack_from(mv, h.crc_at)
+    if zlib.crc32(mv[: h.crc_at]) != crc:
         raise CorruptFrameError("header checksum mismatch: the header is damaged")
     try:
-        spec = spec_raw.decode("utf-8")
+        spec = h.spec_raw.decode("utf-8")
     except UnicodeDecodeError:
         raise CorruptFrameError("spec text is not UTF-8") from None
     # the layout: from the table, or the caller's, matched by hash
-    if shapes is None:
+    if h.shapes is None:
         if layout is None:
             raise ValueError("layout: this many-tensor frame gives its layout by hash; pass layout= (a codec.Layout or the tensors)")
         lay = as_layout(layout)
-        if len(lay) != count or lay.hash != stored_hash:
+        if len(lay) != h.count or lay.hash != h.stored_hash:
             raise CorruptFrameError(
-                f"many-tensor frame: its layout hash {stored_hash.hex()} is not the given layout's "
-                f"{lay.hash.hex()} ({len(lay)} tensors; the frame has {count})"
+                f"many-tensor frame: its layout hash {h.stored_hash.hex()} is not the given layout's "
+                f"{lay.hash.hex()} ({len(lay)} tensors; the frame has {h.count})"
             )
-        if (lay.names is not None) != named:
+        if (lay.names is not None) != h.named:
             raise CorruptFrameError("many-tensor frame: the names flag does not match the given layout")
     else:
-        if len(set(names or ())) != len(names or ()):
+        if len(set(h.names or ())) != len(h.names or ()):
             raise CorruptFrameError("many-tensor frame: a tensor name appears twice")
-        lay = Layout(tuple(shapes), tuple(dts), None if names is None else tuple(names))
+        lay = Layout(tuple(h.shapes), tuple(h.dtypes), None if h.names is None else tuple(h.names))
         if layout is not None:
             want = as_layout(layout)
             if (want.shapes, want.dtypes) != (lay.shapes, lay.dtypes):
                 raise ValueError("layout: the frame's tensors (dtype and shape) are not the given layout's")
+            if want.names is not None and want.names != lay.names:
+                raise ValueError("layout: the frame's tensor names are not the given layout's")
     # element counts, then every section against its tensor's size and the payload
     sizes = []
     for i, shape in enumerate(lay.shapes):
@@ -410,10 +444,10 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
     total = sum(sizes)
     if total > limit:
         raise CorruptFrameError(f"frame declares {total} elements, more than the limit of {limit}")
-    stored_len = size - header_len
+    stored_len = size - h.header_len
     tensor_sections = []
     off = 0
-    for i, ((pat, counts), n) in enumerate(zip(per_tensor, sizes)):
+    for i, ((pat, counts), n) in enumerate(zip(h.per_tensor, sizes)):
         infos = []
         for j, ((kind, bits), c) in enumerate(zip(pat, counts)):
             rl = raw_length(c, bits)
@@ -422,20 +456,20 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
             infos.append(SectionInfo(kind, Encoding.RAW, bits, c, rl, rl, off))
             off += rl
         tensor_sections.append(infos)
-    if raw_total is None:
+    if h.raw_total is None:
         if off != stored_len:
-            raise CorruptFrameError(f"frame is {size} bytes but its sections end at byte {header_len + off}")
-    elif off != raw_total:
-        raise CorruptFrameError(f"many-tensor frame: the sections add up to {off} bytes, the header says {raw_total}")
-    if checked and verify_payload:
-        (pcrc,) = _CRC.unpack_from(mv, crc_at - _CRC.size)
+            raise CorruptFrameError(f"frame is {size} bytes but its sections end at byte {h.header_len + off}")
+    elif off != h.raw_total:
+        raise CorruptFrameError(f"many-tensor frame: the sections add up to {off} bytes, the header says {h.raw_total}")
+    if flags & _CHECKSUM_FLAGS and verify_payload:
+        (pcrc,) = _CRC.unpack_from(mv, h.crc_at - _CRC.size)
         fn = CHECKSUMS["crc32c" if flags & FLAG_PAYLOAD_CRC32C else "crc32"][1]
-        if fn(mv[header_len:]) != pcrc:
+        if fn(mv[h.header_len:]) != pcrc:
             raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
-    payload = mv[header_len:]
-    if raw_total is not None:
-        payload = _decompress(payload, raw_total)
-    return ManyFrame(spec, flags, lay, header_len, payload, stored_len, tensor_sections)
+    payload = mv[h.header_len:]
+    if h.raw_total is not None:
+        payload = _decompress(payload, h.raw_total)
+    return ManyFrame(spec, flags, lay, h.header_len, payload, stored_len, tensor_sections)
 
 
 def _decompress(stored: memoryview, raw_total: int) -> memoryview:

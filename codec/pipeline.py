@@ -150,6 +150,12 @@ class Codec:
         self._check_same(mf)
         return _decode_many(mf, out)
 
+    def decode_sparse_many(self, frame, *, layout=None, max_elements=None) -> list:
+        """:func:`codec.decode_sparse_many`, checking that the frame was made by this codec."""
+        mf = _parse_many(frame, layout, max_elements)
+        self._check_same(mf)
+        return _decode_sparse_many(mf)
+
     def decode_add_many(self, frame, out, *, layout=None, subtract: bool = False):
         """:func:`codec.decode_add_many`, checking that the frame was made by this codec."""
         mf = _parse_many(frame, layout, None)
@@ -530,6 +536,18 @@ def decode_many(frame, out=None, *, layout=None, max_elements=None):
     ``max_elements`` bounds the sum of the tensors' element counts.  Every section of every
     tensor is checked before any output is allocated."""
     return _decode_many(_parse_many(frame, layout, max_elements), out)
+
+
+def decode_sparse_many(frame, *, layout=None, max_elements=None) -> list:
+    """Per tensor of a many-tensor frame of a sparse codec, its ``(positions, values)`` as
+    :func:`decode_sparse` gives them, in frame order (a list, also for a named frame)."""
+    return _decode_sparse_many(_parse_many(frame, layout, max_elements))
+
+
+def _decode_sparse_many(mf) -> list:
+    if _codec_of(mf).select is None:
+        raise ValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
+    return [_decode_sparse(mf.tensor(i)) for i in range(len(mf))]
 
 
 def decode_add_many(frame, out, *, layout=None, subtract: bool = False):

@@ -36,12 +36,10 @@ if "--atheris-child" in sys.argv:  # instrument gradcodec for coverage before an
     with atheris.instrument_imports(include=["codec", "transport"]):
         import codec  # noqa: F401
         import codec.container  # noqa: F401
-        import transport.message  # noqa: F401
+        import codec.manyframe  # noqa: F401
         from codec import fuzzing  # noqa: F401
-        import transport.fuzzing  # noqa: F401
 
 from codec import fuzzing  # noqa: E402
-import transport.fuzzing  # noqa: E402,F401  (registers the message target)
 
 
 def _atheris(target: str, seconds: float, corpus: Path, seed: int, extra, ignore_known: bool = False) -> int:

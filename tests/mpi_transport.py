@@ -62,15 +62,15 @@ def run(ck, spec, *, steps=2, layout=SMALL, seed=0, kind="dict", check_stats=Tru
         ck.agree(got, f"{label} step {s}")
         if check_stats:
             st = red.stats
-            if st.bytes_sent != ref.message_bytes(rank):
-                ck.fail(f"{label}: bytes_sent {st.bytes_sent}, the message has {ref.message_bytes(rank)} bytes")
-            others = sum(ref.message_bytes(r) for r in range(size) if r != rank)
+            if st.bytes_sent != ref.message_bytes(rank, per_rank[rank]):
+                ck.fail(f"{label}: bytes_sent {st.bytes_sent}, the message has {ref.message_bytes(rank, per_rank[rank])} bytes")
+            others = sum(ref.message_bytes(r, per_rank[r]) for r in range(size) if r != rank)
             if st.bytes_received != others:
                 ck.fail(f"{label}: bytes_received {st.bytes_received}, the other ranks sent {others}")
             names, _ = items(per_rank[rank])
             wire = {str(k): st.tensors[str(k)]["wire_bytes"] for k in names}
-            if wire != {str(k): len(f) for k, f in zip(names, ref.frames[rank])}:
-                ck.fail(f"{label}: wire_bytes {wire} do not match the frames")
+            if wire != {str(k): w for k, w in zip(names, ref.wire(rank, per_rank[rank]))}:
+                ck.fail(f"{label}: wire_bytes {wire} do not match the message")
     if red.calls != steps:
         ck.fail(f"{label}: calls {red.calls} after {steps} steps")
     return red, ref, got
@@ -381,6 +381,35 @@ def case_raise(comm, ck):
     say(f"UNREACHABLE rank {rank}: reduce returned without rank 1")
 
 
+def case_out(comm, ck):
+    """``reduce(tensors, out=...)`` writes into the caller's arrays (fresh ones holding garbage,
+    or the inputs themselves) the same bits ``reduce`` returns, for every scheme."""
+    configs = [
+        ("none", {}),
+        ("topk(ratio=0.01)+fp16", {}),
+        ("qsgd(levels=16)", {}),
+        ("fp16", {"average": False}),
+        ("sign", {"vote": True}),
+        ("gtopk(ratio=0.01)", {}),
+        ("powersgd(rank=2)", {}),
+        ("topk(ratio=0.01)", {"bucket_bytes": 4096}),
+    ]
+    for spec, opts in configs:
+        plain, fresh, alias = (Allreducer(spec, comm, **opts) for _ in range(3))
+        for step in range(2):
+            mine = ck.everyone(7, step, MIXED, "dict")[ck.rank]
+            want = plain.reduce({k: v.copy() for k, v in mine.items()})
+            out = {k: np.full_like(v, 3.0) for k, v in mine.items()}
+            got = fresh.reduce({k: v.copy() for k, v in mine.items()}, out=out)
+            ck.true(got is out, f"{spec} {opts}: reduce(out=) did not return out")
+            inputs = {k: v.copy() for k, v in mine.items()}
+            got2 = alias.reduce(inputs, out=inputs)
+            for k in want:
+                ck.same(out[k], want[k], f"{spec} {opts} step {step} out[{k!r}]")
+                ck.same(got2[k], want[k], f"{spec} {opts} step {step} out=inputs [{k!r}]")
+            ck.agree(out, f"{spec} {opts} step {step}")
+
+
 CASES = {
     "codecs": case_codecs,
     "structure": case_structure,
@@ -388,6 +417,7 @@ CASES = {
     "ireduce": case_ireduce,
     "average": case_average,
     "none": case_none,
+    "out": case_out,
     "mismatch": case_mismatch,
     "nonfinite": case_nonfinite,
     "raise": case_raise,

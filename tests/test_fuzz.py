@@ -17,13 +17,12 @@ import pytest
 
 import codec
 from codec import fuzzing
-import transport.fuzzing  # noqa: F401  (registers the message target: codec never imports transport)
 from codec.errors import CorruptFrameError
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 BUDGET = float(os.environ.get("GRADCODEC_FUZZ_SECONDS", "60"))
 #: share of the bounded run per target (the frame parser is the one most exposed)
-SHARES = {"frame": 0.4, "container": 0.15, "message": 0.15, "spec": 0.15, "state": 0.15}
+SHARES = {"frame": 0.4, "container": 0.15, "many": 0.15, "spec": 0.15, "state": 0.15}
 
 
 def _corpus_files():
@@ -141,6 +140,16 @@ def test_mutators_are_deterministic_and_reach_deep():
         err = _error(buf)
         past_crc += "checksum" not in err and "shorter than" not in err and "magic" not in err
     assert past_crc > 300, f"only {past_crc} of 400 mutated frames got past the header checks"
+    many = seeds.of("many")
+    past_crc = accepted = 0
+    for i in range(400):
+        rng = random.Random(i)
+        buf = fuzzing.mutate("many", rng, many[rng.randrange(len(many))][1], many[rng.randrange(len(many))][1])
+        out = fuzzing.check("many", buf)
+        assert not out.finding, out
+        past_crc += "checksum" not in out.label and out.kind != "invalid"
+        accepted += out.kind == "ok"
+    assert past_crc > 250 and accepted > 20, f"many: {past_crc} of 400 got past the CRCs, {accepted} decoded"
 
 
 def test_seed_corpus_covers_every_codec():

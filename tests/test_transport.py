@@ -4,8 +4,7 @@ Serial tests run on ``MPI.COMM_SELF`` (one rank), and so does every case of
 tests/mpi_transport.py (each a function of a communicator, in the one MPI harness of
 tests/support/mpi.py); the launched tests run ``mpiexec -n P python -m mpi4py
 tests/mpi_transport.py ...`` for P = 2, 3, 4 (every case of the script in one launch per P,
-with a timeout) and check that each rank printed its OK line and no FAIL or ERROR line.  The
-message format tests need no MPI at all.
+with a timeout) and check that each rank printed its OK line and no FAIL or ERROR line.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ import numpy as np
 import pytest
 
 import codec
-from codec import CodecError, CorruptFrameError
-from transport import message
+from codec import CodecError
 
 import mpi_transport  # tests/ is on sys.path (pytest puts it there)
 from reference.transport import BF16, F16, F32, F64, MIXED, SMALL, Reference, digest, items, make_inputs, same_bits
@@ -76,12 +74,12 @@ def test_one_rank_matches_the_reference(spec, opts):
         x = make_inputs(20, 0, step, SMALL)
         got = red.reduce(x)
         assert_same(got, ref.step([x]))
-        # the stats name this rank's frames and message
-        assert red.stats.bytes_sent == ref.message_bytes(0)
+        # the stats name this rank's message and each tensor's share of it
+        assert red.stats.bytes_sent == ref.message_bytes(0, x)
         assert red.stats.bytes_received == 0
-        for (name, a), f in zip(x.items(), ref.frames[0]):
+        for (name, a), w in zip(x.items(), ref.wire(0, x)):
             t = red.stats.tensors[name]
-            assert t["wire_bytes"] == len(f) and t["dense_bytes"] == a.nbytes
+            assert t["wire_bytes"] == w and t["dense_bytes"] == a.nbytes
         if ref.use_ef:
             for name in x:
                 key = (name, 0) if opts.get("rank_streams", True) else name
@@ -194,14 +192,15 @@ def test_stats_and_totals():
         red.reduce(x)
         ref.step([x])
         st = red.stats
-        frames = ref.frames[0]
-        assert st.bytes_sent == 8 + 8 * len(frames) + sum(len(f) for f in frames)
+        message = ref.message(0, x)
+        assert st.bytes_sent == len(message)
+        assert abs(sum(t["wire_bytes"] for t in st.tensors.values()) - len(message)) <= len(x)  # shares, rounded
         sent += st.bytes_sent
-        for (name, a), f in zip(x.items(), frames):
+        for (name, a), w in zip(x.items(), ref.wire(0, x)):
             t = st.tensors[name]
-            assert t["wire_bytes"] == len(f)
+            assert t["wire_bytes"] == w
             assert t["dense_bytes"] == a.nbytes
-            assert t["ratio"] == (a.nbytes / len(f))
+            assert t["ratio"] == (a.nbytes / w if w else float("inf"))
         assert min(st.encode_s, st.communicate_s, st.decode_s) >= 0
     assert red.totals.bytes_sent == sent and red.totals.bytes_received == 0
     assert red.totals.encode_s >= red.stats.encode_s
@@ -318,78 +317,29 @@ def test_spec_and_errors():
         reducer("no_such_codec")
 
 
-# ---------------------------------------------------------------------- message format
-FRAMES = [b"abc", b"", bytes(range(256)) * 3, b"\x00", b"xyz" * 11]
-
-
-@pytest.mark.parametrize("n", [0, 1, 2, 5])
-def test_message_round_trip(n):
-    frames = FRAMES[:n]
-    msg = message.pack(frames)
-    assert msg.dtype == np.uint8 and msg.ndim == 1
-    assert msg.size == 8 + 8 * n + sum(len(f) for f in frames)
-    raw = msg.tobytes()
-    assert raw[:4] == b"GCM1" and int.from_bytes(raw[4:8], "little") == n
-    assert [int.from_bytes(raw[8 + 8 * i : 16 + 8 * i], "little") for i in range(n)] == [len(f) for f in frames]
-    out = message.unpack(msg, n, 0)
-    assert [bytes(v) for v in out] == frames
-    assert all(isinstance(v, memoryview) for v in out)
-    assert [bytes(v) for v in message.unpack(raw, n, 0)] == frames  # any bytes-like
-    if n:  # zero-copy views into the message
-        msg[8 + 8 * n] ^= 0xFF
-        assert bytes(out[0])[0] == frames[0][0] ^ 0xFF
-
-
-def test_message_of_real_frames():
-    c = codec.get_codec("topk(ratio=0.1)+fp16")
-    xs = [np.linspace(-1, 1, n, dtype=np.float32) for n in (0, 10, 1000)]
-    frames = [c.encode(x) for x in xs]
-    views = message.unpack(message.pack(frames), 3, 2)
-    for x, v in zip(xs, views):
-        assert np.array_equal(codec.decode(bytes(v)), codec.decode(c.encode(x)))
-
-
-def _corrupt(msg, at, value, width):
-    b = bytearray(bytes(msg))
-    b[at : at + width] = int(value).to_bytes(width, "little")
-    return bytes(b)
-
-
-def test_message_rejects_corruption():
-    msg = message.pack(FRAMES[:3])
-    good = msg.tobytes()
-    cases = {
-        "bad magic": b"GCM2" + good[4:],
-        "count too high": _corrupt(msg, 4, 4, 4),
-        "count too low": _corrupt(msg, 4, 2, 4),
-        "length + 1": _corrupt(msg, 8, 4, 8),
-        "length - 1": _corrupt(msg, 8, 2, 8),
-        "lengths moved": _corrupt(_corrupt(msg, 8, 2, 8), 16, 1, 8),
-        "huge length": _corrupt(msg, 8, (1 << 64) - 1, 8),
-        "wrapping lengths": _corrupt(_corrupt(msg, 8, (1 << 63), 8), 16, (1 << 63), 8),
-        # the uint64 sum wraps to exactly the bytes that follow: only a wide sum sees it
-        "wrapping to the size": _corrupt(_corrupt(_corrupt(msg, 8, (1 << 64) - 1, 8), 16, 772, 8), 24, 0, 8),
-        "trailing byte": good + b"\x00",
-        "empty": b"",
-    }
-    # "lengths moved" keeps the total: that is a valid message with other frame boundaries
-    moved = message.unpack(cases.pop("lengths moved"), 3, 0)
-    assert [len(v) for v in moved] == [2, 1, 768]
-    for what, bad in cases.items():
-        with pytest.raises(CorruptFrameError, match="rank 5"):
-            message.unpack(bad, 3, 5)
-            pytest.fail(what)
-    with pytest.raises(CorruptFrameError):
-        message.unpack(good, 4, 0)  # the step has another tensor count
-
-
-def test_message_truncated_anywhere():
-    for frames in (FRAMES[:3], [b"q"], []):
-        good = message.pack(frames).tobytes()
-        for n in range(len(good)):
-            with pytest.raises(CorruptFrameError, match="rank 1"):
-                message.unpack(good[:n], len(frames), 1)
-        message.unpack(good, len(frames), 1)
+@needs_mpi
+def test_out_is_checked_before_the_step():
+    red = reducer("topk(ratio=0.1)")
+    x = {"a": np.ones(10, F32), "b": np.ones((2, 3), F64)}
+    good = {k: np.empty_like(v) for k, v in x.items()}
+    bad_cases = [
+        ({"a": good["a"]}, ValueError, "names"),
+        ([good["a"], good["b"]], ValueError, "names"),
+        ({**good, "a": np.empty(11, F32)}, ValueError, r"out\['a'\]"),
+        ({**good, "b": np.empty((2, 3), F32)}, ValueError, r"out\['b'\]"),
+        ({**good, "a": np.empty(10, F32)[::1].view(np.matrix)}, TypeError, r"out\['a'\]"),
+        ({**good, "a": np.empty(20, F32)[::2]}, ValueError, "C-contiguous"),
+        ({**good, "a": [0.0] * 10}, TypeError, r"out\['a'\]"),
+    ]
+    ro = np.empty(10, F32)
+    ro.flags.writeable = False
+    bad_cases.append(({**good, "a": ro}, ValueError, "writeable"))
+    for out, err, match in bad_cases:
+        with pytest.raises(err, match=match):
+            red.reduce(x, out=out)
+    assert red.calls == 0 and red.scheme.ef.keys() == []  # nothing was consumed
+    assert red.reduce(x, out=good) is good
+    assert red.calls == 1
 
 
 # ---------------------------------------------------------------------- the MPI cases, p = 1
@@ -404,10 +354,10 @@ def test_self(case):
 
 
 # ---------------------------------------------------------------------- launched under mpiexec
-CASES = ["codecs", "structure", "ef", "ireduce", "average", "none", "mismatch"]
+CASES = ["codecs", "structure", "ef", "ireduce", "average", "none", "out", "mismatch"]
 #: the cases each rank count runs, all in ONE launch per count (each launch pays the JIT load);
 #: 3 is the non-power-of-two count
-PLAN = {2: CASES, 3: ["codecs", "ef", "none", "mismatch"], 4: CASES}
+PLAN = {2: CASES, 3: ["codecs", "ef", "none", "out", "mismatch"], 4: CASES}
 
 
 @functools.lru_cache(maxsize=None)

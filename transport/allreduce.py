@@ -6,11 +6,11 @@
 One step (the allgather scheme, any codec):
 
     check   Allgather int64      a hash of the step: same codec, options, names, shapes, dtypes
-    encode  one frame per tensor (through ErrorFeedback), packed into ONE message (message.py)
-    sizes   Allgather int64      every rank's message length
-    frames  Allgatherv bytes     every rank's message, no padding
-    decode  decode_add of every rank's frame, in rank order, into one accumulator per tensor;
-            average divides once at the end
+    encode  ONE many-tensor frame per rank holding every tensor (through ErrorFeedback)
+    sizes   Allgather int64      every rank's frame length
+    frames  Allgatherv bytes     every rank's frame, no padding
+    decode  every rank's frame, in rank order, added into one accumulator per tensor (the
+            caller's array with ``reduce(tensors, out=...)``); average divides once at the end
 
 so every rank computes the same bits.  Three specs take another route (the scheme):
 ``none`` is MPI Allreduce of the dense arrays (the baseline); ``gtopk(...)`` is the gTop-k
@@ -75,8 +75,9 @@ class Handle:
     ``wait()`` may be called more than once (the result is kept); it must be called on every
     rank, in the order the steps were started."""
 
-    def __init__(self, reducer, pending, layout, stats):
+    def __init__(self, reducer, pending, layout, stats, out=None):
         self._reducer, self._pending, self._layout = reducer, pending, layout
+        self._out = out
         self._stats = stats
         self._result = self._error = None
 
@@ -90,12 +91,12 @@ class Handle:
         if self._result is None:
             t = time.perf_counter()
             try:
-                arrays = self._pending.finish(self._stats)
+                arrays = self._pending.finish(self._stats, self._layout.targets)
             except BaseException as e:
                 self._error, self._pending = e, None
                 raise
             self._stats.communicate_s += time.perf_counter() - t - self._stats.decode_s
-            self._result = self._layout.rebuild(arrays)
+            self._result = self._layout.rebuild(arrays, self._out)
             self._reducer._record(self._stats)
             self._pending = None
         return self._result
@@ -170,15 +171,23 @@ class Allreducer:
         return self.scheme.spec
 
     # ------------------------------------------------------------------ steps
-    def reduce(self, tensors):
+    def reduce(self, tensors, out=None):
         """The reduced tensors: same structure (dict or list), shapes and dtypes as the input,
         bit-identical on every rank.  Collective: every rank calls it with the same names,
-        shapes and dtypes, in the same order."""
-        return self.ireduce(tensors).wait()
+        shapes and dtypes, in the same order.
 
-    def ireduce(self, tensors) -> Handle:
+        ``out``: the arrays to write the result into, with the structure, shapes and dtypes
+        of ``tensors`` (host NumPy arrays, writeable, C-contiguous), e.g. the gradients
+        themselves (``reduce(grads, out=grads)``): no result is allocated, and ``out`` is
+        returned.  An input may be its own output: no scheme reads an input after
+        ``ireduce`` returns.  If a step fails after its first collective, ``out`` may hold
+        part of a result."""
+        return self.ireduce(tensors, out).wait()
+
+    def ireduce(self, tensors, out=None) -> Handle:
         """Start a step and return its :class:`Handle`; the frames are encoded and the
         communication posted (nonblocking), so computation can overlap it until ``wait()``.
+        ``out`` as for :meth:`reduce`: the caller leaves those arrays alone until ``wait()``.
 
         Everything that can fail on one rank only (argument types, dtypes, a non-finite
         input the codec cannot send) is checked before the step's first collective, which
@@ -192,6 +201,7 @@ class Allreducer:
         layout = desc = prepared = failed = None
         try:
             layout = _Layout(tensors, self.bucket_bytes)
+            layout.set_out(out)
             desc = self.describe(layout)
             prepared = self.scheme.prepare(layout.sent, layout.sent_keys)
         except Exception as e:  # told to every rank in the check, so none is left waiting
@@ -204,7 +214,7 @@ class Allreducer:
             str(k): {"dense_bytes": a.nbytes, "wire_bytes": w, "ratio": (a.nbytes / w if w else float("inf"))}
             for k, a, w in zip(layout.sent_keys, layout.sent, pending.wire)
         }
-        return Handle(self, pending, layout, stats)
+        return Handle(self, pending, layout, stats, out)
 
     def _record(self, stats: Stats) -> None:
         self.stats = stats
@@ -316,7 +326,46 @@ class _Layout:
                 self.sent.append(np.concatenate([self.arrays[i].reshape(-1) for i in g]))
                 self.sent_keys.append(f"{self.keys[g[0]]}..{self.keys[g[-1]]}")
 
-    def rebuild(self, sent):
+    def set_out(self, out) -> None:
+        """Check ``out`` (None, or arrays with the inputs' structure, shapes and dtypes) and
+        set ``targets``: per sent tensor, the caller's array its result is written into (None
+        for a bucket of several tensors, whose result is copied into theirs by :meth:`rebuild`)."""
+        self.targets = [None] * len(self.sent)
+        if out is None:
+            return
+        if self.kind == "dict":
+            if not isinstance(out, dict) or set(out) != set(self.keys):
+                raise ValueError("out: expected a dict with exactly the tensors' names")
+            outs = [out[k] for k in self.keys]
+        else:
+            if not isinstance(out, (list, tuple)) or len(out) != len(self.keys):
+                raise ValueError(f"out: expected a list of {len(self.keys)} arrays, one per tensor")
+            outs = list(out)
+        for k, a, o, dev in zip(self.keys, self.arrays, outs, self.devices):
+            where = f"out[{k!r}]"
+            if dev or on_device(o):
+                raise TypeError(f"{where}: out= takes host NumPy arrays; device tensors are returned as new arrays")
+            if not isinstance(o, np.ndarray) or type(o) is not np.ndarray:
+                raise TypeError(f"{where}: expected a NumPy array, got {type(o).__name__}")
+            if o.shape != a.shape or o.dtype != a.dtype:
+                raise ValueError(f"{where}: {o.dtype}{list(o.shape)}, the tensor is {a.dtype}{list(a.shape)}")
+            if not (o.flags.c_contiguous and o.flags.writeable and o.flags.aligned):
+                raise ValueError(f"{where}: must be a writeable, aligned, C-contiguous array")
+        self.outs = outs
+        for j, g in enumerate(self.groups):
+            if len(g) == 1:
+                self.targets[j] = outs[g[0]]
+
+    def rebuild(self, sent, out=None):
+        if out is not None:
+            for g, r in zip(self.groups, sent):
+                if len(g) > 1:  # a bucket: its result is one array, copied into the callers'
+                    at = 0
+                    for i in g:
+                        n = self.arrays[i].size
+                        self.outs[i].reshape(-1)[...] = r[at : at + n]
+                        at += n
+            return out
         arrays = [None] * len(self.arrays)
         for g, r in zip(self.groups, sent):
             at = 0

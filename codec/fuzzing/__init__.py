@@ -10,9 +10,10 @@ frame       a frame                                          codec.inspect, code
                                                              into zeros, codec.decode_sparse
 container   a container (codec/container.py)                 unpack_frames, then every frame
                                                              as the frame target
-message     u32 count (the receiver's, trusted), then one    transport.message.unpack, then
-            rank's transport message (registered by          every frame as the frame target
-            transport.fuzzing: codec never imports transport)
+many        u32 length, a layout (trusted: what the          codec.inspect, decode_many,
+            receiver knows, as the transport does), then a   decode_many(out=),
+            many-tensor frame (format v2, either form; the   decode_add_many into zeros,
+            transport's per-rank message)                    decode_sparse_many
 spec        spec text, UTF-8                                 codec.get_codec, then a small
                                                              encode / decode round trip
 state       a pickle (restricted: numpy arrays and plain     ErrorFeedback.load_state_dict,
@@ -43,12 +44,12 @@ The package, one module per job (this module re-exports their public names):
 - ``checksums``: magic numbers, checksum flags, CRC-32C, checksum recomputation;
 - ``formats``: frames and containers as editable fields, the state target's restricted pickles;
 - ``seeds``: the specs and arrays seeds are made from; ``corpus``: the seed corpus of every target;
-- ``mutators/``: ``byte_level`` (byte edits, the weighted choice), ``frame``, ``container``,
+- ``mutators/``: ``byte_level`` (byte edits, the weighted choice), ``frame``, ``container``, ``many``,
   ``spec``, ``state``: one structure-aware mutator per target;
 - ``findings``: the per-call bounds, :class:`Finding`, :class:`Outcome`, finding labels, the
-  bounded call runner; ``oracles/``: ``frame``, ``container``, ``spec``, ``state`` (and
+  bounded call runner; ``oracles/``: ``frame``, ``container``, ``many``, ``spec``, ``state`` (and
   ``common``, the comparisons they share): one oracle per parser;
-- ``targets``: the target table (:func:`register_target`), :func:`mutate`, :func:`check`,
+- ``targets``: the target table, :func:`mutate`, :func:`check`,
   the atheris target function;
 - ``stats``: what a run did and its summary; ``loop``: the mutation loop and the supervised
   child (``python -m codec.fuzzing --child``, via ``__main__``); ``supervisor``: :func:`supervise`.
@@ -67,6 +68,7 @@ from codec.fuzzing.checksums import (
     FRAME_MAGIC,
     crc32c,
     fix_container_checksums,
+    fix_many_checksums,
     fix_frame_checksums,
     frame_header_len,
 )
@@ -92,13 +94,11 @@ from codec.fuzzing.oracles.spec import check_spec
 from codec.fuzzing.oracles.state import check_state
 from codec.fuzzing.targets import (
     CHECKS,
-    ExtraTarget,
     MUTATORS,
     TARGETS,
     check,
     known_labels,
     mutate,
-    register_target,
     target_function,
 )
 from codec.fuzzing.stats import Stats, format_stats, input_name
@@ -118,6 +118,7 @@ __all__ = [
     "supervise",
     "fix_frame_checksums",
     "fix_container_checksums",
+    "fix_many_checksums",
     "FrameFields",
     "split_frame",
     "ContainerFields",

@@ -75,6 +75,26 @@ def fix_frame_checksums(buf) -> bytes:
     return bytes(b)
 
 
+def fix_many_checksums(buf) -> bytes:
+    """``buf`` (a many-tensor frame, format v2) with its payload checksum and header CRC32
+    recomputed where ``parse_many`` will look for them (the header walked as it walks it);
+    unchanged when the header cannot be walked."""
+    from codec.errors import CorruptFrameError
+    from codec.manyframe import read_header
+
+    b = bytearray(buf)
+    if len(b) < 12 or b[:4] != FRAME_MAGIC:
+        return bytes(b)
+    try:
+        h = read_header(memoryview(b))
+    except CorruptFrameError:
+        return bytes(b)
+    if h.flags & (FLAG_CRC32 | FLAG_CRC32C):
+        struct.pack_into("<I", b, h.crc_at - 4, _payload_crc(h.flags, memoryview(b)[h.header_len :]))
+    struct.pack_into("<I", b, h.crc_at, zlib.crc32(memoryview(b)[: h.crc_at]))
+    return bytes(b)
+
+
 def _container_table_end(b) -> int | None:
     """Where a container's table ends (walking ``count`` entries as unpack_frames does)."""
     if len(b) < 12:

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 import codec
 from codec import container as _container
-from codec.fuzzing.formats import dumps_state
+from codec.fuzzing.formats import dumps_state, join_many, layout_prefix
 from codec.fuzzing.seeds import seed_arrays, seed_specs
-from codec.fuzzing.targets import _EXTRA
 
 
 @dataclass
@@ -38,6 +37,30 @@ def _encode_all(spec: str, arrays, feedback: bool):
         except (ValueError, TypeError):
             continue  # e.g. a codec that needs a 2-D array, or non-finite values refused
     return frames
+
+
+def _many_seeds(specs, arrays) -> list:
+    """Per codec, many-tensor frames of 1, 2 and 4 of the seed arrays (named and not, table
+    and layout-hash form, with error feedback in one of them), each behind its layout."""
+    out = []
+    rng = random.Random(2)
+    for spec in specs:
+        c = codec.get_codec(spec)
+        for k, form, named in ((1, "table", True), (2, "hash", False), (4, "hash", True), (4, "table", False)):
+            pick = [arrays[rng.randrange(len(arrays))] for _ in range(k)]
+            tensors = {f"t{i}": a for i, a in enumerate(pick)} if named else pick
+            try:
+                if k == 2:
+                    ef = codec.ErrorFeedback(c)
+                    ef.encode_many(tensors, layout=form)
+                    frame = ef.encode_many(tensors, layout=form)
+                else:
+                    frame = c.encode_many(tensors, layout=form, step=1)
+            except (ValueError, TypeError):
+                continue  # a codec that refuses one of the arrays
+            out.append((spec, join_many(layout_prefix(codec.Layout.of(tensors)), frame)))
+    out.append(("-", join_many(layout_prefix(codec.Layout.of([])), codec.get_codec("none").encode_many([]))))
+    return out
 
 
 _SEED_CACHE: dict = {}
@@ -82,8 +105,6 @@ def seed_corpus(full: bool = True, specs=None) -> Seeds:
         canon = codec.get_codec(s).spec
         if canon != s:
             spec_seeds.append((s, canon.encode()))
-    out = Seeds({"frame": frames, "container": containers, "spec": spec_seeds, "state": states})
-    for name, t in _EXTRA.items():  # targets another layer registered, seeded from the frames
-        out.by_target[name] = t.seeds(by_spec, random.Random(1))
+    out = Seeds({"frame": frames, "container": containers, "many": _many_seeds(specs, arrays), "spec": spec_seeds, "state": states})
     _SEED_CACHE[key] = out
     return out

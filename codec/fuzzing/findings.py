@@ -56,7 +56,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 def _site(tb) -> str:
     """``file:function`` of the innermost traceback frame in codec/ or transport/ (not the fuzzing
-    harness: codec/fuzzing/, transport/fuzzing.py)."""
+    harness: codec/fuzzing/)."""
     frames = traceback.extract_tb(tb)
     pick = None
     for fr in frames:
@@ -65,7 +65,7 @@ def _site(tb) -> str:
             rel = p.resolve().relative_to(_ROOT)
         except ValueError:
             continue
-        if rel.parts[0] in ("codec", "transport") and rel.name != "fuzzing.py" and rel.parts[:2] != ("codec", "fuzzing"):
+        if rel.parts[0] in ("codec", "transport") and rel.parts[:2] != ("codec", "fuzzing"):
             pick = f"{rel.as_posix()}:{fr.name}"
     if pick is None and frames:
         fr = frames[-1]

@@ -187,3 +187,47 @@ def dumps_state(obj) -> bytes:
 
 def loads_state(data: bytes):
     return _StateUnpickler(io.BytesIO(data)).load()
+
+
+# ------------------------------------------------------------------ many-tensor frames
+def layout_prefix(layout) -> bytes:
+    """A layout as the many target's input carries it: a names flag byte, the tensor count
+    (varint) and the layout table (docs/format.md)."""
+    from codec.manyframe import put_varint
+
+    out = bytearray([layout.names is not None])
+    put_varint(out, len(layout))
+    return bytes(out) + layout.table()
+
+
+def layout_of_prefix(prefix: bytes):
+    """The :class:`codec.Layout` of a :func:`layout_prefix` (CorruptFrameError if it is not one)."""
+    from codec.errors import CorruptFrameError
+    from codec.manyframe import Layout, _Cursor, read_table
+
+    mv = memoryview(prefix)
+    if not mv.nbytes or mv[0] > 1:
+        raise CorruptFrameError("layout prefix: bad names flag")
+    cur = _Cursor(mv, 1, mv.nbytes)
+    count = cur.varint("the tensor count")
+    if count > mv.nbytes:
+        raise CorruptFrameError("layout prefix: too many tensors")
+    shapes, dts, names = read_table(cur, count, bool(mv[0]))
+    if cur.pos != mv.nbytes or (names is not None and len(set(names)) != len(names)):
+        raise CorruptFrameError("layout prefix: trailing bytes or repeated names")
+    return Layout(tuple(shapes), tuple(dts), None if names is None else tuple(names))
+
+
+def join_many(prefix: bytes, frame: bytes) -> bytes:
+    """A many target input: u32 length of the layout prefix, the prefix, the frame."""
+    return struct.pack("<I", len(prefix)) + prefix + frame
+
+
+def split_many(data: bytes):
+    """``(prefix, frame)`` of a many target input, or None when it is too short for its prefix."""
+    if len(data) < 4:
+        return None
+    (n,) = struct.unpack_from("<I", data, 0)
+    if 4 + n > len(data):
+        return None
+    return data[4 : 4 + n], data[4 + n :]

@@ -15,7 +15,6 @@ from pathlib import Path
 from codec.fuzzing.findings import _ROOT
 from codec.fuzzing.loop import _Beacon
 from codec.fuzzing.stats import Stats, input_name
-from codec.fuzzing.targets import _EXTRA
 
 
 def _child_env() -> dict:
@@ -46,8 +45,7 @@ def supervise(target: str, *, seconds: float = 60.0, iterations: int | None = No
                 break
             report = os.path.join(tmp, f"report{n_child}.json")
             n_child += 1
-            module = _EXTRA[target].module if target in _EXTRA else "codec.fuzzing"
-            args = [sys.executable, "-m", module, "--child", "--target", target, "--seconds", str(left),
+            args = [sys.executable, "-m", "codec.fuzzing", "--child", "--target", target, "--seconds", str(left),
                     "--deadline", repr(time.time() + left),
                     "--seed", str(seed), "--start", str(start), "--beacon", beacon, "--report", report]
             if iterations is not None:

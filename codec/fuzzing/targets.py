@@ -1,6 +1,6 @@
 """The targets: their names, each one's mutator and oracle (:data:`MUTATORS`, :data:`CHECKS`),
-the targets another layer registers (:func:`register_target`), and the entry points that
-dispatch on a target: :func:`mutate`, :func:`check`, :func:`known_labels`, :func:`target_function`.
+and the entry points that dispatch on a target: :func:`mutate`, :func:`check`,
+:func:`known_labels`, :func:`target_function`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import tracemalloc
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,46 +15,24 @@ import numpy as np
 from codec.fuzzing.findings import Finding, Outcome, _Calls
 from codec.fuzzing.mutators.container import mutate_container
 from codec.fuzzing.mutators.frame import mutate_frame
+from codec.fuzzing.mutators.many import mutate_many
 from codec.fuzzing.mutators.spec import mutate_spec
 from codec.fuzzing.mutators.state import mutate_state
 from codec.fuzzing.oracles.container import check_container
 from codec.fuzzing.oracles.frame import check_frame
+from codec.fuzzing.oracles.many import check_many
 from codec.fuzzing.oracles.spec import check_spec
 from codec.fuzzing.oracles.state import check_state
 
 
-#: the targets: this package's four, then any another layer registers (:func:`register_target`;
-#: ``transport.fuzzing`` adds ``message``: codec never imports transport)
-TARGETS = ["frame", "container", "spec", "state"]
-
-
-@dataclass
-class ExtraTarget:
-    """A target registered by another layer: its mutator and check (as this package's own),
-    ``seeds(frames_by_spec, rng) -> [(label, bytes)]``, and the module whose ``-m`` runs a
-    supervised child for it (it registers the target, then calls :func:`child_main`)."""
-
-    mutate: object
-    check: object
-    seeds: object
-    module: str
-
-
-_EXTRA: dict = {}
-
-
-def register_target(name: str, *, mutate, check, seeds, module: str) -> None:
-    """Add a fuzz target of another layer (idempotent)."""
-    _EXTRA[name] = ExtraTarget(mutate, check, seeds, module)
-    MUTATORS[name] = mutate
-    CHECKS[name] = check
-    if name not in TARGETS:
-        TARGETS.append(name)
+#: the targets, one per parser that meets untrusted input
+TARGETS = ["frame", "container", "many", "spec", "state"]
 
 
 MUTATORS = {
     "frame": mutate_frame,
     "container": mutate_container,
+    "many": mutate_many,
     "spec": mutate_spec,
     "state": mutate_state,
 }
@@ -69,6 +46,7 @@ def mutate(target: str, rng: random.Random, data: bytes, other: bytes | None = N
 CHECKS = {
     "frame": lambda d, c: check_frame(d, c),
     "container": check_container,
+    "many": check_many,
     "spec": check_spec,
     "state": check_state,
 }

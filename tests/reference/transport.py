@@ -150,10 +150,35 @@ class Reference:
     def residual(self, rank: int, name) -> np.ndarray:
         return self.efs[rank].residual(self.key(name, rank))
 
-    def message_bytes(self, rank: int) -> int:
-        """The length of rank ``rank``'s message in the last step: 8 + 8 * count + frames."""
-        fr = self.frames[rank]
-        return 8 + 8 * len(fr) + sum(len(f) for f in fr)
+    def message(self, rank: int, tensors) -> bytes:
+        """Rank ``rank``'s message in the last step: the many-tensor frame (layout-hash form)
+        holding the sections of its single-tensor frames, assembled here from them."""
+        from codec.frame import Section, parse_frame
+
+        sections = []
+        for f in self.frames[rank]:
+            fr = parse_frame(f)
+            sections.append([Section(s.kind, s.bits, s.count, data=fr.raw(i)) for i, s in enumerate(fr.sections)])
+        _, arrays = items(tensors)
+        layout = codec.Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays))
+        return self.codec.frame_many(sections, layout, "hash")
+
+    def message_bytes(self, rank: int, tensors) -> int:
+        """The length of rank ``rank``'s message in the last step."""
+        return len(self.message(rank, tensors))
+
+    def wire(self, rank: int, tensors) -> list[int]:
+        """Each tensor's share of rank ``rank``'s message: its sections' raw bytes, the rest
+        of the message shared in proportion to them."""
+        raw = [sum(s.raw_len for s in parse_frame_sections(f)) for f in self.frames[rank]]
+        total, size = sum(raw), self.message_bytes(rank, tensors)
+        return [round(r * size / total) for r in raw] if total else [size // max(1, len(raw))] * len(raw)
+
+
+def parse_frame_sections(frame) -> list:
+    from codec.frame import parse_frame
+
+    return parse_frame(frame).sections
 
 
 #: (one ulp at 1.0, the smallest subnormal) of each dtype

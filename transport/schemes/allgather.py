@@ -1,18 +1,21 @@
 """The allgather of frames: any codec (docs/transport.md, "Allgather of frames").
 
-    encode  one frame per tensor (through ErrorFeedback), packed into ONE message (message.py)
-    sizes   Allgather int64      every rank's message length (-1: this rank could not encode)
-    frames  Iallgatherv bytes    every rank's message, no padding
-    decode  decode_add of every rank's frame, in rank order, into one accumulator per tensor;
-            average divides once at the end
+    encode  ONE many-tensor frame per rank (format v2, layout-hash form) holding every tensor,
+            each coded through the ErrorFeedback as if alone
+    sizes   Allgather int64      every rank's frame length (-1: this rank could not encode)
+    frames  Iallgatherv bytes    every rank's frame, no padding
+    decode  each rank's frame parsed once and added, in rank order, into one accumulator per
+            tensor (the caller's array with ``out=``); average divides once at the end
 
 so every rank performs the same operations on the same bytes and computes the same bits.
+The frame names its layout by hash only: the config check before the step has compared every
+rank's names, shapes and dtypes, and decoding checks the hash again.
 
 :class:`Framed` is the base of the schemes that code each tensor into a frame on every rank
 (this one and gTop-k): it keeps every tensor's memory in one ``codec.ErrorFeedback``
 (``self.ef``), with residuals when error feedback is on and the codec is lossy, without them
-otherwise (then a slot holds the tensor's step and stage state only).  A frame's step is its
-key's step: how many frames that tensor has made (docs/transport.md, "State").
+otherwise (then a slot holds the tensor's step and stage state only).  A tensor's step is its
+key's step: how many frames that tensor has been coded into (docs/transport.md, "State").
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 import codec
 from codec.arrays import scatter_add, wide_dtype
-from transport import message
+from codec.manyframe import parse_many
 from transport.errors import raise_failed
 from transport.schemes.base import SIGN_CODECS, Scheme, check_finite, finish_sum, vote_error
 
@@ -31,9 +34,9 @@ __all__ = ["Allgather", "Framed"]
 
 
 class Framed(Scheme):
-    """A scheme that codes each tensor into a frame on every rank, through its
-    ErrorFeedback (``self.ef``) keyed ``(name, rank)``, or ``name`` without ``rank_streams``:
-    with residuals when the reducer has error feedback and the codec is lossy."""
+    """A scheme that codes a step's tensors into one many-tensor frame on every rank, through
+    its ErrorFeedback (``self.ef``) keyed ``(name, rank)``, or ``name`` without
+    ``rank_streams``: with residuals when the reducer has error feedback and the codec is lossy."""
 
     def __init__(self, codec_or_spec, reducer):
         super().__init__(codec_or_spec, reducer)
@@ -53,15 +56,30 @@ class Framed(Scheme):
     def key(self, name):
         return (name, self.reducer.rank) if self.reducer.rank_streams else name
 
-    def encode(self, arrays, keys):
-        """One frame per tensor, each at its key's step, which it advances."""
-        return [self.ef.encode(a, self.key(k)) for a, k in zip(arrays, keys)]
+    @staticmethod
+    def layout(arrays) -> codec.Layout:
+        """The step's layout: what the frames' hash stands for (names are the config check's)."""
+        return codec.Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays))
+
+    def encode(self, arrays, keys) -> bytes:
+        """One many-tensor frame of every tensor, each at its key's step, which it advances."""
+        return self.ef.encode_many(arrays, keys=[self.key(k) for k in keys], layout="hash")
+
+    @staticmethod
+    def wire(frame, arrays) -> list[int]:
+        """Each tensor's share of ``frame``: its sections' bytes, with the header (and any
+        compression of the payload) shared in proportion to them, adding up to the frame."""
+        mf = parse_many(frame, layout=Framed.layout(arrays), verify_payload=False)
+        raw = [sum(s.raw_len for s in secs) for secs in mf.tensor_sections]
+        total = sum(raw)
+        if not total:
+            return [len(frame) // max(1, len(raw))] * len(raw)
+        return [round(r * len(frame) / total) for r in raw]
 
 
 class Allgather(Framed):
-    """Any codec: one message per rank (message.py), sizes by Allgather, bytes by Allgatherv,
-    decode_add of every rank's frames in rank order.  ``vote``: sign codecs only; the
-    result is the sign of the sum."""
+    """Any codec: one frame per rank, sizes by Allgather, bytes by Allgatherv, every rank's
+    frame added in rank order.  ``vote``: sign codecs only; the result is the sign of the sum."""
 
     def __init__(self, codec_or_spec, reducer):
         super().__init__(codec_or_spec, reducer)
@@ -72,11 +90,11 @@ class Allgather(Framed):
         arrays, keys = prepared
         comm = self.reducer.comm
         try:
-            frames = self.encode(arrays, keys)
+            frame = self.encode(arrays, keys)
             failed = None
         except Exception as e:  # told to every rank through the sizes, so none is left waiting
-            frames, failed = [], e
-        msg = message.pack(frames)
+            frame, failed = b"", e
+        msg = np.frombuffer(frame, np.uint8)
         t = time.perf_counter()
         sizes = np.empty(self.reducer.size, np.int64)
         comm.Allgather(np.array([-1 if failed else msg.size], np.int64), sizes)
@@ -89,7 +107,7 @@ class Allgather(Framed):
         stats.communicate_s += time.perf_counter() - t
         stats.bytes_sent = int(msg.size)
         stats.bytes_received = int(sizes.sum() - msg.size)
-        return _AllgatherPending(self, arrays, recv, sizes, displs, req, [len(f) for f in frames])
+        return _AllgatherPending(self, arrays, recv, sizes, displs, req, self.wire(frame, arrays))
 
 
 class _AllgatherPending:
@@ -100,30 +118,51 @@ class _AllgatherPending:
     def test(self):
         return self.req.Test()
 
-    def finish(self, stats):
+    def finish(self, stats, out):
         self.req.Wait()
         t = time.perf_counter()
         red = self.scheme.reducer
-        count = len(self.arrays)
-        frames = [
-            message.unpack(self.recv[d : d + s], count, r) for r, (d, s) in enumerate(zip(self.displs.tolist(), self.sizes.tolist()))
-        ]
         c = self.scheme.codec
-        out = []
-        for i, a in enumerate(self.arrays):
-            acc = np.zeros(a.shape, wide_dtype(a.dtype))
-            touched = None
-            if c.select is None:
-                for r in range(red.size):
-                    c.decode_add(frames[r][i], acc)
-            else:  # each frame read once, as decode_add would; the sum is zero off the positions
-                pairs = [c.decode_sparse(frames[r][i]) for r in range(red.size)]
-                for pos, vals in pairs:
-                    scatter_add(vals, pos, acc)
-                touched = np.unique(np.concatenate([pos for pos, _ in pairs]))
-            if red.vote:
-                out.append(np.sign(acc).astype(a.dtype))
+        lay = self.scheme.layout(self.arrays)
+        frames = [self.recv[d : d + s] for d, s in zip(self.displs.tolist(), self.sizes.tolist())]
+        # one accumulator per tensor: the caller's array when it has the accumulator dtype
+        accs = []
+        for a, o in zip(self.arrays, out):
+            wide = wide_dtype(a.dtype)
+            if o is not None and o.dtype == wide and not red.vote:
+                o.fill(0)
+                accs.append(o)
             else:
-                out.append(finish_sum(acc, a.dtype, red.size, red.average, touched))
+                accs.append(np.zeros(a.shape, wide))
+        touched = [None] * len(self.arrays)
+        if c.select is None:
+            for r, f in enumerate(frames):
+                _from_rank(r, c.decode_add_many, f, accs, layout=lay)
+        else:  # each frame read once, as decode_add would; the sum is zero off the positions
+            every = [_from_rank(r, c.decode_sparse_many, f, layout=lay) for r, f in enumerate(frames)]
+            for i, acc in enumerate(accs):
+                for pairs in every:
+                    scatter_add(pairs[i][1], pairs[i][0], acc)
+                touched[i] = np.unique(np.concatenate([pairs[i][0] for pairs in every]))
+        res = []
+        for a, acc, o, tch in zip(self.arrays, accs, out, touched):
+            if red.vote:
+                v = np.sign(acc).astype(a.dtype)
+                res.append(v if o is None else _put(o, v))
+            else:
+                res.append(finish_sum(acc, a.dtype, red.size, red.average, tch, out=o))
         stats.decode_s = time.perf_counter() - t
-        return out
+        return res
+
+
+def _from_rank(rank: int, fn, *args, **kwargs):
+    """``fn(*args)`` on rank ``rank``'s frame; a damaged frame's error names the rank."""
+    try:
+        return fn(*args, **kwargs)
+    except codec.CorruptFrameError as e:
+        raise codec.CorruptFrameError(f"frame from rank {rank}: {e}") from None
+
+
+def _put(out: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out[...] = values
+    return out

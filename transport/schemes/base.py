@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 import codec
-from codec.arrays import first_nonfinite, round_to, wide_dtype
+from codec.arrays import first_nonfinite, round_into, round_to, wide_dtype
 from codec.errors import NonFiniteError
 
 __all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_sum", "mpi", "vote_error"]
@@ -43,18 +43,22 @@ def vote_error(spec: str) -> ValueError:
 class Pending(Protocol):
     """A step in flight, as :meth:`Scheme.start` returns it (``Handle`` drives it).
 
-    ``wire``: this rank's wire bytes per sent tensor (its frame, headers included, or what the
-    scheme sends for it).  ``test()``: True when the first round's communication has
-    completed; never blocks.  ``finish(stats)``: completes the step (every remaining round),
-    adds the bytes it moved to ``stats`` (a ``transport.Stats``), sets ``stats.decode_s``,
-    and returns the reduced arrays, with the inputs' dtypes and shapes, in the sent order.
-    It is called once, on every rank, in the order the steps were started."""
+    ``wire``: this rank's wire bytes per sent tensor (its share of its message, headers
+    included, or what the scheme sends for it).  ``test()``: True when the first round's
+    communication has completed; never blocks.  ``finish(stats, out)``: completes the step
+    (every remaining round), adds the bytes it moved to ``stats`` (a ``transport.Stats``),
+    sets ``stats.decode_s``, and returns the reduced arrays, with the inputs' dtypes and
+    shapes, in the sent order; ``out`` holds per sent tensor None or the caller's array (the
+    tensor's dtype and shape, C-contiguous, possibly the input itself: no scheme reads its
+    inputs after ``start``) that the result must be written into and returned as (the
+    ``out=`` of ``Allreducer.reduce``).  It is called once, on every rank, in the order the
+    steps were started."""
 
     wire: list
 
     def test(self) -> bool: ...
 
-    def finish(self, stats) -> list: ...
+    def finish(self, stats, out) -> list: ...
 
 
 class Scheme:
@@ -92,24 +96,35 @@ class Scheme:
         raise NotImplementedError
 
 
-def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None) -> np.ndarray:
+def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None, out=None) -> np.ndarray:
     """``acc / size`` when averaging (one division), rounded once to ``dtype``.
 
     ``touched``: sorted unique flat positions outside which ``acc`` is known to be zero (a
     sparse sum); only those are divided and rounded, so the untouched pages of a fresh
-    ``np.zeros`` are never written.  The result is the same bits either way."""
+    ``np.zeros`` are never written.  ``out``: the caller's array of ``dtype`` (C-contiguous,
+    ``acc``'s size, possibly ``acc`` itself) to write the result into and return, instead of a
+    new array.  The result is the same bits either way."""
     if touched is not None:
         flat = acc.reshape(-1)
         part = finish_sum(flat[touched], dtype, size, average)
+        if out is not None:
+            if out is not acc:  # acc is zero off the positions; out may hold anything
+                out.fill(0)
+            out.reshape(-1)[touched] = part
+            return out
         if acc.dtype == dtype:
             flat[touched] = part
             return acc
-        out = np.zeros(acc.shape, dtype)
-        out.reshape(-1)[touched] = part
-        return out
+        res = np.zeros(acc.shape, dtype)
+        res.reshape(-1)[touched] = part
+        return res
     if average and size > 1:
         np.divide(acc, acc.dtype.type(size), out=acc)
-    return acc if acc.dtype == dtype else round_to(acc, dtype)
+    if out is None:
+        return acc if acc.dtype == dtype else round_to(acc, dtype)
+    if out is not acc:
+        round_into(acc.reshape(-1), out.reshape(-1))
+    return out
 
 
 def check_finite(a: np.ndarray, where: str, who: str, why: str = "needs finite input") -> None:

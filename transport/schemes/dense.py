@@ -41,11 +41,11 @@ class _DensePending:
     def test(self):
         return self.sums.test()
 
-    def finish(self, stats):
+    def finish(self, stats, out):
         summed = self.sums.wait()
         t = time.perf_counter()
         red = self.scheme.reducer
-        # views of the reduced buffers (rounded copies for 16-bit tensors)
-        out = [finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape) for a, s in zip(self.arrays, summed)]
+        # views of the reduced buffers (rounded copies for 16-bit tensors), or the caller's arrays
+        res = [finish_sum(s, a.dtype, red.size, red.average, out=o).reshape(a.shape) for a, s, o in zip(self.arrays, summed, out)]
         stats.decode_s = time.perf_counter() - t
-        return out
+        return res

@@ -135,11 +135,11 @@ class GTopK(Framed):
     def start(self, prepared, stats):
         arrays, keys = prepared
         try:
-            frames = self.encode(arrays, keys)
-            sets = [codec.decode_sparse(frame) for frame in frames]  # values in wide_dtype: the wire's
+            frame = self.encode(arrays, keys)
+            sets = self.codec.decode_sparse_many(frame, layout=self.layout(arrays))  # values in wide_dtype: the wire's
         except Exception as e:  # travels in the tree's status, so no rank waits for our pairs
             return _TreePending(self, arrays, keys, None, [0] * len(arrays), failed=e)
-        return _TreePending(self, arrays, keys, sets, [len(f) for f in frames])
+        return _TreePending(self, arrays, keys, sets, self.wire(frame, arrays))
 
 
 def _status(msg) -> int:
@@ -171,7 +171,7 @@ class _TreePending:
             return buf
         return buf[: st.Get_count(MPI.BYTE)]
 
-    def finish(self, stats):
+    def finish(self, stats, out):
         MPI = mpi()
         red = self.scheme.reducer
         comm = red.comm
@@ -215,14 +215,18 @@ class _TreePending:
         if status:  # every rank knows by now: the status travelled with the pairs
             raise_failed(comm, self.failed, "encoding its tensors")
         t1 = time.perf_counter()
-        out = []
-        for a, key, (lpos, lval), (gpos, gval) in zip(self.arrays, self.keys, self.local, sets):
-            res = np.zeros(a.shape, a.dtype)
+        res_all = []
+        for a, key, (lpos, lval), (gpos, gval), o in zip(self.arrays, self.keys, self.local, sets, out):
+            if o is None:
+                res = np.zeros(a.shape, a.dtype)
+            else:
+                res = o
+                res.fill(0)
             res.reshape(-1)[gpos] = finish_sum(gval, a.dtype, red.size, red.average)
-            out.append(res)
+            res_all.append(res)
             if self.scheme.ef.residuals and lpos.size:
                 missed = ~np.isin(lpos, gpos, assume_unique=True)
                 if missed.any():
                     self.scheme.ef.add_residual(self.scheme.key(key), lval[missed], lpos[missed])
         stats.decode_s = merge_s + time.perf_counter() - t1
-        return out
+        return res_all

@@ -126,7 +126,7 @@ class _TwoRoundPending:
     def test(self):
         return self.rounds.test()
 
-    def finish(self, stats):
+    def finish(self, stats, out):
         red = self.scheme.reducer
         summed = self.rounds.wait()
         t = time.perf_counter()
@@ -147,19 +147,23 @@ class _TwoRoundPending:
         work_s = time.perf_counter() - t
         qsum = Sums(red.comm, self.arrays).start(qs, stats).wait()
         c1 = time.perf_counter()
-        out = []
+        res = []
         warm = self.scheme.stage.warm_start
-        for a, (slot, mat, plan, _), s, p, qq in zip(self.arrays, self.work, summed, ps, qsum):
-            if plan is None:  # a view of round 1's buffer, as with none
-                out.append(finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape))
+        for a, (slot, mat, plan, _), s, p, qq, o in zip(self.arrays, self.work, summed, ps, qsum, out):
+            if plan is None:  # a view of round 1's buffer, as with none (or the caller's array)
+                res.append(finish_sum(s, a.dtype, red.size, red.average, out=o).reshape(a.shape))
                 if slot.residual is not None and slot.residual.any():  # sent whole: nothing left over
                     slot.commit(np.zeros_like(slot.residual), keep_spare=False)  # (zero after one step)
             else:
                 n, m, r = plan
                 qm = qq.reshape(m, r).copy()
-                out.append(finish_sum(p @ qm.T, a.dtype, red.size, red.average).reshape(a.shape))
+                if o is not None and o.dtype == p.dtype:  # P Q^T straight into the caller's array
+                    np.matmul(p, qm.T, out=o.reshape(n, m))
+                    res.append(finish_sum(o, a.dtype, red.size, red.average, out=o).reshape(a.shape))
+                else:
+                    res.append(finish_sum(p @ qm.T, a.dtype, red.size, red.average, out=o).reshape(a.shape))
                 if warm:  # the next step's start (without warm_start, Q is drawn afresh)
                     slot.state[STATE_Q] = qm
             slot.step += 1
         stats.decode_s = work_s + time.perf_counter() - c1
-        return out
+        return res
