@@ -8,13 +8,14 @@
 (``transport.schemes.SCHEMES``): the allgather of frames (any codec), MPI Allreduce
 (``none``), the gTop-k tree (``gtopk(ratio=...)``) and the two-round PowerSGD
 (``powersgd(...)``); docs/transport.md.  This package sits above the codec's public face
-(``codec``, ``codec.arrays``, ``codec.lowrank.powersgd``) and is the only one that imports
+(``codec``, ``codec.arrays``, ``codec.manyframe``, ``codec.lowrank.powersgd``) and is the only one that imports
 mpi4py, on first use: ``import transport`` and the cost model (``transport.costmodel``) work
 without MPI.
 
 Layout: allreduce.py (Allreducer, Handle, Stats), errors.py (MismatchError, RankError,
-RankTypeError, the status codes), schemes/ (one module per scheme, the table), message.py
-(one rank's message), staging.py (device arrays), costmodel.py, bench.py, fuzzing.py.
+RankTypeError, the status codes), schemes/ (one module per scheme, the table; a rank's
+message is one many-tensor frame, codec/manyframe.py), staging.py (device arrays),
+costmodel.py, bench.py.
 """
 
 from __future__ import annotations
