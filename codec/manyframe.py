@@ -27,7 +27,7 @@ import hashlib
 import math
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -96,6 +96,9 @@ class _Cursor:
 
     def varint(self, what: str) -> int:
         mv, pos, end = self.mv, self.pos, self.end
+        if pos < end and mv[pos] < 0x80:  # one byte: most counts and every small field
+            self.pos = pos + 1
+            return mv[pos]
         v = shift = 0
         while True:
             if pos >= end:
@@ -131,10 +134,12 @@ class Layout:
     shapes: tuple
     dtypes: tuple
     names: tuple | None = None
+    sizes: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if len(self.shapes) != len(self.dtypes) or (self.names is not None and len(self.names) != len(self.shapes)):
             raise ValueError("layout: shapes, dtypes and names must have one entry per tensor")
+        object.__setattr__(self, "sizes", tuple(math.prod(s) for s in self.shapes))  # elements per tensor
 
     @classmethod
     def of(cls, tensors) -> "Layout":
@@ -148,10 +153,6 @@ class Layout:
 
     def __len__(self) -> int:
         return len(self.shapes)
-
-    @property
-    def sizes(self) -> list[int]:
-        return [math.prod(s) for s in self.shapes]
 
     def table(self) -> bytes:
         """The layout's bytes as the table form writes them (docs/format.md)."""
@@ -190,10 +191,29 @@ def as_layout(layout) -> Layout:
 
 
 # ------------------------------------------------------------------------ building
-def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None) -> bytes:
+@dataclass(frozen=True)
+class Entry:
+    """A section as the table describes it (kind, item width, count), without its bytes:
+    what :func:`build_many` takes for a tensor whose bytes another piece holds."""
+
+    kind: int
+    bits: int
+    count: int
+
+    @property
+    def raw_len(self) -> int:
+        return raw_length(self.count, self.bits)
+
+
+def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None, pieces=None) -> bytes:
     """A v2 frame of ``layout``'s tensors, ``sections[i]`` being tensor i's list of
     :class:`codec.frame.Section`.  ``form``: "table" or "hash"; ``compressor``/``checksum``
-    as for :func:`codec.frame.build_frame` (the compressor sees the whole payload)."""
+    as for :func:`codec.frame.build_frame` (the compressor sees the whole payload).
+
+    ``pieces``: the payload's bytes in order, when they are not the sections' own: a list of
+    Sections whose raw lengths add up to the sections', such as one section coding a run of
+    consecutive tensors at once (an elementwise value stage); then ``sections`` only
+    describe the table (their kinds, widths and counts)."""
     if form not in ("table", "hash"):
         raise ValueError(f"layout: expected 'table' or 'hash', got {form!r}")
     spec_b = spec.encode("utf-8")
@@ -218,6 +238,10 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
         for s in secs:
             put_varint(body, s.count)
             payload_len += s.raw_len
+    if pieces is None:
+        pieces = [s for secs in sections for s in secs]
+    elif sum(p.raw_len for p in pieces) != payload_len:
+        raise AssertionError("build_many: the pieces do not hold the sections' bytes")
     put_varint(head, len(patterns))
     for pattern in patterns:
         head.append(len(pattern))
@@ -228,7 +252,7 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     stored = None
     if compressor is not None and payload_len:
         raw = np.empty(payload_len, np.uint8)
-        _fill(raw, sections)
+        _fill(raw, pieces)
         enc, data = compressor(memoryview(raw))
         if enc == Encoding.ZSTD:
             flags |= FLAG_ZSTD
@@ -242,7 +266,7 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     size = header_len + (payload_len if stored is None else stored.size)
     frame, out = _new_bytes(size)
     if stored is None:
-        _fill(out[header_len:], sections)
+        _fill(out[header_len:], pieces)
     else:
         out[header_len:] = stored
     _FIXED.pack_into(head, 0, MAGIC, VERSION, flags, 0)
@@ -253,16 +277,15 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     return frame
 
 
-def _fill(out: np.ndarray, sections) -> None:
+def _fill(out: np.ndarray, pieces) -> None:
     pos = 0
-    for secs in sections:
-        for s in secs:
-            size = s.raw_len
-            if s.data is None:
-                s.fill(out[pos : pos + size])
-            else:
-                out[pos : pos + size] = np.frombuffer(s.data, np.uint8, size)
-            pos += size
+    for s in pieces:
+        size = s.raw_len
+        if s.data is None:
+            s.fill(out[pos : pos + size])
+        else:
+            out[pos : pos + size] = np.frombuffer(s.data, np.uint8, size)
+        pos += size
 
 
 # ------------------------------------------------------------------------ parsing

@@ -9,6 +9,8 @@ through round-to-odd, so there is no double rounding).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from codec.dtypes import bfloat16
@@ -17,6 +19,24 @@ from codec.modes import SET
 
 WIDE = (np.dtype(np.float32), np.dtype(np.float64))
 HALF = np.dtype(np.float16)
+
+
+_SCRATCH = threading.local()
+
+
+def scratch(n: int, dtype) -> np.ndarray:
+    """A flat buffer of ``n`` elements of ``dtype`` owned by the calling thread and reused by
+    its next call (contents undefined): for small temporaries made on every call, which a
+    fresh allocation would page-fault each time.  Valid until the thread's next ``scratch``
+    call for the same dtype."""
+    dtype = np.dtype(dtype)
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    buf = bufs.get(dtype)
+    if buf is None or buf.size < n:
+        buf = bufs[dtype] = np.empty(max(n, 1024), dtype)
+    return buf[:n]
 
 
 def readonly(a: np.ndarray) -> np.ndarray:
@@ -163,4 +183,4 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     flat[idx] = picked
 
 
-__all__ = ["readonly", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]
+__all__ = ["readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 
 import numpy as np
 
@@ -112,12 +111,13 @@ class Codec:
         codec's spec, checksum and byte stages."""
         return build_frame(self.spec, dtype, shape, sections, **self._frame_options)
 
-    def frame_many(self, sections: list, layout, form: str = "table") -> bytes:
+    def frame_many(self, sections: list, layout, form: str = "table", *, pieces=None) -> bytes:
         """The many-tensor frame (format v2, :mod:`codec.manyframe`) holding ``sections[i]``
-        for tensor i of ``layout``; ``form`` "table" or "hash"."""
+        for tensor i of ``layout``; ``form`` "table" or "hash"; ``pieces`` as for
+        :func:`codec.manyframe.build_many`."""
         from codec.manyframe import build_many
 
-        return build_many(self.spec, layout, sections, form=form, **self._frame_options)
+        return build_many(self.spec, layout, sections, form=form, pieces=pieces, **self._frame_options)
 
     def subtract(self, fr, flat: np.ndarray) -> None:
         """``flat -= decode(fr)`` in place, rounded once (a sparse frame touches only its
@@ -134,15 +134,84 @@ class Codec:
         quantizer's buckets, PowerSGD's matrices and the random streams are per tensor):
         ``keys`` (one per tensor; default None for all) and ``step`` are what ``encode``
         takes.  ``layout="hash"`` writes the layout's 8-byte hash instead of its table, for
-        peers that agreed on it; decoding such a frame needs ``layout=``."""
+        peers that agreed on it; decoding such a frame needs ``layout=``.
+
+        An elementwise value stage alone (``none``, ``fp16``, ``bf16``) codes each run of
+        consecutive small tensors of one dtype with one kernel call over their concatenation:
+        the same codes, in the same place of the frame, as one call per tensor."""
         from codec.manyframe import Layout
 
         names, arrays = many_inputs(tensors)
         keys = many_keys(keys, len(arrays))
         step = check_step(step)
-        sections = [self.sections(a.reshape(-1), Context(a.shape, a.dtype, key=k, step=step)) for a, k in zip(arrays, keys)]
+        where = _where(names, len(arrays))
         lay = Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), names)
+        if self.elementwise:
+            sections, pieces = self._runs_sections(arrays, where)
+            return self.frame_many(sections, lay, layout, pieces=pieces)
+        sections = [
+            self.sections(a.reshape(-1), Context(a.shape, a.dtype, key=k, step=step, name=w)) for a, k, w in zip(arrays, keys, where)
+        ]
         return self.frame_many(sections, lay, layout)
+
+    @property
+    def elementwise(self) -> bool:
+        """A value stage alone whose codes are elementwise (:attr:`codec.stage.Value.elementwise`)."""
+        return self.transform is None and self.select is None and self.value.elementwise
+
+    def _runs_sections(self, arrays, where):
+        """The table sections and payload pieces of an elementwise codec's many-tensor frame:
+        one piece per run of small same-dtype tensors (:func:`runs`), coded at once."""
+        from codec.manyframe import Entry
+        from codec.ops import scratch
+
+        sections, pieces = [], []
+        groups = runs([(a.size, a.dtype) for a in arrays])
+        # every run's concatenation in its own slice of one reused buffer per dtype: the
+        # pieces are filled only when the frame is built, after the last run is formed
+        room, used = {}, {}
+        for run in groups:
+            if len(run) > 1:
+                dt = arrays[run[0]].dtype
+                room[dt] = room.get(dt, 0) + sum(arrays[i].size for i in run)
+        room = {dt: scratch(n, dt) for dt, n in room.items()}
+        for run in groups:
+            if len(run) == 1:
+                a = arrays[run[0]]
+                secs = self.sections(a.reshape(-1), Context(a.shape, a.dtype, name=where[run[0]]))
+                sections.append(secs)
+                pieces += secs
+                continue
+            dt, n = arrays[run[0]].dtype, sum(arrays[i].size for i in run)
+            at = used.get(dt, 0)
+            flat = room[dt][at : at + n]
+            used[dt] = at + n
+            np.concatenate([arrays[i].reshape(-1) for i in run], out=flat)
+            (piece,) = self.sections(flat, Context(flat.shape, flat.dtype, name="tensors"))
+            sections += [[Entry(piece.kind, piece.bits, arrays[i].size)] for i in run]
+            pieces.append(self._exact_errors(piece, [(arrays[i], where[i]) for i in run]))
+        return sections, pieces
+
+    def _exact_errors(self, piece, members):
+        """``piece`` (the codes of a run), whose error on a bad value (NaN under
+        ``nonfinite=raise``) is raised again by the tensor that holds it, named as
+        ``encode_many`` names it."""
+        from codec.errors import NonFiniteError
+        from codec.frame import Section
+
+        if piece.fill is None:
+            return piece
+
+        def fill(out):
+            try:
+                piece.fill(out)
+            except NonFiniteError:
+                for a, w in members:
+                    for sec in self.sections(a.reshape(-1), Context(a.shape, a.dtype, name=w)):
+                        sec.materialize()
+                raise
+
+        return Section(piece.kind, piece.bits, piece.count, fill=fill)
 
     def decode_many(self, frame, out=None, *, layout=None, max_elements=None):
         """:func:`codec.decode_many`, checking that the frame was made by this codec."""
@@ -363,6 +432,11 @@ def _out_array(fr, out, *, add: bool, argname: str = "out") -> np.ndarray:
     """The flat base-ndarray view of ``out`` that decoding writes: a writeable, aligned,
     C-contiguous NumPy array (a subclass is written through a base view; masked arrays are
     refused) with the frame's element count and dtype (any supported dtype when adding)."""
+    return _checked_out(out, fr.n, fr.shape, fr.dtype, add=add, argname=argname)
+
+
+def _checked_out(out, n: int, shape, dtype, *, add: bool, argname: str) -> np.ndarray:
+    """:func:`_out_array` for an array of ``n`` elements, ``shape`` and ``dtype``."""
     from codec.dtypes import CODES, base_view
 
     if out is None:
@@ -370,12 +444,12 @@ def _out_array(fr, out, *, add: bool, argname: str = "out") -> np.ndarray:
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{argname}: expected a NumPy array, got {type(out).__name__}")
     plain = base_view(out, argname)
-    if plain.size != fr.n:
-        raise ValueError(f"{argname}: has {plain.size} elements, the frame holds {fr.n} (shape {fr.shape})")
+    if plain.size != n:
+        raise ValueError(f"{argname}: has {plain.size} elements, the frame holds {n} (shape {shape})")
     if add and plain.dtype not in CODES.values():
         raise ValueError(f"{argname}: dtype {plain.dtype} cannot accumulate; use float16, bfloat16, float32 or float64 (native byte order)")
-    if not add and plain.dtype != fr.dtype:
-        raise ValueError(f"{argname}: dtype {plain.dtype} does not match the frame's {fr.dtype}")
+    if not add and plain.dtype != dtype:
+        raise ValueError(f"{argname}: dtype {plain.dtype} does not match the frame's {dtype}")
     if not plain.flags.c_contiguous or not plain.flags.writeable or not plain.flags.aligned:
         raise ValueError(f"{argname}: must be a writeable, aligned, C-contiguous array")
     return plain.reshape(-1)
@@ -446,6 +520,33 @@ def many_inputs(tensors, argname: str = "tensors"):
     raise TypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
 
 
+#: the most elements of one run (:func:`runs`): a run is coded through one buffer of this
+#: size at most, which stays in cache and is recycled by the allocator (a larger one would
+#: be page-faulted afresh on every call); a larger tensor runs alone
+RUN_ELEMENTS = 1 << 16
+
+
+def runs(tensors) -> list[list[int]]:
+    """Indices of ``tensors`` (``(size, dtype)`` pairs) grouped into maximal runs of
+    consecutive tensors of one dtype holding at most :data:`RUN_ELEMENTS` elements together;
+    a larger tensor is a run of its own."""
+    out: list[list[int]] = []
+    prev, total = None, 0  # the dtype and size of the run being extended
+    for i, (size, dtype) in enumerate(tensors):
+        if prev is not None and dtype == prev and total + size <= RUN_ELEMENTS:
+            out[-1].append(i)
+            total += size
+        else:
+            out.append([i])
+            prev, total = dtype, size
+    return out
+
+
+def _where(names, count: int) -> list[str]:
+    """How errors name each tensor of a many-tensor call: ``tensors['w']`` or ``tensors[3]``."""
+    return [f"tensors[{k!r}]" for k in (names if names is not None else range(count))]
+
+
 def many_keys(keys, count: int) -> list:
     """``keys`` as a list of ``count`` per-tensor keys (None: None for every tensor)."""
     if keys is None:
@@ -493,36 +594,97 @@ def _many_targets(mf, out, *, add: bool) -> list:
         items = [(f"out[{i}]", a) for i, a in enumerate(out)]
     else:
         raise TypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
-    return [_out_array(mf.tensor(i), a, add=add, argname=where) for i, (where, a) in enumerate(items)]
+    lay = mf.layout
+    return [_checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
 
 
 def _read_many(mf) -> tuple:
-    """The codec of ``mf`` and every tensor's checked, compactly read payload (phase 1 for all
-    tensors before any output is allocated)."""
+    """The codec of ``mf`` and its jobs: ``(indices, ctx, payload)`` per tensor, or per run of
+    small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
+    and compactly read (phase 1 for all tensors before any output is allocated)."""
     codec = _codec_of(mf)
-    return codec, [codec._read(mf.tensor(i)) for i in range(len(mf))]
+    lay = mf.layout
+    groups = runs(zip(lay.sizes, lay.dtypes)) if codec.elementwise else [[i] for i in range(len(mf))]
+    jobs = []
+    for g in groups:
+        fr = _run_frame(mf, g) if len(g) > 1 else None
+        if fr is None:  # alone, or a run whose tensors are not one values section each
+            jobs += [([i], *codec._read(mf.tensor(i))) for i in g]
+        else:
+            jobs.append((g, *codec._read(fr)))
+    return codec, jobs
+
+
+def _run_frame(mf, run):
+    """One v1-shaped frame over a run's codes, when every tensor of the run holds exactly one
+    section of its own element count, with the first one's kind and a whole number of bytes
+    per item (else None: each tensor is then read, and refused, on its own)."""
+    from codec.frame import Frame, SectionInfo
+
+    first = mf.tensor_sections[run[0]]
+    if len(first) != 1 or first[0].bits % 8:
+        return None
+    kind, bits = first[0].kind, first[0].bits
+    total = raw = 0
+    for i in run:
+        secs = mf.tensor_sections[i]
+        n = mf.layout.sizes[i]
+        if len(secs) != 1 or (secs[0].kind, secs[0].bits, secs[0].count) != (kind, bits, n):
+            return None
+        total += n
+        raw += secs[0].raw_len
+    info = SectionInfo(kind, first[0].encoding, bits, total, raw, raw, first[0].offset)
+    return Frame(mf.payload, 2, mf.flags, mf.layout.dtypes[run[0]], (total,), mf.spec, [info], 0)
 
 
 def _decode_many(mf, out=None):
+    from codec.ops import scratch
+
     targets = _many_targets(mf, out, add=False)
-    codec, reads = _read_many(mf)
+    codec, jobs = _read_many(mf)
     lay = mf.layout
-    results = []
-    for i, ((ctx, payload), target) in enumerate(zip(reads, targets)):
-        if target is None:
-            target = np.empty(math.prod(lay.shapes[i]), lay.dtypes[i])
-        codec._write(ctx, payload, target, SET)
-        results.append(target.reshape(lay.shapes[i]))
+    results = [None] * len(mf)
+    for idx, ctx, payload in jobs:
+        if len(idx) == 1:
+            i = idx[0]
+            target = targets[i] if targets[i] is not None else np.empty(lay.sizes[i], lay.dtypes[i])
+            codec._write(ctx, payload, target, SET)
+            results[i] = target.reshape(lay.shapes[i])
+            continue
+        # the run at once: into a reused buffer when every tensor has its out (copied there),
+        # else a new array of which each tensor is a view
+        whole = scratch(ctx.n, ctx.dtype) if all(targets[i] is not None for i in idx) else np.empty(ctx.n, ctx.dtype)
+        codec._write(ctx, payload, whole, SET)
+        at = 0
+        for i in idx:
+            part = whole[at : at + lay.sizes[i]]
+            at += lay.sizes[i]
+            if targets[i] is not None:
+                np.copyto(targets[i], part)
+                part = targets[i]
+            results[i] = part.reshape(lay.shapes[i])
     if out is not None:
         return out
     return results if lay.names is None else dict(zip(lay.names, results))
 
 
 def _decode_add_many(mf, out, subtract=False):
+    from codec.ops import scratch, store
+
     targets = _many_targets(mf, out, add=True)
-    codec, reads = _read_many(mf)
-    for (ctx, payload), target in zip(reads, targets):
-        codec._write(ctx, payload, target, SUB if subtract else ADD)
+    codec, jobs = _read_many(mf)
+    mode = SUB if subtract else ADD
+    for idx, ctx, payload in jobs:
+        if len(idx) == 1:
+            codec._write(ctx, payload, targets[idx[0]], mode)
+            continue
+        whole = scratch(ctx.n, ctx.dtype)  # the run's decoded values, exact in the frame's dtype
+        codec._write(ctx, payload, whole, SET)
+        at = 0
+        for i in idx:
+            n = targets[i].size
+            store(whole[at : at + n], targets[i], mode)  # each element rounded once, as decode_add
+            at += n
     return out
 
 

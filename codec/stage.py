@@ -64,7 +64,8 @@ class Context:
     ``encode`` uses ``key=None, step=0`` and a fresh ``state``.  ``positions`` maps the
     i-th coded value back to its flat index when a select stage ran (None when dense).
     ``hints`` carries per-call facts one stage hands the next (AdaComp's scale for its
-    sign-bit value coding).
+    sign-bit value coding).  ``name`` is what an error about the array calls it: ``x`` for
+    ``encode``, ``tensors['w']`` for a tensor of ``encode_many``.
     """
 
     shape: tuple
@@ -74,6 +75,7 @@ class Context:
     state: dict = field(default_factory=dict)
     positions: Any = None
     hints: dict = field(default_factory=dict)
+    name: str = "x"
 
     @property
     def n(self) -> int:
@@ -82,7 +84,7 @@ class Context:
     def domain(self, count: int, dtype) -> "Context":
         """The context of a transform's output (``count`` coefficients of ``dtype``): what the
         value stage after a transform sees.  Key, step, state and hints are shared."""
-        return Context((count,), np.dtype(dtype), key=self.key, step=self.step, state=self.state, hints=self.hints)
+        return Context((count,), np.dtype(dtype), key=self.key, step=self.step, state=self.state, hints=self.hints, name=self.name)
 
     def where(self, i: int) -> tuple:
         """The array position of coded value ``i``, for error messages."""
@@ -266,6 +268,12 @@ class Value(Stage):
     :meth:`encode`, :meth:`read`, :meth:`write`; optional: :meth:`encode_feedback`."""
 
     kind = "value"
+    #: True when each element's code depends only on that element, its dtype and the stage's
+    #: parameters (never on the key, the step, other elements or state), in one ``values``
+    #: section of ``n`` items whose width is a whole number of bytes: then the codes of
+    #: consecutive same-dtype tensors are the codes of their concatenation, and a many-tensor
+    #: frame codes a run of small tensors with one kernel call (``none``, ``fp16``, ``bf16``)
+    elementwise: ClassVar[bool] = False
 
     @abc.abstractmethod
     def encode(self, values, ctx, sections) -> None:

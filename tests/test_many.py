@@ -264,3 +264,74 @@ def test_inspect_describes_a_many_frame():
     assert [t["name"] for t in info["tensors"]] == list(ts)
     assert [t["shape"] for t in info["tensors"]] == [list(v.shape) for v in ts.values()]
     assert info["frame_bytes"] == info["header_bytes"] + info["payload_bytes"]
+
+
+# ------------------------------------------------------------------ runs of an elementwise codec
+def test_runs_group_small_consecutive_tensors_of_one_dtype():
+    from codec.pipeline import RUN_ELEMENTS, runs
+
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
+    big = RUN_ELEMENTS + 1
+    sizes = [(3, f32), (0, f32), (5, f32), (big, f32), (4, f32), (4, f16), (4, f16), (RUN_ELEMENTS - 8, f16), (1, f16)]
+    assert runs(sizes) == [[0, 1, 2], [3], [4], [5, 6, 7], [8]]
+    assert runs([(RUN_ELEMENTS, f32), (0, f32)]) == [[0, 1]]
+    assert runs([]) == []
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "fp16(nonfinite=keep)", "bf16+zstd", "none+crc32"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, bfloat16])
+def test_runs_give_the_frame_of_one_call_per_tensor(spec, dtype):
+    """A run coded at once gives exactly the bytes of per-tensor sections, and every decode
+    of it equals the per-tensor decodes, bit for bit (accumulators of every dtype)."""
+    from codec.pipeline import RUN_ELEMENTS
+
+    c = codec.get_codec(spec)
+    assert c.elementwise
+    rng = np.random.default_rng(11)
+    sizes = [7, 0, 1, 300, RUN_ELEMENTS + 3, 64, 9]
+    ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-6, 3)).astype(np.float32).astype(dtype) for i, n in enumerate(sizes)}
+    ts["w3"] = ts["w3"].reshape(3, 100)
+    many = c.encode_many(ts)
+    lay = Layout.of(ts)
+    sections = [c.sections(a.reshape(-1), codec.stage.Context(a.shape, a.dtype)) for a in ts.values()]
+    assert many == c.frame_many(sections, lay)
+    got = codec.decode_many(many)
+    for k, x in ts.items():
+        assert np.array_equal(got[k], codec.decode(c.encode(x)), equal_nan=True) and got[k].shape == x.shape
+    for acc_dtype in (np.float32, np.float64, np.float16, bfloat16):
+        acc = {k: (np.ones(x.shape) / 3).astype(acc_dtype) for k, x in ts.items()}
+        want = {k: a.copy() for k, a in acc.items()}
+        codec.decode_add_many(many, acc, subtract=acc_dtype == np.float64)
+        for k, x in ts.items():
+            c.decode_add(c.encode(x), want[k], subtract=acc_dtype == np.float64)
+            assert acc[k].tobytes() == want[k].tobytes(), (acc_dtype, k)
+
+
+def test_a_non_finite_value_in_a_run_names_its_tensor():
+    c = codec.get_codec("fp16")
+    ts = {"a": np.ones(5, np.float32), "b": np.ones((2, 3), np.float32), "c": np.ones(4, np.float32)}
+    ts["b"][1, 2] = np.inf
+    with pytest.raises(NonFiniteError, match=r"tensors\['b'\]: non-finite value at position \(1, 2\)"):
+        c.encode_many(ts)
+    with pytest.raises(NonFiniteError, match=r"tensors\[1\]: non-finite value at position \(1, 2\)"):
+        c.encode_many(list(ts.values()))
+    with pytest.raises(NonFiniteError, match=r"tensors\['b'\]"):
+        codec.get_codec("topk(ratio=0.5)").encode_many(ts)
+    with pytest.raises(NonFiniteError, match=r"tensors\['b'\]"):
+        codec.ErrorFeedback("fp16").encode_many(ts)
+
+
+def test_counts_moved_between_run_tensors_are_refused():
+    """A forged frame whose counts still add up over a run, but not per tensor, is refused."""
+    from codec.frame import Section
+    from codec.manyframe import Entry, build_many
+
+    c = codec.get_codec("fp16")
+    ts = [np.ones(4, np.float32), np.ones(6, np.float32)]
+    codes = np.zeros(10, np.uint16)
+    forged = build_many("fp16", Layout.of(ts), [[Entry(1, 16, 5)], [Entry(1, 16, 5)]], pieces=[Section(1, 16, 10, codes)])
+    with pytest.raises(codec.CorruptFrameError, match="5 items, codec expects 4"):
+        codec.decode_many(forged)
+    with pytest.raises(codec.CorruptFrameError):
+        codec.decode_add_many(forged, [np.zeros(4, np.float32), np.zeros(6, np.float32)])
+    assert codec.decode_many(c.encode_many(ts))[1].shape == (6,)

@@ -70,7 +70,7 @@ class ErrorFeedback:
             raise ValueError("keys: every tensor needs its own key; a key appears twice")
         where = [f"tensors[{k!r}]" for k in (names if names is not None else range(len(arrays)))]
         slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, where)]  # checks all, changes nothing
-        begun = [self._begin(a, s) for a, s in zip(arrays, slots)]
+        begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, where)]
         lay = Layout.of(dict(zip(names, arrays)) if names is not None else arrays)
         frame = self.codec.frame_many([b[0] for b in begun], lay, layout)
         parsed = []
@@ -109,21 +109,21 @@ class ErrorFeedback:
                 "call reset(key) to start it over"
             )
 
-    def _begin(self, x: np.ndarray, slot: Slot):
+    def _begin(self, x: np.ndarray, slot: Slot, name: str = "x"):
         """The first half of a step: the sections of ``x`` (plus the residual) and
         ``finish(frame)``, which, once the frame holding them is built, installs the new memory
         (residual, velocity), advances the step and stores the slot.  ``frame()`` returns the
         parsed frame of this tensor (a v1 frame, or the tensor's view of a many-tensor
         frame).  Nothing changes before ``finish``: an error in between loses nothing."""
         if not self.residuals:
-            return self.codec.sections(x.reshape(-1), slot.context(x)), lambda frame: self._advance(slot)
+            return self.codec.sections(x.reshape(-1), slot.context(x, name)), lambda frame: self._advance(slot)
         if not self.momentum:
-            sections, finish = self._feedback(x, slot)
+            sections, finish = self._feedback(x, slot, name)
             return sections, lambda frame: (finish(frame), self._advance(slot))
         u = np.zeros_like(x) if slot.velocity is None else slot.velocity
         m = round_to(self.momentum, x.dtype)
         u = np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)  # in x's dtype, a new buffer
-        sections, finish = self._feedback(u, slot)
+        sections, finish = self._feedback(u, slot, name)
 
         def finish_momentum(frame):
             sent = finish(frame)
@@ -137,7 +137,7 @@ class ErrorFeedback:
         slot.step += 1
         self._slots[slot.key] = slot
 
-    def _feedback(self, x: np.ndarray, slot: Slot):
+    def _feedback(self, x: np.ndarray, slot: Slot, name: str = "x"):
         """The error-feedback step on ``acc = x + slot.residual``: its sections, and
         ``finish(frame)`` committing ``acc - decoded`` as the new residual and returning the
         sent positions (None: all).
@@ -149,7 +149,7 @@ class ErrorFeedback:
         positions) and ``acc`` is committed.  ``acc`` is a buffer other than the residual, so
         on error the residual is untouched."""
         c = self.codec
-        ctx = slot.context(x)
+        ctx = slot.context(x, name)
         flat = x.reshape(-1)
         if c.select is None and c.transform is None:
             sections: list = []

@@ -40,9 +40,10 @@ class Slot:
         """Whether this slot is for arrays of ``shape`` and ``dtype``."""
         return self.shape == tuple(shape) and self.dtype == np.dtype(dtype)
 
-    def context(self, x: np.ndarray) -> Context:
-        """The stages' context for encoding ``x`` under this key: key, step and state."""
-        return Context(x.shape, x.dtype, key=self.key, step=self.step, state=self.state)
+    def context(self, x: np.ndarray, name: str = "x") -> Context:
+        """The stages' context for encoding ``x`` under this key: key, step and state
+        (``name``: what errors call ``x``)."""
+        return Context(x.shape, x.dtype, key=self.key, step=self.step, state=self.state, name=name)
 
     def take_spare(self) -> np.ndarray:
         """A residual-sized buffer for the step's ``acc`` (the spare, or a new one); it is the

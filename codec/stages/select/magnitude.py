@@ -64,7 +64,7 @@ def collect(run, nchunk: int, cap: int, vdtype=None):
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
     from codec.ops import first_nonfinite
 
-    raise NonFiniteError("x", ctx.where(first_nonfinite(acc)), name)
+    raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(acc)), name)
 
 
 class Magnitudes:

@@ -59,7 +59,7 @@ class RandomK(Select):
         kept = acc[idx]
         bad = first_nonfinite(kept)
         if bad >= 0:  # only kept values are looked at (the rest is never read)
-            raise NonFiniteError("x", ctx.where(idx[bad]), "randomk", "needs finite kept values")
+            raise NonFiniteError(ctx.name, ctx.where(idx[bad]), "randomk", "needs finite kept values")
         if self.scale and idx.size:
             kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
         sections.append(Section(SectionKind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))

@@ -147,7 +147,7 @@ class FFT(Transform):
 
         if first_nonfinite(flat) >= 0:
             raise_nonfinite(flat, ctx, self.name)
-        raise ValueError("x: the spectrum overflows (|x| too large for the block's FFT or its squared magnitudes); fft needs smaller values")
+        raise ValueError(f"{ctx.name}: the spectrum overflows (|x| too large for the block's FFT or its squared magnitudes); fft needs smaller values")
 
     # ------------------------------------------------------------------ decode
     def read(self, reader, ctx):

@@ -15,6 +15,7 @@ class Exact(Value):
     """Values stored exactly in the array's own dtype (lossless; NaN and inf carried)."""
 
     name = "none"
+    elementwise = True
 
     def encode(self, values, ctx, sections):
         sections.append(Section(SectionKind.VALUES, values.dtype.itemsize * 8, values.size, values))
@@ -33,6 +34,7 @@ class _Half(Value):
     """A 16-bit IEEE-style float: the shared code of fp16 and bf16."""
 
     lossless = False
+    elementwise = True
     params = (NONFINITE,)
     dtype: np.dtype
 
@@ -67,7 +69,7 @@ class _Half(Value):
     def _raise_nonfinite(self, values, ctx):
         from codec.ops import first_nonfinite
 
-        raise NonFiniteError("x", ctx.where(first_nonfinite(values)), self.name, f"is lossy, pass {self.name}(nonfinite=keep) to send NaN/inf anyway")
+        raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(values)), self.name, f"is lossy, pass {self.name}(nonfinite=keep) to send NaN/inf anyway")
 
     def read(self, reader, ctx, count):
         _, raw = reader.take(SectionKind.VALUES, bits=16, count=count)

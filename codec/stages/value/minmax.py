@@ -48,7 +48,7 @@ class MinMax(Quantizer):
             span = highs - lows
         if nb and not np.all(np.isfinite(span)):
             b = int(np.flatnonzero(~np.isfinite(span))[0])
-            raise ValueError(f"x: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
+            raise ValueError(f"{ctx.name}: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
 

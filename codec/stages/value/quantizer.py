@@ -108,7 +108,7 @@ class Quantizer(Value):
     def raise_nonfinite(self, x, ctx):
         from codec.ops import first_nonfinite
 
-        raise NonFiniteError("x", ctx.where(first_nonfinite(x)), self.name)
+        raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(x)), self.name)
 
     @property
     def stochastic(self) -> bool:
