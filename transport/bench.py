@@ -103,17 +103,19 @@ def sample(rank: int) -> dict[str, np.ndarray]:
     return {k.split("/", 1)[1]: v for k, v in grads.items() if k.startswith(mine + "/")}
 
 
-def run(comm, spec, tensors, steps, bucket_bytes=0):
-    """(best step seconds over ranks, mean bytes sent per rank, stats of the best step)."""
+def run(comm, spec, tensors, steps, bucket_bytes=0, out=False):
+    """(best step seconds over ranks, mean bytes sent per rank, stats of the best step);
+    ``out``: every step writes its result into the same preallocated arrays (``reduce(out=)``)."""
     from transport import Allreducer
 
     red = Allreducer(spec, comm, bucket_bytes=0 if spec.startswith("powersgd") else bucket_bytes)
-    red.reduce(tensors)  # warm-up: kernels load or compile
+    into = {k: np.empty_like(v) for k, v in tensors.items()} if out else None
+    red.reduce(tensors, out=into)  # warm-up: kernels load or compile
     best, best_stats = float("inf"), None
     for _ in range(steps):
         comm.Barrier()
         t = time.perf_counter()
-        red.reduce(tensors)
+        red.reduce(tensors, out=into)
         dt = comm.allreduce(time.perf_counter() - t, op=_max())
         if dt < best:
             best, best_stats = dt, red.stats
@@ -137,15 +139,16 @@ def render(headers, rows, markdown):
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def table(comm, name, tensors, codecs, steps, markdown, say, bucket_bytes=0):
+def table(comm, name, tensors, codecs, steps, markdown, say, bucket_bytes=0, out=False):
     dense = sum(a.nbytes for a in tensors.values())
     n = sum(a.size for a in tensors.values())
-    fused = f", buckets of {bucket_bytes:,} bytes (powersgd: per tensor)" if bucket_bytes else ", one frame per tensor"
-    say(f"\n{name}: {len(tensors)} tensors, {n:,} elements, {dense / 1e6:.2f} MB per rank, {comm.Get_size()} ranks{fused}, best of {steps} steps\n")
+    fused = f", buckets of {bucket_bytes:,} bytes (powersgd: per tensor)" if bucket_bytes else ", each tensor coded alone"
+    into = ", results into preallocated arrays (out=)" if out else ""
+    say(f"\n{name}: {len(tensors)} tensors, {n:,} elements, {dense / 1e6:.2f} MB per rank, {comm.Get_size()} ranks{fused}{into}, best of {steps} steps\n")
     results, rows = {}, []
     for spec in codecs:
         try:
-            results[spec] = run(comm, spec, tensors, steps, bucket_bytes)
+            results[spec] = run(comm, spec, tensors, steps, bucket_bytes, out)
         except Exception as e:  # a codec that fails is listed with its error, the rest still run
             rows.append([spec, "error", "", "", "", "", "", f"{type(e).__name__}: {e}"[:60]])
             continue
@@ -206,6 +209,7 @@ def main(argv=None):
     ap.add_argument("--no-sample", action="store_true", help="skip the bundled real gradients")
     ap.add_argument("--no-synthetic", action="store_true", help="skip the 25M-element synthetic model")
     ap.add_argument("--bucket-bytes", type=int, default=0, help="Allreducer(bucket_bytes=): fuse tensors into buckets (not powersgd)")
+    ap.add_argument("--out", action="store_true", help="reduce(tensors, out=...) into preallocated arrays")
     ap.add_argument("--markdown", action="store_true", help="markdown tables")
     args = ap.parse_args(argv)
     from mpi4py import MPI
@@ -233,10 +237,10 @@ def main(argv=None):
         f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}, {sys.platform}"
     )
     if not args.no_sample:
-        table(comm, "sample (bundled real gradients)", sample(rank), codecs, args.steps, args.markdown, say, args.bucket_bytes)
+        table(comm, "sample (bundled real gradients)", sample(rank), codecs, args.steps, args.markdown, say, args.bucket_bytes, args.out)
     if not args.no_synthetic:
         tensors = synthetic(rank)
-        results = table(comm, "synthetic (ResNet-50 shapes, Student-t)", tensors, codecs, args.steps, args.markdown, say, args.bucket_bytes)
+        results = table(comm, "synthetic (ResNet-50 shapes, Student-t)", tensors, codecs, args.steps, args.markdown, say, args.bucket_bytes, args.out)
         project(comm, results, tensors, args.markdown, say)
     return 0
 
