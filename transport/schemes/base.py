@@ -118,12 +118,18 @@ def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None, o
         res = np.zeros(acc.shape, dtype)
         res.reshape(-1)[touched] = part
         return res
-    if average and size > 1:
+    divide = average and size > 1
+    if out is not None and out.dtype == acc.dtype:  # one pass straight into the caller's array
+        if divide:
+            np.divide(acc, acc.dtype.type(size), out=out.reshape(acc.shape))
+        elif out is not acc:
+            np.copyto(out.reshape(acc.shape), acc)
+        return out
+    if divide:
         np.divide(acc, acc.dtype.type(size), out=acc)
     if out is None:
         return acc if acc.dtype == dtype else round_to(acc, dtype)
-    if out is not acc:
-        round_into(acc.reshape(-1), out.reshape(-1))
+    round_into(acc.reshape(-1), out.reshape(-1))
     return out
 
 
