@@ -143,7 +143,7 @@ class _AllgatherPending:
             for i, acc in enumerate(accs):
                 for pairs in every:
                     scatter_add(pairs[i][1], pairs[i][0], acc)
-                touched[i] = np.unique(np.concatenate([pairs[i][0] for pairs in every]))
+                touched[i] = _union([pairs[i][0] for pairs in every])
         res = []
         for a, acc, o, tch in zip(self.arrays, accs, out, touched):
             if red.vote:
@@ -153,6 +153,13 @@ class _AllgatherPending:
                 res.append(finish_sum(acc, a.dtype, red.size, red.average, tch, out=o))
         stats.decode_s = time.perf_counter() - t
         return res
+
+
+def _union(positions) -> np.ndarray:
+    """The sorted union of sorted position arrays: a sort and a neighbour test (``np.unique``
+    of NumPy 2 hashes first, measured 30x slower on 80,000 positions)."""
+    s = np.sort(np.concatenate(positions))
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
 
 
 def _from_rank(rank: int, fn, *args, **kwargs):
