@@ -149,10 +149,36 @@ class Codec:
         if self.elementwise:
             sections, pieces = self._runs_sections(arrays, where)
             return self.frame_many(sections, lay, layout, pieces=pieces)
-        sections = [
-            self.sections(a.reshape(-1), Context(a.shape, a.dtype, key=k, step=step, name=w)) for a, k, w in zip(arrays, keys, where)
-        ]
+        ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where)]
+        sections = [None] * len(arrays)
+        if self.select is not None:
+            self._select_runs(arrays, ctxs, sections)
+        for i, (a, ctx) in enumerate(zip(arrays, ctxs)):
+            if sections[i] is None:
+                sections[i] = self.sections(a.reshape(-1), ctx)
         return self.frame_many(sections, lay, layout)
+
+    def _select_runs(self, arrays, ctxs, sections) -> None:
+        """Fill ``sections[i]`` for the tensors of every run of small float32/float64 tensors
+        that the select stage codes at once (:meth:`codec.stage.Select.select_segments`);
+        the others stay None (coded one by one)."""
+        from codec.ops import scratch
+
+        for run in runs([(a.size, a.dtype) for a in arrays], SEGMENT_ELEMENTS, RUN_ELEMENTS):
+            if len(run) < 2 or arrays[run[0]].dtype not in (np.float32, np.float64):
+                continue
+            sizes = [arrays[i].size for i in run]
+            starts = np.zeros(len(run) + 1, np.int64)
+            np.cumsum(sizes, out=starts[1:])
+            flat = scratch(int(starts[-1]), arrays[run[0]].dtype)
+            np.concatenate([arrays[i].reshape(-1) for i in run], out=flat)
+            picked = self.select.select_segments(flat, starts, [ctxs[i] for i in run])
+            if picked is None:
+                continue
+            for i, (idx, values, secs) in zip(run, picked):
+                ctxs[i].positions = idx
+                self.value.encode(values, ctxs[i], secs)
+                sections[i] = secs
 
     @property
     def elementwise(self) -> bool:
@@ -526,20 +552,28 @@ def many_inputs(tensors, argname: str = "tensors"):
 RUN_ELEMENTS = 1 << 16
 
 
-def runs(tensors) -> list[list[int]]:
+def runs(tensors, total: int = RUN_ELEMENTS, each: int | None = None) -> list[list[int]]:
     """Indices of ``tensors`` (``(size, dtype)`` pairs) grouped into maximal runs of
-    consecutive tensors of one dtype holding at most :data:`RUN_ELEMENTS` elements together;
-    a larger tensor is a run of its own."""
+    consecutive tensors of one dtype holding at most ``total`` elements together (default
+    :data:`RUN_ELEMENTS`), each of at most ``each`` (default ``total``); a tensor beyond
+    either is a run of its own."""
+    each = total if each is None else each
     out: list[list[int]] = []
-    prev, total = None, 0  # the dtype and size of the run being extended
+    prev, count = None, 0  # the dtype and size of the run being extended (None: closed)
     for i, (size, dtype) in enumerate(tensors):
-        if prev is not None and dtype == prev and total + size <= RUN_ELEMENTS:
+        if prev is not None and dtype == prev and size <= each and count + size <= total:
             out[-1].append(i)
-            total += size
+            count += size
         else:
             out.append([i])
-            prev, total = dtype, size
+            prev, count = (dtype, size) if size <= each else (None, 0)
     return out
+
+
+#: a select stage's runs (:meth:`codec.stage.Select.select_segments`): tensors of at most
+#: RUN_ELEMENTS elements, up to this many together, so one kernel call spans enough data to
+#: run on every thread (its scratch buffer is reused from call to call)
+SEGMENT_ELEMENTS = 1 << 20
 
 
 def _where(names, count: int) -> list[str]:

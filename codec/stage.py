@@ -258,6 +258,16 @@ class Select(Stage):
         """``(positions, kept_values)``: sorted flat int64 positions and the values to code,
         appending the index sections.  ``residual``/``out`` only with :attr:`fuses_feedback`."""
 
+    def select_segments(self, flat, starts, ctxs):
+        """:meth:`select` for many small tensors at once (a many-tensor frame's run):
+        ``flat`` holds them concatenated (float32 or float64), tensor ``i`` is
+        ``flat[starts[i]:starts[i + 1]]`` with context ``ctxs[i]``.  Returns, per tensor,
+        ``(positions, kept_values, sections)`` exactly as :meth:`select` would give them for
+        that tensor alone, or None (the default) to let the pipeline call :meth:`select` per
+        tensor; also None when a tensor needs :meth:`select`'s own handling (its error on a
+        NaN)."""
+        return None
+
     @abc.abstractmethod
     def positions(self, reader, ctx) -> np.ndarray:
         """Check and read the index sections of a frame: the sorted flat positions."""

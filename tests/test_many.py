@@ -275,6 +275,7 @@ def test_runs_group_small_consecutive_tensors_of_one_dtype():
     sizes = [(3, f32), (0, f32), (5, f32), (big, f32), (4, f32), (4, f16), (4, f16), (RUN_ELEMENTS - 8, f16), (1, f16)]
     assert runs(sizes) == [[0, 1, 2], [3], [4], [5, 6, 7], [8]]
     assert runs([(RUN_ELEMENTS, f32), (0, f32)]) == [[0, 1]]
+    assert runs([(5, f32), (9, f32), (20, f32), (3, f32), (4, f32)], total=30, each=10) == [[0, 1], [2], [3, 4]]
     assert runs([]) == []
 
 
@@ -335,3 +336,31 @@ def test_counts_moved_between_run_tensors_are_refused():
     with pytest.raises(codec.CorruptFrameError):
         codec.decode_add_many(forged, [np.zeros(4, np.float32), np.zeros(6, np.float32)])
     assert codec.decode_many(c.encode_many(ts))[1].shape == (6,)
+
+
+# ------------------------------------------------------------------ runs of a segmented select stage
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "topk(k=3)", "topk(ratio=0.05)+fp16+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segmented_topk_gives_the_frame_of_one_call_per_tensor(spec, dtype):
+    c = codec.get_codec(spec)
+    rng = np.random.default_rng(12)
+    sizes = [7, 0, 1, 300, 64, 9, 2, 5000]
+    ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-6, 3)).astype(dtype) for i, n in enumerate(sizes)}
+    ts["w4"][:] = 0  # all ties
+    ts["w6"][:] = [1.0, -1.0]
+    ts["w3"] = ts["w3"].reshape(3, 100)
+    for step in (0, 2, 5):
+        many = c.encode_many(ts, step=step)
+        lay = Layout.of(ts)
+        sections = [c.sections(a.reshape(-1), codec.stage.Context(a.shape, a.dtype, step=step)) for a in ts.values()]
+        assert many == c.frame_many(sections, lay), step
+        got = codec.decode_many(many)
+        for k, x in ts.items():
+            assert np.array_equal(got[k], codec.decode(c.encode(x, step=step))), k
+
+
+def test_segmented_topk_names_a_non_finite_tensor():
+    ts = {"a": np.ones(5, np.float32), "b": np.ones(6, np.float32)}
+    ts["b"][4] = np.nan
+    with pytest.raises(NonFiniteError, match=r"tensors\['b'\]: non-finite value at position \(4,\)"):
+        codec.get_codec("topk(k=2)").encode_many(ts)

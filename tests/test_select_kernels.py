@@ -158,3 +158,54 @@ def test_serial_and_parallel_twins_agree():
         getattr(S.random_positions, twin)(pos, u64(7), u64(1), u64(2), u64(((n - 1).bit_length() + 1) // 2), n)
         runs.append((buf.tobytes(), vals.tobytes(), counts.tobytes(), sums.tobytes(), acc.tobytes(), pos.tobytes()))
     assert runs[0] == runs[1]
+
+
+def topk_reference(x, k):
+    """The k largest |x| (float64), ties to the lower index: sorted positions (NumPy)."""
+    mags = np.abs(x.astype(np.float64))
+    order = np.lexsort((np.arange(x.size), -mags))  # by magnitude descending, then index
+    return np.sort(order[:k])
+
+
+def run_topk_segments(S, parts, ks, twin=None):
+    sizes = [p.size for p in parts]
+    starts = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    flat = np.concatenate(parts) if parts else np.empty(0, np.float32)
+    ks = np.array(ks, np.int64)
+    out_starts = np.zeros(ks.size + 1, np.int64)
+    np.cumsum(ks, out=out_starts[1:])
+    out = np.full(int(out_starts[-1]), -1, np.int64)
+    bad = np.zeros(ks.size, np.uint8)
+    fn = S.topk_segments if twin is None else getattr(S.topk_segments, twin)
+    fn(flat, starts, ks, out_starts, out, bad)
+    return [out[out_starts[i] : out_starts[i + 1]] for i in range(ks.size)], bad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
+def test_topk_segments_match_numpy(S, kind, dtype):
+    rng = np.random.default_rng(3)
+    sizes = [0, 1, 2, 7, 100, 999, 1000, CHUNK + 3]
+    parts = [data(kind, n, dtype, seed=i) for i, n in enumerate(sizes)]
+    parts.append(np.zeros(50, dtype))  # all ties: the lowest indices
+    parts.append(np.repeat(np.array([1.0, -1.0, 0.5], dtype), 40))  # ties of equal magnitude and sign
+    ks = [min(n, k) for n, k in zip([p.size for p in parts], [0, 1, 1, 3, 10, 500, 1000, 17, 7, 50])]
+    got, bad = run_topk_segments(S, parts, ks)
+    assert not bad.any()
+    for p, k, g in zip(parts, ks, got):
+        assert np.array_equal(g, topk_reference(p, k)), (p.size, k)
+    with np.errstate(invalid="ignore"):
+        nan = data(kind, 20, dtype)
+        nan[7] = np.nan
+        inf = data(kind, 20, dtype)
+        inf[3] = -np.inf
+    _, bad = run_topk_segments(S, [parts[3], nan, inf, parts[4]], [2, 2, 2, 2])
+    assert bad.tolist() == [0, 1, 1, 0]
+
+
+def test_topk_segments_twins_agree():
+    S = module("select", "cpu")
+    parts = [data("heavy", n, np.float32, seed=n) for n in range(1, 400, 7)]
+    ks = [max(1, p.size // 10) for p in parts]
+    assert all(np.array_equal(a, b) for a, b in zip(run_topk_segments(S, parts, ks, "serial")[0], run_topk_segments(S, parts, ks, "parallel")[0]))

@@ -46,7 +46,9 @@ def check_many(data, calls: _Calls) -> Outcome:
             return Outcome("rejected", "over-limit")
         return Outcome("rejected", type(derr).__name__)
     arrays = list(dec.values()) if isinstance(dec, dict) else dec
-    if len(arrays) != len(layout) or (isinstance(dec, dict) and tuple(dec) != layout.names):
+    # a dict carries the frame's names: the layout's when it names its tensors (a table-form
+    # frame may name them where the given layout does not)
+    if len(arrays) != len(layout) or (isinstance(dec, dict) and layout.names is not None and tuple(dec) != layout.names):
         raise Finding("decode_many returned another set of tensors than the layout's")
     for i, (a, shape, dt) in enumerate(zip(arrays, layout.shapes, layout.dtypes)):
         _check_plain(a, f"decode_many's tensor {i}", dtype=dt, shape=shape)

@@ -22,7 +22,7 @@ from codec.kernels.cpu._common import U, chunk_sums
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "adacomp_bins", "feedback_adacomp_bins", "random_positions"]
+__all__ = ["candidates", "gather_rows", "topk_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions"]
 
 
 @jit
@@ -102,6 +102,91 @@ def gather_rows(buf, vals, counts, starts, out, vout):
         if vout.size:
             for j in range(U(m)):
                 vout[U(s) + j] = vals[c, j]
+
+
+@jit
+def _topk_cut(mags, k):
+    """A magnitude at or below the k-th largest of ``mags`` that few elements reach: the
+    matching order statistic of a strided sample, with a margin (0 when no sample helps)."""
+    n = mags.size
+    stride = max(1, n // 512)
+    m = (n + stride - 1) // stride
+    want = k * m / n
+    c = min(m, int(1.2 * want + 4.0 * np.sqrt(want) + 8.0))
+    if c >= m:
+        return 0.0
+    samp = np.empty(m, np.float64)
+    for j in range(m):
+        samp[j] = mags[j * stride]
+    return np.partition(samp, m - c)[m - c]
+
+
+@jit(parallel=True)
+def topk_segments(x, starts, ks, out_starts, out, bad):
+    """The exact top-k of many small tensors at once: segment ``s`` is
+    ``x[starts[s]:starts[s + 1]]`` and keeps ``ks[s]`` (at most its length) elements, the
+    largest magnitudes (compared in float64), ties to the lower index.  Its sorted positions,
+    relative to the segment, go to ``out[out_starts[s]:out_starts[s] + ks[s]]``; a segment
+    holding a NaN or inf gets ``bad[s] = 1`` and writes nothing.  Segments are independent
+    (one per thread at a time), so the result never depends on the thread count.  The
+    shape of a segmented kernel: concatenated data, per-segment offsets and parameters.
+
+    Per segment: magnitudes; a cut from a strided sample; the elements at or above it (in
+    index order); the k-th largest among them (all of the top k are, when there are at least
+    k; else every element is a candidate); then the candidates above it, and equal ones from
+    the lowest index."""
+    for s in prange(starts.size - 1):
+        lo = starts[s]
+        n = starts[s + 1] - lo
+        k = ks[s]
+        o = out_starts[s]
+        mags = np.empty(n, np.float64)
+        finite = True
+        for i in range(n):
+            v = np.float64(x[lo + i])
+            if not np.isfinite(v):
+                finite = False
+            mags[i] = abs(v)
+        if not finite:
+            bad[s] = 1
+            continue
+        if k >= n:
+            for i in range(n):
+                out[o + i] = i
+            continue
+        if k == 0:
+            continue
+        cut = _topk_cut(mags, k)
+        count = 0
+        for i in range(n):
+            if mags[i] >= cut:
+                count += 1
+        if count < k:  # the sample misled: every element is a candidate
+            cut = 0.0
+            count = n
+        idx = np.empty(count, np.int64)
+        cand = np.empty(count, np.float64)
+        j = 0
+        for i in range(n):
+            if mags[i] >= cut:
+                idx[j] = i
+                cand[j] = mags[i]
+                j += 1
+        kth = np.partition(cand.copy(), count - k)[count - k]
+        ties = k
+        for j in range(count):
+            if cand[j] > kth:
+                ties -= 1
+        w = o
+        for j in range(count):
+            m = cand[j]
+            if m > kth:
+                out[w] = idx[j]
+                w += 1
+            elif m == kth and ties > 0:
+                out[w] = idx[j]
+                w += 1
+                ties -= 1
 
 
 @jit

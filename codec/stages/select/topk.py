@@ -31,3 +31,26 @@ class TopK(MagnitudeSelect):
 
     def choose(self, mags, ctx):
         return mags.top(self.kept(mags.n, ctx.step))
+
+    def select_segments(self, flat, starts, ctxs):
+        """Every tensor's top-k in one kernel call (``topk_segments``), then its index section."""
+        import numpy as np
+
+        from codec.kernels import backend
+        from codec.pack import encode_indices
+
+        sizes = np.diff(starts)
+        ks = np.array([min(self.kept(int(n), c.step), int(n)) for n, c in zip(sizes, ctxs)], np.int64)
+        out_starts = np.zeros(ks.size + 1, np.int64)
+        np.cumsum(ks, out=out_starts[1:])
+        pos = np.empty(int(out_starts[-1]), np.int64)
+        bad = np.zeros(ks.size, np.uint8)
+        backend("select", flat).topk_segments(flat, starts, ks, out_starts, pos, bad)
+        if bad.any():
+            return None  # select() raises the error naming the tensor and position
+        out = []
+        for i in range(ks.size):
+            idx = pos[out_starts[i] : out_starts[i + 1]]
+            seg = flat[starts[i] : starts[i + 1]]
+            out.append((idx, seg[idx], [encode_indices(idx, int(sizes[i]))]))
+        return out
