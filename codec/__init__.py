@@ -50,8 +50,9 @@ def inspect(frame, *, layout=None) -> dict:
 
     A many-tensor frame (format v2) gives ``format_version`` 2, ``codec``,
     ``payload_checksum``, ``header_bytes``, ``payload_bytes``, ``frame_bytes``, ``layout``
-    ("table" or "hash"), ``compressed`` (the payload is one zstd frame) and ``tensors``: per
-    tensor {name, dtype, shape, elements, sections}; a hash-form frame needs ``layout=``.
+    ("table" or "hash"), ``compressed`` (the payload is one zstd frame), ``joint`` and
+    ``tensors``: per tensor {name, dtype, shape, elements, sections}; a joint frame has one
+    ``sections`` list, its concatenation's, beside them.  A hash-form frame needs ``layout=``.
     """
     from codec.manyframe import is_many
 
@@ -89,23 +90,24 @@ def _inspect_many(frame, layout=None) -> dict:
 
     mf = parse_many(frame, layout=layout)
     lay = mf.layout
-    return {
+    info = {
         "format_version": 2,
         "codec": mf.spec,
         "payload_checksum": mf.checksum,
         "layout": "hash" if mf.flags & FLAG_LAYOUT_HASH else "table",
         "compressed": bool(mf.flags & FLAG_ZSTD),
+        "joint": mf.joint,
         "header_bytes": mf.header_len,
         "payload_bytes": mf.stored_len,
         "frame_bytes": mf.header_len + mf.stored_len,
         "tensors": [
-            {
-                "name": None if lay.names is None else lay.names[i],
-                "dtype": lay.dtypes[i].name,
-                "shape": list(lay.shapes[i]),
-                "elements": lay.sizes[i],
-                "sections": [_section(s) for s in mf.tensor_sections[i]],
-            }
+            {"name": None if lay.names is None else lay.names[i], "dtype": lay.dtypes[i].name, "shape": list(lay.shapes[i]), "elements": lay.sizes[i]}
             for i in range(len(lay))
         ],
     }
+    if mf.joint:  # one set of sections: the concatenation's
+        info["sections"] = [_section(s) for s in mf.tensor_sections[0]]
+    else:
+        for t, secs in zip(info["tensors"], mf.tensor_sections):
+            t["sections"] = [_section(s) for s in secs]
+    return info

@@ -58,8 +58,10 @@ FLAG_LAYOUT_HASH = 0x04
 FLAG_NAMES = 0x08
 #: flags bit 4: the payload is stored as one zstd frame
 FLAG_ZSTD = 0x10
+#: flags bit 5: the tensors are coded as one, their concatenation (one entry of sections)
+FLAG_JOINT = 0x20
 _CHECKSUM_FLAGS = FLAG_PAYLOAD_CRC | FLAG_PAYLOAD_CRC32C
-_KNOWN_FLAGS = 0x1F
+_KNOWN_FLAGS = 0x3F
 #: the most sections one tensor may have (a pattern's count is one byte)
 MAX_SECTIONS = 255
 HASH_SIZE = 8
@@ -205,7 +207,7 @@ class Entry:
         return raw_length(self.count, self.bits)
 
 
-def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None, pieces=None) -> bytes:
+def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None, pieces=None, joint: bool = False) -> bytes:
     """A v2 frame of ``layout``'s tensors, ``sections[i]`` being tensor i's list of
     :class:`codec.frame.Section`.  ``form``: "table" or "hash"; ``compressor``/``checksum``
     as for :func:`codec.frame.build_frame` (the compressor sees the whole payload).
@@ -213,7 +215,10 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     ``pieces``: the payload's bytes in order, when they are not the sections' own: a list of
     Sections whose raw lengths add up to the sections', such as one section coding a run of
     consecutive tensors at once (an elementwise value stage); then ``sections`` only
-    describe the table (their kinds, widths and counts)."""
+    describe the table (their kinds, widths and counts).
+
+    ``joint``: the tensors were coded as one, their concatenation: ``sections`` holds one
+    list, that of the concatenation (the layout's tensors must share a dtype)."""
     if form not in ("table", "hash"):
         raise ValueError(f"layout: expected 'table' or 'hash', got {form!r}")
     spec_b = spec.encode("utf-8")
@@ -222,6 +227,12 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     flags = FLAG_LAYOUT_HASH if form == "hash" else 0
     if layout.names is not None:
         flags |= FLAG_NAMES
+    if joint:
+        if len(sections) != 1 or len(set(layout.dtypes)) > 1:
+            raise AssertionError("build_many: a joint frame has one list of sections and one dtype")
+        flags |= FLAG_JOINT
+    elif len(sections) != len(layout):
+        raise AssertionError("build_many: one list of sections per tensor")
     head = bytearray(FIXED_SIZE)
     put_varint(head, len(spec_b))
     head += spec_b
@@ -306,10 +317,23 @@ class ManyFrame:
     def checksum(self) -> str | None:
         return next((name for name, (bit, _) in CHECKSUMS.items() if self.flags & bit), None)
 
+    @property
+    def joint(self) -> bool:
+        """The tensors were coded as one (their concatenation): read it with :meth:`whole`."""
+        return bool(self.flags & FLAG_JOINT)
+
     def tensor(self, i: int) -> Frame:
         """Tensor ``i`` as a frame the pipeline reads like any v1 frame."""
+        if self.joint:
+            raise ValueError("a joint many-tensor frame codes its tensors as one: read it with whole()")
         lay = self.layout
         return Frame(self.payload, VERSION, self.flags, lay.dtypes[i], lay.shapes[i], self.spec, self.tensor_sections[i], 0)
+
+    def whole(self) -> Frame:
+        """A joint frame's concatenation as one flat tensor, a frame the pipeline reads."""
+        lay = self.layout
+        dtype = lay.dtypes[0] if len(lay) else np.dtype(np.float32)
+        return Frame(self.payload, VERSION, self.flags, dtype, (sum(lay.sizes),), self.spec, self.tensor_sections[0], 0)
 
     def __len__(self) -> int:
         return len(self.layout)
@@ -375,8 +399,8 @@ def read_header(mv) -> Header:
                 raise CorruptFrameError(f"section pattern {len(patterns)}: item width {bits} bits outside 1..64")
             pat.append((kind, bits))
         patterns.append(pat)
-    per_tensor = []  # (pattern, counts)
-    for i in range(count):
+    per_tensor = []  # (pattern, counts): one per tensor, or one for the concatenation (joint)
+    for i in range(1 if flags & FLAG_JOINT else count):
         pid = cur.varint("a pattern id")
         if pid >= npat:
             raise CorruptFrameError(f"tensor {i}: pattern {pid}, the frame has {npat}")
@@ -467,6 +491,10 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
     total = sum(sizes)
     if total > limit:
         raise CorruptFrameError(f"frame declares {total} elements, more than the limit of {limit}")
+    if flags & FLAG_JOINT:
+        if len(set(lay.dtypes)) > 1:
+            raise CorruptFrameError("many-tensor frame: a joint frame's tensors must share a dtype")
+        sizes = [total]  # the one entry codes the concatenation
     stored_len = size - h.header_len
     tensor_sections = []
     off = 0

@@ -111,13 +111,13 @@ class Codec:
         codec's spec, checksum and byte stages."""
         return build_frame(self.spec, dtype, shape, sections, **self._frame_options)
 
-    def frame_many(self, sections: list, layout, form: str = "table", *, pieces=None) -> bytes:
+    def frame_many(self, sections: list, layout, form: str = "table", *, pieces=None, joint: bool = False) -> bytes:
         """The many-tensor frame (format v2, :mod:`codec.manyframe`) holding ``sections[i]``
-        for tensor i of ``layout``; ``form`` "table" or "hash"; ``pieces`` as for
-        :func:`codec.manyframe.build_many`."""
+        for tensor i of ``layout`` (``joint``: ``[sections]`` of their concatenation);
+        ``form`` "table" or "hash"; ``pieces`` as for :func:`codec.manyframe.build_many`."""
         from codec.manyframe import build_many
 
-        return build_many(self.spec, layout, sections, form=form, pieces=pieces, **self._frame_options)
+        return build_many(self.spec, layout, sections, form=form, pieces=pieces, joint=joint, **self._frame_options)
 
     def subtract(self, fr, flat: np.ndarray) -> None:
         """``flat -= decode(fr)`` in place, rounded once (a sparse frame touches only its
@@ -126,7 +126,7 @@ class Codec:
         self._decode_into(fr, flat, SUB)
 
     # ---------------------------------------------------------------- many tensors
-    def encode_many(self, tensors, *, keys=None, step: int = 0, layout: str = "table") -> bytes:
+    def encode_many(self, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False) -> bytes:
         """One frame (format v2) holding every tensor of ``tensors``: a dict name -> array (the
         names are kept, and decoding gives a dict back) or a sequence of arrays.
 
@@ -138,14 +138,24 @@ class Codec:
 
         An elementwise value stage alone (``none``, ``fp16``, ``bf16``) codes each run of
         consecutive small tensors of one dtype with one kernel call over their concatenation:
-        the same codes, in the same place of the frame, as one call per tensor."""
+        the same codes, in the same place of the frame, as one call per tensor.
+
+        ``joint=True`` is the whole-model variant, as DDP's buckets do it: the tensors (all of
+        one dtype) are coded as ONE, their flat concatenation in order, so top-k keeps the
+        model's k largest magnitudes and a quantizer's buckets run across tensors; ``keys``
+        is then the one key of the concatenation.  The frame still records every tensor,
+        and decodes to them."""
         from codec.manyframe import Layout
 
         names, arrays = many_inputs(tensors)
-        keys = many_keys(keys, len(arrays))
         step = check_step(step)
-        where = _where(names, len(arrays))
         lay = Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), names)
+        if joint:
+            flat = joined(arrays)
+            sections = self.sections(flat, Context(flat.shape, flat.dtype, key=_hashable(keys), step=step, name="tensors"))
+            return self.frame_many([sections], lay, layout, joint=True)
+        keys = many_keys(keys, len(arrays))
+        where = _where(names, len(arrays))
         if self.elementwise:
             sections, pieces = self._runs_sections(arrays, where)
             return self.frame_many(sections, lay, layout, pieces=pieces)
@@ -576,6 +586,17 @@ def runs(tensors, total: int = RUN_ELEMENTS, each: int | None = None) -> list[li
 SEGMENT_ELEMENTS = 1 << 20
 
 
+def joined(arrays) -> np.ndarray:
+    """The flat concatenation of ``arrays`` (all of one dtype: ValueError naming ``tensors``
+    otherwise), what a joint many-tensor frame codes."""
+    dts = {a.dtype for a in arrays}
+    if len(dts) > 1:
+        raise ValueError(f"tensors: joint=True codes the tensors as one array, so they must share a dtype, got {sorted(d.name for d in dts)}")
+    if not arrays:
+        return np.empty(0, np.float32)
+    return np.concatenate([a.reshape(-1) for a in arrays])
+
+
 def _where(names, count: int) -> list[str]:
     """How errors name each tensor of a many-tensor call: ``tensors['w']`` or ``tensors[3]``."""
     return [f"tensors[{k!r}]" for k in (names if names is not None else range(count))]
@@ -638,6 +659,8 @@ def _read_many(mf) -> tuple:
     and compactly read (phase 1 for all tensors before any output is allocated)."""
     codec = _codec_of(mf)
     lay = mf.layout
+    if mf.joint:  # one job: the concatenation
+        return codec, [(list(range(len(mf))), *codec._read(mf.whole()))]
     groups = runs(zip(lay.sizes, lay.dtypes)) if codec.elementwise else [[i] for i in range(len(mf))]
     jobs = []
     for g in groups:
@@ -685,9 +708,10 @@ def _decode_many(mf, out=None):
             codec._write(ctx, payload, target, SET)
             results[i] = target.reshape(lay.shapes[i])
             continue
-        # the run at once: into a reused buffer when every tensor has its out (copied there),
-        # else a new array of which each tensor is a view
-        whole = scratch(ctx.n, ctx.dtype) if all(targets[i] is not None for i in idx) else np.empty(ctx.n, ctx.dtype)
+        # a run (or a joint frame) at once: into a reused buffer when it is small and every
+        # tensor has its out (copied there), else a new array of which each tensor is a view
+        reuse = ctx.n <= SEGMENT_ELEMENTS and all(targets[i] is not None for i in idx)
+        whole = scratch(ctx.n, ctx.dtype) if reuse else np.empty(ctx.n, ctx.dtype)
         codec._write(ctx, payload, whole, SET)
         at = 0
         for i in idx:
@@ -703,16 +727,21 @@ def _decode_many(mf, out=None):
 
 
 def _decode_add_many(mf, out, subtract=False):
-    from codec.ops import scratch, store
+    from codec.ops import scatter, scratch, store
 
     targets = _many_targets(mf, out, add=True)
     codec, jobs = _read_many(mf)
     mode = SUB if subtract else ADD
     for idx, ctx, payload in jobs:
-        if len(idx) == 1:
+        if len(idx) == 1 and not mf.joint:
             codec._write(ctx, payload, targets[idx[0]], mode)
             continue
-        whole = scratch(ctx.n, ctx.dtype)  # the run's decoded values, exact in the frame's dtype
+        if codec.select is not None:  # a joint sparse frame: each tensor's share of the pairs
+            for i, (pos, vals) in zip(idx, _split_pairs(mf, ctx.positions, codec._kept(ctx, payload))):
+                scatter(vals, pos, targets[i], mode)
+            continue
+        # a run, or a joint dense frame: the decoded values, exact in the frame's dtype
+        whole = scratch(ctx.n, ctx.dtype) if ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, ctx.dtype)
         codec._write(ctx, payload, whole, SET)
         at = 0
         for i in idx:
@@ -720,6 +749,14 @@ def _decode_add_many(mf, out, subtract=False):
             store(whole[at : at + n], targets[i], mode)  # each element rounded once, as decode_add
             at += n
     return out
+
+
+def _split_pairs(mf, positions, values) -> list:
+    """A joint frame's sorted flat positions (and their values) as each tensor's own pairs."""
+    starts = np.zeros(len(mf) + 1, np.int64)
+    np.cumsum(mf.layout.sizes, out=starts[1:])
+    cut = np.searchsorted(positions, starts)
+    return [(positions[cut[i] : cut[i + 1]] - starts[i], values[cut[i] : cut[i + 1]]) for i in range(len(mf))]
 
 
 def decode_many(frame, out=None, *, layout=None, max_elements=None):
@@ -743,6 +780,8 @@ def decode_sparse_many(frame, *, layout=None, max_elements=None) -> list:
 def _decode_sparse_many(mf) -> list:
     if _codec_of(mf).select is None:
         raise ValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
+    if mf.joint:
+        return _split_pairs(mf, *_decode_sparse(mf.whole()))
     return [_decode_sparse(mf.tensor(i)) for i in range(len(mf))]
 
 

@@ -364,3 +364,85 @@ def test_segmented_topk_names_a_non_finite_tensor():
     ts["b"][4] = np.nan
     with pytest.raises(NonFiniteError, match=r"tensors\['b'\]: non-finite value at position \(4,\)"):
         codec.get_codec("topk(k=2)").encode_many(ts)
+
+
+# ------------------------------------------------------------------ joint: the whole-model variant
+@pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "qsgd(bucket=100)", "fp16", "adacomp+zstd", "randomk(ratio=0.1)"])
+def test_joint_codes_the_concatenation(spec):
+    """joint=True is encode() of the flat concatenation, framed with every tensor's shape."""
+    c = codec.get_codec(spec)
+    ts = model(13)
+    flat = np.concatenate([a.reshape(-1) for a in ts.values()])
+    many = c.encode_many(ts, joint=True, keys="model", step=2)
+    single = c.encode(flat, key="model", step=2)
+    mf = parse_many(many)
+    assert mf.joint and bytes(mf.payload) == payload_of(single) or c.post
+    want = codec.decode(single)
+    got = codec.decode_many(many)
+    at = 0
+    for k, x in ts.items():
+        assert got[k].shape == x.shape and np.array_equal(got[k].reshape(-1), want[at : at + x.size]), k
+        at += x.size
+    acc = {k: np.full(x.shape, 0.5, np.float64) for k, x in ts.items()}
+    codec.decode_add_many(many, acc, subtract=True)
+    at = 0
+    for k, x in ts.items():
+        assert np.array_equal(acc[k].reshape(-1), 0.5 - want[at : at + x.size].astype(np.float64)), k
+        at += x.size
+    out = [np.empty_like(x) for x in ts.values()]
+    codec.decode_many(many, out=out)
+    assert all(np.array_equal(o, g) for o, g in zip(out, got.values()))
+    if c.select is not None:
+        pairs = codec.decode_sparse_many(many)
+        pos, vals = codec.decode_sparse(single)
+        assert sum(p.size for p, _ in pairs) == pos.size
+        for (p, v), (k, x) in zip(pairs, ts.items()):
+            dense = np.zeros(x.size, np.float64)
+            dense[p] = v
+            assert np.array_equal(dense, got[k].reshape(-1).astype(np.float64)), k
+    info = codec.inspect(many)
+    assert [t["shape"] for t in info["tensors"]] == [list(x.shape) for x in ts.values()]
+
+
+def test_joint_topk_is_the_global_top_k():
+    c = codec.get_codec("topk(k=3)")
+    ts = {"small": np.array([0.1, -5.0, 0.2], np.float32), "big": np.array([4.0, -0.3, 6.0, 0.0], np.float32)}
+    got = codec.decode_many(c.encode_many(ts, joint=True))
+    assert got["small"].tolist() == [0, -5.0, 0] and got["big"].tolist() == [4.0, 0, 6.0, 0]
+    per_tensor = codec.decode_many(c.encode_many(ts))
+    assert np.count_nonzero(per_tensor["small"]) == 3  # k per tensor without joint
+
+
+def test_joint_error_feedback_is_one_key():
+    ts = model(14)
+    flat = np.concatenate([a.reshape(-1) for a in ts.values()])
+    ef, ref = codec.ErrorFeedback("topk(ratio=0.05)"), codec.ErrorFeedback("topk(ratio=0.05)")
+    for step in range(3):
+        many = ef.encode_many(ts, "model", joint=True)
+        want = codec.decode(ref.encode(flat, key="model"))
+        got = codec.decode_many(many)
+        assert np.array_equal(np.concatenate([g.reshape(-1) for g in got.values()]), want)
+        assert np.array_equal(ef.residual("model"), ref.residual("model")) and ef.step("model") == step + 1
+    assert ef.keys() == ["model"]
+    with pytest.raises(ValueError, match="share a dtype"):
+        ef.encode_many({"a": np.ones(3, np.float32), "b": np.ones(3, np.float64)}, joint=True)
+    with pytest.raises(ValueError, match="share a dtype"):
+        codec.get_codec("fp16").encode_many([np.ones(3, np.float32), np.ones(3, np.float64)], joint=True)
+    assert codec.decode_many(codec.get_codec("topk").encode_many([], joint=True)) == []
+
+
+def test_joint_frame_forgeries():
+    """A joint flag on a frame of per-tensor entries, or mixed dtypes, is refused."""
+    from codec.fuzzing import fix_many_checksums
+    from codec.manyframe import FLAG_JOINT
+
+    c = codec.get_codec("fp16")
+    ts = [np.ones(4, np.float32), np.ones(6, np.float32)]
+    per = bytearray(c.encode_many(ts))
+    per[5] |= FLAG_JOINT
+    with pytest.raises(codec.CorruptFrameError):
+        codec.decode_many(fix_many_checksums(bytes(per)))
+    mixed = bytearray(c.encode_many([np.ones(4, np.float32), np.ones(6, np.float64)]))
+    mixed[5] |= FLAG_JOINT
+    with pytest.raises(codec.CorruptFrameError):
+        codec.decode_many(fix_many_checksums(bytes(mixed)))

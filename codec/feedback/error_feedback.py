@@ -11,7 +11,7 @@ from codec.frame import parse_frame
 from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
 from codec.ops import round_to
-from codec.pipeline import Codec, _hashable, get_codec, many_inputs, many_keys
+from codec.pipeline import Codec, _hashable, get_codec, joined, many_inputs, many_keys
 from codec.stage import MAX_STEP
 
 
@@ -55,13 +55,20 @@ class ErrorFeedback:
         finish(lambda: parse_frame(frame, verify_payload=False))
         return frame
 
-    def encode_many(self, tensors, keys=None, *, layout: str = "table") -> bytes:
+    def encode_many(self, tensors, keys=None, *, layout: str = "table", joint: bool = False) -> bytes:
         """One many-tensor frame (:meth:`codec.Codec.encode_many`) of every tensor plus its
         key's residual, each tensor's step exactly what :meth:`encode` would do with it.
 
         ``tensors``: a dict name -> array or a sequence of arrays; ``keys`` default to the
         names (a dict) or the positions 0, 1, ... (a sequence).  Every tensor is checked
-        before anything changes, and on any error no residual or step changes."""
+        before anything changes, and on any error no residual or step changes.
+
+        ``joint=True``: the whole-model variant (:meth:`codec.Codec.encode_many`): the flat
+        concatenation of the tensors is ONE array under ONE key, ``keys`` (default None), with
+        one residual of the concatenation's length: :meth:`encode` of the concatenation,
+        framed with every tensor's shape."""
+        if joint:
+            return self._encode_joint(tensors, keys, layout)
         names, arrays = many_inputs(tensors)
         if keys is None:
             keys = list(names) if names is not None else list(range(len(arrays)))
@@ -82,6 +89,16 @@ class ErrorFeedback:
 
         for i, (_, finish) in enumerate(begun):
             finish(lambda i=i: tensor_frame(i))
+        return frame
+
+    def _encode_joint(self, tensors, key, layout: str) -> bytes:
+        names, arrays = many_inputs(tensors)
+        lay = Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), names)
+        flat = joined(arrays)
+        slot = self._claim(_hashable(key), flat, "tensors")
+        sections, finish = self._begin(flat, slot, "tensors")
+        frame = self.codec.frame_many([sections], lay, layout, joint=True)
+        finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())
         return frame
 
     def _claim(self, key, arr: np.ndarray, argname: str) -> Slot:

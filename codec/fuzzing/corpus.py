@@ -41,16 +41,21 @@ def _encode_all(spec: str, arrays, feedback: bool):
 
 def _many_seeds(specs, arrays) -> list:
     """Per codec, many-tensor frames of 1, 2 and 4 of the seed arrays (named and not, table
-    and layout-hash form, with error feedback in one of them), each behind its layout."""
+    and layout-hash form, with error feedback in one of them) and one joint frame, each
+    behind its layout."""
     out = []
     rng = random.Random(2)
     for spec in specs:
         c = codec.get_codec(spec)
-        for k, form, named in ((1, "table", True), (2, "hash", False), (4, "hash", True), (4, "table", False)):
+        for k, form, named in ((1, "table", True), (2, "hash", False), (4, "hash", True), (4, "table", False), (3, "joint", True)):
             pick = [arrays[rng.randrange(len(arrays))] for _ in range(k)]
             tensors = {f"t{i}": a for i, a in enumerate(pick)} if named else pick
             try:
-                if k == 2:
+                if form == "joint":  # the whole-model variant: one dtype, coded as one
+                    same = [a for a in pick if a.dtype == pick[0].dtype]
+                    tensors = {f"t{i}": a for i, a in enumerate(same)}
+                    frame = c.encode_many(tensors, joint=True, step=1)
+                elif k == 2:
                     ef = codec.ErrorFeedback(c)
                     ef.encode_many(tensors, layout=form)
                     frame = ef.encode_many(tensors, layout=form)
