@@ -155,18 +155,23 @@ class Codec:
             sections = self.sections(flat, Context(flat.shape, flat.dtype, key=_hashable(keys), step=step, name="tensors"))
             return self.frame_many([sections], lay, layout, joint=True)
         keys = many_keys(keys, len(arrays))
-        where = _where(names, len(arrays))
+        ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, _where(names, len(arrays)))]
+        sections, pieces = self.sections_many(arrays, ctxs)
+        return self.frame_many(sections, lay, layout, pieces=pieces)
+
+    def sections_many(self, arrays, ctxs):
+        """:meth:`sections` of every tensor (``ctxs[i]`` its context: key, step, state, the
+        name errors give it), with the runs an elementwise value stage or a segmented select
+        stage codes at once; returns ``(sections, pieces)`` for :meth:`frame_many`."""
         if self.elementwise:
-            sections, pieces = self._runs_sections(arrays, where)
-            return self.frame_many(sections, lay, layout, pieces=pieces)
-        ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where)]
+            return self._runs_sections(arrays, [c.name for c in ctxs])
         sections = [None] * len(arrays)
         if self.select is not None:
             self._select_runs(arrays, ctxs, sections)
         for i, (a, ctx) in enumerate(zip(arrays, ctxs)):
             if sections[i] is None:
                 sections[i] = self.sections(a.reshape(-1), ctx)
-        return self.frame_many(sections, lay, layout)
+        return sections, None
 
     def _select_runs(self, arrays, ctxs, sections) -> None:
         """Fill ``sections[i]`` for the tensors of every run of small float32/float64 tensors

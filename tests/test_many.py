@@ -446,3 +446,19 @@ def test_joint_frame_forgeries():
     mixed[5] |= FLAG_JOINT
     with pytest.raises(codec.CorruptFrameError):
         codec.decode_many(fix_many_checksums(bytes(mixed)))
+
+
+@pytest.mark.parametrize("spec", ["fp16", "none+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))", "qsgd", "randomk(ratio=0.2)"])
+def test_error_feedback_without_residuals_uses_the_codecs_runs(spec):
+    """residuals=False: each tensor's frame is the codec's at the key's step (its stream keyed
+    by the key), through the runs of encode_many; steps advance per key."""
+    ts = model(15)
+    ef, ref = codec.ErrorFeedback(spec, residuals=False), codec.ErrorFeedback(spec, residuals=False)
+    ref.encode(ts["layer0.w"], key="layer0.w")  # one key a step ahead
+    ef.encode(ts["layer0.w"], key="layer0.w")
+    for step in range(3):
+        many = ef.encode_many(ts)
+        got = codec.decode_many(many)
+        for k, x in ts.items():
+            assert np.array_equal(got[k], codec.decode(ref.encode(x, key=k)), equal_nan=True), (step, k)
+            assert ef.step(k) == ref.step(k)

@@ -77,8 +77,14 @@ class ErrorFeedback:
             raise ValueError("keys: every tensor needs its own key; a key appears twice")
         where = [f"tensors[{k!r}]" for k in (names if names is not None else range(len(arrays)))]
         slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, where)]  # checks all, changes nothing
-        begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, where)]
         lay = Layout.of(dict(zip(names, arrays)) if names is not None else arrays)
+        if not self.residuals:  # the codec's frame at each key's step: its runs apply
+            sections, pieces = self.codec.sections_many(arrays, [s.context(a, w) for a, s, w in zip(arrays, slots, where)])
+            frame = self.codec.frame_many(sections, lay, layout, pieces=pieces)
+            for s in slots:
+                self._advance(s)
+            return frame
+        begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, where)]
         frame = self.codec.frame_many([b[0] for b in begun], lay, layout)
         parsed = []
 
