@@ -289,20 +289,23 @@ class SectionReader:
         if self.i >= len(f.sections):
             raise CorruptFrameError(f"frame has {len(f.sections)} sections; codec {f.spec!r} needs another section")
         s = f.sections[self.i]
-        where = f"section {self.i} ({s.kind_name})"
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if s.kind not in kinds:
             want = " or ".join(k.name.lower() for k in kinds)
-            raise CorruptFrameError(f"{where}: codec {f.spec!r} expects a {want} section here")
+            raise CorruptFrameError(f"{self._where(s)}: codec {f.spec!r} expects a {want} section here")
         if bits is not None and s.bits not in (bits if isinstance(bits, tuple) else (bits,)):
-            raise CorruptFrameError(f"{where}: {s.bits}-bit items, codec expects {bits}")
+            raise CorruptFrameError(f"{self._where(s)}: {s.bits}-bit items, codec expects {bits}")
         if count is not None and s.count != count:
-            raise CorruptFrameError(f"{where}: {s.count} items, codec expects {count}")
+            raise CorruptFrameError(f"{self._where(s)}: {s.count} items, codec expects {count}")
         if max_count is not None and s.count > max_count:
-            raise CorruptFrameError(f"{where}: {s.count} items, at most {max_count} possible")
+            raise CorruptFrameError(f"{self._where(s)}: {s.count} items, at most {max_count} possible")
         data = f.raw(self.i)
         self.i += 1
         return s, data
+
+    def _where(self, s) -> str:
+        """How an error names the section being taken (formatted only for an error)."""
+        return f"section {self.i} ({s.kind_name})"
 
     def remaining(self) -> list:
         """The infos of the sections not taken yet (to bound an allocation before taking them)."""

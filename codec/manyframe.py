@@ -378,7 +378,8 @@ def read_header(mv) -> Header:
         raise CorruptFrameError(f"header declares a {spec_len}-byte spec, beyond the format's {MAX_SPEC}")
     spec_raw = bytes(cur.take(spec_len, "the spec"))
     count = cur.varint("the tensor count")
-    if count > size - cur.pos:  # every tensor takes at least one header byte
+    described = not (flags & FLAG_LAYOUT_HASH and flags & FLAG_JOINT)  # else the caller's layout bounds it
+    if described and count > size - cur.pos:  # every tensor takes at least one header byte
         raise CorruptFrameError(f"header declares {count} tensors, more than its {size} bytes can describe")
     named = bool(flags & FLAG_NAMES)
     stored_hash = shapes = dts = names = None

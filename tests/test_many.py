@@ -462,3 +462,16 @@ def test_error_feedback_without_residuals_uses_the_codecs_runs(spec):
         for k, x in ts.items():
             assert np.array_equal(got[k], codec.decode(ref.encode(x, key=k)), equal_nan=True), (step, k)
             assert ef.step(k) == ref.step(k)
+
+
+def test_joint_hash_form_of_many_tensors():
+    """A joint frame in the hash form describes no tensor in its header: its count is bounded
+    by the given layout, not by the frame's bytes."""
+    ts = {f"w{i}": np.full(3, i, np.float32) for i in range(300)}
+    c = codec.get_codec("topk(k=5)")
+    frame = c.encode_many(ts, joint=True, layout="hash")
+    assert len(frame) < 300
+    got = codec.decode_many(frame, layout=ts)
+    assert [float(got[f"w{i}"].max()) for i in (299, 298, 1)] == [299.0, 298.0, 0.0]
+    with pytest.raises(codec.CorruptFrameError, match="layout hash"):
+        codec.decode_many(frame, layout=dict(list(ts.items())[:299]))
