@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable
 
-import crc32c as _crc32c
 import numpy as np
 
-from codec import dtypes
+from codec import checksum, dtypes
 from codec.errors import CorruptFrameError
 
 MAGIC = b"\x89GCF"
@@ -40,7 +39,7 @@ FLAG_PAYLOAD_CRC32C = 0x02
 _PAYLOAD_FLAGS = FLAG_PAYLOAD_CRC | FLAG_PAYLOAD_CRC32C
 _RESERVED_FLAGS = 0xFC
 #: payload checksum name -> (flag bit, function of (bytes-like) -> uint32)
-CHECKSUMS = {"crc32": (FLAG_PAYLOAD_CRC, zlib.crc32), "crc32c": (FLAG_PAYLOAD_CRC32C, _crc32c.crc32c)}
+CHECKSUMS = {"crc32": (FLAG_PAYLOAD_CRC, zlib.crc32), "crc32c": (FLAG_PAYLOAD_CRC32C, checksum.crc32c)}
 DEFAULT_CHECKSUM = "crc32c"
 MAX_NDIM = 32
 MAX_SPEC = 4096
@@ -398,7 +397,7 @@ def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = 
         raise CorruptFrameError(f"frame declares shape {tuple(shape)}: its non-zero dimensions exceed {max(limit, MAX_ELEMENTS)} elements")
     if flags & _PAYLOAD_FLAGS and verify_payload:
         (pcrc,) = _CRC.unpack_from(mv, pos - _CRC.size)
-        payload_crc = _crc32c.crc32c if flags & FLAG_PAYLOAD_CRC32C else zlib.crc32
+        payload_crc = checksum.crc32c if flags & FLAG_PAYLOAD_CRC32C else zlib.crc32
         if payload_crc(mv[header_len:]) != pcrc:
             raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
     if any(s.encoding == Encoding.ZSTD for s in sections):
