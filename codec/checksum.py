@@ -12,6 +12,7 @@ the thread count.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import crc32c as _crc32c
@@ -66,6 +67,16 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
         len2 >>= 1
         k += 1
     return crc1 ^ crc2
+
+
+def _forget_pool() -> None:
+    """In a forked child the pool's threads are gone: start a new pool there on first use."""
+    global _pool, _lock
+    _pool, _lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _workers():
