@@ -103,6 +103,7 @@ class Codec:
             if residual is not None and not self.select.fuses_feedback:
                 raise ValueError(f"residual: {self.select.name} does not fuse error feedback into its selection")
             ctx.positions, values = self.select.select(flat, ctx, sections, residual=residual, out=out)
+            ctx.kept = values
         self.value.encode(values, vctx, sections)
         return sections
 
@@ -191,7 +192,7 @@ class Codec:
             if picked is None:
                 continue
             for i, (idx, values, secs) in zip(run, picked):
-                ctxs[i].positions = idx
+                ctxs[i].positions, ctxs[i].kept = idx, values
                 self.value.encode(values, ctxs[i], secs)
                 sections[i] = secs
 

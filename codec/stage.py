@@ -65,7 +65,8 @@ class Context:
     i-th coded value back to its flat index when a select stage ran (None when dense).
     ``hints`` carries per-call facts one stage hands the next (AdaComp's scale for its
     sign-bit value coding).  ``name`` is what an error about the array calls it: ``x`` for
-    ``encode``, ``tensors['w']`` for a tensor of ``encode_many``.
+    ``encode``, ``tensors['w']`` for a tensor of ``encode_many``.  ``kept`` holds the values a
+    select stage handed the value stage (what error feedback subtracts, :meth:`Value.decoded`).
     """
 
     shape: tuple
@@ -76,6 +77,8 @@ class Context:
     positions: Any = None
     hints: dict = field(default_factory=dict)
     name: str = "x"
+    #: the values the value stage coded after a select stage (with ``positions``)
+    kept: Any = None
 
     @property
     def n(self) -> int:
@@ -298,6 +301,14 @@ class Value(Stage):
     def write(self, payload, out, mode) -> None:
         """Write the decoded values into the float32/float64 buffer ``out`` (``mode`` SET, ADD
         or SUB)."""
+
+    def decoded(self, values, ctx):
+        """What decoding this stage's coding of ``values`` gives, in the accumulator dtype of
+        the array (float32; float64 for float64 arrays), computed from ``values`` without the
+        frame and bit for bit what :meth:`read` then :meth:`write` (SET) give; or None (the
+        default) when only decoding the frame knows.  Error feedback after a select stage
+        subtracts it at the sent positions instead of decoding the frame it has just built."""
+        return None
 
     def encode_feedback(self, x, slot, ctx, sections):
         """A fused error-feedback step for a codec of this value stage alone: append the

@@ -248,3 +248,24 @@ def test_slot_without_residuals_carries_the_step():
     s = ef.slot("w", (2, 2), np.float32)
     assert s.residual is None and s.step == 2 and s.shape == (2, 2) and s is not ef._slots["w"]
     assert ef._slots["w"].shape == (5,)
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "topk(ratio=0.1)+fp16", "topk(ratio=0.1)+bf16(nonfinite=keep)", "adacomp", "adacomp(bin=7)+fp16", "randomk(ratio=0.2,scale=true)", "threshold(value=0.5)+none", "gaussiank(ratio=0.05)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, codec.dtypes.bfloat16])
+def test_value_decoded_is_what_the_frame_decodes_to(spec, dtype):
+    """Value.decoded, which error feedback subtracts instead of decoding its frame, gives the
+    frame's decoded values bit for bit (and the step's residual is unchanged: the frozen
+    hashes of test_frames_unchanged.py)."""
+    from codec.stage import Context
+
+    c = codec.get_codec(spec)
+    rng = np.random.default_rng(21)
+    x = (rng.standard_t(2, 997) * 10.0 ** rng.integers(-5, 3)).astype(dtype)
+    ctx = Context(x.shape, x.dtype, key="k", step=1)
+    sections = c.sections(x.reshape(-1), ctx)
+    sent = c.value.decoded(ctx.kept, ctx)
+    if sent is None:
+        pytest.skip(f"{c.value.name} has no decoded()")
+    pos, vals = codec.decode_sparse(c.frame(sections, x.dtype, x.shape))
+    assert np.array_equal(pos, ctx.positions)
+    assert sent.dtype == vals.dtype and sent.tobytes() == vals.tobytes()

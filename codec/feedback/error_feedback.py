@@ -10,7 +10,8 @@ from codec.feedback.slot import Slot
 from codec.frame import parse_frame
 from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
-from codec.ops import round_to
+from codec.modes import SUB
+from codec.ops import round_to, scatter
 from codec.pipeline import Codec, _hashable, get_codec, joined, many_inputs, many_keys
 from codec.stage import MAX_STEP
 
@@ -187,7 +188,12 @@ class ErrorFeedback:
             sections = c.sections(acc.reshape(-1), ctx)
 
         def finish(frame):
-            c.subtract(frame(), acc.reshape(-1))
+            flat_acc = acc.reshape(-1)
+            sent = None if ctx.positions is None else c.value.decoded(ctx.kept, ctx)
+            if sent is None:
+                c.subtract(frame(), flat_acc)
+            else:  # what the frame decodes to at its positions, without decoding it
+                scatter(sent, ctx.positions, flat_acc, SUB)
             slot.commit(acc)
             return ctx.positions
 

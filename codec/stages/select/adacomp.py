@@ -42,6 +42,14 @@ class SignScale(Value):
         scale, negative = payload
         store(np.where(negative.astype(bool), -scale, scale), out, mode)
 
+    def decoded(self, values, ctx):
+        from codec.modes import SET
+        from codec.ops import wide_dtype
+
+        out = np.empty(values.size, wide_dtype(ctx.dtype))
+        self.write((ctx.hints["scale"], np.signbit(values)), out, SET)
+        return out
+
 
 @register
 class AdaComp(IndexSelect):

@@ -7,6 +7,7 @@ import numpy as np
 from codec.dtypes import bfloat16
 from codec.errors import NonFiniteError
 from codec.frame import SectionKind, Section
+from codec.modes import SET
 from codec.params import NONFINITE
 from codec.stage import Value, register
 
@@ -28,6 +29,13 @@ class Exact(Value):
         from codec.ops import store
 
         store(values, out, mode)
+
+    def decoded(self, values, ctx):
+        from codec.ops import wide_dtype
+
+        out = np.empty(values.size, wide_dtype(ctx.dtype))
+        self.write(values, out, SET)
+        return out
 
 
 class _Half(Value):
@@ -74,6 +82,15 @@ class _Half(Value):
     def read(self, reader, ctx, count):
         _, raw = reader.take(SectionKind.VALUES, bits=16, count=count)
         return raw.view(np.uint16)
+
+    def decoded(self, values, ctx):
+        from codec.ops import narrow, wide_dtype
+
+        codes = np.empty(values.size, np.uint16)
+        narrow(values, self.dtype, codes)
+        out = np.empty(values.size, wide_dtype(ctx.dtype))
+        self.write(codes, out, SET)
+        return out
 
     def write(self, codes, out, mode):
         from codec.kernels import backend
