@@ -23,6 +23,7 @@ byte tells them apart.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import struct
@@ -309,7 +310,7 @@ class ManyFrame:
     flags: int
     layout: Layout
     header_len: int
-    payload: memoryview
+    payload: object  # a memoryview, or a ZstdPayload
     stored_len: int
     tensor_sections: list
 
@@ -337,6 +338,12 @@ class ManyFrame:
 
     def __len__(self) -> int:
         return len(self.layout)
+
+    def finish(self) -> None:
+        """After every section was read: a compressed payload held exactly its declared
+        bytes (a raw payload was checked when the frame was parsed)."""
+        if isinstance(self.payload, ZstdPayload):
+            self.payload.finish()
 
 
 def is_many(buf) -> bool:
@@ -519,24 +526,77 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
         if fn(mv[h.header_len:]) != pcrc:
             raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
     payload = mv[h.header_len:]
-    if h.raw_total is not None:
-        payload = _decompress(payload, h.raw_total)
+    if h.raw_total is not None:  # decompressed section by section as the stages read them
+        payload = ZstdPayload(payload, h.raw_total)
     return ManyFrame(spec, flags, lay, h.header_len, payload, stored_len, tensor_sections)
 
 
-def _decompress(stored: memoryview, raw_total: int) -> memoryview:
-    import zstandard
+class ZstdPayload:
+    """A zstd-compressed payload, decompressed only as far as the sections read so far reach.
 
-    try:
-        params = zstandard.get_frame_parameters(stored)
-    except zstandard.ZstdError as e:
-        raise CorruptFrameError(f"many-tensor frame: bad zstd header: {e}") from None
-    if params.content_size != raw_total:
-        raise CorruptFrameError(f"many-tensor frame: zstd declares {params.content_size} bytes, the header implies {raw_total}")
-    try:
-        out = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_total, allow_extra_data=False)
-    except zstandard.ZstdError as e:
-        raise CorruptFrameError(f"many-tensor frame: zstd data is damaged: {e}") from None
-    if len(out) != raw_total:
-        raise CorruptFrameError(f"many-tensor frame: zstd gave {len(out)} bytes, the header says {raw_total}")
-    return memoryview(out)
+    ``payload[a:b]`` (what a section's bytes are) decompresses up to byte ``b`` and no further,
+    so each stage checks a section's kind, width and count (``SectionReader.take``) before
+    any of its bytes exist: a forged count is refused before its declared size is
+    allocated, as format v1 does with its per-section zstd.  :meth:`finish` then requires the
+    stream to hold exactly the declared raw length."""
+
+    def __init__(self, stored, raw_total: int):
+        import zstandard
+
+        try:
+            params = zstandard.get_frame_parameters(stored)
+        except zstandard.ZstdError as e:
+            raise CorruptFrameError(f"many-tensor frame: bad zstd header: {e}") from None
+        if params.content_size != raw_total:
+            raise CorruptFrameError(f"many-tensor frame: zstd declares {params.content_size} bytes, the header implies {raw_total}")
+        self.raw_total = raw_total
+        self._reader = zstandard.ZstdDecompressor().stream_reader(bytes(stored), read_across_frames=True)
+        self._chunks: list = []
+        self._starts: list = []
+        self._have = 0
+
+    def _read(self, size: int) -> bytes:
+        import zstandard
+
+        try:
+            return self._reader.read(size)
+        except zstandard.ZstdError as e:
+            raise CorruptFrameError(f"many-tensor frame: zstd data is damaged: {e}") from None
+
+    def _ensure(self, end: int) -> None:
+        while self._have < end:
+            data = self._read(end - self._have)
+            if not data:
+                raise CorruptFrameError(f"many-tensor frame: zstd gave {self._have} bytes, the header says {self.raw_total}")
+            self._starts.append(self._have)
+            self._chunks.append(data)
+            self._have += len(data)
+
+    def __getitem__(self, part):
+        lo, hi = part.start or 0, part.stop
+        if hi > self.raw_total or lo > hi:
+            raise CorruptFrameError("many-tensor frame: a section lies beyond the payload")
+        self._ensure(hi)
+        i = bisect.bisect_right(self._starts, lo) - 1 if self._starts else 0
+        if lo == hi:
+            return memoryview(b"")
+        start, chunk = self._starts[i], self._chunks[i]
+        if hi <= start + len(chunk):
+            return memoryview(chunk)[lo - start : hi - start]
+        pieces = []
+        while lo < hi:  # a section across chunks: its bytes joined
+            start, chunk = self._starts[i], self._chunks[i]
+            take = min(hi, start + len(chunk))
+            pieces.append(memoryview(chunk)[lo - start : take - start])
+            lo, i = take, i + 1
+        return memoryview(b"".join(pieces))
+
+    def finish(self) -> None:
+        """Every declared byte is there and nothing decodes beyond it (CorruptFrameError)."""
+        self._ensure(self.raw_total)
+        if self._read(1):
+            raise CorruptFrameError(f"many-tensor frame: zstd data holds more than the {self.raw_total} bytes the header implies")
+
+    def __bytes__(self) -> bytes:
+        self._ensure(self.raw_total)
+        return b"".join(self._chunks)

@@ -319,7 +319,7 @@ class Codec:
 
     def _write(self, ctx, payload, out: np.ndarray, mode: int) -> None:
         """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per ``mode``)."""
-        from codec.ops import WIDE, scatter, store
+        from codec.ops import WIDE, scatter, store, wide_dtype
 
         if self.transform is not None:  # coefficients in the domain's dtype, then the inverse
             tpay, vctx, vpay = payload
@@ -327,7 +327,7 @@ class Codec:
             self.value.write(vpay, values, SET)
             self.transform.inverse(tpay, values, out, mode)
         elif out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one
-            wide = np.empty(out.size, np.float32)
+            wide = np.empty(out.size, wide_dtype(ctx.dtype))  # the decoded values exactly: rounded once, in store
             self._write(ctx, payload, wide, SET)
             store(wide, out, mode)
         elif self.select is None:
@@ -666,7 +666,9 @@ def _read_many(mf) -> tuple:
     codec = _codec_of(mf)
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
-        return codec, [(list(range(len(mf))), *codec._read(mf.whole()))]
+        jobs = [(list(range(len(mf))), *codec._read(mf.whole()))]
+        mf.finish()
+        return codec, jobs
     groups = runs(zip(lay.sizes, lay.dtypes)) if codec.elementwise else [[i] for i in range(len(mf))]
     jobs = []
     for g in groups:
@@ -675,6 +677,7 @@ def _read_many(mf) -> tuple:
             jobs += [([i], *codec._read(mf.tensor(i))) for i in g]
         else:
             jobs.append((g, *codec._read(fr)))
+    mf.finish()
     return codec, jobs
 
 
@@ -733,7 +736,7 @@ def _decode_many(mf, out=None):
 
 
 def _decode_add_many(mf, out, subtract=False):
-    from codec.ops import scatter, scratch, store
+    from codec.ops import scatter, scratch, store, wide_dtype
 
     targets = _many_targets(mf, out, add=True)
     codec, jobs = _read_many(mf)
@@ -746,8 +749,10 @@ def _decode_add_many(mf, out, subtract=False):
             for i, (pos, vals) in zip(idx, _split_pairs(mf, ctx.positions, codec._kept(ctx, payload))):
                 scatter(vals, pos, targets[i], mode)
             continue
-        # a run, or a joint dense frame: the decoded values, exact in the frame's dtype
-        whole = scratch(ctx.n, ctx.dtype) if ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, ctx.dtype)
+        # a run, or a joint dense frame: the decoded values, exactly (in the accumulator dtype of
+        # the frame's: a narrow frame's codes may decode beyond its own dtype's range)
+        wide = wide_dtype(ctx.dtype)
+        whole = scratch(ctx.n, wide) if ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, wide)
         codec._write(ctx, payload, whole, SET)
         at = 0
         for i in idx:
@@ -786,9 +791,9 @@ def decode_sparse_many(frame, *, layout=None, max_elements=None) -> list:
 def _decode_sparse_many(mf) -> list:
     if _codec_of(mf).select is None:
         raise ValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
-    if mf.joint:
-        return _split_pairs(mf, *_decode_sparse(mf.whole()))
-    return [_decode_sparse(mf.tensor(i)) for i in range(len(mf))]
+    pairs = _split_pairs(mf, *_decode_sparse(mf.whole())) if mf.joint else [_decode_sparse(mf.tensor(i)) for i in range(len(mf))]
+    mf.finish()
+    return pairs
 
 
 def decode_add_many(frame, out, *, layout=None, subtract: bool = False):

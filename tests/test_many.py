@@ -475,3 +475,19 @@ def test_joint_hash_form_of_many_tensors():
     assert [float(got[f"w{i}"].max()) for i in (299, 298, 1)] == [299.0, 298.0, 0.0]
     with pytest.raises(codec.CorruptFrameError, match="layout hash"):
         codec.decode_many(frame, layout=dict(list(ts.items())[:299]))
+
+
+@pytest.mark.parametrize("neighbour", [3, 131_072])  # in a run, or alone
+def test_decode_add_is_the_same_in_a_run_and_alone(neighbour):
+    """A run adds exactly what a tensor decoded alone adds: codes beyond the frame dtype's
+    range (bf16 of a float16 tensor: 65536) and float64 values into a 16-bit accumulator,
+    rounded once (1 + 2**-11 + 2**-30 -> float16 1.001)."""
+    cases = [("bf16", np.array([65500], np.float16), np.float32), ("none", np.array([1 + 2.0**-11 + 2.0**-30]), np.float16)]
+    for spec, x, acc_dtype in cases:
+        c = codec.get_codec(spec)
+        acc = [np.zeros(1, acc_dtype), np.zeros(neighbour, acc_dtype)]
+        codec.decode_add_many(c.encode_many([x, np.zeros(neighbour, x.dtype)]), acc)
+        alone = np.zeros(1, acc_dtype)
+        c.decode_add(c.encode(x), alone)
+        assert acc[0].tobytes() == alone.tobytes(), spec
+    assert float(alone[0]) == float(np.float16(1.001))
