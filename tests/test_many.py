@@ -491,3 +491,36 @@ def test_decode_add_is_the_same_in_a_run_and_alone(neighbour):
         c.decode_add(c.encode(x), alone)
         assert acc[0].tobytes() == alone.tobytes(), spec
     assert float(alone[0]) == float(np.float16(1.001))
+
+
+@pytest.mark.parametrize("spec, kw", [("powersgd", {}), ("powersgd", {"residuals": False}), ("topk", {"momentum": 0.9}), ("fp16", {}), ("qsgd", {"residuals": False})])
+def test_a_failing_step_keeps_every_stage_state(spec, kw):
+    """Stage state (PowerSGD's warm-start Q) is installed with the step, once every tensor has
+    finished: a NaN in the last tensor leaves the whole state as it was."""
+    import pickle
+
+    rng = np.random.default_rng(16)
+    ef = codec.ErrorFeedback(spec, **kw)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in [(64, 32), (100,), (32, 16)]]
+    ef.encode_many(xs)
+    ef.encode_many(xs)
+    before = pickle.dumps(ef.state_dict())
+    bad = [x.copy() for x in xs]
+    bad[2].reshape(-1)[5] = np.nan
+    with pytest.raises(NonFiniteError, match=r"tensors\[2\]"):
+        ef.encode_many(bad)
+    assert pickle.dumps(ef.state_dict()) == before
+
+
+def test_no_residual_changes_until_every_tensor_finished():
+    """A step whose last tensor fails after the frame is built (here: a shape the frame format
+    refuses to read back) installs nothing, though the first tensor had finished."""
+    import pickle
+
+    ef = codec.ErrorFeedback("fp16")  # float32: the fused step; float64: it decodes the frame
+    a = np.arange(1, 9, dtype=np.float32) / 3
+    ef.encode_many([a, np.zeros(3, np.float64)], keys=["a", "b"])
+    before = pickle.dumps(ef.state_dict())
+    with pytest.raises(codec.CorruptFrameError):
+        ef.encode_many([a, np.zeros((0, 2**41), np.float64)], keys=["a", "b2"])
+    assert pickle.dumps(ef.state_dict()) == before

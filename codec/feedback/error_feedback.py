@@ -53,7 +53,7 @@ class ErrorFeedback:
         slot = self._claim(key, arr, "x")
         sections, finish = self._begin(arr, slot)
         frame = self.codec.frame(sections, arr.dtype, arr.shape)
-        finish(lambda: parse_frame(frame, verify_payload=False))
+        finish(lambda: parse_frame(frame, verify_payload=False))()
         return frame
 
     def encode_many(self, tensors, keys=None, *, layout: str = "table", joint: bool = False) -> bytes:
@@ -80,10 +80,13 @@ class ErrorFeedback:
         slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, where)]  # checks all, changes nothing
         lay = Layout.of(dict(zip(names, arrays)) if names is not None else arrays)
         if not self.residuals:  # the codec's frame at each key's step: its runs apply
-            sections, pieces = self.codec.sections_many(arrays, [s.context(a, w) for a, s, w in zip(arrays, slots, where)])
+            ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, where)]
+            for ctx, s in zip(ctxs, slots):
+                ctx.state = dict(s.state)  # installed with the step, once the frame is built
+            sections, pieces = self.codec.sections_many(arrays, ctxs)
             frame = self.codec.frame_many(sections, lay, layout, pieces=pieces)
-            for s in slots:
-                self._advance(s)
+            for s, ctx in zip(slots, ctxs):
+                self._advance(s, ctx.state)
             return frame
         begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, where)]
         frame = self.codec.frame_many([b[0] for b in begun], lay, layout)
@@ -94,8 +97,9 @@ class ErrorFeedback:
                 parsed.append(parse_many(frame, layout=lay, verify_payload=False))
             return parsed[0].tensor(i)
 
-        for i, (_, finish) in enumerate(begun):
-            finish(lambda i=i: tensor_frame(i))
+        installs = [finish(lambda i=i: tensor_frame(i)) for i, (_, finish) in enumerate(begun)]
+        for install in installs:  # only once every tensor has finished
+            install()
         return frame
 
     def _encode_joint(self, tensors, key, layout: str) -> bytes:
@@ -105,7 +109,7 @@ class ErrorFeedback:
         slot = self._claim(_hashable(key), flat, "tensors")
         sections, finish = self._begin(flat, slot, "tensors")
         frame = self.codec.frame_many([sections], lay, layout, joint=True)
-        finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())
+        finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())()
         return frame
 
     def _claim(self, key, arr: np.ndarray, argname: str) -> Slot:
@@ -135,51 +139,71 @@ class ErrorFeedback:
 
     def _begin(self, x: np.ndarray, slot: Slot, name: str = "x"):
         """The first half of a step: the sections of ``x`` (plus the residual) and
-        ``finish(frame)``, which, once the frame holding them is built, installs the new memory
-        (residual, velocity), advances the step and stores the slot.  ``frame()`` returns the
-        parsed frame of this tensor (a v1 frame, or the tensor's view of a many-tensor
-        frame).  Nothing changes before ``finish``: an error in between loses nothing."""
+        ``finish(frame)``, run once the frame holding them is built: it completes the step in
+        buffers of its own (``acc - decoded``, the masked velocity) and returns ``install()``,
+        which alone changes this ErrorFeedback (residual, velocity, stage state, step; the
+        slot stored).  ``frame()`` returns the parsed frame of this tensor (a v1 frame, or the
+        tensor's view of a many-tensor frame).  Stages keep their state in a copy of the
+        slot's, installed with the rest: an error anywhere before ``install`` loses nothing,
+        and a many-tensor step installs only once every tensor has finished."""
+        ctx = slot.context(x, name)
+        ctx.state = dict(slot.state)
         if not self.residuals:
-            return self.codec.sections(x.reshape(-1), slot.context(x, name)), lambda frame: self._advance(slot)
+            sections = self.codec.sections(x.reshape(-1), ctx)
+            return sections, lambda frame: lambda: self._advance(slot, ctx.state)
         if not self.momentum:
-            sections, finish = self._feedback(x, slot, name)
-            return sections, lambda frame: (finish(frame), self._advance(slot))
+            sections, finish = self._feedback(x, slot, ctx)
+
+            def done(frame):
+                commit, _ = finish(frame)
+                return lambda: (commit(), self._advance(slot, ctx.state))
+
+            return sections, done
         u = np.zeros_like(x) if slot.velocity is None else slot.velocity
         m = round_to(self.momentum, x.dtype)
         u = np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)  # in x's dtype, a new buffer
-        sections, finish = self._feedback(u, slot, name)
+        sections, finish = self._feedback(u, slot, ctx)
 
-        def finish_momentum(frame):
-            sent = finish(frame)
+        def done_momentum(frame):
+            commit, sent = finish(frame)
             u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
-            slot.velocity = u
-            self._advance(slot)
 
-        return sections, finish_momentum
+            def install():
+                commit()
+                slot.velocity = u
+                self._advance(slot, ctx.state)
 
-    def _advance(self, slot: Slot) -> None:
+            return install
+
+        return sections, done_momentum
+
+    def _advance(self, slot: Slot, state: dict | None = None) -> None:
+        """Install a finished step's stage ``state``, count the step, store the slot."""
+        if state is not None:
+            slot.state = state
         slot.step += 1
         self._slots[slot.key] = slot
 
-    def _feedback(self, x: np.ndarray, slot: Slot, name: str = "x"):
-        """The error-feedback step on ``acc = x + slot.residual``: its sections, and
-        ``finish(frame)`` committing ``acc - decoded`` as the new residual and returning the
-        sent positions (None: all).
+    def _feedback(self, x: np.ndarray, slot: Slot, ctx):
+        """The error-feedback step on ``acc = x + slot.residual`` (``ctx``: the stages'
+        context): its sections, and ``finish(frame)`` forming ``acc - decoded`` in a buffer of
+        its own and returning ``(commit, sent positions)`` (None: all); ``commit()`` installs
+        it as the new residual.
 
         Three ways, the first that applies: a value stage alone may fuse the whole step
         (``Value.encode_feedback``: fp16/bf16 on float32); a select stage with
         ``fuses_feedback`` forms ``acc`` inside its selection pass; otherwise ``acc = x +
         residual`` is formed first.  Then ``acc -= decoded`` (a sparse frame touches only its
-        positions) and ``acc`` is committed.  ``acc`` is a buffer other than the residual, so
-        on error the residual is untouched."""
+        positions: ``Value.decoded`` of the kept values when the value stage knows it,
+        else the frame decoded) and ``acc`` is committed.  ``acc`` is a buffer other than the
+        residual, so on error the residual is untouched."""
         c = self.codec
-        ctx = slot.context(x, name)
         flat = x.reshape(-1)
         if c.select is None and c.transform is None:
             sections: list = []
             commit = c.value.encode_feedback(flat, slot, ctx, sections)
             if commit is not None:
-                return sections, lambda frame: commit()
+                return sections, lambda frame: (commit, None)
         acc = slot.take_spare()
         if c.select is not None and c.select.fuses_feedback:
             sections = c.sections(flat, ctx, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
@@ -194,8 +218,7 @@ class ErrorFeedback:
                 c.subtract(frame(), flat_acc)
             else:  # what the frame decodes to at its positions, without decoding it
                 scatter(sent, ctx.positions, flat_acc, SUB)
-            slot.commit(acc)
-            return ctx.positions
+            return (lambda: slot.commit(acc)), ctx.positions
 
         return sections, finish
 

@@ -26,7 +26,8 @@ import numpy as np
 
 import codec
 from codec.arrays import scatter_add, wide_dtype
-from codec.manyframe import parse_many
+from codec.frame import raw_length
+from codec.manyframe import read_header
 from transport.errors import raise_failed
 from transport.schemes.base import SIGN_CODECS, Scheme, check_finite, finish_sum, vote_error
 
@@ -66,11 +67,12 @@ class Framed(Scheme):
         return self.ef.encode_many(arrays, keys=[self.key(k) for k in keys], layout="hash")
 
     @staticmethod
-    def wire(frame, arrays) -> list[int]:
-        """Each tensor's share of ``frame``: its sections' bytes, with the header (and any
-        compression of the payload) shared in proportion to them, adding up to the frame."""
-        mf = parse_many(frame, layout=Framed.layout(arrays), verify_payload=False)
-        raw = [sum(s.raw_len for s in secs) for secs in mf.tensor_sections]
+    def wire(frame) -> list[int]:
+        """Each tensor's share of ``frame`` (this rank's own): its sections' bytes, with the
+        header (and any compression of the payload) shared in proportion to them, adding up
+        to the frame.  Read from the header alone: nothing is decompressed."""
+        h = read_header(memoryview(frame))
+        raw = [sum(raw_length(c, bits) for (_, bits), c in zip(pat, counts)) for pat, counts in h.per_tensor]
         total = sum(raw)
         if not total:
             return [len(frame) // max(1, len(raw))] * len(raw)
@@ -91,9 +93,10 @@ class Allgather(Framed):
         comm = self.reducer.comm
         try:
             frame = self.encode(arrays, keys)
+            wire = self.wire(frame)
             failed = None
         except Exception as e:  # told to every rank through the sizes, so none is left waiting
-            frame, failed = b"", e
+            frame, wire, failed = b"", [], e
         msg = np.frombuffer(frame, np.uint8)
         t = time.perf_counter()
         sizes = np.empty(self.reducer.size, np.int64)
@@ -107,7 +110,7 @@ class Allgather(Framed):
         stats.communicate_s += time.perf_counter() - t
         stats.bytes_sent = int(msg.size)
         stats.bytes_received = int(sizes.sum() - msg.size)
-        return _AllgatherPending(self, arrays, recv, sizes, displs, req, self.wire(frame, arrays))
+        return _AllgatherPending(self, arrays, recv, sizes, displs, req, wire)
 
 
 class _AllgatherPending:

@@ -137,9 +137,10 @@ class GTopK(Framed):
         try:
             frame = self.encode(arrays, keys)
             sets = self.codec.decode_sparse_many(frame, layout=self.layout(arrays))  # values in wide_dtype: the wire's
+            wire = self.wire(frame)
         except Exception as e:  # travels in the tree's status, so no rank waits for our pairs
             return _TreePending(self, arrays, keys, None, [0] * len(arrays), failed=e)
-        return _TreePending(self, arrays, keys, sets, self.wire(frame, arrays))
+        return _TreePending(self, arrays, keys, sets, wire)
 
 
 def _status(msg) -> int:
