@@ -524,3 +524,59 @@ def test_no_residual_changes_until_every_tensor_finished():
     with pytest.raises(codec.CorruptFrameError):
         ef.encode_many([a, np.zeros((0, 2**41), np.float64)], keys=["a", "b2"])
     assert pickle.dumps(ef.state_dict()) == before
+
+
+def test_a_forged_zstd_count_is_refused_before_its_bytes_exist():
+    """The payload of a zstd frame is decompressed as the stages read it: a section count
+    forged far beyond what its stage expects is refused before the 256 MiB it declares are
+    decompressed (the tensor's own 2**34 elements are a legal declaration)."""
+    import io
+    import tracemalloc
+
+    import zstandard
+
+    from codec.manyframe import Entry, build_many
+
+    n, forged = 1 << 34, 1 << 26
+    raw_total = 5 + 4 * forged  # a 34-bit gap (5 bytes), then `forged` float32 values
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(level=1, write_content_size=True).stream_writer(out, size=raw_total, closefd=False) as w:
+        w.write(bytes(5))
+        block = bytes(1 << 20)
+        for _ in range(4 * forged // len(block)):
+            w.write(block)
+    payload = out.getvalue()
+    sections = [[Entry(3, 34, 1), Entry(1, 32, forged)]]
+    frame = _build_with_payload(build_many, "topk+zstd", Layout(((n,),), (np.dtype(np.float32),)), sections, payload, raw_total)
+    codec.decode_many(codec.get_codec("topk(k=1)+zstd").encode_many([np.ones(8, np.float32)]))  # kernels loaded
+    tracemalloc.start()
+    try:
+        with pytest.raises(codec.CorruptFrameError, match=f"{forged} items, codec expects 1"):
+            codec.decode_many(frame)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, peak
+
+
+def _build_with_payload(build_many, spec, layout, sections, payload, raw_total):
+    """A v2 frame of ``sections`` whose stored payload is ``payload`` (zstd of ``raw_total``
+    bytes), built by the encoder's own code with a compressor that returns it."""
+    from codec.frame import Encoding
+
+    class Huge:  # a piece of raw_total bytes that is never materialised
+        raw_len = raw_total
+        data = None
+
+        @staticmethod
+        def fill(out):
+            raise AssertionError("not materialised")
+
+    import codec.manyframe as mfm
+
+    real = mfm._fill
+    mfm._fill = lambda out, pieces: None  # the compressor ignores the raw bytes
+    try:
+        return build_many(spec, layout, sections, pieces=[Huge], compressor=lambda raw: (Encoding.ZSTD, payload), checksum="crc32c")
+    finally:
+        mfm._fill = real
