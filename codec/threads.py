@@ -36,6 +36,7 @@ imports Numba.
 from __future__ import annotations
 
 import os
+import sys
 
 __all__ = ["ENV", "LAUNCHER_VARS", "SPINCOUNT", "budget", "local_ranks", "prepare_numba", "refresh", "set_local_ranks", "usable_cores"]
 
@@ -102,10 +103,18 @@ def budget() -> int:
     return _cached
 
 
-def _compute() -> int:
-    import numba  # only kernels call budget(), and they have imported Numba already
+def _pool() -> int:
+    """Numba's thread pool: ``numba.config``'s when Numba is loaded, else what it will read
+    (``NUMBA_NUM_THREADS``, else the CPU count), so a caller that is not a kernel (the
+    payload checksum, codec/checksum.py) does not load Numba to ask."""
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        return numba.config.NUMBA_NUM_THREADS
+    return _positive_int(os.environ.get("NUMBA_NUM_THREADS", "")) or os.cpu_count() or 1
 
-    pool = numba.config.NUMBA_NUM_THREADS
+
+def _compute() -> int:
+    pool = _pool()
     setting = _setting()
     if setting == "off":
         return pool

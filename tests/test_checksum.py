@@ -60,3 +60,19 @@ def test_a_forked_child_checksums_on_its_own_pool(monkeypatch):
         os._exit(0 if checksum.crc32c(buf) == want else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_the_checksum_does_not_load_numba():
+    """Asking the thread budget for a large payload's checksum must not import Numba (the
+    lossless codec and inspect need no kernel)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np, codec\n"
+        "f = codec.get_codec('none').encode(np.ones(3_000_000, np.float32))\n"
+        "codec.inspect(f); codec.frame.parse_frame(f)\n"
+        "assert 'numba' not in sys.modules, 'numba was imported'\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
