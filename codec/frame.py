@@ -252,7 +252,7 @@ class Frame:
     @property
     def checksum(self) -> str | None:
         """The payload checksum the frame carries (``"crc32c"``, ``"crc32"``) or None."""
-        return next((name for name, (bit, _) in CHECKSUMS.items() if self.flags & bit), None)
+        return checksum_name(self.flags)
 
     def raw(self, i: int) -> np.ndarray:
         """Raw (decompressed) bytes of section ``i`` as a uint8 array."""
@@ -313,6 +313,40 @@ class SectionReader:
     def done(self) -> None:
         if self.i != len(self.frame.sections):
             raise CorruptFrameError(f"frame has {len(self.frame.sections) - self.i} section(s) that codec {self.frame.spec!r} does not use")
+
+
+def checksum_name(flags: int) -> str | None:
+    """The payload checksum a frame's ``flags`` name (``"crc32c"``, ``"crc32"``) or None
+    (formats v1 and v2 share the two flag bits)."""
+    return next((name for name, (bit, _) in CHECKSUMS.items() if flags & bit), None)
+
+
+def element_limit(max_elements) -> int:
+    """The element-count limit a decode applies: ``max_elements`` (an integer in
+    ``[0, 2**60]``, else ValueError naming it) or the default :data:`MAX_ELEMENTS`."""
+    limit = MAX_ELEMENTS if max_elements is None else max_elements
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 0 <= limit <= MAX_ELEMENTS_LIMIT:
+        raise ValueError(f"max_elements: must be an integer in [0, 2**60], got {max_elements!r}")
+    return int(limit)
+
+
+def check_dims(shape, limit: int, what: str) -> None:
+    """CorruptFrameError (``what``, then the shape) when the non-zero dimensions of a declared
+    ``shape`` exceed the larger of ``limit`` and 2**40: an empty shape such as ``(2**62, 0)``
+    is no array NumPy can make."""
+    if math.prod(d for d in shape if d) > max(limit, MAX_ELEMENTS):
+        raise CorruptFrameError(f"{what} {tuple(shape)}: its non-zero dimensions exceed {max(limit, MAX_ELEMENTS)} elements")
+
+
+def check_payload(mv, flags: int, crc_at: int, start: int) -> None:
+    """The payload checksum ``flags`` name, stored at ``crc_at``, against ``mv[start:]``
+    (nothing when the frame carries none); CorruptFrameError on a mismatch."""
+    name = checksum_name(flags)
+    if name is None:
+        return
+    (stored,) = _CRC.unpack_from(mv, crc_at)
+    if CHECKSUMS[name][1](mv[start:]) != stored:
+        raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
 
 
 def _as_buffer(buf) -> memoryview:
@@ -387,19 +421,12 @@ def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = 
         data_off += stored_len
     if data_off != size:
         raise CorruptFrameError(f"frame is {size} bytes but its sections end at byte {data_off}")
-    limit = MAX_ELEMENTS if max_elements is None else max_elements
-    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 0 <= limit <= MAX_ELEMENTS_LIMIT:
-        raise ValueError(f"max_elements: must be an integer in [0, 2**60], got {max_elements!r}")
+    limit = element_limit(max_elements)
     if n > limit:
         raise CorruptFrameError(f"frame declares {n} elements, more than the limit of {limit}")
-    if math.prod(d for d in shape if d) > max(limit, MAX_ELEMENTS):
-        # an empty shape such as (2**62, 0): NumPy itself cannot make an array of it
-        raise CorruptFrameError(f"frame declares shape {tuple(shape)}: its non-zero dimensions exceed {max(limit, MAX_ELEMENTS)} elements")
-    if flags & _PAYLOAD_FLAGS and verify_payload:
-        (pcrc,) = _CRC.unpack_from(mv, pos - _CRC.size)
-        payload_crc = checksum.crc32c if flags & FLAG_PAYLOAD_CRC32C else zlib.crc32
-        if payload_crc(mv[header_len:]) != pcrc:
-            raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
+    check_dims(shape, limit, "frame declares shape")
+    if verify_payload:
+        check_payload(mv, flags, pos - _CRC.size, header_len)
     if any(s.encoding == Encoding.ZSTD for s in sections):
         import zstandard
 

@@ -1,4 +1,4 @@
-"""Many-tensor frames (format v2, codec/manyframe.py): one frame for all of a step's tensors.
+"""Many-tensor frames (format v2, codec/manyframe/): one frame for all of a step's tensors.
 
 Every codec's many-tensor frame holds, per tensor, exactly the sections its single-tensor
 frame holds (the payload bytes are the same, in tensor order); decoding gives what each
@@ -535,7 +535,10 @@ def test_a_forged_zstd_count_is_refused_before_its_bytes_exist():
 
     import zstandard
 
-    from codec.manyframe import Entry, build_many
+    def v(n):
+        out = bytearray()
+        put_varint(out, n)
+        return bytes(out)
 
     n, forged = 1 << 34, 1 << 26
     raw_total = 5 + 4 * forged  # a 34-bit gap (5 bytes), then `forged` float32 values
@@ -545,9 +548,14 @@ def test_a_forged_zstd_count_is_refused_before_its_bytes_exist():
         block = bytes(1 << 20)
         for _ in range(4 * forged // len(block)):
             w.write(block)
-    payload = out.getvalue()
-    sections = [[Entry(3, 34, 1), Entry(1, 32, forged)]]
-    frame = _build_with_payload(build_many, "topk+zstd", Layout(((n,),), (np.dtype(np.float32),)), sections, payload, raw_total)
+    spec = b"topk+zstd"
+    header = (
+        v(len(spec)) + spec + v(1) + bytes([3, 1]) + v(n)  # one float32 tensor of 2**34 elements
+        + v(1) + bytes([2, 3, 34, 1, 32])  # one pattern: an index_delta of 34 bits, values of 32
+        + v(0) + v(1) + v(forged)  # the tensor: 1 position, `forged` values
+        + v(raw_total)
+    )
+    frame = _forge(header, flags=0x10) + out.getvalue()
     codec.decode_many(codec.get_codec("topk(k=1)+zstd").encode_many([np.ones(8, np.float32)]))  # kernels loaded
     tracemalloc.start()
     try:
@@ -557,26 +565,3 @@ def test_a_forged_zstd_count_is_refused_before_its_bytes_exist():
     finally:
         tracemalloc.stop()
     assert peak < 32 << 20, peak
-
-
-def _build_with_payload(build_many, spec, layout, sections, payload, raw_total):
-    """A v2 frame of ``sections`` whose stored payload is ``payload`` (zstd of ``raw_total``
-    bytes), built by the encoder's own code with a compressor that returns it."""
-    from codec.frame import Encoding
-
-    class Huge:  # a piece of raw_total bytes that is never materialised
-        raw_len = raw_total
-        data = None
-
-        @staticmethod
-        def fill(out):
-            raise AssertionError("not materialised")
-
-    import codec.manyframe as mfm
-
-    real = mfm._fill
-    mfm._fill = lambda out, pieces: None  # the compressor ignores the raw bytes
-    try:
-        return build_many(spec, layout, sections, pieces=[Huge], compressor=lambda raw: (Encoding.ZSTD, payload), checksum="crc32c")
-    finally:
-        mfm._fill = real

@@ -203,12 +203,12 @@ def layout_prefix(layout) -> bytes:
 def layout_of_prefix(prefix: bytes):
     """The :class:`codec.Layout` of a :func:`layout_prefix` (CorruptFrameError if it is not one)."""
     from codec.errors import CorruptFrameError
-    from codec.manyframe import Layout, _Cursor, read_table
+    from codec.manyframe import Cursor, Layout, read_table
 
     mv = memoryview(prefix)
     if not mv.nbytes or mv[0] > 1:
         raise CorruptFrameError("layout prefix: bad names flag")
-    cur = _Cursor(mv, 1, mv.nbytes)
+    cur = Cursor(mv, 1, mv.nbytes)
     count = cur.varint("the tensor count")
     if count > mv.nbytes:
         raise CorruptFrameError("layout prefix: too many tensors")

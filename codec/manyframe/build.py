@@ -1,0 +1,118 @@
+"""Writing a many-tensor frame: :func:`build_many`."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, _new_bytes, raw_length
+from codec.manyframe.table import Layout
+from codec.manyframe.wire import FIXED, FIXED_SIZE, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, put_varint
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A section as the table describes it (kind, item width, count), without its bytes:
+    what :func:`build_many` takes for a tensor whose bytes another piece holds."""
+
+    kind: int
+    bits: int
+    count: int
+
+    @property
+    def raw_len(self) -> int:
+        return raw_length(self.count, self.bits)
+
+
+def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None, pieces=None, joint: bool = False) -> bytes:
+    """A v2 frame of ``layout``'s tensors, ``sections[i]`` being tensor i's list of
+    :class:`codec.frame.Section`.  ``form``: "table" or "hash"; ``compressor``/``checksum``
+    as for :func:`codec.frame.build_frame` (the compressor sees the whole payload).
+
+    ``pieces``: the payload's bytes in order, when they are not the sections' own: a list of
+    Sections whose raw lengths add up to the sections', such as one section coding a run of
+    consecutive tensors at once (an elementwise value stage); then ``sections`` only
+    describe the table (their kinds, widths and counts).
+
+    ``joint``: the tensors were coded as one, their concatenation: ``sections`` holds one
+    list, that of the concatenation (the layout's tensors must share a dtype)."""
+    if form not in ("table", "hash"):
+        raise ValueError(f"layout: expected 'table' or 'hash', got {form!r}")
+    spec_b = spec.encode("utf-8")
+    if len(spec_b) > MAX_SPEC:
+        raise ValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
+    flags = FLAG_LAYOUT_HASH if form == "hash" else 0
+    if layout.names is not None:
+        flags |= FLAG_NAMES
+    if joint:
+        if len(sections) != 1 or len(set(layout.dtypes)) > 1:
+            raise AssertionError("build_many: a joint frame has one list of sections and one dtype")
+        flags |= FLAG_JOINT
+    elif len(sections) != len(layout):
+        raise AssertionError("build_many: one list of sections per tensor")
+    head = bytearray(FIXED_SIZE)
+    put_varint(head, len(spec_b))
+    head += spec_b
+    put_varint(head, len(layout))
+    head += layout.hash if form == "hash" else layout.table()
+    patterns: dict = {}
+    body = bytearray()  # per tensor: pattern id and counts
+    payload_len = 0
+    for secs in sections:
+        if len(secs) > MAX_SECTIONS:
+            raise ValueError(f"a tensor's codec made {len(secs)} sections; a many-tensor frame allows {MAX_SECTIONS}")
+        pattern = tuple((s.kind, s.bits) for s in secs)
+        put_varint(body, patterns.setdefault(pattern, len(patterns)))
+        for s in secs:
+            put_varint(body, s.count)
+            payload_len += s.raw_len
+    if pieces is None:
+        pieces = [s for secs in sections for s in secs]
+    elif sum(p.raw_len for p in pieces) != payload_len:
+        raise AssertionError("build_many: the pieces do not hold the sections' bytes")
+    put_varint(head, len(patterns))
+    for pattern in patterns:
+        head.append(len(pattern))
+        for kind, bits in pattern:
+            head.append(kind)
+            head.append(bits)
+    head += body
+    stored = None
+    if compressor is not None and payload_len:
+        raw = np.empty(payload_len, np.uint8)
+        _fill(raw, pieces)
+        enc, data = compressor(memoryview(raw))
+        if enc == Encoding.ZSTD:
+            flags |= FLAG_ZSTD
+            put_varint(head, payload_len)
+            stored = np.frombuffer(data, np.uint8)
+        else:
+            stored = raw
+    flag, payload_crc = CHECKSUMS[checksum] if checksum is not None else (0, None)
+    flags |= flag
+    header_len = len(head) + _CRC.size * (2 if flag else 1)
+    size = header_len + (payload_len if stored is None else stored.size)
+    frame, out = _new_bytes(size)
+    if stored is None:
+        _fill(out[header_len:], pieces)
+    else:
+        out[header_len:] = stored
+    FIXED.pack_into(head, 0, MAGIC, VERSION, flags, 0)
+    if flag:
+        head += _CRC.pack(payload_crc(out[header_len:]))
+    head += _CRC.pack(zlib.crc32(head))
+    out[:header_len] = np.frombuffer(head, np.uint8)
+    return frame
+
+
+def _fill(out: np.ndarray, pieces) -> None:
+    pos = 0
+    for s in pieces:
+        size = s.raw_len
+        if s.data is None:
+            s.fill(out[pos : pos + size])
+        else:
+            out[pos : pos + size] = np.frombuffer(s.data, np.uint8, size)
+        pos += size

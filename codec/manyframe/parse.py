@@ -1,0 +1,242 @@
+"""Reading a many-tensor frame: :func:`parse_many` validates the header (:func:`read_header`
+walks it) and returns a :class:`ManyFrame`, whose tensors the pipeline reads like v1 frames."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from codec.errors import CorruptFrameError
+from codec.frame import (
+    _CRC,
+    MAGIC,
+    MAX_SPEC,
+    SECTION_BYTES_PER_ELEMENT,
+    Encoding,
+    Frame,
+    SectionInfo,
+    _as_buffer,
+    check_dims,
+    check_payload,
+    checksum_name,
+    element_limit,
+    raw_length,
+)
+from codec.manyframe.table import Layout, as_layout, read_table
+from codec.manyframe.wire import (
+    CHECKSUM_FLAGS,
+    FIXED,
+    FIXED_SIZE,
+    FLAG_JOINT,
+    FLAG_LAYOUT_HASH,
+    FLAG_NAMES,
+    FLAG_ZSTD,
+    HASH_SIZE,
+    KNOWN_FLAGS,
+    VERSION,
+    Cursor,
+)
+from codec.manyframe.zstd import ZstdPayload
+
+
+@dataclass
+class ManyFrame:
+    """A validated v2 frame: the spec, the layout, and per tensor a v1-shaped
+    :class:`codec.frame.Frame` view (:meth:`tensor`) over the (decompressed) payload."""
+
+    spec: str
+    flags: int
+    layout: Layout
+    header_len: int
+    payload: object  # a memoryview, or a ZstdPayload
+    stored_len: int
+    tensor_sections: list
+
+    @property
+    def checksum(self) -> str | None:
+        return checksum_name(self.flags)
+
+    @property
+    def joint(self) -> bool:
+        """The tensors were coded as one (their concatenation): read it with :meth:`whole`."""
+        return bool(self.flags & FLAG_JOINT)
+
+    def tensor(self, i: int) -> Frame:
+        """Tensor ``i`` as a frame the pipeline reads like any v1 frame."""
+        if self.joint:
+            raise ValueError("a joint many-tensor frame codes its tensors as one: read it with whole()")
+        lay = self.layout
+        return Frame(self.payload, VERSION, self.flags, lay.dtypes[i], lay.shapes[i], self.spec, self.tensor_sections[i], 0)
+
+    def whole(self) -> Frame:
+        """A joint frame's concatenation as one flat tensor, a frame the pipeline reads."""
+        lay = self.layout
+        dtype = lay.dtypes[0] if len(lay) else np.dtype(np.float32)
+        return Frame(self.payload, VERSION, self.flags, dtype, (sum(lay.sizes),), self.spec, self.tensor_sections[0], 0)
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    def finish(self) -> None:
+        """After every section was read: a compressed payload held exactly its declared
+        bytes (a raw payload was checked when the frame was parsed)."""
+        if isinstance(self.payload, ZstdPayload):
+            self.payload.finish()
+
+
+def is_many(buf) -> bool:
+    """Whether ``buf`` starts like a v2 (many-tensor) frame; nothing else is checked."""
+    try:
+        mv = memoryview(buf).cast("B")
+    except (TypeError, ValueError):
+        return False
+    return mv.nbytes > 4 and mv[:4] == MAGIC and mv[4] == VERSION
+
+
+@dataclass
+class Header:
+    """The fields of a v2 header as :func:`read_header` walks them (nothing checked beyond
+    the buffer's bounds and the varints' form; the CRC sits at ``crc_at``)."""
+
+    flags: int
+    spec_raw: bytes
+    count: int
+    named: bool
+    stored_hash: bytes | None
+    shapes: list | None
+    dtypes: list | None
+    names: list | None
+    per_tensor: list
+    raw_total: int | None
+    crc_at: int
+    header_len: int
+
+
+def read_header(mv) -> Header:
+    """Walk a v2 header field by field, each bounded by the buffer: CorruptFrameError at the
+    first field that does not fit.  The fixed 8 bytes must already have been checked."""
+    size = mv.nbytes
+    flags = mv[5]
+    cur = Cursor(mv, FIXED_SIZE, size)
+    spec_len = cur.varint("the spec length")
+    if spec_len > MAX_SPEC:
+        raise CorruptFrameError(f"header declares a {spec_len}-byte spec, beyond the format's {MAX_SPEC}")
+    spec_raw = bytes(cur.take(spec_len, "the spec"))
+    count = cur.varint("the tensor count")
+    described = not (flags & FLAG_LAYOUT_HASH and flags & FLAG_JOINT)  # else the caller's layout bounds it
+    if described and count > size - cur.pos:  # every tensor takes at least one header byte
+        raise CorruptFrameError(f"header declares {count} tensors, more than its {size} bytes can describe")
+    named = bool(flags & FLAG_NAMES)
+    stored_hash = shapes = dts = names = None
+    if flags & FLAG_LAYOUT_HASH:
+        stored_hash = bytes(cur.take(HASH_SIZE, "the layout hash"))
+    else:
+        shapes, dts, names = read_table(cur, count, named)
+    npat = cur.varint("the pattern count")
+    if npat > size - cur.pos:
+        raise CorruptFrameError(f"header declares {npat} section patterns, more than its {size} bytes can describe")
+    patterns = []
+    for _ in range(npat):
+        nsec = cur.byte("a pattern")
+        pat = []
+        for _ in range(nsec):
+            kind, bits = cur.byte("a pattern"), cur.byte("a pattern")
+            if not 1 <= bits <= 64:
+                raise CorruptFrameError(f"section pattern {len(patterns)}: item width {bits} bits outside 1..64")
+            pat.append((kind, bits))
+        patterns.append(pat)
+    per_tensor = []  # (pattern, counts): one per tensor, or one for the concatenation (joint)
+    for i in range(1 if flags & FLAG_JOINT else count):
+        pid = cur.varint("a pattern id")
+        if pid >= npat:
+            raise CorruptFrameError(f"tensor {i}: pattern {pid}, the frame has {npat}")
+        per_tensor.append((patterns[pid], [cur.varint("a section count") for _ in patterns[pid]]))
+    raw_total = cur.varint("the payload length") if flags & FLAG_ZSTD else None
+    crc_at = cur.pos + (_CRC.size if flags & CHECKSUM_FLAGS else 0)
+    header_len = crc_at + _CRC.size
+    if header_len > size:
+        raise CorruptFrameError(f"frame is {size} bytes, shorter than its {header_len}-byte header")
+    return Header(flags, spec_raw, count, named, stored_hash, shapes, dts, names, per_tensor, raw_total, crc_at, header_len)
+
+
+def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool = True) -> ManyFrame:
+    """Validate ``buf`` as a v2 frame; ``layout`` (a :class:`Layout`, or the tensors) is
+    required for the layout-hash form and checked against the table form."""
+    mv = _as_buffer(buf)
+    size = mv.nbytes
+    if size < FIXED_SIZE + _CRC.size:
+        raise CorruptFrameError(f"frame is {size} bytes, shorter than the {FIXED_SIZE + _CRC.size}-byte minimum many-tensor header")
+    magic, version, flags, reserved = FIXED.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise CorruptFrameError(f"not a gradcodec frame (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise CorruptFrameError(f"frame format version {version} is not a many-tensor frame (version {VERSION})")
+    if flags & ~KNOWN_FLAGS or reserved or flags & CHECKSUM_FLAGS == CHECKSUM_FLAGS:
+        raise CorruptFrameError(f"reserved header bits are set (flags={flags:#04x}, reserved={reserved:#06x})")
+    limit = element_limit(max_elements)
+    h = read_header(mv)
+    (crc,) = _CRC.unpack_from(mv, h.crc_at)
+    if zlib.crc32(mv[: h.crc_at]) != crc:
+        raise CorruptFrameError("header checksum mismatch: the header is damaged")
+    try:
+        spec = h.spec_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptFrameError("spec text is not UTF-8") from None
+    # the layout: from the table, or the caller's, matched by hash
+    if h.shapes is None:
+        if layout is None:
+            raise ValueError("layout: this many-tensor frame gives its layout by hash; pass layout= (a codec.Layout or the tensors)")
+        lay = as_layout(layout)
+        if len(lay) != h.count or lay.hash != h.stored_hash:
+            raise CorruptFrameError(
+                f"many-tensor frame: its layout hash {h.stored_hash.hex()} is not the given layout's "
+                f"{lay.hash.hex()} ({len(lay)} tensors; the frame has {h.count})"
+            )
+        if (lay.names is not None) != h.named:
+            raise CorruptFrameError("many-tensor frame: the names flag does not match the given layout")
+    else:
+        if len(set(h.names or ())) != len(h.names or ()):
+            raise CorruptFrameError("many-tensor frame: a tensor name appears twice")
+        lay = Layout(tuple(h.shapes), tuple(h.dtypes), None if h.names is None else tuple(h.names))
+        if layout is not None:
+            want = as_layout(layout)
+            if (want.shapes, want.dtypes) != (lay.shapes, lay.dtypes):
+                raise ValueError("layout: the frame's tensors (dtype and shape) are not the given layout's")
+            if want.names is not None and want.names != lay.names:
+                raise ValueError("layout: the frame's tensor names are not the given layout's")
+    # element counts, then every section against its tensor's size and the payload
+    for i, shape in enumerate(lay.shapes):
+        check_dims(shape, limit, f"tensor {i}: shape")
+    sizes = list(lay.sizes)
+    total = sum(sizes)
+    if total > limit:
+        raise CorruptFrameError(f"frame declares {total} elements, more than the limit of {limit}")
+    if flags & FLAG_JOINT:
+        if len(set(lay.dtypes)) > 1:
+            raise CorruptFrameError("many-tensor frame: a joint frame's tensors must share a dtype")
+        sizes = [total]  # the one entry codes the concatenation
+    stored_len = size - h.header_len
+    tensor_sections = []
+    off = 0
+    for i, ((pat, counts), n) in enumerate(zip(h.per_tensor, sizes)):
+        infos = []
+        for j, ((kind, bits), c) in enumerate(zip(pat, counts)):
+            rl = raw_length(c, bits)
+            if rl > SECTION_BYTES_PER_ELEMENT * n + 1024:
+                raise CorruptFrameError(f"tensor {i}, section {j}: {rl} raw bytes is more than {n} elements can need")
+            infos.append(SectionInfo(kind, Encoding.RAW, bits, c, rl, rl, off))
+            off += rl
+        tensor_sections.append(infos)
+    if h.raw_total is None:
+        if off != stored_len:
+            raise CorruptFrameError(f"frame is {size} bytes but its sections end at byte {h.header_len + off}")
+    elif off != h.raw_total:
+        raise CorruptFrameError(f"many-tensor frame: the sections add up to {off} bytes, the header says {h.raw_total}")
+    if verify_payload:
+        check_payload(mv, flags, h.crc_at - _CRC.size, h.header_len)
+    payload = mv[h.header_len:]
+    if h.raw_total is not None:  # decompressed section by section as the stages read them
+        payload = ZstdPayload(payload, h.raw_total)
+    return ManyFrame(spec, flags, lay, h.header_len, payload, stored_len, tensor_sections)

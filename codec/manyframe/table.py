@@ -1,0 +1,118 @@
+"""A many-tensor frame's layout: the dtype, shape and name of every tensor, the table form
+that writes them (:meth:`Layout.table`), its 8-byte hash (the layout-hash form) and the reader
+of the table (:func:`read_table`)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from codec import dtypes
+from codec.errors import CorruptFrameError
+from codec.frame import MAX_NDIM
+from codec.manyframe.wire import HASH_SIZE, Cursor, put_varint
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The dtype and shape of every tensor of a many-tensor frame, in order, and their names
+    (None for a frame encoded from a list).  ``Layout.of(tensors)`` reads it off arrays;
+    :attr:`hash` is what the layout-hash form stores."""
+
+    shapes: tuple
+    dtypes: tuple
+    names: tuple | None = None
+
+    def __post_init__(self):
+        if len(self.shapes) != len(self.dtypes) or (self.names is not None and len(self.names) != len(self.shapes)):
+            raise ValueError("layout: shapes, dtypes and names must have one entry per tensor")
+
+    @functools.cached_property
+    def sizes(self) -> tuple:
+        """Elements per tensor."""
+        return tuple(math.prod(s) for s in self.shapes)
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        """Where each tensor starts in the flat concatenation, and the total: ``len + 1`` int64."""
+        out = np.zeros(len(self.shapes) + 1, np.int64)
+        np.cumsum(self.sizes, out=out[1:])
+        return out
+
+    @classmethod
+    def of(cls, tensors, names=None) -> "Layout":
+        """The layout of ``tensors``: a dict name -> array (names kept), or a sequence of arrays
+        with the optional ``names`` (a sequence of str); anything with ``shape`` and ``dtype``."""
+        if isinstance(tensors, dict):
+            names, tensors = tuple(tensors), tensors.values()
+        arrays = tuple(tensors)
+        return cls(
+            tuple(tuple(int(d) for d in a.shape) for a in arrays),
+            tuple(np.dtype(a.dtype) for a in arrays),
+            None if names is None else tuple(names),
+        )
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def table(self) -> bytes:
+        """The layout's bytes as the table form writes them (docs/format.md); computed once."""
+        return self._table
+
+    @functools.cached_property
+    def _table(self) -> bytes:
+        out = bytearray()
+        for i, (shape, dt) in enumerate(zip(self.shapes, self.dtypes)):
+            out.append(dtypes.code_of(dt))
+            if len(shape) > MAX_NDIM:
+                raise ValueError(f"tensors[{i}]: {len(shape)} dimensions; the frame format allows {MAX_NDIM}")
+            out.append(len(shape))
+            for d in shape:
+                put_varint(out, d)
+            if self.names is not None:
+                name = self.names[i]
+                if not isinstance(name, str):
+                    raise TypeError(f"tensors: a name must be a str, got {type(name).__name__}")
+                b = name.encode("utf-8")
+                put_varint(out, len(b))
+                out += b
+        return bytes(out)
+
+    @functools.cached_property
+    def hash(self) -> bytes:
+        """BLAKE2b-64 of :meth:`table`, prefixed by the tensor count (as a varint); computed once."""
+        head = bytearray()
+        put_varint(head, len(self))
+        return hashlib.blake2b(bytes(head) + self.table(), digest_size=HASH_SIZE).digest()
+
+
+def as_layout(layout) -> Layout:
+    """``layout`` as a :class:`Layout`: one already, or tensors to read it off."""
+    if isinstance(layout, Layout):
+        return layout
+    if isinstance(layout, (dict, list, tuple)):
+        return Layout.of(layout)
+    raise TypeError(f"layout: expected a codec.Layout or the tensors (dict or list), got {type(layout).__name__}")
+
+
+def read_table(cur: Cursor, count: int, named: bool):
+    """``(shapes, dtypes, names)`` of ``count`` tensors from a layout table at ``cur``."""
+    shapes, dts, names = [], [], [] if named else None
+    for i in range(count):
+        code = cur.byte("a tensor's dtype")
+        ndim = cur.byte("a tensor's ndim")
+        if code not in dtypes.CODES or ndim > MAX_NDIM:
+            raise CorruptFrameError(f"tensor {i}: unknown dtype code {code} or ndim {ndim} beyond {MAX_NDIM}")
+        dts.append(dtypes.CODES[code])
+        shapes.append(tuple(cur.varint("a dimension") for _ in range(ndim)))
+        if named:
+            raw_name = bytes(cur.take(cur.varint("a name length"), "a name"))
+            try:
+                names.append(raw_name.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CorruptFrameError(f"tensor {i}: name is not UTF-8") from None
+    return shapes, dts, names
