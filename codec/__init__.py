@@ -15,7 +15,8 @@ from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.manyframe import Layout
-from codec.pipeline import Codec, decode, decode_add_many, decode_many, decode_sparse, decode_sparse_many, get_codec, list_codecs
+from codec.decoding import decode, decode_add_many, decode_many, decode_sparse, decode_sparse_many
+from codec.pipeline import Codec, get_codec, list_codecs
 from codec.spec import format_spec, parse as parse_spec  # for transports: docs/api.md, "For transports"
 from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 

@@ -154,3 +154,24 @@ def owned_float_array(value, where: str) -> np.ndarray:
     out = np.empty(value.shape, native)
     out[...] = value.view(np.ndarray)
     return out
+
+
+def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out") -> np.ndarray:
+    """The flat base-ndarray view of ``out`` that decoding writes: a writeable, aligned,
+    C-contiguous NumPy array (a subclass is written through a base view; masked arrays are
+    refused) with ``n`` elements (``shape`` for the message) and ``dtype`` (any supported
+    dtype when adding); TypeError/ValueError naming ``argname`` otherwise."""
+    if out is None:
+        raise TypeError(f"{argname}: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{argname}: expected a NumPy array, got {type(out).__name__}")
+    plain = base_view(out, argname)
+    if plain.size != n:
+        raise ValueError(f"{argname}: has {plain.size} elements, the frame holds {n} (shape {shape})")
+    if add and plain.dtype not in CODES.values():
+        raise ValueError(f"{argname}: dtype {plain.dtype} cannot accumulate; use float16, bfloat16, float32 or float64 (native byte order)")
+    if not add and plain.dtype != dtype:
+        raise ValueError(f"{argname}: dtype {plain.dtype} does not match the frame's {dtype}")
+    if not plain.flags.c_contiguous or not plain.flags.writeable or not plain.flags.aligned:
+        raise ValueError(f"{argname}: must be a writeable, aligned, C-contiguous array")
+    return plain.reshape(-1)

@@ -302,6 +302,16 @@ class Value(Stage):
         """Write the decoded values into the float32/float64 buffer ``out`` (``mode`` SET, ADD
         or SUB)."""
 
+    def written(self, payload, count: int, ctx) -> np.ndarray:
+        """``count`` decoded values of ``payload`` (what :meth:`read` gave) in a new array of
+        the accumulator dtype of ``ctx.dtype`` (float32; float64 for float64): exact."""
+        from codec.modes import SET
+        from codec.ops import wide_dtype
+
+        out = np.empty(count, wide_dtype(ctx.dtype))
+        self.write(payload, out, SET)
+        return out
+
     def decoded(self, values, ctx):
         """What decoding this stage's coding of ``values`` gives, in the accumulator dtype of
         the array (float32; float64 for float64 arrays), computed from ``values`` without the

@@ -268,7 +268,7 @@ def test_inspect_describes_a_many_frame():
 
 # ------------------------------------------------------------------ runs of an elementwise codec
 def test_runs_group_small_consecutive_tensors_of_one_dtype():
-    from codec.pipeline import RUN_ELEMENTS, runs
+    from codec.many import RUN_ELEMENTS, runs
 
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     big = RUN_ELEMENTS + 1
@@ -284,7 +284,7 @@ def test_runs_group_small_consecutive_tensors_of_one_dtype():
 def test_runs_give_the_frame_of_one_call_per_tensor(spec, dtype):
     """A run coded at once gives exactly the bytes of per-tensor sections, and every decode
     of it equals the per-tensor decodes, bit for bit (accumulators of every dtype)."""
-    from codec.pipeline import RUN_ELEMENTS
+    from codec.many import RUN_ELEMENTS
 
     c = codec.get_codec(spec)
     assert c.elementwise

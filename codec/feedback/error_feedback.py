@@ -12,7 +12,9 @@ from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
 from codec.modes import SUB
 from codec.ops import round_to, scatter
-from codec.pipeline import Codec, _hashable, get_codec, joined, many_inputs, many_keys
+from codec import many
+from codec.many import hashable_key, joined, many_inputs, many_keys, where
+from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
 
 
@@ -74,21 +76,21 @@ class ErrorFeedback:
         if keys is None:
             keys = list(names) if names is not None else list(range(len(arrays)))
         keys = many_keys(keys, len(arrays))
-        if len(set(map(_hashable, keys))) != len(keys):
+        if len(set(map(hashable_key, keys))) != len(keys):
             raise ValueError("keys: every tensor needs its own key; a key appears twice")
-        where = [f"tensors[{k!r}]" for k in (names if names is not None else range(len(arrays)))]
-        slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, where)]  # checks all, changes nothing
-        lay = Layout.of(dict(zip(names, arrays)) if names is not None else arrays)
+        named = where(names, len(arrays))
+        slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, named)]  # checks all, changes nothing
+        lay = Layout.of(arrays, names)
         if not self.residuals:  # the codec's frame at each key's step: its runs apply
-            ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, where)]
+            ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]
             for ctx, s in zip(ctxs, slots):
                 ctx.state = dict(s.state)  # installed with the step, once the frame is built
-            sections, pieces = self.codec.sections_many(arrays, ctxs)
+            sections, pieces = many.sections(self.codec, arrays, ctxs)
             frame = self.codec.frame_many(sections, lay, layout, pieces=pieces)
             for s, ctx in zip(slots, ctxs):
                 self._advance(s, ctx.state)
             return frame
-        begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, where)]
+        begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
         frame = self.codec.frame_many([b[0] for b in begun], lay, layout)
         parsed = []
 
@@ -104,9 +106,9 @@ class ErrorFeedback:
 
     def _encode_joint(self, tensors, key, layout: str) -> bytes:
         names, arrays = many_inputs(tensors)
-        lay = Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), names)
+        lay = Layout.of(arrays, names)
         flat = joined(arrays)
-        slot = self._claim(_hashable(key), flat, "tensors")
+        slot = self._claim(hashable_key(key), flat, "tensors")
         sections, finish = self._begin(flat, slot, "tensors")
         frame = self.codec.frame_many([sections], lay, layout, joint=True)
         finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())()

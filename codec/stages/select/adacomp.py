@@ -43,12 +43,7 @@ class SignScale(Value):
         store(np.where(negative.astype(bool), -scale, scale), out, mode)
 
     def decoded(self, values, ctx):
-        from codec.modes import SET
-        from codec.ops import wide_dtype
-
-        out = np.empty(values.size, wide_dtype(ctx.dtype))
-        self.write((ctx.hints["scale"], np.signbit(values)), out, SET)
-        return out
+        return self.written((ctx.hints["scale"], np.signbit(values)), values.size, ctx)
 
 
 @register

@@ -7,7 +7,6 @@ import numpy as np
 from codec.dtypes import bfloat16
 from codec.errors import NonFiniteError
 from codec.frame import SectionKind, Section
-from codec.modes import SET
 from codec.params import NONFINITE
 from codec.stage import Value, register
 
@@ -31,11 +30,7 @@ class Exact(Value):
         store(values, out, mode)
 
     def decoded(self, values, ctx):
-        from codec.ops import wide_dtype
-
-        out = np.empty(values.size, wide_dtype(ctx.dtype))
-        self.write(values, out, SET)
-        return out
+        return self.written(values, values.size, ctx)
 
 
 class _Half(Value):
@@ -84,13 +79,11 @@ class _Half(Value):
         return raw.view(np.uint16)
 
     def decoded(self, values, ctx):
-        from codec.ops import narrow, wide_dtype
+        from codec.ops import narrow
 
         codes = np.empty(values.size, np.uint16)
         narrow(values, self.dtype, codes)
-        out = np.empty(values.size, wide_dtype(ctx.dtype))
-        self.write(codes, out, SET)
-        return out
+        return self.written(codes, values.size, ctx)
 
     def write(self, codes, out, mode):
         from codec.kernels import backend

@@ -1,0 +1,355 @@
+"""Many tensors in one call: ``Codec.encode_many`` and ``codec.decode_many`` /
+``decode_add_many`` / ``decode_sparse_many`` (the format, v2, is :mod:`codec.manyframe`).
+
+Encoding runs every tensor's stages with its own context, except where a stage can do many
+at once: an elementwise value stage alone codes each run of small same-dtype tensors with one
+kernel call over their concatenation (``Value.elementwise``), and a select stage may select
+in a run with one segmented kernel call (``Select.select_segments``).  Either way the frame
+holds the bytes per-tensor coding gives.  Decoding reads every tensor's sections (a run of an
+elementwise codec at once) before writing any output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.dtypes import as_float_array, checked_out
+from codec.errors import NonFiniteError
+from codec.frame import Frame, Section, SectionInfo
+from codec.manyframe import Entry, Layout
+from codec.modes import ADD, SET, SUB
+from codec.ops import scatter, scratch, store, wide_dtype
+from codec.stage import Context, check_step
+
+
+# -------------------------------------------------------------------- inputs
+def many_inputs(tensors, argname: str = "tensors"):
+    """``(names, arrays)`` of a dict name -> array (names a tuple of str) or a sequence of
+    arrays (names None); each array through :func:`codec.dtypes.as_float_array`."""
+    if isinstance(tensors, dict):
+        for k in tensors:
+            if not isinstance(k, str):
+                raise TypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
+        return tuple(tensors), [as_float_array(v, None, f"{argname}[{k!r}]") for k, v in tensors.items()]
+    if isinstance(tensors, (list, tuple)):
+        return None, [as_float_array(v, None, f"{argname}[{i}]") for i, v in enumerate(tensors)]
+    raise TypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
+
+
+#: the most elements of one run (:func:`runs`): a run is coded through one buffer of this
+#: size at most, which stays in cache and is recycled by the allocator (a larger one would
+#: be page-faulted afresh on every call); a larger tensor runs alone
+RUN_ELEMENTS = 1 << 16
+
+
+def runs(tensors, total: int = RUN_ELEMENTS, each: int | None = None) -> list[list[int]]:
+    """Indices of ``tensors`` (``(size, dtype)`` pairs) grouped into maximal runs of
+    consecutive tensors of one dtype holding at most ``total`` elements together (default
+    :data:`RUN_ELEMENTS`), each of at most ``each`` (default ``total``); a tensor beyond
+    either is a run of its own."""
+    each = total if each is None else each
+    out: list[list[int]] = []
+    prev, count = None, 0  # the dtype and size of the run being extended (None: closed)
+    for i, (size, dtype) in enumerate(tensors):
+        if prev is not None and dtype == prev and size <= each and count + size <= total:
+            out[-1].append(i)
+            count += size
+        else:
+            out.append([i])
+            prev, count = (dtype, size) if size <= each else (None, 0)
+    return out
+
+
+#: a select stage's runs (:meth:`codec.stage.Select.select_segments`): tensors of at most
+#: RUN_ELEMENTS elements, up to this many together, so one kernel call spans enough data to
+#: run on every thread (its scratch buffer is reused from call to call)
+SEGMENT_ELEMENTS = 1 << 20
+
+
+def joined(arrays) -> np.ndarray:
+    """The flat concatenation of ``arrays`` (all of one dtype: ValueError naming ``tensors``
+    otherwise), what a joint many-tensor frame codes."""
+    dts = {a.dtype for a in arrays}
+    if len(dts) > 1:
+        raise ValueError(f"tensors: joint=True codes the tensors as one array, so they must share a dtype, got {sorted(d.name for d in dts)}")
+    if not arrays:
+        return np.empty(0, np.float32)
+    return np.concatenate([a.reshape(-1) for a in arrays])
+
+
+def where(names, count: int) -> list[str]:
+    """How errors name each tensor of a many-tensor call: ``tensors['w']`` or ``tensors[3]``."""
+    return [f"tensors[{k!r}]" for k in (names if names is not None else range(count))]
+
+
+def many_keys(keys, count: int) -> list:
+    """``keys`` as a list of ``count`` per-tensor keys (None: None for every tensor)."""
+    if keys is None:
+        return [None] * count
+    if isinstance(keys, (str, bytes)) or not hasattr(keys, "__len__"):
+        raise TypeError(f"keys: expected one key per tensor (a list), got {type(keys).__name__}")
+    if len(keys) != count:
+        raise ValueError(f"keys: {len(keys)} keys for {count} tensors")
+    return list(keys)
+
+
+def hashable_key(key):
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"keys: a key must be hashable, got {type(key).__name__}") from None
+    return key
+
+
+# -------------------------------------------------------------------- encoding
+def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False) -> bytes:
+    """``c.encode_many(tensors, ...)`` (:meth:`codec.Codec.encode_many`)."""
+    names, arrays = many_inputs(tensors)
+    step = check_step(step)
+    lay = Layout.of(arrays, names)
+    if joint:
+        flat = joined(arrays)
+        secs = c.sections(flat, Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors"))
+        return c.frame_many([secs], lay, layout, joint=True)
+    keys = many_keys(keys, len(arrays))
+    ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
+    secs, pieces = sections(c, arrays, ctxs)
+    return c.frame_many(secs, lay, layout, pieces=pieces)
+
+
+def sections(c, arrays, ctxs):
+    """The sections of every tensor (``ctxs[i]`` its context: key, step, state, the name
+    errors give it), with the runs an elementwise value stage or a segmented select stage
+    codes at once; returns ``(sections, pieces)`` for ``Codec.frame_many``."""
+    if c.elementwise:
+        return _elementwise_sections(c, arrays, [ctx.name for ctx in ctxs])
+    out = [None] * len(arrays)
+    if c.select is not None:
+        _select_runs(c, arrays, ctxs, out)
+    for i, (a, ctx) in enumerate(zip(arrays, ctxs)):
+        if out[i] is None:
+            out[i] = c.sections(a.reshape(-1), ctx)
+    return out, None
+
+
+def _concatenated(arrays, groups) -> list:
+    """Per group of several tensors, their flat concatenation (None for a group of one), each
+    in its own slice of one reused buffer per dtype (``codec.ops.scratch``), all alive at once."""
+    need: dict = {}
+    for g in groups:
+        if len(g) > 1:
+            dt = arrays[g[0]].dtype
+            need[dt] = need.get(dt, 0) + sum(arrays[i].size for i in g)
+    room = {dt: scratch(n, dt) for dt, n in need.items()}
+    used = dict.fromkeys(room, 0)
+    out = []
+    for g in groups:
+        if len(g) == 1:
+            out.append(None)
+            continue
+        dt, n = arrays[g[0]].dtype, sum(arrays[i].size for i in g)
+        flat = room[dt][used[dt] : used[dt] + n]
+        used[dt] += n
+        np.concatenate([arrays[i].reshape(-1) for i in g], out=flat)
+        out.append(flat)
+    return out
+
+
+def _select_runs(c, arrays, ctxs, out) -> None:
+    """Fill ``out[i]`` for the tensors of every run of small float32/float64 tensors that the
+    select stage codes at once (:meth:`codec.stage.Select.select_segments`); the others stay
+    None (coded one by one)."""
+    groups = [
+        g for g in runs([(a.size, a.dtype) for a in arrays], SEGMENT_ELEMENTS, RUN_ELEMENTS)
+        if len(g) > 1 and arrays[g[0]].dtype in (np.float32, np.float64)
+    ]
+    for g, flat in zip(groups, _concatenated(arrays, groups)):
+        starts = np.zeros(len(g) + 1, np.int64)
+        np.cumsum([arrays[i].size for i in g], out=starts[1:])
+        picked = c.select.select_segments(flat, starts, [ctxs[i] for i in g])
+        if picked is None:
+            continue
+        for i, (idx, values, secs) in zip(g, picked):
+            ctxs[i].positions, ctxs[i].kept = idx, values
+            c.value.encode(values, ctxs[i], secs)
+            out[i] = secs
+
+
+def _elementwise_sections(c, arrays, names):
+    """The table sections and payload pieces of an elementwise codec's many-tensor frame:
+    one piece per run of small same-dtype tensors (:func:`runs`), coded at once."""
+    groups = runs([(a.size, a.dtype) for a in arrays])
+    table, pieces = [], []
+    for g, flat in zip(groups, _concatenated(arrays, groups)):
+        if flat is None:
+            a = arrays[g[0]]
+            secs = c.sections(a.reshape(-1), Context(a.shape, a.dtype, name=names[g[0]]))
+            table.append(secs)
+            pieces += secs
+            continue
+        (piece,) = c.sections(flat, Context(flat.shape, flat.dtype, name="tensors"))
+        table += [[Entry(piece.kind, piece.bits, arrays[i].size)] for i in g]
+        pieces.append(_exact_errors(c, piece, [(arrays[i], names[i]) for i in g]))
+    return table, pieces
+
+
+def _exact_errors(c, piece, members):
+    """``piece`` (the codes of a run), whose error on a bad value (NaN under
+    ``nonfinite=raise``) is raised again by the tensor that holds it, named as
+    ``encode_many`` names it."""
+    if piece.fill is None:
+        return piece
+
+    def fill(out):
+        try:
+            piece.fill(out)
+        except NonFiniteError:
+            for a, w in members:
+                for sec in c.sections(a.reshape(-1), Context(a.shape, a.dtype, name=w)):
+                    sec.materialize()
+            raise
+
+    return Section(piece.kind, piece.bits, piece.count, fill=fill)
+
+
+# -------------------------------------------------------------------- decoding
+def _targets(mf, out, *, add: bool) -> list:
+    """Per tensor of ``mf``, the flat array decoding writes (None: a new one), from ``out``:
+    None, a dict name -> array (exactly the frame's names) or a sequence (frame order)."""
+    count = len(mf)
+    if out is None:
+        if add:
+            raise TypeError("out: decode_add_many adds into existing arrays; pass them")
+        return [None] * count
+    names = mf.layout.names
+    if isinstance(out, dict):
+        if names is None:
+            raise TypeError("out: this frame does not name its tensors; pass a list of arrays in frame order")
+        if set(out) != set(names):
+            missing, extra = sorted(set(names) - set(out)), sorted(set(out) - set(names))
+            raise ValueError(f"out: must hold exactly the frame's tensors (missing {missing}, not in the frame {extra})")
+        items = [(f"out[{k!r}]", out[k]) for k in names]
+    elif isinstance(out, (list, tuple)):
+        if len(out) != count:
+            raise ValueError(f"out: {len(out)} arrays for a frame of {count} tensors")
+        items = [(f"out[{i}]", a) for i, a in enumerate(out)]
+    else:
+        raise TypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
+    lay = mf.layout
+    return [checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
+
+
+def _read_jobs(c, mf) -> list:
+    """The codec of ``mf`` and its jobs: ``(indices, ctx, payload)`` per tensor, or per run of
+    small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
+    and compactly read (phase 1 for all tensors before any output is allocated)."""
+    lay = mf.layout
+    if mf.joint:  # one job: the concatenation
+        jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
+        mf.finish()
+        return jobs
+    groups = runs(zip(lay.sizes, lay.dtypes)) if c.elementwise else [[i] for i in range(len(mf))]
+    jobs = []
+    for g in groups:
+        fr = _run_frame(mf, g) if len(g) > 1 else None
+        if fr is None:  # alone, or a run whose tensors are not one values section each
+            jobs += [([i], *c._read(mf.tensor(i))) for i in g]
+        else:
+            jobs.append((g, *c._read(fr)))
+    mf.finish()
+    return jobs
+
+
+def _run_frame(mf, run):
+    """One v1-shaped frame over a run's codes, when every tensor of the run holds exactly one
+    section of its own element count, with the first one's kind and a whole number of bytes
+    per item (else None: each tensor is then read, and refused, on its own)."""
+    first = mf.tensor_sections[run[0]]
+    if len(first) != 1 or first[0].bits % 8:
+        return None
+    kind, bits = first[0].kind, first[0].bits
+    total = raw = 0
+    for i in run:
+        secs = mf.tensor_sections[i]
+        n = mf.layout.sizes[i]
+        if len(secs) != 1 or (secs[0].kind, secs[0].bits, secs[0].count) != (kind, bits, n):
+            return None
+        total += n
+        raw += secs[0].raw_len
+    info = SectionInfo(kind, first[0].encoding, bits, total, raw, raw, first[0].offset)
+    return Frame(mf.payload, mf.tensor(run[0]).version, mf.flags, mf.layout.dtypes[run[0]], (total,), mf.spec, [info], 0)
+
+
+def _whole(c, ctx, payload, dtype, reuse: bool) -> np.ndarray:
+    """A run's (or a joint frame's) values decoded at once into ``dtype``: into this
+    thread's reused buffer when ``reuse`` (small, and only read before the next call), else a
+    new array."""
+    whole = scratch(ctx.n, dtype) if reuse and ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, dtype)
+    c._write(ctx, payload, whole, SET)
+    return whole
+
+
+def decode(c, mf, out=None):
+    """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded."""
+    targets = _targets(mf, out, add=False)
+    jobs = _read_jobs(c, mf)
+    lay = mf.layout
+    results = [None] * len(mf)
+    for idx, ctx, payload in jobs:
+        if len(idx) == 1 and not mf.joint:
+            i = idx[0]
+            target = targets[i] if targets[i] is not None else np.empty(lay.sizes[i], lay.dtypes[i])
+            c._write(ctx, payload, target, SET)
+            results[i] = target.reshape(lay.shapes[i])
+        elif c.select is not None and out is not None:  # a joint sparse frame: its pairs, per tensor
+            for i, (pos, vals) in zip(idx, _split_pairs(mf, ctx.positions, c._kept(ctx, payload))):
+                scatter(vals, pos, targets[i], SET)
+                results[i] = targets[i]
+        else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
+            whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None)
+            for i in idx:
+                at = lay.starts[i] - lay.starts[idx[0]]
+                part = whole[at : at + lay.sizes[i]]
+                if targets[i] is not None:
+                    np.copyto(targets[i], part)
+                    part = targets[i]
+                results[i] = part.reshape(lay.shapes[i])
+    if out is not None:
+        return out
+    return results if lay.names is None else dict(zip(lay.names, results))
+
+
+def decode_add(c, mf, out, subtract=False):
+    """``codec.decode_add_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
+    targets = _targets(mf, out, add=True)
+    jobs = _read_jobs(c, mf)
+    mode = SUB if subtract else ADD
+    for idx, ctx, payload in jobs:
+        if len(idx) == 1 and not mf.joint:
+            c._write(ctx, payload, targets[idx[0]], mode)
+        elif c.select is not None:  # a joint sparse frame: each tensor's share of the pairs
+            for i, (pos, vals) in zip(idx, _split_pairs(mf, ctx.positions, c._kept(ctx, payload))):
+                scatter(vals, pos, targets[i], mode)
+        else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype
+            # of the frame's: a narrow frame's codes may decode beyond its own dtype's range)
+            whole = _whole(c, ctx, payload, wide_dtype(ctx.dtype), reuse=True)
+            for i in idx:
+                at = mf.layout.starts[i] - mf.layout.starts[idx[0]]
+                store(whole[at : at + targets[i].size], targets[i], mode)  # rounded once, as decode_add
+    return out
+
+
+def decode_sparse(c, mf) -> list:
+    """``codec.decode_sparse_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
+    if c.select is None:
+        raise ValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
+    pairs = _split_pairs(mf, *c.decode_sparse_frame(mf.whole())) if mf.joint else [c.decode_sparse_frame(mf.tensor(i)) for i in range(len(mf))]
+    mf.finish()
+    return pairs
+
+
+def _split_pairs(mf, positions, values) -> list:
+    """A joint frame's sorted flat positions (and their values) as each tensor's own pairs."""
+    starts = mf.layout.starts
+    cut = np.searchsorted(positions, starts)
+    return [(positions[cut[i] : cut[i + 1]] - starts[i], values[cut[i] : cut[i + 1]]) for i in range(len(mf))]
