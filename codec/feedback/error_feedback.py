@@ -82,9 +82,7 @@ class ErrorFeedback:
         slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, named)]  # checks all, changes nothing
         lay = Layout.of(arrays, names)
         if not self.residuals:  # the codec's frame at each key's step: its runs apply
-            ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]
-            for ctx, s in zip(ctxs, slots):
-                ctx.state = dict(s.state)  # installed with the step, once the frame is built
+            ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
             sections, pieces = many.sections(self.codec, arrays, ctxs)
             frame = self.codec.frame_many(sections, lay, layout, pieces=pieces)
             for s, ctx in zip(slots, ctxs):
@@ -115,14 +113,9 @@ class ErrorFeedback:
         return frame
 
     def _claim(self, key, arr: np.ndarray, argname: str) -> Slot:
-        """The slot ``arr`` is encoded with under ``key`` (stored, or a new one); checks, stores nothing."""
+        """The slot ``arr`` is encoded with under ``key`` (:meth:`slot`), after :meth:`check`."""
         self.check(key, arr.shape, arr.dtype, argname)
-        slot = self._slots.get(key)
-        if slot is None:
-            return self._fresh(key, arr.shape, arr.dtype)
-        if not slot.fits(arr.shape, arr.dtype):  # without residuals (check): the step goes on
-            return self._fresh(key, arr.shape, arr.dtype, slot.step)
-        return slot
+        return self.slot(key, arr.shape, arr.dtype)
 
     def check(self, key, shape, dtype, argname: str = "x") -> None:
         """What :meth:`encode` checks before it changes anything, for a caller that must
@@ -149,7 +142,6 @@ class ErrorFeedback:
         slot's, installed with the rest: an error anywhere before ``install`` loses nothing,
         and a many-tensor step installs only once every tensor has finished."""
         ctx = slot.context(x, name)
-        ctx.state = dict(slot.state)
         if not self.residuals:
             sections = self.codec.sections(x.reshape(-1), ctx)
             return sections, lambda frame: lambda: self._advance(slot, ctx.state)

@@ -41,9 +41,10 @@ class Slot:
         return self.shape == tuple(shape) and self.dtype == np.dtype(dtype)
 
     def context(self, x: np.ndarray, name: str = "x") -> Context:
-        """The stages' context for encoding ``x`` under this key: key, step and state
-        (``name``: what errors call ``x``)."""
-        return Context(x.shape, x.dtype, key=self.key, step=self.step, state=self.state, name=name)
+        """The stages' context for encoding ``x`` under this key: key, step and a copy of the
+        stage state, which the step installs as ``state`` once it has succeeded (so a failed
+        step leaves it as it was); ``name``: what errors call ``x``."""
+        return Context(x.shape, x.dtype, key=self.key, step=self.step, state=dict(self.state), name=name)
 
     def take_spare(self) -> np.ndarray:
         """A residual-sized buffer for the step's ``acc`` (the spare, or a new one); it is the
