@@ -10,11 +10,13 @@ same bits.  Bucketed quantizers work on groups of whole buckets of about ``CHUNK
 Random bits are drawn by value index with one 64-bit block key per ``SPAN`` values.
 
 Stages and kernels (every backend) import these names from here; nothing restates them.
-This module imports nothing (no NumPy, no Numba): its functions are plain integer
+This module imports nothing but ``math`` (no NumPy, no Numba): its functions are plain
 arithmetic, so a kernel module can compile them with its own jit wrapper.
 """
 
 from __future__ import annotations
+
+import math
 
 #: values per reduction chunk: the sums' chunks, the quantizers' work units (a block is cut
 #: into pieces of at most CHUNK values) and the size of a bucket group
@@ -46,3 +48,15 @@ def bucket_groups(n, bucket):
     nb = (n + bucket - 1) // bucket
     per = group_buckets(bucket)
     return nb, per, (nb + per - 1) // per
+
+
+def sample_rank(need, m, n):
+    """How many of a sample's ``m`` largest magnitudes (out of ``n`` elements) a sparsifier's
+    cut must leave above it so that, very likely, at least ``need`` of the ``n`` elements are:
+    the sample's expectation with a margin of 20% and four binomial standard deviations, plus
+    8; exactly ``need`` when the sample is the whole array.  At most ``m`` (the selection's
+    result never depends on it, only its speed: a short cut is retried with every element)."""
+    if m == n:
+        return min(m, need)
+    expect = need * m / n
+    return min(m, math.ceil(1.2 * expect + 4 * math.sqrt(expect) + 8))

@@ -24,6 +24,10 @@ TRIT_CHUNK = 65535
 #: :func:`codec.layout.group_buckets` compiled for the kernels (the one definition of a
 #: bucket group)
 group_buckets = jit(layout.group_buckets)
+#: :func:`codec.layout.chunks` compiled for the kernels: how many CHUNK-value chunks
+chunks = jit(layout.chunks)
+#: :func:`codec.layout.sample_rank` compiled for the kernels (the sparsifiers' sampled cut)
+sample_rank = jit(layout.sample_rank)
 
 
 @jit

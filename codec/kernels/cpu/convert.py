@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
+from codec.kernels.cpu._common import chunks
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
 
@@ -129,7 +130,7 @@ def narrow_codes(x, out, bf16):
     even; returns the non-finite count.  Every value goes through float32 rounded to odd
     (exact for float32 input), so float64 input is not double-rounded."""
     n = x.size
-    nchunk = (n + CHUNK - 1) // CHUNK
+    nchunk = chunks(n)
     bad = np.zeros(nchunk, np.int64)
     for c in prange(nchunk):
         lo = c * CHUNK
@@ -194,7 +195,7 @@ def half_decode(codes, out, mode, bf16):
     float32/float64 ``out``; ``mode`` is SET, ADD or SUB.  Values are exact (NumPy's cast of
     every code, NaN payloads included)."""
     n = codes.size
-    nchunk = (n + CHUNK - 1) // CHUNK
+    nchunk = chunks(n)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
@@ -205,7 +206,7 @@ def half_decode(codes, out, mode, bf16):
 def combine(src, out, mode):
     """``out (=|+=|-=) src`` elementwise (same length); casting to ``out``'s dtype."""
     n = src.size
-    nchunk = (n + CHUNK - 1) // CHUNK
+    nchunk = chunks(n)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
@@ -228,7 +229,7 @@ def combine_odd(src, out, mode):
     round-to-odd value, ready for a correct narrowing to fp16/bf16.
     """
     n = src.size
-    nchunk = (n + CHUNK - 1) // CHUNK
+    nchunk = chunks(n)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
@@ -273,7 +274,7 @@ def half_combine(src, codes, mode, bf16):
     bits: the exact sum, correctly rounded.
     """
     n = src.size
-    nchunk = (n + CHUNK - 1) // CHUNK
+    nchunk = chunks(n)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
@@ -284,7 +285,7 @@ def half_combine(src, codes, mode, bf16):
 def count_nonfinite(x):
     """Number of NaN/inf entries of a float array (branch-free, chunked)."""
     n = x.size
-    nchunk = (n + CHUNK - 1) // CHUNK
+    nchunk = chunks(n)
     bad = np.zeros(nchunk, np.int64)
     for c in prange(nchunk):
         lo = c * CHUNK
@@ -328,7 +329,7 @@ def half_feedback(x, r, acc, codes, bf16):
     keeps ``r`` intact until the step succeeds.  Returns the non-finite count of x + r.
     """
     n = x.size
-    nchunk = (n + CHUNK - 1) // CHUNK
+    nchunk = chunks(n)
     bad = np.zeros(nchunk, np.int64)
     for c in prange(nchunk):
         lo = c * CHUNK

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, chunk_sums
+from codec.kernels.cpu._common import U, chunk_sums, chunks, sample_rank
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
@@ -107,12 +107,12 @@ def gather_rows(buf, vals, counts, starts, out, vout):
 @jit
 def _topk_cut(mags, k):
     """A magnitude at or below the k-th largest of ``mags`` that few elements reach: the
-    matching order statistic of a strided sample, with a margin (0 when no sample helps)."""
+    order statistic :func:`codec.layout.sample_rank` picks in a strided sample (0 when the
+    sample cannot narrow it)."""
     n = mags.size
     stride = max(1, n // 512)
     m = (n + stride - 1) // stride
-    want = k * m / n
-    c = min(m, int(1.2 * want + 4.0 * np.sqrt(want) + 8.0))
+    c = sample_rank(k, m, n)
     if c >= m:
         return 0.0
     samp = np.empty(m, np.float64)
@@ -132,9 +132,9 @@ def topk_segments(x, starts, ks, out_starts, out, bad):
     shape of a segmented kernel: concatenated data, per-segment offsets and parameters.
 
     Per segment: magnitudes; a cut from a strided sample; the elements at or above it (in
-    index order); the k-th largest among them (all of the top k are, when there are at least
-    k; else every element is a candidate); then the candidates above it, and equal ones from
-    the lowest index."""
+    index order, found in one pass); the k-th largest among them (all of the top k are, when
+    there are at least k; else every element is a candidate); then the candidates above it,
+    and equal ones from the lowest index."""
     for s in prange(starts.size - 1):
         lo = starts[s]
         n = starts[s + 1] - lo
@@ -157,22 +157,20 @@ def topk_segments(x, starts, ks, out_starts, out, bad):
         if k == 0:
             continue
         cut = _topk_cut(mags, k)
+        idx = np.empty(n, np.int64)
+        cand = np.empty(n, np.float64)
         count = 0
         for i in range(n):
             if mags[i] >= cut:
+                idx[count] = i
+                cand[count] = mags[i]
                 count += 1
         if count < k:  # the sample misled: every element is a candidate
-            cut = 0.0
+            for i in range(n):
+                idx[i] = i
+                cand[i] = mags[i]
             count = n
-        idx = np.empty(count, np.int64)
-        cand = np.empty(count, np.float64)
-        j = 0
-        for i in range(n):
-            if mags[i] >= cut:
-                idx[j] = i
-                cand[j] = mags[i]
-                j += 1
-        kth = np.partition(cand.copy(), count - k)[count - k]
+        kth = np.partition(cand[:count], count - k)[count - k]  # (partition works on a copy)
         ties = k
         for j in range(count):
             if cand[j] > kth:
@@ -324,7 +322,7 @@ def random_positions(out, seed, khash, step, half, n):
     un = np.uint64(n)
     mask = (np.uint64(1) << half) - np.uint64(1)
     k = out.size
-    nchunk = (k + CHUNK - 1) // CHUNK
+    nchunk = chunks(k)
     for c in prange(nchunk):
         for j in range(U(c * CHUNK), U(min(k, (c + 1) * CHUNK))):
             out[j] = np.int64(_permute(np.uint64(j), strm, half, mask, un))

@@ -167,10 +167,11 @@ class Magnitudes:
     def _sample_cut(self, need: int) -> float:
         """A cut with, by the sample, ``need`` elements above it plus a margin of 20% and
         four binomial standard deviations (exact when the sample is the whole array)."""
+        from codec.layout import sample_rank
+
         mags = self.sample()
         m = mags.size
-        expect = need * m / self.n
-        rank = min(m, need if m == self.n else math.ceil(1.2 * expect + 4 * math.sqrt(expect) + 8))
+        rank = sample_rank(need, m, self.n)
         cut = float(np.partition(mags, m - rank)[m - rank])
         return self._tiny if cut == 0 else cut
 
