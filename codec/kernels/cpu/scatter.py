@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from codec._jit import jit, prange
 from codec.modes import ADD, SET
 
