@@ -102,10 +102,10 @@ def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None) -> tuple[np.ndar
     flat = np.ascontiguousarray(x).reshape(-1)
     kern = backend("convert", flat)
     out = np.empty(flat.size, np.uint16) if out is None else out
-    if flat.dtype == dtype:
+    if flat.dtype == dtype:  # the codes are the bits; NaN/inf have every exponent bit set
         out[:] = flat.view(np.uint16)
-        bad = kern.count_nonfinite(readonly(widen(flat))) if flat.size else 0
-        return out, int(bad)
+        exponent = np.uint16(0x7C00 if dtype == HALF else 0x7F80)
+        return out, int(np.count_nonzero((out & exponent) == exponent))
     return out, int(kern.narrow_codes(readonly(widen(flat)), out, dtype != HALF))
 
 

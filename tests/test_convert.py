@@ -381,3 +381,16 @@ def test_results_do_not_depend_on_thread_count():
     here = buf.getvalue().strip()
     assert len(here) == 64
     assert one == three == here, f"1 thread: {one}, 3 threads: {three}, {numba.get_num_threads()} threads: {here}"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16])
+def test_narrow_of_its_own_dtype_counts_from_the_bits(dtype):
+    """Input already in the target dtype: the codes are its bits, and the non-finite count is
+    read from them (every exponent bit set), with no float32 copy."""
+    from codec.ops import narrow
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    x = bits.view(dtype)
+    codes, bad = narrow(x, dtype)
+    assert np.array_equal(codes, bits)
+    assert bad == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))

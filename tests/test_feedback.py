@@ -269,3 +269,17 @@ def test_value_decoded_is_what_the_frame_decodes_to(spec, dtype):
     pos, vals = codec.decode_sparse(c.frame(sections, x.dtype, x.shape))
     assert np.array_equal(pos, ctx.positions)
     assert sent.dtype == vals.dtype and sent.tobytes() == vals.tobytes()
+
+
+def test_fused_half_step_names_a_float32_overflow():
+    """The fused step adds x and the residual in float32: a sum that overflows only there is
+    the non-finite value its error names (a float64 sum would find none)."""
+    from codec.dtypes import bfloat16
+    from codec.errors import NonFiniteError
+
+    ef = codec.ErrorFeedback("bf16")
+    b = float(np.float32(3.0e38).astype(bfloat16))
+    ef.encode(np.array([0.0, b + 0.4 * 2.0 ** (127 - 7)], np.float32), key="k")  # residual ~5e35
+    assert ef.residual("k")[1] > 0
+    with pytest.raises(NonFiniteError, match=r"x: non-finite value at position \(1,\)"):
+        ef.encode(np.array([0.0, np.finfo(np.float32).max], np.float32), key="k")

@@ -64,7 +64,9 @@ class _Half(Value):
         def fill(out):
             bad = backend("convert", x).half_feedback(x, slot.residual.reshape(-1), acc.reshape(-1), out.view(np.uint16), self.dtype != np.float16)
             if bad and self.nonfinite == "raise":
-                self._raise_nonfinite(x.astype(np.float64) + slot.residual.reshape(-1), ctx)
+                with np.errstate(over="ignore", invalid="ignore"):  # x + residual in float32, as the kernel adds
+                    acc_ = np.add(x, slot.residual.reshape(-1))
+                self._raise_nonfinite(acc_, ctx)
 
         sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill))
         return lambda: slot.commit(acc)
