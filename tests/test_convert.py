@@ -383,7 +383,7 @@ def test_results_do_not_depend_on_thread_count():
     assert one == three == here, f"1 thread: {one}, 3 threads: {three}, {numba.get_num_threads()} threads: {here}"
 
 
-@pytest.mark.parametrize("dtype", [np.float16, bfloat16])
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
 def test_narrow_of_its_own_dtype_counts_from_the_bits(dtype):
     """Input already in the target dtype: the codes are its bits, and the non-finite count is
     read from them (every exponent bit set), with no float32 copy."""
