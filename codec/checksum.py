@@ -90,20 +90,21 @@ def _workers():
     return _pool
 
 
-def crc32c(buf) -> int:
-    """CRC-32C (Castagnoli) of ``buf`` (a contiguous bytes-like object): ``crc32c.crc32c``'s
-    value, on up to ``codec.threads.budget()`` threads when ``buf`` is large."""
+def crc32c(buf, value: int = 0) -> int:
+    """CRC-32C (Castagnoli) of ``buf`` (a contiguous bytes-like object), continuing from the
+    CRC ``value`` of the bytes before it: ``crc32c.crc32c(buf, value)``'s result, on up to
+    ``codec.threads.budget()`` threads when ``buf`` is large."""
     from codec import threads
 
     mv = memoryview(buf).cast("B")
     n = mv.nbytes
     parts = min(threads.budget(), 8, n // (PARALLEL_MIN // 2)) if n >= PARALLEL_MIN else 1
     if parts <= 1:
-        return _crc32c.crc32c(mv)
+        return _crc32c.crc32c(mv, value)
     step = -(-n // parts)
     cuts = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
     futures = [_workers().submit(_crc32c.crc32c, mv[lo:hi], 0, 1) for lo, hi in cuts[1:]]
-    crc = _crc32c.crc32c(mv[cuts[0][0] : cuts[0][1]], 0, 1)  # the first part on this thread
+    crc = _crc32c.crc32c(mv[cuts[0][0] : cuts[0][1]], value, 1)  # the first part on this thread
     for (lo, hi), f in zip(cuts[1:], futures):
         crc = combine(crc, f.result(), hi - lo)
     return crc

@@ -45,8 +45,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-import crc32c as _crc32c
-
+from codec.checksum import crc32c
 from codec.errors import CorruptFrameError
 
 __all__ = ["MAGIC", "VERSION", "is_container", "pack_frames", "pack_header", "unpack_frames"]
@@ -100,7 +99,7 @@ def pack_frames(items, *, checksum: bool = True) -> bytes:
     if checksum:
         crc = 0
         for f in frames:
-            crc = _crc32c.crc32c(f, crc)
+            crc = crc32c(f, crc)
     head = pack_header(zip(names, (f.nbytes for f in frames)), frames_crc=crc)
     return b"".join([head, *frames])
 
@@ -205,7 +204,7 @@ def unpack_frames(buf) -> list[tuple[str, memoryview]]:
         raise CorruptFrameError(
             f"container frames add up to {total} bytes but {size - data_off} bytes follow the table"
         )
-    if checked and _crc32c.crc32c(mv[data_off:]) != _CRC.unpack_from(mv, off - _CRC.size)[0]:
+    if checked and crc32c(mv[data_off:]) != _CRC.unpack_from(mv, off - _CRC.size)[0]:
         raise CorruptFrameError("container frames checksum mismatch: the frames are damaged")
     out = []
     seen = set()

@@ -1,5 +1,6 @@
-"""The frame's and the container's magic numbers, checksum flags and checksums: the fuzzer
-recomputes them after an edit, so the edit reaches the checks behind the CRCs.
+"""Recomputing the checksums of an edited frame, container or many-tensor frame, so the edit
+reaches the checks behind the CRCs.  The magic numbers, flags and checksums are the codec's
+own (codec.frame, codec.container, codec.checksum), under the names the fuzzer uses.
 """
 
 from __future__ import annotations
@@ -7,47 +8,23 @@ from __future__ import annotations
 import struct
 import zlib
 
+from codec import checksum
+from codec.container import FLAG_FRAMES_CRC32C as CFLAG_CRC32C, MAGIC as CONTAINER_MAGIC
+from codec.frame import CHECKSUMS, FLAG_PAYLOAD_CRC as FLAG_CRC32, FLAG_PAYLOAD_CRC32C as FLAG_CRC32C, MAGIC as FRAME_MAGIC
+from codec.frame import checksum_name, header_length
 
-FRAME_MAGIC = b"\x89GCF"
-CONTAINER_MAGIC = b"\x89GCC"
-#: frame flags: bit 0 = payload CRC32 (zlib), bit 1 = payload CRC-32C (Castagnoli)
-FLAG_CRC32 = 0x01
-FLAG_CRC32C = 0x02
-#: container flags: bit 0 = CRC-32C of the frames area after the table
-CFLAG_CRC32C = 0x01
+__all__ = ["CFLAG_CRC32C", "CONTAINER_MAGIC", "FLAG_CRC32", "FLAG_CRC32C", "FRAME_MAGIC", "crc32c", "fix_container_checksums",
+           "fix_frame_checksums", "fix_many_checksums", "frame_header_len"]
 
 
 def crc32c(data) -> int:
-    """CRC-32C (Castagnoli) of ``data``: the ``crc32c`` package, or a table-driven fallback."""
-    try:
-        import crc32c as _c
-
-        return _c.crc32c(bytes(data))
-    except ImportError:  # pragma: no cover - the package is a dependency of the format
-        return _crc32c_slow(bytes(data))
-
-
-_C_TABLE = None
-
-
-def _crc32c_slow(data: bytes) -> int:  # pragma: no cover
-    global _C_TABLE
-    if _C_TABLE is None:
-        t = []
-        for i in range(256):
-            c = i
-            for _ in range(8):
-                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-            t.append(c)
-        _C_TABLE = t
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _C_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+    """CRC-32C (Castagnoli) of ``data`` (any bytes-like), as the codec computes it."""
+    return checksum.crc32c(data)
 
 
 def _payload_crc(flags: int, data) -> int:
-    return crc32c(data) if flags & FLAG_CRC32C and not flags & FLAG_CRC32 else zlib.crc32(data)
+    """The payload checksum ``flags`` name (CRC32 when both bits are set, as no encoder does)."""
+    return CHECKSUMS[checksum_name(flags) or "crc32"][1](data)
 
 
 def frame_header_len(buf) -> int | None:
@@ -55,8 +32,7 @@ def frame_header_len(buf) -> int | None:
     if len(buf) < 12:
         return None
     flags, ndim, nsec = buf[5], buf[7], buf[8]
-    spec_len = buf[10] | buf[11] << 8
-    return 12 + 8 * ndim + spec_len + 28 * nsec + (4 if flags & (FLAG_CRC32 | FLAG_CRC32C) else 0) + 4
+    return header_length(ndim, buf[10] | buf[11] << 8, nsec, bool(flags & (FLAG_CRC32 | FLAG_CRC32C)))
 
 
 def fix_frame_checksums(buf) -> bytes:
