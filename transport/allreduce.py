@@ -75,9 +75,8 @@ class Handle:
     ``wait()`` may be called more than once (the result is kept); it must be called on every
     rank, in the order the steps were started."""
 
-    def __init__(self, reducer, pending, layout, stats, out=None):
+    def __init__(self, reducer, pending, layout, stats):
         self._reducer, self._pending, self._layout = reducer, pending, layout
-        self._out = out
         self._stats = stats
         self._result = self._error = None
 
@@ -96,7 +95,7 @@ class Handle:
                 self._error, self._pending = e, None
                 raise
             self._stats.communicate_s += time.perf_counter() - t - self._stats.decode_s
-            self._result = self._layout.rebuild(arrays, self._out)
+            self._result = self._layout.rebuild(arrays)
             self._reducer._record(self._stats)
             self._pending = None
         return self._result
@@ -214,7 +213,7 @@ class Allreducer:
             str(k): {"dense_bytes": a.nbytes, "wire_bytes": w, "ratio": (a.nbytes / w if w else float("inf"))}
             for k, a, w in zip(layout.sent_keys, layout.sent, pending.wire)
         }
-        return Handle(self, pending, layout, stats, out)
+        return Handle(self, pending, layout, stats)
 
     def _record(self, stats: Stats) -> None:
         self.stats = stats
@@ -330,7 +329,7 @@ class _Layout:
         """Check ``out`` (None, or arrays with the inputs' structure, shapes and dtypes) and
         set ``targets``: per sent tensor, the caller's array its result is written into (None
         for a bucket of several tensors, whose result is copied into theirs by :meth:`rebuild`)."""
-        self.targets = [None] * len(self.sent)
+        self.out, self.targets = out, [None] * len(self.sent)
         if out is None:
             return
         if self.kind == "dict":
@@ -345,27 +344,29 @@ class _Layout:
             where = f"out[{k!r}]"
             if dev or on_device(o):
                 raise TypeError(f"{where}: out= takes host NumPy arrays; device tensors are returned as new arrays")
-            if not isinstance(o, np.ndarray) or type(o) is not np.ndarray:
+            if type(o) is not np.ndarray:
                 raise TypeError(f"{where}: expected a NumPy array, got {type(o).__name__}")
             if o.shape != a.shape or o.dtype != a.dtype:
                 raise ValueError(f"{where}: {o.dtype}{list(o.shape)}, the tensor is {a.dtype}{list(a.shape)}")
             if not (o.flags.c_contiguous and o.flags.writeable and o.flags.aligned):
                 raise ValueError(f"{where}: must be a writeable, aligned, C-contiguous array")
-        self.outs = outs
         for j, g in enumerate(self.groups):
             if len(g) == 1:
                 self.targets[j] = outs[g[0]]
 
-    def rebuild(self, sent, out=None):
-        if out is not None:
+    def rebuild(self, sent):
+        """The step's result in the input's structure: views of the sent results, or ``out``
+        (a bucket's result copied into its tensors' arrays)."""
+        if self.out is not None:
+            outs = [self.out[k] for k in self.keys] if self.kind == "dict" else list(self.out)
             for g, r in zip(self.groups, sent):
                 if len(g) > 1:  # a bucket: its result is one array, copied into the callers'
                     at = 0
                     for i in g:
                         n = self.arrays[i].size
-                        self.outs[i].reshape(-1)[...] = r[at : at + n]
+                        outs[i].reshape(-1)[...] = r[at : at + n]
                         at += n
-            return out
+            return self.out
         arrays = [None] * len(self.arrays)
         for g, r in zip(self.groups, sent):
             at = 0

@@ -57,11 +57,6 @@ class Framed(Scheme):
     def key(self, name):
         return (name, self.reducer.rank) if self.reducer.rank_streams else name
 
-    @staticmethod
-    def layout(arrays) -> codec.Layout:
-        """The step's layout: what the frames' hash stands for (names are the config check's)."""
-        return codec.Layout(tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays))
-
     def encode(self, arrays, keys) -> bytes:
         """One many-tensor frame of every tensor, each at its key's step, which it advances."""
         return self.ef.encode_many(arrays, keys=[self.key(k) for k in keys], layout="hash")
@@ -126,7 +121,7 @@ class _AllgatherPending:
         t = time.perf_counter()
         red = self.scheme.reducer
         c = self.scheme.codec
-        lay = self.scheme.layout(self.arrays)
+        lay = codec.Layout.of(self.arrays)  # what the frames' hash stands for (the names are the config check's)
         frames = [self.recv[d : d + s] for d, s in zip(self.displs.tolist(), self.sizes.tolist())]
         # one accumulator per tensor: the caller's array when it has the accumulator dtype
         accs = []

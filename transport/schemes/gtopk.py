@@ -127,7 +127,7 @@ class GTopK(Framed):
     def __init__(self, spec, reducer):
         stages = codec.parse_spec(spec)
         local = codec.format_spec([("topk", stages[0][1])] + list(stages[1:]))
-        super().__init__(codec.get_codec(local, checksum=reducer.checksum), reducer)
+        super().__init__(codec.get_codec(local, checksum=False), reducer)  # its frame never leaves this rank
         self.spec = codec.format_spec([("gtopk", stages[0][1])] + codec.parse_spec(self.codec.spec)[1:])
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not gtopk")
@@ -136,7 +136,7 @@ class GTopK(Framed):
         arrays, keys = prepared
         try:
             frame = self.encode(arrays, keys)
-            sets = self.codec.decode_sparse_many(frame, layout=self.layout(arrays))  # values in wide_dtype: the wire's
+            sets = self.codec.decode_sparse_many(frame, layout=codec.Layout.of(arrays))  # values in wide_dtype: the wire's
             wire = self.wire(frame)
         except Exception as e:  # travels in the tree's status, so no rank waits for our pairs
             return _TreePending(self, arrays, keys, None, [0] * len(arrays), failed=e)

@@ -39,14 +39,11 @@ import numpy as np
 
 import codec
 from codec.arrays import first_nonfinite, wide_dtype
-from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
+from codec.lowrank.powersgd import STATE_Q, matrix_of, orthogonalize, start_q  # STATE_Q: the stage's own field of the warm-start Q
 from transport.schemes.base import Scheme, Sums, check_finite, finish_sum
 
 __all__ = ["Memory", "STATE_Q", "TwoRound"]
 
-#: the slot-state field of the warm-start Q: the codec's PowerSGD stage's own
-#: (``codec.stages.transform.powersgd.STATE_Q``; stage fields are ``"<stage>.<field>"``)
-STATE_Q = "powersgd.q"
 
 
 class Memory(codec.ErrorFeedback):
