@@ -44,7 +44,7 @@ def mutate(target: str, rng: random.Random, data: bytes, other: bytes | None = N
 
 
 CHECKS = {
-    "frame": lambda d, c: check_frame(d, c),
+    "frame": check_frame,
     "container": check_container,
     "many": check_many,
     "spec": check_spec,
@@ -65,9 +65,7 @@ def check(target: str, data: bytes, *, track_memory: bool = True, extras: bool =
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             calls = _Calls(track_memory)
-            if target == "frame":
-                return check_frame(data, calls, extras=extras)
-            return CHECKS[target](data, calls)
+            return CHECKS[target](data, calls, **({"extras": extras} if target == "frame" else {}))
     except Finding as f:
         return Outcome("finding", f.label, f.detail)
     finally:

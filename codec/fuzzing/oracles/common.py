@@ -46,5 +46,22 @@ def _check_plain(arr, what: str, *, dtype=None, shape=None) -> None:
         raise Finding(f"{what} has another shape", f"{arr.shape}, expected {tuple(shape)}")
 
 
-def _msg_ok(e: BaseException) -> bool:
-    return bool(str(e).strip())
+def _require_message(err: BaseException, what: str) -> None:
+    """A refusal must say why: a Finding ``"{what}: <type> without a message"`` otherwise."""
+    if not str(err).strip():
+        raise Finding(f"{what}: {type(err).__name__} without a message")
+
+
+def _encode_decoded(calls, what: str, encode, *args, dtype, shape):
+    """``encode(*args)`` (a frame; it may refuse with a ValueError or TypeError that says why),
+    then the frame decoded, a plain array of ``dtype`` and ``shape``: the decoded array, or
+    None when ``encode`` refused."""
+    import codec
+
+    frame, err = calls.call(what, encode, *args, expect=(ValueError, TypeError))
+    if err is not None:
+        _require_message(err, what)
+        return None
+    dec, _ = calls.call("decode", codec.decode, frame, expect=())
+    _check_plain(dec, "decode's result", dtype=dtype, shape=shape)
+    return dec

@@ -10,7 +10,7 @@ import codec
 from codec.dtypes import CODES
 from codec.fuzzing.findings import Finding, Outcome, _Calls
 from codec.fuzzing.formats import loads_state
-from codec.fuzzing.oracles.common import _check_plain, _msg_ok, _same_nan_aware
+from codec.fuzzing.oracles.common import _check_plain, _encode_decoded, _same_nan_aware
 
 
 _FIELDS = ("state", "slot", "residual", "step", "key", "velocity", "codec", "momentum")
@@ -67,12 +67,7 @@ def check_state(data, calls: _Calls) -> Outcome:
         if slot.velocity is not None:
             _check_plain(slot.velocity, "a loaded velocity", dtype=res.dtype, shape=res.shape)
         x = np.linspace(-1, 1, res.size).astype(res.dtype).reshape(res.shape)
-        frame, eerr = calls.call("ErrorFeedback.encode", ef.encode, x, key, expect=(ValueError, TypeError))
-        if eerr is not None:
-            if not _msg_ok(eerr):
-                raise Finding(f"encode after load: {type(eerr).__name__} without a message")
+        if _encode_decoded(calls, "encode after load", ef.encode, x, key, dtype=res.dtype, shape=res.shape) is None:
             continue
-        dec, _ = calls.call("decode", codec.decode, frame, expect=())
-        _check_plain(dec, "decode's result", dtype=res.dtype, shape=res.shape)
         _check_plain(ef._slots[key].residual, "the residual after an encode", dtype=res.dtype, shape=res.shape)
     return Outcome("ok", "ok")
