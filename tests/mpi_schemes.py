@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from reference import schemes as ref
-from reference.schemes import BF16, F16, F32, F64
+from reference.transport import BF16, F16, F32, F64
 from support.mpi import Checks, main, run_case as harness_run_case
 from transport import Allreducer
 

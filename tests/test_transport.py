@@ -354,7 +354,7 @@ def test_self(case):
 
 
 # ---------------------------------------------------------------------- launched under mpiexec
-CASES = ["codecs", "structure", "ef", "ireduce", "average", "none", "out", "mismatch"]
+CASES = mpi_transport.ALL
 #: the cases each rank count runs, all in ONE launch per count (each launch pays the JIT load);
 #: 3 is the non-power-of-two count
 PLAN = {2: CASES, 3: ["codecs", "ef", "none", "out", "mismatch"], 4: CASES}

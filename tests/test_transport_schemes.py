@@ -26,7 +26,7 @@ from codec.testing import assert_identical
 
 import mpi_schemes  # tests/ is on sys.path (pytest puts it there)
 from reference import schemes as ref
-from reference.schemes import BF16, F16, F32, F64
+from reference.transport import BF16, F16, F32, F64
 from support.mpi import launch
 
 MPI = pytest.importorskip("mpi4py.MPI")

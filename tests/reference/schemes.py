@@ -19,16 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 import codec
-from codec.dtypes import bfloat16
 from codec.arrays import round_to
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
 
-F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(bfloat16), np.dtype(np.float32), np.dtype(np.float64)
-
-
-def acc_dtype(dtype) -> np.dtype:
-    """float64 for float64 tensors, float32 for everything else (16-bit included)."""
-    return F64 if np.dtype(dtype) == F64 else F32
+from .transport import BF16, F16, F64, acc_dtype, finish
 
 
 # ====================================================================== inputs
@@ -66,14 +60,6 @@ def make_tensor(seed: int, rank: int, step: int, name: str, shape, dtype, kind: 
 def make_inputs(seed: int, rank: int, step: int, layout) -> dict:
     """``{name: tensor}`` for ``layout`` = [(name, shape, dtype, kind), ...]."""
     return {name: make_tensor(seed, rank, step, name, shape, dt, kind) for name, shape, dt, kind in layout}
-
-
-def finish(acc: np.ndarray, dtype, p: int, average: bool) -> np.ndarray:
-    """One division by ``p`` in the accumulator dtype (when averaging), one rounding."""
-    acc = np.array(acc, copy=True)
-    if average and p > 1:
-        acc = acc / acc.dtype.type(p)
-    return round_to(acc, np.dtype(dtype))
 
 
 # ====================================================================== gTop-k

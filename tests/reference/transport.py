@@ -62,6 +62,14 @@ def acc_dtype(dtype) -> np.dtype:
     return F64 if np.dtype(dtype) == F64 else F32
 
 
+def finish(acc: np.ndarray, dtype, p: int, average: bool) -> np.ndarray:
+    """One division by ``p`` in the accumulator dtype (when averaging), one rounding."""
+    acc = np.array(acc, copy=True)
+    if average and p > 1:
+        acc = acc / acc.dtype.type(p)
+    return round_to(acc, np.dtype(dtype))
+
+
 def make_array(seed: int, rank: int, step: int, index: int, shape, dtype) -> np.ndarray:
     """A deterministic input: normal values, a per-rank scale, a few exact zeros."""
     rng = np.random.default_rng([seed, rank, step, index])
@@ -142,9 +150,7 @@ class Reference:
             if self.vote:
                 out.append(np.sign(acc).astype(a.dtype))
                 continue
-            if self.average and self.size > 1:
-                acc = acc / acc.dtype.type(self.size)
-            out.append(acc.copy() if acc.dtype == a.dtype else round_to(acc, a.dtype))
+            out.append(finish(acc, a.dtype, self.size, self.average))
         return rebuild(per_rank[0], out)
 
     def residual(self, rank: int, name) -> np.ndarray:
