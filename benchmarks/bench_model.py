@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import best, footer, heading, log, machine_info, render  # noqa: E402
+from harness import best, bullets, footer, heading, log, machine_info, render  # noqa: E402
 
 CODECS = ("none", "fp16", "bf16", "topk(ratio=0.01)", "randomk(ratio=0.01)", "adacomp", "qsgd", "rangefloat(bits=8)", "powersgd(rank=4)")
 
@@ -124,7 +124,7 @@ def main() -> int:
 
     t_run = time.perf_counter()
     md = args.markdown
-    print("\n".join(("- " + s if md else s) for s in machine_info()))
+    bullets(machine_info(), md)
     for name in args.models.split(","):
         tensors = model(name)
         count = len(tensors)
