@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from codec.dtypes import as_float_array, on_device
-from codec.modes import ADD
-from codec.ops import first_nonfinite, round_to, scatter, wide_dtype
+from codec.modes import ADD, SET
+from codec.ops import first_nonfinite, round_to, scatter, store, wide_dtype
 
 __all__ = ["as_float_array", "first_nonfinite", "on_device", "round_into", "round_to", "scatter_add", "wide_dtype"]
 
@@ -30,9 +30,6 @@ def round_into(src: np.ndarray, out: np.ndarray) -> None:
     """``out[...] = src`` rounded once, to nearest even, to ``out``'s dtype (any supported
     float dtypes; ``out`` C-contiguous with ``src``'s element count): :func:`round_to`
     without the new array, for a result that goes into the caller's buffer."""
-    from codec.modes import SET
-    from codec.ops import store
-
     store(src, out, SET)
 
 

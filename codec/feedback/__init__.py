@@ -29,6 +29,5 @@ checks).
 
 from codec.feedback.error_feedback import ErrorFeedback
 from codec.feedback.slot import Slot
-from codec.feedback.state import passes_nonfinite
 
-__all__ = ["ErrorFeedback", "Slot", "passes_nonfinite"]
+__all__ = ["ErrorFeedback", "Slot"]

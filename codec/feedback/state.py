@@ -18,7 +18,7 @@ had, and every error is a ValueError naming the slot's key and the field
 * ``residual``: a NumPy array of float16, bfloat16, float32 or float64, any shape, layout or
   byte order; it is copied into a fresh C-contiguous base ndarray (``np.matrix`` and other
   subclasses as their plain data; masked arrays, lists and other types are refused).  NaN
-  or inf is refused when the codec refuses non-finite input (:func:`passes_nonfinite`:
+  or inf is refused when the codec refuses non-finite input (:meth:`Codec.passes_nonfinite`:
   every lossy stage without ``nonfinite=keep``; powersgd for tensors it compresses), since
   the next step would raise; a codec that carries NaN/inf makes such residuals itself and
   resumes from them.
@@ -67,11 +67,6 @@ def saved(s: Slot) -> dict:
 
 _STATE_FIELDS = ("codec", "momentum", "residuals", "slots")
 _SLOT_FIELDS = ("key", "residual", "step", "state", "velocity", "shape", "dtype")
-
-
-def passes_nonfinite(codec: Codec, shape) -> bool:
-    """:meth:`Codec.passes_nonfinite` (kept as a function for callers of the first version)."""
-    return codec.passes_nonfinite(shape)
 
 
 def _show(key) -> str:
