@@ -140,13 +140,38 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
             _combine(out, dst, lo, hi, mode)
 
 
+@jit
+def _max_bytes(data, lo, hi, fm):
+    """``max(data[lo:hi] & fm)`` over 8-bit codes: one simple loop in uint8 (it vectorises)."""
+    m = np.uint8(0)
+    f = np.uint8(fm)
+    for i in range(U(lo), U(hi)):
+        m = max(m, data[i] & f)
+    return U(m)
+
+
+@jit
+def _max_halves(data, lo, hi, fm):
+    """``max(code & fm)`` over the 16-bit codes ``lo <= i < hi`` stored little-endian in
+    ``data``: one simple loop in uint16 (it vectorises)."""
+    m = np.uint16(0)
+    f = np.uint16(fm)
+    for i in range(U(lo), U(hi)):
+        code = np.uint16(np.uint16(data[U(2) * i]) | np.uint16(np.uint16(data[U(2) * i + U(1)]) << np.uint16(8)))
+        m = max(m, code & f)
+    return U(m)
+
+
 @jit(parallel=True)
 def max_field(data, bits, n, fmask, fshift):
     """The largest ``(code & fmask) >> fshift`` over the ``n`` codes packed in ``data`` (as for
-    ``dequantize``): decoders check that no code lies beyond what an encoder writes."""
+    ``dequantize``): decoders check that no code lies beyond what an encoder writes.
+
+    The shift is monotone, so it is applied once to the largest masked code; 8- and 16-bit
+    codes (fp8, rangefloat(bits=16), the byte-wide quantizers) are whole bytes and take a
+    plain loop that vectorises (3.4 -> ~1 ms for 25M fp8 codes)."""
     mask = (U(1) << U(bits)) - U(1)
     fm = U(fmask) & mask
-    fs = U(fshift)
     full = min(n // 8, _groups_safe(data.size, bits))
     ngroup = (n + 7) // 8
     nchunk = (ngroup + _GROUPS - 1) // _GROUPS
@@ -155,17 +180,21 @@ def max_field(data, bits, n, fmask, fshift):
         m = U(0)
         g0 = c * _GROUPS
         g1 = min(ngroup, g0 + _GROUPS)
-        for g in range(U(g0), U(min(g1, full))):
-            p = g * U(bits)
-            w0 = _load8(data, p)
-            w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
-            for j in range(U(8)):
-                code = _group_code(w0, w1, j, bits, mask)
-                m = max(m, (code & fm) >> fs)
-        for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
-            m = max(m, (_code_at(data, i, bits, mask) & fm) >> fs)
+        if bits == 8:
+            m = _max_bytes(data, g0 * 8, min(n, g1 * 8), fm)
+        elif bits == 16:
+            m = _max_halves(data, g0 * 8, min(n, g1 * 8), fm)
+        else:
+            for g in range(U(g0), U(min(g1, full))):
+                p = g * U(bits)
+                w0 = _load8(data, p)
+                w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
+                for j in range(U(8)):
+                    m = max(m, _group_code(w0, w1, j, bits, mask) & fm)
+            for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
+                m = max(m, _code_at(data, i, bits, mask) & fm)
         top[c] = m
-    return top.max() if nchunk else U(0)
+    return (top.max() if nchunk else U(0)) >> U(fshift)
 
 
 @jit(parallel=True)
