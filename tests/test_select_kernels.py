@@ -95,7 +95,7 @@ def ref_adacomp(dw, g, L):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 499, 501, 3 * CHUNK + 17])
-@pytest.mark.parametrize("L", [1, 7, 50, 500])
+@pytest.mark.parametrize("L", [1, 7, 50, 500, 5003])  # 5003: bins flagged in pieces (select._FLAGS)
 @pytest.mark.parametrize("feedback", [False, True])
 def test_adacomp_bins_match_numpy(S, n, L, dtype, feedback):
     dw = data("heavy", n, dtype)
@@ -108,15 +108,16 @@ def test_adacomp_bins_match_numpy(S, n, L, dtype, feedback):
     bad = np.zeros(nchunk, np.int64)
     out = np.empty(n, dtype)
 
-    def run(chunks, buf, _, counts):
+    def run(chunks, buf, vals, counts):
         if feedback and chunks[1] - chunks[0] == nchunk:
-            S.feedback_adacomp_bins(dw, r, out, L, per_chunk, chunks, buf, counts, bad, gmax)
+            S.feedback_adacomp_bins(dw, r, out, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
         else:
-            S.adacomp_bins(dw, out if feedback else g, L, per_chunk, chunks, buf, counts, bad, gmax)
+            S.adacomp_bins(dw, out if feedback else g, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
 
-    idx = collect(run, nchunk, 3)[0]  # cap 3: overfull rows re-run on the formed G
+    idx, vals = collect(run, nchunk, 3, dtype)  # cap 3: overfull rows re-run on the formed G
     want, want_gmax = ref_adacomp(dw, g, L)
     assert np.array_equal(idx, want)
+    assert vals.dtype == g.dtype and np.array_equal(vals, g[want])  # each send's g, recorded as found
     assert np.array_equal(gmax, want_gmax)
     if feedback:
         assert np.array_equal(out, g)

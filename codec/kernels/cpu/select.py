@@ -189,9 +189,14 @@ def topk_segments(x, starts, ks, out_starts, out, bad):
 
 @jit
 def _bin_max(g, b, e):
-    """max |g[b:e]| in four independent lanes (a single running max is one long dependency
-    chain); NaN is skipped here and caught by the caller."""
-    t0 = t1 = t2 = t3 = abs(g[b]) * 0
+    """max |g[b:e]| (``b < e``) in four independent lanes (a single running max is one long
+    dependency chain), in g's dtype; a NaN is skipped unless it comes first (then the max is
+    NaN): either way the caller counts it and raises.
+
+    The lanes start at ``|g[b]|``, not at ``abs(...) * 0``: an integer literal made that a
+    float64 for float32 data, and every comparison after it, here and in the caller's test
+    against the max, ran in float64 at half the vector width."""
+    t0 = t1 = t2 = t3 = abs(g[b])
     m = b + (e - b) // 4 * 4
     for i in range(U(b), U(m), U(4)):
         a0 = abs(g[i])
@@ -213,7 +218,7 @@ def _bin_max(g, b, e):
 @jit
 def _form_bin_max(dw, r, g, b, e):
     """``g[b:e] = r + dw`` and max |g| in the same loop, four lanes (see :func:`_bin_max`)."""
-    t0 = t1 = t2 = t3 = abs(dw[b]) * 0
+    t0 = t1 = t2 = t3 = abs(r[b] + dw[b])
     m = b + (e - b) // 4 * 4
     for i in range(U(b), U(m), U(4)):
         v0 = r[i] + dw[i]
@@ -242,58 +247,92 @@ def _form_bin_max(dw, r, g, b, e):
     return t2 if t2 > t0 else t0
 
 
+#: values flagged at once by :func:`_adacomp_bin` (a bin is flagged piece by piece, so the
+#: flag buffer stays 4 KiB whatever the bin length)
+_FLAGS = 4096
+
+
 @jit
-def _adacomp_bin(dw, g, b, e, length, top, buf, row, found, gmax):
-    """Bin ``[b, e)`` whose max |g| is ``top``: the sends; returns (found, non-finite count)."""
+def _adacomp_bin(dw, g, b, e, length, top, flags, words, buf, vals, row, found, gmax):
+    """Bin ``[b, e)`` whose max |g| is ``top``: its sends into row ``row`` of ``buf`` (positions)
+    and ``vals`` (their g); returns (found, non-finite count).
+
+    One loop flags every value with ``not |g + dw| < top`` (at or above the bin's max, or NaN)
+    as a byte; it has no branch, so it vectorises.  The flags are then read eight at a time
+    as words, and only a non-zero word is looked at value by value: a few sends per bin of
+    hundreds cost a few branches instead of one per value (the branchy per-value loop
+    measured 4.4 of the 10.9 ms of a 25M error-feedback pass on Student-t(3) data).  Pieces
+    of at most ``flags.size`` values are flagged at a time.
+    """
     gmax[b // length] = top
     cap = buf.shape[1]
     nbad = 0
-    for i in range(U(b), U(e)):
-        gi = g[i]
-        h = abs(gi + dw[i])
-        if not h < top:  # one rarely taken branch: a send, a zero bin, or NaN/inf
-            if gi - gi != 0:
-                nbad += 1
-            elif gi != 0:
-                if found < cap:
-                    buf[row, found] = np.int64(i)
-                found += 1
+    for p in range(b, e, flags.size):
+        m = min(e - p, flags.size)
+        for j in range(U(m)):
+            flags[j] = np.uint8(not abs(g[U(p) + j] + dw[U(p) + j]) < top)
+        for j in range(U(m), U(-(-m // 8) * 8)):  # a short piece: the last word's tail
+            flags[j] = np.uint8(0)
+        for w in range(U(-(-m // 8))):
+            if words[w]:
+                for j in range(w * U(8), w * U(8) + U(8)):
+                    if flags[j]:
+                        i = U(p) + j
+                        gi = g[i]
+                        if gi - gi != 0:
+                            nbad += 1
+                        elif gi != 0:
+                            if found < cap:
+                                buf[row, found] = np.int64(i)
+                                vals[row, found] = gi
+                            found += 1
     return found, nbad
 
 
+@jit
+def _flag_words(length):
+    """The flag bytes of a bin of ``length`` values (at most ``_FLAGS``), whole words of
+    them, and the same memory as uint64 words."""
+    flags = np.zeros(-(-min(length, _FLAGS) // 8) * 8, np.uint8)
+    return flags, flags.view(np.uint64)
+
+
 @jit(parallel=True)
-def adacomp_bins(dw, g, length, per_chunk, chunks, buf, counts, bad, gmax):
+def adacomp_bins(dw, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):
     """AdaComp's selection over chunks of ``per_chunk`` bins of ``length`` elements.
 
     Per bin ``b``: ``gmax[b] = max |g|``; position ``i`` is sent when ``g_i != 0`` and
-    ``|g_i + dw_i| >= gmax[b]`` (the sum in the arrays' dtype).  Rows of ``buf``, ``counts``
-    and ``bad`` as in :func:`candidates`, a chunk being ``per_chunk`` bins.
+    ``|g_i + dw_i| >= gmax[b]`` (the sum in the arrays' dtype).  Rows of ``buf`` (positions),
+    ``vals`` (their ``g``), ``counts`` and ``bad`` as in :func:`candidates`, a chunk being
+    ``per_chunk`` bins.
     """
     n = dw.size
     span = length * per_chunk
     for j in prange(chunks[1] - chunks[0]):
         c = chunks[0] + j
+        flags, words = _flag_words(length)
         found = nbad = 0
         for b in range(c * span, min(n, (c + 1) * span), length):
             e = min(n, b + length)
-            found, nb = _adacomp_bin(dw, g, b, e, length, _bin_max(g, b, e), buf, j, found, gmax)
+            found, nb = _adacomp_bin(dw, g, b, e, length, _bin_max(g, b, e), flags, words, buf, vals, j, found, gmax)
             nbad += nb
         counts[c] = found
         bad[c] = nbad
 
 
 @jit(parallel=True)
-def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, counts, bad, gmax):
+def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):
     """:func:`adacomp_bins` with ``g = r + dw`` written bin by bin in the same pass."""
     n = dw.size
     span = length * per_chunk
     for j in prange(chunks[1] - chunks[0]):
         c = chunks[0] + j
+        flags, words = _flag_words(length)
         found = nbad = 0
         for b in range(c * span, min(n, (c + 1) * span), length):
             e = min(n, b + length)
             top = _form_bin_max(dw, r, g, b, e)
-            found, nb = _adacomp_bin(dw, g, b, e, length, top, buf, j, found, gmax)
+            found, nb = _adacomp_bin(dw, g, b, e, length, top, flags, words, buf, vals, j, found, gmax)
             nbad += nb
         counts[c] = found
         bad[c] = nbad

@@ -40,7 +40,11 @@ class SignScale(Value):
         from codec.ops import store
 
         scale, negative = payload
-        store(np.where(negative.astype(bool), -scale, scale), out, mode)
+        # float32 when that holds the scale exactly (it does for every float32 or 16-bit frame),
+        # so the values are rounded once whatever out's dtype; a two-entry table indexed by the
+        # sign bits (np.where with scalars took 5x as long)
+        s = np.float32(scale) if float(np.float32(scale)) == scale else np.float64(scale)
+        store(np.array([s, -s]).take(negative.view(np.uint8)), out, mode)
 
     def decoded(self, values, ctx):
         return self.written((ctx.hints["scale"], np.signbit(values)), values.size, ctx)
@@ -79,17 +83,18 @@ class AdaComp(IndexSelect):
         gmax = np.empty(nbins, kg.dtype)
         bad = np.zeros(nchunk, np.int64)
 
-        def run(chunks, buf, _, counts):
+        def run(chunks, buf, vals, counts):
             if form and chunks[1] - chunks[0] == nchunk:
-                kern.feedback_adacomp_bins(dw, readonly(residual), kg, L, per_chunk, chunks, buf, counts, bad, gmax)
+                kern.feedback_adacomp_bins(dw, readonly(residual), kg, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
             else:  # a re-run of one overfull chunk reads the G the first run formed
-                kern.adacomp_bins(dw, readonly(kg), L, per_chunk, chunks, buf, counts, bad, gmax)
+                kern.adacomp_bins(dw, readonly(kg), L, per_chunk, chunks, buf, vals, counts, bad, gmax)
 
         cap = n if nchunk <= 1 else max(64, per_chunk * L // 16)
-        idx = collect(run, nchunk, cap)[0] if n else np.empty(0, np.int64)
+        # the kernel records each send's g as it finds it (in cache): no gather from g afterwards
+        idx, sent = collect(run, nchunk, cap, kg.dtype) if n else (np.empty(0, np.int64), kg[:0])
         if bad.any():
             raise_nonfinite(g, ctx, self.name)
         scale = np.sum(gmax, dtype=np.float64) / nbins if nbins else 0.0
         ctx.hints["scale"] = float(round_to(scale, values.dtype))  # exact in every output dtype
         sections.append(encode_indices(idx, n))
-        return idx, g[idx]
+        return idx, sent.astype(g.dtype, copy=False)  # a 16-bit g's exact widening, narrowed back
