@@ -43,7 +43,7 @@ class SignScale(Value):
         # float32 when that holds the scale exactly (it does for every float32 or 16-bit frame),
         # so the values are rounded once whatever out's dtype; a two-entry table indexed by the
         # sign bits (np.where with scalars took 5x as long)
-        exact32 = abs(scale) <= np.finfo(np.float32).max and float(np.float32(scale)) == scale  # (no overflowing cast)
+        exact32 = abs(scale) <= float(np.finfo(np.float32).max) and float(np.float32(scale)) == scale  # (no overflowing cast)
         s = np.float32(scale) if exact32 else np.float64(scale)
         store(np.array([s, -s]).take(negative.view(np.uint8)), out, mode)
 
