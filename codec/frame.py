@@ -192,9 +192,42 @@ except (OSError, AttributeError, NameError):  # pragma: no cover
     _madvise = None
 
 
-def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum: str | None = None) -> bytes:
+def frame_out(out, inputs=()) -> np.ndarray:
+    """``out`` (a caller's buffer to encode into: a writable, C-contiguous bytes-like object
+    such as a bytearray or a uint8 array) as a writable uint8 array.  TypeError when it is
+    not one; ValueError when it overlaps one of the ``inputs`` arrays (the frame would
+    overwrite what it is coding)."""
+    try:
+        mv = memoryview(out)
+    except TypeError:
+        raise TypeError(f"out: expected a writable bytes-like buffer (bytearray, uint8 array), got {type(out).__name__}") from None
+    if mv.readonly:
+        raise TypeError(f"out: the buffer is read-only ({type(out).__name__})")
+    if not mv.c_contiguous:
+        raise ValueError("out: the buffer must be C-contiguous")
+    buf = np.frombuffer(mv.cast("B"), np.uint8) if mv.nbytes else np.empty(0, np.uint8)
+    for x in inputs:
+        if buf.size and np.may_share_memory(buf, x):
+            raise ValueError("out: the buffer overlaps an input array")
+    return buf
+
+
+def _frame_bytes(size: int, out: np.ndarray | None):
+    """Where a frame of ``size`` bytes is written: a new ``bytes`` (:func:`_new_bytes`), or
+    the start of ``out`` (from :func:`frame_out`), returned as a memoryview of exactly the
+    frame; ValueError naming ``out`` when it is too small (before anything is written)."""
+    if out is None:
+        return _new_bytes(size)
+    if out.size < size:
+        raise ValueError(f"out: the frame needs {size} bytes, the buffer holds {out.size}")
+    return memoryview(out[:size]), out[:size]
+
+
+def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum: str | None = None, out=None) -> bytes:
     """Assemble a frame.  ``compressor(raw) -> (Encoding, stored)`` may store sections compressed;
-    ``checksum`` names the payload checksum to store (a key of :data:`CHECKSUMS`) or is None."""
+    ``checksum`` names the payload checksum to store (a key of :data:`CHECKSUMS`) or is None;
+    ``out`` (from :func:`frame_out`): write the frame at the start of that buffer and return
+    a memoryview of it instead of a new ``bytes``."""
     spec_b = spec.encode("utf-8")
     if len(spec_b) > MAX_SPEC:
         raise ValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
@@ -217,7 +250,7 @@ def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum:
     for s, (enc, _, size) in zip(sections, stored):
         head += _SECTION.pack(s.kind, enc, s.bits, s.count, s.raw_len, size)
     header_len = header_length(len(shape), len(spec_b), len(sections), bool(flag))
-    frame, out = _new_bytes(header_len + sum(size for _, _, size in stored))
+    frame, out = _frame_bytes(header_len + sum(size for _, _, size in stored), out)
     pos = header_len
     for s, (enc, data, size) in zip(sections, stored):
         if data is None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from codec.dtypes import as_float_array, checked_out
 from codec.errors import NonFiniteError
-from codec.frame import Frame, Section, SectionInfo
+from codec.frame import Frame, Section, SectionInfo, frame_out
 from codec.manyframe import Entry, Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import scatter, scratch, store, wide_dtype
@@ -102,19 +102,20 @@ def hashable_key(key):
 
 
 # -------------------------------------------------------------------- encoding
-def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False) -> bytes:
+def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None) -> bytes:
     """``c.encode_many(tensors, ...)`` (:meth:`codec.Codec.encode_many`)."""
     names, arrays = many_inputs(tensors)
     step = check_step(step)
     lay = Layout.of(arrays, names)
+    dest = frame_out(out, arrays) if out is not None else None
     if joint:
         flat = joined(arrays)
         secs = c.sections(flat, Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors"))
-        return c.frame_many([secs], lay, layout, joint=True)
+        return c.frame_many([secs], lay, layout, joint=True, out=dest)
     keys = many_keys(keys, len(arrays))
     ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
     secs, pieces = sections(c, arrays, ctxs)
-    return c.frame_many(secs, lay, layout, pieces=pieces)
+    return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
 
 
 def sections(c, arrays, ctxs):

@@ -18,7 +18,7 @@ from codec import spec as specmod
 from codec import many
 from codec.dtypes import as_float_array, checked_out
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
-from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
+from codec.frame import DEFAULT_CHECKSUM, build_frame, frame_out, parse_frame
 from codec.manyframe import build_many, parse_many
 from codec.modes import ADD, SET, SUB
 from codec.stage import KINDS, Context, Stage, check_step, lookup, registered
@@ -71,24 +71,32 @@ class Codec:
         return all(s.passes_nonfinite(tuple(shape)) for s in self.stages)
 
     # ---------------------------------------------------------------- encode
-    def encode(self, x, *, dtype=None, key=None, step: int = 0) -> bytes:
+    def encode(self, x, *, dtype=None, key=None, step: int = 0, out=None) -> bytes:
         """Encode ``x`` (any float array-like; ``dtype`` reinterprets raw buffers) into a frame.
 
         ``key`` and ``step`` pick the random stream of stochastic stages (and the step of
         scheduled parameters): the same ``(x, key, step)`` always gives the same frame.
-        ``ErrorFeedback`` passes its key and the key's step count."""
+        ``ErrorFeedback`` passes its key and the key's step count.
+
+        ``out``: a writable buffer (bytearray, uint8 array) to write the frame into, from its
+        start, instead of a new ``bytes``; the result is then a memoryview of exactly the
+        frame's bytes in ``out``, valid until ``out`` is written again.  A training loop that
+        reuses one buffer saves the page faults of a fresh frame every step (about 1.7 ms for
+        the 50 MB of 25M fp16 values).  ValueError naming ``out`` when the frame does not fit
+        (nothing is written) or the buffer overlaps ``x``."""
         arr = as_float_array(x, dtype)
-        return self.encode_with(arr, Context(arr.shape, arr.dtype, key=key, step=check_step(step)))
+        dest = frame_out(out, (arr,)) if out is not None else None
+        return self.encode_with(arr, Context(arr.shape, arr.dtype, key=key, step=check_step(step)), out=dest)
 
     # ---------------------------------------------------------------- pipeline primitives
     # What encode and decode are made of, for codec.feedback.ErrorFeedback (which owns the
     # error-feedback step) and for callers holding a Context (per-key stage state).  ``arr``
     # and ``flat`` are plain C-contiguous base ndarrays (codec.dtypes.as_float_array's output).
 
-    def encode_with(self, arr: np.ndarray, ctx: Context) -> bytes:
+    def encode_with(self, arr: np.ndarray, ctx: Context, *, out=None) -> bytes:
         """The frame of ``arr`` with an explicit :class:`~codec.stage.Context` (key, step and
-        the per-key ``state`` stages may keep, as PowerSGD's Q)."""
-        return self.frame(self.sections(arr.reshape(-1), ctx), arr.dtype, arr.shape)
+        the per-key ``state`` stages may keep, as PowerSGD's Q); ``out`` as for :meth:`frame`."""
+        return self.frame(self.sections(arr.reshape(-1), ctx), arr.dtype, arr.shape, out=out)
 
     def sections(self, flat: np.ndarray, ctx: Context, *, residual=None, out=None) -> list:
         """Run the stages on ``flat``: transform or select, then value; returns the sections.
@@ -109,16 +117,18 @@ class Codec:
         self.value.encode(values, vctx, sections)
         return sections
 
-    def frame(self, sections: list, dtype, shape) -> bytes:
+    def frame(self, sections: list, dtype, shape, *, out=None) -> bytes:
         """The frame holding ``sections`` for an array of ``dtype`` and ``shape``, with this
-        codec's spec, checksum and byte stages."""
-        return build_frame(self.spec, dtype, shape, sections, **self._frame_options)
+        codec's spec, checksum and byte stages; ``out`` (a uint8 array from
+        :func:`codec.frame.frame_out`): written there, a memoryview of it returned."""
+        return build_frame(self.spec, dtype, shape, sections, out=out, **self._frame_options)
 
-    def frame_many(self, sections: list, layout, form: str = "table", *, pieces=None, joint: bool = False) -> bytes:
+    def frame_many(self, sections: list, layout, form: str = "table", *, pieces=None, joint: bool = False, out=None) -> bytes:
         """The many-tensor frame (format v2, :mod:`codec.manyframe`) holding ``sections[i]``
         for tensor i of ``layout`` (``joint``: ``[sections]`` of their concatenation);
-        ``form`` "table" or "hash"; ``pieces`` as for :func:`codec.manyframe.build_many`."""
-        return build_many(self.spec, layout, sections, form=form, pieces=pieces, joint=joint, **self._frame_options)
+        ``form`` "table" or "hash"; ``pieces`` as for :func:`codec.manyframe.build_many`;
+        ``out`` as for :meth:`frame`."""
+        return build_many(self.spec, layout, sections, form=form, pieces=pieces, joint=joint, out=out, **self._frame_options)
 
     def subtract(self, fr, flat: np.ndarray) -> None:
         """``flat -= decode(fr)`` in place, rounded once (a sparse frame touches only its
@@ -128,7 +138,7 @@ class Codec:
         self._write(ctx, payload, flat, SUB)
 
     # ---------------------------------------------------------------- many tensors
-    def encode_many(self, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False) -> bytes:
+    def encode_many(self, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None) -> bytes:
         """One frame (format v2) holding every tensor of ``tensors``: a dict name -> array (the
         names are kept, and decoding gives a dict back) or a sequence of arrays.
 
@@ -142,8 +152,10 @@ class Codec:
         one dtype) are coded as ONE, their flat concatenation in order, so top-k keeps the
         model's k largest magnitudes and a quantizer's buckets run across tensors; ``keys``
         is then the one key of the concatenation.  The frame still records every tensor,
-        and decodes to them.  How the work runs: :mod:`codec.many`."""
-        return many.encode(self, tensors, keys=keys, step=step, layout=layout, joint=joint)
+        and decodes to them.  How the work runs: :mod:`codec.many`.
+
+        ``out``: a buffer to write the frame into, as for :meth:`encode`."""
+        return many.encode(self, tensors, keys=keys, step=step, layout=layout, joint=joint, out=out)
 
     @property
     def elementwise(self) -> bool:

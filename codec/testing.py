@@ -213,6 +213,54 @@ def check_decode_out(codec, arr: np.ndarray) -> None:
             raise AssertionError(f"{c}: decode into a wrong out ({bad.dtype}{bad.shape}) did not raise ValueError")
 
 
+def check_encode_out(codec, arr: np.ndarray, steps: int = 2) -> None:
+    """encode(x, out=buf) writes the very frame encode(x) returns at the start of ``buf`` and
+    returns a memoryview of it; so do ``encode_many`` and ErrorFeedback's ``encode`` (its
+    residuals identical step by step).  A buffer one byte too small raises ValueError naming
+    out, writes nothing and changes no residual or step; a read-only or non-buffer ``out``
+    raises TypeError, one overlapping the input ValueError."""
+    c = _get(codec)
+    frame = c.encode(arr)
+    buf = bytearray(len(frame) + 64)
+    got = c.encode(arr, out=buf)
+    assert isinstance(got, memoryview) and got.obj is not None, f"{c}: encode(out=) must return a memoryview of out"
+    assert bytes(got) == frame and bytes(buf[: len(frame)]) == frame, f"{c}: encode(out=) wrote another frame"
+    assert _same(c.decode(got), c.decode(frame)), f"{c}: the frame in out decodes differently"
+    many = c.encode_many({"a": arr, "b": arr.reshape(-1)[:3].copy()})
+    into = np.zeros(len(many), np.uint8)
+    assert bytes(c.encode_many({"a": arr, "b": arr.reshape(-1)[:3].copy()}, out=into)) == many, f"{c}: encode_many(out=) differs"
+    ef, ef_out = _codec.ErrorFeedback(c), _codec.ErrorFeedback(c)
+    for step in range(steps):
+        x = arr if step == 0 else (arr.astype(np.float64) * 0.5).astype(arr.dtype)
+        want = ef.encode(x, key="k")
+        small = bytearray(b"\x07" * (len(want) - 1))
+        try:
+            ef_out.encode(x, key="k", out=small)
+        except ValueError as e:
+            assert "out" in str(e), f"{c}: a too-small out's error does not name it: {e}"
+        else:
+            raise AssertionError(f"{c}: a frame larger than out did not raise ValueError")
+        assert small == bytearray(b"\x07" * (len(want) - 1)), f"{c}: a too-small out was written"
+        assert ef_out.step("k") == step, f"{c}: a failed encode(out=) advanced the step"
+        assert bytes(ef_out.encode(x, key="k", out=bytearray(len(want) + 64))) == want, f"{c}: ErrorFeedback.encode(out=) differs at step {step}"
+        r, r_out = ef.residual("k"), ef_out.residual("k")
+        assert (r is None) == (r_out is None) and (r is None or _same(r, r_out)), f"{c}: residuals differ at step {step}"
+    for bad, err in ((bytes(len(frame)), TypeError), (3, TypeError)):
+        try:
+            c.encode(arr, out=bad)
+        except err as e:
+            assert "out" in str(e), f"{c}: error for out={type(bad).__name__} does not name it: {e}"
+        else:
+            raise AssertionError(f"{c}: encode(out={type(bad).__name__}) did not raise {err.__name__}")
+    if arr.size and arr.dtype != bfloat16:
+        try:
+            c.encode(arr, out=arr.reshape(-1).view(np.uint8))
+        except ValueError as e:
+            assert "out" in str(e), f"{c}: error for an out overlapping x does not name it: {e}"
+        else:
+            raise AssertionError(f"{c}: an out overlapping x did not raise ValueError")
+
+
 def check_decode_add(codec, arr: np.ndarray, seed: int = 1) -> None:
     """decode_add(frame, acc) equals acc + decode(frame) (and subtract=True its difference)."""
     c = _get(codec)
@@ -404,6 +452,7 @@ def check_codec(codec, arr: np.ndarray, *, n_random: int = 1000) -> None:
     """Every check above on one array."""
     check_encode_decode(codec, arr)
     check_decode_out(codec, arr)
+    check_encode_out(codec, arr)
     check_decode_add(codec, arr)
     check_config(codec)
     check_error_feedback(codec, arr)

@@ -21,6 +21,7 @@ ARRAY_IDS = [f"{a.dtype.name}{list(a.shape)}" for a in ARRAYS]
 def test_encode_decode(spec, arr):
     testing.check_encode_decode(spec, arr)
     testing.check_decode_out(spec, arr)
+    testing.check_encode_out(spec, arr)
     testing.check_decode_add(spec, arr)
 
 

@@ -234,6 +234,32 @@ def test_error_feedback_many_equals_per_tensor(spec, momentum):
     assert lst.keys() == list(range(len(ts0)))
 
 
+@pytest.mark.parametrize("spec", ["fp16", "topk(ratio=0.1)", "qsgd", "powersgd", "adacomp+zstd", "none(residuals=False)"])
+@pytest.mark.parametrize("joint", [False, True])
+def test_error_feedback_many_into_out(spec, joint):
+    """ErrorFeedback.encode_many(out=buf): the frame it would return, written at the start of
+    one reused buffer, residuals identical step by step; a buffer too small for a step's frame
+    raises ValueError naming out and changes no residual or step."""
+    kw = {"residuals": False} if "residuals" in spec else {}
+    spec = spec.split("(residuals")[0]
+    ts0 = model(3)
+    ef, ef_out = codec.ErrorFeedback(spec, **kw), codec.ErrorFeedback(spec, **kw)
+    buf = np.zeros(1 << 16, np.uint8)
+    rng = np.random.default_rng(4)
+    for step in range(3):
+        ts = {k: (v * rng.standard_normal(v.shape)).astype(v.dtype) for k, v in ts0.items()}
+        want = ef.encode_many(ts, joint=joint)
+        with pytest.raises(ValueError, match="out"):
+            ef_out.encode_many(ts, joint=joint, out=bytearray(len(want) - 1))
+        got = ef_out.encode_many(ts, joint=joint, out=buf)
+        assert isinstance(got, memoryview) and bytes(got) == want, step
+        for k in ef.keys():
+            r, r_out = ef.residual(k), ef_out.residual(k)
+            assert (r is None and r_out is None) or np.array_equal(r, r_out), (step, k)
+            assert ef_out.step(k) == ef.step(k) == step + 1
+    assert codec.decode_many(got).keys() == ts.keys()
+
+
 @pytest.mark.parametrize("spec", ["fp16", "topk(ratio=0.1)", "qsgd"])
 def test_a_failing_step_changes_nothing(spec):
     ef = codec.ErrorFeedback(spec)

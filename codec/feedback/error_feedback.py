@@ -7,7 +7,7 @@ import numpy as np
 
 from codec.dtypes import as_float_array
 from codec.feedback.slot import Slot
-from codec.frame import parse_frame
+from codec.frame import frame_out, parse_frame
 from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
 from codec.modes import SUB
@@ -48,17 +48,21 @@ class ErrorFeedback:
         self.residuals = bool(residuals)
         self._slots: dict = {}
 
-    def encode(self, x, key=None, *, dtype=None) -> bytes:
+    def encode(self, x, key=None, *, dtype=None, out=None) -> bytes:
         """Encode ``x`` plus the residual of ``key``; the new residual is what the frame missed.
-        Without residuals: the frame of ``x`` at the key's step.  Advances the key's step."""
+        Without residuals: the frame of ``x`` at the key's step.  Advances the key's step.
+
+        ``out``: a buffer to write the frame into (:meth:`codec.Codec.encode`); a frame that
+        does not fit raises ValueError and changes no residual or step."""
         arr = as_float_array(x, dtype, "x")
+        dest = frame_out(out, (arr,)) if out is not None else None
         slot = self._claim(key, arr, "x")
         sections, finish = self._begin(arr, slot)
-        frame = self.codec.frame(sections, arr.dtype, arr.shape)
+        frame = self.codec.frame(sections, arr.dtype, arr.shape, out=dest)
         finish(lambda: parse_frame(frame, verify_payload=False))()
         return frame
 
-    def encode_many(self, tensors, keys=None, *, layout: str = "table", joint: bool = False) -> bytes:
+    def encode_many(self, tensors, keys=None, *, layout: str = "table", joint: bool = False, out=None) -> bytes:
         """One many-tensor frame (:meth:`codec.Codec.encode_many`) of every tensor plus its
         key's residual, each tensor's step exactly what :meth:`encode` would do with it.
 
@@ -69,10 +73,13 @@ class ErrorFeedback:
         ``joint=True``: the whole-model variant (:meth:`codec.Codec.encode_many`): the flat
         concatenation of the tensors is ONE array under ONE key, ``keys`` (default None), with
         one residual of the concatenation's length: :meth:`encode` of the concatenation,
-        framed with every tensor's shape."""
+        framed with every tensor's shape.
+
+        ``out``: a buffer to write the frame into, as for :meth:`encode`."""
         if joint:
-            return self._encode_joint(tensors, keys, layout)
+            return self._encode_joint(tensors, keys, layout, out)
         names, arrays = many_inputs(tensors)
+        dest = frame_out(out, arrays) if out is not None else None
         if keys is None:
             keys = list(names) if names is not None else list(range(len(arrays)))
         keys = many_keys(keys, len(arrays))
@@ -84,12 +91,12 @@ class ErrorFeedback:
         if not self.residuals:  # the codec's frame at each key's step: its runs apply
             ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
             sections, pieces = many.sections(self.codec, arrays, ctxs)
-            frame = self.codec.frame_many(sections, lay, layout, pieces=pieces)
+            frame = self.codec.frame_many(sections, lay, layout, pieces=pieces, out=dest)
             for s, ctx in zip(slots, ctxs):
                 self._advance(s, ctx.state)
             return frame
         begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
-        frame = self.codec.frame_many([b[0] for b in begun], lay, layout)
+        frame = self.codec.frame_many([b[0] for b in begun], lay, layout, out=dest)
         parsed = []
 
         def tensor_frame(i):
@@ -102,13 +109,14 @@ class ErrorFeedback:
             install()
         return frame
 
-    def _encode_joint(self, tensors, key, layout: str) -> bytes:
+    def _encode_joint(self, tensors, key, layout: str, out) -> bytes:
         names, arrays = many_inputs(tensors)
+        dest = frame_out(out, arrays) if out is not None else None
         lay = Layout.of(arrays, names)
         flat = joined(arrays)
         slot = self._claim(hashable_key(key), flat, "tensors")
         sections, finish = self._begin(flat, slot, "tensors")
-        frame = self.codec.frame_many([sections], lay, layout, joint=True)
+        frame = self.codec.frame_many([sections], lay, layout, joint=True, out=dest)
         finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())()
         return frame
 

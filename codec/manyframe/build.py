@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, _new_bytes, raw_length
+from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, _frame_bytes, raw_length
 from codec.manyframe.table import Layout
 from codec.manyframe.wire import FIXED, FIXED_SIZE, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, put_varint
 
@@ -26,7 +26,7 @@ class Entry:
         return raw_length(self.count, self.bits)
 
 
-def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None, pieces=None, joint: bool = False) -> bytes:
+def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None, pieces=None, joint: bool = False, out=None) -> bytes:
     """A v2 frame of ``layout``'s tensors, ``sections[i]`` being tensor i's list of
     :class:`codec.frame.Section`.  ``form``: "table" or "hash"; ``compressor``/``checksum``
     as for :func:`codec.frame.build_frame` (the compressor sees the whole payload).
@@ -37,7 +37,9 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     describe the table (their kinds, widths and counts).
 
     ``joint``: the tensors were coded as one, their concatenation: ``sections`` holds one
-    list, that of the concatenation (the layout's tensors must share a dtype)."""
+    list, that of the concatenation (the layout's tensors must share a dtype).
+
+    ``out``: as for :func:`codec.frame.build_frame` (the frame written into a caller's buffer)."""
     if form not in ("table", "hash"):
         raise ValueError(f"layout: expected 'table' or 'hash', got {form!r}")
     spec_b = spec.encode("utf-8")
@@ -94,7 +96,7 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     flags |= flag
     header_len = len(head) + _CRC.size * (2 if flag else 1)
     size = header_len + (payload_len if stored is None else stored.size)
-    frame, out = _new_bytes(size)
+    frame, out = _frame_bytes(size, out)
     if stored is None:
         _fill(out[header_len:], pieces)
     else:
