@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 from codec._jit import jit, prange
+from codec.kernels.cpu._common import prefetch
 from codec.modes import ADD, SET
 
 __all__ = ["scatter"]
 
 _CHUNK = 1 << 14
+#: how many values ahead the scatter asks for the cache line it will write (``_common.prefetch``)
+_AHEAD = 64
 
 
 @jit(parallel=True)
 def scatter(values, idx, out, mode):
-    """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed."""
+    """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed.
+
+    Sparse positions touch a new cache line per value, which the hardware cannot predict:
+    each loop asks for the line ``_AHEAD`` values ahead (an error-feedback step's subtraction
+    at 217k sorted positions of a cold 100 MB residual: 1.18 -> 0.49 ms)."""
     if mode == SET:
         out[:] = 0
     k = idx.size
@@ -22,10 +29,16 @@ def scatter(values, idx, out, mode):
         hi = min(k, lo + _CHUNK)
         if mode == SET:
             for i in range(lo, hi):
+                if i + _AHEAD < hi:
+                    prefetch(out, idx[i + _AHEAD])
                 out[idx[i]] = values[i]
         elif mode == ADD:
             for i in range(lo, hi):
+                if i + _AHEAD < hi:
+                    prefetch(out, idx[i + _AHEAD])
                 out[idx[i]] += values[i]
         else:
             for i in range(lo, hi):
+                if i + _AHEAD < hi:
+                    prefetch(out, idx[i + _AHEAD])
                 out[idx[i]] -= values[i]
