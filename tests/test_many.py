@@ -7,6 +7,8 @@ frame is a CorruptFrameError."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -280,6 +282,32 @@ def test_a_failing_step_changes_nothing(spec):
     shape_changed["layer0.w"] = np.ones(11, np.float32)
     with pytest.raises(ValueError, match=r"tensors\['layer0.w'\]"):
         ef.encode_many(shape_changed)
+
+
+def test_a_table_read_before_is_matched_by_its_bytes():
+    """Tables read again (a training loop's every step) give the layout read the first time,
+    found by their bytes; many layouts in rotation, more than the few kept, still decode
+    exactly, and a table that differs in one byte is read afresh."""
+    from codec.manyframe import table
+    from codec.manyframe.parse import read_header
+
+    c = codec.get_codec("fp16")
+    models = [{f"m{j}.w{i}": np.full((i + 1, j + 1), i + j, np.float32) for i in range(3)} for j in range(table._RECENT_MAX + 3)]
+    frames = [c.encode_many(m) for m in models]
+    for _ in range(2):
+        for m, f in zip(models, frames):
+            got = c.decode_many(f)
+            assert list(got) == list(m) and all(np.array_equal(got[k], m[k]) for k in m)
+    again = parse_many(frames[-1]).layout
+    assert parse_many(frames[-1]).layout is again  # the same object: not read field by field
+    assert len(table._RECENT) <= table._RECENT_MAX
+    renamed = bytearray(frames[-1])
+    at = bytes(renamed).index(b"m10.w2")
+    renamed[at : at + 6] = b"m10.w9"  # one byte of the table differs (the header CRC redone)
+    crc_at = read_header(memoryview(bytes(renamed))).crc_at
+    renamed[crc_at : crc_at + 4] = zlib.crc32(bytes(renamed[:crc_at])).to_bytes(4, "little")
+    lay = parse_many(bytes(renamed)).layout
+    assert lay is not again and lay.names[-1] == "m10.w9" and lay.shapes == again.shapes
 
 
 def test_inspect_describes_a_many_frame():

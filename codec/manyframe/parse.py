@@ -12,6 +12,7 @@ from codec.errors import CorruptFrameError
 from codec.frame import (
     _CRC,
     MAGIC,
+    MAX_ELEMENTS,
     MAX_SPEC,
     SECTION_BYTES_PER_ELEMENT,
     Encoding,
@@ -24,7 +25,7 @@ from codec.frame import (
     element_limit,
     raw_length,
 )
-from codec.manyframe.table import Layout, as_layout, read_table
+from codec.manyframe.table import Layout, as_layout, read_layout
 from codec.manyframe.wire import (
     CHECKSUM_FLAGS,
     FIXED,
@@ -105,9 +106,7 @@ class Header:
     count: int
     named: bool
     stored_hash: bytes | None
-    shapes: list | None
-    dtypes: list | None
-    names: list | None
+    layout: Layout | None  # the table form's layout (None in the hash form)
     per_tensor: list
     raw_total: int | None
     crc_at: int
@@ -129,11 +128,11 @@ def read_header(mv) -> Header:
     if described and count > size - cur.pos:  # every tensor takes at least one header byte
         raise CorruptFrameError(f"header declares {count} tensors, more than its {size} bytes can describe")
     named = bool(flags & FLAG_NAMES)
-    stored_hash = shapes = dts = names = None
+    stored_hash = table = None
     if flags & FLAG_LAYOUT_HASH:
         stored_hash = bytes(cur.take(HASH_SIZE, "the layout hash"))
     else:
-        shapes, dts, names = read_table(cur, count, named)
+        table = read_layout(cur, count, named)
     npat = cur.varint("the pattern count")
     if npat > size - cur.pos:
         raise CorruptFrameError(f"header declares {npat} section patterns, more than its {size} bytes can describe")
@@ -158,7 +157,7 @@ def read_header(mv) -> Header:
     header_len = crc_at + _CRC.size
     if header_len > size:
         raise CorruptFrameError(f"frame is {size} bytes, shorter than its {header_len}-byte header")
-    return Header(flags, spec_raw, count, named, stored_hash, shapes, dts, names, per_tensor, raw_total, crc_at, header_len)
+    return Header(flags, spec_raw, count, named, stored_hash, table, per_tensor, raw_total, crc_at, header_len)
 
 
 def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool = True) -> ManyFrame:
@@ -185,7 +184,7 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
     except UnicodeDecodeError:
         raise CorruptFrameError("spec text is not UTF-8") from None
     # the layout: from the table, or the caller's, matched by hash
-    if h.shapes is None:
+    if h.layout is None:
         if layout is None:
             raise ValueError("layout: this many-tensor frame gives its layout by hash; pass layout= (a codec.Layout or the tensors)")
         lay = as_layout(layout)
@@ -197,9 +196,9 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
         if (lay.names is not None) != h.named:
             raise CorruptFrameError("many-tensor frame: the names flag does not match the given layout")
     else:
-        if len(set(h.names or ())) != len(h.names or ()):
+        lay = h.layout
+        if not lay.names_unique:
             raise CorruptFrameError("many-tensor frame: a tensor name appears twice")
-        lay = Layout(tuple(h.shapes), tuple(h.dtypes), None if h.names is None else tuple(h.names))
         if layout is not None:
             want = as_layout(layout)
             if (want.shapes, want.dtypes) != (lay.shapes, lay.dtypes):
@@ -207,8 +206,9 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
             if want.names is not None and want.names != lay.names:
                 raise ValueError("layout: the frame's tensor names are not the given layout's")
     # element counts, then every section against its tensor's size and the payload
-    for i, shape in enumerate(lay.shapes):
-        check_dims(shape, limit, f"tensor {i}: shape")
+    if lay.largest > max(limit, MAX_ELEMENTS):  # then name the first tensor beyond it
+        for i, shape in enumerate(lay.shapes):
+            check_dims(shape, limit, f"tensor {i}: shape")
     sizes = list(lay.sizes)
     total = sum(sizes)
     if total > limit:
