@@ -15,10 +15,11 @@ import numpy as np
 
 from codec.dtypes import as_float_array, checked_out
 from codec.errors import NonFiniteError
-from codec.frame import Frame, Section, SectionInfo, frame_out
+from codec.frame import Frame, Section, SectionInfo, SectionKind, frame_out
 from codec.manyframe import Entry, Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import scatter, scratch, store, wide_dtype
+from codec.pack import decode_index_segments
 from codec.stage import Context, check_step
 
 
@@ -250,15 +251,31 @@ def _read_jobs(c, mf) -> list:
         mf.finish()
         return jobs
     groups = runs(zip(lay.sizes, lay.dtypes)) if c.elementwise else [[i] for i in range(len(mf))]
+    known = _known_positions(c, mf)
     jobs = []
     for g in groups:
         fr = _run_frame(mf, g) if len(g) > 1 else None
         if fr is None:  # alone, or a run whose tensors are not one values section each
-            jobs += [([i], *c._read(mf.tensor(i))) for i in g]
+            jobs += [([i], *c._read(mf.tensor(i), known[i])) for i in g]
         else:
             jobs.append((g, *c._read(fr)))
     mf.finish()
     return jobs
+
+
+def _known_positions(c, mf) -> list:
+    """Per tensor, its positions when the codec's select stage is ``index_coded`` and every
+    tensor's first section is an index section, all read at once
+    (:func:`codec.pack.decode_index_segments`); else None for each (each tensor's positions
+    are then read, and refused, by the stage itself)."""
+    none = [None] * len(mf)
+    if c.select is None or not c.select.index_coded or c.transform is not None or not isinstance(mf.payload, memoryview):
+        return none  # a zstd payload is decompressed section by section as the stages read it
+    firsts = [secs[0] if secs else None for secs in mf.tensor_sections]
+    if any(f is None or f.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP) for f in firsts):
+        return none
+    got = decode_index_segments(np.frombuffer(mf.payload, np.uint8), firsts, mf.layout.sizes)
+    return none if got is None else got
 
 
 def _run_frame(mf, run):

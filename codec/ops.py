@@ -170,6 +170,13 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     flat = out.reshape(-1)
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
         raise IndexError(f"idx: positions must lie in [0, {flat.size})")
+    scatter_checked(values, idx, flat, mode)
+
+
+def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode: int) -> None:
+    """:func:`scatter` of positions already known to be unique and in ``range(flat.size)``
+    (a select stage's ``positions()`` checks them as it reads them), ``values`` and ``idx``
+    1-D of one length, ``flat`` a flat C-contiguous float array: no second check per call."""
     values = widen(values)  # 16-bit values -> float32, exact
     if flat.dtype in WIDE and (mode == SET or values.dtype == flat.dtype or flat.dtype == np.float64):
         idx = readonly(np.ascontiguousarray(idx, np.int64))

@@ -112,6 +112,83 @@ def encode_indices(idx, n: int) -> Section:
     return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
 
 
+def encode_index_segments(pos, starts, sizes) -> list:
+    """:func:`encode_indices` of many position sets at once: set ``s`` is
+    ``pos[starts[s]:starts[s+1]]`` (sorted, unique, relative to its own range ``sizes[s]``),
+    and its section is exactly what ``encode_indices(set, sizes[s])`` gives, computed by two
+    kernel calls for all the sets (``index_widths``, ``index_write``) into one buffer that the
+    sections view.  For the runs of small tensors of a many-tensor frame (gaps of at most 56
+    bits: any tensor below 2**56 elements)."""
+    pos = readonly(np.ascontiguousarray(pos, np.int64))
+    starts = readonly(np.ascontiguousarray(starts, np.int64))
+    sizes = np.asarray(sizes, np.int64)
+    nseg = sizes.size
+    counts = np.diff(starts)
+    kern = backend("pack", pos)
+    widths = np.empty(nseg, np.int64)
+    kern.index_widths(pos, starts, widths)
+    if (widths < 0).any() or ((pos >= np.repeat(sizes, counts)).any() if pos.size else False):
+        raise ValueError("idx: each set's positions must be strictly increasing and lie in [0, n)")
+    if nseg and widths.max() > 56:  # gaps beyond the kernel's 64-bit accumulator: one set at a time
+        return [encode_indices(pos[starts[i] : starts[i + 1]], int(sizes[i])) for i in range(nseg)]
+    delta = (counts * widths + 7) // 8
+    bitmap = delta > (sizes + 7) // 8  # ties go to the packed gaps, as encode_indices decides
+    nbytes = np.where(bitmap, (sizes + 7) // 8, delta)
+    offsets = np.zeros(nseg + 1, np.int64)
+    np.cumsum(nbytes, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), np.uint8)
+    kern.index_write(pos, starts, widths, readonly(bitmap), offsets, out)
+    o, w, c, n, b = offsets.tolist(), widths.tolist(), counts.tolist(), sizes.tolist(), bitmap.tolist()
+    return [
+        Section(SectionKind.INDEX_BITMAP, 1, n[i], out[o[i] : o[i + 1]]) if b[i] else Section(SectionKind.INDEX_DELTA, w[i], c[i], out[o[i] : o[i + 1]])
+        for i in range(nseg)
+    ]
+
+
+def decode_index_segments(data, infos, sizes) -> list | None:
+    """:func:`decode_indices` of many index sections at once: ``infos[s]`` (a SectionInfo:
+    kind, bits, count, raw length and offset into ``data``, a raw uint8 payload) addresses
+    ``sizes[s]`` elements.  Returns each section's positions (views of one array), read by
+    two kernel calls (``index_counts``, ``index_read``), or None when any section is not one
+    an encoder writes (or has gaps beyond 56 bits): :func:`decode_indices` of each, the one
+    definition of what is refused and how it is named, then finds it."""
+    nseg = len(infos)
+    if not nseg:
+        return []
+    kinds = np.fromiter((i.kind for i in infos), np.int64, nseg)
+    bits = np.fromiter((i.bits for i in infos), np.int64, nseg)
+    counts = np.fromiter((i.count for i in infos), np.int64, nseg)
+    starts = np.fromiter((i.offset for i in infos), np.int64, nseg)
+    lens = np.fromiter((i.raw_len for i in infos), np.int64, nseg)
+    sizes = np.asarray(sizes, np.int64)
+    bitmap = kinds == SectionKind.INDEX_BITMAP
+    limit = np.maximum(1, np.array([max(0, int(n) - 1).bit_length() for n in sizes.tolist()], np.int64))
+    ok = np.where(bitmap, (bits == 1) & (counts == sizes), (kinds == SectionKind.INDEX_DELTA) & (counts <= sizes) & (bits >= 1) & (bits <= np.minimum(limit, 56)))
+    ok &= (lens == (counts * bits + 7) // 8) & (starts >= 0) & (starts + lens <= data.size)
+    used = (counts * bits) % 8
+    if data.size:  # padding bits past the last item clear
+        tail = data[np.clip(starts + lens - 1, 0, data.size - 1)].astype(np.int64)
+        ok &= (used == 0) | ((tail >> used) == 0)
+    else:
+        ok &= lens == 0
+    if not ok.all():
+        return None
+    ends = starts + lens
+    kern = backend("pack", data)
+    data = readonly(data)
+    found = np.empty(nseg, np.int64)
+    kern.index_counts(data, starts, ends, readonly(bitmap), counts, found)
+    out_starts = np.zeros(nseg + 1, np.int64)
+    np.cumsum(found, out=out_starts[1:])
+    pos = np.empty(int(out_starts[-1]), np.int64)
+    bad = np.zeros(nseg, np.uint8)
+    kern.index_read(data, starts, ends, readonly(bitmap), bits, sizes, out_starts, pos, bad)
+    if bad.any():
+        return None
+    o = out_starts.tolist()
+    return [pos[o[s] : o[s + 1]] for s in range(nseg)]
+
+
 def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:
     """``raw`` must be exactly ``count`` items of ``bits`` bits with the padding bits clear."""
     want = raw_length(count, bits)

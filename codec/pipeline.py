@@ -222,10 +222,12 @@ class Codec:
             raise CodecError(f"frame was encoded by {fr.spec!r}, not by this codec ({self.spec!r}); use codec.decode(frame)")
         return fr
 
-    def _read(self, fr):
+    def _read(self, fr, positions=None):
         """Phase 1 of decoding: check every section against what the stages expect and read
         the compact payload (positions, codes).  Nothing of the dense output size is
-        allocated here, so a forged frame fails before any large allocation."""
+        allocated here, so a forged frame fails before any large allocation.  ``positions``:
+        the frame's index section already read and checked (an ``index_coded`` select stage;
+        a many-tensor frame reads them all at once)."""
         ctx = Context(fr.shape, fr.dtype)
         rd = fr.reader()
         if self.transform is not None:
@@ -233,14 +235,14 @@ class Codec:
             payload = (tpay, vctx, self.value.read(rd, vctx, vctx.n))
         else:
             if self.select is not None:
-                ctx.positions = self.select.positions(rd, ctx)
+                ctx.positions = self.select.positions(rd, ctx, known=positions)
             payload = self.value.read(rd, ctx, fr.n if ctx.positions is None else ctx.positions.size)
         rd.done()
         return ctx, payload
 
     def _write(self, ctx, payload, out: np.ndarray, mode: int) -> None:
         """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per ``mode``)."""
-        from codec.ops import WIDE, scatter, store, wide_dtype
+        from codec.ops import WIDE, scatter_checked, store, wide_dtype
 
         if self.transform is not None:  # coefficients in the domain's dtype, then the inverse
             tpay, vctx, vpay = payload
@@ -254,7 +256,7 @@ class Codec:
         elif self.select is None:
             self.value.write(payload, out, mode)
         else:
-            scatter(self._kept(ctx, payload), ctx.positions, out, mode)
+            scatter_checked(self._kept(ctx, payload), ctx.positions, out.reshape(-1), mode)  # positions() checked them
 
     def _kept(self, ctx, payload) -> np.ndarray:
         """The kept values of a select frame in the accumulator dtype of the frame's (float32

@@ -271,9 +271,17 @@ class Select(Stage):
         NaN)."""
         return None
 
+    #: whether the positions travel as the frame's first section, an index section of the
+    #: shared index coder (``codec.pack``): a many-tensor frame then reads every tensor's at
+    #: once (``codec.pack.decode_index_segments``) and hands them to :meth:`positions`
+    index_coded = False
+
     @abc.abstractmethod
-    def positions(self, reader, ctx) -> np.ndarray:
-        """Check and read the index sections of a frame: the sorted flat positions."""
+    def positions(self, reader, ctx, known=None) -> np.ndarray:
+        """Check and read the index sections of a frame: the sorted flat positions, each in
+        ``range(ctx.n)`` and unique (decoding scatters them unchecked).  With
+        :attr:`index_coded`, ``known`` may hold them already read and checked: the index
+        section is then only taken."""
 
 
 class Value(Stage):

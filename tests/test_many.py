@@ -393,7 +393,7 @@ def test_counts_moved_between_run_tensors_are_refused():
 
 
 # ------------------------------------------------------------------ runs of a segmented select stage
-@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "topk(k=3)", "topk(ratio=0.05)+fp16+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))"])
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "topk(k=3)", "topk(ratio=0.5)", "topk(ratio=0.05)+fp16+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_segmented_topk_gives_the_frame_of_one_call_per_tensor(spec, dtype):
     c = codec.get_codec(spec)

@@ -336,3 +336,98 @@ def test_pack_family_index_sets(backend):
     pos = np.empty(idx.size, np.int64)
     kern.bitmap_decode(readonly(bitmap), starts, pos)
     np.testing.assert_array_equal(pos, idx)
+
+
+# ---------------------------------------------------------------- index sections of many sets
+def _sets(seed):
+    """Position sets over edge sizes and densities: empty, one, sparse, dense (bitmap), all,
+    random and heavy-tailed-top-k-like, and the exact delta/bitmap tie."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in (0, 1, 7, 8, 9, 100, 1000, 4099, 65536):
+        for density in (0.0, 0.01, 0.1, 0.5, 1.0):
+            idx = np.flatnonzero(rng.random(n) < density) if density < 1 else np.arange(n)
+            out.append((idx.astype(np.int64), n))
+        if n:
+            out.append((np.array([n - 1], np.int64), n))  # the widest single gap
+            x = np.abs(rng.standard_t(2, n))
+            out.append((np.sort(np.argsort(-x, kind="stable")[: max(1, n // 20)]).astype(np.int64), n))
+    out.append((np.arange(0, 64, 8, dtype=np.int64), 64))  # 8 gaps of 3 bits = 3 bytes against 8: delta
+    return out
+
+
+def _payload(sections, rng):
+    """The sections back to back with a few junk bytes between them (a many-tensor frame puts
+    each tensor's values section there), and their infos."""
+    parts, infos, off = [], [], 0
+    for sec in sections:
+        junk = rng.integers(0, 256, int(rng.integers(0, 5)), dtype=np.uint8)
+        parts += [junk, np.frombuffer(bytes(sec.data), np.uint8)]
+        off += junk.size
+        infos.append(SectionInfo(int(sec.kind), 0, sec.bits, sec.count, sec.raw_len, sec.raw_len, off))
+        off += sec.raw_len
+    return np.concatenate(parts) if parts else np.empty(0, np.uint8), infos
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_index_segments_match_one_set_at_a_time(seed):
+    """encode_index_segments gives, set by set, encode_indices' section (kind, width, count and
+    bytes, checked against the NumPy references); decode_index_segments reads them back."""
+    from codec.pack import decode_index_segments, encode_index_segments
+
+    sets = _sets(seed)
+    pos = np.concatenate([s for s, _ in sets])
+    starts = np.zeros(len(sets) + 1, np.int64)
+    np.cumsum([s.size for s, _ in sets], out=starts[1:])
+    sizes = [n for _, n in sets]
+    got = encode_index_segments(pos, starts, sizes)
+    assert len(got) == len(sets)
+    for sec, (idx, n) in zip(got, sets):
+        want = roundtrip_indices(idx, n)
+        assert (sec.kind, sec.bits, sec.count) == (want.kind, want.bits, want.count), n
+        assert bytes(sec.data) == bytes(want.data), n
+    data, infos = _payload(got, np.random.default_rng(seed))
+    back = decode_index_segments(data, infos, sizes)
+    assert back is not None and len(back) == len(sets)
+    for b, (idx, _) in zip(back, sets):
+        assert b.dtype == np.int64 and np.array_equal(b, idx)
+    assert encode_index_segments(np.empty(0, np.int64), np.zeros(1, np.int64), []) == []
+    assert decode_index_segments(np.empty(0, np.uint8), [], []) == []
+    empty = SectionInfo(int(SectionKind.INDEX_DELTA), 0, 1, 0, 0, 0, 0)  # no positions, no payload at all
+    (none,) = decode_index_segments(np.empty(0, np.uint8), [empty], [5])
+    assert none.size == 0
+
+
+def test_index_segments_refuse_what_one_set_refuses():
+    """A set that is not increasing is a ValueError; a damaged section (a padding bit, a gap
+    past the end, a width or count no encoder writes) makes decode_index_segments hand the
+    frame back (None) to decode_indices, which raises CorruptFrameError."""
+    from codec.pack import decode_index_segments, encode_index_segments
+
+    with pytest.raises(ValueError, match="idx"):
+        encode_index_segments(np.array([3, 3], np.int64), np.array([0, 2], np.int64), [10])
+    with pytest.raises(ValueError, match="idx"):
+        encode_index_segments(np.array([10], np.int64), np.array([0, 1], np.int64), [10])
+    sets = [(np.array([1, 5, 9], np.int64), 12), (np.append(np.arange(30), 39).astype(np.int64), 40)]
+    pos = np.concatenate([s for s, _ in sets])
+    secs = encode_index_segments(pos, np.array([0, 3, 34], np.int64), [12, 40])
+    assert [s.kind for s in secs] == [SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP]
+    data, infos = _payload(secs, np.random.default_rng(5))
+    assert decode_index_segments(data, infos, [12, 40]) is not None
+
+    def refused(edit_data=None, edit_info=None, sizes=(12, 40)):
+        d, inf = data.copy(), [SectionInfo(**vars(i)) for i in infos]
+        if edit_data:
+            edit_data(d, inf)
+        if edit_info:
+            edit_info(inf)
+        assert decode_index_segments(d, inf, list(sizes)) is None
+        with pytest.raises(CorruptFrameError):
+            for i, n in zip(inf, sizes):
+                decode_indices(i, d[i.offset : i.offset + i.raw_len], n)
+
+    first = infos[0]
+    refused(edit_data=lambda d, inf: d.__setitem__(first.offset + first.raw_len - 1, d[first.offset + first.raw_len - 1] | 0x80))  # padding
+    refused(edit_data=lambda d, inf: d.__setitem__(first.offset, 0xFF))  # a gap running past 12
+    refused(sizes=(5, 40))  # positions beyond a smaller tensor (and a width it cannot need)
+    refused(edit_info=lambda inf: setattr(inf[1], "count", 39))  # a bitmap's count is its size

@@ -8,6 +8,10 @@
   load per code (unpack).
 * ``delta_encode`` / ``delta_decode``: sorted unique positions <-> gaps minus one.
 * ``bitmap_encode`` / ``bitmap_decode``: positions <-> one bit per element.
+* ``index_widths`` / ``index_write``: the index sections of many position sets at once
+  (segments of one array, a many-tensor frame's run of small tensors), each the bytes
+  ``pack_bits(gaps, width)`` or ``bitmap_encode`` gives it alone; ``index_counts`` /
+  ``index_read`` read many index sections back at once.
 
 Chunk boundaries depend on the sizes only, never on the thread count.  The byte order of
 code words is little-endian, which is also the host order on every platform Numba targets
@@ -20,7 +24,19 @@ import numpy as np
 
 from codec._jit import jit, prange
 
-__all__ = ["pack_codes", "unpack_codes", "delta_encode", "delta_decode", "bitmap_encode", "bitmap_count", "bitmap_decode"]
+__all__ = [
+    "pack_codes",
+    "unpack_codes",
+    "delta_encode",
+    "delta_decode",
+    "bitmap_encode",
+    "bitmap_count",
+    "bitmap_decode",
+    "index_widths",
+    "index_write",
+    "index_counts",
+    "index_read",
+]
 
 _GROUPS = 1 << 13  # groups of 8 codes per parallel chunk
 
@@ -388,3 +404,120 @@ def bitmap_decode(bitmap, starts, out):
                     if (v >> j) & 1:
                         dst[k] = base + j
                         k += 1
+
+
+@jit(parallel=True)
+def index_widths(pos, starts, widths):
+    """Per segment ``s`` (positions ``pos[starts[s]:starts[s+1]]``, each set sorted and
+    relative to its own tensor): ``widths[s]`` = the bit length of its largest gap minus one
+    (at least 1), as :func:`delta_encode` and ``codec.pack.encode_indices`` find it; -1 when
+    the set is not strictly increasing from 0."""
+    for s in prange(widths.size):
+        prev = np.int64(-1)
+        big = np.uint64(0)
+        ok = True
+        for i in range(starts[s], starts[s + 1]):
+            x = np.int64(pos[i])
+            if x <= prev:
+                ok = False
+                break
+            big = max(big, np.uint64(x - prev - 1))
+            prev = x
+        w = 1
+        while w < 64 and (big >> np.uint64(w)) != np.uint64(0):
+            w += 1
+        widths[s] = w if ok else -1
+
+
+@jit(parallel=True)
+def index_write(pos, starts, widths, bitmap, offsets, out):
+    """Write segment ``s``'s index section at ``out[offsets[s]:offsets[s+1]]``: its set as a
+    bitmap of ``(offsets[s+1] - offsets[s]) * 8`` bits when ``bitmap[s]``, else its gaps minus
+    one packed LSB-first in ``widths[s]`` bits each (at most 56), padding bits zero: the bytes
+    ``bitmap_encode`` or ``pack_codes`` writes for that segment alone."""
+    for s in prange(widths.size):
+        o0 = offsets[s]
+        o1 = offsets[s + 1]
+        for t in range(o0, o1):
+            out[t] = 0
+        if bitmap[s]:
+            for i in range(starts[s], starts[s + 1]):
+                x = pos[i]
+                out[o0 + (x >> 3)] |= np.uint8(1) << np.uint8(x & 7)
+            continue
+        w = np.uint64(widths[s])
+        acc = np.uint64(0)
+        fill = np.uint64(0)
+        t = o0
+        prev = np.int64(-1)
+        for i in range(starts[s], starts[s + 1]):
+            x = np.int64(pos[i])
+            acc |= np.uint64(x - prev - 1) << fill
+            prev = x
+            fill += w
+            while fill >= np.uint64(8):
+                out[t] = np.uint8(acc & np.uint64(0xFF))
+                t += 1
+                acc >>= np.uint64(8)
+                fill -= np.uint64(8)
+        if fill:
+            out[t] = np.uint8(acc & np.uint64(0xFF))
+
+
+@jit(parallel=True)
+def index_counts(data, begin, end, bitmap, counts, out_counts):
+    """Per index section ``s`` at ``data[begin[s]:end[s]]``: how many positions it holds,
+    ``counts[s]`` for packed gaps, the set bits of a bitmap (``bitmap[s]``)."""
+    for s in prange(counts.size):
+        if bitmap[s]:
+            m = 0
+            for t in range(begin[s], end[s]):
+                b = np.uint32(data[t])
+                b = b - ((b >> np.uint32(1)) & np.uint32(0x55))
+                b = (b & np.uint32(0x33)) + ((b >> np.uint32(2)) & np.uint32(0x33))
+                m += np.int64((b + (b >> np.uint32(4))) & np.uint32(0x0F))
+            out_counts[s] = m
+        else:
+            out_counts[s] = counts[s]
+
+
+@jit(parallel=True)
+def index_read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
+    """Read index section ``s`` (see :func:`index_counts`) into
+    ``out[out_starts[s]:out_starts[s+1]]``: the positions of a bitmap's set bits, or the
+    running sum of packed gaps plus one (``widths[s]`` bits each, LSB-first, at most 56);
+    ``bad[s] = 1`` when a position reaches ``sizes[s]`` (the rest of that set unread)."""
+    for s in prange(widths.size):
+        o = out_starts[s]
+        if bitmap[s]:
+            for t in range(begin[s], end[s]):
+                b = data[t]
+                base = (t - begin[s]) * 8
+                for j in range(8):
+                    if (b >> j) & 1:
+                        out[o] = base + j
+                        o += 1
+            continue
+        w = np.uint64(widths[s])
+        mask = (np.uint64(1) << w) - np.uint64(1)
+        n = sizes[s]
+        acc = np.uint64(0)
+        fill = np.uint64(0)
+        t = begin[s]
+        pos = np.int64(-1)
+        for i in range(out_starts[s], out_starts[s + 1]):
+            while fill < w:
+                acc |= np.uint64(data[t]) << fill
+                t += 1
+                fill += np.uint64(8)
+            g = acc & mask
+            acc >>= w
+            fill -= w
+            if g >= np.uint64(n):
+                bad[s] = 1
+                break
+            pos += np.int64(g) + 1
+            if pos >= n:
+                bad[s] = 1
+                break
+            out[i] = pos

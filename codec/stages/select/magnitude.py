@@ -266,13 +266,14 @@ class IndexSelect(Select):
 
     #: select() accepts residual= and out= (Codec.encode_feedback uses it)
     fuses_feedback = True
+    index_coded = True
 
-    def positions(self, reader, ctx):
+    def positions(self, reader, ctx, known=None):
         from codec.frame import SectionKind
         from codec.pack import decode_indices
 
         info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP))
-        return decode_indices(info, raw, ctx.n)
+        return known if known is not None else decode_indices(info, raw, ctx.n)
 
 
 class MagnitudeSelect(IndexSelect):

@@ -65,7 +65,7 @@ class RandomK(Select):
         sections.append(Section(SectionKind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
         return idx, kept
 
-    def positions(self, reader, ctx):
+    def positions(self, reader, ctx, known=None):  # regenerated from the key: never known
         info, raw = reader.take(SectionKind.INTS, bits=64, count=3)
         seed, step, khash = (int(v) for v in raw.view("<u8"))
         if seed != self.seed:

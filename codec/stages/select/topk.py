@@ -33,11 +33,12 @@ class TopK(MagnitudeSelect):
         return mags.top(self.kept(mags.n, ctx.step))
 
     def select_segments(self, flat, starts, ctxs):
-        """Every tensor's top-k in one kernel call (``topk_segments``), then its index section."""
+        """Every tensor's top-k in one kernel call (``topk_segments``), the index sections of all
+        of them in two more (``codec.pack.encode_index_segments``), their values in one gather."""
         import numpy as np
 
         from codec.kernels import backend
-        from codec.pack import encode_indices
+        from codec.pack import encode_index_segments
 
         sizes = np.diff(starts)
         ks = np.array([min(self.kept(int(n), c.step), int(n)) for n, c in zip(sizes, ctxs)], np.int64)
@@ -48,9 +49,7 @@ class TopK(MagnitudeSelect):
         backend("select", flat).topk_segments(flat, starts, ks, out_starts, pos, bad)
         if bad.any():
             return None  # select() raises the error naming the tensor and position
-        out = []
-        for i in range(ks.size):
-            idx = pos[out_starts[i] : out_starts[i + 1]]
-            seg = flat[starts[i] : starts[i + 1]]
-            out.append((idx, seg[idx], [encode_indices(idx, int(sizes[i]))]))
-        return out
+        secs = encode_index_segments(pos, out_starts, sizes)  # every tensor's index section in two kernel calls
+        values = flat[pos + np.repeat(starts[:-1], ks)]  # one gather for all
+        o = out_starts.tolist()
+        return [(pos[o[i] : o[i + 1]], values[o[i] : o[i + 1]], [secs[i]]) for i in range(ks.size)]
