@@ -203,6 +203,8 @@ def test_topk_segments_match_numpy(S, kind, dtype):
         inf[3] = -np.inf
     _, bad = run_topk_segments(S, [parts[3], nan, inf, parts[4]], [2, 2, 2, 2])
     assert bad.tolist() == [0, 1, 1, 0]
+    _, bad = run_topk_segments(S, [nan, inf, nan, parts[4]], [0, 20, 19, 100])  # k = 0, k = n, the sample's own rank
+    assert bad.tolist() == [1, 1, 1, 0]
 
 
 def test_topk_segments_twins_agree():

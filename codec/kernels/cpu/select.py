@@ -104,21 +104,46 @@ def gather_rows(buf, vals, counts, starts, out, vout):
                 vout[U(s) + j] = vals[c, j]
 
 
+#: a sample's cut keeps up to this many largest values in a small sorted buffer (one
+#: comparison per sampled value); a larger rank takes np.partition of the sample
+_SMALL_RANK = 64
+
+
 @jit
-def _topk_cut(mags, k):
-    """A magnitude at or below the k-th largest of ``mags`` that few elements reach: the
-    order statistic :func:`codec.layout.sample_rank` picks in a strided sample (0 when the
-    sample cannot narrow it)."""
-    n = mags.size
+def _sample_cut(x, lo, n, k):
+    """A magnitude at or below the k-th largest of ``|x[lo:lo+n]|`` (in float64) that few
+    elements reach: the order statistic :func:`codec.layout.sample_rank` picks in a strided
+    sample (0 when the sample cannot narrow it), the very value ``np.partition`` of the
+    sample gives (a NaN, which makes the segment bad anyway, is skipped)."""
     stride = max(1, n // 512)
     m = (n + stride - 1) // stride
     c = sample_rank(k, m, n)
     if c >= m:
         return 0.0
-    samp = np.empty(m, np.float64)
+    if c > _SMALL_RANK:
+        samp = np.empty(m, np.float64)
+        for j in range(m):
+            samp[j] = abs(np.float64(x[lo + j * stride]))
+        return np.partition(samp, m - c)[m - c]
+    top = np.full(c, -1.0)  # the c largest so far, ascending: top[0] is the c-th largest
     for j in range(m):
-        samp[j] = mags[j * stride]
-    return np.partition(samp, m - c)[m - c]
+        a = abs(np.float64(x[lo + j * stride]))
+        if a > top[0]:
+            t = 0
+            while t + 1 < c and top[t + 1] < a:
+                top[t] = top[t + 1]
+                t += 1
+            top[t] = a
+    return top[0]
+
+
+@jit
+def _all_finite(x, lo, n):
+    k = 0
+    for i in range(lo, lo + n):
+        v = x[i]
+        k += np.int64(not (v - v == 0))
+    return k == 0
 
 
 @jit(parallel=True)
@@ -131,44 +156,43 @@ def topk_segments(x, starts, ks, out_starts, out, bad):
     (one per thread at a time), so the result never depends on the thread count.  The
     shape of a segmented kernel: concatenated data, per-segment offsets and parameters.
 
-    Per segment: magnitudes; a cut from a strided sample; the elements at or above it (in
-    index order, found in one pass); the k-th largest among them (all of the top k are, when
-    there are at least k; else every element is a candidate); then the candidates above it,
-    and equal ones from the lowest index."""
+    Per segment: a cut from a strided sample; the elements at or above it (in index order,
+    found in one pass over the data, which also finds a NaN or inf: ``not a < cut`` holds for
+    both); the k-th largest among them (all of the top k are, when there are at least k;
+    else every element is a candidate); then the candidates above it, and equal ones from
+    the lowest index."""
     for s in prange(starts.size - 1):
         lo = starts[s]
         n = starts[s + 1] - lo
         k = ks[s]
         o = out_starts[s]
-        mags = np.empty(n, np.float64)
-        finite = True
-        for i in range(n):
-            v = np.float64(x[lo + i])
-            if not np.isfinite(v):
-                finite = False
-            mags[i] = abs(v)
-        if not finite:
-            bad[s] = 1
+        if k >= n or k == 0:
+            if not _all_finite(x, lo, n):
+                bad[s] = 1
+            elif k:
+                for i in range(n):
+                    out[o + i] = i
             continue
-        if k >= n:
-            for i in range(n):
-                out[o + i] = i
-            continue
-        if k == 0:
-            continue
-        cut = _topk_cut(mags, k)
+        cut = _sample_cut(x, lo, n, k)
         idx = np.empty(n, np.int64)
         cand = np.empty(n, np.float64)
         count = 0
+        finite = True
         for i in range(n):
-            if mags[i] >= cut:
+            a = abs(np.float64(x[lo + i]))
+            if not a < cut:  # one rarely taken branch: a candidate, or NaN/inf
+                if a - a != 0:
+                    finite = False
                 idx[count] = i
-                cand[count] = mags[i]
+                cand[count] = a
                 count += 1
+        if not finite:
+            bad[s] = 1
+            continue
         if count < k:  # the sample misled: every element is a candidate
             for i in range(n):
                 idx[i] = i
-                cand[i] = mags[i]
+                cand[i] = abs(np.float64(x[lo + i]))
             count = n
         kth = np.partition(cand[:count], count - k)[count - k]  # (partition works on a copy)
         ties = k
