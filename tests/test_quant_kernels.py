@@ -674,6 +674,45 @@ def test_minifloat_encode_reports_nonfinite(dtype):
         assert int(codes[4]) == 0x7F and int(codes[CHUNK + 60]) == 0xFF  # inf saturates with its sign
 
 
+# ====================================================================== the fused error-feedback pair
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_feedback_absmax_units_and_minifloat_feedback_match_numpy(kind, n, dtype):
+    """feedback_absmax_units: acc = x + r (in the dtype) and the maxima of acc's magnitudes per
+    work unit; minifloat_feedback: the codes of acc (the spec's reference) and acc minus each
+    code's value lut[code] * scale[block], rounded to the dtype first (the dequantizer's SUB)."""
+    x = data(kind, n, dtype)
+    r = data("heavy", n, dtype, seed=9) * dtype(0.25)
+    for bits, e in MINIFLOATS[:3]:
+        m = bits - 1 - e
+        maxmag = (1 << (bits - 1)) - 1
+        for block in (7, max(1, n), CHUNK + 3) if n > 7 else (1, 7, max(1, n)):
+            _, units, upb = ref_units(n, block)
+            acc = np.empty(n, dtype)
+            bits_view, mask = fbits(acc)
+            top = np.zeros(units, bits_view.dtype)
+            if n:
+                K.quantize.feedback_absmax_units(ro(x), ro(r), acc, bits_view, block, upb, mask, top)
+            want_acc = (x + r).astype(dtype)
+            assert_same(acc, want_acc, "acc")
+            assert_same(top, ref_absmax_units(want_acc, block), "top")
+            emin = window_emins(want_acc, block, m, e, dtype)
+            lut = np.ldexp(np.arange(1 << bits, dtype=np.float64), -m) * np.where(np.arange(1 << bits) >> (bits - 1), -1.0, 1.0)  # any table
+            scale = np.ldexp(1.0, emin)
+            for stochastic in (False, True):
+                got = want_acc.copy()
+                codes = np.zeros(n, np.uint8 if bits <= 8 else np.uint16)
+                bad = np.zeros(units, np.int64)
+                if n:
+                    K.quantize.minifloat_feedback(got, block, upb, emin, m, maxmag, bits - 1, stochastic, STRM, ro(lut), ro(scale), codes, bad)
+                want = ref_minifloat(want_acc, block, emin, m, maxmag, bits - 1, stochastic, STRM)
+                assert_same(codes.astype(np.int64), want, f"codes bits={bits} block={block} stochastic={stochastic}")
+                value = (lut[want] * scale[np.arange(n) // block]).astype(dtype)
+                assert_same(got, (want_acc - value).astype(dtype), f"acc - decoded bits={bits} block={block}")
+                assert not bad.any()
+
+
 # ====================================================================== qsgd_encode
 QSGD_LEVELS = [1, 3, 16, 127, 32767]
 

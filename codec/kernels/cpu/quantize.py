@@ -4,6 +4,9 @@ every quantizer is ``dequant``, QSGD's Elias coder ``elias``.
 
 * ``absmax_units`` / ``minifloat_encode``: custom floats with a per-block exponent window
   (rangefloat, fp8): bit-exact rounding on the float64 bits, nearest-even or stochastic.
+  Their error-feedback twins ``feedback_absmax_units`` (forms ``acc = x + residual`` in the
+  maxima's pass) and ``minifloat_feedback`` (codes ``acc`` and leaves ``acc - decoded`` in
+  it, in the same pass) make a step two passes instead of four.
 * ``tensor_moments``, ``terngrad_encode`` (five trits per byte), ``sign_encode`` (one bit per
   value plus the sums signSGD's scale and 1-bit SGD's means need).
 
@@ -23,7 +26,15 @@ from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, spa
 from codec.kernels.cpu.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
 
-__all__ = ["absmax_units", "minifloat_encode", "tensor_moments", "terngrad_encode", "sign_encode"]
+__all__ = [
+    "absmax_units",
+    "feedback_absmax_units",
+    "minifloat_encode",
+    "minifloat_feedback",
+    "tensor_moments",
+    "terngrad_encode",
+    "sign_encode",
+]
 
 
 @jit
@@ -57,6 +68,19 @@ def absmax_units(bits, block, upb, mask, top):
     n = bits.size
     for u in prange(top.size):
         _, lo, hi = _unit(u, block, upb, n)
+        top[u] = _top_bits(bits, lo, hi, mask)
+
+
+@jit(parallel=True)
+def feedback_absmax_units(x, r, acc, bits, block, upb, mask, top):
+    """:func:`absmax_units` of ``acc = x + r``, written into ``acc`` in the same pass (the
+    sum in the arrays' dtype); ``bits`` is ``acc``'s bit-pattern view.  Per work unit, one
+    loop adds (it vectorises), then the unit's maximum is taken from cache."""
+    n = x.size
+    for u in prange(top.size):
+        _, lo, hi = _unit(u, block, upb, n)
+        for i in range(U(lo), U(hi)):
+            acc[i] = x[i] + r[i]
         top[u] = _top_bits(bits, lo, hi, mask)
 
 
@@ -121,6 +145,48 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
                 nb += np.int64(not (v - v == 0))
                 ab = np.float64(abs(v)).view(np.uint64)
                 codes[i] = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
+        bad[u] = nb
+
+
+@jit(parallel=True)
+def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, lut, scale, codes, bad):
+    """:func:`minifloat_encode` of ``acc`` (float32/float64, no window below ``2**-1000``:
+    the caller checks) fused with the error-feedback subtraction: ``acc[i] -= value`` where
+    ``value = lut[code] * scale[b]`` in float64, rounded to ``acc``'s dtype first, exactly as
+    ``dequant.dequantize`` decodes it and subtracts it (``SUB``).  One pass: reads ``acc``,
+    writes the codes and ``acc``."""
+    n = acc.size
+    half = (U(1) << U(51 - m)) - U(1)
+    odd0 = U(m == 0)
+    for u in prange(bad.size):
+        b, lo, hi = _unit(u, block, upb, n)
+        em = emin[b]
+        thr = _pow2(em)
+        sub_scale = _pow2(m - em)
+        off = U(em + 1022) << U(m)
+        sb = scale[b]
+        nb = np.int64(0)
+        if stochastic:
+            i0 = lo
+            while i0 < hi:
+                i1 = span_end(i0, hi)
+                key = block_key(strm, i0)
+                for i in range(U(i0), U(i1)):
+                    v = np.float64(acc[i])
+                    nb += np.int64(not (v - v == 0))
+                    r = bits32(key, i)
+                    c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
+                    codes[i] = c
+                    acc[i] -= acc.dtype.type(lut[c] * sb)
+                i0 = i1
+        else:
+            for i in range(U(lo), U(hi)):
+                v = np.float64(acc[i])
+                nb += np.int64(not (v - v == 0))
+                ab = np.float64(abs(v)).view(np.uint64)
+                c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
+                codes[i] = c
+                acc[i] -= acc.dtype.type(lut[c] * sb)
         bad[u] = nb
 
 

@@ -24,6 +24,7 @@ from codec.stages.value.quantizer import (
     read_codes,
     read_ints,
 )
+from codec.ops import readonly
 from codec.params import Param, SEED, rounding
 from codec.stage import register
 
@@ -102,6 +103,63 @@ class _MiniFloat(Quantizer):
             codes = np.empty(n, code_dtype(bits))
             encode_into(codes)
             sections.append(codes_section(codes, bits))
+
+    def encode_feedback(self, x, slot, ctx, sections):
+        """Fused error-feedback step for float32/float64: one pass forms ``acc = x +
+        residual`` (into a spare buffer) with the block maxima, one codes ``acc`` and leaves
+        ``acc - decoded`` there, bit for bit what adding, encoding, decoding and subtracting
+        give (four passes).  None (the unfused step) for 16-bit input, a window below
+        ``2**-1000``, or values that decode beyond the dtype's range (saturated)."""
+        from codec.kernels import backend
+        from codec.layout import CHUNK
+        from codec.stages.value.quantizer import _largest
+
+        if x.dtype not in (np.float32, np.float64):
+            return None
+        kern = backend("quantize", x)
+        n = x.size
+        block = max(1, self.block_len(n))
+        nblocks = -(-n // block)
+        upb = -(-block // CHUNK)
+        units = nblocks * upb
+        acc = slot.take_spare()
+        flat = acc.reshape(-1)
+        bits, mask = magnitude_bits(flat)
+        top = np.zeros(units, bits.dtype)
+        if n:
+            kern.feedback_absmax_units(x, slot.residual.reshape(-1), flat, bits, block, upb, mask, top)
+        amax, bad = magnitude_values(top, x.dtype)
+        if bad:  # before anything is coded: the same error, naming the same position of acc
+            self.raise_nonfinite(flat, ctx)
+        if self.needs_max():
+            stored = self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
+        else:
+            stored = np.zeros(nblocks, np.int64)
+        emin = self.emins(stored).astype(np.int64)
+        lut, scale = _exact_factors(magnitudes(self.mant, self.width), emin)
+        fits = Dequant(np.empty(0, np.uint8), self.width, n, lut, block, scale, np.empty(0), ctx.dtype)
+        if (emin.size and int(emin.min()) < -1000) or _largest(fits) > float(np.finfo(x.dtype).max):
+            slot.spare = acc  # not used: the unfused step takes it again
+            return None
+        if self.needs_max():
+            sections.append(ints_section(stored))
+        strm = self.stream(ctx)
+        width = self.width
+
+        def code_into(codes):
+            bad = np.zeros(units, np.int64)
+            if n:
+                kern.minifloat_feedback(flat, block, upb, emin, self.mant, self.maxmag, width - 1, self.stochastic, strm, readonly(lut), readonly(scale), codes, bad)
+            if bad.any():
+                self.raise_nonfinite(flat, ctx)
+
+        if width in (8, 16):  # the codes are written once, straight into the frame
+            sections.append(Section(SectionKind.VALUES, width, n, fill=lambda out: code_into(out.view(code_dtype(width)))))
+        else:
+            codes = np.empty(n, code_dtype(width))
+            code_into(codes)
+            sections.append(codes_section(codes, width))
+        return lambda: slot.commit(acc)
 
     def read(self, reader, ctx, count):
         n = count
