@@ -148,13 +148,25 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
         bad[u] = nb
 
 
+@jit
+def _minifloat_value(c, v, m, signpos, off, step):
+    """The float64 value of code ``c`` (sign ``v``'s) in the window of ``_minifloat``: a
+    subnormal magnitude times the window's quantum ``step = 2**(emin - m)``, a normal one
+    the float64 whose bits are ``(mag + off) << (52 - m)`` (the encoder's rounded bits);
+    exactly ``lut[c] * 2**emin`` of the decoder's table."""
+    mag = U(c) & ((U(1) << U(signpos)) - U(1))
+    bits = np.uint64((mag + off) << U(52 - m))
+    a = np.float64(mag) * step if mag < (U(1) << U(m)) else bits.view(np.float64)
+    return np.copysign(a, v)
+
+
 @jit(parallel=True)
-def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, lut, scale, codes, bad):
+def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad):
     """:func:`minifloat_encode` of ``acc`` (float32/float64, no window below ``2**-1000``:
-    the caller checks) fused with the error-feedback subtraction: ``acc[i] -= value`` where
-    ``value = lut[code] * scale[b]`` in float64, rounded to ``acc``'s dtype first, exactly as
-    ``dequant.dequantize`` decodes it and subtracts it (``SUB``).  One pass: reads ``acc``,
-    writes the codes and ``acc``."""
+    the caller checks) fused with the error-feedback subtraction: ``acc[i] -= value``, the
+    code's float64 value (``_minifloat_value``, computed from the code, no table) rounded to
+    ``acc``'s dtype first, exactly as ``dequant.dequantize`` decodes it and subtracts it
+    (``SUB``).  One pass: reads ``acc``, writes the codes and ``acc``."""
     n = acc.size
     half = (U(1) << U(51 - m)) - U(1)
     odd0 = U(m == 0)
@@ -164,7 +176,7 @@ def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, st
         thr = _pow2(em)
         sub_scale = _pow2(m - em)
         off = U(em + 1022) << U(m)
-        sb = scale[b]
+        step = _pow2(em - m)
         nb = np.int64(0)
         if stochastic:
             i0 = lo
@@ -177,7 +189,7 @@ def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, st
                     r = bits32(key, i)
                     c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
                     codes[i] = c
-                    acc[i] -= acc.dtype.type(lut[c] * sb)
+                    acc[i] -= acc.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
                 i0 = i1
         else:
             for i in range(U(lo), U(hi)):
@@ -186,7 +198,7 @@ def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, st
                 ab = np.float64(abs(v)).view(np.uint64)
                 c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
                 codes[i] = c
-                acc[i] -= acc.dtype.type(lut[c] * sb)
+                acc[i] -= acc.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
         bad[u] = nb
 
 

@@ -24,7 +24,6 @@ from codec.stages.value.quantizer import (
     read_codes,
     read_ints,
 )
-from codec.ops import readonly
 from codec.params import Param, SEED, rounding
 from codec.stage import register
 
@@ -149,7 +148,7 @@ class _MiniFloat(Quantizer):
         def code_into(codes):
             bad = np.zeros(units, np.int64)
             if n:
-                kern.minifloat_feedback(flat, block, upb, emin, self.mant, self.maxmag, width - 1, self.stochastic, strm, readonly(lut), readonly(scale), codes, bad)
+                kern.minifloat_feedback(flat, block, upb, emin, self.mant, self.maxmag, width - 1, self.stochastic, strm, codes, bad)
             if bad.any():
                 self.raise_nonfinite(flat, ctx)
 
