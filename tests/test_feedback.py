@@ -130,37 +130,41 @@ def test_fused_half_step_equals_the_generic_formula(spec):
         assert np.array_equal(ef.residual("w"), r), f"step {step}: fused residual differs"
 
 
-MINIFLOATS = ["rangefloat(bits=8)", "rangefloat(bits=4)", "rangefloat(bits=16)", "rangefloat(bits=6,block=1000)",
-              "rangefloat(bits=8,rounding=stochastic)", "rangefloat(bits=3,exp_bits=2)", "fp8", "fp8(format=e5m2,scale=true)",
-              "fp8(rounding=stochastic)"]
+FUSED_QUANTIZERS = [
+    "rangefloat(bits=8)", "rangefloat(bits=4)", "rangefloat(bits=16)", "rangefloat(bits=6,block=1000)",
+    "rangefloat(bits=8,rounding=stochastic)", "rangefloat(bits=3,exp_bits=2)", "fp8", "fp8(format=e5m2,scale=true)",
+    "fp8(rounding=stochastic)", "minmax", "minmax(bits=4)", "minmax(bits=1,bucket=7)", "minmax(bucket=100000)",
+    "minmax(bits=3,rounding=stochastic,bucket=333)",
+]
 
 
-@pytest.mark.parametrize("spec", MINIFLOATS)
+@pytest.mark.parametrize("spec", FUSED_QUANTIZERS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_fused_minifloat_step_equals_the_generic_formula(spec, dtype):
+def test_fused_quantizer_step_equals_the_generic_formula(spec, dtype):
     """The fused rangefloat/fp8 step (two passes: acc with the block maxima, then codes with
-    acc - decoded) gives the frame of encode(x + residual) at the key's step and the residual
-    acc - decoded (decode_add subtracting), bit for bit; the generic four-pass step is what it
-    replaces (a tiny window, below 2**-1000, still takes it)."""
-    from codec.stages.value import minifloat
-
+    acc - decoded) and min-max step (one: bucket by bucket) give the frame of encode(x +
+    residual) at the key's step and the residual acc - decoded (decode_add subtracting), bit
+    for bit; the generic step is what they replace (a rangefloat window below 2**-1000 still
+    takes it)."""
     rng = np.random.default_rng(11)
     c = codec.get_codec(spec)
     calls = []
-    real = minifloat._MiniFloat.encode_feedback
+    cls = type(c.value)
+    real = cls.encode_feedback
 
     def spy(self, *a):
         got = real(self, *a)
         calls.append(got is not None)
         return got
 
-    minifloat._MiniFloat.encode_feedback = spy
+    cls.encode_feedback = spy
+    tiny_window = dtype == np.float64 and spec.startswith(("rangefloat", "fp8(format=e5m2,scale=true)"))
     try:
         for n in (1, 7, 70_001):
             ef = codec.ErrorFeedback(c)
             r = np.zeros(n, dtype)
             scales = [10.0 ** rng.integers(-6, 3) for _ in range(3)]
-            if dtype == np.float64:
+            if tiny_window:
                 scales[0] = 2.0 ** -1040  # a window below 2**-1000 (the residual starts at 0): the generic step
             for step in range(3):
                 x = (rng.standard_t(3, n) * scales[step]).astype(dtype)
@@ -171,18 +175,31 @@ def test_fused_minifloat_step_equals_the_generic_formula(spec, dtype):
                 c.decode_add(frame, r, subtract=True)
                 assert np.array_equal(ef.residual("w"), r), (n, step)
     finally:
-        minifloat._MiniFloat.encode_feedback = real
-    tiny_window = dtype == np.float64 and c.value.needs_max()  # fp8 without a scale has a fixed window
+        cls.encode_feedback = real
     assert any(calls) and all(calls) != tiny_window
 
 
-def test_fused_minifloat_step_keeps_the_residual_on_error():
-    ef = codec.ErrorFeedback("rangefloat(bits=8)")
+@pytest.mark.parametrize("spec", ["rangefloat(bits=8)", "minmax"])
+def test_fused_quantizer_step_keeps_the_residual_on_error(spec):
+    ef = codec.ErrorFeedback(spec)
     ef.encode(np.full(5, 1 / 3, np.float32), key="k")
     before = ef.residual("k").copy()
     with pytest.raises(ValueError, match=r"position \(3,\)"):
         ef.encode(np.array([0, 0, 0, np.nan, 0], np.float32), key="k")
     assert np.array_equal(ef.residual("k"), before) and ef.step("k") == 1
+
+
+def test_fused_minmax_step_leaves_an_unrepresentable_span_to_the_generic_step():
+    """Bounds whose decoded values pass the dtype's maximum (saturated when decoded) or whose
+    span overflows: the generic step, with its own error."""
+    c = codec.get_codec("minmax")
+    big = np.float32(3.3e38)
+    ef = codec.ErrorFeedback(c)
+    x = np.array([big, -big, 1.0], np.float32)
+    frame = ef.encode(x, key="k")
+    assert frame == c.encode(x, key="k", step=0)
+    with pytest.raises(ValueError, match="spans more than float64"):
+        codec.ErrorFeedback(c).encode(np.array([1.7e308, -1.7e308]), key="k")
 
 
 def test_fused_half_step_keeps_the_residual_on_error():

@@ -831,6 +831,41 @@ def test_minmax_encode_matches_spec(kind, n, dtype):
                 assert np.all(lows <= highs)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_minmax_feedback_matches_numpy(kind, n, dtype):
+    """minmax_feedback: acc = x + r (in the dtype), min-max's bounds and codes of acc (the
+    spec's reference), and acc minus each code's value ``code * ((hi - lo) / L) + lo`` rounded
+    to the dtype first (the dequantizer's SUB)."""
+    x = data(kind, n, dtype)
+    r = data("heavy", n, dtype, seed=4) * dtype(0.5)
+    want_acc = (x + r).astype(dtype)
+    for bucket in ((1, 7, max(1, n)) if n <= CHUNK + 1 else (7, 1024, CHUNK + 5)):
+        for bits in (1, 5, 8):
+            levels = (1 << bits) - 1
+            for stochastic in (False, True):
+                nb = -(-n // bucket)
+                lows, highs = np.empty(nb), np.empty(nb)
+                codes = np.empty(n, np.uint8)
+                bad = np.zeros(-(-nb // max(1, CHUNK // bucket)), np.int64)
+                acc = np.empty(n, dtype)
+                if n:
+                    wide = dtype == np.float64
+                    low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
+                    K.bucket.minmax_feedback(ro(x), ro(r), acc, acc.view(np.int64 if wide else np.int32), low, inf, bucket, levels,
+                                             stochastic, STRM, lows, highs, codes, bad)
+                wl, wh, wc = ref_minmax(want_acc, bucket, levels, stochastic, STRM)
+                what = f"bucket={bucket} bits={bits} stochastic={stochastic}"
+                assert_same(lows, wl, f"lows {what}")
+                assert_same(highs, wh, f"highs {what}")
+                assert_same(codes.astype(np.int64), wc, f"codes {what}")
+                b = np.arange(n) // bucket
+                value = (wc * ((wh - wl) / levels)[b] + wl[b]).astype(dtype)
+                assert_same(acc, (want_acc - value).astype(dtype), f"acc - decoded {what}")
+                assert not bad.any()
+
+
 def test_minmax_encode_float64_bounds_and_zeros():
     """float64 data: bounds rounded outward to float32, kept float64 per bucket when either does
     not fit (beyond 3.4e38); constant buckets; zeros of both signs (-0.0 < 0.0)."""

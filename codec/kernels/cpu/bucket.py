@@ -20,7 +20,7 @@ from codec.kernels.cpu._common import U, floor_plus, group_buckets, span_end
 from codec.kernels.cpu.rng import block_key, uniform
 from codec.layout import CHUNK
 
-__all__ = ["qsgd_encode", "minmax_encode"]
+__all__ = ["qsgd_encode", "minmax_encode", "minmax_feedback"]
 
 
 @jit
@@ -155,6 +155,37 @@ def _key_value(k, low, is64):
     return np.float64(w.view(np.float32))
 
 
+@jit
+def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes):
+    """One bucket of :func:`minmax_encode`: its codes, and ``(min, max, non-finite)``."""
+    kmin = _key(ibits[lo], low)
+    kmax = kmin
+    for i in range(U(lo), U(hi)):
+        k = _key(ibits[i], low)
+        kmin = min(kmin, k)
+        kmax = max(kmax, k)
+    nbad = 0
+    if kmax >= inf or kmin < -inf:
+        nbad = 1  # NaN or inf: reported through bad
+        kmin = kmax = 0
+    mn = _key_value(kmin, low, is64)
+    mx = _key_value(kmax, low, is64)
+    dn = _down32(mn)
+    up = _up32(mx)
+    if dn > -np.inf and up < np.inf:
+        mn, mx = dn, up
+    inv = levels / (mx - mn) if mx > mn else 0.0
+    i0 = lo
+    while i0 < hi:
+        i1 = span_end(i0, hi)
+        key = block_key(strm, i0) if stochastic else np.uint32(0)
+        for i in range(U(i0), U(i1)):
+            t = _round((np.float64(x[i]) - mn) * inv, stochastic, key, i)
+            codes[i] = np.int32(min(max(t, 0.0), np.float64(levels)))
+        i0 = i1
+    return mn, mx, nbad
+
+
 @jit(parallel=True)
 def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad):
     """Min-max: per bucket ``lows[b]`` / ``highs[b]`` (float32 rounded down / up when they fit,
@@ -170,30 +201,35 @@ def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, hi
         for b in range(g * per, min(nb, (g + 1) * per)):
             lo = b * bucket
             hi = min(n, lo + bucket)
-            kmin = _key(ibits[lo], low)
-            kmax = kmin
+            lows[b], highs[b], k = _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes)
+            nbad += k
+        bad[g] = nbad
+
+
+@jit(parallel=True)
+def minmax_feedback(x, r, acc, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad):
+    """:func:`minmax_encode` of ``acc = x + r`` fused with the error-feedback step, bucket by
+    bucket while it sits in cache: ``acc`` is formed (the sum in the arrays' dtype; ``ibits``
+    is its bit view), coded, then left holding ``acc - value``, each code's value
+    ``code * ((hi - lo) / levels) + lo`` in float64 rounded to the dtype first, exactly as
+    ``dequant.dequantize`` decodes and subtracts it.  One pass over memory: reads x and r,
+    writes the codes and acc."""
+    n = x.size
+    nb = lows.size
+    is64 = ibits.itemsize == 8
+    per = group_buckets(bucket)
+    for g in prange((nb + per - 1) // per):
+        nbad = np.int64(0)
+        for b in range(g * per, min(nb, (g + 1) * per)):
+            lo = b * bucket
+            hi = min(n, lo + bucket)
             for i in range(U(lo), U(hi)):
-                k = _key(ibits[i], low)
-                kmin = min(kmin, k)
-                kmax = max(kmax, k)
-            if kmax >= inf or kmin < -inf:
-                nbad += 1  # NaN or inf: reported through bad
-                kmin = kmax = 0
-            mn = _key_value(kmin, low, is64)
-            mx = _key_value(kmax, low, is64)
-            dn = _down32(mn)
-            up = _up32(mx)
-            if dn > -np.inf and up < np.inf:
-                mn, mx = dn, up
+                acc[i] = x[i] + r[i]
+            mn, mx, k = _minmax_bucket(acc, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes)
             lows[b] = mn
             highs[b] = mx
-            inv = levels / (mx - mn) if mx > mn else 0.0
-            i0 = lo
-            while i0 < hi:
-                i1 = span_end(i0, hi)
-                key = block_key(strm, i0) if stochastic else np.uint32(0)
-                for i in range(U(i0), U(i1)):
-                    t = _round((np.float64(x[i]) - mn) * inv, stochastic, key, i)
-                    codes[i] = np.int32(min(max(t, 0.0), np.float64(levels)))
-                i0 = i1
+            nbad += k
+            a = (mx - mn) / levels
+            for i in range(U(lo), U(hi)):
+                acc[i] -= acc.dtype.type(np.float64(codes[i]) * a + mn)
         bad[g] = nbad

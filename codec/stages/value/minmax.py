@@ -52,6 +52,45 @@ class MinMax(Quantizer):
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
 
+    def encode_feedback(self, x, slot, ctx, sections):
+        """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
+        x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
+        decoded`` there (kernel ``minmax_feedback``), bit for bit what adding, encoding,
+        decoding and subtracting give.  None (the unfused step) for 16-bit input, or when the
+        bounds decode beyond the dtype's range (saturated values, decoded apart)."""
+        from codec.kernels import backend
+        from codec.stages.value.quantizer import _largest
+
+        if x.dtype not in (np.float32, np.float64):
+            return None
+        n = x.size
+        nb, _, ngroups = bucket_groups(n, self.bucket)
+        lows, highs = np.empty(nb), np.empty(nb)
+        codes = np.empty(n, np.uint8)
+        bad = np.zeros(ngroups, np.int64)
+        acc = slot.take_spare()
+        flat = acc.reshape(-1)
+        if n:
+            wide = x.dtype == np.float64
+            ibits = flat.view(np.int64 if wide else np.int32)
+            low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
+            backend("bucket", x).minmax_feedback(
+                x, slot.residual.reshape(-1), flat, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic,
+                self.stream(ctx), lows, highs, codes, bad,
+            )
+        if bad.any():
+            self.raise_nonfinite(flat, ctx)
+        levels = (1 << self.bits) - 1
+        with np.errstate(over="ignore"):
+            span = highs - lows
+            decoded = Dequant(codes, self.bits, n, np.arange(levels + 1, dtype=np.float64), self.bucket, span / levels, lows, x.dtype)
+        if nb and (not np.all(np.isfinite(span)) or _largest(decoded) > float(np.finfo(x.dtype).max)):
+            slot.spare = acc  # not used: the unfused step forms acc again from x and the residual, and says why
+            return None
+        sections.append(scalars_section(np.concatenate([lows, highs])))
+        sections.append(codes_section(codes, self.bits))
+        return lambda: slot.commit(acc)
+
     def read(self, reader, ctx, count):
         nb = -(-count // self.bucket)
         bounds = read_scalars(reader, 2 * nb)
