@@ -134,7 +134,8 @@ FUSED_QUANTIZERS = [
     "rangefloat(bits=8)", "rangefloat(bits=4)", "rangefloat(bits=16)", "rangefloat(bits=6,block=1000)",
     "rangefloat(bits=8,rounding=stochastic)", "rangefloat(bits=3,exp_bits=2)", "fp8", "fp8(format=e5m2,scale=true)",
     "fp8(rounding=stochastic)", "minmax", "minmax(bits=4)", "minmax(bits=1,bucket=7)", "minmax(bucket=100000)",
-    "minmax(bits=3,rounding=stochastic,bucket=333)",
+    "minmax(bits=3,rounding=stochastic,bucket=333)", "qsgd", "qsgd(levels=4,bucket=7)", "qsgd(rounding=nearest)",
+    "qsgd(coding=elias)", "qsgd(levels=1000,bucket=100000)",
 ]
 
 
@@ -142,7 +143,7 @@ FUSED_QUANTIZERS = [
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fused_quantizer_step_equals_the_generic_formula(spec, dtype):
     """The fused rangefloat/fp8 step (two passes: acc with the block maxima, then codes with
-    acc - decoded) and min-max step (one: bucket by bucket) give the frame of encode(x +
+    acc - decoded) and min-max and QSGD steps (one: bucket by bucket) give the frame of encode(x +
     residual) at the key's step and the residual acc - decoded (decode_add subtracting), bit
     for bit; the generic step is what they replace (a rangefloat window below 2**-1000 still
     takes it)."""
@@ -179,7 +180,7 @@ def test_fused_quantizer_step_equals_the_generic_formula(spec, dtype):
     assert any(calls) and all(calls) != tiny_window
 
 
-@pytest.mark.parametrize("spec", ["rangefloat(bits=8)", "minmax"])
+@pytest.mark.parametrize("spec", ["rangefloat(bits=8)", "minmax", "qsgd"])
 def test_fused_quantizer_step_keeps_the_residual_on_error(spec):
     ef = codec.ErrorFeedback(spec)
     ef.encode(np.full(5, 1 / 3, np.float32), key="k")

@@ -748,6 +748,36 @@ def test_qsgd_encode_matches_spec(kind, n, dtype):
                 assert np.all(norms == round32(norms, up=True))  # float32 data: float32 norms
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_qsgd_feedback_matches_numpy(kind, n, dtype):
+    """qsgd_feedback: acc = x + r (in the dtype), QSGD's norms and codes of acc (the spec's
+    reference), and acc minus each code's value ``+-(level / s) * norm`` rounded to the dtype
+    first (the dequantizer's SUB)."""
+    x = data(kind, n, dtype)
+    r = data("heavy", n, dtype, seed=6) * dtype(0.5)
+    want_acc = (x + r).astype(dtype)
+    for bucket in ((1, 7, max(1, n)) if n <= CHUNK + 1 else (7, 512, CHUNK)):
+        for s in QSGD_LEVELS:
+            for stochastic in (False, True):
+                nb = -(-n // bucket)
+                norms = np.empty(nb)
+                codes = np.empty(n, np.uint8 if 1 + s.bit_length() <= 8 else np.uint16)
+                bad = np.zeros(-(-nb // max(1, CHUNK // bucket)), np.int64)
+                acc = np.empty(n, dtype)
+                if n:
+                    K.bucket.qsgd_feedback(ro(x), ro(r), acc, bucket, s, stochastic, STRM, LANES, norms, codes, bad)
+                wn, wc = ref_qsgd(want_acc, bucket, s, stochastic, STRM)
+                what = f"bucket={bucket} s={s} stochastic={stochastic}"
+                assert_same(norms, wn, f"norms {what}")
+                assert_same(codes.astype(np.int64), wc, f"codes {what}")
+                q = (wc >> 1) / s
+                value = (np.where(wc & 1, -q, q) * wn[np.arange(n) // bucket]).astype(dtype)
+                assert_same(acc, (want_acc - value).astype(dtype), f"acc - decoded {what}")
+                assert not bad.any()
+
+
 def test_qsgd_encode_float64_scaling_and_fallback():
     """float64 data whose squares overflow (norms beyond float32: kept float64) or underflow
     (sum below 2**-960: recomputed on scaled values; norms rounded up to float32, down to its

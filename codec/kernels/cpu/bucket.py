@@ -20,7 +20,7 @@ from codec.kernels.cpu._common import U, floor_plus, group_buckets, span_end
 from codec.kernels.cpu.rng import block_key, uniform
 from codec.layout import CHUNK
 
-__all__ = ["qsgd_encode", "minmax_encode", "minmax_feedback"]
+__all__ = ["qsgd_encode", "qsgd_feedback", "minmax_encode", "minmax_feedback"]
 
 
 @jit
@@ -106,6 +106,26 @@ def _round(t, stochastic, key, i):
     return np.rint(t)
 
 
+@jit
+def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes):
+    """One bucket of :func:`qsgd_encode`: its codes, and ``(norm, non-finite count)``."""
+    norm, k = _norm(x, lo, hi, width)
+    up = _up32(norm)
+    norm = up if up < np.inf else norm
+    scale = s / norm if norm > 0 else 0.0
+    i0 = lo
+    while i0 < hi:
+        i1 = span_end(i0, hi)
+        key = block_key(strm, i0) if stochastic else np.uint32(0)
+        for i in range(U(i0), U(i1)):
+            v = np.float64(x[i])
+            level = min(_round(abs(v) * scale, stochastic, key, i), np.float64(s))
+            lv = U(level) if level == level else U(0)  # NaN input (reported through bad)
+            codes[i] = (lv << U(1)) | U((v < 0) & (lv > 0))
+        i0 = i1
+    return norm, k
+
+
 @jit(parallel=True)
 def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad):
     """QSGD: per bucket ``norms[b]`` (float32 rounded up when that fits, else float64) and
@@ -117,23 +137,37 @@ def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad):
         nbad = np.int64(0)
         for b in range(g * per, min(nb, (g + 1) * per)):
             lo = b * bucket
-            hi = min(n, lo + bucket)
-            norm, k = _norm(x, lo, hi, width)
+            norms[b], k = _qsgd_bucket(x, lo, min(n, lo + bucket), s, stochastic, strm, width, codes)
             nbad += k
-            up = _up32(norm)
-            norm = up if up < np.inf else norm
+        bad[g] = nbad
+
+
+@jit(parallel=True)
+def qsgd_feedback(x, r, acc, bucket, s, stochastic, strm, width, norms, codes, bad):
+    """:func:`qsgd_encode` of ``acc = x + r`` fused with the error-feedback step, bucket by
+    bucket while it sits in cache (as :func:`minmax_feedback`): ``acc`` formed, coded, then
+    left holding ``acc - value``, each code's value ``+-(level / s) * norm`` in float64
+    rounded to the dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it."""
+    n = x.size
+    nb = norms.size
+    per = group_buckets(bucket)
+    fs = np.float64(s)
+    for g in prange((nb + per - 1) // per):
+        nbad = np.int64(0)
+        for b in range(g * per, min(nb, (g + 1) * per)):
+            lo = b * bucket
+            hi = min(n, lo + bucket)
+            for i in range(U(lo), U(hi)):
+                acc[i] = x[i] + r[i]
+            norm, k = _qsgd_bucket(acc, lo, hi, s, stochastic, strm, width, codes)
             norms[b] = norm
-            scale = s / norm if norm > 0 else 0.0
-            i0 = lo
-            while i0 < hi:
-                i1 = span_end(i0, hi)
-                key = block_key(strm, i0) if stochastic else np.uint32(0)
-                for i in range(U(i0), U(i1)):
-                    v = np.float64(x[i])
-                    level = min(_round(abs(v) * scale, stochastic, key, i), np.float64(s))
-                    lv = U(level) if level == level else U(0)  # NaN input (reported through bad)
-                    codes[i] = (lv << U(1)) | U((v < 0) & (lv > 0))
-                i0 = i1
+            nbad += k
+            if k:  # a NaN/inf: the step fails, and acc keeps x + r to say where
+                continue
+            for i in range(U(lo), U(hi)):
+                c = U(codes[i])
+                q = np.float64(c >> U(1)) / fs
+                acc[i] -= acc.dtype.type((-q if c & U(1) else q) * norm)
         bad[g] = nbad
 
 

@@ -58,6 +58,37 @@ class Qsgd(Quantizer):
         else:
             sections.append(codes_section(codes, self.code_bits))
 
+    def encode_feedback(self, x, slot, ctx, sections):
+        """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
+        x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
+        decoded`` there (kernel ``qsgd_feedback``), bit for bit what adding, encoding,
+        decoding and subtracting give.  None (the unfused step) for 16-bit input, or a norm
+        beyond the dtype's range (its values decoded saturated)."""
+        from codec.kernels import backend
+        from codec.layout import LANES
+
+        if x.dtype not in (np.float32, np.float64):
+            return None
+        n = x.size
+        nb, _, ngroups = bucket_groups(n, self.bucket)
+        norms = np.empty(nb)
+        codes = np.empty(n, code_dtype(self.code_bits))
+        bad = np.zeros(ngroups, np.int64)
+        acc = slot.take_spare()
+        flat = acc.reshape(-1)
+        if n:
+            backend("bucket", x).qsgd_feedback(
+                x, slot.residual.reshape(-1), flat, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad
+            )
+        if bad.any():
+            self.raise_nonfinite(flat, ctx)
+        if nb and norms.max() > float(np.finfo(x.dtype).max):  # |value| <= norm: decoded apart, saturated
+            slot.spare = acc  # not used: the unfused step forms acc again from x and the residual
+            return None
+        sections.append(scalars_section(norms))
+        sections.extend(self._elias(codes) if self.coding == "elias" else [codes_section(codes, self.code_bits)])
+        return lambda: slot.commit(acc)
+
     def _chunks(self, n: int) -> tuple[int, int]:
         """Buckets per Elias chunk (the kernels' bucket group) and the number of chunks."""
         _, per, ngroups = bucket_groups(n, self.bucket)
