@@ -235,7 +235,8 @@ class Codec:
             payload = (tpay, vctx, self.value.read(rd, vctx, vctx.n))
         else:
             if self.select is not None:
-                ctx.positions = self.select.positions(rd, ctx, known=positions)
+                # known= only for an index_coded stage: a stage of its own keeps positions(reader, ctx)
+                ctx.positions = self.select.positions(rd, ctx) if positions is None else self.select.positions(rd, ctx, known=positions)
             payload = self.value.read(rd, ctx, fr.n if ctx.positions is None else ctx.positions.size)
         rd.done()
         return ctx, payload

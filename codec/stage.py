@@ -281,7 +281,8 @@ class Select(Stage):
         """Check and read the index sections of a frame: the sorted flat positions, each in
         ``range(ctx.n)`` and unique (decoding scatters them unchecked).  With
         :attr:`index_coded`, ``known`` may hold them already read and checked: the index
-        section is then only taken."""
+        section is then only taken (a stage that is not ``index_coded`` is never passed
+        ``known`` and may leave the parameter out)."""
 
 
 class Value(Stage):
