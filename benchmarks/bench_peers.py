@@ -1,0 +1,199 @@
+"""gradcodec next to its peers' own math, in one process on the same arrays and threads.
+
+    python benchmarks/bench_peers.py [--workloads 25M,sample,resnet50] [--codecs fp16,bf16,topk,randomk,qsgd,powersgd]
+                                     [--repeat 7] [--markdown]
+
+Issue 15 asks that no codec be slower than its best peer, on one 25M-element gradient and on
+many small tensors, measured in the same run. The peers run on CPU without a process group;
+each is a faithful port of what it computes per step, in PyTorch (optional: ``pip install
+torch==2.13.0``; without it the script says so and exits):
+
+* ``fp16`` / ``bf16``: DDP's ``fp16_compress_hook`` / ``bf16_compress_hook``: the bucket
+  (every gradient of the step, flat; DDP keeps them there, so building it is not timed) cast
+  with ``bucket.to(dtype)``, and back with ``bucket.copy_(half)``.
+* ``topk``: GRACE's ``TopKCompressor`` (ratio 0.01), per tensor:
+  ``torch.topk(t.abs(), k, sorted=False)`` and ``torch.gather``; decompressed with
+  ``out.zero_()`` and ``out.scatter_(0, indices, values)``.
+* ``randomk``: GRACE's ``RandomKCompressor`` (ratio 0.01): ``torch.randperm(n)[:k]`` and
+  a gather; decompressed as top-k.
+* ``qsgd``: GRACE's ``QSGDCompressor`` (s = 16 levels): one norm per tensor, stochastic
+  levels as int8 and the norm; decompressed as ``norm / s * levels``. gradcodec's qsgd has one
+  norm per 512-value bucket, which is more work and more accuracy.
+* ``powersgd``: PyTorch's ``powerSGD_hook`` math at rank 4 (its own ``_orthogonalize``),
+  per matrix ``M`` (a tensor viewed as ``(shape[0], -1)``; 1-D tensors are sent as they are,
+  as the hook does): ``P = M Q``, orthogonalise ``P``, ``Q = M^T P``; decompressed with
+  ``P Q^T`` into ``out``. The 25M gradient is viewed as 5000 x 5000 by both sides.
+
+gradcodec's side is the call a user makes: ``encode`` (a self-describing frame of bytes with
+its CRC-32C) and ``decode(frame, out=)``, one call per tensor and, for the many-tensor
+workloads, one ``encode_many`` / ``decode_many`` call. Every figure is the best of
+``--repeat``; the ratio is the peer's time over gradcodec's (above 1: gradcodec is faster).
+Both sides use the same thread count; the script sets gradcodec's passive OpenMP wait
+(``codec.threads.prepare_numba``) before torch loads, since two spinning pools on two cores
+measure each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import FIRST_CALL, best, bullets, heading, log, machine_info, render, synthetic  # noqa: E402
+
+CODECS = ("fp16", "bf16", "topk", "randomk", "qsgd", "powersgd")
+SPECS = {"fp16": "fp16", "bf16": "bf16", "topk": "topk(ratio=0.01)", "randomk": "randomk(ratio=0.01)", "qsgd": "qsgd(levels=16)", "powersgd": "powersgd(rank=4)"}
+RATIO, LEVELS, RANK = 0.01, 16, 4
+
+
+def workload(name):
+    if name == "25M":
+        return {"g": synthetic(25_000_000).reshape(5000, 5000)}
+    from bench_model import model
+
+    return model(name)
+
+
+# --------------------------------------------------------------------------- the peers
+class Peer:
+    """``encode(tensors) -> state`` and ``decode(state, outs)`` over torch tensors."""
+
+    def __init__(self, codec, tensors):
+        import torch
+
+        self.torch = torch
+        self.codec = codec
+        self.ts = [torch.from_numpy(np.ascontiguousarray(t)) for t in tensors.values()]
+        if codec in ("fp16", "bf16"):
+            self.bucket = torch.cat([t.reshape(-1) for t in self.ts])
+            self.dtype = torch.float16 if codec == "fp16" else torch.bfloat16
+        if codec == "powersgd":
+            g = torch.Generator().manual_seed(0)
+            self.qs = [torch.randn(t.reshape(t.shape[0], -1).shape[1], RANK, generator=g) if t.dim() >= 2 else None for t in self.ts]
+
+    def encode(self):
+        torch, c = self.torch, self.codec
+        if c in ("fp16", "bf16"):
+            return self.bucket.to(self.dtype)
+        out = []
+        for i, t in enumerate(self.ts):
+            flat = t.reshape(-1)
+            n = flat.numel()
+            k = max(1, int(n * RATIO))
+            if c == "topk":
+                _, idx = torch.topk(flat.abs(), k, sorted=False)
+                out.append((idx, torch.gather(flat, 0, idx)))
+            elif c == "randomk":
+                idx = torch.randperm(n)[:k]
+                out.append((idx, torch.gather(flat, 0, idx)))
+            elif c == "qsgd":
+                norm = flat.norm()
+                level_float = LEVELS / norm * flat.abs()
+                previous = level_float.floor()
+                prob = torch.empty_like(flat).uniform_()
+                new_level = previous + (prob < (level_float - previous)).type(torch.float32)
+                out.append(((new_level * flat.sign()).type(torch.int8), norm))
+            else:  # powersgd
+                if self.qs[i] is None:
+                    out.append(flat)  # the hook allreduces 1-D tensors as they are
+                    continue
+                from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
+
+                m = t.reshape(t.shape[0], -1)
+                p = m @ self.qs[i]
+                _orthogonalize(p.unsqueeze(0))
+                self.qs[i] = m.t() @ p
+                out.append((p, self.qs[i]))
+        return out
+
+    def decode(self, state, outs):
+        torch, c = self.torch, self.codec
+        if c in ("fp16", "bf16"):
+            self.bucket.copy_(state)  # the hook's decompress: back into the bucket
+            return
+        for s, o in zip(state, outs):
+            flat = o.reshape(-1)
+            if c in ("topk", "randomk"):
+                flat.zero_()
+                flat.scatter_(0, s[0], s[1])
+            elif c == "qsgd":
+                torch.mul(s[0].type(torch.float32), s[1] / LEVELS, out=flat)
+            elif isinstance(s, tuple):  # powersgd
+                torch.matmul(s[0], s[1].t(), out=o.reshape(s[0].shape[0], -1))
+            else:
+                flat.copy_(s)
+
+
+# --------------------------------------------------------------------------- gradcodec
+def ours(spec, tensors, outs, repeat):
+    import codec
+
+    c = codec.get_codec(spec)
+    xs, ys = list(tensors.values()), list(outs.values())
+    frames = [c.encode(x) for x in xs]
+    [codec.decode(f, out=y) for f, y in zip(frames, ys)]
+    res = {
+        "enc1": best(lambda: [c.encode(x) for x in xs], repeat),
+        "dec1": best(lambda: [codec.decode(f, out=y) for f, y in zip(frames, ys)], repeat),
+    }
+    if len(xs) > 1:
+        frame = c.encode_many(tensors)
+        codec.decode_many(frame, out=outs)
+        res["encm"] = best(lambda: c.encode_many(tensors), repeat)
+        res["decm"] = best(lambda: codec.decode_many(frame, out=outs), repeat)
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="25M,sample,resnet50")
+    ap.add_argument("--codecs", default=",".join(CODECS))
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    from codec import threads
+
+    threads.prepare_numba()  # before either OpenMP runtime starts: both wait passively (2 pools share the cores)
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed (pip install torch==2.13.0): the peers run in PyTorch; nothing to compare")
+        return
+    t_run = time.perf_counter()
+    md = args.markdown
+    bullets(machine_info() + [f"torch {torch.__version__}, {torch.get_num_threads()} threads"], md)
+    rows = []
+    for wl in args.workloads.split(","):
+        tensors = workload(wl)
+        outs = {k: np.empty_like(v) for k, v in tensors.items()}
+        n = sum(v.size for v in tensors.values())
+        for name in args.codecs.split(","):
+            log(f"{wl}: {name} ...")
+            peer = Peer(name, tensors)
+            touts = [torch.from_numpy(o) for o in outs.values()]
+            for _ in range(2):  # warm: first calls, thread pools
+                state = peer.encode()
+                peer.decode(state, touts)
+            pe, pd = best(peer.encode, args.repeat), best(lambda: peer.decode(state, touts), args.repeat)
+            g = ours(SPECS[name], tensors, outs, args.repeat)
+            e, d = min(g["enc1"], g.get("encm", np.inf)), min(g["dec1"], g.get("decm", np.inf))
+            ms = lambda v: f"{v * 1e3:.3f}" if v < np.inf else "-"  # noqa: E731
+            rows.append([wl, f"{len(tensors)} / {n:,}", SPECS[name], ms(pe), ms(g["enc1"]), ms(g.get("encm", np.inf)), f"{pe / e:.2f}x",
+                         ms(pd), ms(g["dec1"]), ms(g.get("decm", np.inf)), f"{pd / d:.2f}x"])
+    print()
+    heading("gradcodec against its peers, ms per step (best of --repeat); ratio = peer time / gradcodec's best time", md)
+    print(render(["workload", "tensors / elements", "codec", "peer enc", "enc (per tensor)", "enc (many)", "enc ratio",
+                  "peer dec", "dec (per tensor)", "dec (many)", "dec ratio"], rows, md))
+    print()
+    bullets(["peers: fp16/bf16 DDP compress hooks on one flat bucket; topk/randomk/qsgd GRACE's compressors per tensor; "
+             "powersgd PyTorch's powerSGD_hook math per matrix (1-D tensors copied)",
+             "gradcodec: frames of bytes with their CRC-32C, decoded into preallocated arrays",
+             FIRST_CALL, f"total run time {time.perf_counter() - t_run:.0f} s"], md)
+
+
+if __name__ == "__main__":
+    main()
