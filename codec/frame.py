@@ -192,11 +192,15 @@ except (OSError, AttributeError, NameError):  # pragma: no cover
     _madvise = None
 
 
-def frame_out(out, inputs=()) -> np.ndarray:
+def frame_out(out, inputs=()):
     """``out`` (a caller's buffer to encode into: a writable, C-contiguous bytes-like object
     such as a bytearray or a uint8 array) as a writable uint8 array.  TypeError when it is
     not one; ValueError when it overlaps one of the ``inputs`` arrays (the frame would
-    overwrite what it is coding)."""
+    overwrite what it is coding).  ``out`` may also be a callable ``size -> buffer`` (a pool,
+    a growing send buffer): it is then called once the frame's size is known, before
+    anything is written, and what it returns is checked the same way."""
+    if callable(out) and not isinstance(out, (bytearray, memoryview, np.ndarray)):
+        return lambda size: frame_out(out(size), inputs)
     try:
         mv = memoryview(out)
     except TypeError:
@@ -212,12 +216,15 @@ def frame_out(out, inputs=()) -> np.ndarray:
     return buf
 
 
-def _frame_bytes(size: int, out: np.ndarray | None):
+def _frame_bytes(size: int, out):
     """Where a frame of ``size`` bytes is written: a new ``bytes`` (:func:`_new_bytes`), or
-    the start of ``out`` (from :func:`frame_out`), returned as a memoryview of exactly the
-    frame; ValueError naming ``out`` when it is too small (before anything is written)."""
+    the start of ``out`` (from :func:`frame_out`: a uint8 array, or an allocator called with
+    ``size``), returned as a memoryview of exactly the frame; ValueError naming ``out`` when
+    it is too small (before anything is written)."""
     if out is None:
         return _new_bytes(size)
+    if callable(out):  # an allocator (frame_out of a callable): asked for exactly this size
+        out = out(size)
     if out.size < size:
         raise ValueError(f"out: the frame needs {size} bytes, the buffer holds {out.size}")
     return memoryview(out[:size]), out[:size]

@@ -263,6 +263,30 @@ def test_ireduce_handles(spec):
     assert_same(rb, wb)
 
 
+@needs_mpi
+@pytest.mark.parametrize("spec", ["topk(ratio=0.01)+fp16", "qsgd(levels=16)", "fp16"])
+def test_allgather_steps_reuse_their_buffers(spec):
+    """The allgather scheme's step writes its frame into, and receives the ranks' frames into,
+    buffers kept from earlier steps (no fresh pages per step); two steps in flight hold
+    different ones; every step's result stays the reference's."""
+    red = reducer(spec)
+    ref = Reference(spec, 1)
+    results = []
+    for step in range(2):
+        x = make_inputs(25, 0, step, SMALL)
+        results.append((red.reduce({k: v.copy() for k, v in x.items()}), ref.step([x])))
+    kept = {id(b) for b in red.scheme.buffers.free}
+    assert len(kept) == 2  # the frame's and the receive buffer, given back
+    xa, xb = make_inputs(25, 0, 2, SMALL), make_inputs(25, 0, 3, SMALL)
+    ha, hb = red.ireduce({k: v.copy() for k, v in xa.items()}), red.ireduce({k: v.copy() for k, v in xb.items()})
+    assert ha._pending.held is not hb._pending.held and not {id(b) for b in ha._pending.held} & {id(b) for b in hb._pending.held}
+    assert {id(b) for b in ha._pending.held} == kept  # the first step in flight took the kept ones
+    results += [(ha.wait(), ref.step([xa])), (hb.wait(), ref.step([xb]))]
+    for got, want in results:
+        assert_same(got, want)
+    assert kept <= {id(b) for b in red.scheme.buffers.free} and len(red.scheme.buffers.free) <= red.scheme.buffers.KEEP
+
+
 # ---------------------------------------------------------------------- serial: arguments
 @needs_mpi
 @pytest.mark.parametrize("name", ["average", "error_feedback", "vote", "rank_streams", "cuda_aware"])

@@ -59,9 +59,9 @@ def _recording(red):
     if hasattr(red.scheme, "encode"):
         encode = red.scheme.encode
 
-        def spy(arrays, keys):
-            out = encode(arrays, keys)
-            frames.append(list(out))
+        def spy(arrays, keys, **kw):
+            out = encode(arrays, keys, **kw)
+            frames.append(list(out))  # copied now: the frame's buffer is reused by a later step
             return out
 
         red.scheme.encode = spy
