@@ -3,6 +3,8 @@ levels between them (CGX, Bagua's ByteGrad; docs/codecs.md)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from codec.errors import CorruptFrameError
@@ -12,6 +14,14 @@ from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, SEED, rounding
 from codec.stage import register
+
+
+@functools.lru_cache(maxsize=16)
+def _codes(bits: int) -> np.ndarray:
+    """Every ``bits``-bit code as a float64 (the decoder's table; read-only)."""
+    lut = np.arange(1 << bits, dtype=np.float64)
+    lut.flags.writeable = False
+    return lut
 
 
 @register
@@ -83,7 +93,7 @@ class MinMax(Quantizer):
         levels = (1 << self.bits) - 1
         with np.errstate(over="ignore"):
             span = highs - lows
-            decoded = Dequant(codes, self.bits, n, np.arange(levels + 1, dtype=np.float64), self.bucket, span / levels, lows, x.dtype)
+            decoded = Dequant(codes, self.bits, n, _codes(self.bits), self.bucket, span / levels, lows, x.dtype, lut_top=float(levels))
         if nb and (not np.all(np.isfinite(span)) or _largest(decoded) > float(np.finfo(x.dtype).max)):
             slot.spare = acc  # not used: the unfused step forms acc again from x and the residual, and says why
             return None
@@ -99,5 +109,4 @@ class MinMax(Quantizer):
             raise CorruptFrameError("minmax frame: a bucket's minimum exceeds its maximum")
         levels = (1 << self.bits) - 1
         data = read_codes(reader, self.bits, count)
-        lut = np.arange(1 << self.bits, dtype=np.float64)
-        return Dequant(data, self.bits, count, lut, self.bucket, (highs - lows) / levels, lows, ctx.dtype)
+        return Dequant(data, self.bits, count, _codes(self.bits), self.bucket, (highs - lows) / levels, lows, ctx.dtype, lut_top=float(levels))

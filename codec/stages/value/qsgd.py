@@ -3,6 +3,8 @@ per-bucket L2 norm and ``levels`` levels per sign (docs/codecs.md)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from codec.errors import CorruptFrameError
@@ -20,6 +22,17 @@ from codec.stages.value.quantizer import (
 from codec.layout import bucket_groups
 from codec.params import Param, SEED, rounding
 from codec.stage import register
+
+
+@functools.lru_cache(maxsize=64)
+def _levels(s: int, w: int) -> np.ndarray:
+    """The value of every ``w``-bit code ``level << 1 | sign`` over ``s`` levels, ``+-level /
+    s`` (computed once per codec; read-only)."""
+    code = np.arange(1 << w)
+    level, negative = code >> 1, code & 1
+    lut = np.where(negative == 1, -(level / s), level / s)
+    lut.flags.writeable = False
+    return lut
 
 
 @register
@@ -122,10 +135,7 @@ class Qsgd(Quantizer):
             data, w = self._read_elias(reader, count), 8 * np.dtype(code_dtype(w)).itemsize
         else:
             data = read_codes(reader, w, count, ((1 << w) - 1, 1, s))  # level = code >> 1 <= s
-        code = np.arange(1 << w)
-        level, negative = code >> 1, code & 1
-        lut = np.where(negative == 1, -(level / s), level / s)
-        return Dequant(data, w, count, lut, self.bucket, norms, np.empty(0), ctx.dtype)
+        return Dequant(data, w, count, _levels(s, w), self.bucket, norms, np.empty(0), ctx.dtype, lut_top=1.0)
 
     def _read_elias(self, reader, count):
         """The codes (little-endian bytes of uint8/uint16 codes) of an Elias-coded frame."""

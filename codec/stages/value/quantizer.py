@@ -44,7 +44,7 @@ def _largest(p: "Dequant") -> float:
     frame decodes saturated to that value, as an fp8 "satfinite" conversion does."""
     if not p.count:
         return 0.0
-    lut = float(np.abs(p.lut).max(initial=0.0))
+    lut = p.lut_top if p.lut_top is not None else float(np.abs(p.lut).max(initial=0.0))
     return lut * float(np.abs(p.scale).max(initial=0.0)) + float(np.abs(p.offset).max(initial=0.0))
 
 
@@ -63,6 +63,8 @@ class Dequant:
     offset: np.ndarray
     dtype: np.dtype
     trits: bool = False
+    #: ``max |lut|`` when the stage knows it (a cached table's): not recomputed per tensor
+    lut_top: float | None = None
 
 
 class Quantizer(Value):
