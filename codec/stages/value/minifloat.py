@@ -63,45 +63,63 @@ class _MiniFloat(Quantizer):
     def needs_max(self) -> bool:
         return True
 
-    def quantize(self, x, ctx, sections):
-        from codec.kernels import backend
+    def _units(self, n: int):
+        """``(block, nblocks, upb, units)``: the window length, the windows, and the kernels'
+        work units (``upb`` pieces of at most CHUNK values per window)."""
         from codec.layout import CHUNK
 
-        kern = backend("quantize", x)
-        n = x.size
         block = max(1, self.block_len(n))
         nblocks = -(-n // block)
         upb = -(-block // CHUNK)
-        units = nblocks * upb
+        return block, nblocks, upb, nblocks * upb
+
+    def _stored(self, top, nblocks, upb, values, ctx):
+        """What the frame stores per window (T, or fp8's scale exponent) from the work units'
+        largest magnitude bits ``top`` of ``values``; NaN/inf there is the error naming its
+        position in ``values``."""
+        amax, bad = magnitude_values(top, values.dtype)
+        if bad:
+            self.raise_nonfinite(values, ctx)
+        if not self.needs_max():
+            return np.zeros(nblocks, np.int64)
+        return self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
+
+    def _codes_section(self, n, code_into) -> Section:
+        """The values section of ``n`` codes that ``code_into(codes)`` writes: straight into the
+        frame for 8- and 16-bit codes, else into an array that is then bit-packed."""
+        w = self.width
+        if w in (8, 16):
+            return Section(SectionKind.VALUES, w, n, fill=lambda out: code_into(out.view(code_dtype(w))))
+        codes = np.empty(n, code_dtype(w))
+        code_into(codes)
+        return codes_section(codes, w)
+
+    def quantize(self, x, ctx, sections):
+        from codec.kernels import backend
+
+        kern = backend("quantize", x)
+        n = x.size
+        block, nblocks, upb, units = self._units(n)
         if self.needs_max():
             bits, mask = magnitude_bits(x)
             top = np.zeros(units, bits.dtype)
             if n:
                 kern.absmax_units(bits, block, upb, mask, top)
-            amax, bad = magnitude_values(top, x.dtype)
-            if bad:
-                self.raise_nonfinite(x, ctx)
-            stored = self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
+            stored = self._stored(top, nblocks, upb, x, ctx)
             sections.append(ints_section(stored))
         else:
             stored = np.zeros(nblocks, np.int64)
         emin = self.emins(stored).astype(np.int64)
         strm = self.stream(ctx)
-        bits = self.width
 
         def encode_into(codes):
             bad = np.zeros(units, np.int64)
             if n:
-                kern.minifloat_encode(x, block, upb, emin, self.mant, self.maxmag, bits - 1, self.stochastic, strm, codes, bad)
+                kern.minifloat_encode(x, block, upb, emin, self.mant, self.maxmag, self.width - 1, self.stochastic, strm, codes, bad)
             if bad.any():
                 self.raise_nonfinite(x, ctx)
 
-        if bits in (8, 16):  # the codes are written once, straight into the frame
-            sections.append(Section(SectionKind.VALUES, bits, n, fill=lambda out: encode_into(out.view(code_dtype(bits)))))
-        else:
-            codes = np.empty(n, code_dtype(bits))
-            encode_into(codes)
-            sections.append(codes_section(codes, bits))
+        sections.append(self._codes_section(n, encode_into))
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass forms ``acc = x +
@@ -110,30 +128,20 @@ class _MiniFloat(Quantizer):
         give (four passes).  None (the unfused step) for 16-bit input, a window below
         ``2**-1000``, or values that decode beyond the dtype's range (saturated)."""
         from codec.kernels import backend
-        from codec.layout import CHUNK
         from codec.stages.value.quantizer import _largest
 
         if x.dtype not in (np.float32, np.float64):
             return None
         kern = backend("quantize", x)
         n = x.size
-        block = max(1, self.block_len(n))
-        nblocks = -(-n // block)
-        upb = -(-block // CHUNK)
-        units = nblocks * upb
+        block, nblocks, upb, units = self._units(n)
         acc = slot.take_spare()
         flat = acc.reshape(-1)
         bits, mask = magnitude_bits(flat)
         top = np.zeros(units, bits.dtype)
         if n:
             kern.feedback_absmax_units(x, slot.residual.reshape(-1), flat, bits, block, upb, mask, top)
-        amax, bad = magnitude_values(top, x.dtype)
-        if bad:  # before anything is coded: the same error, naming the same position of acc
-            self.raise_nonfinite(flat, ctx)
-        if self.needs_max():
-            stored = self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
-        else:
-            stored = np.zeros(nblocks, np.int64)
+        stored = self._stored(top, nblocks, upb, flat, ctx)  # a NaN/inf is refused before anything is coded
         emin = self.emins(stored).astype(np.int64)
         lut, scale = _exact_factors(magnitudes(self.mant, self.width), emin)
         fits = Dequant(np.empty(0, np.uint8), self.width, n, lut, block, scale, np.empty(0), ctx.dtype)
@@ -143,21 +151,15 @@ class _MiniFloat(Quantizer):
         if self.needs_max():
             sections.append(ints_section(stored))
         strm = self.stream(ctx)
-        width = self.width
 
         def code_into(codes):
             bad = np.zeros(units, np.int64)
             if n:
-                kern.minifloat_feedback(flat, block, upb, emin, self.mant, self.maxmag, width - 1, self.stochastic, strm, codes, bad)
+                kern.minifloat_feedback(flat, block, upb, emin, self.mant, self.maxmag, self.width - 1, self.stochastic, strm, codes, bad)
             if bad.any():
                 self.raise_nonfinite(flat, ctx)
 
-        if width in (8, 16):  # the codes are written once, straight into the frame
-            sections.append(Section(SectionKind.VALUES, width, n, fill=lambda out: code_into(out.view(code_dtype(width)))))
-        else:
-            codes = np.empty(n, code_dtype(width))
-            code_into(codes)
-            sections.append(codes_section(codes, width))
+        sections.append(self._codes_section(n, code_into))
         return lambda: slot.commit(acc)
 
     def read(self, reader, ctx, count):

@@ -24,6 +24,14 @@ def _codes(bits: int) -> np.ndarray:
     return lut
 
 
+def _keys(values: np.ndarray):
+    """The kernels' integer view of float32/float64 ``values`` (ordered keys of their bits)
+    with its sign-clearing mask and infinity pattern: ``(ibits, low, inf)``."""
+    wide = values.dtype == np.float64
+    low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
+    return values.view(np.int64 if wide else np.int32), low, inf
+
+
 @register
 class MinMax(Quantizer):
     """Per bucket min and max, 2**bits - 1 uniform steps between them (nearest or stochastic)."""
@@ -45,11 +53,9 @@ class MinMax(Quantizer):
         codes = np.empty(n, np.uint8)
         bad = np.zeros(ngroups, np.int64)
         if n:
-            wide = x.dtype == np.float64
-            ibits = readonly(x.view(np.int64 if wide else np.int32))
-            low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
+            ibits, low, inf = _keys(x)
             backend("bucket", x).minmax_encode(
-                x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
+                x, readonly(ibits), low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
                 lows, highs, codes, bad,
             )
         if bad.any():
@@ -81,9 +87,7 @@ class MinMax(Quantizer):
         acc = slot.take_spare()
         flat = acc.reshape(-1)
         if n:
-            wide = x.dtype == np.float64
-            ibits = flat.view(np.int64 if wide else np.int32)
-            low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
+            ibits, low, inf = _keys(flat)
             backend("bucket", x).minmax_feedback(
                 x, slot.residual.reshape(-1), flat, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic,
                 self.stream(ctx), lows, highs, codes, bad,
