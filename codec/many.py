@@ -15,7 +15,8 @@ import numpy as np
 
 from codec.dtypes import as_float_array, checked_out
 from codec.errors import NonFiniteError
-from codec.frame import Frame, Section, SectionInfo, SectionKind, frame_out
+from codec.frame import Frame, Section, SectionInfo, SectionKind
+from codec.framebuffer import frame_out
 from codec.manyframe import Entry, Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import scatter, scratch, store, wide_dtype
@@ -108,7 +109,7 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     names, arrays = many_inputs(tensors)
     step = check_step(step)
     lay = Layout.of(arrays, names)
-    dest = frame_out(out, arrays) if out is not None else None
+    dest = frame_out(out, arrays)
     if joint:
         flat = joined(arrays)
         secs = c.sections(flat, Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors"))

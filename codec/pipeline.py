@@ -18,7 +18,8 @@ from codec import spec as specmod
 from codec import many
 from codec.dtypes import as_float_array, checked_out
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
-from codec.frame import DEFAULT_CHECKSUM, build_frame, frame_out, parse_frame
+from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
+from codec.framebuffer import frame_out
 from codec.manyframe import build_many, parse_many
 from codec.modes import ADD, SET, SUB
 from codec.stage import KINDS, Context, Stage, check_step, lookup, registered
@@ -86,7 +87,7 @@ class Codec:
         (nothing is written) or the buffer overlaps ``x``.  ``out`` may also be a callable
         ``size -> buffer``, asked once for the frame's exact size (a pool of buffers)."""
         arr = as_float_array(x, dtype)
-        dest = frame_out(out, (arr,)) if out is not None else None
+        dest = frame_out(out, (arr,))
         return self.encode_with(arr, Context(arr.shape, arr.dtype, key=key, step=check_step(step)), out=dest)
 
     # ---------------------------------------------------------------- pipeline primitives
@@ -121,7 +122,7 @@ class Codec:
     def frame(self, sections: list, dtype, shape, *, out=None) -> bytes:
         """The frame holding ``sections`` for an array of ``dtype`` and ``shape``, with this
         codec's spec, checksum and byte stages; ``out`` (a uint8 array from
-        :func:`codec.frame.frame_out`): written there, a memoryview of it returned."""
+        :func:`codec.framebuffer.frame_out`): written there, a memoryview of it returned."""
         return build_frame(self.spec, dtype, shape, sections, out=out, **self._frame_options)
 
     def frame_many(self, sections: list, layout, form: str = "table", *, pieces=None, joint: bool = False, out=None) -> bytes:

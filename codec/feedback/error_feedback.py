@@ -7,7 +7,8 @@ import numpy as np
 
 from codec.dtypes import as_float_array
 from codec.feedback.slot import Slot
-from codec.frame import frame_out, parse_frame
+from codec.frame import parse_frame
+from codec.framebuffer import frame_out
 from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
 from codec.modes import SUB
@@ -55,7 +56,7 @@ class ErrorFeedback:
         ``out``: a buffer to write the frame into (:meth:`codec.Codec.encode`); a frame that
         does not fit raises ValueError and changes no residual or step."""
         arr = as_float_array(x, dtype, "x")
-        dest = frame_out(out, (arr,)) if out is not None else None
+        dest = frame_out(out, (arr,))
         slot = self._claim(key, arr, "x")
         sections, finish = self._begin(arr, slot)
         frame = self.codec.frame(sections, arr.dtype, arr.shape, out=dest)
@@ -79,7 +80,7 @@ class ErrorFeedback:
         if joint:
             return self._encode_joint(tensors, keys, layout, out)
         names, arrays = many_inputs(tensors)
-        dest = frame_out(out, arrays) if out is not None else None
+        dest = frame_out(out, arrays)
         if keys is None:
             keys = list(names) if names is not None else list(range(len(arrays)))
         keys = many_keys(keys, len(arrays))
@@ -111,7 +112,7 @@ class ErrorFeedback:
 
     def _encode_joint(self, tensors, key, layout: str, out) -> bytes:
         names, arrays = many_inputs(tensors)
-        dest = frame_out(out, arrays) if out is not None else None
+        dest = frame_out(out, arrays)
         lay = Layout.of(arrays, names)
         flat = joined(arrays)
         slot = self._claim(hashable_key(key), flat, "tensors")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, _frame_bytes, raw_length
+from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length
+from codec.framebuffer import frame_bytes
 from codec.manyframe.table import Layout
 from codec.manyframe.wire import FIXED, FIXED_SIZE, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, put_varint
 
@@ -96,7 +97,7 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     flags |= flag
     header_len = len(head) + _CRC.size * (2 if flag else 1)
     size = header_len + (payload_len if stored is None else stored.size)
-    frame, out = _frame_bytes(size, out)
+    frame, out = frame_bytes(size, out)
     if stored is None:
         _fill(out[header_len:], pieces)
     else:
