@@ -1,4 +1,4 @@
-"""Packing shared by every codec: n-bit codes and index sets (kernels in ``codec.kernels.*.pack``).
+"""Packing shared by every codec: n-bit codes and index sets (kernels: the ``pack`` and ``index`` families).
 
 * :func:`pack_bits` / :func:`unpack_bits`: codes of 1..64 bits, LSB-first, exactly
   ``ceil(n*bits/8)`` bytes.
@@ -98,7 +98,7 @@ def encode_indices(idx, n: int) -> Section:
     k = idx.size
     if k and (idx[0] < 0 or idx[-1] >= n):
         raise ValueError(f"idx: positions must lie in [0, {n})")
-    kern = backend("pack", idx)
+    kern = backend("index", idx)
     gaps = np.empty(k, np.uint64)
     idx = readonly(idx)
     big = kern.delta_encode(idx, gaps) if k else 0
@@ -124,7 +124,7 @@ def encode_index_segments(pos, starts, sizes) -> list:
     sizes = np.asarray(sizes, np.int64)
     nseg = sizes.size
     counts = np.diff(starts)
-    kern = backend("pack", pos)
+    kern = backend("index", pos)
     widths = np.empty(nseg, np.int64)
     kern.index_widths(pos, starts, widths)
     if (widths < 0).any() or ((pos >= np.repeat(sizes, counts)).any() if pos.size else False):
@@ -174,7 +174,7 @@ def decode_index_segments(data, infos, sizes) -> list | None:
     if not ok.all():
         return None
     ends = starts + lens
-    kern = backend("pack", data)
+    kern = backend("index", data)
     data = readonly(data)
     found = np.empty(nseg, np.int64)
     kern.index_counts(data, starts, ends, readonly(bitmap), counts, found)
@@ -208,7 +208,7 @@ def decode_indices(info, raw, n: int) -> np.ndarray:
     """
     n = operator.index(n)
     raw = _as_bytes(raw)
-    kern = backend("pack", raw)
+    kern = backend("index", raw)
     kind, bits, count = int(info.kind), int(info.bits), int(info.count)
     if kind == SectionKind.INDEX_DELTA:
         if count > n or not 1 <= bits <= max(1, (n - 1).bit_length()):

@@ -311,8 +311,8 @@ def test_pack_family_codes_across_chunks(backend, bits):
     np.testing.assert_array_equal(back, codes)
 
 
-def test_pack_family_index_sets(backend):
-    kern = module("pack", backend)
+def test_index_family_index_sets(backend):
+    kern = module("index", backend)
     rng = np.random.default_rng(7)
     n = 2 * 8 * (1 << 16) + 13  # a bitmap of more than two parallel chunks of bytes
     idx = np.flatnonzero(rng.random(n) < 0.01).astype(np.int64)

@@ -1,0 +1,257 @@
+"""Index-set kernels (Numba CPU): a sorted set of positions as gaps or as a bitmap.
+
+* ``delta_encode`` / ``delta_decode``: sorted unique positions <-> gaps minus one (packed
+  by the ``pack`` family's ``pack_codes``).
+* ``bitmap_encode`` / ``bitmap_count`` / ``bitmap_decode``: positions <-> one bit per element.
+* ``index_widths`` / ``index_write``: the index sections of many position sets at once
+  (segments of one array, a many-tensor frame's run of small tensors), each the bytes
+  ``pack_bits(gaps, width)`` or ``bitmap_encode`` gives it alone; ``index_counts`` /
+  ``index_read`` read many index sections back at once.
+
+Chunk boundaries depend on the sizes only, never on the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec._jit import jit, prange
+
+__all__ = [
+    "delta_encode",
+    "delta_decode",
+    "bitmap_encode",
+    "bitmap_count",
+    "bitmap_decode",
+    "index_widths",
+    "index_write",
+    "index_counts",
+    "index_read",
+]
+
+
+@jit
+def _popcount8(v):
+    """The set bits of byte ``v`` (as int64), branch-free."""
+    b = np.int64(v)
+    b = b - ((b >> 1) & 0x55)
+    b = (b & 0x33) + ((b >> 2) & 0x33)
+    return (b + (b >> 4)) & 0x0F
+
+
+@jit
+def delta_encode(idx, out):
+    """Gaps of sorted unique ``idx``: out[0] = idx[0], out[i] = idx[i] - idx[i-1] - 1.
+
+    Returns the largest gap (0 when empty); -1 if ``idx`` is not strictly increasing and >= 0.
+    """
+    prev = np.int64(-1)
+    big = np.uint64(0)
+    for i in range(idx.size):
+        x = np.int64(idx[i])
+        if x <= prev:
+            return np.int64(-1)
+        d = np.uint64(x - prev - 1)
+        out[i] = d
+        if d > big:
+            big = d
+        prev = x
+    return np.int64(big)
+
+
+@jit
+def delta_decode(gaps, n, out):
+    """Positions from gaps; returns False (leaving ``out`` partly filled) if one reaches ``n``."""
+    pos = np.int64(-1)
+    lim = np.uint64(n)
+    for i in range(gaps.size):
+        g = np.uint64(gaps[i])
+        if g >= lim:
+            return False
+        pos += np.int64(g) + 1
+        if pos >= n:
+            return False
+        out[i] = pos
+    return True
+
+
+_BYTES = 1 << 16  # bitmap bytes per parallel chunk
+
+
+@jit(parallel=True)
+def bitmap_encode(idx, out):
+    """Bitmap of sorted unique positions ``idx`` (LSB-first) into ``out``, every byte written.
+
+    Chunk ``c`` owns bytes ``[c*_BYTES, (c+1)*_BYTES)`` and the positions that fall there
+    (found by binary search), so chunks share no byte.
+    """
+    nchunk = (out.size + _BYTES - 1) // _BYTES
+    for c in prange(nchunk):
+        lo = c * _BYTES
+        hi = min(out.size, lo + _BYTES)
+        for i in range(lo, hi):
+            out[i] = 0
+        a = np.searchsorted(idx, lo * 8)
+        b = np.searchsorted(idx, hi * 8)
+        for i in range(a, b):
+            x = idx[i]
+            out[x >> 3] |= np.uint8(1) << np.uint8(x & 7)
+
+
+@jit(parallel=True)
+def bitmap_count(bitmap):
+    """Set bits per chunk of ``_BYTES`` bytes (int64 array)."""
+    nchunk = (bitmap.size + _BYTES - 1) // _BYTES
+    counts = np.zeros(nchunk, np.int64)
+    for c in prange(nchunk):
+        lo = c * _BYTES
+        hi = min(bitmap.size, lo + _BYTES)
+        k = np.int64(0)
+        for i in range(lo, hi):
+            k += _popcount8(bitmap[i])
+        counts[c] = k
+    return counts
+
+
+@jit(parallel=True)
+def bitmap_decode(bitmap, starts, out):
+    """Positions of set bits, given each chunk's first output slot ``starts`` (from bitmap_count).
+
+    Branch-free compaction: each byte writes all 8 candidate positions and advances by its
+    bits, while 8 slots remain in this chunk's share of ``out``; the last bytes go bit by bit.
+    """
+    nchunk = starts.size
+    for c in prange(nchunk):
+        lo = c * _BYTES
+        hi = min(bitmap.size, lo + _BYTES)
+        end = starts[c + 1] if c + 1 < nchunk else out.size
+        dst = out[starts[c] : end]
+        k = 0
+        for i in range(hi - lo):
+            v = np.int64(bitmap[lo + i])
+            if v == 0:
+                continue
+            base = np.int64(lo + i) * 8
+            if k + 8 <= dst.size:
+                for j in range(8):
+                    dst[k] = base + j
+                    k += (v >> j) & 1
+            else:
+                for j in range(8):
+                    if (v >> j) & 1:
+                        dst[k] = base + j
+                        k += 1
+
+
+@jit(parallel=True)
+def index_widths(pos, starts, widths):
+    """Per segment ``s`` (positions ``pos[starts[s]:starts[s+1]]``, each set sorted and
+    relative to its own tensor): ``widths[s]`` = the bit length of its largest gap minus one
+    (at least 1), as :func:`delta_encode` and ``codec.pack.encode_indices`` find it; -1 when
+    the set is not strictly increasing from 0."""
+    for s in prange(widths.size):
+        prev = np.int64(-1)
+        big = np.uint64(0)
+        ok = True
+        for i in range(starts[s], starts[s + 1]):
+            x = np.int64(pos[i])
+            if x <= prev:
+                ok = False
+                break
+            big = max(big, np.uint64(x - prev - 1))
+            prev = x
+        w = 1
+        while w < 64 and (big >> np.uint64(w)) != np.uint64(0):
+            w += 1
+        widths[s] = w if ok else -1
+
+
+@jit(parallel=True)
+def index_write(pos, starts, widths, bitmap, offsets, out):
+    """Write segment ``s``'s index section at ``out[offsets[s]:offsets[s+1]]``: its set as a
+    bitmap of ``(offsets[s+1] - offsets[s]) * 8`` bits when ``bitmap[s]``, else its gaps minus
+    one packed LSB-first in ``widths[s]`` bits each (at most 56), padding bits zero: the bytes
+    ``bitmap_encode`` or ``pack_codes`` writes for that segment alone."""
+    for s in prange(widths.size):
+        o0 = offsets[s]
+        o1 = offsets[s + 1]
+        for t in range(o0, o1):
+            out[t] = 0
+        if bitmap[s]:
+            for i in range(starts[s], starts[s + 1]):
+                x = pos[i]
+                out[o0 + (x >> 3)] |= np.uint8(1) << np.uint8(x & 7)
+            continue
+        w = np.uint64(widths[s])
+        acc = np.uint64(0)
+        fill = np.uint64(0)
+        t = o0
+        prev = np.int64(-1)
+        for i in range(starts[s], starts[s + 1]):
+            x = np.int64(pos[i])
+            acc |= np.uint64(x - prev - 1) << fill
+            prev = x
+            fill += w
+            while fill >= np.uint64(8):
+                out[t] = np.uint8(acc & np.uint64(0xFF))
+                t += 1
+                acc >>= np.uint64(8)
+                fill -= np.uint64(8)
+        if fill:
+            out[t] = np.uint8(acc & np.uint64(0xFF))
+
+
+@jit(parallel=True)
+def index_counts(data, begin, end, bitmap, counts, out_counts):
+    """Per index section ``s`` at ``data[begin[s]:end[s]]``: how many positions it holds,
+    ``counts[s]`` for packed gaps, the set bits of a bitmap (``bitmap[s]``)."""
+    for s in prange(counts.size):
+        if bitmap[s]:
+            m = np.int64(0)
+            for t in range(begin[s], end[s]):
+                m += _popcount8(data[t])
+            out_counts[s] = m
+        else:
+            out_counts[s] = counts[s]
+
+
+@jit(parallel=True)
+def index_read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
+    """Read index section ``s`` (see :func:`index_counts`) into
+    ``out[out_starts[s]:out_starts[s+1]]``: the positions of a bitmap's set bits, or the
+    running sum of packed gaps plus one (``widths[s]`` bits each, LSB-first, at most 56);
+    ``bad[s] = 1`` when a position reaches ``sizes[s]`` (the rest of that set unread)."""
+    for s in prange(widths.size):
+        o = out_starts[s]
+        if bitmap[s]:
+            for t in range(begin[s], end[s]):
+                b = data[t]
+                base = (t - begin[s]) * 8
+                for j in range(8):
+                    if (b >> j) & 1:
+                        out[o] = base + j
+                        o += 1
+            continue
+        w = np.uint64(widths[s])
+        mask = (np.uint64(1) << w) - np.uint64(1)
+        n = sizes[s]
+        acc = np.uint64(0)
+        fill = np.uint64(0)
+        t = begin[s]
+        pos = np.int64(-1)
+        for i in range(out_starts[s], out_starts[s + 1]):
+            while fill < w:
+                acc |= np.uint64(data[t]) << fill
+                t += 1
+                fill += np.uint64(8)
+            g = acc & mask
+            acc >>= w
+            fill -= w
+            if g >= np.uint64(n):
+                bad[s] = 1
+                break
+            pos += np.int64(g) + 1
+            if pos >= n:
+                bad[s] = 1
+                break
+            out[i] = pos
