@@ -168,7 +168,7 @@ def test_import_is_cheap_and_compiles_nothing():
 
 
 def test_unknown_codec_in_a_valid_frame():
-    from codec.testing import _fix_crc  # noqa: PLC2701 - test helper
+    from codec.testing.malformed import _fix_crc  # noqa: PLC2701 - test helper
     from codec.frame import parse_frame
 
     f = bytearray(codec.get_codec("fp16").encode(np.ones(2, np.float32)))

@@ -1,0 +1,57 @@
+"""Conformance checks every codec must pass (ours and third parties').
+
+Modelled on numcodecs' ``check_encode_decode`` / ``check_config`` /
+``check_backwards_compatibility``: import this module in a test suite and call
+:func:`check_codec` (or the individual checks) with a codec and a few arrays.  Each check
+raises ``AssertionError`` with a sentence saying what broke.
+
+    from codec.testing import check_codec, sample_arrays
+    for arr in sample_arrays():
+        check_codec("fp16", arr)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.testing.arrays import DTYPES, PIPELINES, assert_identical, diff_msg, sample_arrays, ulp
+from codec.testing.checks import (
+    check_config,
+    check_decode_add,
+    check_decode_out,
+    check_encode_decode,
+    check_encode_out,
+    check_error_feedback,
+)
+from codec.testing.fixtures import check_fixture, write_fixture
+from codec.testing.malformed import check_malformed
+
+__all__ = [
+    "sample_arrays",
+    "ulp",
+    "diff_msg",
+    "assert_identical",
+    "check_codec",
+    "check_encode_decode",
+    "check_decode_out",
+    "check_encode_out",
+    "check_decode_add",
+    "check_config",
+    "check_error_feedback",
+    "check_malformed",
+    "check_fixture",
+    "write_fixture",
+    "DTYPES",
+    "PIPELINES",
+]
+
+
+def check_codec(codec, arr: np.ndarray, *, n_random: int = 1000) -> None:
+    """Every check above on one array."""
+    check_encode_decode(codec, arr)
+    check_decode_out(codec, arr)
+    check_encode_out(codec, arr)
+    check_decode_add(codec, arr)
+    check_config(codec)
+    check_error_feedback(codec, arr)
+    check_malformed(codec, arr, n_random=n_random)
