@@ -10,7 +10,7 @@ import numpy as np
 
 import codec as _codec
 from codec.errors import CorruptFrameError
-from codec.frame import FIXED_SIZE, SECTION_SIZE, parse_frame
+from codec.frame import CHECKSUMS, FIXED_SIZE, SECTION_SIZE, checksum_name, parse_frame
 from codec.testing.checks import _get
 
 __all__ = ["check_malformed"]
@@ -86,8 +86,9 @@ def check_malformed(codec, arr: np.ndarray, n_random: int = 10_000, seed: int = 
         struct.pack_into("<B", buf, base + 1, 1)
         struct.pack_into("<Q", buf, base + 20, len(forged))
         _fix_crc(buf, hl)
-        if buf[5] & 1:  # payload checksum present: make it match so the zstd check is reached
+        name = checksum_name(buf[5])
+        if name is not None:  # payload checksum present (CRC-32C by default): make it match so the zstd check is reached
             pos = hl - 8
-            buf[pos : pos + 4] = struct.pack("<I", zlib.crc32(bytes(buf[hl:])))
+            buf[pos : pos + 4] = struct.pack("<I", CHECKSUMS[name][1](bytes(buf[hl:])))
             _fix_crc(buf, hl)
         _expect_corrupt(c, buf, "zstd section forging a 2**40-byte content size", limit)
