@@ -186,6 +186,14 @@ def test_self_powersgd_is_the_codec(dtype):
             assert_identical(mpi_schemes.saved_slot(red, "x")["residual"], ef.residual("x"), f"residual, step {step}")
 
 
+def test_gtopk_local_frame_carries_no_checksum():
+    """gTop-k's local frame never leaves its rank: it carries no payload checksum, whatever
+    the reducer's checksum option (the frames the allgather scheme sends keep theirs)."""
+    for checksum in (True, False):
+        assert Allreducer("gtopk(ratio=0.1)", MPI.COMM_SELF, checksum=checksum).scheme.codec.checksum is False
+        assert Allreducer("topk(ratio=0.1)", MPI.COMM_SELF, checksum=checksum).scheme.codec.checksum is checksum
+
+
 def test_self_gtopk_small_tensors_and_list_input():
     red = Allreducer("gtopk(ratio=0.001)", MPI.COMM_SELF)
     x = np.array([0.5, -3.0, 2.0], F32)

@@ -39,11 +39,10 @@ class Framed(Scheme):
     its ErrorFeedback (``self.ef``) keyed ``(name, rank)``, or ``name`` without
     ``rank_streams``: with residuals when the reducer has error feedback and the codec is lossy."""
 
-    def __init__(self, codec_or_spec, reducer):
-        super().__init__(codec_or_spec, reducer)
+    def __init__(self, codec_or_spec, reducer, checksum: bool | None = None):
+        super().__init__(codec_or_spec, reducer, checksum)
         c = self.codec
         self.ef = codec.ErrorFeedback(c, residuals=reducer.error_feedback and not c.lossless)
-        self.buffers = _Buffers()
 
     def prepare(self, arrays, keys):
         """Checks every input before the first collective, changing nothing: finite where the
@@ -82,6 +81,7 @@ class Allgather(Framed):
 
     def __init__(self, codec_or_spec, reducer):
         super().__init__(codec_or_spec, reducer)
+        self.buffers = _Buffers()  # what its steps send from and receive into, kept across steps
         if reducer.vote and codec.parse_spec(self.spec)[0][0] not in SIGN_CODECS:
             raise vote_error(self.spec)
 
@@ -90,11 +90,10 @@ class Allgather(Framed):
         comm = self.reducer.comm
         held = []  # the step's buffers (its frame, the ranks' frames), handed back when it finishes
         try:
-            frame = self.encode(arrays, keys, out=lambda size: held.append(self.buffers.take(size)) or held[-1])
-            wire = self.wire(frame)
+            frame = self.encode(arrays, keys, out=self.buffers.holder(held))
             failed = None
         except Exception as e:  # told to every rank through the sizes, so none is left waiting
-            frame, wire, failed = b"", [], e
+            frame, failed = b"", e
         msg = np.frombuffer(frame, np.uint8)
         t = time.perf_counter()
         sizes = np.empty(self.reducer.size, np.int64)
@@ -103,12 +102,14 @@ class Allgather(Framed):
             raise_failed(comm, failed, "encoding its tensors")
         displs = np.zeros_like(sizes)
         np.cumsum(sizes[:-1], out=displs[1:])
-        held.append(self.buffers.take(int(sizes.sum())))
-        recv = held[-1][: int(sizes.sum())]
+        total = int(sizes.sum())
+        held.append(self.buffers.take(total))
+        recv = held[-1][:total]
         req = comm.Iallgatherv(msg, [recv, (sizes.tolist(), displs.tolist())])
         stats.communicate_s += time.perf_counter() - t
         stats.bytes_sent = int(msg.size)
-        stats.bytes_received = int(sizes.sum() - msg.size)
+        stats.bytes_received = total - int(msg.size)
+        wire = self.wire(frame)  # while the frames travel
         return _AllgatherPending(self, arrays, recv, sizes, displs, req, wire, held)
 
 
@@ -116,8 +117,9 @@ class _Buffers:
     """Byte buffers kept from step to step for the frames a step sends and receives, so a
     step does not page-fault a fresh frame and a fresh receive buffer (for fp16 on ResNet-50
     at 4 ranks, 51 + 204 MB per rank: ~12 ms of first touches).  A step takes what it needs
-    and gives it back once its result is decoded (nothing decoded refers to them); steps in
-    flight at once hold different buffers.  At most ``KEEP`` are kept, the largest."""
+    and gives it back when it finishes, decoded or failed (nothing decoded refers to them);
+    steps in flight at once hold different buffers.  The ``KEEP`` most recently given are
+    kept, so a buffer of a one-off large step is not held for good."""
 
     KEEP = 4
 
@@ -125,16 +127,25 @@ class _Buffers:
         self.free: list = []
 
     def take(self, size: int) -> np.ndarray:
-        """A uint8 buffer of at least ``size`` bytes: the smallest free one that fits, else a
-        new one with a quarter to spare (a sparse frame's size varies from step to step)."""
-        for i, buf in enumerate(self.free):  # kept smallest first
-            if buf.size >= size:
-                del self.free[i]
-                return buf
+        """A uint8 buffer of at least ``size`` bytes: the smallest free one that fits and is
+        not more than 4x too large (a receive buffer stays for the next receive), else a new
+        one with a quarter to spare (a sparse frame's size varies from step to step)."""
+        fits = [i for i, b in enumerate(self.free) if size <= b.size <= 4 * size + (1 << 20)]
+        if fits:
+            return self.free.pop(min(fits, key=lambda i: self.free[i].size))
         return np.empty(size + size // 4 + 4096, np.uint8)
 
+    def holder(self, held: list):
+        """An ``out=`` allocator for ``encode``: takes a buffer of the asked size into ``held``."""
+
+        def alloc(size):
+            held.append(self.take(size))
+            return held[-1]
+
+        return alloc
+
     def give(self, bufs) -> None:
-        self.free = sorted(self.free + list(bufs), key=lambda b: b.size)[-self.KEEP :]
+        self.free = (self.free + list(bufs))[-self.KEEP :]
 
 
 class _AllgatherPending:
@@ -146,6 +157,13 @@ class _AllgatherPending:
         return self.req.Test()
 
     def finish(self, stats, out):
+        try:
+            return self._finish(stats, out)
+        finally:  # decoded or failed: the frames are no longer read
+            self.scheme.buffers.give(self.held)
+            self.recv, self.held = None, []
+
+    def _finish(self, stats, out):
         self.req.Wait()
         t = time.perf_counter()
         red = self.scheme.reducer
@@ -179,8 +197,6 @@ class _AllgatherPending:
             else:
                 res.append(finish_sum(acc, a.dtype, red.size, red.average, tch, out=o))
         stats.decode_s = time.perf_counter() - t
-        self.scheme.buffers.give(self.held)  # decoded: the frames are no longer read
-        self.recv, self.held = None, []
         return res
 
 

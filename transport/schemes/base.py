@@ -78,9 +78,11 @@ class Scheme:
 
     ef = None
 
-    def __init__(self, codec_or_spec, reducer):
+    def __init__(self, codec_or_spec, reducer, checksum: bool | None = None):
+        """``checksum``: whether the scheme's frames carry their payload CRC-32C (default: the
+        reducer's ``checksum``; a scheme whose frames never leave the rank passes False)."""
         self.reducer = reducer
-        self.codec = codec.get_codec(codec_or_spec, checksum=reducer.checksum)
+        self.codec = codec.get_codec(codec_or_spec, checksum=reducer.checksum if checksum is None else checksum)
         self.spec = self.codec.spec
 
     @classmethod

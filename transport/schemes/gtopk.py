@@ -127,7 +127,7 @@ class GTopK(Framed):
     def __init__(self, spec, reducer):
         stages = codec.parse_spec(spec)
         local = codec.format_spec([("topk", stages[0][1])] + list(stages[1:]))
-        super().__init__(codec.get_codec(local, checksum=False), reducer)  # its frame never leaves this rank
+        super().__init__(local, reducer, checksum=False)  # its frame never leaves this rank
         self.spec = codec.format_spec([("gtopk", stages[0][1])] + codec.parse_spec(self.codec.spec)[1:])
         if reducer.vote:
             raise ValueError("vote: majority vote needs a sign codec, not gtopk")
