@@ -105,12 +105,13 @@ def budget() -> int:
 
 def _pool() -> int:
     """Numba's thread pool: ``numba.config``'s when Numba is loaded, else what it will read
-    (``NUMBA_NUM_THREADS``, else the CPU count), so a caller that is not a kernel (the
-    payload checksum, codec/checksum.py) does not load Numba to ask."""
+    (``NUMBA_NUM_THREADS``, else the cores of this process's affinity, as Numba counts them),
+    so a caller that is not a kernel (the payload checksum, codec/checksum.py) does not load
+    Numba to ask and gets the answer Numba would give."""
     numba = sys.modules.get("numba")
     if numba is not None:
         return numba.config.NUMBA_NUM_THREADS
-    return _positive_int(os.environ.get("NUMBA_NUM_THREADS", "")) or os.cpu_count() or 1
+    return _positive_int(os.environ.get("NUMBA_NUM_THREADS", "")) or usable_cores()
 
 
 def _compute() -> int:

@@ -180,3 +180,18 @@ def test_the_transport_reports_the_ranks_on_its_node(fresh, monkeypatch):
     red.reduce({"w": np.ones(8, np.float32)})
     red.reduce({"w": np.ones(8, np.float32)})
     assert reports == [1]  # once, from the shared-memory split of COMM_SELF
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_pool_asked_before_numba_loads_is_the_pool_numba_makes():
+    """The payload checksum asks for the budget before any kernel has loaded Numba: the pool
+    it is told is the one Numba then makes (the cores of the process's affinity), not the
+    machine's CPU count."""
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from codec import threads; before = threads._pool(); "
+        "import numba; print(before, numba.config.NUMBA_NUM_THREADS)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True).stdout.split()
+    assert out == ["1", "1"], out
