@@ -47,11 +47,13 @@ class Slot:
         return Context(x.shape, x.dtype, key=self.key, step=self.step, state=dict(self.state), name=name)
 
     def take_spare(self) -> np.ndarray:
-        """A residual-sized buffer for the step's ``acc`` (the spare, or a new one); it is the
-        caller's until :meth:`commit` (on error it is simply dropped: the residual is intact)."""
-        acc = self.spare if self.spare is not None else np.empty_like(self.residual)
-        self.spare = None
-        return acc
+        """The residual-sized buffer for the step's ``acc``: the spare, made on first use.  It
+        stays the spare until :meth:`commit` swaps it with the residual, so a step that fails
+        or declines (a stage falling back to the generic step) leaves it for the next one and
+        the residual intact."""
+        if self.spare is None:
+            self.spare = np.empty_like(self.residual)
+        return self.spare
 
     def commit(self, residual: np.ndarray, *, keep_spare: bool = True) -> None:
         """Install ``residual`` (a buffer from :meth:`take_spare`, holding ``acc - decoded``)

@@ -146,7 +146,6 @@ class _MiniFloat(Quantizer):
         lut, scale = _exact_factors(magnitudes(self.mant, self.width), emin)
         fits = Dequant(np.empty(0, np.uint8), self.width, n, lut, block, scale, np.empty(0), ctx.dtype)
         if (emin.size and int(emin.min()) < -1000) or _largest(fits) > float(np.finfo(x.dtype).max):
-            slot.spare = acc  # not used: the unfused step takes it again
             return None
         if self.needs_max():
             sections.append(ints_section(stored))

@@ -99,7 +99,6 @@ class MinMax(Quantizer):
             span = highs - lows
             decoded = Dequant(codes, self.bits, n, _codes(self.bits), self.bucket, span / levels, lows, x.dtype, lut_top=float(levels))
         if nb and (not np.all(np.isfinite(span)) or _largest(decoded) > float(np.finfo(x.dtype).max)):
-            slot.spare = acc  # not used: the unfused step forms acc again from x and the residual, and says why
             return None
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))

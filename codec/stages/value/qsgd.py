@@ -96,7 +96,6 @@ class Qsgd(Quantizer):
         if bad.any():
             self.raise_nonfinite(flat, ctx)
         if nb and norms.max() > float(np.finfo(x.dtype).max):  # |value| <= norm: decoded apart, saturated
-            slot.spare = acc  # not used: the unfused step forms acc again from x and the residual
             return None
         sections.append(scalars_section(norms))
         sections.extend(self._elias(codes) if self.coding == "elias" else [codes_section(codes, self.code_bits)])
