@@ -128,7 +128,7 @@ class _MiniFloat(Quantizer):
         give (four passes).  None (the unfused step) for 16-bit input, a window below
         ``2**-1000``, or values that decode beyond the dtype's range (saturated)."""
         from codec.kernels import backend
-        from codec.stages.value.quantizer import _largest
+        from codec.stages.value.quantizer import saturates
 
         if x.dtype not in (np.float32, np.float64):
             return None
@@ -143,9 +143,10 @@ class _MiniFloat(Quantizer):
             kern.feedback_absmax_units(x, slot.residual.reshape(-1), flat, bits, block, upb, mask, top)
         stored = self._stored(top, nblocks, upb, flat, ctx)  # a NaN/inf is refused before anything is coded
         emin = self.emins(stored).astype(np.int64)
-        lut, scale = _exact_factors(magnitudes(self.mant, self.width), emin)
-        fits = Dequant(np.empty(0, np.uint8), self.width, n, lut, block, scale, np.empty(0), ctx.dtype)
-        if (emin.size and int(emin.min()) < -1000) or _largest(fits) > float(np.finfo(x.dtype).max):
+        if emin.size and int(emin.min()) < -1000:  # a window the fused kernel does not rescale
+            return None
+        lut = magnitudes(self.mant, self.width)
+        if saturates(float(np.abs(lut).max()), np.ldexp(1.0, emin), (), x.dtype):
             return None
         if self.needs_max():
             sections.append(ints_section(stored))

@@ -10,7 +10,7 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.ops import readonly
 from codec.layout import bucket_groups
-from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, scalars_section
+from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, saturates, scalars_section
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, SEED, rounding
 from codec.stage import register
@@ -75,7 +75,6 @@ class MinMax(Quantizer):
         decoding and subtracting give.  None (the unfused step) for 16-bit input, or when the
         bounds decode beyond the dtype's range (saturated values, decoded apart)."""
         from codec.kernels import backend
-        from codec.stages.value.quantizer import _largest
 
         if x.dtype not in (np.float32, np.float64):
             return None
@@ -97,9 +96,8 @@ class MinMax(Quantizer):
         levels = (1 << self.bits) - 1
         with np.errstate(over="ignore"):
             span = highs - lows
-            decoded = Dequant(codes, self.bits, n, _codes(self.bits), self.bucket, span / levels, lows, x.dtype, lut_top=float(levels))
-        if nb and (not np.all(np.isfinite(span)) or _largest(decoded) > float(np.finfo(x.dtype).max)):
-            return None
+        if not np.all(np.isfinite(span)) or saturates(levels, span / levels, lows, x.dtype):
+            return None  # the generic step says why, or decodes the values apart
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
         return lambda: slot.commit(acc)

@@ -17,6 +17,7 @@ from codec.stages.value.quantizer import (
     codes_section,
     read_codes,
     read_scalars,
+    saturates,
     scalars_section,
 )
 from codec.layout import bucket_groups
@@ -95,7 +96,7 @@ class Qsgd(Quantizer):
             )
         if bad.any():
             self.raise_nonfinite(flat, ctx)
-        if nb and norms.max() > float(np.finfo(x.dtype).max):  # |value| <= norm: decoded apart, saturated
+        if saturates(1.0, norms, (), x.dtype):  # |value| <= norm: decoded apart, saturated
             return None
         sections.append(scalars_section(norms))
         sections.extend(self._elias(codes) if self.coding == "elias" else [codes_section(codes, self.code_bits)])

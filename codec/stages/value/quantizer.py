@@ -37,15 +37,20 @@ def top_of(dtype) -> float:
     return float(ml_dtypes.finfo(dtype).max)
 
 
-def _largest(p: "Dequant") -> float:
-    """A bound on |value| over every code of ``p`` (from its few per-block scalars).  A
-    quantizer's value can exceed the largest finite value of its dtype (QSGD decodes
-    ``norm * level / s`` and the norm of values near float32's maximum exceeds it); such a
-    frame decodes saturated to that value, as an fp8 "satfinite" conversion does."""
-    if not p.count:
-        return 0.0
-    lut = p.lut_top if p.lut_top is not None else float(np.abs(p.lut).max(initial=0.0))
-    return lut * float(np.abs(p.scale).max(initial=0.0)) + float(np.abs(p.offset).max(initial=0.0))
+def largest(lut_top: float, scale, offset=()) -> float:
+    """A bound on |value| over every code a decoder accepts: ``lut_top`` (the largest |lut|
+    of those codes) times the largest |scale|, plus the largest |offset|.  A quantizer's value
+    can exceed the largest finite value of its dtype (QSGD decodes ``norm * level / s`` and
+    the norm of values near float32's maximum exceeds it); such a frame decodes saturated to
+    that value, as an fp8 "satfinite" conversion does."""
+    return lut_top * float(np.abs(scale).max(initial=0.0)) + float(np.abs(np.asarray(offset)).max(initial=0.0))
+
+
+def saturates(lut_top: float, scale, offset, dtype) -> bool:
+    """Whether such values can decode beyond ``dtype``'s largest finite value (then they are
+    decoded in float64 and clipped: :meth:`Quantizer.write`; a fused error-feedback step
+    leaves them to the generic step)."""
+    return largest(lut_top, scale, offset) > top_of(dtype)
 
 
 @dataclass
@@ -63,8 +68,16 @@ class Dequant:
     offset: np.ndarray
     dtype: np.dtype
     trits: bool = False
-    #: ``max |lut|`` when the stage knows it (a cached table's): not recomputed per tensor
+    #: the largest |lut| over the codes a decoder accepts (qsgd's table has entries beyond
+    #: its levels, which reading refuses), when the stage knows it: else ``max |lut|``
     lut_top: float | None = None
+
+    @property
+    def top(self) -> float:
+        """:func:`largest` of this payload (0 for no codes)."""
+        if not self.count:
+            return 0.0
+        return largest(self.lut_top if self.lut_top is not None else float(np.abs(self.lut).max(initial=0.0)), self.scale, self.offset)
 
 
 class Quantizer(Value):
@@ -86,7 +99,7 @@ class Quantizer(Value):
         from codec.modes import SET
         from codec.ops import round_to, store
 
-        top = _largest(payload)
+        top = payload.top
         if out.dtype == payload.dtype and top <= top_of(payload.dtype):
             self._dequantize(payload, out, mode)
             return
