@@ -689,9 +689,9 @@ def test_minifloat_encode_reports_nonfinite(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_feedback_absmax_units_and_minifloat_feedback_match_numpy(kind, n, dtype):
+def test_feedback_absmax_units_and_minifloat_encode_sub_match_numpy(kind, n, dtype):
     """feedback_absmax_units: acc = x + r (in the dtype) and the maxima of acc's magnitudes per
-    work unit; minifloat_feedback: the codes of acc (the spec's reference) and acc minus each
+    work unit; minifloat_encode(..., sub=acc): the codes of acc (the spec's reference) and acc minus each
     code's value lut[code] * scale[block], rounded to the dtype first (the dequantizer's SUB)."""
     x = data(kind, n, dtype)
     r = data("heavy", n, dtype, seed=9) * dtype(0.25)
@@ -714,7 +714,7 @@ def test_feedback_absmax_units_and_minifloat_feedback_match_numpy(kind, n, dtype
                 codes = np.zeros(n, np.uint8 if bits <= 8 else np.uint16)
                 bad = np.zeros(units, np.int64)
                 if n:
-                    K.quantize.minifloat_feedback(got, block, upb, emin, m, maxmag, bits - 1, stochastic, STRM, codes, bad)
+                    K.quantize.minifloat_encode(got, block, upb, emin, m, maxmag, bits - 1, stochastic, STRM, codes, bad, got)
                 want = ref_minifloat(want_acc, block, emin, m, maxmag, bits - 1, stochastic, STRM)
                 assert_same(codes.astype(np.int64), want, f"codes bits={bits} block={block} stochastic={stochastic}")
                 value = ref_minifloat_value(want, bits, m, emin[np.arange(n) // block]).astype(dtype)

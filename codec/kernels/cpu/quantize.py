@@ -4,9 +4,9 @@ every quantizer is ``dequant``, QSGD's Elias coder ``elias``.
 
 * ``absmax_units`` / ``minifloat_encode``: custom floats with a per-block exponent window
   (rangefloat, fp8): bit-exact rounding on the float64 bits, nearest-even or stochastic.
-  Their error-feedback twins ``feedback_absmax_units`` (forms ``acc = x + residual`` in the
-  maxima's pass) and ``minifloat_feedback`` (codes ``acc`` and leaves ``acc - decoded`` in
-  it, in the same pass) make a step two passes instead of four.
+  For the error-feedback step, ``feedback_absmax_units`` forms ``acc = x + residual`` in the
+  maxima's pass and ``minifloat_encode(..., sub=acc)`` codes ``acc`` and leaves ``acc -
+  decoded`` in it, in the same pass: two passes instead of four.
 * ``tensor_moments``, ``terngrad_encode`` (five trits per byte), ``sign_encode`` (one bit per
   value plus the sums signSGD's scale and 1-bit SGD's means need).
 
@@ -30,7 +30,6 @@ __all__ = [
     "absmax_units",
     "feedback_absmax_units",
     "minifloat_encode",
-    "minifloat_feedback",
     "tensor_moments",
     "terngrad_encode",
     "sign_encode",
@@ -110,44 +109,6 @@ def _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, rn, u):
     return mag | ((vb.view(np.uint64) >> U(63)) << U(signpos))
 
 
-@jit(parallel=True)
-def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad):
-    """Codes of ``x`` (float32/float64) into ``codes`` (uint8/uint16): value ``i`` of block ``b``
-    in the float whose lowest normal binade is ``2**emin[b]`` (see ``_minifloat``); ``bad[u]``
-    counts NaN/inf per work unit.  A window below ``2**-1000`` (float64 data only) is coded on
-    the values times ``2**K`` and ``emin + K`` (exact, and the same codes)."""
-    n = x.size
-    half = (U(1) << U(51 - m)) - U(1)
-    odd0 = U(m == 0)  # no mantissa bits: the kept part is the implicit 1, always odd
-    for u in prange(bad.size):
-        b, lo, hi = _unit(u, block, upb, n)
-        k = max(0, -1000 - emin[b])
-        em = emin[b] + k
-        pre = _pow2(k)
-        thr = _pow2(em)
-        sub_scale = _pow2(m - em)
-        off = U(em + 1022) << U(m)
-        nb = np.int64(0)
-        if stochastic:
-            i0 = lo
-            while i0 < hi:
-                i1 = span_end(i0, hi)
-                key = block_key(strm, i0)
-                for i in range(U(i0), U(i1)):
-                    v = np.float64(x[i]) * pre
-                    nb += np.int64(not (v - v == 0))
-                    r = bits32(key, i)
-                    codes[i] = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
-                i0 = i1
-        else:
-            for i in range(U(lo), U(hi)):
-                v = np.float64(x[i]) * pre
-                nb += np.int64(not (v - v == 0))
-                ab = np.float64(abs(v)).view(np.uint64)
-                codes[i] = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
-        bad[u] = nb
-
-
 @jit
 def _minifloat_value(c, v, m, signpos, off, step):
     """The float64 value of code ``c`` (sign ``v``'s) in the window of ``_minifloat``: a
@@ -161,18 +122,25 @@ def _minifloat_value(c, v, m, signpos, off, step):
 
 
 @jit(parallel=True)
-def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad):
-    """:func:`minifloat_encode` of ``acc`` (float32/float64, no window below ``2**-1000``:
-    the caller checks) fused with the error-feedback subtraction: ``acc[i] -= value``, the
-    code's float64 value (``_minifloat_value``, computed from the code, no table) rounded to
-    ``acc``'s dtype first, exactly as ``dequant.dequantize`` decodes it and subtracts it
-    (``SUB``).  One pass: reads ``acc``, writes the codes and ``acc``."""
-    n = acc.size
+def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, sub=None):
+    """Codes of ``x`` (float32/float64) into ``codes`` (uint8/uint16): value ``i`` of block ``b``
+    in the float whose lowest normal binade is ``2**emin[b]`` (see ``_minifloat``); ``bad[u]``
+    counts NaN/inf per work unit.  A window below ``2**-1000`` (float64 data only) is coded on
+    the values times ``2**K`` and ``emin + K`` (exact, and the same codes).
+
+    ``sub`` (the error-feedback step, fused; ``x`` itself, no window below ``2**-1000``):
+    each code's value (``_minifloat_value``) is subtracted from ``sub[i]`` in the same pass,
+    rounded to its dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it
+    (``SUB``): one pass reads ``acc`` and writes the codes and ``acc - decoded``.  Without it
+    (None) that line is compiled out."""
+    n = x.size
     half = (U(1) << U(51 - m)) - U(1)
-    odd0 = U(m == 0)
+    odd0 = U(m == 0)  # no mantissa bits: the kept part is the implicit 1, always odd
     for u in prange(bad.size):
         b, lo, hi = _unit(u, block, upb, n)
-        em = emin[b]
+        k = max(0, -1000 - emin[b])
+        em = emin[b] + k
+        pre = _pow2(k)
         thr = _pow2(em)
         sub_scale = _pow2(m - em)
         off = U(em + 1022) << U(m)
@@ -184,21 +152,23 @@ def minifloat_feedback(acc, block, upb, emin, m, maxmag, signpos, stochastic, st
                 i1 = span_end(i0, hi)
                 key = block_key(strm, i0)
                 for i in range(U(i0), U(i1)):
-                    v = np.float64(acc[i])
+                    v = np.float64(x[i]) * pre
                     nb += np.int64(not (v - v == 0))
                     r = bits32(key, i)
                     c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
                     codes[i] = c
-                    acc[i] -= acc.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
+                    if sub is not None:
+                        sub[i] -= sub.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
                 i0 = i1
         else:
             for i in range(U(lo), U(hi)):
-                v = np.float64(acc[i])
+                v = np.float64(x[i]) * pre
                 nb += np.int64(not (v - v == 0))
                 ab = np.float64(abs(v)).view(np.uint64)
                 c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
                 codes[i] = c
-                acc[i] -= acc.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
+                if sub is not None:
+                    sub[i] -= sub.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
         bad[u] = nb
 
 

@@ -155,7 +155,7 @@ class _MiniFloat(Quantizer):
         def code_into(codes):
             bad = np.zeros(units, np.int64)
             if n:
-                kern.minifloat_feedback(flat, block, upb, emin, self.mant, self.maxmag, self.width - 1, self.stochastic, strm, codes, bad)
+                kern.minifloat_encode(flat, block, upb, emin, self.mant, self.maxmag, self.width - 1, self.stochastic, strm, codes, bad, flat)
             if bad.any():
                 self.raise_nonfinite(flat, ctx)
 
