@@ -751,8 +751,8 @@ def test_qsgd_encode_matches_spec(kind, n, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_qsgd_feedback_matches_numpy(kind, n, dtype):
-    """qsgd_feedback: acc = x + r (in the dtype), QSGD's norms and codes of acc (the spec's
+def test_qsgd_encode_fused_feedback_matches_numpy(kind, n, dtype):
+    """qsgd_encode(..., r, acc): acc = x + r (in the dtype), QSGD's norms and codes of acc (the spec's
     reference), and acc minus each code's value ``+-(level / s) * norm`` rounded to the dtype
     first (the dequantizer's SUB)."""
     x = data(kind, n, dtype)
@@ -767,7 +767,7 @@ def test_qsgd_feedback_matches_numpy(kind, n, dtype):
                 bad = np.zeros(-(-nb // max(1, CHUNK // bucket)), np.int64)
                 acc = np.empty(n, dtype)
                 if n:
-                    K.bucket.qsgd_feedback(ro(x), ro(r), acc, bucket, s, stochastic, STRM, LANES, norms, codes, bad)
+                    K.bucket.qsgd_encode(ro(x), bucket, s, stochastic, STRM, LANES, norms, codes, bad, ro(r), acc)
                 wn, wc = ref_qsgd(want_acc, bucket, s, stochastic, STRM)
                 what = f"bucket={bucket} s={s} stochastic={stochastic}"
                 assert_same(norms, wn, f"norms {what}")
@@ -864,8 +864,8 @@ def test_minmax_encode_matches_spec(kind, n, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_minmax_feedback_matches_numpy(kind, n, dtype):
-    """minmax_feedback: acc = x + r (in the dtype), min-max's bounds and codes of acc (the
+def test_minmax_encode_fused_feedback_matches_numpy(kind, n, dtype):
+    """minmax_encode(..., r, acc): acc = x + r (in the dtype), min-max's bounds and codes of acc (the
     spec's reference), and acc minus each code's value ``code * ((hi - lo) / L) + lo`` rounded
     to the dtype first (the dequantizer's SUB)."""
     x = data(kind, n, dtype)
@@ -883,8 +883,8 @@ def test_minmax_feedback_matches_numpy(kind, n, dtype):
                 if n:
                     wide = dtype == np.float64
                     low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
-                    K.bucket.minmax_feedback(ro(x), ro(r), acc, acc.view(np.int64 if wide else np.int32), low, inf, bucket, levels,
-                                             stochastic, STRM, lows, highs, codes, bad)
+                    K.bucket.minmax_encode(ro(x), acc.view(np.int64 if wide else np.int32), low, inf, bucket, levels, stochastic, STRM,
+                                           lows, highs, codes, bad, ro(r), acc)
                 wl, wh, wc = ref_minmax(want_acc, bucket, levels, stochastic, STRM)
                 what = f"bucket={bucket} bits={bits} stochastic={stochastic}"
                 assert_same(lows, wl, f"lows {what}")

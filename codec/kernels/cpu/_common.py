@@ -66,6 +66,14 @@ def chunk_sums(src, lo, hi, shift, width):
 
 
 @jit
+def form(x, r, acc, lo, hi):
+    """``acc[lo:hi] = x + r`` in the arrays' dtype: the error-feedback sum that the fused
+    kernels form piece by piece, in cache, before coding it."""
+    for i in range(U(lo), U(hi)):
+        acc[i] = x[i] + r[i]
+
+
+@jit
 def span_end(i, hi):
     """End of the run from ``i`` that shares ``i``'s random block key (at most ``hi``)."""
     return min(hi, (i | (SPAN - 1)) + 1)

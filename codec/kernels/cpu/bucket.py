@@ -16,11 +16,11 @@ import math
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, floor_plus, group_buckets, span_end
+from codec.kernels.cpu._common import U, floor_plus, form, group_buckets, span_end
 from codec.kernels.cpu.rng import block_key, uniform
 from codec.layout import CHUNK
 
-__all__ = ["qsgd_encode", "qsgd_feedback", "minmax_encode", "minmax_feedback"]
+__all__ = ["qsgd_encode", "minmax_encode"]
 
 
 @jit
@@ -107,12 +107,14 @@ def _round(t, stochastic, key, i):
 
 
 @jit
-def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes):
-    """One bucket of :func:`qsgd_encode`: its codes, and ``(norm, non-finite count)``."""
+def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub):
+    """One bucket of :func:`qsgd_encode`: its codes, and ``(norm, non-finite count)``; with
+    ``sub`` (not None) each code's value is then subtracted from it (see there)."""
     norm, k = _norm(x, lo, hi, width)
     up = _up32(norm)
     norm = up if up < np.inf else norm
     scale = s / norm if norm > 0 else 0.0
+    fs = np.float64(s)
     i0 = lo
     while i0 < hi:
         i1 = span_end(i0, hi)
@@ -123,51 +125,39 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes):
             lv = U(level) if level == level else U(0)  # NaN input (reported through bad)
             codes[i] = (lv << U(1)) | U((v < 0) & (lv > 0))
         i0 = i1
+    if sub is not None and not k:  # with a NaN/inf the step fails: sub keeps it to say where
+        # a loop of its own: it vectorises (its division inside the coding loop, which draws
+        # random numbers, ran the fused step 2.3x slower)
+        for i in range(U(lo), U(hi)):
+            c = U(codes[i])
+            q = np.float64(c >> U(1)) / fs
+            sub[i] -= sub.dtype.type((-q if c & U(1) else q) * norm)
     return norm, k
 
 
 @jit(parallel=True)
-def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad):
+def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad, r=None, acc=None):
     """QSGD: per bucket ``norms[b]`` (float32 rounded up when that fits, else float64) and
-    codes ``level << 1 | sign`` with ``level = round(|v| * (s / norm))`` clamped to ``s``."""
-    n = x.size
-    nb = norms.size
-    per = group_buckets(bucket)
-    for g in prange((nb + per - 1) // per):
-        nbad = np.int64(0)
-        for b in range(g * per, min(nb, (g + 1) * per)):
-            lo = b * bucket
-            norms[b], k = _qsgd_bucket(x, lo, min(n, lo + bucket), s, stochastic, strm, width, codes)
-            nbad += k
-        bad[g] = nbad
+    codes ``level << 1 | sign`` with ``level = round(|v| * (s / norm))`` clamped to ``s``.
 
-
-@jit(parallel=True)
-def qsgd_feedback(x, r, acc, bucket, s, stochastic, strm, width, norms, codes, bad):
-    """:func:`qsgd_encode` of ``acc = x + r`` fused with the error-feedback step, bucket by
-    bucket while it sits in cache (as :func:`minmax_feedback`): ``acc`` formed, coded, then
-    left holding ``acc - value``, each code's value ``+-(level / s) * norm`` in float64
-    rounded to the dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it."""
+    With ``r`` and ``acc`` (the error-feedback step, fused; compiled out when None): each
+    bucket, while it sits in cache, is formed as ``acc = x + r`` (in the arrays' dtype), coded,
+    and left holding ``acc - value``, each code's value ``+-(level / s) * norm`` in float64
+    rounded to the dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it:
+    one pass over memory reads x and r and writes the codes and acc."""
     n = x.size
-    nb = norms.size
     per = group_buckets(bucket)
-    fs = np.float64(s)
-    for g in prange((nb + per - 1) // per):
+    for g in prange(bad.size):
         nbad = np.int64(0)
-        for b in range(g * per, min(nb, (g + 1) * per)):
+        for b in range(g * per, min(norms.size, (g + 1) * per)):
             lo = b * bucket
             hi = min(n, lo + bucket)
-            for i in range(U(lo), U(hi)):
-                acc[i] = x[i] + r[i]
-            norm, k = _qsgd_bucket(acc, lo, hi, s, stochastic, strm, width, codes)
-            norms[b] = norm
+            if r is not None:
+                form(x, r, acc, lo, hi)
+                norms[b], k = _qsgd_bucket(acc, lo, hi, s, stochastic, strm, width, codes, acc)
+            else:
+                norms[b], k = _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, None)
             nbad += k
-            if k:  # a NaN/inf: the step fails, and acc keeps x + r to say where
-                continue
-            for i in range(U(lo), U(hi)):
-                c = U(codes[i])
-                q = np.float64(c >> U(1)) / fs
-                acc[i] -= acc.dtype.type((-q if c & U(1) else q) * norm)
         bad[g] = nbad
 
 
@@ -190,8 +180,10 @@ def _key_value(k, low, is64):
 
 
 @jit
-def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes):
-    """One bucket of :func:`minmax_encode`: its codes, and ``(min, max, non-finite)``."""
+def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, sub):
+    """One bucket of :func:`minmax_encode`: its codes, and ``(min, max, non-finite)``; with
+    ``sub`` (not None) each code's value is then subtracted from it (see there; a bucket with
+    NaN/inf has bounds 0, so nothing is subtracted)."""
     kmin = _key(ibits[lo], low)
     kmax = kmin
     for i in range(U(lo), U(hi)):
@@ -217,53 +209,37 @@ def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, c
             t = _round((np.float64(x[i]) - mn) * inv, stochastic, key, i)
             codes[i] = np.int32(min(max(t, 0.0), np.float64(levels)))
         i0 = i1
+    if sub is not None:  # a loop of its own, as in _qsgd_bucket
+        step = (mx - mn) / levels
+        for i in range(U(lo), U(hi)):
+            sub[i] -= sub.dtype.type(np.float64(codes[i]) * step + mn)
     return mn, mx, nbad
 
 
 @jit(parallel=True)
-def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad):
+def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad, r=None, acc=None):
     """Min-max: per bucket ``lows[b]`` / ``highs[b]`` (float32 rounded down / up when they fit,
     else float64) and codes ``round((v - lo) * (levels / (hi - lo)))`` clamped to ``[0, levels]``.
     The bounds come from integer keys of ``ibits`` (``x``'s bits as int32/int64; ``low`` the
-    mask below the sign, ``inf`` the infinity pattern): an integer min/max vectorises."""
-    n = x.size
-    nb = lows.size
-    is64 = ibits.itemsize == 8
-    per = group_buckets(bucket)
-    for g in prange((nb + per - 1) // per):
-        nbad = np.int64(0)
-        for b in range(g * per, min(nb, (g + 1) * per)):
-            lo = b * bucket
-            hi = min(n, lo + bucket)
-            lows[b], highs[b], k = _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes)
-            nbad += k
-        bad[g] = nbad
+    mask below the sign, ``inf`` the infinity pattern): an integer min/max vectorises.
 
-
-@jit(parallel=True)
-def minmax_feedback(x, r, acc, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad):
-    """:func:`minmax_encode` of ``acc = x + r`` fused with the error-feedback step, bucket by
-    bucket while it sits in cache: ``acc`` is formed (the sum in the arrays' dtype; ``ibits``
-    is its bit view), coded, then left holding ``acc - value``, each code's value
+    With ``r`` and ``acc`` (the error-feedback step, fused; compiled out when None; ``ibits``
+    then is ``acc``'s bit view): each bucket, while it sits in cache, is formed as ``acc = x +
+    r`` (in the arrays' dtype), coded, and left holding ``acc - value``, each code's value
     ``code * ((hi - lo) / levels) + lo`` in float64 rounded to the dtype first, exactly as
-    ``dequant.dequantize`` decodes and subtracts it.  One pass over memory: reads x and r,
-    writes the codes and acc."""
+    ``dequant.dequantize`` decodes and subtracts it: one pass over memory."""
     n = x.size
-    nb = lows.size
     is64 = ibits.itemsize == 8
     per = group_buckets(bucket)
-    for g in prange((nb + per - 1) // per):
+    for g in prange(bad.size):
         nbad = np.int64(0)
-        for b in range(g * per, min(nb, (g + 1) * per)):
+        for b in range(g * per, min(lows.size, (g + 1) * per)):
             lo = b * bucket
             hi = min(n, lo + bucket)
-            for i in range(U(lo), U(hi)):
-                acc[i] = x[i] + r[i]
-            mn, mx, k = _minmax_bucket(acc, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes)
-            lows[b] = mn
-            highs[b] = mx
+            if r is not None:
+                form(x, r, acc, lo, hi)
+                lows[b], highs[b], k = _minmax_bucket(acc, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, acc)
+            else:
+                lows[b], highs[b], k = _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, None)
             nbad += k
-            a = (mx - mn) / levels
-            for i in range(U(lo), U(hi)):
-                acc[i] -= acc.dtype.type(np.float64(codes[i]) * a + mn)
         bad[g] = nbad

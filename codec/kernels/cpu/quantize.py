@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, span_end
+from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, form, span_end
 from codec.kernels.cpu.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
 
@@ -78,8 +78,7 @@ def feedback_absmax_units(x, r, acc, bits, block, upb, mask, top):
     n = x.size
     for u in prange(top.size):
         _, lo, hi = _unit(u, block, upb, n)
-        for i in range(U(lo), U(hi)):
-            acc[i] = x[i] + r[i]
+        form(x, r, acc, lo, hi)
         top[u] = _top_bits(bits, lo, hi, mask)
 
 

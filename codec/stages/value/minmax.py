@@ -71,7 +71,7 @@ class MinMax(Quantizer):
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
         x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
-        decoded`` there (kernel ``minmax_feedback``), bit for bit what adding, encoding,
+        decoded`` there (``minmax_encode`` with ``r``, ``acc``), bit for bit what adding, encoding,
         decoding and subtracting give.  None (the unfused step) for 16-bit input, or when the
         bounds decode beyond the dtype's range (saturated values, decoded apart)."""
         from codec.kernels import backend
@@ -87,9 +87,9 @@ class MinMax(Quantizer):
         flat = acc.reshape(-1)
         if n:
             ibits, low, inf = _keys(flat)
-            backend("bucket", x).minmax_feedback(
-                x, slot.residual.reshape(-1), flat, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic,
-                self.stream(ctx), lows, highs, codes, bad,
+            backend("bucket", x).minmax_encode(
+                x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
+                lows, highs, codes, bad, slot.residual.reshape(-1), flat,
             )
         if bad.any():
             self.raise_nonfinite(flat, ctx)

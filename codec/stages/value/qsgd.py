@@ -75,7 +75,7 @@ class Qsgd(Quantizer):
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
         x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
-        decoded`` there (kernel ``qsgd_feedback``), bit for bit what adding, encoding,
+        decoded`` there (``qsgd_encode`` with ``r``, ``acc``), bit for bit what adding, encoding,
         decoding and subtracting give.  None (the unfused step) for 16-bit input, or a norm
         beyond the dtype's range (its values decoded saturated)."""
         from codec.kernels import backend
@@ -91,8 +91,8 @@ class Qsgd(Quantizer):
         acc = slot.take_spare()
         flat = acc.reshape(-1)
         if n:
-            backend("bucket", x).qsgd_feedback(
-                x, slot.residual.reshape(-1), flat, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad
+            backend("bucket", x).qsgd_encode(
+                x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad, slot.residual.reshape(-1), flat
             )
         if bad.any():
             self.raise_nonfinite(flat, ctx)
