@@ -84,10 +84,20 @@ class _MiniFloat(Quantizer):
             return np.zeros(nblocks, np.int64)
         return self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
 
-    def _codes_section(self, n, code_into) -> Section:
-        """The values section of ``n`` codes that ``code_into(codes)`` writes: straight into the
-        frame for 8- and 16-bit codes, else into an array that is then bit-packed."""
-        w = self.width
+    def _codes_section(self, kern, values, units, block, upb, emin, ctx, sub=None) -> Section:
+        """The values section of the codes of ``values`` in the windows ``emin`` (kernel
+        ``minifloat_encode``; with ``sub``, the fused error-feedback step's subtraction):
+        written straight into the frame for 8- and 16-bit codes, else into an array that is
+        then bit-packed."""
+        n, w, strm = values.size, self.width, self.stream(ctx)
+
+        def code_into(codes):
+            bad = np.zeros(units, np.int64)
+            if n:
+                kern.minifloat_encode(values, block, upb, emin, self.mant, self.maxmag, w - 1, self.stochastic, strm, codes, bad, sub)
+            if bad.any():
+                self.raise_nonfinite(values, ctx)
+
         if w in (8, 16):
             return Section(SectionKind.VALUES, w, n, fill=lambda out: code_into(out.view(code_dtype(w))))
         codes = np.empty(n, code_dtype(w))
@@ -110,16 +120,7 @@ class _MiniFloat(Quantizer):
         else:
             stored = np.zeros(nblocks, np.int64)
         emin = self.emins(stored).astype(np.int64)
-        strm = self.stream(ctx)
-
-        def encode_into(codes):
-            bad = np.zeros(units, np.int64)
-            if n:
-                kern.minifloat_encode(x, block, upb, emin, self.mant, self.maxmag, self.width - 1, self.stochastic, strm, codes, bad)
-            if bad.any():
-                self.raise_nonfinite(x, ctx)
-
-        sections.append(self._codes_section(n, encode_into))
+        sections.append(self._codes_section(kern, x, units, block, upb, emin, ctx))
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass forms ``acc = x +
@@ -150,22 +151,12 @@ class _MiniFloat(Quantizer):
             return None
         if self.needs_max():
             sections.append(ints_section(stored))
-        strm = self.stream(ctx)
-
-        def code_into(codes):
-            bad = np.zeros(units, np.int64)
-            if n:
-                kern.minifloat_encode(flat, block, upb, emin, self.mant, self.maxmag, self.width - 1, self.stochastic, strm, codes, bad, flat)
-            if bad.any():
-                self.raise_nonfinite(flat, ctx)
-
-        sections.append(self._codes_section(n, code_into))
+        sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, sub=flat))
         return lambda: slot.commit(acc)
 
     def read(self, reader, ctx, count):
         n = count
-        block = max(1, self.block_len(n))
-        nblocks = -(-n // block)
+        block, nblocks, _, _ = self._units(n)
         stored = self.read_windows(reader, ctx, nblocks)
         data = read_codes(reader, self.width, n, self.code_limit())
         lut, scale = _exact_factors(magnitudes(self.mant, self.width), self.emins(stored).astype(np.int64))
