@@ -86,6 +86,9 @@ def check_encode_out(codec, arr: np.ndarray, steps: int = 2) -> None:
     assert isinstance(got, memoryview) and got.obj is not None, f"{c}: encode(out=) must return a memoryview of out"
     assert bytes(got) == frame and bytes(buf[: len(frame)]) == frame, f"{c}: encode(out=) wrote another frame"
     assert _same(c.decode(got), c.decode(frame)), f"{c}: the frame in out decodes differently"
+    asked = []  # an allocator: asked once, for the frame's exact size
+    got = c.encode(arr, out=lambda size: asked.append(size) or bytearray(size))
+    assert asked == [len(frame)] and bytes(got) == frame, f"{c}: encode(out=allocator) asked for {asked}, wrote another frame"
     many = c.encode_many({"a": arr, "b": arr.reshape(-1)[:3].copy()})
     into = np.zeros(len(many), np.uint8)
     assert bytes(c.encode_many({"a": arr, "b": arr.reshape(-1)[:3].copy()}, out=into)) == many, f"{c}: encode_many(out=) differs"
