@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import FIRST_CALL, Samples, bullets, heading, machine_info, render  # noqa: E402
+from harness import Samples, bullets, footer, heading, log, machine_info, render  # noqa: E402
 
 SPECS = "fp16;bf16;adacomp;topk(ratio=0.01);rangefloat(bits=8);minmax"
 WARM = 8
@@ -80,7 +80,7 @@ def main(argv=None):
     for df in [float(d) for d in args.df.split(",")]:
         xs = inputs(args.n, df)
         for spec in specs:
-            print(f"t({df:g}): {spec} ...", file=sys.stderr, flush=True)
+            log(f"t({df:g}): {spec} ...")
             res, mc = bench(spec, xs, args.repeat)
             cells = [f"{res[(way, ck)] * 1e3:.2f} ({mc / res[(way, ck)]:.2f}x)" for ck in (True, False) for way in ("new frame", "out=")]
             rows.append([spec, f"t({df:g})", f"{mc * 1e3:.2f}"] + cells)
@@ -88,9 +88,7 @@ def main(argv=None):
     heading(f"ErrorFeedback step on {args.n:,} float32 (Student-t x 1e-3), steady state; ms (x memcpy); best of {args.repeat}", md)
     hdr = ["codec", "data", "memcpy ms", "new frame", "out=", "new frame, no CRC", "out=, no CRC"]
     print(render(hdr, rows, md))
-    print()
-    bullets([f"{WARM} untimed steps first; three inputs in rotation; memcpy: np.copyto into a preallocated array, interleaved",
-             FIRST_CALL, f"total run time {time.perf_counter() - t_run:.0f} s"], md)
+    footer([f"{WARM} untimed steps first; three inputs in rotation; memcpy: np.copyto into a preallocated array, interleaved"], t_run, [], md)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import FIRST_CALL, best, bullets, heading, log, machine_info, render, synthetic  # noqa: E402
+from harness import best, bullets, footer, heading, log, machine_info, render, synthetic  # noqa: E402
 
 CODECS = ("fp16", "bf16", "topk", "randomk", "qsgd", "powersgd")
 SPECS = {"fp16": "fp16", "bf16": "bf16", "topk": "topk(ratio=0.01)", "randomk": "randomk(ratio=0.01)", "qsgd": "qsgd(levels=16)", "powersgd": "powersgd(rank=4)"}
@@ -72,6 +72,9 @@ class Peer:
             self.bucket = torch.cat([t.reshape(-1) for t in self.ts])
             self.dtype = torch.float16 if codec == "fp16" else torch.bfloat16
         if codec == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
+
+            self.orthogonalize = _orthogonalize
             g = torch.Generator().manual_seed(0)
             self.qs = [torch.randn(t.reshape(t.shape[0], -1).shape[1], RANK, generator=g) if t.dim() >= 2 else None for t in self.ts]
 
@@ -101,11 +104,9 @@ class Peer:
                 if self.qs[i] is None:
                     out.append(flat)  # the hook allreduces 1-D tensors as they are
                     continue
-                from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
-
                 m = t.reshape(t.shape[0], -1)
                 p = m @ self.qs[i]
-                _orthogonalize(p.unsqueeze(0))
+                self.orthogonalize(p.unsqueeze(0))
                 self.qs[i] = m.t() @ p
                 out.append((p, self.qs[i]))
         return out
@@ -188,11 +189,9 @@ def main(argv=None):
     heading("gradcodec against its peers, ms per step (best of --repeat); ratio = peer time / gradcodec's best time", md)
     print(render(["workload", "tensors / elements", "codec", "peer enc", "enc (per tensor)", "enc (many)", "enc ratio",
                   "peer dec", "dec (per tensor)", "dec (many)", "dec ratio"], rows, md))
-    print()
-    bullets(["peers: fp16/bf16 DDP compress hooks on one flat bucket; topk/randomk/qsgd GRACE's compressors per tensor; "
-             "powersgd PyTorch's powerSGD_hook math per matrix (1-D tensors copied)",
-             "gradcodec: frames of bytes with their CRC-32C, decoded into preallocated arrays",
-             FIRST_CALL, f"total run time {time.perf_counter() - t_run:.0f} s"], md)
+    footer(["peers: fp16/bf16 DDP compress hooks on one flat bucket; topk/randomk/qsgd GRACE's compressors per tensor; "
+            "powersgd PyTorch's powerSGD_hook math per matrix (1-D tensors copied)",
+            "gradcodec: frames of bytes with their CRC-32C, decoded into preallocated arrays"], t_run, [], md)
 
 
 if __name__ == "__main__":
