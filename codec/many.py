@@ -17,7 +17,7 @@ from codec.dtypes import as_float_array, checked_out
 from codec.errors import NonFiniteError
 from codec.frame import Frame, Section, SectionInfo, SectionKind
 from codec.framebuffer import frame_out
-from codec.manyframe import Entry, Layout
+from codec.manyframe import VERSION, Entry, Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import scatter, scratch, store, wide_dtype
 from codec.pack import decode_index_segments
@@ -243,7 +243,7 @@ def _targets(mf, out, *, add: bool) -> list:
 
 
 def _read_jobs(c, mf) -> list:
-    """The codec of ``mf`` and its jobs: ``(indices, ctx, payload)`` per tensor, or per run of
+    """The jobs of ``mf`` for the codec ``c``: ``(indices, ctx, payload)`` per tensor, or per run of
     small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
     and compactly read (phase 1 for all tensors before any output is allocated)."""
     lay = mf.layout
@@ -296,7 +296,7 @@ def _run_frame(mf, run):
         total += n
         raw += secs[0].raw_len
     info = SectionInfo(kind, first[0].encoding, bits, total, raw, raw, first[0].offset)
-    return Frame(mf.payload, mf.tensor(run[0]).version, mf.flags, mf.layout.dtypes[run[0]], (total,), mf.spec, [info], 0)
+    return Frame(mf.payload, VERSION, mf.flags, mf.layout.dtypes[run[0]], (total,), mf.spec, [info], 0)
 
 
 def _whole(c, ctx, payload, dtype, reuse: bool) -> np.ndarray:

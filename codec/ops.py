@@ -100,13 +100,12 @@ def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None) -> tuple[np.ndar
     """
     dtype = np.dtype(dtype)
     flat = np.ascontiguousarray(x).reshape(-1)
-    kern = backend("convert", flat)
     out = np.empty(flat.size, np.uint16) if out is None else out
     if flat.dtype == dtype:  # the codes are the bits; NaN/inf have every exponent bit set
         out[:] = flat.view(np.uint16)
         exponent = np.uint16(0x7C00 if dtype == HALF else 0x7F80)
         return out, int(np.count_nonzero((out & exponent) == exponent))
-    return out, int(kern.narrow_codes(readonly(widen(flat)), out, dtype != HALF))
+    return out, int(backend("convert", flat).narrow_codes(readonly(widen(flat)), out, dtype != HALF))
 
 
 def round_to(x, dtype) -> np.ndarray:

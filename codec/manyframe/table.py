@@ -41,6 +41,7 @@ class Layout:
         """Where each tensor starts in the flat concatenation, and the total: ``len + 1`` int64."""
         out = np.zeros(len(self.shapes) + 1, np.int64)
         np.cumsum(self.sizes, out=out[1:])
+        out.flags.writeable = False  # a Layout is shared (the recent tables' cache, several frames)
         return out
 
     @classmethod

@@ -96,8 +96,8 @@ def prefetch(typingctx, arr, i):
     will use soon.  A scatter to sorted, sparse positions reads a new cache line per value
     that the hardware prefetcher cannot predict; asking 64 values ahead measured 1.18 ->
     0.49 ms for 217k positions in a cold 100 MB array."""
-    if not isinstance(arr, types.Array) or not isinstance(i, types.Integer):
-        return None
+    if not isinstance(arr, types.Array) or arr.ndim != 1 or not isinstance(i, types.Integer):
+        return None  # one flat index: the address of arr[i] in a 1-D array
 
     def codegen(context, builder, signature, args):
         aryty = signature.args[0]

@@ -27,7 +27,6 @@ __all__ = [
     "combine",
     "combine_odd",
     "half_combine",
-    "count_nonfinite",
     "half_feedback",
 ]
 
@@ -279,23 +278,6 @@ def half_combine(src, codes, mode, bf16):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
         _combine_block(src[lo:hi], codes[lo:hi], mode, bf16)
-
-
-@jit(parallel=True)
-def count_nonfinite(x):
-    """Number of NaN/inf entries of a float array (branch-free, chunked)."""
-    n = x.size
-    nchunk = chunks(n)
-    bad = np.zeros(nchunk, np.int64)
-    for c in prange(nchunk):
-        lo = c * CHUNK
-        hi = min(n, lo + CHUNK)
-        k = np.int64(0)
-        for i in range(lo, hi):
-            v = x[i]
-            k += np.int64(not (v - v == 0))
-        bad[c] = k
-    return bad.sum()
 
 
 @jit

@@ -277,7 +277,7 @@ _FLAGS = 4096
 
 
 @jit
-def _adacomp_bin(dw, g, b, e, length, top, flags, words, buf, vals, row, found, gmax):
+def _adacomp_bin(dw, g, b, e, length, top, flags, buf, vals, row, found, gmax):
     """Bin ``[b, e)`` whose max |g| is ``top``: its sends into row ``row`` of ``buf`` (positions)
     and ``vals`` (their g); returns (found, non-finite count).
 
@@ -289,6 +289,7 @@ def _adacomp_bin(dw, g, b, e, length, top, flags, words, buf, vals, row, found, 
     of at most ``flags.size`` values are flagged at a time.
     """
     gmax[b // length] = top
+    words = flags.view(np.uint64)
     cap = buf.shape[1]
     nbad = 0
     for p in range(b, e, flags.size):
@@ -314,11 +315,9 @@ def _adacomp_bin(dw, g, b, e, length, top, flags, words, buf, vals, row, found, 
 
 
 @jit
-def _flag_words(length):
-    """The flag bytes of a bin of ``length`` values (at most ``_FLAGS``), whole words of
-    them, and the same memory as uint64 words."""
-    flags = np.zeros(-(-min(length, _FLAGS) // 8) * 8, np.uint8)
-    return flags, flags.view(np.uint64)
+def _flags(length):
+    """The flag bytes of a bin of ``length`` values (at most ``_FLAGS``), whole words of them."""
+    return np.zeros(-(-min(length, _FLAGS) // 8) * 8, np.uint8)
 
 
 @jit(parallel=True)
@@ -334,11 +333,11 @@ def adacomp_bins(dw, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax)
     span = length * per_chunk
     for j in prange(chunks[1] - chunks[0]):
         c = chunks[0] + j
-        flags, words = _flag_words(length)
+        flags = _flags(length)
         found = nbad = 0
         for b in range(c * span, min(n, (c + 1) * span), length):
             e = min(n, b + length)
-            found, nb = _adacomp_bin(dw, g, b, e, length, _bin_max(g, b, e), flags, words, buf, vals, j, found, gmax)
+            found, nb = _adacomp_bin(dw, g, b, e, length, _bin_max(g, b, e), flags, buf, vals, j, found, gmax)
             nbad += nb
         counts[c] = found
         bad[c] = nbad
@@ -351,12 +350,12 @@ def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, vals, counts
     span = length * per_chunk
     for j in prange(chunks[1] - chunks[0]):
         c = chunks[0] + j
-        flags, words = _flag_words(length)
+        flags = _flags(length)
         found = nbad = 0
         for b in range(c * span, min(n, (c + 1) * span), length):
             e = min(n, b + length)
             top = _form_bin_max(dw, r, g, b, e)
-            found, nb = _adacomp_bin(dw, g, b, e, length, top, flags, words, buf, vals, j, found, gmax)
+            found, nb = _adacomp_bin(dw, g, b, e, length, top, flags, buf, vals, j, found, gmax)
             nbad += nb
         counts[c] = found
         bad[c] = nbad

@@ -41,7 +41,7 @@ class TopK(MagnitudeSelect):
         from codec.pack import encode_index_segments
 
         sizes = np.diff(starts)
-        ks = np.array([min(self.kept(int(n), c.step), int(n)) for n, c in zip(sizes, ctxs)], np.int64)
+        ks = np.array([self.kept(int(n), c.step) for n, c in zip(sizes, ctxs)], np.int64)  # (at most n)
         out_starts = np.zeros(ks.size + 1, np.int64)
         np.cumsum(ks, out=out_starts[1:])
         pos = np.empty(int(out_starts[-1]), np.int64)
