@@ -173,9 +173,7 @@ def _select_runs(c, arrays, ctxs, out) -> None:
         if picked is None:
             continue
         for i, (idx, values, secs) in zip(g, picked):
-            ctxs[i].positions, ctxs[i].kept = idx, values
-            c.value.encode(values, ctxs[i], secs)
-            out[i] = secs
+            out[i] = c.selected(ctxs[i], idx, values, secs)
 
 
 def _elementwise_sections(c, arrays, names):

@@ -114,9 +114,16 @@ class Codec:
         elif self.select is not None:
             if residual is not None and not self.select.fuses_feedback:
                 raise ValueError(f"residual: {self.select.name} does not fuse error feedback into its selection")
-            ctx.positions, values = self.select.select(flat, ctx, sections, residual=residual, out=out)
-            ctx.kept = values
+            return self.selected(ctx, *self.select.select(flat, ctx, sections, residual=residual, out=out), sections)
         self.value.encode(values, vctx, sections)
+        return sections
+
+    def selected(self, ctx: Context, positions, values, sections: list) -> list:
+        """The rest of :meth:`sections` after a select stage chose ``positions`` and their
+        ``values`` (alone, or for a tensor of a many-tensor run: ``select_segments``): both
+        recorded on ``ctx``, the values coded after ``sections``."""
+        ctx.positions, ctx.kept = positions, values
+        self.value.encode(values, ctx, sections)
         return sections
 
     def frame(self, sections: list, dtype, shape, *, out=None) -> bytes:
