@@ -122,17 +122,32 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
 
 def sections(c, arrays, ctxs):
     """The sections of every tensor (``ctxs[i]`` its context: key, step, state, the name
-    errors give it), with the runs an elementwise value stage or a segmented select stage
-    codes at once; returns ``(sections, pieces)`` for ``Codec.frame_many``."""
+    errors give it), with the runs an elementwise value stage, a segmented select stage or a
+    value stage's :meth:`codec.stage.Value.encode_run` codes at once; returns ``(sections,
+    pieces)`` for ``Codec.frame_many``."""
     if c.elementwise:
         return _elementwise_sections(c, arrays, [ctx.name for ctx in ctxs])
     out = [None] * len(arrays)
+    coded = {}
     if c.select is not None:
         _select_runs(c, arrays, ctxs, out)
+    elif c.transform is None:
+        coded = _value_runs(c, arrays, ctxs, out)
     for i, (a, ctx) in enumerate(zip(arrays, ctxs)):
         if out[i] is None:
             out[i] = c.sections(a.reshape(-1), ctx)
-    return out, None
+    if not coded:
+        return out, None
+    pieces, skip = [], 0
+    for i, secs in enumerate(out):
+        if i in coded:
+            pieces.append(coded[i][1])
+            skip = coded[i][0]
+        elif skip:
+            skip -= 1
+        else:
+            pieces += secs
+    return out, pieces
 
 
 def _concatenated(arrays, groups) -> list:
@@ -158,17 +173,43 @@ def _concatenated(arrays, groups) -> list:
     return out
 
 
+def _segment_runs(tensors) -> list[list[int]]:
+    """The runs of several small float32/float64 tensors (``(size, dtype)`` pairs) that a
+    segmented kernel codes at once: each of at most RUN_ELEMENTS, SEGMENT_ELEMENTS together."""
+    return [g for g in runs(tensors, SEGMENT_ELEMENTS, RUN_ELEMENTS) if len(g) > 1 and tensors[g[0]][1] in (np.float32, np.float64)]
+
+
+def _starts(sizes) -> np.ndarray:
+    """Where each of ``sizes`` starts in their concatenation, and the total (int64)."""
+    starts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    return starts
+
+
+def _value_runs(c, arrays, ctxs, out) -> dict:
+    """Code every run of small float32/float64 tensors that the value stage codes at once
+    (:meth:`codec.stage.Value.encode_run`): ``out[i]`` its table entries, and per run
+    ``{first index: (members after the first, payload piece)}``; the others stay None."""
+    groups = _segment_runs([(a.size, a.dtype) for a in arrays])
+    coded = {}
+    for g, flat in zip(groups, _concatenated(arrays, groups)):
+        got = c.value.encode_run(flat, _starts([arrays[i].size for i in g]), [ctxs[i] for i in g])
+        if got is None:
+            continue
+        table, piece = got
+        for i, entries in zip(g, table):
+            out[i] = entries
+        coded[g[0]] = (len(g) - 1, piece)
+    return coded
+
+
 def _select_runs(c, arrays, ctxs, out) -> None:
     """Fill ``out[i]`` for the tensors of every run of small float32/float64 tensors that the
     select stage codes at once (:meth:`codec.stage.Select.select_segments`); the others stay
     None (coded one by one)."""
-    groups = [
-        g for g in runs([(a.size, a.dtype) for a in arrays], SEGMENT_ELEMENTS, RUN_ELEMENTS)
-        if len(g) > 1 and arrays[g[0]].dtype in (np.float32, np.float64)
-    ]
+    groups = _segment_runs([(a.size, a.dtype) for a in arrays])
     for g, flat in zip(groups, _concatenated(arrays, groups)):
-        starts = np.zeros(len(g) + 1, np.int64)
-        np.cumsum([arrays[i].size for i in g], out=starts[1:])
+        starts = _starts([arrays[i].size for i in g])
         picked = c.select.select_segments(flat, starts, [ctxs[i] for i in g])
         if picked is None:
             continue
@@ -249,17 +290,39 @@ def _read_jobs(c, mf) -> list:
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
         mf.finish()
         return jobs
-    groups = runs(zip(lay.sizes, lay.dtypes)) if c.elementwise else [[i] for i in range(len(mf))]
+    value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
+    if c.elementwise:
+        groups = runs(zip(lay.sizes, lay.dtypes))
+    elif value_runs:  # a zstd payload is decompressed section by section as the stages read it
+        groups = _segment_runs(list(zip(lay.sizes, lay.dtypes)))
+        alone = set(range(len(mf))) - {i for g in groups for i in g}
+        groups = sorted(groups + [[i] for i in alone])
+    else:
+        groups = [[i] for i in range(len(mf))]
     known = _known_positions(c, mf)
     jobs = []
     for g in groups:
-        fr = _run_frame(mf, g) if len(g) > 1 else None
-        if fr is None:  # alone, or a run whose tensors are not one values section each
+        job = _run_job(c, mf, g, value_runs) if len(g) > 1 else None
+        if job is None:  # alone, or a run whose tensors are not what the run expects
             jobs += [([i], *c._read(mf.tensor(i), known[i])) for i in g]
         else:
-            jobs.append((g, *c._read(fr)))
+            jobs.append(job)
     mf.finish()
     return jobs
+
+
+def _run_job(c, mf, run, value_runs):
+    """The job ``(run, ctx, payload)`` of a run of tensors read at once, or None (each is read
+    alone): an elementwise codec's one section over the run (:func:`_run_frame`), or what the
+    value stage's :meth:`codec.stage.Value.read_run` reads."""
+    lay = mf.layout
+    if not value_runs:
+        fr = _run_frame(mf, run)
+        return None if fr is None else (run, *c._read(fr))
+    sizes = [lay.sizes[i] for i in run]
+    dtype = lay.dtypes[run[0]]
+    payload = c.value.read_run(np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i] for i in run], sizes, dtype)
+    return None if payload is None else (run, Context((sum(sizes),), dtype, name="tensors"), payload)
 
 
 def _known_positions(c, mf) -> list:

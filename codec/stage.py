@@ -329,6 +329,24 @@ class Value(Stage):
         subtracts it at the sent positions instead of decoding the frame it has just built."""
         return None
 
+    def encode_run(self, flat, starts, ctxs):
+        """Code a run of small same-dtype tensors of a many-tensor frame at once (a codec of
+        this value stage alone): ``flat`` their concatenation, tensor ``t`` being
+        ``flat[starts[t]:starts[t+1]]`` with context ``ctxs[t]``.  Returns ``(table, piece)``:
+        per tensor its sections as :class:`codec.manyframe.Entry` (kind, width, count), and
+        one :class:`codec.frame.Section` holding the run's payload, exactly the bytes that
+        coding each tensor alone gives, in tensor order.  None (the default, or whenever a
+        tensor needs its own encode, e.g. to raise its error) codes them one by one."""
+        return None
+
+    def read_run(self, data, infos, sizes, dtype):
+        """The inverse of :meth:`encode_run`: from the raw payload ``data`` (uint8) and, per
+        tensor of the run, its section infos (offsets into ``data``) and size, a payload that
+        :meth:`write` decodes into the run's concatenation (``dtype``), after the checks
+        :meth:`read` makes (CorruptFrameError); None (the default, or sections that are not
+        what the run expects) reads each tensor on its own."""
+        return None
+
     def encode_feedback(self, x, slot, ctx, sections):
         """A fused error-feedback step for a codec of this value stage alone: append the
         sections coding ``x + slot.residual``, writing the new residual into a buffer from

@@ -416,6 +416,118 @@ def test_segmented_topk_names_a_non_finite_tensor():
         codec.get_codec("topk(k=2)").encode_many(ts)
 
 
+# ------------------------------------------------------------------ runs of a quantizer value stage
+QUANT_RUNS = ["qsgd", "qsgd(levels=3,bucket=100)", "qsgd(levels=127,bucket=7,rounding=nearest)", "minmax", "minmax(bits=3,bucket=33,rounding=stochastic)", "qsgd+crc32", "minmax+zstd"]
+
+
+def quant_model(dtype, seed=13):
+    """Small tensors of edge sizes, one past a run's limit, one huge-valued (float64: its
+    norms and bounds travel as float64), an all-zero one."""
+    from codec.many import RUN_ELEMENTS
+
+    rng = np.random.default_rng(seed)
+    sizes = [7, 0, 1, 300, 64, 9, RUN_ELEMENTS + 3, 2, 5000, 513]
+    ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-6, 3)).astype(dtype) for i, n in enumerate(sizes)}
+    ts["w4"][:] = 0
+    ts["w3"] = ts["w3"].reshape(3, 100)
+    if dtype == np.float64:
+        ts["w8"] *= 1e300
+    return ts
+
+
+@pytest.mark.parametrize("spec", QUANT_RUNS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_quantizer_runs_give_the_frame_of_one_call_per_tensor(spec, dtype):
+    """A quantizer codes a run of small tensors in one segmented kernel call per job
+    (Value.encode_run / read_run): the frame holds exactly the bytes of per-tensor sections,
+    keys and steps pick each tensor's own stream, and every decode equals the per-tensor one."""
+    c = codec.get_codec(spec)
+    ts = quant_model(dtype)
+    lay = Layout.of(ts)
+    for step, keys in ((0, None), (4, [f"k{i}" for i in range(len(ts))])):
+        many = c.encode_many(ts, step=step, keys=keys)
+        ctxs = [codec.stage.Context(a.shape, a.dtype, step=step, key=None if keys is None else keys[i]) for i, a in enumerate(ts.values())]
+        assert many == c.frame_many([c.sections(a.reshape(-1), ctx) for a, ctx in zip(ts.values(), ctxs)], lay), step
+        got = codec.decode_many(many)
+        for i, (k, x) in enumerate(ts.items()):
+            want = codec.decode(c.encode(x, step=step, key=None if keys is None else keys[i]))
+            assert got[k].tobytes() == want.tobytes() and got[k].shape == x.shape, k
+        for acc_dtype in (np.float32, np.float64, np.float16):
+            acc = {k: (np.ones(x.shape) / 3).astype(acc_dtype) for k, x in ts.items()}
+            want = {k: a.copy() for k, a in acc.items()}
+            codec.decode_add_many(many, acc)
+            for k, f in zip(ts, [c.encode(x, step=step, key=None if keys is None else keys[i]) for i, x in enumerate(ts.values())]):
+                c.decode_add(f, want[k])
+                assert acc[k].tobytes() == want[k].tobytes(), (acc_dtype, k)
+
+
+def test_quantizer_runs_are_segmented_kernel_calls(monkeypatch):
+    """200 small tensors: one encode kernel call and one decode kernel call per run, not one
+    per tensor (the per-tensor kernels are never called)."""
+    from codec.kernels import backend
+
+    bucket, dequant = backend("bucket"), backend("dequant")
+    calls = {"qsgd_encode": 0, "dequantize": 0, "qsgd_encode_segments": 0, "dequantize_segments": 0}
+    for mod, name in ((bucket, "qsgd_encode"), (bucket, "qsgd_encode_segments"), (dequant, "dequantize"), (dequant, "dequantize_segments")):
+        real = getattr(mod, name)
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*a)
+
+        monkeypatch.setattr(mod, name, counted)
+    rng = np.random.default_rng(3)
+    ts = [rng.standard_normal(n).astype(np.float32) for n in rng.integers(1000, 10_001, 200)]
+    frame = codec.get_codec("qsgd").encode_many(ts)
+    codec.decode_many(frame, out=[np.empty_like(x) for x in ts])
+    assert calls["qsgd_encode"] == calls["dequantize"] == 0
+    assert 1 <= calls["qsgd_encode_segments"] <= 3 and calls["dequantize_segments"] == calls["qsgd_encode_segments"]
+
+
+def test_a_quantizer_run_names_a_non_finite_tensor():
+    for spec in ("qsgd", "minmax"):
+        ts = {"a": np.ones(5, np.float32), "b": np.ones((2, 3), np.float32), "c": np.ones(4, np.float32)}
+        ts["b"][1, 2] = np.nan
+        with pytest.raises(NonFiniteError, match=r"tensors\['b'\]: non-finite value at position \(1, 2\)"):
+            codec.get_codec(spec).encode_many(ts)
+
+
+def test_forged_quantizer_runs_are_refused():
+    """What reading a tensor alone refuses, reading a run refuses: a negative norm, a code
+    beyond the levels, set padding bits, a minimum above its maximum."""
+    ts = [np.linspace(-1, 1, 9).astype(np.float32), np.linspace(0, 2, 13).astype(np.float32)]
+
+    def forged(spec, edit):
+        frame = bytearray(codec.get_codec(spec, checksum=False).encode_many(ts))
+        mf = parse_many(bytes(frame))
+        edit(frame, mf.header_len, mf.tensor_sections)
+        return bytes(frame)
+
+    def norm_negative(f, base, secs):
+        at = base + secs[1][0].offset
+        f[at : at + 4] = np.float32(-1.0).tobytes()
+
+    def code_beyond_levels(f, base, secs):  # qsgd(levels=2): 3-bit codes, level 3 > 2
+        at = base + secs[1][1].offset
+        f[at] = (f[at] & ~0b111) | 0b110
+
+    def padding_set(f, base, secs):
+        info = secs[0][1]
+        f[base + info.offset + info.raw_len - 1] |= 0x80
+
+    def low_above_high(f, base, secs):
+        at = base + secs[1][0].offset
+        f[at : at + 4] = np.float32(5.0).tobytes()  # the first bucket's minimum
+
+    cases = [("qsgd", norm_negative, "negative norm"), ("qsgd(levels=2)", code_beyond_levels, "code field of 3"), ("qsgd", padding_set, "padding bits"), ("minmax", low_above_high, "minimum exceeds its maximum")]
+    for spec, edit, what in cases:
+        f = forged(spec, edit)
+        with pytest.raises(codec.CorruptFrameError, match=what):
+            codec.decode_many(f)
+        with pytest.raises(codec.CorruptFrameError, match=what):
+            codec.decode_add_many(f, [np.zeros(9, np.float32), np.zeros(13, np.float32)])
+
+
 # ------------------------------------------------------------------ joint: the whole-model variant
 @pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "qsgd(bucket=100)", "fp16", "adacomp+zstd", "randomk(ratio=0.1)"])
 def test_joint_codes_the_concatenation(spec):

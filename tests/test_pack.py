@@ -431,3 +431,47 @@ def test_index_segments_refuse_what_one_set_refuses():
     refused(edit_data=lambda d, inf: d.__setitem__(first.offset, 0xFF))  # a gap running past 12
     refused(sizes=(5, 40))  # positions beyond a smaller tensor (and a width it cannot need)
     refused(edit_info=lambda inf: setattr(inf[1], "count", 39))  # a bitmap's count is its size
+
+
+# ---------------------------------------------------------------- a many-tensor run's bytes
+@pytest.mark.parametrize("bits", [1, 3, 6, 8, 11, 16, 33])
+def test_pack_segments_match_numpy(bits):
+    """Each tensor's codes packed at its own byte offset exactly as ref_pack packs them alone;
+    the bytes between tensors are left as they were."""
+    rng = np.random.default_rng(bits)
+    sizes = [0, 1, 7, 8, 9, 1001, (1 << 16) + 5, 3]
+    dtype = np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint64
+    codes = random_codes(rng, sum(sizes), dtype)
+    starts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    lens = [raw_length(n, bits) for n in sizes]
+    ostarts = np.cumsum([0] + [ln + 3 for ln in lens])[:-1].astype(np.int64)  # 3 bytes between
+    out = np.full(int(ostarts[-1]) + lens[-1] + 3, 0xCD, np.uint8)
+    module("pack").pack_segments(readonly(codes), starts, bits, out, ostarts)
+    for t, n in enumerate(sizes):
+        assert bytes(out[ostarts[t] : ostarts[t] + lens[t]]) == bytes(ref_pack(codes[starts[t] : starts[t + 1]], bits)), t
+        assert np.all(out[ostarts[t] + lens[t] : ostarts[t] + lens[t] + 3] == 0xCD)
+
+
+def test_put_and_take_items_match_numpy():
+    """Per tensor float64 items written as float64, float32 (rounded as NumPy casts) or int16,
+    little-endian at their offsets, and read back as float64."""
+    rng = np.random.default_rng(5)
+    counts = [0, 1, 5, 300, 2]
+    widths = np.array([8, 4, 2, 4, 8], np.int64)
+    values = []
+    for c, w in zip(counts, widths):
+        v = rng.standard_t(2, c) * 1e3
+        values.append(np.round(v).clip(-32768, 32767) if w == 2 else v)
+    vstarts = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=vstarts[1:])
+    ostarts = np.cumsum([0] + [c * w + 1 for c, w in zip(counts, widths)])[:-1].astype(np.int64)
+    out = np.zeros(int(ostarts[-1]) + counts[-1] * int(widths[-1]), np.uint8)
+    flat = np.concatenate(values)
+    module("pack").put_items(readonly(flat), vstarts, widths, out, ostarts)
+    back = np.full(flat.size, np.nan)
+    module("pack").take_items(readonly(out), ostarts, widths, vstarts, back)
+    for t, (v, w) in enumerate(zip(values, widths)):
+        want = v.astype({8: "<f8", 4: "<f4", 2: "<i2"}[int(w)])
+        assert bytes(out[ostarts[t] : ostarts[t] + v.size * w]) == want.tobytes(), t
+        assert np.array_equal(back[vstarts[t] : vstarts[t + 1]], want.astype(np.float64)), t

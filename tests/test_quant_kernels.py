@@ -1207,3 +1207,153 @@ def test_serial_and_parallel_twins_agree(backend):
     assert len(runs[0]) == len(runs[1])
     for i, (a, b) in enumerate(zip(*runs)):
         assert a == b, f"result {i} differs between the serial and parallel twins"
+
+
+# ====================================================================== segmented kernels
+# A many-tensor frame's run of small tensors is coded and decoded in one call with per-tensor
+# offsets: each tensor exactly as the NumPy reference codes it alone, with its own stream.
+SEGMENTS = [[], [0], [5], [1, 0, 7, 1000, 513, CHUNK, 3, 4097], [CHUNK - 1, 2, CHUNK + 1]]
+
+
+def segmented(kind, sizes, dtype):
+    """The tensors of ``sizes``, their concatenation and starts, and a stream per tensor."""
+    xs = [data(kind, n, dtype, seed=i) for i, n in enumerate(sizes)]
+    starts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    strms = np.array([ref_stream(2024, i, 3) for i in range(len(sizes))], np.uint64)
+    flat = np.concatenate(xs) if xs else np.empty(0, dtype)
+    return xs, flat, starts, strms
+
+
+def bucket_starts(sizes, bucket):
+    out = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum([-(-n // bucket) for n in sizes], out=out[1:])
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("sizes", SEGMENTS)
+def test_qsgd_encode_segments_match_numpy(sizes, kind, dtype):
+    xs, flat, starts, strms = segmented(kind, sizes, dtype)
+    for bucket, s in ((7, 3), (512, 16), (CHUNK, 127)):
+        for stochastic in (False, True):
+            bstarts = bucket_starts(sizes, bucket)
+            norms = np.full(int(bstarts[-1]), np.nan)
+            codes = np.zeros(flat.size, np.uint8)
+            bad = np.full(len(sizes), -1, np.int64)
+            K.bucket.qsgd_encode_segments(ro(flat), starts, bstarts, bucket, s, stochastic, strms, LANES, norms, codes, bad)
+            assert not bad.any()
+            for t, x in enumerate(xs):
+                want_norms, want_codes = ref_qsgd(x, bucket, s, stochastic, strms[t])
+                assert_same(norms[bstarts[t] : bstarts[t + 1]], want_norms, f"norms of tensor {t}")
+                assert_same(codes[starts[t] : starts[t + 1]].astype(np.int64), want_codes, f"codes of tensor {t}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("sizes", SEGMENTS)
+def test_minmax_encode_segments_match_numpy(sizes, kind, dtype):
+    xs, flat, starts, strms = segmented(kind, sizes, dtype)
+    wide = np.dtype(dtype) == np.float64
+    ibits = ro(flat.view(np.int64 if wide else np.int32))
+    low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
+    for bucket, bits in ((7, 1), (1024, 8), (33, 5)):
+        for stochastic in (False, True):
+            bstarts = bucket_starts(sizes, bucket)
+            lows, highs = np.full(int(bstarts[-1]), np.nan), np.full(int(bstarts[-1]), np.nan)
+            codes = np.zeros(flat.size, np.uint8)
+            bad = np.full(len(sizes), -1, np.int64)
+            K.bucket.minmax_encode_segments(
+                ro(flat), ibits, low, inf, starts, bstarts, bucket, (1 << bits) - 1, stochastic, strms, lows, highs, codes, bad
+            )
+            assert not bad.any()
+            for t, x in enumerate(xs):
+                wl, wh, wc = ref_minmax(x, bucket, (1 << bits) - 1, stochastic, strms[t])
+                sl = slice(bstarts[t], bstarts[t + 1])
+                assert_same(lows[sl], wl, f"lows of tensor {t}")
+                assert_same(highs[sl], wh, f"highs of tensor {t}")
+                assert_same(codes[starts[t] : starts[t + 1]].astype(np.int64), wc, f"codes of tensor {t}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_encode_segments_report_nonfinite_per_tensor(dtype):
+    sizes = [5, 700, 3]
+    _, flat, starts, strms = segmented("normal", sizes, dtype)
+    flat[600] = np.nan  # tensor 1
+    flat[706] = np.inf  # tensor 2
+    bstarts = bucket_starts(sizes, 512)
+    bad = np.zeros(3, np.int64)
+    K.bucket.qsgd_encode_segments(ro(flat), starts, bstarts, 512, 16, True, strms, LANES, np.empty(int(bstarts[-1])), np.empty(flat.size, np.uint8), bad)
+    assert bad.tolist() == [0, 1, 1]
+    wide = np.dtype(dtype) == np.float64
+    low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
+    bad[:] = 0
+    nb = int(bstarts[-1])
+    K.bucket.minmax_encode_segments(
+        ro(flat), ro(flat.view(np.int64 if wide else np.int32)), low, inf, starts, bstarts, 512, 255, False, strms,
+        np.empty(nb), np.empty(nb), np.empty(flat.size, np.uint8), bad,
+    )
+    assert bad.tolist() == [0, 1, 1]
+
+
+@pytest.mark.parametrize("bits", [1, 3, 6, 8, 11, 16])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_dequantize_segments_match_numpy(bits, offsets):
+    """Every tensor's codes at its own byte offset (gaps between them), its own block length
+    and factors; SET, ADD and SUB into float32/float64, each tensor as ref_dequantize gives it."""
+    sizes = [0, 1, 9, 1001, CHUNK + 3, 17, 8]
+    blocks = [1, 7, 8, 512, CHUNK, 17, 1]
+    parts, dstarts, lut = [], [], None
+    a_parts, off_parts = [], []
+    pos = 0
+    for t, (n, block) in enumerate(zip(sizes, blocks)):
+        raw, lut_t, a, off = dequant_case(bits, n, block, offsets, seed=t)
+        lut = lut_t if lut is None else lut
+        gap = np.full(t % 3, 0xAB, np.uint8)  # bytes of other sections between the codes
+        parts += [gap, raw]
+        dstarts.append(pos + gap.size)
+        pos += gap.size + raw.size
+        a_parts.append(a)
+        off_parts.append(off)
+    data_ = np.concatenate(parts)
+    starts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    astarts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum([a.size for a in a_parts], out=astarts[1:])
+    a_all = np.concatenate(a_parts)
+    off_all = np.concatenate(off_parts) if offsets else np.empty(0)
+    rng = np.random.default_rng(bits)
+    for dtype in DTYPES:
+        for mode in (SET, ADD, SUB):
+            out0 = (rng.standard_normal(int(starts[-1])) * 10).astype(dtype)
+            out = out0.copy()
+            K.dequant.dequantize_segments(
+                ro(data_), np.array(dstarts, np.int64), bits, starts, ro(lut), np.array(blocks, np.int64), ro(a_all), astarts, ro(off_all), out, mode
+            )
+            for t, n in enumerate(sizes):
+                raw = data_[dstarts[t] : dstarts[t] + -(-n * bits // 8)]
+                sl = slice(starts[t], starts[t + 1])
+                want = ref_dequantize(raw, bits, n, lut, blocks[t], a_parts[t], off_parts[t], out0[sl], mode)
+                assert_same(out[sl], want, f"tensor {t} {np.dtype(dtype)} mode {mode}")
+
+
+@pytest.mark.parametrize("bits", [1, 5, 8, 9, 16])
+def test_max_field_segments_match_numpy(bits):
+    rng = np.random.default_rng(bits)
+    sizes = [0, 3, 8, 1001, CHUNK * 8 // bits + 3]
+    full = (1 << bits) - 1
+    for fmask, fshift in ((full, 0), (full, 1), (full >> 1, 0)):
+        for hot in range(len(sizes)):  # the largest code in each tensor in turn
+            codes = [rng.integers(0, 2, n, dtype=np.uint64) for n in sizes]
+            if sizes[hot]:
+                codes[hot][-1] = full  # the last code of that tensor
+            raws = [ref_pack(c, bits) for c in codes]
+            gaps = [np.full(2, 0xFF, np.uint8) for _ in sizes]  # set bits between tensors are not codes
+            data_ = np.concatenate([p for g, r in zip(gaps, raws) for p in (g, r)])
+            dstarts = np.cumsum([0] + [g.size + r.size for g, r in zip(gaps, raws)])[:-1] + 2
+            starts = np.zeros(len(sizes) + 1, np.int64)
+            np.cumsum(sizes, out=starts[1:])
+            got = K.dequant.max_field_segments(ro(data_), dstarts.astype(np.int64), bits, starts, fmask, fshift)
+            want = max(int(((c & U64(fmask)) >> U64(fshift)).max(initial=0)) for c in codes)
+            assert int(got) == want, (fmask, fshift, hot)

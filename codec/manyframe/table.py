@@ -51,11 +51,13 @@ class Layout:
         if isinstance(tensors, dict):
             names, tensors = tuple(tensors), tensors.values()
         arrays = tuple(tensors)
-        return cls(
+        lay = cls(
             tuple(tuple(int(d) for d in a.shape) for a in arrays),
             tuple(np.dtype(a.dtype) for a in arrays),
             None if names is None else tuple(names),
         )
+        return _recent_of(lay) if names is None or all(isinstance(k, str) for k in lay.names) else lay
+
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -100,6 +102,14 @@ class Layout:
         head = bytearray()
         put_varint(head, len(self))
         return hashlib.blake2b(bytes(head) + self.table(), digest_size=HASH_SIZE).digest()
+
+
+@functools.lru_cache(maxsize=8)
+def _recent_of(layout: Layout) -> Layout:
+    """The first of the last few layouts read off tensors that equals ``layout``: a training
+    loop encodes the same model every step, and the layout found again keeps its table, hash
+    and sizes, computed once (200 tensors: the table ~0.6 ms a step)."""
+    return layout
 
 
 def as_layout(layout) -> Layout:

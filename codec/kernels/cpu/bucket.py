@@ -20,7 +20,7 @@ from codec.kernels.cpu._common import U, floor_plus, form, group_buckets, span_e
 from codec.kernels.cpu.rng import block_key, uniform
 from codec.layout import CHUNK
 
-__all__ = ["qsgd_encode", "minmax_encode"]
+__all__ = ["qsgd_encode", "qsgd_encode_segments", "minmax_encode", "minmax_encode_segments"]
 
 
 @jit
@@ -145,20 +145,39 @@ def qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad, r=None
     and left holding ``acc - value``, each code's value ``+-(level / s) * norm`` in float64
     rounded to the dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it:
     one pass over memory reads x and r and writes the codes and acc."""
-    n = x.size
     per = group_buckets(bucket)
     for g in prange(bad.size):
-        nbad = np.int64(0)
-        for b in range(g * per, min(norms.size, (g + 1) * per)):
-            lo = b * bucket
-            hi = min(n, lo + bucket)
-            if r is not None:
-                form(x, r, acc, lo, hi)
-                norms[b], k = _qsgd_bucket(acc, lo, hi, s, stochastic, strm, width, codes, acc)
-            else:
-                norms[b], k = _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, None)
-            nbad += k
-        bad[g] = nbad
+        bad[g] = _qsgd_group(x, bucket, s, stochastic, strm, width, norms, codes, g * per, min(norms.size, (g + 1) * per), r, acc)
+
+
+@jit(parallel=True)
+def qsgd_encode_segments(x, starts, bstarts, bucket, s, stochastic, strms, width, norms, codes, bad):
+    """:func:`qsgd_encode` of many tensors at once (a many-tensor frame's run of small
+    tensors): tensor ``t`` is ``x[starts[t]:starts[t+1]]``, coded with its own random stream
+    ``strms[t]`` and value indices, its norms into ``norms[bstarts[t]:bstarts[t+1]]``, its
+    codes into the same slice of ``codes`` as of ``x``, its NaN/inf count into ``bad[t]``.
+    Exactly what one :func:`qsgd_encode` per tensor gives."""
+    for t in prange(starts.size - 1):
+        xt = x[starts[t] : starts[t + 1]]
+        nt = norms[bstarts[t] : bstarts[t + 1]]
+        bad[t] = _qsgd_group(xt, bucket, s, stochastic, strms[t], width, nt, codes[starts[t] : starts[t + 1]], 0, nt.size, None, None)
+
+
+@jit
+def _qsgd_group(x, bucket, s, stochastic, strm, width, norms, codes, b0, b1, r, acc):
+    """Buckets ``b0..b1`` of :func:`qsgd_encode`; returns their NaN/inf count."""
+    n = x.size
+    nbad = np.int64(0)
+    for b in range(b0, b1):
+        lo = b * bucket
+        hi = min(n, lo + bucket)
+        if r is not None:
+            form(x, r, acc, lo, hi)
+            norms[b], k = _qsgd_bucket(acc, lo, hi, s, stochastic, strm, width, codes, acc)
+        else:
+            norms[b], k = _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, None)
+        nbad += k
+    return nbad
 
 
 @jit
@@ -228,18 +247,40 @@ def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, hi
     r`` (in the arrays' dtype), coded, and left holding ``acc - value``, each code's value
     ``code * ((hi - lo) / levels) + lo`` in float64 rounded to the dtype first, exactly as
     ``dequant.dequantize`` decodes and subtracts it: one pass over memory."""
-    n = x.size
-    is64 = ibits.itemsize == 8
     per = group_buckets(bucket)
     for g in prange(bad.size):
-        nbad = np.int64(0)
-        for b in range(g * per, min(lows.size, (g + 1) * per)):
-            lo = b * bucket
-            hi = min(n, lo + bucket)
-            if r is not None:
-                form(x, r, acc, lo, hi)
-                lows[b], highs[b], k = _minmax_bucket(acc, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, acc)
-            else:
-                lows[b], highs[b], k = _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, None)
-            nbad += k
-        bad[g] = nbad
+        b0, b1 = g * per, min(lows.size, (g + 1) * per)
+        bad[g] = _minmax_group(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, b0, b1, r, acc)
+
+
+@jit(parallel=True)
+def minmax_encode_segments(x, ibits, low, inf, starts, bstarts, bucket, levels, stochastic, strms, lows, highs, codes, bad):
+    """:func:`minmax_encode` of many tensors at once (a many-tensor frame's run of small
+    tensors): tensor ``t`` is ``x[starts[t]:starts[t+1]]`` (``ibits`` its bits), coded with its
+    own random stream ``strms[t]`` and value indices, its bounds into
+    ``lows/highs[bstarts[t]:bstarts[t+1]]``, its codes into the same slice of ``codes`` as of
+    ``x``, its NaN/inf count into ``bad[t]``.  Exactly what one :func:`minmax_encode` per
+    tensor gives."""
+    for t in prange(starts.size - 1):
+        lo, hi, b0, b1 = starts[t], starts[t + 1], bstarts[t], bstarts[t + 1]
+        bad[t] = _minmax_group(
+            x[lo:hi], ibits[lo:hi], low, inf, bucket, levels, stochastic, strms[t], lows[b0:b1], highs[b0:b1], codes[lo:hi], 0, b1 - b0, None, None
+        )
+
+
+@jit
+def _minmax_group(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, b0, b1, r, acc):
+    """Buckets ``b0..b1`` of :func:`minmax_encode`; returns their NaN/inf count."""
+    n = x.size
+    is64 = ibits.itemsize == 8
+    nbad = np.int64(0)
+    for b in range(b0, b1):
+        lo = b * bucket
+        hi = min(n, lo + bucket)
+        if r is not None:
+            form(x, r, acc, lo, hi)
+            lows[b], highs[b], k = _minmax_bucket(acc, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, acc)
+        else:
+            lows[b], highs[b], k = _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, None)
+        nbad += k
+    return nbad

@@ -6,6 +6,9 @@
   (8/16/32/64 bits in that dtype) are a byte copy, 1-bit codes one byte per group, 2..7 bits
   one uint64 per group; other widths use a 64-bit accumulator (pack) or one unaligned 8-byte
   load per code (unpack).
+* ``pack_segments``, ``put_items`` / ``take_items``: a many-tensor frame's run of small
+  tensors at once: each tensor's codes packed at its own byte offset, and each tensor's
+  per-block numbers (float64, float32 or int16 items) written and read at theirs.
 
 Chunk boundaries depend on the sizes only, never on the thread count.  The byte order of
 code words is little-endian, which is also the host order on every platform Numba targets
@@ -18,7 +21,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 
-__all__ = ["pack_codes", "unpack_codes"]
+__all__ = ["pack_codes", "pack_segments", "put_items", "take_items", "unpack_codes"]
 
 _GROUPS = 1 << 13  # groups of 8 codes per parallel chunk
 
@@ -135,27 +138,50 @@ def _pack_wide(src, bits, dst):
 def _pack(src, size, bits, out):
     """``pack_codes`` on the codes' bytes ``src`` (``size`` bytes each): one signature for every
     dtype; each chunk views its slice with the real dtype for the typed inner loops."""
+    ngroups = src.size // size // 8
+    for c in prange((ngroups + _GROUPS - 1) // _GROUPS):
+        _pack_chunk(src, size, bits, out, c)
+    _pack_tail(src, size, bits, out)
+
+
+@jit(parallel=True)
+def _pack_segments(src, size, starts, bits, out, ostarts):
+    """``pack_segments`` on the codes' bytes (see ``_pack``)."""
+    for t in prange(starts.size - 1):
+        n = starts[t + 1] - starts[t]
+        s = src[starts[t] * size : starts[t + 1] * size]
+        d = out[ostarts[t] : ostarts[t] + (n * bits + 7) // 8]
+        for c in range((n // 8 + _GROUPS - 1) // _GROUPS):
+            _pack_chunk(s, size, bits, d, c)
+        _pack_tail(s, size, bits, d)
+
+
+@jit
+def _pack_chunk(src, size, bits, out, c):
+    """The full groups of eight of chunk ``c`` (``_GROUPS`` groups) of ``_pack``."""
+    ngroups = src.size // size // 8
+    g0 = c * _GROUPS
+    g1 = min(ngroups, g0 + _GROUPS)
+    s = src[g0 * 8 * size : g1 * 8 * size]
+    d = out[g0 * bits : g1 * bits]
+    if bits == 8 * size:  # the codes' own bytes are the packing (little-endian host)
+        for i in range(d.size):
+            d[i] = s[i]
+    elif size == 1:
+        _pack_small(s, bits, d)
+    elif size == 2:
+        _pack_wide(s.view(np.uint16), bits, d)
+    elif size == 4:
+        _pack_wide(s.view(np.uint32), bits, d)
+    else:
+        _pack_wide(s.view(np.uint64), bits, d)
+
+
+@jit
+def _pack_tail(src, size, bits, out):
+    """The last ``n % 8`` codes of ``_pack``: OR-ed into zeroed tail bytes."""
     n = src.size // size
     ngroups = n // 8
-    nchunk = (ngroups + _GROUPS - 1) // _GROUPS
-    full = bits == 8 * size
-    for c in prange(nchunk):
-        g0 = c * _GROUPS
-        g1 = min(ngroups, g0 + _GROUPS)
-        s = src[g0 * 8 * size : g1 * 8 * size]
-        d = out[g0 * bits : g1 * bits]
-        if full:  # the codes' own bytes are the packing (little-endian host)
-            for i in range(d.size):
-                d[i] = s[i]
-        elif size == 1:
-            _pack_small(s, bits, d)
-        elif size == 2:
-            _pack_wide(s.view(np.uint16), bits, d)
-        elif size == 4:
-            _pack_wide(s.view(np.uint32), bits, d)
-        else:
-            _pack_wide(s.view(np.uint64), bits, d)
-    # the last n % 8 codes: OR-ed into zeroed tail bytes
     b = np.uint64(bits)
     mask = _mask(bits)
     for t in range(ngroups * bits, out.size):
@@ -279,3 +305,57 @@ def unpack_codes(data, bits, out):
     if not 1 <= bits <= 8 * out.dtype.itemsize or data.size < (out.size * bits + 7) // 8:
         raise ValueError(f"unpack_codes: {out.size} codes of dtype {out.dtype}, {bits} bits, {data.size} bytes in")
     _unpack(data, bits, out.reshape(-1).view(np.uint8), out.dtype.itemsize)
+
+
+def pack_segments(codes, starts, bits, out, ostarts):
+    """``pack_codes`` of many tensors' codes at once (a many-tensor frame's run): the codes
+    ``codes[starts[t]:starts[t+1]]`` of tensor ``t`` packed into exactly
+    ``ceil(n_t*bits/8)`` bytes of ``out`` from byte ``ostarts[t]``, as ``pack_codes`` packs
+    them alone; the bytes between tensors are left as they are."""
+    if not 1 <= bits <= 8 * codes.dtype.itemsize or starts.size != ostarts.size + 1:
+        raise ValueError(f"pack_segments: codes of dtype {codes.dtype}, {bits} bits, {starts.size - 1} tensors, {ostarts.size} offsets")
+    _pack_segments(codes.reshape(-1).view(np.uint8), codes.dtype.itemsize, starts, bits, out, ostarts)
+
+
+@jit
+def _item(w, width):
+    """The float64 value of the little-endian ``width``-byte item whose bits are ``w``: 2 an
+    int16, 4 a float32, 8 a float64."""
+    if width == 8:
+        return np.uint64(w).view(np.float64)
+    if width == 4:
+        return np.float64(np.uint32(w).view(np.float32))
+    return np.float64(np.uint16(w).view(np.int16))
+
+
+@jit(parallel=True)
+def put_items(values, vstarts, widths, out, ostarts):
+    """Tensor ``t``'s float64 ``values[vstarts[t]:vstarts[t+1]]`` written from byte
+    ``ostarts[t]`` of ``out`` as little-endian items of ``widths[t]`` bytes: 8 float64, 4
+    float32 (rounded to nearest, as NumPy casts), 2 int16 (integers in its range)."""
+    for t in prange(vstarts.size - 1):
+        w = widths[t]
+        p = np.uint64(ostarts[t])
+        for i in range(vstarts[t], vstarts[t + 1]):
+            v = values[i]
+            if w == 8:
+                bits = np.float64(v).view(np.uint64)
+            elif w == 4:
+                bits = np.uint64(np.float32(v).view(np.uint32))
+            else:
+                bits = np.uint64(np.uint16(np.int16(v)))
+            _put(out, p, bits, w)
+            p += np.uint64(w)
+
+
+@jit(parallel=True)
+def take_items(data, offsets, widths, vstarts, out):
+    """The inverse of ``put_items``: tensor ``t``'s ``vstarts[t+1] - vstarts[t]`` items of
+    ``widths[t]`` bytes from byte ``offsets[t]`` of ``data``, as float64 into the same slice
+    of ``out`` (exact)."""
+    for t in prange(vstarts.size - 1):
+        w = widths[t]
+        p = np.uint64(offsets[t])
+        for i in range(vstarts[t], vstarts[t + 1]):
+            out[i] = _item(_get(data, p, w), w)
+            p += np.uint64(w)

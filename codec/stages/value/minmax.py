@@ -11,7 +11,7 @@ from codec.errors import CorruptFrameError
 from codec.ops import readonly
 from codec.layout import bucket_groups
 from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, saturates, scalars_section
-from codec.frame import MAX_ELEMENTS
+from codec.frame import MAX_ELEMENTS, SectionKind
 from codec.params import Param, SEED, rounding
 from codec.stage import register
 
@@ -67,6 +67,50 @@ class MinMax(Quantizer):
             raise ValueError(f"{ctx.name}: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
+
+    run_head = SectionKind.SCALARS
+
+    def run_bits(self):
+        return self.bits
+
+    def quantize_run(self, x, starts, ctxs):
+        from codec.kernels import backend
+
+        nb = -(-np.diff(starts) // self.bucket)
+        bstarts = np.zeros(starts.size, np.int64)
+        np.cumsum(nb, out=bstarts[1:])
+        lows, highs = np.empty(int(bstarts[-1])), np.empty(int(bstarts[-1]))
+        codes = np.empty(x.size, np.uint8)
+        bad = np.zeros(len(ctxs), np.int64)
+        ibits, low, inf = _keys(x)
+        backend("bucket", x).minmax_encode_segments(
+            x, readonly(ibits), low, inf, starts, bstarts, self.bucket, (1 << self.bits) - 1, self.stochastic, self.streams(ctxs),
+            lows, highs, codes, bad,
+        )
+        with np.errstate(over="ignore"):
+            finite = np.all(np.isfinite(highs - lows))
+        if bad.any() or not finite:
+            return None
+        # per tensor its lows, then its highs (the scalars section of a tensor alone)
+        head = np.empty(2 * lows.size)
+        tensor = np.repeat(np.arange(nb.size), nb)
+        at = np.arange(lows.size) + bstarts[:-1][tensor]  # bucket b of tensor t at 2*bstarts[t] + b
+        head[at] = lows
+        head[at + nb[tensor]] = highs
+        return head, 2 * bstarts, codes, self.bits
+
+    def run_factors(self, head, hstarts, sizes):
+        nb = -(-sizes // self.bucket)
+        if not np.array_equal(np.diff(hstarts), 2 * nb):
+            return None
+        tensor = np.repeat(np.arange(nb.size), nb)
+        at = np.arange(int(nb.sum())) + hstarts[:-1][tensor] // 2
+        lows, highs = head[at], head[at + nb[tensor]]
+        if np.any(lows > highs):
+            raise CorruptFrameError("minmax frame: a bucket's minimum exceeds its maximum")
+        levels = (1 << self.bits) - 1
+        sstarts = hstarts // 2
+        return _codes(self.bits), np.full(sizes.size, self.bucket, np.int64), (highs - lows) / levels, sstarts, lows, float(levels)
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =

@@ -72,6 +72,41 @@ class Qsgd(Quantizer):
         else:
             sections.append(codes_section(codes, self.code_bits))
 
+    run_head = SectionKind.SCALARS
+
+    def run_bits(self):
+        return self.code_bits
+
+    def code_limit(self):
+        w = self.code_bits
+        return ((1 << w) - 1, 1, self.levels)  # level = code >> 1 <= s
+
+    def quantize_run(self, x, starts, ctxs):
+        from codec.kernels import backend
+        from codec.layout import LANES
+
+        if self.coding != "packed":
+            return None
+        bstarts = np.zeros(starts.size, np.int64)
+        np.cumsum(-(-np.diff(starts) // self.bucket), out=bstarts[1:])
+        norms = np.empty(int(bstarts[-1]))
+        codes = np.empty(x.size, code_dtype(self.code_bits))
+        bad = np.zeros(len(ctxs), np.int64)
+        backend("bucket", x).qsgd_encode_segments(
+            x, starts, bstarts, self.bucket, self.levels, self.stochastic, self.streams(ctxs), LANES, norms, codes, bad
+        )
+        if bad.any():
+            return None
+        return norms, bstarts, codes, self.code_bits
+
+    def run_factors(self, head, hstarts, sizes):
+        if self.coding != "packed" or not np.array_equal(np.diff(hstarts), -(-sizes // self.bucket)):
+            return None
+        if head.size and head.min() < 0:
+            raise CorruptFrameError("qsgd frame: a negative norm")
+        s, w = self.levels, self.code_bits
+        return _levels(s, w), np.full(sizes.size, self.bucket, np.int64), head, hstarts, np.empty(0), 1.0
+
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
         x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
@@ -134,7 +169,7 @@ class Qsgd(Quantizer):
         if self.coding == "elias":
             data, w = self._read_elias(reader, count), 8 * np.dtype(code_dtype(w)).itemsize
         else:
-            data = read_codes(reader, w, count, ((1 << w) - 1, 1, s))  # level = code >> 1 <= s
+            data = read_codes(reader, w, count, self.code_limit())
         return Dequant(data, w, count, _levels(s, w), self.bucket, norms, np.empty(0), ctx.dtype, lut_top=1.0)
 
     def _read_elias(self, reader, count):

@@ -71,6 +71,14 @@ class Dequant:
     #: the largest |lut| over the codes a decoder accepts (qsgd's table has entries beyond
     #: its levels, which reading refuses), when the stage knows it: else ``max |lut|``
     lut_top: float | None = None
+    #: a many-tensor run (:meth:`Quantizer.read_run`): tensor t's codes start at byte
+    #: ``dstarts[t]`` of ``data`` and decode into values ``starts[t]:starts[t+1]`` with blocks
+    #: of ``blocks[t]`` values and the factors ``scale``/``offset[sstarts[t]:sstarts[t+1]]``
+    #: (``block`` then unused); None for one tensor
+    starts: np.ndarray | None = None
+    dstarts: np.ndarray | None = None
+    blocks: np.ndarray | None = None
+    sstarts: np.ndarray | None = None
 
     @property
     def top(self) -> float:
@@ -114,7 +122,10 @@ class Quantizer(Value):
         from codec.kernels import backend
 
         kern = backend("dequant", out)
-        if p.trits:
+        if p.starts is not None:
+            args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
+            kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, out, mode)
+        elif p.trits:
             kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
         else:
             args = (readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
@@ -137,6 +148,145 @@ class Quantizer(Value):
         from codec.streams import stream
 
         return stream(self.seed, ctx)
+
+    def streams(self, ctxs) -> np.ndarray:
+        """:meth:`stream` of every context (uint64; tensors of one key and step share one)."""
+        if not self.stochastic:
+            return np.zeros(len(ctxs), np.uint64)
+        memo: dict = {}
+        out = np.empty(len(ctxs), np.uint64)
+        for i, ctx in enumerate(ctxs):
+            try:
+                at = (type(ctx.key), ctx.key, ctx.step)
+                out[i] = memo[at] if at in memo else memo.setdefault(at, self.stream(ctx))
+            except TypeError:  # an unhashable key: its own stream
+                out[i] = self.stream(ctx)
+        return out
+
+    # ------------------------------------------------------------ many-tensor runs
+    #: the section that precedes the codes in a run's tensors (``SCALARS``: float32 items, or
+    #: float64 for a tensor whose numbers do not fit; ``INTS``: int16; None: the codes alone)
+    run_head: int | None = None
+
+    def quantize_run(self, x, starts, ctxs):
+        """The kernels' part of :meth:`encode_run`: ``(head, hstarts, codes, bits)``, every
+        tensor's per-block numbers (float64, tensor t's ``head[hstarts[t]:hstarts[t+1]]``) and
+        the codes of ``x`` (``bits`` wide, any unsigned dtype); or None when a tensor needs
+        its own encode (a NaN, a range the codec refuses: the error is raised there)."""
+        return None
+
+    def run_factors(self, head, hstarts, sizes):
+        """The decoder's part of :meth:`read_run`: from the per-block numbers read (as
+        :meth:`quantize_run` gives them), ``(lut, blocks, scale, sstarts, offset, lut_top)``
+        for :class:`Dequant`, after the checks :meth:`read` makes (CorruptFrameError); None
+        when a tensor must be read alone."""
+        return None
+
+    def code_limit(self):
+        """``(field mask, shift, largest)`` that :func:`read_codes` checks, or None."""
+        return None
+
+    def encode_run(self, flat, starts, ctxs):
+        from codec.kernels import backend
+        from codec.manyframe import Entry
+
+        if flat.dtype not in (np.float32, np.float64):
+            return None
+        got = self.quantize_run(readonly(flat), starts, ctxs)
+        if got is None:
+            return None
+        head, hstarts, codes, bits = got
+        nh = np.diff(hstarts)
+        if self.run_head == SectionKind.SCALARS:
+            if not np.all(np.isfinite(head)):
+                return None  # the tensor's own encode says which
+            big = np.zeros(head.size + 1, np.int64)
+            np.cumsum(np.abs(head) > F32_MAX, out=big[1:])
+            widths = np.where(big[hstarts[1:]] > big[hstarts[:-1]], 8, 4)
+        else:
+            widths = np.full(len(ctxs), 2, np.int64)
+        sizes = np.diff(starts)
+        code_bytes = (sizes * bits + 7) // 8
+        head_bytes = nh * widths if self.run_head is not None else np.zeros_like(nh)
+        ostarts = np.zeros(len(ctxs) + 1, np.int64)
+        np.cumsum(head_bytes + code_bytes, out=ostarts[1:])
+        cstarts = ostarts[:-1] + head_bytes
+        pack = backend("pack", codes)
+        codes = readonly(codes)
+
+        def fill(out):
+            if self.run_head is not None:
+                pack.put_items(head, hstarts, widths, out, ostarts[:-1])
+            pack.pack_segments(codes, starts, bits, out, cstarts)
+
+        table = [
+            [Entry(self.run_head, 8 * int(w), int(h)), Entry(SectionKind.VALUES, bits, int(n))] if self.run_head is not None else [Entry(SectionKind.VALUES, bits, int(n))]
+            for w, h, n in zip(widths.tolist(), nh.tolist(), sizes.tolist())
+        ]
+        return table, Section(SectionKind.VALUES, 8, int(ostarts[-1]), fill=fill)
+
+    def read_run(self, data, infos, sizes, dtype):
+        from codec.kernels import backend
+
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            return None
+        bits = self.run_bits()
+        heads = self.run_head is not None
+        want = 2 if heads else 1
+        count = len(sizes)
+        hoffs, hwidths, hcounts, coffs = [], [], [], []
+        allowed = (32, 64) if self.run_head == SectionKind.SCALARS else (16,)
+        for secs, n in zip(infos, sizes):
+            if len(secs) != want:
+                return None
+            codes = secs[-1]
+            if codes.kind != SectionKind.VALUES or codes.bits != bits or codes.count != n:
+                return None
+            if heads:
+                h = secs[0]
+                if h.kind != self.run_head or h.bits not in allowed:
+                    return None
+                hoffs.append(h.offset)
+                hwidths.append(h.bits // 8)
+                hcounts.append(h.count)
+            coffs.append(codes.offset)
+        starts = np.zeros(count + 1, np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        hstarts = np.zeros(count + 1, np.int64)
+        head = np.empty(0)
+        kern = backend("pack", data)
+        if heads:
+            np.cumsum(hcounts, out=hstarts[1:])
+            head = np.empty(int(hstarts[-1]))
+            kern.take_items(data, np.array(hoffs, np.int64), np.array(hwidths, np.int64), hstarts, head)
+            if self.run_head == SectionKind.SCALARS and not np.all(np.isfinite(head)):
+                raise CorruptFrameError("scalars section: a non-finite value")
+        factors = self.run_factors(head, hstarts, np.asarray(sizes, np.int64))
+        if factors is None:
+            return None
+        dstarts = np.array(coffs, np.int64)
+        _check_padding(data, dstarts, starts, bits)
+        limit = self.code_limit()
+        if limit is not None and starts[-1] and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
+            top = backend("dequant", data).max_field_segments(readonly(data), dstarts, bits, starts, *limit[:2])
+            if top > limit[2]:
+                raise CorruptFrameError(f"values section: a code field of {top}, no encoder writes more than {limit[2]}")
+        lut, blocks, scale, sstarts, offset, lut_top = factors
+        return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, np.dtype(dtype), lut_top=lut_top, starts=starts, dstarts=dstarts, blocks=blocks, sstarts=sstarts)
+
+    def run_bits(self) -> int:
+        """The width of the codes section of a run's tensors."""
+        raise NotImplementedError
+
+
+def _check_padding(data, dstarts, starts, bits) -> None:
+    """Every tensor's codes section (``starts`` its counts, ``dstarts`` its byte offsets in
+    ``data``) has its padding bits clear, as :func:`read_codes` checks one."""
+    used = (np.diff(starts) * bits) % 8
+    last = dstarts + (np.diff(starts) * bits + 7) // 8 - 1
+    pad = used > 0
+    if pad.any() and np.any(data[last[pad]].astype(np.int64) >> used[pad]):
+        raise CorruptFrameError("values section: padding bits past the last item are set")
 
 
 # ---------------------------------------------------------------------------- magnitudes
