@@ -417,7 +417,11 @@ def test_segmented_topk_names_a_non_finite_tensor():
 
 
 # ------------------------------------------------------------------ runs of a quantizer value stage
-QUANT_RUNS = ["qsgd", "qsgd(levels=3,bucket=100)", "qsgd(levels=127,bucket=7,rounding=nearest)", "minmax", "minmax(bits=3,bucket=33,rounding=stochastic)", "qsgd+crc32", "minmax+zstd"]
+QUANT_RUNS = [
+    "qsgd", "qsgd(levels=3,bucket=100)", "qsgd(levels=127,bucket=7,rounding=nearest)", "minmax", "minmax(bits=3,bucket=33,rounding=stochastic)",
+    "rangefloat(bits=8)", "rangefloat(bits=5,block=100,rounding=stochastic)", "rangefloat(bits=16)", "fp8", "fp8(format=e5m2,scale=True)",
+    "qsgd+crc32", "minmax+zstd", "fp8(scale=True,rounding=stochastic)+zstd",
+]
 
 
 def quant_model(dtype, seed=13):
@@ -515,11 +519,15 @@ def test_forged_quantizer_runs_are_refused():
         info = secs[0][1]
         f[base + info.offset + info.raw_len - 1] |= 0x80
 
+    def window_beyond_float32(f, base, secs):
+        at = base + secs[1][0].offset
+        f[at : at + 2] = np.int16(128).tobytes()  # float32's largest exponent is 127
+
     def low_above_high(f, base, secs):
         at = base + secs[1][0].offset
         f[at : at + 4] = np.float32(5.0).tobytes()  # the first bucket's minimum
 
-    cases = [("qsgd", norm_negative, "negative norm"), ("qsgd(levels=2)", code_beyond_levels, "code field of 3"), ("qsgd", padding_set, "padding bits"), ("minmax", low_above_high, "minimum exceeds its maximum")]
+    cases = [("qsgd", norm_negative, "negative norm"), ("qsgd(levels=2)", code_beyond_levels, "code field of 3"), ("qsgd", padding_set, "padding bits"), ("minmax", low_above_high, "minimum exceeds its maximum"), ("rangefloat", window_beyond_float32, "window exponent outside"), ("fp8(scale=True)", window_beyond_float32, "scale exponent outside"), ("rangefloat(bits=5)", padding_set, "padding bits")]
     for spec, edit, what in cases:
         f = forged(spec, edit)
         with pytest.raises(codec.CorruptFrameError, match=what):

@@ -1357,3 +1357,35 @@ def test_max_field_segments_match_numpy(bits):
             got = K.dequant.max_field_segments(ro(data_), dstarts.astype(np.int64), bits, starts, fmask, fshift)
             want = max(int(((c & U64(fmask)) >> U64(fshift)).max(initial=0)) for c in codes)
             assert int(got) == want, (fmask, fshift, hot)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("sizes", SEGMENTS)
+def test_minifloat_segments_match_numpy(sizes, kind, dtype):
+    """absmax_units_segments and minifloat_encode_segments: every tensor with its own window
+    length (one window, or blocks of 100), windows and stream, as the references code it alone."""
+    xs, flat, starts, strms = segmented(kind, sizes, dtype)
+    for per_block in (None, 100):
+        blocks = np.array([max(1, n if per_block is None else min(per_block, n)) for n in sizes], np.int64)
+        bstarts = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum([-(-n // b) for n, b in zip(sizes, blocks)], out=bstarts[1:])
+        ustarts = np.zeros(len(sizes) + 1, np.int64)  # a window longer than CHUNK is several work units
+        np.cumsum([-(-n // b) * -(-b // CHUNK) for n, b in zip(sizes, blocks)], out=ustarts[1:])
+        bits_, mask = fbits(flat)
+        top = np.zeros(int(ustarts[-1]), bits_.dtype)
+        K.quantize.absmax_units_segments(bits_, starts, blocks, ustarts, mask, top)
+        for t, x in enumerate(xs):
+            assert_same(top[ustarts[t] : ustarts[t + 1]], ref_absmax_units(x, int(blocks[t])), f"maxima of tensor {t}")
+        for bits, e in ((8, 4), (3, 1), (16, 5)):
+            m = bits - 1 - e
+            emin = np.concatenate([window_emins(x, int(b), m, e, dtype) for x, b in zip(xs, blocks)] + [np.zeros(0, np.int64)])
+            for stochastic in (False, True):
+                codes = np.zeros(flat.size, np.uint8 if bits <= 8 else np.uint16)
+                bad = np.full(len(sizes), -1, np.int64)
+                maxmag = (1 << (bits - 1)) - 1
+                K.quantize.minifloat_encode_segments(ro(flat), starts, blocks, bstarts, emin, m, maxmag, bits - 1, stochastic, strms, codes, bad)
+                assert not bad.any()
+                for t, x in enumerate(xs):
+                    want = ref_minifloat(x, int(blocks[t]), emin[bstarts[t] : bstarts[t + 1]], m, maxmag, bits - 1, stochastic, strms[t])
+                    assert_same(codes[starts[t] : starts[t + 1]].astype(np.int64), want, f"codes of tensor {t} bits={bits}")

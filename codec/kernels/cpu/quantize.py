@@ -6,7 +6,8 @@ every quantizer is ``dequant``, QSGD's Elias coder ``elias``.
   (rangefloat, fp8): bit-exact rounding on the float64 bits, nearest-even or stochastic.
   For the error-feedback step, ``feedback_absmax_units`` forms ``acc = x + residual`` in the
   maxima's pass and ``minifloat_encode(..., sub=acc)`` codes ``acc`` and leaves ``acc -
-  decoded`` in it, in the same pass: two passes instead of four.
+  decoded`` in it, in the same pass: two passes instead of four.  The ``_segments`` twins
+  code a many-tensor frame's run of small tensors in one call (per-tensor offsets).
 * ``tensor_moments``, ``terngrad_encode`` (five trits per byte), ``sign_encode`` (one bit per
   value plus the sums signSGD's scale and 1-bit SGD's means need).
 
@@ -28,8 +29,10 @@ from codec.layout import CHUNK, TO_UNIT
 
 __all__ = [
     "absmax_units",
+    "absmax_units_segments",
     "feedback_absmax_units",
     "minifloat_encode",
+    "minifloat_encode_segments",
     "tensor_moments",
     "terngrad_encode",
     "sign_encode",
@@ -68,6 +71,20 @@ def absmax_units(bits, block, upb, mask, top):
     for u in prange(top.size):
         _, lo, hi = _unit(u, block, upb, n)
         top[u] = _top_bits(bits, lo, hi, mask)
+
+
+@jit(parallel=True)
+def absmax_units_segments(bits, starts, blocks, ustarts, mask, top):
+    """:func:`absmax_units` of many tensors at once (a many-tensor frame's run of small
+    tensors): tensor ``t`` is ``bits[starts[t]:starts[t+1]]`` in blocks of ``blocks[t]``
+    values, its work units' maxima into ``top[ustarts[t]:ustarts[t+1]]``."""
+    for t in prange(starts.size - 1):
+        b = bits[starts[t] : starts[t + 1]]
+        block = blocks[t]
+        upb = (block + CHUNK - 1) // CHUNK
+        for u in range(ustarts[t + 1] - ustarts[t]):
+            _, lo, hi = _unit(u, block, upb, b.size)
+            top[ustarts[t] + u] = _top_bits(b, lo, hi, mask)
 
 
 @jit(parallel=True)
@@ -132,43 +149,68 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
     rounded to its dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it
     (``SUB``): one pass reads ``acc`` and writes the codes and ``acc - decoded``.  Without it
     (None) that line is compiled out."""
+    for u in prange(bad.size):
+        bad[u] = _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub)
+
+
+@jit(parallel=True)
+def minifloat_encode_segments(x, starts, blocks, bstarts, emin, m, maxmag, signpos, stochastic, strms, codes, bad):
+    """:func:`minifloat_encode` of many tensors at once (a many-tensor frame's run of small
+    tensors): tensor ``t`` is ``x[starts[t]:starts[t+1]]`` in blocks of ``blocks[t]`` values
+    with the windows ``emin[bstarts[t]:bstarts[t+1]]`` and its own random stream
+    ``strms[t]``; its codes into the same slice of ``codes`` as of ``x``, its NaN/inf count
+    into ``bad[t]``.  Exactly what one :func:`minifloat_encode` per tensor gives."""
+    for t in prange(starts.size - 1):
+        xt = x[starts[t] : starts[t + 1]]
+        ct = codes[starts[t] : starts[t + 1]]
+        et = emin[bstarts[t] : bstarts[t + 1]]
+        block = blocks[t]
+        upb = (block + CHUNK - 1) // CHUNK
+        nb = np.int64(0)
+        for u in range(et.size * upb):
+            nb += _minifloat_unit(xt, block, upb, et, m, maxmag, signpos, stochastic, strms[t], ct, u, None)
+        bad[t] = nb
+
+
+@jit
+def _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub):
+    """Work unit ``u`` of :func:`minifloat_encode`; returns its NaN/inf count."""
     n = x.size
     half = (U(1) << U(51 - m)) - U(1)
     odd0 = U(m == 0)  # no mantissa bits: the kept part is the implicit 1, always odd
-    for u in prange(bad.size):
-        b, lo, hi = _unit(u, block, upb, n)
-        k = max(0, -1000 - emin[b])
-        em = emin[b] + k
-        pre = _pow2(k)
-        thr = _pow2(em)
-        sub_scale = _pow2(m - em)
-        off = U(em + 1022) << U(m)
-        step = _pow2(em - m)
-        nb = np.int64(0)
-        if stochastic:
-            i0 = lo
-            while i0 < hi:
-                i1 = span_end(i0, hi)
-                key = block_key(strm, i0)
-                for i in range(U(i0), U(i1)):
-                    v = np.float64(x[i]) * pre
-                    nb += np.int64(not (v - v == 0))
-                    r = bits32(key, i)
-                    c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
-                    codes[i] = c
-                    if sub is not None:
-                        sub[i] -= sub.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
-                i0 = i1
-        else:
-            for i in range(U(lo), U(hi)):
+    b, lo, hi = _unit(u, block, upb, n)
+    k = max(0, -1000 - emin[b])
+    em = emin[b] + k
+    pre = _pow2(k)
+    thr = _pow2(em)
+    sub_scale = _pow2(m - em)
+    off = U(em + 1022) << U(m)
+    step = _pow2(em - m)
+    nb = np.int64(0)
+    if stochastic:
+        i0 = lo
+        while i0 < hi:
+            i1 = span_end(i0, hi)
+            key = block_key(strm, i0)
+            for i in range(U(i0), U(i1)):
                 v = np.float64(x[i]) * pre
                 nb += np.int64(not (v - v == 0))
-                ab = np.float64(abs(v)).view(np.uint64)
-                c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
+                r = bits32(key, i)
+                c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
                 codes[i] = c
                 if sub is not None:
                     sub[i] -= sub.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
-        bad[u] = nb
+            i0 = i1
+    else:
+        for i in range(U(lo), U(hi)):
+            v = np.float64(x[i]) * pre
+            nb += np.int64(not (v - v == 0))
+            ab = np.float64(abs(v)).view(np.uint64)
+            c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
+            codes[i] = c
+            if sub is not None:
+                sub[i] -= sub.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
+    return nb
 
 
 # ---------------------------------------------------------------------------- per tensor

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from codec.errors import CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.stages.value.quantizer import (
     Dequant,
@@ -154,6 +155,67 @@ class _MiniFloat(Quantizer):
         sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, sub=flat))
         return lambda: slot.commit(acc)
 
+    @property
+    def run_head(self):
+        return SectionKind.INTS if self.needs_max() else None
+
+    def run_bits(self):
+        return self.width
+
+    def _run_blocks(self, sizes):
+        """Per tensor of ``sizes`` (int64): its window length and its number of windows."""
+        blocks = np.array([max(1, self.block_len(n)) for n in sizes.tolist()], np.int64)
+        return blocks, -(-sizes // blocks)
+
+    def quantize_run(self, x, starts, ctxs):
+        from codec.kernels import backend
+        from codec.layout import CHUNK
+
+        kern = backend("quantize", x)
+        sizes = np.diff(starts)
+        blocks, nblocks = self._run_blocks(sizes)
+        if np.any(blocks > CHUNK):  # a window of several work units (never in a run of small tensors)
+            return None
+        bstarts = np.zeros(starts.size, np.int64)
+        np.cumsum(nblocks, out=bstarts[1:])
+        if self.needs_max():
+            bits, mask = magnitude_bits(x)
+            top = np.zeros(int(bstarts[-1]), bits.dtype)
+            kern.absmax_units_segments(bits, starts, blocks, bstarts, mask, top)
+            amax, bad = magnitude_values(top, x.dtype)
+            if bad:
+                return None
+            stored = self.windows(amax, x.dtype).astype(np.int64)
+        else:
+            stored = np.zeros(int(bstarts[-1]), np.int64)
+        codes = np.empty(x.size, code_dtype(self.width))
+        bad = np.zeros(len(ctxs), np.int64)
+        emin = self.emins(stored).astype(np.int64)
+        kern.minifloat_encode_segments(
+            x, starts, blocks, bstarts, emin, self.mant, self.maxmag, self.width - 1, self.stochastic, self.streams(ctxs), codes, bad
+        )
+        if bad.any():
+            return None
+        return stored.astype(np.float64), bstarts, codes, self.width
+
+    def run_factors(self, head, hstarts, sizes, dtype):
+        blocks, nblocks = self._run_blocks(sizes)
+        if self.needs_max():
+            if not np.array_equal(np.diff(hstarts), nblocks):
+                return None
+            low, high, what = self.window_range(dtype)
+            if head.size and (head.min() < low or head.max() > high):
+                raise CorruptFrameError(f"ints section: {what} outside [{low}, {high}]")
+            stored = head.astype(np.int64)
+        else:
+            hstarts = np.zeros(sizes.size + 1, np.int64)
+            np.cumsum(nblocks, out=hstarts[1:])
+            stored = np.zeros(int(hstarts[-1]), np.int64)
+        emin = self.emins(stored).astype(np.int64)
+        if emin.size and int(emin.min()) < -1000:  # _exact_factors rescales that tensor's table
+            return None
+        return magnitudes(self.mant, self.width), blocks, np.ldexp(1.0, emin), hstarts, np.empty(0), None
+
     def read(self, reader, ctx, count):
         n = count
         block, nblocks, _, _ = self._units(n)
@@ -163,6 +225,13 @@ class _MiniFloat(Quantizer):
         return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype)
 
     def read_windows(self, reader, ctx, nblocks):
+        """What the frame stores per window (``nblocks`` int16 in :meth:`window_range`)."""
+        if not self.needs_max():
+            return np.zeros(nblocks, np.int64)
+        return read_ints(reader, nblocks, *self.window_range(ctx.dtype))
+
+    def window_range(self, dtype) -> tuple[int, int, str]:
+        """``(low, high, what)``: the stored numbers a frame of ``dtype`` may hold."""
         raise NotImplementedError
 
     def code_limit(self):
@@ -221,9 +290,9 @@ class RangeFloat(_MiniFloat):
     def emins(self, tops):
         return tops - (1 << self.ebits) + 2
 
-    def read_windows(self, reader, ctx, nblocks):
-        sub, emax = exponent_range(ctx.dtype)
-        return read_ints(reader, nblocks, sub, emax, "window exponent")
+    def window_range(self, dtype):
+        sub, emax = exponent_range(dtype)
+        return sub, emax, "window exponent"
 
 
 #: OCP FP8 formats: mantissa bits, emin, largest magnitude code, largest value's exponent
@@ -256,8 +325,6 @@ class Fp8(_MiniFloat):
     def emins(self, scales):
         return scales + self.emin
 
-    def read_windows(self, reader, ctx, nblocks):
-        if not self.scale:
-            return np.zeros(nblocks, np.int64)
-        sub, emax = exponent_range(ctx.dtype)
-        return read_ints(reader, nblocks, sub - self.top, emax - self.top, "scale exponent")
+    def window_range(self, dtype):
+        sub, emax = exponent_range(dtype)
+        return sub - self.top, emax - self.top, "scale exponent"

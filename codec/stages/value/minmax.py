@@ -99,7 +99,7 @@ class MinMax(Quantizer):
         head[at + nb[tensor]] = highs
         return head, 2 * bstarts, codes, self.bits
 
-    def run_factors(self, head, hstarts, sizes):
+    def run_factors(self, head, hstarts, sizes, dtype):
         nb = -(-sizes // self.bucket)
         if not np.array_equal(np.diff(hstarts), 2 * nb):
             return None

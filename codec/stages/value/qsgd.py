@@ -99,7 +99,7 @@ class Qsgd(Quantizer):
             return None
         return norms, bstarts, codes, self.code_bits
 
-    def run_factors(self, head, hstarts, sizes):
+    def run_factors(self, head, hstarts, sizes, dtype):
         if self.coding != "packed" or not np.array_equal(np.diff(hstarts), -(-sizes // self.bucket)):
             return None
         if head.size and head.min() < 0:

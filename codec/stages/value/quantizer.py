@@ -175,9 +175,10 @@ class Quantizer(Value):
         its own encode (a NaN, a range the codec refuses: the error is raised there)."""
         return None
 
-    def run_factors(self, head, hstarts, sizes):
+    def run_factors(self, head, hstarts, sizes, dtype):
         """The decoder's part of :meth:`read_run`: from the per-block numbers read (as
-        :meth:`quantize_run` gives them), ``(lut, blocks, scale, sstarts, offset, lut_top)``
+        :meth:`quantize_run` gives them) of tensors of ``sizes`` and ``dtype``,
+        ``(lut, blocks, scale, sstarts, offset, lut_top)``
         for :class:`Dequant`, after the checks :meth:`read` makes (CorruptFrameError); None
         when a tensor must be read alone."""
         return None
@@ -228,9 +229,9 @@ class Quantizer(Value):
     def read_run(self, data, infos, sizes, dtype):
         from codec.kernels import backend
 
-        if np.dtype(dtype) not in (np.float32, np.float64):
-            return None
         bits = self.run_bits()
+        if bits is None or np.dtype(dtype) not in (np.float32, np.float64):
+            return None
         heads = self.run_head is not None
         want = 2 if heads else 1
         count = len(sizes)
@@ -261,7 +262,7 @@ class Quantizer(Value):
             kern.take_items(data, np.array(hoffs, np.int64), np.array(hwidths, np.int64), hstarts, head)
             if self.run_head == SectionKind.SCALARS and not np.all(np.isfinite(head)):
                 raise CorruptFrameError("scalars section: a non-finite value")
-        factors = self.run_factors(head, hstarts, np.asarray(sizes, np.int64))
+        factors = self.run_factors(head, hstarts, np.asarray(sizes, np.int64), np.dtype(dtype))
         if factors is None:
             return None
         dstarts = np.array(coffs, np.int64)
@@ -274,9 +275,10 @@ class Quantizer(Value):
         lut, blocks, scale, sstarts, offset, lut_top = factors
         return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, np.dtype(dtype), lut_top=lut_top, starts=starts, dstarts=dstarts, blocks=blocks, sstarts=sstarts)
 
-    def run_bits(self) -> int:
-        """The width of the codes section of a run's tensors."""
-        raise NotImplementedError
+    def run_bits(self) -> int | None:
+        """The width of the codes section of a run's tensors; None (the default): this
+        quantizer codes no runs (:meth:`quantize_run` is not implemented)."""
+        return None
 
 
 def _check_padding(data, dstarts, starts, bits) -> None:
