@@ -1098,6 +1098,23 @@ def test_dequantize_chunks_and_modes(bits, dtype, mode):
             assert_same(out, want, f"block={block} off={offsets}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", [SET, ADD, SUB])
+def test_dequantize_bytes_through_a_table(dtype, mode):
+    """8-bit codes in blocks of at least 1,024 values decode through a per-block table of the
+    256 values (dequant._dequantize_bytes): the same bits as each code's value, at block and
+    chunk edges, with and without offsets (-0.0 kept without one)."""
+    rng = np.random.default_rng(8)
+    for n in (0, 1, 1023, 1024, 1025, 5000, CHUNK + 1031):
+        for block in sorted({1024, 1500, max(1, n), CHUNK + 5}):
+            for offsets in (False, True):
+                raw, lut, a, off = dequant_case(8, n, block, offsets)
+                out0 = (rng.standard_normal(n) * 10).astype(dtype)
+                out = out0.copy()
+                run_dequantize(raw, 8, n, lut, block, a, off, out, mode)
+                assert_same(out, ref_dequantize(raw, 8, n, lut, block, a, off, out0, mode), f"n={n} block={block} off={offsets}")
+
+
 def test_dequantize_negative_zero():
     lut = np.array([-0.0, 1.0, -2.0, 0.0])
     raw = ref_pack(np.array([0, 1, 2, 3, 0, 0, 0, 0, 0, 0]), 2)
