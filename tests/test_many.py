@@ -306,6 +306,30 @@ def test_a_table_read_before_is_matched_by_its_bytes():
     assert lay is not again and lay.names[-1] == "m10.w9" and lay.shapes == again.shapes
 
 
+def test_a_header_parsed_before_is_matched_by_its_bytes():
+    """A header parsed again (the same tensors and counts, another step's payload) gives the
+    sections parsed the first time; a frame cut short, or whose counts differ, is still
+    checked in full."""
+    from codec.manyframe import parse
+
+    c = codec.get_codec("qsgd")
+    ts = [np.linspace(-1, 1, n).astype(np.float32) for n in (9, 300, 70)]
+    one, two = c.encode_many(ts, step=1), c.encode_many(ts, step=2)
+    assert one != two
+    first = parse_many(one)
+    again = parse_many(two)
+    assert again.tensor_sections is first.tensor_sections and again.layout is first.layout
+    for k, want in enumerate(codec.decode_many(two)):
+        assert np.array_equal(want, codec.decode(c.encode(ts[k], step=2)))
+    with pytest.raises(codec.CorruptFrameError):
+        parse_many(two[: len(two) - 1])
+    with pytest.raises(codec.CorruptFrameError):
+        parse_many(two[: first.header_len - 1])
+    other = c.encode_many([t[:-1] for t in ts])
+    assert parse_many(other).tensor_sections is not first.tensor_sections
+    assert len(parse._RECENT) <= parse._RECENT_MAX
+
+
 def test_inspect_describes_a_many_frame():
     c = codec.get_codec("topk(ratio=0.1)")
     ts = model(10)
