@@ -19,7 +19,7 @@ from codec.frame import Frame, Section, SectionInfo, SectionKind
 from codec.framebuffer import frame_out
 from codec.manyframe import VERSION, Entry, Layout
 from codec.modes import ADD, SET, SUB
-from codec.ops import scatter, scratch, store, wide_dtype
+from codec.ops import WIDE, scatter, scratch, store, wide_dtype
 from codec.pack import decode_index_segments
 from codec.stage import Context, check_step
 
@@ -290,19 +290,25 @@ def _read_jobs(c, mf) -> list:
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
         mf.finish()
         return jobs
+    known = _known_positions(c, mf)
     value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
+    sparse_runs = len(mf) > 0 and known[0] is not None and c.value.elementwise  # every tensor's positions read at once
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes))
-    elif value_runs:  # a zstd payload is decompressed section by section as the stages read it
+    elif value_runs or sparse_runs:  # a zstd payload is decompressed section by section as the stages read it
         groups = _segment_runs(list(zip(lay.sizes, lay.dtypes)))
         alone = set(range(len(mf))) - {i for g in groups for i in g}
         groups = sorted(groups + [[i] for i in alone])
     else:
         groups = [[i] for i in range(len(mf))]
-    known = _known_positions(c, mf)
     jobs = []
     for g in groups:
-        job = _run_job(c, mf, g, value_runs) if len(g) > 1 else None
+        if len(g) == 1:
+            job = None
+        elif sparse_runs:
+            job = _sparse_run_job(c, mf, g, known)
+        else:
+            job = _run_job(c, mf, g, value_runs)
         if job is None:  # alone, or a run whose tensors are not what the run expects
             jobs += [([i], *c._read(mf.tensor(i), known[i])) for i in g]
         else:
@@ -323,6 +329,31 @@ def _run_job(c, mf, run, value_runs):
     dtype = lay.dtypes[run[0]]
     payload = c.value.read_run(np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i] for i in run], sizes, dtype)
     return None if payload is None else (run, Context((sum(sizes),), dtype, name="tensors"), payload)
+
+
+def _sparse_run_job(c, mf, run, known):
+    """The job of a run of a sparse frame whose positions were read at once (``known``) and
+    whose value stage is elementwise: every tensor's values section gathered into one and
+    read by the value stage at once, the positions counted from the run's first element (as
+    a joint frame's); None (each tensor read alone) when a tensor's sections are not an
+    index section and one values section of its count, all of one kind and width."""
+    lay = mf.layout
+    values = [mf.tensor_sections[i][-1] for i in run]
+    first = values[0]
+    for i, info in zip(run, values):
+        if len(mf.tensor_sections[i]) != 2 or (info.kind, info.bits) != (first.kind, first.bits) or info.count != known[i].size:
+            return None
+    count = sum(info.count for info in values)
+    data = np.frombuffer(mf.payload, np.uint8)
+    raw = np.concatenate([data[info.offset : info.offset + info.raw_len] for info in values]) if count else data[:0]
+    fr = Frame(memoryview(raw), VERSION, mf.flags, lay.dtypes[run[0]], (count,), mf.spec, [SectionInfo(first.kind, first.encoding, first.bits, count, raw.size, raw.size, 0)], 0)
+    ctx = Context((int(lay.starts[run[-1] + 1] - lay.starts[run[0]]),), lay.dtypes[run[0]], name="tensors")
+    rd = fr.reader()
+    payload = c.value.read(rd, ctx, count)
+    rd.done()
+    sizes = np.fromiter((known[i].size for i in run), np.int64, len(run))
+    ctx.positions = np.concatenate([known[i] for i in run]) + np.repeat(lay.starts[run] - lay.starts[run[0]], sizes)
+    return run, ctx, payload
 
 
 def _known_positions(c, mf) -> list:
@@ -381,8 +412,8 @@ def decode(c, mf, out=None):
             target = targets[i] if targets[i] is not None else np.empty(lay.sizes[i], lay.dtypes[i])
             c._write(ctx, payload, target, SET)
             results[i] = target.reshape(lay.shapes[i])
-        elif c.select is not None and out is not None:  # a joint sparse frame: its pairs, per tensor
-            for i, (pos, vals) in zip(idx, _split_pairs(mf, ctx.positions, c._kept(ctx, payload))):
+        elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
+            for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
                 scatter(vals, pos, targets[i], SET)
                 results[i] = targets[i]
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
@@ -407,9 +438,14 @@ def decode_add(c, mf, out, subtract=False):
     for idx, ctx, payload in jobs:
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
-        elif c.select is not None:  # a joint sparse frame: each tensor's share of the pairs
-            for i, (pos, vals) in zip(idx, _split_pairs(mf, ctx.positions, c._kept(ctx, payload))):
-                scatter(vals, pos, targets[i], mode)
+        elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs
+            for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
+                if targets[i].dtype in WIDE:
+                    scatter(vals, pos, targets[i], mode)
+                else:  # as Codec._write adds into a 16-bit array: the dense decoded tensor, once rounded
+                    wide = np.empty(targets[i].size, vals.dtype)
+                    scatter(vals, pos, wide, SET)
+                    store(wide, targets[i], mode)
         else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype
             # of the frame's: a narrow frame's codes may decode beyond its own dtype's range)
             whole = _whole(c, ctx, payload, wide_dtype(ctx.dtype), reuse=True)
@@ -423,13 +459,15 @@ def decode_sparse(c, mf) -> list:
     """``codec.decode_sparse_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
     if c.select is None:
         raise ValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
-    pairs = _split_pairs(mf, *c.decode_sparse_frame(mf.whole())) if mf.joint else [c.decode_sparse_frame(mf.tensor(i)) for i in range(len(mf))]
+    pairs = _split_pairs(mf, range(len(mf)), *c.decode_sparse_frame(mf.whole())) if mf.joint else [c.decode_sparse_frame(mf.tensor(i)) for i in range(len(mf))]
     mf.finish()
     return pairs
 
 
-def _split_pairs(mf, positions, values) -> list:
-    """A joint frame's sorted flat positions (and their values) as each tensor's own pairs."""
-    starts = mf.layout.starts
+def _split_pairs(mf, idx, positions, values) -> list:
+    """The sorted positions (and their values) of consecutive tensors ``idx`` coded as one (a
+    joint frame, or a run of a sparse frame), counted from the first one's first element, as
+    each tensor's own pairs."""
+    starts = mf.layout.starts[idx[0] : idx[-1] + 2] - mf.layout.starts[idx[0]]
     cut = np.searchsorted(positions, starts)
-    return [(positions[cut[i] : cut[i + 1]] - starts[i], values[cut[i] : cut[i + 1]]) for i in range(len(mf))]
+    return [(positions[cut[t] : cut[t + 1]] - starts[t], values[cut[t] : cut[t + 1]]) for t in range(len(starts) - 1)]

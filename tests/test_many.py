@@ -433,6 +433,41 @@ def test_segmented_topk_gives_the_frame_of_one_call_per_tensor(spec, dtype):
             assert np.array_equal(got[k], codec.decode(c.encode(x, step=step))), k
 
 
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "topk(k=3)+fp16", "dgc(ratio=0.05)+bf16", "gaussiank(ratio=0.05)", "threshold(value=0.001)", "topk(ratio=0.05)+crc32"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sparse_runs_decode_as_each_tensor_alone(spec, dtype, monkeypatch):
+    """A sparse frame's run (positions read at once, an elementwise value stage) is read as
+    one values section and scattered per tensor: decode_many (new arrays, or into out),
+    decode_add_many (accumulators of every dtype, -0.0 entries included) and
+    decode_sparse_many give bit for bit what each tensor's own frame gives."""
+    from codec import many
+
+    c = codec.get_codec(spec)
+    ts = quant_model(dtype, seed=21)
+    ts["w8"] = ts["w8"] / (1e300 if dtype == np.float64 else 1)  # (gaussiank's variance overflows there)
+    frame = c.encode_many(ts)
+    used = []
+    real = many._sparse_run_job
+    monkeypatch.setattr(many, "_sparse_run_job", lambda *a: used.append(1) or real(*a))
+    singles = {k: c.encode(x) for k, x in ts.items()}
+    got = codec.decode_many(frame)
+    outs = {k: np.full(x.shape, np.nan, x.dtype) for k, x in ts.items()}
+    codec.decode_many(frame, out=outs)
+    for k, f in singles.items():
+        assert got[k].tobytes() == codec.decode(f).tobytes() == outs[k].tobytes(), k
+    for acc_dtype in (np.float32, np.float64, np.float16, bfloat16):
+        acc = {k: np.where(np.arange(x.size) % 3 == 0, -0.0, 1 / 3).astype(acc_dtype).reshape(x.shape) for k, x in ts.items()}
+        want = {k: a.copy() for k, a in acc.items()}
+        codec.decode_add_many(frame, acc)
+        for k, f in singles.items():
+            c.decode_add(f, want[k])
+            assert acc[k].tobytes() == want[k].tobytes(), (acc_dtype, k)
+    for (pos, vals), f in zip(codec.decode_sparse_many(frame), singles.values()):
+        wp, wv = codec.decode_sparse(f)
+        assert np.array_equal(pos, wp) and vals.tobytes() == wv.tobytes()
+    assert used  # the runs were read at once
+
+
 def test_segmented_topk_names_a_non_finite_tensor():
     ts = {"a": np.ones(5, np.float32), "b": np.ones(6, np.float32)}
     ts["b"][4] = np.nan
