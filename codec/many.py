@@ -130,7 +130,7 @@ def sections(c, arrays, ctxs):
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:
-        _select_runs(c, arrays, ctxs, out)
+        coded = _select_runs(c, arrays, ctxs, out)
     elif c.transform is None:
         coded = _value_runs(c, arrays, ctxs, out)
     for i, (a, ctx) in enumerate(zip(arrays, ctxs)):
@@ -203,18 +203,53 @@ def _value_runs(c, arrays, ctxs, out) -> dict:
     return coded
 
 
-def _select_runs(c, arrays, ctxs, out) -> None:
-    """Fill ``out[i]`` for the tensors of every run of small float32/float64 tensors that the
-    select stage codes at once (:meth:`codec.stage.Select.select_segments`); the others stay
-    None (coded one by one)."""
+def _select_runs(c, arrays, ctxs, out) -> dict:
+    """Code every run of small float32/float64 tensors that the select stage selects in at
+    once (:meth:`codec.stage.Select.select_segments`), as :func:`_value_runs` does: with an
+    elementwise value stage, the run's kept values are coded at once too and the run is one
+    payload piece (``{first index: (members after the first, piece)}``); else each tensor's
+    values are coded on their own (``out[i]`` its sections).  The others stay None."""
     groups = _segment_runs([(a.size, a.dtype) for a in arrays])
+    coded = {}
     for g, flat in zip(groups, _concatenated(arrays, groups)):
-        starts = _starts([arrays[i].size for i in g])
-        picked = c.select.select_segments(flat, starts, [ctxs[i] for i in g])
+        members = [ctxs[i] for i in g]
+        picked = c.select.select_segments(flat, _starts([arrays[i].size for i in g]), members)
         if picked is None:
             continue
-        for i, (idx, values, secs) in zip(g, picked):
-            out[i] = c.selected(ctxs[i], idx, values, secs)
+        pos, kstarts, values, index = picked
+        o = kstarts.tolist()
+        for t, ctx in enumerate(members):  # what Codec.selected records
+            ctx.positions, ctx.kept = pos[o[t] : o[t + 1]], values[o[t] : o[t + 1]]
+        if c.value.elementwise:
+            table, piece = _sparse_piece(c, values, kstarts, index)
+            for i, entries in zip(g, table):
+                out[i] = entries
+            coded[g[0]] = (len(g) - 1, _exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
+            continue
+        for i, ctx, sec in zip(g, members, index.sections()):
+            out[i] = c.selected(ctx, ctx.positions, ctx.kept, [sec])
+    return coded
+
+
+def _sparse_piece(c, values, kstarts, index):
+    """A sparse run's table entries and one payload piece: each tensor's index section (from
+    ``index``, a :class:`codec.pack.IndexRun`) then its kept values, coded at once by the
+    elementwise value stage (the codes of the concatenation are the tensors' codes)."""
+    from codec.kernels import backend
+
+    vsecs: list = []
+    c.value.encode(values, Context(values.shape, values.dtype, name="tensors"), vsecs)
+    (vsec,) = vsecs
+    width = vsec.bits // 8
+    ks = np.diff(kstarts)
+    vstarts = kstarts * width
+    table = [[Entry(k, w, n), Entry(vsec.kind, vsec.bits, int(kk))] for k, w, n, kk in zip(index.kinds, index.widths, index.counts, ks.tolist())]
+
+    def fill(out):
+        codes = np.frombuffer(vsec.materialize(), np.uint8)
+        backend("pack", out).interleave(index.data, index.offsets, codes, vstarts, out)
+
+    return table, Section(SectionKind.VALUES, 8, int(index.offsets[-1] + vstarts[-1]), fill=fill)
 
 
 def _elementwise_sections(c, arrays, names):
@@ -231,14 +266,14 @@ def _elementwise_sections(c, arrays, names):
             continue
         (piece,) = c.sections(flat, Context(flat.shape, flat.dtype, name="tensors"))
         table += [[Entry(piece.kind, piece.bits, arrays[i].size)] for i in g]
-        pieces.append(_exact_errors(c, piece, [(arrays[i], names[i]) for i in g]))
+        pieces.append(_exact_errors(c, piece, [(arrays[i], Context(arrays[i].shape, arrays[i].dtype, name=names[i])) for i in g]))
     return table, pieces
 
 
 def _exact_errors(c, piece, members):
     """``piece`` (the codes of a run), whose error on a bad value (NaN under
     ``nonfinite=raise``) is raised again by the tensor that holds it, named as
-    ``encode_many`` names it."""
+    ``encode_many`` names it (``members``: each tensor and its context)."""
     if piece.fill is None:
         return piece
 
@@ -246,8 +281,8 @@ def _exact_errors(c, piece, members):
         try:
             piece.fill(out)
         except NonFiniteError:
-            for a, w in members:
-                for sec in c.sections(a.reshape(-1), Context(a.shape, a.dtype, name=w)):
+            for a, ctx in members:
+                for sec in c.sections(a.reshape(-1), Context(a.shape, a.dtype, key=ctx.key, step=ctx.step, name=ctx.name)):
                     sec.materialize()
             raise
 

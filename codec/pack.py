@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -112,13 +113,27 @@ def encode_indices(idx, n: int) -> Section:
     return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
 
 
-def encode_index_segments(pos, starts, sizes) -> list:
-    """:func:`encode_indices` of many position sets at once: set ``s`` is
-    ``pos[starts[s]:starts[s+1]]`` (sorted, unique, relative to its own range ``sizes[s]``),
-    and its section is exactly what ``encode_indices(set, sizes[s])`` gives, computed by two
-    kernel calls for all the sets (``index_widths``, ``index_write``) into one buffer that the
-    sections view.  For the runs of small tensors of a many-tensor frame (gaps of at most 56
-    bits: any tensor below 2**56 elements)."""
+@dataclass(frozen=True)
+class IndexRun:
+    """Many index sections written into one buffer (:func:`index_segments`): section ``s`` is
+    ``data[offsets[s]:offsets[s+1]]``, of kind ``kinds[s]`` (INDEX_DELTA or INDEX_BITMAP),
+    item width ``widths[s]`` and ``counts[s]`` items (plain lists but ``data``/``offsets``)."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+    kinds: list
+    widths: list
+    counts: list
+
+    def sections(self) -> list:
+        """Each section as a :class:`codec.frame.Section` viewing ``data``."""
+        o = self.offsets.tolist()
+        return [Section(k, w, c, self.data[o[i] : o[i + 1]]) for i, (k, w, c) in enumerate(zip(self.kinds, self.widths, self.counts))]
+
+
+def index_segments(pos, starts, sizes) -> IndexRun | None:
+    """:func:`encode_index_segments` as one :class:`IndexRun`, or None when a set's gaps need
+    more than 56 bits (then :func:`encode_indices` codes each set)."""
     pos = readonly(np.ascontiguousarray(pos, np.int64))
     starts = readonly(np.ascontiguousarray(starts, np.int64))
     sizes = np.asarray(sizes, np.int64)
@@ -129,8 +144,8 @@ def encode_index_segments(pos, starts, sizes) -> list:
     kern.index_widths(pos, starts, widths)
     if (widths < 0).any() or ((pos >= np.repeat(sizes, counts)).any() if pos.size else False):
         raise ValueError("idx: each set's positions must be strictly increasing and lie in [0, n)")
-    if nseg and widths.max() > 56:  # gaps beyond the kernel's 64-bit accumulator: one set at a time
-        return [encode_indices(pos[starts[i] : starts[i + 1]], int(sizes[i])) for i in range(nseg)]
+    if nseg and widths.max() > 56:  # gaps beyond the kernel's 64-bit accumulator
+        return None
     delta = (counts * widths + 7) // 8
     bitmap = delta > (sizes + 7) // 8  # ties go to the packed gaps, as encode_indices decides
     nbytes = np.where(bitmap, (sizes + 7) // 8, delta)
@@ -138,11 +153,22 @@ def encode_index_segments(pos, starts, sizes) -> list:
     np.cumsum(nbytes, out=offsets[1:])
     out = np.empty(int(offsets[-1]), np.uint8)
     kern.index_write(pos, starts, widths, readonly(bitmap), offsets, out)
-    o, w, c, n, b = offsets.tolist(), widths.tolist(), counts.tolist(), sizes.tolist(), bitmap.tolist()
-    return [
-        Section(SectionKind.INDEX_BITMAP, 1, n[i], out[o[i] : o[i + 1]]) if b[i] else Section(SectionKind.INDEX_DELTA, w[i], c[i], out[o[i] : o[i + 1]])
-        for i in range(nseg)
-    ]
+    kinds = np.where(bitmap, SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA).tolist()
+    return IndexRun(out, offsets, kinds, np.where(bitmap, 1, widths).tolist(), np.where(bitmap, sizes, counts).tolist())
+
+
+def encode_index_segments(pos, starts, sizes) -> list:
+    """:func:`encode_indices` of many position sets at once: set ``s`` is
+    ``pos[starts[s]:starts[s+1]]`` (sorted, unique, relative to its own range ``sizes[s]``),
+    and its section is exactly what ``encode_indices(set, sizes[s])`` gives, computed by two
+    kernel calls for all the sets (``index_widths``, ``index_write``) into one buffer that the
+    sections view.  For the runs of small tensors of a many-tensor frame (gaps of at most 56
+    bits: any tensor below 2**56 elements)."""
+    run = index_segments(pos, starts, sizes)
+    if run is not None:
+        return run.sections()
+    pos, starts = np.asarray(pos, np.int64), np.asarray(starts, np.int64)
+    return [encode_indices(pos[starts[i] : starts[i + 1]], int(sizes[i])) for i in range(len(sizes))]
 
 
 def decode_index_segments(data, infos, sizes) -> list | None:

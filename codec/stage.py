@@ -264,11 +264,13 @@ class Select(Stage):
     def select_segments(self, flat, starts, ctxs):
         """:meth:`select` for many small tensors at once (a many-tensor frame's run):
         ``flat`` holds them concatenated (float32 or float64), tensor ``i`` is
-        ``flat[starts[i]:starts[i + 1]]`` with context ``ctxs[i]``.  Returns, per tensor,
-        ``(positions, kept_values, sections)`` exactly as :meth:`select` would give them for
-        that tensor alone, or None (the default) to let the pipeline call :meth:`select` per
-        tensor; also None when a tensor needs :meth:`select`'s own handling (its error on a
-        NaN)."""
+        ``flat[starts[i]:starts[i + 1]]`` with context ``ctxs[i]``.  Returns ``(positions,
+        kstarts, values, index)``: tensor i's positions (counted from its own start) and kept
+        values are ``positions[kstarts[i]:kstarts[i+1]]`` and the same slice of ``values``,
+        and ``index`` (a :class:`codec.pack.IndexRun`) holds its index section, all exactly as
+        :meth:`select` would give them for that tensor alone; or None (the default) to let the
+        pipeline call :meth:`select` per tensor; also None when a tensor needs
+        :meth:`select`'s own handling (its error on a NaN)."""
         return None
 
     #: whether the positions travel as the frame's first section, an index section of the

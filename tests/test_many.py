@@ -468,6 +468,19 @@ def test_sparse_runs_decode_as_each_tensor_alone(spec, dtype, monkeypatch):
     assert used  # the runs were read at once
 
 
+def test_a_sparse_run_names_its_non_finite_tensor():
+    """topk+fp16 codes a run's kept values at once; an inf is raised by the tensor that
+    holds it, as its own encode names it."""
+    ts = {"a": np.ones(50, np.float32), "b": np.ones(60, np.float32), "c": np.ones(7, np.float32)}
+    ts["b"][33] = np.inf
+    c = codec.get_codec("topk(ratio=0.1)+fp16")
+    with pytest.raises(NonFiniteError) as alone:
+        c.encode(ts["b"], step=2)
+    with pytest.raises(NonFiniteError) as many:
+        c.encode_many(ts, step=2)
+    assert str(many.value) == str(alone.value).replace("x:", "tensors['b']:", 1)
+
+
 def test_segmented_topk_names_a_non_finite_tensor():
     ts = {"a": np.ones(5, np.float32), "b": np.ones(6, np.float32)}
     ts["b"][4] = np.nan

@@ -475,3 +475,16 @@ def test_put_and_take_items_match_numpy():
         want = v.astype({8: "<f8", 4: "<f4", 2: "<i2"}[int(w)])
         assert bytes(out[ostarts[t] : ostarts[t] + v.size * w]) == want.tobytes(), t
         assert np.array_equal(back[vstarts[t] : vstarts[t + 1]], want.astype(np.float64)), t
+
+
+def test_interleave_matches_numpy():
+    """A sparse run's bytes: each tensor's index bytes, then its value codes, in turn."""
+    rng = np.random.default_rng(9)
+    a_sizes, b_sizes = [0, 3, 1, 0, 40], [2, 0, 8, 0, 5]
+    first = rng.integers(0, 256, sum(a_sizes), dtype=np.uint8)
+    second = rng.integers(0, 256, sum(b_sizes), dtype=np.uint8)
+    fs, ss = (np.concatenate([[0], np.cumsum(x)]).astype(np.int64) for x in (a_sizes, b_sizes))
+    out = np.full(first.size + second.size, 7, np.uint8)
+    module("pack").interleave(readonly(first), fs, readonly(second), ss, out)
+    want = np.concatenate([p for t in range(len(a_sizes)) for p in (first[fs[t] : fs[t + 1]], second[ss[t] : ss[t + 1]])])
+    assert bytes(out) == bytes(want)

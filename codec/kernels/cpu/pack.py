@@ -8,7 +8,8 @@
   load per code (unpack).
 * ``pack_segments``, ``put_items`` / ``take_items``: a many-tensor frame's run of small
   tensors at once: each tensor's codes packed at its own byte offset, and each tensor's
-  per-block numbers (float64, float32 or int16 items) written and read at theirs.
+  per-block numbers (float64, float32 or int16 items) written and read at theirs; and
+  ``interleave``, a sparse run's index sections and value codes, tensor by tensor.
 
 Chunk boundaries depend on the sizes only, never on the thread count.  The byte order of
 code words is little-endian, which is also the host order on every platform Numba targets
@@ -21,7 +22,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 
-__all__ = ["pack_codes", "pack_segments", "put_items", "take_items", "unpack_codes"]
+__all__ = ["interleave", "pack_codes", "pack_segments", "put_items", "take_items", "unpack_codes"]
 
 _GROUPS = 1 << 13  # groups of 8 codes per parallel chunk
 
@@ -359,3 +360,18 @@ def take_items(data, offsets, widths, vstarts, out):
         for i in range(vstarts[t], vstarts[t + 1]):
             out[i] = _item(_get(data, p, w), w)
             p += np.uint64(w)
+
+
+@jit(parallel=True)
+def interleave(first, fstarts, second, sstarts, out):
+    """``out`` = segment 0 of ``first``, segment 0 of ``second``, segment 1 of ``first``, ...:
+    segment ``t`` of ``first`` is ``first[fstarts[t]:fstarts[t+1]]`` (bytes), of ``second``
+    likewise; a sparse run's index sections and value codes, each tensor's two in turn."""
+    for t in prange(fstarts.size - 1):
+        p = fstarts[t] + sstarts[t]
+        for i in range(fstarts[t], fstarts[t + 1]):
+            out[p] = first[i]
+            p += 1
+        for i in range(sstarts[t], sstarts[t + 1]):
+            out[p] = second[i]
+            p += 1

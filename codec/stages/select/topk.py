@@ -34,11 +34,11 @@ class TopK(MagnitudeSelect):
 
     def select_segments(self, flat, starts, ctxs):
         """Every tensor's top-k in one kernel call (``topk_segments``), the index sections of all
-        of them in two more (``codec.pack.encode_index_segments``), their values in one gather."""
+        of them in two more (``codec.pack.index_segments``), their values in one gather."""
         import numpy as np
 
         from codec.kernels import backend
-        from codec.pack import encode_index_segments
+        from codec.pack import index_segments
 
         sizes = np.diff(starts)
         ks = np.array([self.kept(int(n), c.step) for n, c in zip(sizes, ctxs)], np.int64)  # (at most n)
@@ -49,7 +49,7 @@ class TopK(MagnitudeSelect):
         backend("select", flat).topk_segments(flat, starts, ks, out_starts, pos, bad)
         if bad.any():
             return None  # select() raises the error naming the tensor and position
-        secs = encode_index_segments(pos, out_starts, sizes)  # every tensor's index section in two kernel calls
-        values = flat[pos + np.repeat(starts[:-1], ks)]  # one gather for all
-        o = out_starts.tolist()
-        return [(pos[o[i] : o[i + 1]], values[o[i] : o[i + 1]], [secs[i]]) for i in range(ks.size)]
+        index = index_segments(pos, out_starts, sizes)  # every tensor's index section in two kernel calls
+        if index is None:
+            return None
+        return pos, out_starts, flat[pos + np.repeat(starts[:-1], ks)], index  # the values: one gather for all
