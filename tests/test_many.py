@@ -413,9 +413,15 @@ def test_counts_moved_between_run_tensors_are_refused():
 
 
 # ------------------------------------------------------------------ runs of a segmented select stage
-@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "topk(k=3)", "topk(ratio=0.5)", "topk(ratio=0.05)+fp16+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "topk(ratio=0.1)", "topk(k=3)", "topk(ratio=0.5)", "topk(ratio=0.05)+fp16+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))",
+        "dgc(ratio=0.01)", "dgc(ratio=0.3,sample=0.5)+fp16", "dgc(ratio=warmup(0.5,0.01,steps=4))+qsgd",
+    ],
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_segmented_topk_gives_the_frame_of_one_call_per_tensor(spec, dtype):
+def test_segmented_selection_gives_the_frame_of_one_call_per_tensor(spec, dtype):
     c = codec.get_codec(spec)
     rng = np.random.default_rng(12)
     sizes = [7, 0, 1, 300, 64, 9, 2, 5000]

@@ -205,3 +205,49 @@ def test_topk_segments_twins_agree():
     parts = [data("heavy", n, np.float32, seed=n) for n in range(1, 400, 7)]
     ks = [max(1, p.size // 10) for p in parts]
     assert all(np.array_equal(a, b) for a, b in zip(run_topk_segments(S, parts, ks, "serial")[0], run_topk_segments(S, parts, ks, "parallel")[0]))
+
+
+def run_dgc_segments(S, parts, ratio, sample):
+    """dgc_segments with the per-segment numbers dgc.select_segments gives it."""
+    import math
+
+    sizes = np.array([p.size for p in parts], np.int64)
+    starts = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    flat = np.concatenate(parts) if parts else np.empty(0, np.float32)
+    ks = np.array([0 if n == 0 else min(n, max(1, math.floor(ratio * n))) for n in sizes.tolist()], np.int64)
+    m = [max(math.ceil(sample * n), 4096) for n in sizes.tolist()]
+    strides = np.array([1 if n <= mm else n // mm for n, mm in zip(sizes.tolist(), m)], np.int64)
+    drawn = -(-sizes // strides)
+    picks = np.array([min(max(1, math.ceil(ratio * d)), d) for d in drawn.tolist()], np.int64)
+    caps = np.minimum(sizes, np.floor(1.3 * ks).astype(np.int64) + 1)
+    room = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum(caps, out=room[1:])
+    out = np.full(int(room[-1]), -1, np.int64)
+    counts = np.full(sizes.size, -1, np.int64)
+    bad = np.zeros(sizes.size, np.uint8)
+    S.dgc_segments(flat, starts, ks, strides, picks, 10, room, out, counts, bad)
+    return [out[room[i] : room[i] + counts[i]] for i in range(sizes.size)], bad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
+@pytest.mark.parametrize("ratio, sample", [(0.01, 0.01), (0.1, 0.01), (0.3, 0.5), (0.001, 1.0)])
+def test_dgc_segments_match_numpy(S, kind, dtype, ratio, sample):
+    """Each segment exactly as the reference DGC selects in it alone: the sampled threshold,
+    its x0.8 retries, the top-k above 1.3k, ties and all-zero segments included."""
+    from reference.sparse import dgc
+
+    sizes = [0, 1, 2, 7, 100, 999, 4097, 9000, CHUNK + 3]
+    parts = [data(kind, n, dtype, seed=i) for i, n in enumerate(sizes)]
+    parts.append(np.zeros(50, dtype))
+    parts.append(np.repeat(np.array([1.0, -1.0, 0.5], dtype), 40))
+    got, bad = run_dgc_segments(S, parts, ratio, sample)
+    assert not bad.any()
+    for p, g in zip(parts, got):
+        assert np.array_equal(g, dgc(p, ratio, sample)[0]), (p.size, ratio)
+    with np.errstate(invalid="ignore"):
+        nan = data(kind, 20, dtype)
+        nan[7] = np.nan
+    _, bad = run_dgc_segments(S, [parts[3], nan, parts[4]], ratio, sample)
+    assert bad.tolist() == [0, 1, 0]

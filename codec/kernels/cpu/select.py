@@ -22,7 +22,7 @@ from codec.kernels.cpu._common import U, chunk_sums, chunks, sample_rank
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "topk_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions"]
+__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions"]
 
 
 @jit
@@ -120,6 +120,15 @@ def _sample_cut(x, lo, n, k):
     c = sample_rank(k, m, n)
     if c >= m:
         return 0.0
+    return _largest(x, lo, stride, m, c)
+
+
+@jit
+def _largest(x, lo, stride, m, c):
+    """The ``c``-th largest (``1 <= c <= m``) of ``|x[lo + j * stride]|`` for ``j < m``, in
+    float64: the value ``np.partition`` of them gives, from a small sorted buffer of the
+    largest so far (one comparison per value) up to rank ``_SMALL_RANK``, by np.partition
+    above it (a NaN is skipped by the buffer)."""
     if c > _SMALL_RANK:
         samp = np.empty(m, np.float64)
         for j in range(m):
@@ -163,52 +172,102 @@ def topk_segments(x, starts, ks, out_starts, out, bad):
     the lowest index."""
     for s in prange(starts.size - 1):
         lo = starts[s]
+        if not _topk_segment(x, lo, starts[s + 1] - lo, ks[s], out, out_starts[s]):
+            bad[s] = 1
+
+
+@jit
+def _topk_segment(x, lo, n, k, out, o):
+    """One segment of :func:`topk_segments`: the sorted positions of the ``k`` largest of
+    ``|x[lo:lo+n]|`` into ``out[o:o+k]``; False (nothing written) when it holds a NaN or inf."""
+    if k >= n or k == 0:
+        if not _all_finite(x, lo, n):
+            return False
+        if k:
+            for i in range(n):
+                out[o + i] = i
+        return True
+    cut = _sample_cut(x, lo, n, k)
+    idx = np.empty(n, np.int64)
+    cand = np.empty(n, np.float64)
+    count = 0
+    finite = True
+    for i in range(n):
+        a = abs(np.float64(x[lo + i]))
+        if not a < cut:  # one rarely taken branch: a candidate, or NaN/inf
+            if a - a != 0:
+                finite = False
+            idx[count] = i
+            cand[count] = a
+            count += 1
+    if not finite:
+        return False
+    if count < k:  # the sample misled: every element is a candidate
+        for i in range(n):
+            idx[i] = i
+            cand[i] = abs(np.float64(x[lo + i]))
+        count = n
+    kth = np.partition(cand[:count], count - k)[count - k]  # (partition works on a copy)
+    ties = k
+    for j in range(count):
+        if cand[j] > kth:
+            ties -= 1
+    w = o
+    for j in range(count):
+        m = cand[j]
+        if m > kth:
+            out[w] = idx[j]
+            w += 1
+        elif m == kth and ties > 0:
+            out[w] = idx[j]
+            w += 1
+            ties -= 1
+    return True
+
+
+@jit(parallel=True)
+def dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, counts, bad):
+    """DGC's selection (docs/codecs.md) of many small tensors at once, each exactly as
+    ``dgc.choose`` selects in it alone: segment ``s`` (``n`` values, ``ks[s]`` wanted) takes
+    the ``picks[s]``-th largest of its sample ``|x[::strides[s]]|`` (float64) as threshold;
+    while fewer than ``0.8 k`` values reach it (and retries are left) it is lowered by x0.8;
+    more than ``1.3 k`` give the exact top-k instead, else the values at or above it
+    (all of them for a threshold <= 0).  The sorted positions go to ``out`` from
+    ``out_starts[s]`` (room for ``min(n, floor(1.3 k) + 1)``), their number to ``counts[s]``;
+    a NaN or inf sets ``bad[s]`` and writes nothing."""
+    for s in prange(starts.size - 1):
+        lo = starts[s]
         n = starts[s + 1] - lo
         k = ks[s]
         o = out_starts[s]
-        if k >= n or k == 0:
-            if not _all_finite(x, lo, n):
-                bad[s] = 1
-            elif k:
-                for i in range(n):
-                    out[o + i] = i
+        counts[s] = 0
+        if n == 0:
             continue
-        cut = _sample_cut(x, lo, n, k)
-        idx = np.empty(n, np.int64)
-        cand = np.empty(n, np.float64)
-        count = 0
-        finite = True
-        for i in range(n):
-            a = abs(np.float64(x[lo + i]))
-            if not a < cut:  # one rarely taken branch: a candidate, or NaN/inf
-                if a - a != 0:
-                    finite = False
-                idx[count] = i
-                cand[count] = a
-                count += 1
-        if not finite:
+        if not _all_finite(x, lo, n):
             bad[s] = 1
             continue
-        if count < k:  # the sample misled: every element is a candidate
-            for i in range(n):
-                idx[i] = i
-                cand[i] = abs(np.float64(x[lo + i]))
+        stride = strides[s]
+        thr = _largest(x, lo, stride, (n + stride - 1) // stride, picks[s])
+        for retry in range(retries + 1):
             count = n
-        kth = np.partition(cand[:count], count - k)[count - k]  # (partition works on a copy)
-        ties = k
-        for j in range(count):
-            if cand[j] > kth:
-                ties -= 1
-        w = o
-        for j in range(count):
-            m = cand[j]
-            if m > kth:
-                out[w] = idx[j]
-                w += 1
-            elif m == kth and ties > 0:
-                out[w] = idx[j]
-                w += 1
-                ties -= 1
+            if thr > 0:
+                count = 0
+                for i in range(n):
+                    count += np.int64(abs(np.float64(x[lo + i])) >= thr)
+            if count > 1.3 * k:
+                _topk_segment(x, lo, n, k, out, o)
+                counts[s] = k
+                break
+            if count < 0.8 * k and retry < retries:
+                thr *= 0.8
+                continue
+            w = o
+            for i in range(n):
+                if thr <= 0 or abs(np.float64(x[lo + i])) >= thr:
+                    out[w] = i
+                    w += 1
+            counts[s] = count
+            break
 
 
 @jit

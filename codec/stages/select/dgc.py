@@ -47,3 +47,35 @@ class DGC(MagnitudeSelect):
                 continue
             return mags.at_least(thr)
         raise AssertionError("unreachable")
+
+    def select_segments(self, flat, starts, ctxs):
+        """Every tensor's selection in one kernel call (``dgc_segments``: the sample, the
+        adaptation loop and the exact top-k fallback per tensor, as :meth:`choose`), the index
+        sections of all of them in two more (``codec.pack.index_segments``), their values in
+        one gather."""
+        from codec.kernels import backend
+        from codec.pack import index_segments
+
+        sizes = np.diff(starts)
+        ratios = np.array([self.at("ratio", c.step) for c in ctxs], np.float64)
+        ks = np.where(sizes > 0, np.minimum(sizes, np.maximum(1, np.floor(ratios * sizes))), 0).astype(np.int64)  # k_of
+        m = np.maximum(np.ceil(self.sample * sizes), MIN_SAMPLE).astype(np.int64)
+        strides = np.where(sizes <= m, 1, sizes // np.maximum(m, 1))
+        drawn = -(-sizes // strides)
+        picks = np.minimum(np.maximum(1, np.ceil(ratios * drawn)), drawn).astype(np.int64)
+        caps = np.minimum(sizes, np.floor(1.3 * ks).astype(np.int64) + 1)
+        room = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(caps, out=room[1:])
+        out = np.empty(int(room[-1]), np.int64)
+        counts = np.zeros(sizes.size, np.int64)
+        bad = np.zeros(sizes.size, np.uint8)
+        backend("select", flat).dgc_segments(flat, starts, ks, strides, picks, RETRIES, room, out, counts, bad)
+        if bad.any():
+            return None  # select() raises the error naming the tensor and position
+        kstarts = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(counts, out=kstarts[1:])
+        pos = out[np.arange(room[-1]) - np.repeat(room[:-1], caps) < np.repeat(counts, caps)]
+        index = index_segments(pos, kstarts, sizes)
+        if index is None:
+            return None
+        return pos, kstarts, flat[pos + np.repeat(starts[:-1], counts)], index
