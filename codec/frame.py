@@ -117,6 +117,25 @@ class Section:
         return memoryview(self.data).cast("B")
 
 
+@dataclass(frozen=True)
+class SectionRun:
+    """One section per tensor of a many-tensor run, all written into one buffer: tensor
+    ``t``'s is ``data[offsets[t]:offsets[t+1]]``, of kind ``kinds[t]``, item width
+    ``widths[t]`` and ``counts[t]`` items (``data``/``offsets`` arrays, the rest lists): a
+    run's index sections (:func:`codec.pack.index_segments`), random-k's keys."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+    kinds: list
+    widths: list
+    counts: list
+
+    def sections(self) -> list:
+        """Each tensor's :class:`Section`, viewing ``data``."""
+        o = self.offsets.tolist()
+        return [Section(k, w, c, self.data[o[i] : o[i + 1]]) for i, (k, w, c) in enumerate(zip(self.kinds, self.widths, self.counts))]
+
+
 @dataclass
 class SectionInfo:
     kind: int

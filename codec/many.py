@@ -19,8 +19,7 @@ from codec.frame import Frame, Section, SectionInfo, SectionKind
 from codec.framebuffer import frame_out
 from codec.manyframe import VERSION, Entry, Layout
 from codec.modes import ADD, SET, SUB
-from codec.ops import WIDE, scatter, scratch, store, wide_dtype
-from codec.pack import decode_index_segments
+from codec.ops import WIDE, scatter_checked, scratch, store, wide_dtype
 from codec.stage import Context, check_step
 
 
@@ -233,7 +232,7 @@ def _select_runs(c, arrays, ctxs, out) -> dict:
 
 def _sparse_piece(c, values, kstarts, index):
     """A sparse run's table entries and one payload piece: each tensor's index section (from
-    ``index``, a :class:`codec.pack.IndexRun`) then its kept values, coded at once by the
+    ``index``, a :class:`codec.frame.SectionRun`) then its kept values, coded at once by the
     elementwise value stage (the codes of the concatenation are the tensors' codes)."""
     from codec.kernels import backend
 
@@ -392,17 +391,13 @@ def _sparse_run_job(c, mf, run, known):
 
 
 def _known_positions(c, mf) -> list:
-    """Per tensor, its positions when the codec's select stage is ``index_coded`` and every
-    tensor's first section is an index section, all read at once
-    (:func:`codec.pack.decode_index_segments`); else None for each (each tensor's positions
-    are then read, and refused, by the stage itself)."""
+    """Per tensor, its positions when the codec's select stage reads every tensor's at once
+    (:meth:`codec.stage.Select.positions_segments`); else None for each (each tensor's
+    positions are then read, and refused, by the stage itself)."""
     none = [None] * len(mf)
-    if c.select is None or not c.select.index_coded or c.transform is not None or not isinstance(mf.payload, memoryview):
+    if c.select is None or c.transform is not None or not isinstance(mf.payload, memoryview):
         return none  # a zstd payload is decompressed section by section as the stages read it
-    firsts = [secs[0] if secs else None for secs in mf.tensor_sections]
-    if any(f is None or f.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP) for f in firsts):
-        return none
-    got = decode_index_segments(np.frombuffer(mf.payload, np.uint8), firsts, mf.layout.sizes)
+    got = c.select.positions_segments(np.frombuffer(mf.payload, np.uint8), mf.tensor_sections, mf.layout.sizes) if len(mf) else None
     return none if got is None else got
 
 
@@ -449,7 +444,7 @@ def decode(c, mf, out=None):
             results[i] = target.reshape(lay.shapes[i])
         elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
             for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
-                scatter(vals, pos, targets[i], SET)
+                scatter_checked(vals, pos, targets[i], SET)  # positions the stage checked
                 results[i] = targets[i]
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
             whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None)
@@ -476,10 +471,10 @@ def decode_add(c, mf, out, subtract=False):
         elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs
             for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
                 if targets[i].dtype in WIDE:
-                    scatter(vals, pos, targets[i], mode)
+                    scatter_checked(vals, pos, targets[i], mode)  # positions the stage checked
                 else:  # as Codec._write adds into a 16-bit array: the dense decoded tensor, once rounded
                     wide = np.empty(targets[i].size, vals.dtype)
-                    scatter(vals, pos, wide, SET)
+                    scatter_checked(vals, pos, wide, SET)
                     store(wide, targets[i], mode)
         else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype
             # of the frame's: a narrow frame's codes may decode beyond its own dtype's range)

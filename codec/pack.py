@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 
 import numpy as np
 
 from codec.errors import CorruptFrameError
-from codec.frame import SectionKind, Section, raw_length
+from codec.frame import SectionKind, Section, SectionRun, raw_length
 from codec.kernels import backend
 from codec.ops import readonly
 
@@ -113,26 +112,8 @@ def encode_indices(idx, n: int) -> Section:
     return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
 
 
-@dataclass(frozen=True)
-class IndexRun:
-    """Many index sections written into one buffer (:func:`index_segments`): section ``s`` is
-    ``data[offsets[s]:offsets[s+1]]``, of kind ``kinds[s]`` (INDEX_DELTA or INDEX_BITMAP),
-    item width ``widths[s]`` and ``counts[s]`` items (plain lists but ``data``/``offsets``)."""
-
-    data: np.ndarray
-    offsets: np.ndarray
-    kinds: list
-    widths: list
-    counts: list
-
-    def sections(self) -> list:
-        """Each section as a :class:`codec.frame.Section` viewing ``data``."""
-        o = self.offsets.tolist()
-        return [Section(k, w, c, self.data[o[i] : o[i + 1]]) for i, (k, w, c) in enumerate(zip(self.kinds, self.widths, self.counts))]
-
-
-def index_segments(pos, starts, sizes) -> IndexRun | None:
-    """:func:`encode_index_segments` as one :class:`IndexRun`, or None when a set's gaps need
+def index_segments(pos, starts, sizes) -> SectionRun | None:
+    """:func:`encode_index_segments` as one :class:`codec.frame.SectionRun`, or None when a set's gaps need
     more than 56 bits (then :func:`encode_indices` codes each set)."""
     pos = readonly(np.ascontiguousarray(pos, np.int64))
     starts = readonly(np.ascontiguousarray(starts, np.int64))
@@ -154,7 +135,7 @@ def index_segments(pos, starts, sizes) -> IndexRun | None:
     out = np.empty(int(offsets[-1]), np.uint8)
     kern.index_write(pos, starts, widths, readonly(bitmap), offsets, out)
     kinds = np.where(bitmap, SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA).tolist()
-    return IndexRun(out, offsets, kinds, np.where(bitmap, 1, widths).tolist(), np.where(bitmap, sizes, counts).tolist())
+    return SectionRun(out, offsets, kinds, np.where(bitmap, 1, widths).tolist(), np.where(bitmap, sizes, counts).tolist())
 
 
 def encode_index_segments(pos, starts, sizes) -> list:

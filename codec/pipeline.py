@@ -235,8 +235,8 @@ class Codec:
         """Phase 1 of decoding: check every section against what the stages expect and read
         the compact payload (positions, codes).  Nothing of the dense output size is
         allocated here, so a forged frame fails before any large allocation.  ``positions``:
-        the frame's index section already read and checked (an ``index_coded`` select stage;
-        a many-tensor frame reads them all at once)."""
+        the frame's positions already read and checked (a many-tensor frame reads them all at
+        once: :meth:`codec.stage.Select.positions_segments`)."""
         ctx = Context(fr.shape, fr.dtype)
         rd = fr.reader()
         if self.transform is not None:
@@ -244,7 +244,7 @@ class Codec:
             payload = (tpay, vctx, self.value.read(rd, vctx, vctx.n))
         else:
             if self.select is not None:
-                # known= only for an index_coded stage: a stage of its own keeps positions(reader, ctx)
+                # known= only from positions_segments: a stage without it keeps positions(reader, ctx)
                 ctx.positions = self.select.positions(rd, ctx) if positions is None else self.select.positions(rd, ctx, known=positions)
             payload = self.value.read(rd, ctx, fr.n if ctx.positions is None else ctx.positions.size)
         rd.done()

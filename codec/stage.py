@@ -267,24 +267,28 @@ class Select(Stage):
         ``flat[starts[i]:starts[i + 1]]`` with context ``ctxs[i]``.  Returns ``(positions,
         kstarts, values, index)``: tensor i's positions (counted from its own start) and kept
         values are ``positions[kstarts[i]:kstarts[i+1]]`` and the same slice of ``values``,
-        and ``index`` (a :class:`codec.pack.IndexRun`) holds its index section, all exactly as
+        and ``index`` (a :class:`codec.frame.SectionRun`) holds its first section (the index
+        section, or random-k's key), all exactly as
         :meth:`select` would give them for that tensor alone; or None (the default) to let the
         pipeline call :meth:`select` per tensor; also None when a tensor needs
         :meth:`select`'s own handling (its error on a NaN)."""
         return None
 
-    #: whether the positions travel as the frame's first section, an index section of the
-    #: shared index coder (``codec.pack``): a many-tensor frame then reads every tensor's at
-    #: once (``codec.pack.decode_index_segments``) and hands them to :meth:`positions`
-    index_coded = False
+    def positions_segments(self, data, sections, sizes) -> list | None:
+        """Every tensor's positions of a many-tensor frame read at once: ``data`` the raw
+        payload (uint8), ``sections[t]`` tensor t's section infos (offsets into ``data``),
+        ``sizes[t]`` its element count.  Returns each tensor's positions, checked as
+        :meth:`positions` checks them, which the pipeline then hands to :meth:`positions` as
+        ``known``; or None (the default, or any section that is not what it expects): each
+        tensor's positions are then read, and refused, by :meth:`positions` alone."""
+        return None
 
     @abc.abstractmethod
     def positions(self, reader, ctx, known=None) -> np.ndarray:
-        """Check and read the index sections of a frame: the sorted flat positions, each in
-        ``range(ctx.n)`` and unique (decoding scatters them unchecked).  With
-        :attr:`index_coded`, ``known`` may hold them already read and checked: the index
-        section is then only taken (a stage that is not ``index_coded`` is never passed
-        ``known`` and may leave the parameter out)."""
+        """Check and read the position sections of a frame: the sorted flat positions, each in
+        ``range(ctx.n)`` and unique (decoding scatters them unchecked).  ``known``: what
+        :meth:`positions_segments` read and checked for this tensor; the sections are then
+        only taken (a stage without :meth:`positions_segments` is never passed ``known``)."""
 
 
 class Value(Stage):

@@ -418,6 +418,7 @@ def test_counts_moved_between_run_tensors_are_refused():
     [
         "topk(ratio=0.1)", "topk(k=3)", "topk(ratio=0.5)", "topk(ratio=0.05)+fp16+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))",
         "dgc(ratio=0.01)", "dgc(ratio=0.3,sample=0.5)+fp16", "dgc(ratio=warmup(0.5,0.01,steps=4))+qsgd",
+        "randomk(ratio=0.1)", "randomk(ratio=0.3,scale=True,seed=4)+fp16", "randomk(ratio=warmup(0.5,0.01,steps=4))+qsgd",
     ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -439,7 +440,9 @@ def test_segmented_selection_gives_the_frame_of_one_call_per_tensor(spec, dtype)
             assert np.array_equal(got[k], codec.decode(c.encode(x, step=step))), k
 
 
-@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "topk(k=3)+fp16", "dgc(ratio=0.05)+bf16", "gaussiank(ratio=0.05)", "threshold(value=0.001)", "topk(ratio=0.05)+crc32"])
+@pytest.mark.parametrize(
+    "spec", ["topk(ratio=0.1)", "topk(k=3)+fp16", "dgc(ratio=0.05)+bf16", "gaussiank(ratio=0.05)", "threshold(value=0.001)", "topk(ratio=0.05)+crc32", "randomk(ratio=0.2,scale=True)"]
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sparse_runs_decode_as_each_tensor_alone(spec, dtype, monkeypatch):
     """A sparse frame's run (positions read at once, an elementwise value stage) is read as
@@ -612,6 +615,29 @@ def test_forged_quantizer_runs_are_refused():
             codec.decode_many(f)
         with pytest.raises(codec.CorruptFrameError, match=what):
             codec.decode_add_many(f, [np.zeros(9, np.float32), np.zeros(13, np.float32)])
+
+
+def test_forged_randomk_runs_are_refused():
+    """A run's keys are checked as each tensor's own: the seed, the step, the values' room."""
+    ts = [np.linspace(-1, 1, 90).astype(np.float32), np.linspace(0, 2, 130).astype(np.float32)]
+
+    def forged(word, value):
+        frame = bytearray(codec.get_codec("randomk(ratio=0.1)", checksum=False).encode_many(ts, step=3))
+        mf = parse_many(bytes(frame))
+        at = mf.header_len + mf.tensor_sections[1][0].offset + 8 * word
+        frame[at : at + 8] = np.uint64(value).tobytes()
+        return bytes(frame)
+
+    for word, value, what in ((0, 5, "records seed 5"), (1, 1 << 62, "impossible step")):
+        with pytest.raises(codec.CorruptFrameError, match=what):
+            codec.decode_many(forged(word, value))
+    # (a step whose ratio keeps more than the values can hold: a warmup schedule at step 0)
+    f = bytearray(codec.get_codec("randomk(ratio=warmup(0.9,0.01,steps=10))", checksum=False).encode_many(ts, step=9))
+    mf = parse_many(bytes(f))
+    at = mf.header_len + mf.tensor_sections[0][0].offset + 8
+    f[at : at + 8] = np.uint64(0).tobytes()
+    with pytest.raises(codec.CorruptFrameError, match="carries"):
+        codec.decode_many(bytes(f))
 
 
 # ------------------------------------------------------------------ joint: the whole-model variant

@@ -251,3 +251,23 @@ def test_dgc_segments_match_numpy(S, kind, dtype, ratio, sample):
         nan[7] = np.nan
     _, bad = run_dgc_segments(S, [parts[3], nan, parts[4]], ratio, sample)
     assert bad.tolist() == [0, 1, 0]
+
+
+def test_random_positions_segments_match_numpy(S):
+    """Each segment draws its own sorted positions from its own (seed, key, step), exactly as
+    the reference draws them for that tensor alone (sizes 1, 2, odd, a power of two, large;
+    k from 0 to n)."""
+    from reference.sparse import key_hash, randomk_positions
+
+    cases = [(1, 1), (2, 1), (2, 2), (7, 3), (64, 64), (1000, 10), (4097, 500), (CHUNK + 3, 700), (5, 0), (9, 9)]
+    keys = ["a", 3, None, "w.bias", 0, "x", "y", 17, "z", "q"]
+    steps = [0, 1, 5, 2**40, 7, 0, 3, 9, 1, 2]
+    sizes = np.array([n for n, _ in cases], np.int64)
+    kstarts = np.concatenate([[0], np.cumsum([k for _, k in cases])]).astype(np.int64)
+    out = np.full(int(kstarts[-1]), -1, np.int64)
+    u64 = np.uint64
+    S.random_positions_segments(
+        kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64), out
+    )
+    for t, ((n, k), key, step) in enumerate(zip(cases, keys, steps)):
+        assert np.array_equal(out[kstarts[t] : kstarts[t + 1]], randomk_positions(n, k, 11, key, step)), (n, k)

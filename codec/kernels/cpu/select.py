@@ -22,7 +22,7 @@ from codec.kernels.cpu._common import U, chunk_sums, chunks, sample_rank
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions"]
+__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions", "random_positions_segments"]
 
 
 @jit
@@ -447,3 +447,28 @@ def random_positions(out, seed, khash, step, half, n):
     for c in prange(nchunk):
         for j in range(U(c * CHUNK), U(min(k, (c + 1) * CHUNK))):
             out[j] = np.int64(_permute(np.uint64(j), strm, half, mask, un))
+
+
+@jit(parallel=True)
+def random_positions_segments(kstarts, sizes, seeds, khashes, steps, out):
+    """:func:`random_positions` of many tensors at once, each sorted: segment ``s`` draws
+    ``kstarts[s+1] - kstarts[s]`` distinct positions in ``[0, sizes[s])`` from its own stream
+    (``seeds``, ``khashes``, ``steps``: uint64) into ``out[kstarts[s]:kstarts[s+1]]``, in
+    increasing order; exactly ``codec.stages.select.randomk.positions`` per tensor."""
+    for s in prange(sizes.size):
+        n = sizes[s]
+        o = out[kstarts[s] : kstarts[s + 1]]
+        if o.size == 0:
+            continue
+        if n == 1:
+            o[0] = 0
+            continue
+        h = 2
+        while (np.int64(1) << h) < n:  # max(2, bit_length(n - 1))
+            h += 1
+        half = np.uint64((h + 1) // 2)
+        strm = stream(seeds[s], khashes[s], steps[s])
+        mask = (np.uint64(1) << half) - np.uint64(1)
+        for j in range(o.size):
+            o[j] = np.int64(_permute(np.uint64(j), strm, half, mask, np.uint64(n)))
+        o.sort()

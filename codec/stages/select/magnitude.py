@@ -266,7 +266,15 @@ class IndexSelect(Select):
 
     #: select() accepts residual= and out= (Codec.encode_feedback uses it)
     fuses_feedback = True
-    index_coded = True
+    def positions_segments(self, data, sections, sizes):
+        """Every tensor's index section read at once (:func:`codec.pack.decode_index_segments`)."""
+        from codec.frame import SectionKind
+        from codec.pack import decode_index_segments
+
+        firsts = [secs[0] if secs else None for secs in sections]
+        if any(f is None or f.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP) for f in firsts):
+            return None
+        return decode_index_segments(data, firsts, sizes)
 
     def positions(self, reader, ctx, known=None):
         from codec.frame import SectionKind

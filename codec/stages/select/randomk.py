@@ -32,6 +32,15 @@ def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
     return out
 
 
+def _hash_of(key, memo: dict) -> int:
+    """:func:`key_hash` of ``key``, once per distinct key of a call."""
+    try:
+        at = (type(key), key)
+        return memo[at] if at in memo else memo.setdefault(at, key_hash(key))
+    except TypeError:  # an unhashable key
+        return key_hash(key)
+
+
 @register
 class RandomK(Select):
     """k uniformly random positions from (seed, key, step); positions regenerated, not sent."""
@@ -65,15 +74,76 @@ class RandomK(Select):
         sections.append(Section(SectionKind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
         return idx, kept
 
-    def positions(self, reader, ctx, known=None):  # regenerated from the key: never known
-        info, raw = reader.take(SectionKind.INTS, bits=64, count=3)
-        seed, step, khash = (int(v) for v in raw.view("<u8"))
+    def select_segments(self, flat, starts, ctxs):
+        """Every tensor's positions drawn in one kernel call (``random_positions_segments``),
+        its key section written into one buffer, the kept values gathered at once."""
+        from codec.frame import SectionRun
+        from codec.kernels import backend
+        from codec.ops import round_to
+
+        sizes = np.diff(starts)
+        steps = [c.step for c in ctxs]
+        ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
+        memo: dict = {}
+        khashes = np.array([_hash_of(c.key, memo) for c in ctxs], np.uint64)
+        kstarts = np.zeros(ks.size + 1, np.int64)
+        np.cumsum(ks, out=kstarts[1:])
+        pos = np.empty(int(kstarts[-1]), np.int64)
+        wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
+        seeds = np.full(ks.size, self.seed, np.uint64)
+        backend("select", flat).random_positions_segments(kstarts, sizes, seeds, khashes, wrapped, pos)
+        kept = flat[pos + np.repeat(starts[:-1], ks)]
+        if not np.isfinite(kept).all():
+            return None  # select() raises the error naming the tensor and position
+        if self.scale and kept.size:
+            factor = np.repeat([n / k if k else 0.0 for n, k in zip(sizes.tolist(), ks.tolist())], ks)
+            kept = round_to(kept.astype(np.float64) * factor, flat.dtype)
+        keys = np.empty((ks.size, 3), "<u8")
+        keys[:, 0], keys[:, 1], keys[:, 2] = self.seed, steps, khashes
+        run = SectionRun(keys.reshape(-1).view(np.uint8), np.arange(ks.size + 1, dtype=np.int64) * 24, [SectionKind.INTS] * ks.size, [64] * ks.size, [3] * ks.size)
+        return pos, kstarts, kept, run
+
+    def positions_segments(self, data, sections, sizes):
+        """Every tensor's key section read and checked, and its positions drawn in one kernel
+        call; None when a tensor's sections are not a key then values (read alone)."""
+        from codec.kernels import backend
+
+        at = np.empty(len(sizes), np.int64)
+        room = np.empty(len(sizes), np.int64)
+        for t, secs in enumerate(sections):
+            if not secs or (secs[0].kind, secs[0].bits, secs[0].count) != (SectionKind.INTS, 64, 3):
+                return None
+            at[t] = secs[0].offset
+            room[t] = 8 * sum(s.raw_len for s in secs[1:])  # every kept value needs >= 1 bit
+        keys = data[at[:, None] + np.arange(24)].view("<u8")  # (seed, step, khash) per tensor
+        memo: dict = {}  # the tensors of a frame share their step: its k, once per size
+        ks = np.array([
+            memo[w] if w in memo else memo.setdefault(w, self._checked_k(*w))
+            for w in zip(keys[:, 0].tolist(), keys[:, 1].tolist(), list(sizes), room.tolist())
+        ], np.int64)
+        kstarts = np.zeros(ks.size + 1, np.int64)
+        np.cumsum(ks, out=kstarts[1:])
+        pos = np.empty(int(kstarts[-1]), np.int64)
+        backend("select", pos).random_positions_segments(kstarts, np.asarray(sizes, np.int64), keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy(), pos)
+        o = kstarts.tolist()
+        return [pos[o[t] : o[t + 1]] for t in range(ks.size)]
+
+    def _checked_k(self, seed: int, step: int, n: int, room: int) -> int:
+        """How many positions a frame of ``n`` elements keyed by (seed, step) keeps, after
+        the checks of :meth:`positions` (``room``: the bits of its values sections)."""
         if seed != self.seed:
             raise CorruptFrameError(f"randomk frame records seed {seed}, its codec tag says {self.seed}")
         if step >= 1 << 62:
             raise CorruptFrameError(f"randomk frame records an impossible step {step}")
-        k = k_of(self.at("ratio", step), ctx.n)
-        room = 8 * sum(s.raw_len for s in reader.remaining())  # every kept value needs >= 1 bit
+        k = k_of(self.at("ratio", step), n)
         if k > room:
-            raise CorruptFrameError(f"randomk frame keeps {k} of {ctx.n} elements but carries {room} bits of values")
+            raise CorruptFrameError(f"randomk frame keeps {k} of {n} elements but carries {room} bits of values")
+        return k
+
+    def positions(self, reader, ctx, known=None):
+        info, raw = reader.take(SectionKind.INTS, bits=64, count=3)
+        if known is not None:  # read and checked by positions_segments
+            return known
+        seed, step, khash = (int(v) for v in raw.view("<u8"))
+        k = self._checked_k(seed, step, ctx.n, 8 * sum(s.raw_len for s in reader.remaining()))  # every kept value needs >= 1 bit
         return positions(ctx.n, k, seed, khash, step)
