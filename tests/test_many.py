@@ -419,6 +419,7 @@ def test_counts_moved_between_run_tensors_are_refused():
         "topk(ratio=0.1)", "topk(k=3)", "topk(ratio=0.5)", "topk(ratio=0.05)+fp16+zstd", "topk(ratio=warmup(0.5,0.01,steps=4))",
         "dgc(ratio=0.01)", "dgc(ratio=0.3,sample=0.5)+fp16", "dgc(ratio=warmup(0.5,0.01,steps=4))+qsgd",
         "randomk(ratio=0.1)", "randomk(ratio=0.3,scale=True,seed=4)+fp16", "randomk(ratio=warmup(0.5,0.01,steps=4))+qsgd",
+        "gaussiank(ratio=0.05)", "gaussiank(ratio=0.3)+bf16", "gaussiank(ratio=0.1,exact=True)", "gaussiank(ratio=warmup(0.5,0.01,steps=4))+qsgd",
     ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -271,3 +271,53 @@ def test_random_positions_segments_match_numpy(S):
     )
     for t, ((n, k), key, step) in enumerate(zip(cases, keys, steps)):
         assert np.array_equal(out[kstarts[t] : kstarts[t + 1]], randomk_positions(n, k, 11, key, step)), (n, k)
+
+
+def ref_gaussiank_segment(x, ratio):
+    """Gaussian-k of one small tensor as the stage computes it: NumPy's mean as the shift,
+    the lane sums of ``v - shift`` and their squares (docs/codecs.md, "Sums"), ``t = |mean| +
+    z * std``, the clamped count of ``|v| > t``, then the reference top-k."""
+    import math
+    from statistics import NormalDist
+
+    from reference.quant import lanes_sum
+    from reference.sparse import gaussiank_bounds, topk
+
+    w = np.asarray(x, np.float64)
+    n = w.size
+    if n == 0:
+        return np.empty(0, np.int64)
+    k = min(n, max(1, math.floor(ratio * n)))
+    shift = float(w.mean())
+    d = w - shift
+    s, q = lanes_sum(d) / n, lanes_sum(d * d) / n
+    t = abs(shift + s) + NormalDist().inv_cdf(1 - ratio / 2) * math.sqrt(max(0.0, q - s * s))
+    lo, hi = gaussiank_bounds(k)
+    return topk(x, min(max(int(np.count_nonzero(np.abs(w) > t)), lo), hi, n))[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
+@pytest.mark.parametrize("ratio", [0.01, 0.1, 0.4])
+def test_gaussiank_segments_match_numpy(S, kind, dtype, ratio):
+    import math
+    from statistics import NormalDist
+
+    sizes = [0, 1, 2, 7, 100, 999, 4097, CHUNK]
+    parts = [data(kind, n, dtype, seed=i) for i, n in enumerate(sizes)]
+    parts.append(np.zeros(50, dtype))
+    parts.append((np.repeat(np.array([1.0, -1.0, 0.5], dtype), 40) + dtype(3)).astype(dtype))  # |mean| >> std
+    sizes = np.array([p.size for p in parts], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    flat = np.concatenate(parts)
+    ks = np.array([0 if n == 0 else min(n, max(1, math.floor(ratio * n))) for n in sizes.tolist()], np.int64)
+    shifts = np.array([float(p.astype(np.float64).mean()) if p.size else 0.0 for p in parts])
+    zs = np.full(sizes.size, NormalDist().inv_cdf(1 - ratio / 2))
+    caps = np.minimum(sizes, 4 * ks // 3)
+    room = np.concatenate([[0], np.cumsum(caps)]).astype(np.int64)
+    out = np.full(int(room[-1]), -1, np.int64)
+    counts, bad = np.full(sizes.size, -1, np.int64), np.zeros(sizes.size, np.uint8)
+    S.gaussiank_segments(flat, starts, shifts, zs, LANES, ks, room, out, counts, bad)
+    assert not bad.any()
+    for t, p in enumerate(parts):
+        assert np.array_equal(out[room[t] : room[t] + counts[t]], ref_gaussiank_segment(p, ratio)), (p.size, ratio)

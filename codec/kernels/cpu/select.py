@@ -22,7 +22,7 @@ from codec.kernels.cpu._common import U, chunk_sums, chunks, sample_rank
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions", "random_positions_segments"]
+__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "gaussiank_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions", "random_positions_segments"]
 
 
 @jit
@@ -223,6 +223,40 @@ def _topk_segment(x, lo, n, k, out, o):
             w += 1
             ties -= 1
     return True
+
+
+@jit(parallel=True)
+def gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, counts, bad):
+    """Gaussian-k's selection (docs/codecs.md) of many small tensors at once (each at most
+    ``CHUNK`` values: one chunk of sums), each exactly as ``gaussiank.choose`` selects in it
+    alone: the float64 sums of ``v - shifts[s]`` and their squares in ``width`` column lanes
+    (``chunk_sums``), mean and deviation from them, the threshold ``t = |mean| + zs[s] *
+    std``, the count of ``|v| > t`` clamped to ``[ceil(2k/3), floor(4k/3)]`` (``k = ks[s]``)
+    and at most ``n``, and that many largest magnitudes (ties to the lower index).  The sorted
+    positions go to ``out`` from ``out_starts[s]`` (room for ``min(n, floor(4k/3))``), their
+    number to ``counts[s]``; a NaN or inf sets ``bad[s]`` and writes nothing."""
+    for s in prange(starts.size - 1):
+        lo = starts[s]
+        n = starts[s + 1] - lo
+        counts[s] = 0
+        if n == 0:
+            continue
+        if not _all_finite(x, lo, n):
+            bad[s] = 1
+            continue
+        k = ks[s]
+        sm, sq = chunk_sums(x, lo, lo + n, shifts[s], width)
+        m1 = sm / n
+        m2 = sq / n
+        mean = shifts[s] + m1
+        std = np.sqrt(max(0.0, m2 - m1 * m1))
+        t = abs(mean) + zs[s] * std
+        count = 0
+        for i in range(n):
+            count += np.int64(abs(np.float64(x[lo + i])) > t)
+        keep = min(max(count, (2 * k + 2) // 3), 4 * k // 3, n)
+        _topk_segment(x, lo, n, keep, out, out_starts[s])
+        counts[s] = keep
 
 
 @jit(parallel=True)

@@ -49,3 +49,48 @@ class GaussianK(MagnitudeSelect):
         # element (the cut fell back to the smallest subnormal, so t is 0)
         count = int((mags.mag > t).sum()) if t >= mags.cut else mags.idx.size
         return mags.top(min(max(count, lo), hi, mags.n))
+
+    def select_segments(self, flat, starts, ctxs):
+        """Every tensor's selection in one kernel call (``gaussiank_segments``: its moments,
+        threshold, clamped count and top-k, as :meth:`choose`); the index sections of all of
+        them in two more, their values in one gather.  Each tensor's shift (its mean, the
+        variance sums' origin) is NumPy's mean of it, as :class:`Magnitudes` takes it."""
+        import numpy as np
+
+        from codec.kernels import backend
+        from codec.layout import CHUNK, LANES
+        from codec.pack import index_segments
+
+        sizes = np.diff(starts)
+        if sizes.size and sizes.max() > CHUNK:  # one chunk of sums per tensor
+            return None
+        ratios = [self.at("ratio", c.step) for c in ctxs]
+        ks = np.array([k_of(r, int(n)) for r, n in zip(ratios, sizes.tolist())], np.int64)
+        if self.exact:
+            zs = np.zeros(sizes.size)
+        else:
+            memo: dict = {}
+            zs = np.array([memo[r] if r in memo else memo.setdefault(r, _z(r)) for r in ratios])
+        wide = flat.astype(np.float64)
+        shifts = np.array([float(wide[a:b].mean()) if b > a else 0.0 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
+        caps = np.minimum(sizes, ks if self.exact else 4 * ks // 3)
+        room = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(caps, out=room[1:])
+        out = np.empty(int(room[-1]), np.int64)
+        counts = np.zeros(sizes.size, np.int64)
+        bad = np.zeros(sizes.size, np.uint8)
+        kern = backend("select", flat)
+        if self.exact:
+            kern.topk_segments(flat, starts, ks, room, out, bad)
+            counts[:] = ks
+        else:
+            kern.gaussiank_segments(flat, starts, shifts, zs, LANES, ks, room, out, counts, bad)
+        if bad.any():
+            return None  # select() raises the error naming the tensor and position
+        kstarts = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(counts, out=kstarts[1:])
+        pos = out[np.arange(room[-1]) - np.repeat(room[:-1], caps) < np.repeat(counts, caps)]
+        index = index_segments(pos, kstarts, sizes)
+        if index is None:
+            return None
+        return pos, kstarts, flat[pos + np.repeat(starts[:-1], counts)], index
