@@ -219,8 +219,9 @@ def _select_runs(c, arrays, ctxs, out) -> dict:
         o = kstarts.tolist()
         for t, ctx in enumerate(members):  # what Codec.selected records
             ctx.positions, ctx.kept = pos[o[t] : o[t + 1]], values[o[t] : o[t + 1]]
-        if c.value.elementwise:
-            table, piece = _sparse_piece(c, values, kstarts, index)
+        kept = c.value.encode_kept(values, kstarts, members)
+        if kept is not None:
+            table, piece = _sparse_piece(index, *kept)
             for i, entries in zip(g, table):
                 out[i] = entries
             coded[g[0]] = (len(g) - 1, _exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
@@ -230,25 +231,20 @@ def _select_runs(c, arrays, ctxs, out) -> dict:
     return coded
 
 
-def _sparse_piece(c, values, kstarts, index):
-    """A sparse run's table entries and one payload piece: each tensor's index section (from
-    ``index``, a :class:`codec.frame.SectionRun`) then its kept values, coded at once by the
-    elementwise value stage (the codes of the concatenation are the tensors' codes)."""
+def _sparse_piece(index, table, vsec, vstarts):
+    """A sparse run's table entries and one payload piece: each tensor's first section (from
+    ``index``, a :class:`codec.frame.SectionRun`) then its value sections, which the value
+    stage coded at once (:meth:`codec.stage.Value.encode_kept`: ``table``, the section
+    ``vsec`` holding every tensor's bytes, tensor t's from ``vstarts[t]``)."""
     from codec.kernels import backend
 
-    vsecs: list = []
-    c.value.encode(values, Context(values.shape, values.dtype, name="tensors"), vsecs)
-    (vsec,) = vsecs
-    width = vsec.bits // 8
-    ks = np.diff(kstarts)
-    vstarts = kstarts * width
-    table = [[Entry(k, w, n), Entry(vsec.kind, vsec.bits, int(kk))] for k, w, n, kk in zip(index.kinds, index.widths, index.counts, ks.tolist())]
+    entries = [[Entry(k, w, n), *rest] for k, w, n, rest in zip(index.kinds, index.widths, index.counts, table)]
 
     def fill(out):
         codes = np.frombuffer(vsec.materialize(), np.uint8)
         backend("pack", out).interleave(index.data, index.offsets, codes, vstarts, out)
 
-    return table, Section(SectionKind.VALUES, 8, int(index.offsets[-1] + vstarts[-1]), fill=fill)
+    return entries, Section(SectionKind.VALUES, 8, int(index.offsets[-1] + vstarts[-1]), fill=fill)
 
 
 def _elementwise_sections(c, arrays, names):
@@ -326,7 +322,7 @@ def _read_jobs(c, mf) -> list:
         return jobs
     known = _known_positions(c, mf)
     value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
-    sparse_runs = len(mf) > 0 and known[0] is not None and c.value.elementwise  # every tensor's positions read at once
+    sparse_runs = len(mf) > 0 and known[0] is not None  # every tensor's positions read at once
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes))
     elif value_runs or sparse_runs:  # a zstd payload is decompressed section by section as the stages read it
@@ -366,27 +362,19 @@ def _run_job(c, mf, run, value_runs):
 
 
 def _sparse_run_job(c, mf, run, known):
-    """The job of a run of a sparse frame whose positions were read at once (``known``) and
-    whose value stage is elementwise: every tensor's values section gathered into one and
-    read by the value stage at once, the positions counted from the run's first element (as
-    a joint frame's); None (each tensor read alone) when a tensor's sections are not an
-    index section and one values section of its count, all of one kind and width."""
+    """The job of a run of a sparse frame whose positions were read at once (``known``): the
+    value stage reads every tensor's value sections (all but the select stage's first) at
+    once (:meth:`codec.stage.Value.read_kept`), the positions counted from the run's first
+    element (as a joint frame's); None (each tensor read alone) when it cannot."""
     lay = mf.layout
-    values = [mf.tensor_sections[i][-1] for i in run]
-    first = values[0]
-    for i, info in zip(run, values):
-        if len(mf.tensor_sections[i]) != 2 or (info.kind, info.bits) != (first.kind, first.bits) or info.count != known[i].size:
-            return None
-    count = sum(info.count for info in values)
-    data = np.frombuffer(mf.payload, np.uint8)
-    raw = np.concatenate([data[info.offset : info.offset + info.raw_len] for info in values]) if count else data[:0]
-    fr = Frame(memoryview(raw), VERSION, mf.flags, lay.dtypes[run[0]], (count,), mf.spec, [SectionInfo(first.kind, first.encoding, first.bits, count, raw.size, raw.size, 0)], 0)
+    ks = [known[i].size for i in run]
+    if any(not mf.tensor_sections[i] for i in run):
+        return None
+    payload = c.value.read_kept(np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i][1:] for i in run], ks, lay.dtypes[run[0]])
+    if payload is None:
+        return None
     ctx = Context((int(lay.starts[run[-1] + 1] - lay.starts[run[0]]),), lay.dtypes[run[0]], name="tensors")
-    rd = fr.reader()
-    payload = c.value.read(rd, ctx, count)
-    rd.done()
-    sizes = np.fromiter((known[i].size for i in run), np.int64, len(run))
-    ctx.positions = np.concatenate([known[i] for i in run]) + np.repeat(lay.starts[run] - lay.starts[run[0]], sizes)
+    ctx.positions = np.concatenate([known[i] for i in run]) + np.repeat(lay.starts[run] - lay.starts[run[0]], ks)
     return run, ctx, payload
 
 

@@ -345,6 +345,46 @@ class Value(Stage):
         tensor needs its own encode, e.g. to raise its error) codes them one by one."""
         return None
 
+    def encode_kept(self, values, kstarts, ctxs):
+        """The kept values of a sparse many-tensor run coded at once (after a select stage's
+        ``select_segments``): tensor t's are ``values[kstarts[t]:kstarts[t+1]]``, its context
+        ``ctxs[t]``.  Returns ``(table, section, starts)``: per tensor its value sections as
+        :class:`codec.manyframe.Entry`, and one :class:`codec.frame.Section` whose bytes
+        ``starts[t]:starts[t+1]`` are exactly what :meth:`encode` writes for tensor t; or
+        None to code each tensor's on its own.  The default codes an elementwise stage's
+        values as one array (the codes of the concatenation are the tensors' codes)."""
+        from codec.manyframe import Entry
+
+        if not self.elementwise:
+            return None
+        secs: list = []
+        self.encode(values, Context(values.shape, values.dtype, name="tensors"), secs)
+        (sec,) = secs
+        return [[Entry(sec.kind, sec.bits, k)] for k in np.diff(kstarts).tolist()], sec, kstarts * (sec.bits // 8)
+
+    def read_kept(self, data, sections, counts, dtype):
+        """The inverse of :meth:`encode_kept`: from the raw payload ``data`` (uint8) and per
+        tensor its value sections (infos, offsets into ``data``) and kept count, a payload that
+        :meth:`write` decodes into the run's kept values (``dtype`` the frame's), after
+        :meth:`read`'s checks; None when a tensor's sections are not what the run expects.
+        The default reads an elementwise stage's one values section per tensor as one."""
+        from codec.frame import Frame, SectionInfo
+        from codec.manyframe import VERSION
+
+        if not self.elementwise:
+            return None
+        first = sections[0][0] if sections and sections[0] else None
+        for secs, k in zip(sections, counts):
+            if len(secs) != 1 or first is None or (secs[0].kind, secs[0].bits, secs[0].count) != (first.kind, first.bits, k):
+                return None
+        total = int(sum(counts))
+        raw = np.concatenate([data[s[0].offset : s[0].offset + s[0].raw_len] for s in sections]) if total else data[:0]
+        fr = Frame(memoryview(raw), VERSION, 0, dtype, (total,), "", [SectionInfo(first.kind, first.encoding, first.bits, total, raw.size, raw.size, 0)], 0)
+        rd = fr.reader()
+        payload = self.read(rd, Context((total,), dtype), total)
+        rd.done()
+        return payload
+
     def read_run(self, data, infos, sizes, dtype):
         """The inverse of :meth:`encode_run`: from the raw payload ``data`` (uint8) and, per
         tensor of the run, its section infos (offsets into ``data``) and size, a payload that

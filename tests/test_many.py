@@ -420,6 +420,7 @@ def test_counts_moved_between_run_tensors_are_refused():
         "dgc(ratio=0.01)", "dgc(ratio=0.3,sample=0.5)+fp16", "dgc(ratio=warmup(0.5,0.01,steps=4))+qsgd",
         "randomk(ratio=0.1)", "randomk(ratio=0.3,scale=True,seed=4)+fp16", "randomk(ratio=warmup(0.5,0.01,steps=4))+qsgd",
         "gaussiank(ratio=0.05)", "gaussiank(ratio=0.3)+bf16", "gaussiank(ratio=0.1,exact=True)", "gaussiank(ratio=warmup(0.5,0.01,steps=4))+qsgd",
+        "adacomp", "adacomp(bin=7)", "adacomp+fp16", "adacomp(bin=1000)+zstd",
     ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -442,7 +443,11 @@ def test_segmented_selection_gives_the_frame_of_one_call_per_tensor(spec, dtype)
 
 
 @pytest.mark.parametrize(
-    "spec", ["topk(ratio=0.1)", "topk(k=3)+fp16", "dgc(ratio=0.05)+bf16", "gaussiank(ratio=0.05)", "threshold(value=0.001)", "topk(ratio=0.05)+crc32", "randomk(ratio=0.2,scale=True)"]
+    "spec",
+    [
+        "topk(ratio=0.1)", "topk(k=3)+fp16", "dgc(ratio=0.05)+bf16", "gaussiank(ratio=0.05)", "threshold(value=0.001)", "topk(ratio=0.05)+crc32",
+        "randomk(ratio=0.2,scale=True)", "adacomp", "adacomp(bin=7)+crc32",
+    ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sparse_runs_decode_as_each_tensor_alone(spec, dtype, monkeypatch):

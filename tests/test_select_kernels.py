@@ -321,3 +321,42 @@ def test_gaussiank_segments_match_numpy(S, kind, dtype, ratio):
     assert not bad.any()
     for t, p in enumerate(parts):
         assert np.array_equal(out[room[t] : room[t] + counts[t]], ref_gaussiank_segment(p, ratio)), (p.size, ratio)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
+def test_adacomp_segments_match_numpy(S, kind, dtype):
+    """Each segment's sends (its own bin length), values and bin maxima exactly as the
+    reference AdaComp gives them for that tensor alone."""
+    from reference.sparse import adacomp
+
+    sizes = [0, 1, 7, 50, 501, 999, 4097, CHUNK]
+    lengths = [50, 500, 3, 50, 500, 7, 50, 500]
+    parts = [data(kind, n, dtype, seed=i) for i, n in enumerate(sizes)]
+    parts.append(np.zeros(60, dtype))
+    lengths.append(50)
+    parts.append(np.repeat(np.array([1.0, -1.0, 0.5], dtype), 40))
+    lengths.append(500)
+    sizes = np.array([p.size for p in parts], np.int64)
+    lengths = np.array(lengths, np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    bstarts = np.concatenate([[0], np.cumsum(-(-sizes // lengths))]).astype(np.int64)
+    flat = np.concatenate(parts)
+    pos, vals = np.full(flat.size, -1, np.int64), np.zeros(flat.size, dtype)
+    counts, bad = np.full(sizes.size, -1, np.int64), np.full(sizes.size, -1, np.int64)
+    gmax = np.full(int(bstarts[-1]), np.nan, dtype)
+    S.adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
+    assert not bad.any()
+    for t, p in enumerate(parts):
+        want, _, _ = adacomp(p, None, int(lengths[t]), value="none")
+        got = pos[starts[t] : starts[t] + counts[t]]
+        assert np.array_equal(got, want), (p.size, int(lengths[t]))
+        assert np.array_equal(vals[starts[t] : starts[t] + counts[t]], p[got])
+        if p.size:
+            want_max = np.abs(np.concatenate([p, np.zeros(-p.size % lengths[t], dtype)])).reshape(-1, lengths[t]).max(1)
+            assert np.array_equal(gmax[bstarts[t] : bstarts[t + 1]], want_max)
+    nan = data(kind, 20, dtype)
+    nan[5] = np.nan
+    counts[:] = bad[:] = 0
+    S.adacomp_segments(np.concatenate([parts[3], nan]), np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
+    assert bad[0] == 0 and bad[1] == 1

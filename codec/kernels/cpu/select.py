@@ -22,7 +22,7 @@ from codec.kernels.cpu._common import U, chunk_sums, chunks, sample_rank
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "gaussiank_segments", "adacomp_bins", "feedback_adacomp_bins", "random_positions", "random_positions_segments"]
+__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "gaussiank_segments", "adacomp_bins", "adacomp_segments", "feedback_adacomp_bins", "random_positions", "random_positions_segments"]
 
 
 @jit
@@ -452,6 +452,36 @@ def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, vals, counts
             nbad += nb
         counts[c] = found
         bad[c] = nbad
+
+
+@jit(parallel=True)
+def adacomp_segments(x, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
+    """:func:`adacomp_bins` of many small tensors at once (no error feedback: ``g = dw = x``):
+    segment ``s`` is ``x[starts[s]:starts[s+1]]`` in bins of ``lengths[s]`` values, its bins'
+    maxima go to ``gmax[bstarts[s]:bstarts[s+1]]``, its sends' positions (from the segment's
+    start) and values to ``pos`` and ``vals`` from ``starts[s]`` (room for every value), their
+    number to ``counts[s]`` and its NaN/inf count to ``bad[s]``; each exactly as the tensor
+    alone."""
+    for s in prange(starts.size - 1):
+        lo = starts[s]
+        n = starts[s + 1] - lo
+        counts[s] = 0
+        bad[s] = 0
+        if n == 0:
+            continue
+        xs = x[lo : lo + n]
+        length = lengths[s]
+        flags = _flags(length)
+        rows = pos[lo : lo + n].reshape((1, n))
+        vrows = vals[lo : lo + n].reshape((1, n))
+        gm = gmax[bstarts[s] : bstarts[s + 1]]
+        found = nbad = 0
+        for b in range(0, n, length):
+            e = min(n, b + length)
+            found, nb = _adacomp_bin(xs, xs, b, e, length, _bin_max(xs, b, e), flags, rows, vrows, 0, found, gm)
+            nbad += nb
+        counts[s] = found
+        bad[s] = nbad
 
 
 @jit

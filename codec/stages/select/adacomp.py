@@ -40,6 +40,9 @@ class SignScale(Value):
         from codec.ops import store
 
         scale, negative = payload
+        if np.ndim(scale):  # a sparse run (read_kept): each value's own tensor's scale, exact in float64
+            store(np.where(negative.astype(bool), -scale, scale), out, mode)
+            return
         # float32 when that holds the scale exactly (it does for every float32 or 16-bit frame),
         # so the values are rounded once whatever out's dtype; a two-entry table indexed by the
         # sign bits (np.where with scalars took 5x as long)
@@ -49,6 +52,39 @@ class SignScale(Value):
 
     def decoded(self, values, ctx):
         return self.written((ctx.hints["scale"], np.signbit(values)), values.size, ctx)
+
+    def encode_kept(self, values, kstarts, ctxs):
+        """A sparse run's scales and sign bits, each tensor's as :meth:`encode` writes them, in
+        one buffer (one ``put_items``, one ``pack_segments``)."""
+        from codec.kernels import backend
+        from codec.manyframe import Entry
+
+        ks = np.diff(kstarts)
+        starts = np.zeros(ks.size + 1, np.int64)
+        np.cumsum(8 + (ks + 7) // 8, out=starts[1:])
+        data = np.empty(int(starts[-1]), np.uint8)
+        kern = backend("pack", data)
+        scales = np.array([c.hints["scale"] for c in ctxs], np.float64)
+        kern.put_items(scales, np.arange(ks.size + 1, dtype=np.int64), np.full(ks.size, 8, np.int64), data, starts[:-1])
+        kern.pack_segments(np.signbit(values).view(np.uint8), kstarts, 1, data, starts[:-1] + 8)
+        table = [[Entry(SectionKind.SCALARS, 64, 1), Entry(SectionKind.VALUES, 1, k)] for k in ks.tolist()]
+        return table, Section(SectionKind.VALUES, 8, data.size, data), starts
+
+    def read_kept(self, data, sections, counts, dtype):
+        """A sparse run's scales and sign bits read at once: ``(scale per value, sign bits)``,
+        which :meth:`write` decodes (None: a tensor whose sections are not a scale then its
+        sign bits)."""
+        at = np.empty(len(counts), np.int64)
+        bits_at = np.empty(len(counts), np.int64)
+        for t, (secs, k) in enumerate(zip(sections, counts)):
+            if len(secs) != 2 or (secs[0].kind, secs[0].bits, secs[0].count) != (SectionKind.SCALARS, 64, 1) or (secs[1].kind, secs[1].bits, secs[1].count) != (SectionKind.VALUES, 1, k):
+                return None
+            at[t], bits_at[t] = secs[0].offset, secs[1].offset
+        scales = data[at[:, None] + np.arange(8)].view("<f8").reshape(-1)
+        ks = np.asarray(counts, np.int64)
+        j = np.arange(int(ks.sum())) - np.repeat(np.cumsum(ks) - ks, ks)  # each value's index in its tensor
+        negative = (data[np.repeat(bits_at, ks) + (j >> 3)] >> (j & 7).astype(np.uint8)) & 1
+        return np.repeat(scales, ks), negative
 
 
 @register
@@ -99,3 +135,34 @@ class AdaComp(IndexSelect):
         ctx.hints["scale"] = float(round_to(scale, values.dtype))  # exact in every output dtype
         sections.append(encode_indices(idx, n))
         return idx, sent.astype(g.dtype, copy=False)  # a 16-bit g's exact widening, narrowed back
+
+    def select_segments(self, flat, starts, ctxs):
+        """Every tensor's bins in one kernel call (``adacomp_segments``), its scale from its
+        bins' maxima as :meth:`select` takes it, the index sections of all of them in two more."""
+        from codec.kernels import backend
+        from codec.ops import round_to
+        from codec.pack import index_segments
+
+        sizes = np.diff(starts)
+        lengths = np.array([self.length(c.shape) for c in ctxs], np.int64)
+        bstarts = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(-(-sizes // lengths), out=bstarts[1:])
+        gmax = np.empty(int(bstarts[-1]), flat.dtype)
+        pos = np.empty(flat.size, np.int64)  # (only each tensor's first sends are written)
+        vals = np.empty(flat.size, flat.dtype)
+        counts = np.zeros(sizes.size, np.int64)
+        bad = np.zeros(sizes.size, np.int64)
+        backend("select", flat).adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
+        if bad.any():
+            return None  # select() raises the error naming the tensor and position
+        b = bstarts.tolist()
+        scales = [np.sum(gmax[b[t] : b[t + 1]], dtype=np.float64) / (b[t + 1] - b[t]) if b[t + 1] > b[t] else 0.0 for t in range(sizes.size)]
+        for ctx, scale in zip(ctxs, round_to(np.array(scales, np.float64), flat.dtype).tolist()):
+            ctx.hints["scale"] = scale  # exact in every output dtype
+        kstarts = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(counts, out=kstarts[1:])
+        at = np.arange(int(kstarts[-1])) + np.repeat(starts[:-1] - kstarts[:-1], counts)  # tensor t's sends from starts[t]
+        index = index_segments(pos[at], kstarts, sizes)
+        if index is None:
+            return None
+        return pos[at], kstarts, vals[at], index
