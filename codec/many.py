@@ -115,28 +115,35 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
         return c.frame_many([secs], lay, layout, joint=True, out=dest)
     keys = many_keys(keys, len(arrays))
     ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
-    secs, pieces = sections(c, arrays, ctxs)
+    secs, pieces, _ = sections(c, arrays, ctxs)
     return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
 
 
-def sections(c, arrays, ctxs):
+def sections(c, arrays, ctxs, alone=None, use_runs: bool = True):
     """The sections of every tensor (``ctxs[i]`` its context: key, step, state, the name
     errors give it), with the runs an elementwise value stage, a segmented select stage or a
-    value stage's :meth:`codec.stage.Value.encode_run` codes at once; returns ``(sections,
-    pieces)`` for ``Codec.frame_many``."""
+    value stage's :meth:`codec.stage.Value.encode_run` codes at once; ``alone(i)`` gives the
+    sections of a tensor no run codes (default: ``c.sections`` of it); ``use_runs=False``
+    codes every tensor through it.  Returns ``(sections, pieces, ran)`` (``pieces`` for
+    ``Codec.frame_many``; ``ran``: the indices of the tensors runs coded)."""
+    if alone is None:
+        alone = lambda i: c.sections(arrays[i].reshape(-1), ctxs[i])  # noqa: E731
+    if not use_runs:
+        return [alone(i) for i in range(len(arrays))], None, set()
     if c.elementwise:
-        return _elementwise_sections(c, arrays, [ctx.name for ctx in ctxs])
+        return _elementwise_sections(c, arrays, ctxs, alone)
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:
         coded = _select_runs(c, arrays, ctxs, out)
     elif c.transform is None:
         coded = _value_runs(c, arrays, ctxs, out)
-    for i, (a, ctx) in enumerate(zip(arrays, ctxs)):
+    ran = {i for i, secs in enumerate(out) if secs is not None}
+    for i in range(len(arrays)):
         if out[i] is None:
-            out[i] = c.sections(a.reshape(-1), ctx)
+            out[i] = alone(i)
     if not coded:
-        return out, None
+        return out, None, ran
     pieces, skip = [], 0
     for i, secs in enumerate(out):
         if i in coded:
@@ -146,7 +153,7 @@ def sections(c, arrays, ctxs):
             skip -= 1
         else:
             pieces += secs
-    return out, pieces
+    return out, pieces, ran
 
 
 def _concatenated(arrays, groups) -> list:
@@ -176,6 +183,17 @@ def _segment_runs(tensors) -> list[list[int]]:
     """The runs of several small float32/float64 tensors (``(size, dtype)`` pairs) that a
     segmented kernel codes at once: each of at most RUN_ELEMENTS, SEGMENT_ELEMENTS together."""
     return [g for g in runs(tensors, SEGMENT_ELEMENTS, RUN_ELEMENTS) if len(g) > 1 and tensors[g[0]][1] in (np.float32, np.float64)]
+
+
+def feedback_members(c, arrays) -> list[int]:
+    """The indices of the tensors whose error-feedback step a run of the codec ``c`` takes
+    (``acc`` formed first, coded in the run, then ``acc -= decoded`` at once): the members of
+    the segmented runs of a select or quantizer stage.  None for an elementwise codec (its
+    fused per-tensor step, one pass, is faster than a run's three), nor for a select stage
+    that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)."""
+    if c.elementwise or c.transform is not None or (c.select is not None and c.select.sees_gradient):
+        return []
+    return [i for g in _segment_runs([(a.size, a.dtype) for a in arrays]) for i in g]
 
 
 def _starts(sizes) -> np.ndarray:
@@ -247,22 +265,23 @@ def _sparse_piece(index, table, vsec, vstarts):
     return entries, Section(SectionKind.VALUES, 8, int(index.offsets[-1] + vstarts[-1]), fill=fill)
 
 
-def _elementwise_sections(c, arrays, names):
-    """The table sections and payload pieces of an elementwise codec's many-tensor frame:
-    one piece per run of small same-dtype tensors (:func:`runs`), coded at once."""
+def _elementwise_sections(c, arrays, ctxs, alone):
+    """The table sections, payload pieces and run members of an elementwise codec's
+    many-tensor frame: one piece per run of small same-dtype tensors (:func:`runs`), coded
+    at once; a tensor alone through ``alone(i)``."""
     groups = runs([(a.size, a.dtype) for a in arrays])
-    table, pieces = [], []
+    table, pieces, ran = [], [], set()
     for g, flat in zip(groups, _concatenated(arrays, groups)):
         if flat is None:
-            a = arrays[g[0]]
-            secs = c.sections(a.reshape(-1), Context(a.shape, a.dtype, name=names[g[0]]))
+            secs = alone(g[0])
             table.append(secs)
             pieces += secs
             continue
         (piece,) = c.sections(flat, Context(flat.shape, flat.dtype, name="tensors"))
         table += [[Entry(piece.kind, piece.bits, arrays[i].size)] for i in g]
-        pieces.append(_exact_errors(c, piece, [(arrays[i], Context(arrays[i].shape, arrays[i].dtype, name=names[i])) for i in g]))
-    return table, pieces
+        pieces.append(_exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
+        ran.update(g)
+    return table, pieces, ran
 
 
 def _exact_errors(c, piece, members):
@@ -311,18 +330,19 @@ def _targets(mf, out, *, add: bool) -> list:
     return [checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
 
 
-def _read_jobs(c, mf) -> list:
+def _read_jobs(c, mf, only=None) -> list:
     """The jobs of ``mf`` for the codec ``c``: ``(indices, ctx, payload)`` per tensor, or per run of
     small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
-    and compactly read (phase 1 for all tensors before any output is allocated)."""
+    and compactly read (phase 1 for all tensors before any output is allocated).  ``only``:
+    the jobs of these tensors alone (a set of indices; the others are not read)."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
         mf.finish()
         return jobs
-    known = _known_positions(c, mf)
+    known = _known_positions(c, mf, only)
     value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
-    sparse_runs = len(mf) > 0 and known[0] is not None  # every tensor's positions read at once
+    sparse_runs = any(k is not None for k in known)  # every tensor's positions (of only) read at once
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes))
     elif value_runs or sparse_runs:  # a zstd payload is decompressed section by section as the stages read it
@@ -331,6 +351,8 @@ def _read_jobs(c, mf) -> list:
         groups = sorted(groups + [[i] for i in alone])
     else:
         groups = [[i] for i in range(len(mf))]
+    if only is not None:
+        groups = [g for g in groups if all(i in only for i in g)]
     jobs = []
     for g in groups:
         if len(g) == 1:
@@ -343,7 +365,8 @@ def _read_jobs(c, mf) -> list:
             jobs += [([i], *c._read(mf.tensor(i), known[i])) for i in g]
         else:
             jobs.append(job)
-    mf.finish()
+    if only is None:
+        mf.finish()
     return jobs
 
 
@@ -378,15 +401,23 @@ def _sparse_run_job(c, mf, run, known):
     return run, ctx, payload
 
 
-def _known_positions(c, mf) -> list:
-    """Per tensor, its positions when the codec's select stage reads every tensor's at once
-    (:meth:`codec.stage.Select.positions_segments`); else None for each (each tensor's
-    positions are then read, and refused, by the stage itself)."""
+def _known_positions(c, mf, only=None) -> list:
+    """Per tensor, its positions when the codec's select stage reads every tensor's (or those
+    of ``only``) at once (:meth:`codec.stage.Select.positions_segments`); else None for each
+    (each tensor's positions are then read, and refused, by the stage itself)."""
     none = [None] * len(mf)
     if c.select is None or c.transform is not None or not isinstance(mf.payload, memoryview):
         return none  # a zstd payload is decompressed section by section as the stages read it
-    got = c.select.positions_segments(np.frombuffer(mf.payload, np.uint8), mf.tensor_sections, mf.layout.sizes) if len(mf) else None
-    return none if got is None else got
+    idx = range(len(mf)) if only is None else sorted(only)
+    if not idx:
+        return none
+    secs, sizes = mf.tensor_sections, mf.layout.sizes
+    got = c.select.positions_segments(np.frombuffer(mf.payload, np.uint8), [secs[i] for i in idx], [sizes[i] for i in idx])
+    if got is None:
+        return none
+    for i, pos in zip(idx, got):
+        none[i] = pos
+    return none
 
 
 def _run_frame(mf, run):
@@ -450,9 +481,20 @@ def decode(c, mf, out=None):
 
 def decode_add(c, mf, out, subtract=False):
     """``codec.decode_add_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
-    targets = _targets(mf, out, add=True)
-    jobs = _read_jobs(c, mf)
-    mode = SUB if subtract else ADD
+    _add_jobs(c, mf, _read_jobs(c, mf), _targets(mf, out, add=True), SUB if subtract else ADD)
+    return out
+
+
+def subtract(c, mf, targets: dict) -> None:
+    """``targets[i] -= decoded tensor i`` (flat arrays of the frame's dtypes, rounded once as
+    ``decode_add_many`` does) for the tensors ``targets`` names, reading the rest of ``mf``
+    only to check it: the error-feedback step of the tensors a many-tensor run coded."""
+    full = [targets.get(i) for i in range(len(mf))]
+    _add_jobs(c, mf, _read_jobs(c, mf, set(targets)), full, SUB)
+
+
+def _add_jobs(c, mf, jobs, targets, mode) -> None:
+    """``targets[i] (+|-)= decoded tensor i`` for every tensor of ``jobs`` (from :func:`_read_jobs`)."""
     for idx, ctx, payload in jobs:
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
@@ -470,7 +512,6 @@ def decode_add(c, mf, out, subtract=False):
             for i in idx:
                 at = mf.layout.starts[i] - mf.layout.starts[idx[0]]
                 store(whole[at : at + targets[i].size], targets[i], mode)  # rounded once, as decode_add
-    return out
 
 
 def decode_sparse(c, mf) -> list:

@@ -274,6 +274,12 @@ class Select(Stage):
         :meth:`select`'s own handling (its error on a NaN)."""
         return None
 
+    #: under error feedback the selection depends on the new gradient as well as on ``acc = x
+    #: + residual`` (AdaComp's ``|G + dW|``), so it is not the selection of ``acc`` alone:
+    #: error feedback's many-tensor runs, which code ``acc``, leave such a stage to each
+    #: tensor's own step
+    sees_gradient: ClassVar[bool] = False
+
     def positions_segments(self, data, sections, sizes) -> list | None:
         """Every tensor's positions of a many-tensor frame read at once: ``data`` the raw
         payload (uint8), ``sections[t]`` tensor t's section infos (offsets into ``data``),

@@ -7,6 +7,8 @@ frame is a CorruptFrameError."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -644,6 +646,26 @@ def test_forged_randomk_runs_are_refused():
     f[at : at + 8] = np.uint64(0).tobytes()
     with pytest.raises(codec.CorruptFrameError, match="carries"):
         codec.decode_many(bytes(f))
+
+
+@pytest.mark.parametrize(
+    "spec", ["qsgd", "minmax(bits=4,rounding=stochastic)", "rangefloat(bits=8)", "topk(ratio=0.05)", "topk(ratio=0.05)+fp16", "dgc(ratio=0.05)",
+             "gaussiank(ratio=0.05)", "randomk(ratio=0.1,scale=True)", "adacomp", "topk(ratio=0.1)+qsgd", "qsgd+zstd"]
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_error_feedback_runs_equal_each_tensors_step(spec, dtype):
+    """ErrorFeedback.encode_many codes a run's acc = x + residual at once and subtracts the
+    run's decoded values at once: frames and residuals are bit for bit those of each tensor's
+    own step (fused or not), over several steps."""
+    together, alone = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    for step in range(3):
+        ts = quant_model(dtype, seed=30 + step)
+        ts["w8"] = ts["w8"] / (1e300 if dtype == np.float64 else 1)
+        frame = together.encode_many(ts)
+        got = codec.decode_many(frame)
+        for k, x in ts.items():
+            assert got[k].tobytes() == codec.decode(alone.encode(x, key=k)).tobytes(), (step, k)
+        assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step  # residuals, steps, stage state
 
 
 # ------------------------------------------------------------------ joint: the whole-model variant

@@ -91,11 +91,13 @@ class ErrorFeedback:
         lay = Layout.of(arrays, names)
         if not self.residuals:  # the codec's frame at each key's step: its runs apply
             ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
-            sections, pieces = many.sections(self.codec, arrays, ctxs)
+            sections, pieces, _ = many.sections(self.codec, arrays, ctxs)
             frame = self.codec.frame_many(sections, lay, layout, pieces=pieces, out=dest)
             for s, ctx in zip(slots, ctxs):
                 self._advance(s, ctx.state)
             return frame
+        if not self.momentum:
+            return self._encode_runs(arrays, slots, named, lay, layout, dest)
         begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
         frame = self.codec.frame_many([b[0] for b in begun], lay, layout, out=dest)
         parsed = []
@@ -108,6 +110,40 @@ class ErrorFeedback:
         installs = [finish(lambda i=i: tensor_frame(i)) for i, (_, finish) in enumerate(begun)]
         for install in installs:  # only once every tensor has finished
             install()
+        return frame
+
+    def _encode_runs(self, arrays, slots, named, lay, layout, dest) -> bytes:
+        """:meth:`encode_many` without momentum: the tensors a many-tensor run codes take the
+        generic step together: ``acc = x + residual`` (into each slot's spare), the run coded
+        at once, then ``acc -= decoded`` for all of them through the frame's runs
+        (:func:`codec.many.subtract`), bit for bit what each one's own step gives (the fused
+        steps equal the generic one).  Every other tensor takes its own step (fused where
+        its stages fuse it), as :meth:`encode` would; nothing changes until all finished."""
+        c = self.codec
+        ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
+        accs = [None] * len(arrays)
+        members = many.feedback_members(c, arrays)
+        for i in members:
+            accs[i] = slots[i].take_spare()
+            np.add(arrays[i], slots[i].residual, out=accs[i])
+        finishes: dict = {}
+
+        def alone(i):
+            sections, finishes[i] = self._feedback(arrays[i], slots[i], ctxs[i])
+            return sections
+
+        inputs = [a if acc is None else acc for a, acc in zip(arrays, accs)]
+        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, use_runs=bool(members))
+        frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
+        mf = parse_many(frame, layout=lay, verify_payload=False)
+        many.subtract(c, mf, {i: accs[i].reshape(-1) for i in ran})
+        commits = [finishes[i](lambda i=i: mf.tensor(i))[0] for i in sorted(finishes)]
+        for commit in commits:  # only once every tensor has finished
+            commit()
+        for i in ran:
+            slots[i].commit(accs[i])
+        for s, ctx in zip(slots, ctxs):
+            self._advance(s, ctx.state)
         return frame
 
     def _encode_joint(self, tensors, key, layout: str, out) -> bytes:

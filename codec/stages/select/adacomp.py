@@ -93,6 +93,7 @@ class AdaComp(IndexSelect):
 
     name = "adacomp"
     default_value = SignScale
+    sees_gradient = True  # |G + dW| >= max |G|: dW on its own, not only G
     params = (Param("bin", int, None, f"bin length L; auto = {CONV_BIN} if ndim >= 3 else {FC_BIN}", low=1, high=MAX_ELEMENTS, auto=True),)
 
     def length(self, shape) -> int:
