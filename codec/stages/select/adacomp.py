@@ -7,7 +7,7 @@ import numpy as np
 
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.ops import readonly
-from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite
+from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite, segment_room, segments_picked
 from codec.params import Param
 from codec.stage import Value, register
 
@@ -142,17 +142,14 @@ class AdaComp(IndexSelect):
         bins' maxima as :meth:`select` takes it, the index sections of all of them in two more."""
         from codec.kernels import backend
         from codec.ops import round_to
-        from codec.pack import index_segments
 
         sizes = np.diff(starts)
         lengths = np.array([self.length(c.shape) for c in ctxs], np.int64)
         bstarts = np.zeros(sizes.size + 1, np.int64)
         np.cumsum(-(-sizes // lengths), out=bstarts[1:])
         gmax = np.empty(int(bstarts[-1]), flat.dtype)
-        pos = np.empty(flat.size, np.int64)  # (only each tensor's first sends are written)
+        room, pos, counts, bad = segment_room(sizes)  # (only each tensor's first sends are written)
         vals = np.empty(flat.size, flat.dtype)
-        counts = np.zeros(sizes.size, np.int64)
-        bad = np.zeros(sizes.size, np.int64)
         backend("select", flat).adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
         if bad.any():
             return None  # select() raises the error naming the tensor and position
@@ -160,10 +157,4 @@ class AdaComp(IndexSelect):
         scales = [np.sum(gmax[b[t] : b[t + 1]], dtype=np.float64) / (b[t + 1] - b[t]) if b[t + 1] > b[t] else 0.0 for t in range(sizes.size)]
         for ctx, scale in zip(ctxs, round_to(np.array(scales, np.float64), flat.dtype).tolist()):
             ctx.hints["scale"] = scale  # exact in every output dtype
-        kstarts = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(counts, out=kstarts[1:])
-        at = np.arange(int(kstarts[-1])) + np.repeat(starts[:-1] - kstarts[:-1], counts)  # tensor t's sends from starts[t]
-        index = index_segments(pos[at], kstarts, sizes)
-        if index is None:
-            return None
-        return pos[at], kstarts, vals[at], index
+        return segments_picked(flat, starts, room, pos, counts, vals)

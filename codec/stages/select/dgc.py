@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from codec.stages.select.magnitude import MagnitudeSelect, k_of
+from codec.stages.select.magnitude import MagnitudeSelect, k_of, segment_room, segments_picked
 from codec.params import Param, ratio
 from codec.stage import register
 
@@ -54,7 +54,6 @@ class DGC(MagnitudeSelect):
         sections of all of them in two more (``codec.pack.index_segments``), their values in
         one gather."""
         from codec.kernels import backend
-        from codec.pack import index_segments
 
         sizes = np.diff(starts)
         ratios = np.array([self.at("ratio", c.step) for c in ctxs], np.float64)
@@ -63,19 +62,8 @@ class DGC(MagnitudeSelect):
         strides = np.where(sizes <= m, 1, sizes // np.maximum(m, 1))
         drawn = -(-sizes // strides)
         picks = np.minimum(np.maximum(1, np.ceil(ratios * drawn)), drawn).astype(np.int64)
-        caps = np.minimum(sizes, np.floor(1.3 * ks).astype(np.int64) + 1)
-        room = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(caps, out=room[1:])
-        out = np.empty(int(room[-1]), np.int64)
-        counts = np.zeros(sizes.size, np.int64)
-        bad = np.zeros(sizes.size, np.uint8)
-        backend("select", flat).dgc_segments(flat, starts, ks, strides, picks, RETRIES, room, out, counts, bad)
+        room, pos, counts, bad = segment_room(np.minimum(sizes, np.floor(1.3 * ks).astype(np.int64) + 1))
+        backend("select", flat).dgc_segments(flat, starts, ks, strides, picks, RETRIES, room, pos, counts, bad)
         if bad.any():
             return None  # select() raises the error naming the tensor and position
-        kstarts = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(counts, out=kstarts[1:])
-        pos = out[np.arange(room[-1]) - np.repeat(room[:-1], caps) < np.repeat(counts, caps)]
-        index = index_segments(pos, kstarts, sizes)
-        if index is None:
-            return None
-        return pos, kstarts, flat[pos + np.repeat(starts[:-1], counts)], index
+        return segments_picked(flat, starts, room, pos, counts)

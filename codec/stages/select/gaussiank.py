@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from codec.stages.select.magnitude import MagnitudeSelect, k_of
+from codec.stages.select.magnitude import MagnitudeSelect, k_of, segment_room, segments_picked
 from codec.params import Param, ratio
 from codec.stage import register
 
@@ -59,7 +59,6 @@ class GaussianK(MagnitudeSelect):
 
         from codec.kernels import backend
         from codec.layout import CHUNK, LANES
-        from codec.pack import index_segments
 
         sizes = np.diff(starts)
         if sizes.size and sizes.max() > CHUNK:  # one chunk of sums per tensor
@@ -73,24 +72,13 @@ class GaussianK(MagnitudeSelect):
             zs = np.array([memo[r] if r in memo else memo.setdefault(r, _z(r)) for r in ratios])
         wide = flat.astype(np.float64)
         shifts = np.array([float(wide[a:b].mean()) if b > a else 0.0 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
-        caps = np.minimum(sizes, ks if self.exact else 4 * ks // 3)
-        room = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(caps, out=room[1:])
-        out = np.empty(int(room[-1]), np.int64)
-        counts = np.zeros(sizes.size, np.int64)
-        bad = np.zeros(sizes.size, np.uint8)
+        room, pos, counts, bad = segment_room(np.minimum(sizes, ks if self.exact else 4 * ks // 3))
         kern = backend("select", flat)
         if self.exact:
-            kern.topk_segments(flat, starts, ks, room, out, bad)
+            kern.topk_segments(flat, starts, ks, room, pos, bad)
             counts[:] = ks
         else:
-            kern.gaussiank_segments(flat, starts, shifts, zs, LANES, ks, room, out, counts, bad)
+            kern.gaussiank_segments(flat, starts, shifts, zs, LANES, ks, room, pos, counts, bad)
         if bad.any():
             return None  # select() raises the error naming the tensor and position
-        kstarts = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(counts, out=kstarts[1:])
-        pos = out[np.arange(room[-1]) - np.repeat(room[:-1], caps) < np.repeat(counts, caps)]
-        index = index_segments(pos, kstarts, sizes)
-        if index is None:
-            return None
-        return pos, kstarts, flat[pos + np.repeat(starts[:-1], counts)], index
+        return segments_picked(flat, starts, room, pos, counts)

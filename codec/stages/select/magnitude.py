@@ -61,6 +61,33 @@ def collect(run, nchunk: int, cap: int, vdtype=None):
     return out, (vout if vdtype is not None else None)
 
 
+def segment_room(caps):
+    """Room for a segmented selection kernel whose tensor ``t`` finds at most ``caps[t]``
+    positions: ``(room, pos, counts, bad)``, tensor t writing from ``pos[room[t]]`` (``room``
+    holds ``len(caps) + 1`` offsets), its count and NaN/inf flag into ``counts[t]``, ``bad[t]``."""
+    room = np.zeros(len(caps) + 1, np.int64)
+    np.cumsum(caps, out=room[1:])
+    return room, np.empty(int(room[-1]), np.int64), np.zeros(len(caps), np.int64), np.zeros(len(caps), np.int64)
+
+
+def segments_picked(flat, starts, room, pos, counts, values=None):
+    """:meth:`codec.stage.Select.select_segments`' answer from a segmented kernel's finds
+    (tensor t's ``counts[t]`` sorted positions from ``pos[room[t]]``): the positions packed,
+    their starts, the kept values (``values`` at the finds' places, else gathered from
+    ``flat``) and every tensor's index section at once; None when the index coder cannot
+    take them at once (each tensor then selects alone)."""
+    from codec.pack import index_segments
+
+    kstarts = np.zeros(counts.size + 1, np.int64)
+    np.cumsum(counts, out=kstarts[1:])
+    at = np.arange(int(kstarts[-1])) + np.repeat(room[:-1] - kstarts[:-1], counts)
+    picked = pos[at]
+    index = index_segments(picked, kstarts, np.diff(starts))
+    if index is None:
+        return None
+    return picked, kstarts, (values[at] if values is not None else flat[picked + np.repeat(starts[:-1], counts)]), index
+
+
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
     from codec.ops import first_nonfinite
 

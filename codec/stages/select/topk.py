@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from codec.stages.select.magnitude import MagnitudeSelect, k_of
+from codec.stages.select.magnitude import MagnitudeSelect, k_of, segment_room, segments_picked
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, ratio
 from codec.stage import register
@@ -38,18 +38,12 @@ class TopK(MagnitudeSelect):
         import numpy as np
 
         from codec.kernels import backend
-        from codec.pack import index_segments
 
         sizes = np.diff(starts)
         ks = np.array([self.kept(int(n), c.step) for n, c in zip(sizes, ctxs)], np.int64)  # (at most n)
-        out_starts = np.zeros(ks.size + 1, np.int64)
-        np.cumsum(ks, out=out_starts[1:])
-        pos = np.empty(int(out_starts[-1]), np.int64)
-        bad = np.zeros(ks.size, np.uint8)
-        backend("select", flat).topk_segments(flat, starts, ks, out_starts, pos, bad)
+        room, pos, counts, bad = segment_room(ks)
+        backend("select", flat).topk_segments(flat, starts, ks, room, pos, bad)
         if bad.any():
             return None  # select() raises the error naming the tensor and position
-        index = index_segments(pos, out_starts, sizes)  # every tensor's index section in two kernel calls
-        if index is None:
-            return None
-        return pos, out_starts, flat[pos + np.repeat(starts[:-1], ks)], index  # the values: one gather for all
+        counts[:] = ks
+        return segments_picked(flat, starts, room, pos, counts)
