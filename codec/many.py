@@ -11,6 +11,8 @@ elementwise codec at once) before writing any output.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from codec.dtypes import as_float_array, checked_out
@@ -67,6 +69,24 @@ def runs(tensors, total: int = RUN_ELEMENTS, each: int | None = None) -> list[li
 SEGMENT_ELEMENTS = 1 << 20
 
 
+@dataclass(frozen=True)
+class RunShape:
+    """Which consecutive float32/float64 tensors a select or quantizer run holds: each of at
+    most ``each`` elements, at least ``least`` of them, SEGMENT_ELEMENTS together."""
+
+    each: int = RUN_ELEMENTS
+    least: int = 2
+
+
+#: the runs of encode_many and decode_many
+RUNS = RunShape()
+#: error feedback's runs (:func:`feedback_members`): a larger tensor's fused step (one pass
+#: over memory) costs less than its share of a run's generic step (three), and a run of a
+#: few tensors pays more fixed cost than their fused steps (ResNet-50's pairs of norm
+#: tensors between convolutions ran 18.9 -> 21.3 ms a step as runs)
+FEEDBACK_RUNS = RunShape(1 << 14, 8)
+
+
 def joined(arrays) -> np.ndarray:
     """The flat concatenation of ``arrays`` (all of one dtype: ValueError naming ``tensors``
     otherwise), what a joint many-tensor frame codes."""
@@ -119,13 +139,13 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
 
 
-def sections(c, arrays, ctxs, alone=None, use_runs: bool = True):
+def sections(c, arrays, ctxs, alone=None, use_runs: bool = True, shape: RunShape = RUNS):
     """The sections of every tensor (``ctxs[i]`` its context: key, step, state, the name
     errors give it), with the runs an elementwise value stage, a segmented select stage or a
     value stage's :meth:`codec.stage.Value.encode_run` codes at once; ``alone(i)`` gives the
     sections of a tensor no run codes (default: ``c.sections`` of it); ``use_runs=False``
-    codes every tensor through it.  Returns ``(sections, pieces, ran)`` (``pieces`` for
-    ``Codec.frame_many``; ``ran``: the indices of the tensors runs coded)."""
+    codes every tensor through it; ``shape``: the select and quantizer runs'.  Returns ``(sections, pieces, ran)`` (``pieces`` for ``Codec.frame_many``;
+    ``ran``: the indices of the tensors runs coded)."""
     if alone is None:
         alone = lambda i: c.sections(arrays[i].reshape(-1), ctxs[i])  # noqa: E731
     if not use_runs:
@@ -135,9 +155,9 @@ def sections(c, arrays, ctxs, alone=None, use_runs: bool = True):
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:
-        coded = _select_runs(c, arrays, ctxs, out)
+        coded = _select_runs(c, arrays, ctxs, out, shape)
     elif c.transform is None:
-        coded = _value_runs(c, arrays, ctxs, out)
+        coded = _value_runs(c, arrays, ctxs, out, shape)
     ran = {i for i, secs in enumerate(out) if secs is not None}
     for i in range(len(arrays)):
         if out[i] is None:
@@ -179,10 +199,10 @@ def _concatenated(arrays, groups) -> list:
     return out
 
 
-def _segment_runs(tensors) -> list[list[int]]:
-    """The runs of several small float32/float64 tensors (``(size, dtype)`` pairs) that a
-    segmented kernel codes at once: each of at most RUN_ELEMENTS, SEGMENT_ELEMENTS together."""
-    return [g for g in runs(tensors, SEGMENT_ELEMENTS, RUN_ELEMENTS) if len(g) > 1 and tensors[g[0]][1] in (np.float32, np.float64)]
+def _segment_runs(tensors, shape: RunShape = RUNS) -> list[list[int]]:
+    """The runs (:class:`RunShape`) of the tensors (``(size, dtype)`` pairs) that a segmented
+    kernel codes at once."""
+    return [g for g in runs(tensors, SEGMENT_ELEMENTS, shape.each) if len(g) >= shape.least and tensors[g[0]][1] in (np.float32, np.float64)]
 
 
 def feedback_members(c, arrays) -> list[int]:
@@ -193,7 +213,7 @@ def feedback_members(c, arrays) -> list[int]:
     that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)."""
     if c.elementwise or c.transform is not None or (c.select is not None and c.select.sees_gradient):
         return []
-    return [i for g in _segment_runs([(a.size, a.dtype) for a in arrays]) for i in g]
+    return [i for g in _segment_runs([(a.size, a.dtype) for a in arrays], FEEDBACK_RUNS) for i in g]
 
 
 def _starts(sizes) -> np.ndarray:
@@ -203,11 +223,11 @@ def _starts(sizes) -> np.ndarray:
     return starts
 
 
-def _value_runs(c, arrays, ctxs, out) -> dict:
+def _value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
     """Code every run of small float32/float64 tensors that the value stage codes at once
     (:meth:`codec.stage.Value.encode_run`): ``out[i]`` its table entries, and per run
     ``{first index: (members after the first, payload piece)}``; the others stay None."""
-    groups = _segment_runs([(a.size, a.dtype) for a in arrays])
+    groups = _segment_runs([(a.size, a.dtype) for a in arrays], shape)
     coded = {}
     for g, flat in zip(groups, _concatenated(arrays, groups)):
         got = c.value.encode_run(flat, _starts([arrays[i].size for i in g]), [ctxs[i] for i in g])
@@ -220,13 +240,13 @@ def _value_runs(c, arrays, ctxs, out) -> dict:
     return coded
 
 
-def _select_runs(c, arrays, ctxs, out) -> dict:
+def _select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
     """Code every run of small float32/float64 tensors that the select stage selects in at
     once (:meth:`codec.stage.Select.select_segments`), as :func:`_value_runs` does: with an
     elementwise value stage, the run's kept values are coded at once too and the run is one
     payload piece (``{first index: (members after the first, piece)}``); else each tensor's
     values are coded on their own (``out[i]`` its sections).  The others stay None."""
-    groups = _segment_runs([(a.size, a.dtype) for a in arrays])
+    groups = _segment_runs([(a.size, a.dtype) for a in arrays], shape)
     coded = {}
     for g, flat in zip(groups, _concatenated(arrays, groups)):
         members = [ctxs[i] for i in g]
@@ -330,11 +350,12 @@ def _targets(mf, out, *, add: bool) -> list:
     return [checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
 
 
-def _read_jobs(c, mf, only=None) -> list:
+def _read_jobs(c, mf, only=None, shape: RunShape = RUNS) -> list:
     """The jobs of ``mf`` for the codec ``c``: ``(indices, ctx, payload)`` per tensor, or per run of
     small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
     and compactly read (phase 1 for all tensors before any output is allocated).  ``only``:
-    the jobs of these tensors alone (a set of indices; the others are not read)."""
+    the jobs of these tensors alone (a set of indices; the others are not read); ``shape``:
+    the select and quantizer runs' (as they were encoded)."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
@@ -346,13 +367,16 @@ def _read_jobs(c, mf, only=None) -> list:
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes))
     elif value_runs or sparse_runs:  # a zstd payload is decompressed section by section as the stages read it
-        groups = _segment_runs(list(zip(lay.sizes, lay.dtypes)))
+        groups = _segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
         alone = set(range(len(mf))) - {i for g in groups for i in g}
         groups = sorted(groups + [[i] for i in alone])
     else:
         groups = [[i] for i in range(len(mf))]
-    if only is not None:
-        groups = [g for g in groups if all(i in only for i in g)]
+    if only is not None:  # a run only partly asked for: its tensors asked for, each alone
+        asked = []
+        for g in groups:
+            asked += [g] if all(i in only for i in g) else [[i] for i in g if i in only]
+        groups = asked
     jobs = []
     for g in groups:
         if len(g) == 1:
@@ -485,12 +509,13 @@ def decode_add(c, mf, out, subtract=False):
     return out
 
 
-def subtract(c, mf, targets: dict) -> None:
+def subtract(c, mf, targets: dict, shape: RunShape = RUNS) -> None:
     """``targets[i] -= decoded tensor i`` (flat arrays of the frame's dtypes, rounded once as
-    ``decode_add_many`` does) for the tensors ``targets`` names, reading the rest of ``mf``
-    only to check it: the error-feedback step of the tensors a many-tensor run coded."""
+    ``decode_add_many`` does) for the tensors ``targets`` names (the others are not read):
+    the error-feedback step of the tensors a many-tensor run coded (``shape`` as
+    :func:`sections` took it, so they are read in the same runs)."""
     full = [targets.get(i) for i in range(len(mf))]
-    _add_jobs(c, mf, _read_jobs(c, mf, set(targets)), full, SUB)
+    _add_jobs(c, mf, _read_jobs(c, mf, set(targets), shape), full, SUB)
 
 
 def _add_jobs(c, mf, jobs, targets, mode) -> None:

@@ -653,19 +653,29 @@ def test_forged_randomk_runs_are_refused():
              "gaussiank(ratio=0.05)", "randomk(ratio=0.1,scale=True)", "adacomp", "topk(ratio=0.1)+qsgd", "qsgd+zstd"]
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_error_feedback_runs_equal_each_tensors_step(spec, dtype):
+def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
     """ErrorFeedback.encode_many codes a run's acc = x + residual at once and subtracts the
-    run's decoded values at once: frames and residuals are bit for bit those of each tensor's
-    own step (fused or not), over several steps."""
+    run's decoded values at once (runs of at least 8 tensors of at most 16,384 elements,
+    many.FEEDBACK_RUNS): frames and residuals are bit for bit those of each tensor's own step
+    (fused or not), over several steps."""
+    from codec import many
+
+    ran = []
+    real = many.subtract
+    monkeypatch.setattr(many, "subtract", lambda c, mf, targets, shape: ran.append(len(targets)) or real(c, mf, targets, shape))
     together, alone = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 16384, 20000, 3, 5, 11, 13, 17, 19, 23, 29, 70000]
     for step in range(3):
-        ts = quant_model(dtype, seed=30 + step)
-        ts["w8"] = ts["w8"] / (1e300 if dtype == np.float64 else 1)
+        rng = np.random.default_rng(30 + step)
+        ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-6, 3)).astype(dtype) for i, n in enumerate(sizes)}
+        ts["w4"][:] = 0
+        ts["w3"] = ts["w3"].reshape(3, 100)
         frame = together.encode_many(ts)
         got = codec.decode_many(frame)
         for k, x in ts.items():
             assert got[k].tobytes() == codec.decode(alone.encode(x, key=k)).tobytes(), (step, k)
         assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step  # residuals, steps, stage state
+    assert ran and all(n == (0 if spec == "adacomp" else 18) for n in ran)  # two runs: 10 tensors, 8 tensors; AdaComp none
 
 
 # ------------------------------------------------------------------ joint: the whole-model variant

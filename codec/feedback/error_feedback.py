@@ -133,10 +133,10 @@ class ErrorFeedback:
             return sections
 
         inputs = [a if acc is None else acc for a, acc in zip(arrays, accs)]
-        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, use_runs=bool(members))
+        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, use_runs=bool(members), shape=many.FEEDBACK_RUNS)
         frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
         mf = parse_many(frame, layout=lay, verify_payload=False)
-        many.subtract(c, mf, {i: accs[i].reshape(-1) for i in ran})
+        many.subtract(c, mf, {i: accs[i].reshape(-1) for i in ran}, many.FEEDBACK_RUNS)
         commits = [finishes[i](lambda i=i: mf.tensor(i))[0] for i in sorted(finishes)]
         for commit in commits:  # only once every tensor has finished
             commit()

@@ -255,9 +255,10 @@ def max_field_segments(data, dstarts, bits, starts, fmask, fshift):
     return (top.max() if count else U(0)) >> U(fshift)
 
 
-@jit
+@jit(inline="always")
 def _max_field_chunk(data, bits, n, fmask, c):
-    """The largest ``code & fmask`` of chunk ``c`` of :func:`max_field`."""
+    """The largest ``code & fmask`` of chunk ``c`` of :func:`max_field` (inlined in Numba's IR:
+    as an ordinary call it ran ~15% slower)."""
     mask = (U(1) << U(bits)) - U(1)
     fm = U(fmask) & mask
     full = min(n // 8, _groups_safe(data.size, bits))

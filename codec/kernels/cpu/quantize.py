@@ -172,9 +172,11 @@ def minifloat_encode_segments(x, starts, blocks, bstarts, emin, m, maxmag, signp
         bad[t] = nb
 
 
-@jit
+@jit(inline="always")
 def _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub):
-    """Work unit ``u`` of :func:`minifloat_encode`; returns its NaN/inf count."""
+    """Work unit ``u`` of :func:`minifloat_encode`; returns its NaN/inf count.  Inlined in
+    Numba's IR: as an ordinary call the fused error-feedback pass (``sub``) ran 2.8x slower
+    (12.7 -> 36 ms for 25M float32)."""
     n = x.size
     half = (U(1) << U(51 - m)) - U(1)
     odd0 = U(m == 0)  # no mantissa bits: the kept part is the implicit 1, always odd
