@@ -1,27 +1,25 @@
 """Many tensors in one call: ``Codec.encode_many`` and ``codec.decode_many`` /
 ``decode_add_many`` / ``decode_sparse_many`` (the format, v2, is :mod:`codec.manyframe`).
 
-Encoding runs every tensor's stages with its own context, except where a stage can do many
-at once: an elementwise value stage alone codes each run of small same-dtype tensors with one
-kernel call over their concatenation (``Value.elementwise``), and a select stage may select
-in a run with one segmented kernel call (``Select.select_segments``).  Either way the frame
-holds the bytes per-tensor coding gives.  Decoding reads every tensor's sections (a run of an
-elementwise codec at once) before writing any output.
+Encoding runs every tensor's stages with its own context, except where a stage can code a
+run of small tensors at once (:mod:`codec.runs`: an elementwise value stage, a quantizer's
+``encode_run``, a select stage's ``select_segments``); either way the frame holds the bytes
+per-tensor coding gives.  Decoding reads every tensor's sections (a run at once, with the
+stages' ``read_run``, ``positions_segments`` and ``read_kept``) before writing any output;
+:func:`subtract` is error feedback's decoding of the tensors its runs coded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from codec.dtypes import as_float_array, checked_out
-from codec.errors import NonFiniteError
-from codec.frame import Frame, Section, SectionInfo, SectionKind
+from codec.frame import Frame, SectionInfo
 from codec.framebuffer import frame_out
-from codec.manyframe import VERSION, Entry, Layout
+from codec.manyframe import VERSION, Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import WIDE, scatter_checked, scratch, store, wide_dtype
+from codec.runs import RUNS, SEGMENT_ELEMENTS, RunShape, elementwise_sections, runs, segment_runs, select_runs, value_runs
 from codec.stage import Context, check_step
 
 
@@ -37,54 +35,6 @@ def many_inputs(tensors, argname: str = "tensors"):
     if isinstance(tensors, (list, tuple)):
         return None, [as_float_array(v, None, f"{argname}[{i}]") for i, v in enumerate(tensors)]
     raise TypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
-
-
-#: the most elements of one run (:func:`runs`): a run is coded through one buffer of this
-#: size at most, which stays in cache and is recycled by the allocator (a larger one would
-#: be page-faulted afresh on every call); a larger tensor runs alone
-RUN_ELEMENTS = 1 << 16
-
-
-def runs(tensors, total: int = RUN_ELEMENTS, each: int | None = None) -> list[list[int]]:
-    """Indices of ``tensors`` (``(size, dtype)`` pairs) grouped into maximal runs of
-    consecutive tensors of one dtype holding at most ``total`` elements together (default
-    :data:`RUN_ELEMENTS`), each of at most ``each`` (default ``total``); a tensor beyond
-    either is a run of its own."""
-    each = total if each is None else each
-    out: list[list[int]] = []
-    prev, count = None, 0  # the dtype and size of the run being extended (None: closed)
-    for i, (size, dtype) in enumerate(tensors):
-        if prev is not None and dtype == prev and size <= each and count + size <= total:
-            out[-1].append(i)
-            count += size
-        else:
-            out.append([i])
-            prev, count = (dtype, size) if size <= each else (None, 0)
-    return out
-
-
-#: a select stage's runs (:meth:`codec.stage.Select.select_segments`): tensors of at most
-#: RUN_ELEMENTS elements, up to this many together, so one kernel call spans enough data to
-#: run on every thread (its scratch buffer is reused from call to call)
-SEGMENT_ELEMENTS = 1 << 20
-
-
-@dataclass(frozen=True)
-class RunShape:
-    """Which consecutive float32/float64 tensors a select or quantizer run holds: each of at
-    most ``each`` elements, at least ``least`` of them, SEGMENT_ELEMENTS together."""
-
-    each: int = RUN_ELEMENTS
-    least: int = 2
-
-
-#: the runs of encode_many and decode_many
-RUNS = RunShape()
-#: error feedback's runs (:func:`feedback_members`): a larger tensor's fused step (one pass
-#: over memory) costs less than its share of a run's generic step (three), and a run of a
-#: few tensors pays more fixed cost than their fused steps (ResNet-50's pairs of norm
-#: tensors between convolutions ran 18.9 -> 21.3 ms a step as runs)
-FEEDBACK_RUNS = RunShape(1 << 14, 8)
 
 
 def joined(arrays) -> np.ndarray:
@@ -151,13 +101,13 @@ def sections(c, arrays, ctxs, alone=None, use_runs: bool = True, shape: RunShape
     if not use_runs:
         return [alone(i) for i in range(len(arrays))], None, set()
     if c.elementwise:
-        return _elementwise_sections(c, arrays, ctxs, alone)
+        return elementwise_sections(c, arrays, ctxs, alone)
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:
-        coded = _select_runs(c, arrays, ctxs, out, shape)
+        coded = select_runs(c, arrays, ctxs, out, shape)
     elif c.transform is None:
-        coded = _value_runs(c, arrays, ctxs, out, shape)
+        coded = value_runs(c, arrays, ctxs, out, shape)
     ran = {i for i, secs in enumerate(out) if secs is not None}
     for i in range(len(arrays)):
         if out[i] is None:
@@ -174,153 +124,6 @@ def sections(c, arrays, ctxs, alone=None, use_runs: bool = True, shape: RunShape
         else:
             pieces += secs
     return out, pieces, ran
-
-
-def _concatenated(arrays, groups) -> list:
-    """Per group of several tensors, their flat concatenation (None for a group of one), each
-    in its own slice of one reused buffer per dtype (``codec.ops.scratch``), all alive at once."""
-    need: dict = {}
-    for g in groups:
-        if len(g) > 1:
-            dt = arrays[g[0]].dtype
-            need[dt] = need.get(dt, 0) + sum(arrays[i].size for i in g)
-    room = {dt: scratch(n, dt) for dt, n in need.items()}
-    used = dict.fromkeys(room, 0)
-    out = []
-    for g in groups:
-        if len(g) == 1:
-            out.append(None)
-            continue
-        dt, n = arrays[g[0]].dtype, sum(arrays[i].size for i in g)
-        flat = room[dt][used[dt] : used[dt] + n]
-        used[dt] += n
-        np.concatenate([arrays[i].reshape(-1) for i in g], out=flat)
-        out.append(flat)
-    return out
-
-
-def _segment_runs(tensors, shape: RunShape = RUNS) -> list[list[int]]:
-    """The runs (:class:`RunShape`) of the tensors (``(size, dtype)`` pairs) that a segmented
-    kernel codes at once."""
-    return [g for g in runs(tensors, SEGMENT_ELEMENTS, shape.each) if len(g) >= shape.least and tensors[g[0]][1] in (np.float32, np.float64)]
-
-
-def feedback_members(c, arrays) -> list[int]:
-    """The indices of the tensors whose error-feedback step a run of the codec ``c`` takes
-    (``acc`` formed first, coded in the run, then ``acc -= decoded`` at once): the members of
-    the segmented runs of a select or quantizer stage.  None for an elementwise codec (its
-    fused per-tensor step, one pass, is faster than a run's three), nor for a select stage
-    that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)."""
-    if c.elementwise or c.transform is not None or (c.select is not None and c.select.sees_gradient):
-        return []
-    return [i for g in _segment_runs([(a.size, a.dtype) for a in arrays], FEEDBACK_RUNS) for i in g]
-
-
-def _starts(sizes) -> np.ndarray:
-    """Where each of ``sizes`` starts in their concatenation, and the total (int64)."""
-    starts = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=starts[1:])
-    return starts
-
-
-def _value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
-    """Code every run of small float32/float64 tensors that the value stage codes at once
-    (:meth:`codec.stage.Value.encode_run`): ``out[i]`` its table entries, and per run
-    ``{first index: (members after the first, payload piece)}``; the others stay None."""
-    groups = _segment_runs([(a.size, a.dtype) for a in arrays], shape)
-    coded = {}
-    for g, flat in zip(groups, _concatenated(arrays, groups)):
-        got = c.value.encode_run(flat, _starts([arrays[i].size for i in g]), [ctxs[i] for i in g])
-        if got is None:
-            continue
-        table, piece = got
-        for i, entries in zip(g, table):
-            out[i] = entries
-        coded[g[0]] = (len(g) - 1, piece)
-    return coded
-
-
-def _select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
-    """Code every run of small float32/float64 tensors that the select stage selects in at
-    once (:meth:`codec.stage.Select.select_segments`), as :func:`_value_runs` does: with an
-    elementwise value stage, the run's kept values are coded at once too and the run is one
-    payload piece (``{first index: (members after the first, piece)}``); else each tensor's
-    values are coded on their own (``out[i]`` its sections).  The others stay None."""
-    groups = _segment_runs([(a.size, a.dtype) for a in arrays], shape)
-    coded = {}
-    for g, flat in zip(groups, _concatenated(arrays, groups)):
-        members = [ctxs[i] for i in g]
-        picked = c.select.select_segments(flat, _starts([arrays[i].size for i in g]), members)
-        if picked is None:
-            continue
-        pos, kstarts, values, index = picked
-        o = kstarts.tolist()
-        for t, ctx in enumerate(members):  # what Codec.selected records
-            ctx.positions, ctx.kept = pos[o[t] : o[t + 1]], values[o[t] : o[t + 1]]
-        kept = c.value.encode_kept(values, kstarts, members)
-        if kept is not None:
-            table, piece = _sparse_piece(index, *kept)
-            for i, entries in zip(g, table):
-                out[i] = entries
-            coded[g[0]] = (len(g) - 1, _exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
-            continue
-        for i, ctx, sec in zip(g, members, index.sections()):
-            out[i] = c.selected(ctx, ctx.positions, ctx.kept, [sec])
-    return coded
-
-
-def _sparse_piece(index, table, vsec, vstarts):
-    """A sparse run's table entries and one payload piece: each tensor's first section (from
-    ``index``, a :class:`codec.frame.SectionRun`) then its value sections, which the value
-    stage coded at once (:meth:`codec.stage.Value.encode_kept`: ``table``, the section
-    ``vsec`` holding every tensor's bytes, tensor t's from ``vstarts[t]``)."""
-    from codec.kernels import backend
-
-    entries = [[Entry(k, w, n), *rest] for k, w, n, rest in zip(index.kinds, index.widths, index.counts, table)]
-
-    def fill(out):
-        codes = np.frombuffer(vsec.materialize(), np.uint8)
-        backend("pack", out).interleave(index.data, index.offsets, codes, vstarts, out)
-
-    return entries, Section(SectionKind.VALUES, 8, int(index.offsets[-1] + vstarts[-1]), fill=fill)
-
-
-def _elementwise_sections(c, arrays, ctxs, alone):
-    """The table sections, payload pieces and run members of an elementwise codec's
-    many-tensor frame: one piece per run of small same-dtype tensors (:func:`runs`), coded
-    at once; a tensor alone through ``alone(i)``."""
-    groups = runs([(a.size, a.dtype) for a in arrays])
-    table, pieces, ran = [], [], set()
-    for g, flat in zip(groups, _concatenated(arrays, groups)):
-        if flat is None:
-            secs = alone(g[0])
-            table.append(secs)
-            pieces += secs
-            continue
-        (piece,) = c.sections(flat, Context(flat.shape, flat.dtype, name="tensors"))
-        table += [[Entry(piece.kind, piece.bits, arrays[i].size)] for i in g]
-        pieces.append(_exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
-        ran.update(g)
-    return table, pieces, ran
-
-
-def _exact_errors(c, piece, members):
-    """``piece`` (the codes of a run), whose error on a bad value (NaN under
-    ``nonfinite=raise``) is raised again by the tensor that holds it, named as
-    ``encode_many`` names it (``members``: each tensor and its context)."""
-    if piece.fill is None:
-        return piece
-
-    def fill(out):
-        try:
-            piece.fill(out)
-        except NonFiniteError:
-            for a, ctx in members:
-                for sec in c.sections(a.reshape(-1), Context(a.shape, a.dtype, key=ctx.key, step=ctx.step, name=ctx.name)):
-                    sec.materialize()
-            raise
-
-    return Section(piece.kind, piece.bits, piece.count, fill=fill)
 
 
 # -------------------------------------------------------------------- decoding
@@ -367,7 +170,7 @@ def _read_jobs(c, mf, only=None, shape: RunShape = RUNS) -> list:
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes))
     elif value_runs or sparse_runs:  # a zstd payload is decompressed section by section as the stages read it
-        groups = _segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
+        groups = segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
         alone = set(range(len(mf))) - {i for g in groups for i in g}
         groups = sorted(groups + [[i] for i in alone])
     else:

@@ -344,7 +344,7 @@ def test_inspect_describes_a_many_frame():
 
 # ------------------------------------------------------------------ runs of an elementwise codec
 def test_runs_group_small_consecutive_tensors_of_one_dtype():
-    from codec.many import RUN_ELEMENTS, runs
+    from codec.runs import RUN_ELEMENTS, runs
 
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     big = RUN_ELEMENTS + 1
@@ -360,7 +360,7 @@ def test_runs_group_small_consecutive_tensors_of_one_dtype():
 def test_runs_give_the_frame_of_one_call_per_tensor(spec, dtype):
     """A run coded at once gives exactly the bytes of per-tensor sections, and every decode
     of it equals the per-tensor decodes, bit for bit (accumulators of every dtype)."""
-    from codec.many import RUN_ELEMENTS
+    from codec.runs import RUN_ELEMENTS
 
     c = codec.get_codec(spec)
     assert c.elementwise
@@ -516,7 +516,7 @@ QUANT_RUNS = [
 def quant_model(dtype, seed=13):
     """Small tensors of edge sizes, one past a run's limit, one huge-valued (float64: its
     norms and bounds travel as float64), an all-zero one."""
-    from codec.many import RUN_ELEMENTS
+    from codec.runs import RUN_ELEMENTS
 
     rng = np.random.default_rng(seed)
     sizes = [7, 0, 1, 300, 64, 9, RUN_ELEMENTS + 3, 2, 5000, 513]
@@ -656,7 +656,7 @@ def test_forged_randomk_runs_are_refused():
 def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
     """ErrorFeedback.encode_many codes a run's acc = x + residual at once and subtracts the
     run's decoded values at once (runs of at least 8 tensors of at most 16,384 elements,
-    many.FEEDBACK_RUNS): frames and residuals are bit for bit those of each tensor's own step
+    codec.runs.FEEDBACK_RUNS): frames and residuals are bit for bit those of each tensor's own step
     (fused or not), over several steps."""
     from codec import many
 

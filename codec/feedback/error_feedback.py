@@ -15,6 +15,7 @@ from codec.modes import SUB
 from codec.ops import round_to, scatter
 from codec import many
 from codec.many import hashable_key, joined, many_inputs, many_keys, where
+from codec.runs import FEEDBACK_RUNS, feedback_members
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
 
@@ -122,7 +123,7 @@ class ErrorFeedback:
         c = self.codec
         ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
         accs = [None] * len(arrays)
-        members = many.feedback_members(c, arrays)
+        members = feedback_members(c, arrays)
         for i in members:
             accs[i] = slots[i].take_spare()
             np.add(arrays[i], slots[i].residual, out=accs[i])
@@ -133,10 +134,10 @@ class ErrorFeedback:
             return sections
 
         inputs = [a if acc is None else acc for a, acc in zip(arrays, accs)]
-        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, use_runs=bool(members), shape=many.FEEDBACK_RUNS)
+        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, use_runs=bool(members), shape=FEEDBACK_RUNS)
         frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
         mf = parse_many(frame, layout=lay, verify_payload=False)
-        many.subtract(c, mf, {i: accs[i].reshape(-1) for i in ran}, many.FEEDBACK_RUNS)
+        many.subtract(c, mf, {i: accs[i].reshape(-1) for i in ran}, FEEDBACK_RUNS)
         commits = [finishes[i](lambda i=i: mf.tensor(i))[0] for i in sorted(finishes)]
         for commit in commits:  # only once every tensor has finished
             commit()
