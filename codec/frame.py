@@ -136,7 +136,7 @@ class SectionRun:
         return [Section(k, w, c, self.data[o[i] : o[i + 1]]) for i, (k, w, c) in enumerate(zip(self.kinds, self.widths, self.counts))]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SectionInfo:
     kind: int
     encoding: int

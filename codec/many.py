@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.dtypes import as_float_array, checked_out
+from codec.errors import CorruptFrameError
 from codec.frame import Frame, SectionInfo
 from codec.framebuffer import frame_out
 from codec.manyframe import VERSION, Layout
@@ -207,8 +208,17 @@ def _run_job(c, mf, run, value_runs):
         return None if fr is None else (run, *c._read(fr))
     sizes = [lay.sizes[i] for i in run]
     dtype = lay.dtypes[run[0]]
-    payload = c.value.read_run(np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i] for i in run], sizes, dtype)
+    payload = _or_alone(c.value.read_run, np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i] for i in run], sizes, dtype)
     return None if payload is None else (run, Context((sum(sizes),), dtype, name="tensors"), payload)
+
+
+def _or_alone(read, *args):
+    """``read(*args)`` (a stage's run reader), or None when it refuses the run: its tensors
+    are then read alone, which raises the error that names the tensor and section."""
+    try:
+        return read(*args)
+    except CorruptFrameError:
+        return None
 
 
 def _sparse_run_job(c, mf, run, known):
@@ -220,7 +230,7 @@ def _sparse_run_job(c, mf, run, known):
     ks = [known[i].size for i in run]
     if any(not mf.tensor_sections[i] for i in run):
         return None
-    payload = c.value.read_kept(np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i][1:] for i in run], ks, lay.dtypes[run[0]])
+    payload = _or_alone(c.value.read_kept, np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i][1:] for i in run], ks, lay.dtypes[run[0]])
     if payload is None:
         return None
     ctx = Context((int(lay.starts[run[-1] + 1] - lay.starts[run[0]]),), lay.dtypes[run[0]], name="tensors")
@@ -239,7 +249,7 @@ def _known_positions(c, mf, only=None) -> list:
     if not idx:
         return none
     secs, sizes = mf.tensor_sections, mf.layout.sizes
-    got = c.select.positions_segments(np.frombuffer(mf.payload, np.uint8), [secs[i] for i in idx], [sizes[i] for i in idx])
+    got = _or_alone(c.select.positions_segments, np.frombuffer(mf.payload, np.uint8), [secs[i] for i in idx], [sizes[i] for i in idx])
     if got is None:
         return none
     for i, pos in zip(idx, got):
@@ -355,6 +365,8 @@ def _split_pairs(mf, idx, positions, values) -> list:
     """The sorted positions (and their values) of consecutive tensors ``idx`` coded as one (a
     joint frame, or a run of a sparse frame), counted from the first one's first element, as
     each tensor's own pairs."""
+    if not len(idx):
+        return []
     starts = mf.layout.starts[idx[0] : idx[-1] + 2] - mf.layout.starts[idx[0]]
     cut = np.searchsorted(positions, starts)
     return [(positions[cut[t] : cut[t + 1]] - starts[t], values[cut[t] : cut[t + 1]]) for t in range(len(starts) - 1)]

@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import numpy as np
 
+def key_text(key) -> str:
+    """The text a key's stream is hashed from: str as is, integers in decimal, None empty,
+    anything else its ``repr`` (so keys that compare equal but print differently, ``0.0``
+    and ``-0.0``, have streams of their own)."""
+    if key is None:
+        return ""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return str(int(key))
+    return repr(key)
+
+
 def key_hash(key) -> int:
-    """64 bits of BLAKE2b over the key's text (str as is, integers in decimal, None empty),
-    as UTF-8 (lone surrogates, which a Python str may hold, encoded as themselves)."""
+    """64 bits of BLAKE2b over :func:`key_text`, as UTF-8 (lone surrogates, which a Python str
+    may hold, encoded as themselves)."""
     import hashlib
 
-    if key is None:
-        text = ""
-    elif isinstance(key, str):
-        text = key
-    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        text = str(int(key))
-    else:
-        text = repr(key)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(key_text(key).encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def stream(seed: int, ctx) -> np.uint64:

@@ -678,6 +678,56 @@ def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
     assert ran and all(n == (0 if spec == "adacomp" else 18) for n in ran)  # two runs: 10 tensors, 8 tensors; AdaComp none
 
 
+@pytest.mark.parametrize("spec", ["randomk(ratio=0.1)", "qsgd", "minmax(rounding=stochastic)", "fp8(rounding=stochastic)"])
+def test_runs_give_keys_that_print_differently_their_own_streams(spec):
+    """Keys equal in Python but of another text (0.0 and -0.0, (1, 2) and (1.0, 2)) draw their
+    own streams in a run, as each tensor's own encode does (codec.streams.key_text)."""
+    c = codec.get_codec(spec)
+    ts = [np.arange(1, 101, dtype=np.float32) * (1 + i / 100) for i in range(8)]
+    keys = [0.0, -0.0, (1, 2), (1.0, 2), (1,), (True,), "1", 1]
+    for t, k, got in zip(ts, keys, codec.decode_many(c.encode_many(ts, keys=keys))):
+        assert got.tobytes() == codec.decode(c.encode(t, key=k)).tobytes(), k
+
+
+@pytest.mark.parametrize("spec", ["topk", "randomk", "adacomp", "dgc(ratio=0.1)"])
+def test_an_empty_joint_sparse_frame_decodes(spec):
+    c = codec.get_codec(spec)
+    for layout in ("table", "hash"):
+        f = c.encode_many([], joint=True, layout=layout)
+        kw = {"layout": []} if layout == "hash" else {}
+        assert codec.decode_sparse_many(f, **kw) == [] and codec.decode_many(f, out=[], **kw) == []
+        assert codec.decode_add_many(f, [], **kw) == []
+
+
+def test_gaussiank_runs_keep_the_stages_count_when_the_sums_overflow():
+    """A float64 tensor whose sums overflow has no threshold (NaN): the stage keeps its
+    candidates, clamped to 4k/3; the run keeps as many."""
+    c = codec.get_codec("gaussiank(ratio=0.2)")
+    a = np.full(100, 1e306)
+    a[:10] = 1.5e308
+    ts = [a, np.ones(100), np.zeros(50)]
+    ts[2][:3] = 1e308
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = codec.decode_sparse_many(c.encode_many(ts))
+        for (pos, vals), t in zip(got, ts):
+            want_pos, want_vals = codec.decode_sparse(c.encode(t))
+            assert np.array_equal(pos, want_pos) and vals.tobytes() == want_vals.tobytes()
+
+
+def test_a_forged_run_is_refused_as_its_tensor_alone_refuses_it():
+    """A run the stage cannot read at once is read tensor by tensor, so the error names the
+    codec and the section as a tensor's own read does."""
+    from codec.frame import SectionKind
+    from codec.fuzzing import fix_many_checksums
+
+    c = codec.get_codec("topk(ratio=0.5)")
+    f = bytearray(c.encode_many([np.arange(1, 9, dtype=np.float32)] * 2))
+    at = bytes(f).index(bytes([SectionKind.VALUES, 32]))  # the pattern's values entry (kind, bits)
+    f[at] = SectionKind.INTS
+    with pytest.raises(codec.CorruptFrameError, match=r"section 1 \(ints\): codec 'topk\(ratio=0.5\)' expects a values section here"):
+        codec.decode_many(fix_many_checksums(bytes(f)))
+
+
 # ------------------------------------------------------------------ joint: the whole-model variant
 @pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "qsgd(bucket=100)", "fp16", "adacomp+zstd", "randomk(ratio=0.1)"])
 def test_joint_codes_the_concatenation(spec):

@@ -53,7 +53,7 @@ class ManyFrame:
     header_len: int
     payload: object  # a memoryview, or a ZstdPayload
     stored_len: int
-    tensor_sections: list
+    tensor_sections: tuple  # per tensor, a tuple of frozen SectionInfo
 
     @property
     def checksum(self) -> str | None:
@@ -160,9 +160,10 @@ def read_header(mv) -> Header:
     return Header(flags, spec_raw, count, named, stored_hash, table, per_tensor, raw_total, crc_at, header_len)
 
 
-def _sections(h: Header, sizes) -> tuple[list, int]:
-    """Every tensor's :class:`SectionInfo` list (offsets into the payload, shared read-only),
-    each section bounded by its tensor's size, and where the last one ends."""
+def _sections(h: Header, sizes) -> tuple[tuple, int]:
+    """Every tensor's :class:`SectionInfo` tuple (offsets into the payload; frozen, as a
+    remembered header shares them with every frame it parses), each section bounded by its
+    tensor's size, and where the last one ends."""
     tensor_sections = []
     off = 0
     for i, ((pat, counts), n) in enumerate(zip(h.per_tensor, sizes)):
@@ -173,8 +174,8 @@ def _sections(h: Header, sizes) -> tuple[list, int]:
                 raise CorruptFrameError(f"tensor {i}, section {j}: {rl} raw bytes is more than {n} elements can need")
             infos.append(SectionInfo(kind, Encoding.RAW, bits, c, rl, rl, off))
             off += rl
-        tensor_sections.append(infos)
-    return tensor_sections, off
+        tensor_sections.append(tuple(infos))
+    return tuple(tensor_sections), off
 
 
 #: the latest headers parsed, most recent first, as ``(header bytes before the payload

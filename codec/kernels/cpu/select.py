@@ -249,12 +249,19 @@ def gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, counts
         m1 = sm / n
         m2 = sq / n
         mean = shifts[s] + m1
-        std = np.sqrt(max(0.0, m2 - m1 * m1))
+        var = m2 - m1 * m1
+        std = np.sqrt(var) if var > 0.0 else 0.0  # Python's max(0.0, var): a NaN gives 0
         t = abs(mean) + zs[s] * std
+        hi = 4 * k // 3
         count = 0
-        for i in range(n):
-            count += np.int64(abs(np.float64(x[lo + i])) > t)
-        keep = min(max(count, (2 * k + 2) // 3), 4 * k // 3, n)
+        if t == t:
+            for i in range(n):
+                count += np.int64(abs(np.float64(x[lo + i])) > t)
+        else:  # a NaN threshold (sums beyond float64): the stage keeps its candidates, at
+            for i in range(n):  # least hi of them or every non-zero, then clamps
+                count += np.int64(x[lo + i] != 0)
+            count = min(count, hi)
+        keep = min(max(count, (2 * k + 2) // 3), hi, n)
         _topk_segment(x, lo, n, keep, out, out_starts[s])
         counts[s] = keep
 

@@ -10,7 +10,7 @@ from codec.frame import SectionKind, Section
 from codec.stages.select.magnitude import k_of
 from codec.params import SEED, Param, ratio
 from codec.stage import Select, register
-from codec.streams import key_hash
+from codec.streams import key_hash, key_text
 
 __all__ = ["RandomK", "key_hash", "positions"]
 
@@ -39,12 +39,9 @@ _SEGMENT_SIZE = 1 << 16
 
 
 def _hash_of(key, memo: dict) -> int:
-    """:func:`key_hash` of ``key``, once per distinct key of a call."""
-    try:
-        at = (type(key), key)
-        return memo[at] if at in memo else memo.setdefault(at, key_hash(key))
-    except TypeError:  # an unhashable key
-        return key_hash(key)
+    """:func:`key_hash` of ``key``, once per distinct key text of a call."""
+    text = key_text(key)
+    return memo[text] if text in memo else memo.setdefault(text, key_hash(key))
 
 
 @register

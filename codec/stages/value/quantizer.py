@@ -150,17 +150,17 @@ class Quantizer(Value):
         return stream(self.seed, ctx)
 
     def streams(self, ctxs) -> np.ndarray:
-        """:meth:`stream` of every context (uint64; tensors of one key and step share one)."""
+        """:meth:`stream` of every context (uint64; tensors whose keys have one text and one
+        step share it, :func:`codec.streams.key_text`)."""
+        from codec.streams import key_text
+
         if not self.stochastic:
             return np.zeros(len(ctxs), np.uint64)
         memo: dict = {}
         out = np.empty(len(ctxs), np.uint64)
         for i, ctx in enumerate(ctxs):
-            try:
-                at = (type(ctx.key), ctx.key, ctx.step)
-                out[i] = memo[at] if at in memo else memo.setdefault(at, self.stream(ctx))
-            except TypeError:  # an unhashable key: its own stream
-                out[i] = self.stream(ctx)
+            at = (key_text(ctx.key), ctx.step)
+            out[i] = memo[at] if at in memo else memo.setdefault(at, self.stream(ctx))
         return out
 
     # ------------------------------------------------------------ many-tensor runs
