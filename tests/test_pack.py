@@ -3,6 +3,8 @@ kernel family itself on every kernel backend (the ``backend`` fixture of tests/c
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -430,7 +432,7 @@ def test_index_segments_refuse_what_one_set_refuses():
     refused(edit_data=lambda d, inf: d.__setitem__(first.offset + first.raw_len - 1, d[first.offset + first.raw_len - 1] | 0x80))  # padding
     refused(edit_data=lambda d, inf: d.__setitem__(first.offset, 0xFF))  # a gap running past 12
     refused(sizes=(5, 40))  # positions beyond a smaller tensor (and a width it cannot need)
-    refused(edit_info=lambda inf: setattr(inf[1], "count", 39))  # a bitmap's count is its size
+    refused(edit_info=lambda inf: inf.__setitem__(1, dataclasses.replace(inf[1], count=39)))  # a bitmap's count is its size
 
 
 # ---------------------------------------------------------------- a many-tensor run's bytes
