@@ -1,4 +1,5 @@
-"""The selection kernels (the ``select`` family, on every backend) against plain NumPy, chunk by chunk.
+"""The selection kernels (the ``select``, ``adacomp`` and ``randomk`` families, on every backend)
+against plain NumPy, chunk by chunk.
 
 The codecs built on them are checked against references of their semantics in
 test_sparse.py; here each kernel's own contract is checked directly: rows and counts,
@@ -22,6 +23,18 @@ DTYPES = [np.float32, np.float64]
 def S(backend):
     """The ``select`` family's kernels on ``backend``."""
     return module("select", backend)
+
+
+@pytest.fixture
+def A(backend):
+    """The ``adacomp`` family's kernels on ``backend``."""
+    return module("adacomp", backend)
+
+
+@pytest.fixture
+def R(backend):
+    """The ``randomk`` family's kernels on ``backend``."""
+    return module("randomk", backend)
 
 
 def data(kind, n, dtype, seed=0):
@@ -98,7 +111,7 @@ def ref_adacomp(dw, g, L):
 @pytest.mark.parametrize("n", [1, 7, 499, 501, 3 * CHUNK + 17])
 @pytest.mark.parametrize("L", [1, 7, 50, 500, 5003])  # 5003: bins flagged in pieces (select._FLAGS)
 @pytest.mark.parametrize("feedback", [False, True])
-def test_adacomp_bins_match_numpy(S, n, L, dtype, feedback):
+def test_adacomp_bins_match_numpy(A, n, L, dtype, feedback):
     dw = data("heavy", n, dtype)
     r = data("heavy", n, dtype, seed=5)
     g = (r + dw) if feedback else dw
@@ -111,9 +124,9 @@ def test_adacomp_bins_match_numpy(S, n, L, dtype, feedback):
 
     def run(chunks, buf, vals, counts):
         if feedback and chunks[1] - chunks[0] == nchunk:
-            S.feedback_adacomp_bins(dw, r, out, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
+            A.feedback_adacomp_bins(dw, r, out, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
         else:
-            S.adacomp_bins(dw, out if feedback else g, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
+            A.adacomp_bins(dw, out if feedback else g, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
 
     idx, vals = collect(run, nchunk, 3, dtype)  # cap 3: overfull rows re-run on the formed G
     want, want_gmax = ref_adacomp(dw, g, L)
@@ -125,18 +138,18 @@ def test_adacomp_bins_match_numpy(S, n, L, dtype, feedback):
     assert not bad.any()
 
 
-def random_positions(S, out, n, seed=12345):
+def random_positions(R, out, n, seed=12345):
     u64 = np.uint64
-    S.random_positions(out, u64(seed), u64(99), u64(3), u64((max(2, (n - 1).bit_length()) + 1) // 2), n)
+    R.random_positions(out, u64(seed), u64(99), u64(3), u64((max(2, (n - 1).bit_length()) + 1) // 2), n)
 
 
-def test_random_positions_are_a_permutation_prefix(S):
+def test_random_positions_are_a_permutation_prefix(R):
     for n in (2, 3, 5, 17, 1000, 4097):
         out = np.empty(n, np.int64)
-        random_positions(S, out, n)
+        random_positions(R, out, n)
         assert sorted(out.tolist()) == list(range(n))  # all k = n images: a permutation of [0, n)
         part = np.empty(n // 2, np.int64)
-        random_positions(S, part, n)
+        random_positions(R, part, n)
         assert np.array_equal(part, out[: n // 2])  # each j maps independently of k
 
 
@@ -157,7 +170,7 @@ def test_serial_and_parallel_twins_agree():
         getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0, LANES)
         pos = np.empty(5000, np.int64)
         u64 = np.uint64
-        getattr(S.random_positions, twin)(pos, u64(7), u64(1), u64(2), u64(((n - 1).bit_length() + 1) // 2), n)
+        getattr(module("randomk", "cpu").random_positions, twin)(pos, u64(7), u64(1), u64(2), u64(((n - 1).bit_length() + 1) // 2), n)
         runs.append((buf.tobytes(), vals.tobytes(), counts.tobytes(), sums.tobytes(), acc.tobytes(), pos.tobytes()))
     assert runs[0] == runs[1]
 
@@ -253,7 +266,7 @@ def test_dgc_segments_match_numpy(S, kind, dtype, ratio, sample):
     assert bad.tolist() == [0, 1, 0]
 
 
-def test_random_positions_segments_match_numpy(S):
+def test_random_positions_segments_match_numpy(R):
     """Each segment draws its own sorted positions from its own (seed, key, step), exactly as
     the reference draws them for that tensor alone (sizes 1, 2, odd, a power of two, large;
     k from 0 to n)."""
@@ -266,7 +279,7 @@ def test_random_positions_segments_match_numpy(S):
     kstarts = np.concatenate([[0], np.cumsum([k for _, k in cases])]).astype(np.int64)
     out = np.full(int(kstarts[-1]), -1, np.int64)
     u64 = np.uint64
-    S.random_positions_segments(
+    R.random_positions_segments(
         kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64), out
     )
     for t, ((n, k), key, step) in enumerate(zip(cases, keys, steps)):
@@ -325,7 +338,7 @@ def test_gaussiank_segments_match_numpy(S, kind, dtype, ratio):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
-def test_adacomp_segments_match_numpy(S, kind, dtype):
+def test_adacomp_segments_match_numpy(A, kind, dtype):
     """Each segment's sends (its own bin length), values and bin maxima exactly as the
     reference AdaComp gives them for that tensor alone."""
     from reference.sparse import adacomp
@@ -345,7 +358,7 @@ def test_adacomp_segments_match_numpy(S, kind, dtype):
     pos, vals = np.full(flat.size, -1, np.int64), np.zeros(flat.size, dtype)
     counts, bad = np.full(sizes.size, -1, np.int64), np.full(sizes.size, -1, np.int64)
     gmax = np.full(int(bstarts[-1]), np.nan, dtype)
-    S.adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
+    A.adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
     assert not bad.any()
     for t, p in enumerate(parts):
         want, _, _ = adacomp(p, None, int(lengths[t]), value="none")
@@ -358,5 +371,5 @@ def test_adacomp_segments_match_numpy(S, kind, dtype):
     nan = data(kind, 20, dtype)
     nan[5] = np.nan
     counts[:] = bad[:] = 0
-    S.adacomp_segments(np.concatenate([parts[3], nan]), np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
+    A.adacomp_segments(np.concatenate([parts[3], nan]), np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
     assert bad[0] == 0 and bad[1] == 1

@@ -117,7 +117,7 @@ class AdaComp(IndexSelect):
             g = np.add(values, residual, out=out)
         dw = readonly(widen(values))
         kg = g if form else readonly(widen(g))
-        kern = backend("select", dw)
+        kern = backend("adacomp", dw)
         gmax = np.empty(nbins, kg.dtype)
         bad = np.zeros(nchunk, np.int64)
 
@@ -150,7 +150,7 @@ class AdaComp(IndexSelect):
         gmax = np.empty(int(bstarts[-1]), flat.dtype)
         room, pos, counts, bad = segment_room(sizes)  # (only each tensor's first sends are written)
         vals = np.empty(flat.size, flat.dtype)
-        backend("select", flat).adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
+        backend("adacomp", flat).adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
         if bad.any():
             return None  # select() raises the error naming the tensor and position
         b = bstarts.tolist()

@@ -27,7 +27,7 @@ def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
     h = max(2, (n - 1).bit_length())
     out = np.empty(k, np.int64)
     u64 = np.uint64
-    backend("select", out).random_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64((h + 1) // 2), n)
+    backend("randomk", out).random_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64((h + 1) // 2), n)
     out.sort()
     return out
 
@@ -94,7 +94,7 @@ class RandomK(Select):
         pos = np.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
         seeds = np.full(ks.size, self.seed, np.uint64)
-        backend("select", flat).random_positions_segments(kstarts, sizes, seeds, khashes, wrapped, pos)
+        backend("randomk", flat).random_positions_segments(kstarts, sizes, seeds, khashes, wrapped, pos)
         kept = flat[pos + np.repeat(starts[:-1], ks)]
         if not np.isfinite(kept).all():
             return None  # select() raises the error naming the tensor and position
@@ -130,7 +130,7 @@ class RandomK(Select):
         kstarts = np.zeros(ks.size + 1, np.int64)
         np.cumsum(small, out=kstarts[1:])
         pos = np.empty(int(kstarts[-1]), np.int64)
-        backend("select", pos).random_positions_segments(kstarts, np.asarray(sizes, np.int64), keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy(), pos)
+        backend("randomk", pos).random_positions_segments(kstarts, np.asarray(sizes, np.int64), keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy(), pos)
         o = kstarts.tolist()
         return [
             positions(int(sizes[t]), int(ks[t]), int(keys[t, 0]), int(keys[t, 2]), int(keys[t, 1])) if big[t] else pos[o[t] : o[t + 1]]
