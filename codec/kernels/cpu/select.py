@@ -239,32 +239,33 @@ def gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, counts
     for s in prange(starts.size - 1):
         lo = starts[s]
         n = starts[s + 1] - lo
-        counts[s] = 0
-        if n == 0:
-            continue
-        if not _all_finite(x, lo, n):
-            bad[s] = 1
-            continue
-        k = ks[s]
-        sm, sq = chunk_sums(x, lo, lo + n, shifts[s], width)
-        m1 = sm / n
-        m2 = sq / n
-        mean = shifts[s] + m1
-        var = m2 - m1 * m1
-        std = np.sqrt(var) if var > 0.0 else 0.0  # Python's max(0.0, var): a NaN gives 0
-        t = abs(mean) + zs[s] * std
-        hi = 4 * k // 3
-        count = 0
-        if t == t:
-            for i in range(n):
-                count += np.int64(abs(np.float64(x[lo + i])) > t)
-        else:  # a NaN threshold (sums beyond float64): the stage keeps its candidates, at
-            for i in range(n):  # least hi of them or every non-zero, then clamps
-                count += np.int64(x[lo + i] != 0)
-            count = min(count, hi)
-        keep = min(max(count, (2 * k + 2) // 3), hi, n)
-        _topk_segment(x, lo, n, keep, out, out_starts[s])
-        counts[s] = keep
+        if _opened(x, lo, n, s, counts, bad):
+            counts[s] = _gaussiank_segment(x, lo, n, shifts[s], zs[s], width, ks[s], out, out_starts[s])
+
+
+@jit
+def _gaussiank_segment(x, lo, n, shift, z, width, k, out, o):
+    """One segment of :func:`gaussiank_segments` (``n > 0``, finite); returns how many
+    positions it wrote from ``out[o]``."""
+    sm, sq = chunk_sums(x, lo, lo + n, shift, width)
+    m1 = sm / n
+    m2 = sq / n
+    mean = shift + m1
+    var = m2 - m1 * m1
+    std = np.sqrt(var) if var > 0.0 else 0.0  # Python's max(0.0, var): a NaN gives 0
+    t = abs(mean) + z * std
+    hi = 4 * k // 3
+    count = 0
+    if t == t:
+        for i in range(n):
+            count += np.int64(abs(np.float64(x[lo + i])) > t)
+    else:  # a NaN threshold (sums beyond float64): the stage keeps its candidates, at
+        for i in range(n):  # least hi of them or every non-zero, then clamps
+            count += np.int64(x[lo + i] != 0)
+        count = min(count, hi)
+    keep = min(max(count, (2 * k + 2) // 3), hi, n)
+    _topk_segment(x, lo, n, keep, out, o)
+    return keep
 
 
 @jit(parallel=True)
@@ -280,33 +281,45 @@ def dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, counts
     for s in prange(starts.size - 1):
         lo = starts[s]
         n = starts[s + 1] - lo
-        k = ks[s]
-        o = out_starts[s]
-        counts[s] = 0
-        if n == 0:
-            continue
-        if not _all_finite(x, lo, n):
-            bad[s] = 1
-            continue
-        stride = strides[s]
-        thr = _largest(x, lo, stride, (n + stride - 1) // stride, picks[s])
-        for retry in range(retries + 1):
-            count = n
-            if thr > 0:
-                count = 0
-                for i in range(n):
-                    count += np.int64(abs(np.float64(x[lo + i])) >= thr)
-            if count > 1.3 * k:
-                _topk_segment(x, lo, n, k, out, o)
-                counts[s] = k
-                break
-            if count < 0.8 * k and retry < retries:
-                thr *= 0.8
-                continue
-            w = o
+        if _opened(x, lo, n, s, counts, bad):
+            counts[s] = _dgc_segment(x, lo, n, ks[s], strides[s], picks[s], retries, out, out_starts[s])
+
+
+@jit
+def _dgc_segment(x, lo, n, k, stride, pick, retries, out, o):
+    """One segment of :func:`dgc_segments` (``n > 0``, finite); returns how many positions
+    it wrote from ``out[o]``."""
+    thr = _largest(x, lo, stride, (n + stride - 1) // stride, pick)
+    for retry in range(retries + 1):
+        count = n
+        if thr > 0:
+            count = 0
             for i in range(n):
-                if thr <= 0 or abs(np.float64(x[lo + i])) >= thr:
-                    out[w] = i
-                    w += 1
-            counts[s] = count
-            break
+                count += np.int64(abs(np.float64(x[lo + i])) >= thr)
+        if count > 1.3 * k:
+            _topk_segment(x, lo, n, k, out, o)
+            return k
+        if count < 0.8 * k and retry < retries:
+            thr *= 0.8
+            continue
+        w = o
+        for i in range(n):
+            if thr <= 0 or abs(np.float64(x[lo + i])) >= thr:
+                out[w] = i
+                w += 1
+        return count
+    return 0  # (unreachable: the last retry always returns)
+
+
+@jit
+def _opened(x, lo, n, s, counts, bad):
+    """Open segment ``s`` of a counting segmented kernel: ``counts[s] = 0``; whether there is
+    anything to select (False for an empty segment, and for one holding a NaN or inf, which
+    sets ``bad[s]``)."""
+    counts[s] = 0
+    if n == 0:
+        return False
+    if not _all_finite(x, lo, n):
+        bad[s] = 1
+        return False
+    return True
