@@ -490,3 +490,13 @@ def test_interleave_matches_numpy():
     module("pack").interleave(readonly(first), fs, readonly(second), ss, out)
     want = np.concatenate([p for t in range(len(a_sizes)) for p in (first[fs[t] : fs[t + 1]], second[ss[t] : ss[t + 1]])])
     assert bytes(out) == bytes(want)
+
+
+def test_pack_segments_refuses_an_out_too_small():
+    """A tensor's bytes past ``out`` are refused before the kernel runs (it checks nothing)."""
+    codes = np.arange(24, dtype=np.uint8)
+    starts = np.array([0, 8, 24], np.int64)
+    with pytest.raises(ValueError, match="pack_segments"):
+        module("pack").pack_segments(readonly(codes), starts, 8, np.zeros(23, np.uint8), np.array([0, 8], np.int64))
+    with pytest.raises(ValueError, match="pack_segments"):
+        module("pack").pack_segments(readonly(codes), starts, 8, np.zeros(24, np.uint8), np.array([-1, 8], np.int64))

@@ -280,7 +280,7 @@ def test_random_positions_segments_match_numpy(R):
     out = np.full(int(kstarts[-1]), -1, np.int64)
     u64 = np.uint64
     R.random_positions_segments(
-        kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64), out
+        out, kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64)
     )
     for t, ((n, k), key, step) in enumerate(zip(cases, keys, steps)):
         assert np.array_equal(out[kstarts[t] : kstarts[t + 1]], randomk_positions(n, k, 11, key, step)), (n, k)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import TRIT_CHUNK, U
+from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks
 from codec.layout import CHUNK
 from codec.modes import SET, SUB
 
@@ -74,6 +74,15 @@ def _group_code(w0, w1, j, bits, mask):
     return (w0 >> (U(j) * U(bits))) & mask if bits <= 8 else _code_of_group(w0, w1, j, bits, mask)
 
 
+@jit(inline="always")
+def _target(out, mode, lo, hi):
+    """Where a chunk ``lo..hi`` decodes, and the index shift there: ``out`` itself for SET,
+    else a buffer of the chunk's length (of ``out``'s dtype) that :func:`_combine` adds in."""
+    if mode == SET:
+        return out, U(0)
+    return np.empty(hi - lo, out.dtype), U(lo)
+
+
 @jit
 def _combine(out, buf, lo, hi, mode):
     """``out[lo:hi] (+|-)= buf[:hi-lo]`` for ADD / SUB (``buf`` holds values of ``out``'s dtype)."""
@@ -96,7 +105,7 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
     block is tracked incrementally (a division per group cost ~4 cycles per value); groups
     that straddle a block boundary and the last few codes take a per-value path.  ADD and
     SUB decode a chunk into a buffer of ``out``'s dtype, then add it."""
-    for c in prange(_chunks(n)):
+    for c in prange(chunks(n)):
         _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c)
 
 
@@ -113,14 +122,8 @@ def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, of
         at = a[astarts[t] : astarts[t + 1]]
         ot = off[astarts[t] : astarts[t + 1]] if off.size else off
         dst = out[starts[t] : starts[t + 1]]
-        for c in range(_chunks(n)):
+        for c in range(chunks(n)):
             _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, c)
-
-
-@jit
-def _chunks(n):
-    """The parallel chunks of ``n`` codes (``_GROUPS`` groups of eight each)."""
-    return ((n + 7) // 8 + _GROUPS - 1) // _GROUPS
 
 
 @jit
@@ -135,12 +138,7 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c):
     g1 = min(ngroup, g0 + _GROUPS)
     lo = g0 * 8
     hi = min(n, g1 * 8)
-    if mode == SET:
-        dst = out
-        shift = U(0)
-    else:
-        dst = np.empty(CHUNK, out.dtype)
-        shift = U(lo)
+    dst, shift = _target(out, mode, lo, hi)
     if bits == 8 and block >= _TABLE_BLOCK and lut.size >= 256:
         _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift)
         if mode != SET:
@@ -232,7 +230,7 @@ def max_field(data, bits, n, fmask, fshift):
     The shift is monotone, so it is applied once to the largest masked code; 8- and 16-bit
     codes (fp8, rangefloat(bits=16), the byte-wide quantizers) are whole bytes and take a
     plain loop that vectorises (3.4 -> ~1 ms for 25M fp8 codes)."""
-    nchunk = _chunks(n)
+    nchunk = chunks(n)
     top = np.zeros(nchunk, np.uint64)
     for c in prange(nchunk):
         top[c] = _max_field_chunk(data, bits, n, fmask, c)
@@ -249,7 +247,7 @@ def max_field_segments(data, dstarts, bits, starts, fmask, fshift):
         n = starts[t + 1] - starts[t]
         d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
         m = U(0)
-        for c in range(_chunks(n)):
+        for c in range(chunks(n)):
             m = max(m, _max_field_chunk(d, bits, n, fmask, c))
         top[t] = m
     return (top.max() if count else U(0)) >> U(fshift)
@@ -291,12 +289,7 @@ def trits_dequantize(data, n, vals3, out, mode):
     for c in prange((nbytes + per - 1) // per):
         lo = c * TRIT_CHUNK
         hi = min(n, lo + TRIT_CHUNK)
-        if mode == SET:
-            dst = out
-            shift = U(0)
-        else:
-            dst = np.empty(TRIT_CHUNK, out.dtype)
-            shift = U(lo)
+        dst, shift = _target(out, mode, lo, hi)
         for j in range(U(c * per), U(min(nbytes, (c + 1) * per))):
             t = data[j]
             base = j * U(5)

@@ -313,8 +313,9 @@ def pack_segments(codes, starts, bits, out, ostarts):
     ``codes[starts[t]:starts[t+1]]`` of tensor ``t`` packed into exactly
     ``ceil(n_t*bits/8)`` bytes of ``out`` from byte ``ostarts[t]``, as ``pack_codes`` packs
     them alone; the bytes between tensors are left as they are."""
-    if not 1 <= bits <= 8 * codes.dtype.itemsize or starts.size != ostarts.size + 1:
-        raise ValueError(f"pack_segments: codes of dtype {codes.dtype}, {bits} bits, {starts.size - 1} tensors, {ostarts.size} offsets")
+    ends = ostarts + (np.diff(starts) * bits + 7) // 8
+    if not 1 <= bits <= 8 * codes.dtype.itemsize or starts.size != ostarts.size + 1 or (ends.size and (ends.max() > out.size or ostarts.min() < 0)):
+        raise ValueError(f"pack_segments: codes of dtype {codes.dtype}, {bits} bits, {starts.size - 1} tensors, {ostarts.size} offsets, {out.size} bytes out")
     _pack_segments(codes.reshape(-1).view(np.uint8), codes.dtype.itemsize, starts, bits, out, ostarts)
 
 

@@ -51,11 +51,12 @@ def random_positions(out, seed, khash, step, half, n):
 
 
 @jit(parallel=True)
-def random_positions_segments(kstarts, sizes, seeds, khashes, steps, out):
+def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
     """:func:`random_positions` of many tensors at once, each sorted: segment ``s`` draws
     ``kstarts[s+1] - kstarts[s]`` distinct positions in ``[0, sizes[s])`` from its own stream
     (``seeds``, ``khashes``, ``steps``: uint64) into ``out[kstarts[s]:kstarts[s+1]]``, in
-    increasing order; exactly ``codec.stages.select.randomk.positions`` per tensor."""
+    increasing order; exactly ``codec.stages.select.randomk.positions`` per tensor.  ``out``
+    comes first: the thread pool is woken by the number of positions drawn."""
     for s in prange(sizes.size):
         n = sizes[s]
         o = out[kstarts[s] : kstarts[s + 1]]

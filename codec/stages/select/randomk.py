@@ -32,12 +32,6 @@ def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
     return out
 
 
-#: a tensor of more elements than this (a run's largest) draws its positions with the
-#: per-tensor kernel when a many-tensor frame is decoded, not in the one segmented call (a
-#: segment is one thread, and sorts with Numba's sort: ResNet-50's decode ran 11.6 -> 21.4 ms)
-_SEGMENT_SIZE = 1 << 16
-
-
 def _hash_of(key, memo: dict) -> int:
     """:func:`key_hash` of ``key``, once per distinct key text of a call."""
     text = key_text(key)
@@ -94,7 +88,7 @@ class RandomK(Select):
         pos = np.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
         seeds = np.full(ks.size, self.seed, np.uint64)
-        backend("randomk", flat).random_positions_segments(kstarts, sizes, seeds, khashes, wrapped, pos)
+        backend("randomk", flat).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)
         kept = flat[pos + np.repeat(starts[:-1], ks)]
         if not np.isfinite(kept).all():
             return None  # select() raises the error naming the tensor and position
@@ -124,13 +118,17 @@ class RandomK(Select):
             memo[w] if w in memo else memo.setdefault(w, self._checked_k(*w))
             for w in zip(keys[:, 0].tolist(), keys[:, 1].tolist(), list(sizes), room.tolist())
         ], np.int64)
-        # a large tensor draws its positions alone (threads within it, NumPy's sort); the rest at once
-        big = np.asarray(sizes, np.int64) > _SEGMENT_SIZE
+        from codec.runs import RUNS
+
+        # a tensor larger than a run's draws its positions alone (threads within it, NumPy's
+        # sort): a segment is one thread and sorts with Numba's (ResNet-50's decode ran
+        # 11.6 -> 21.4 ms with every tensor in the one call)
+        big = np.asarray(sizes, np.int64) > RUNS.each
         small = np.where(big, 0, ks)
         kstarts = np.zeros(ks.size + 1, np.int64)
         np.cumsum(small, out=kstarts[1:])
         pos = np.empty(int(kstarts[-1]), np.int64)
-        backend("randomk", pos).random_positions_segments(kstarts, np.asarray(sizes, np.int64), keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy(), pos)
+        backend("randomk", pos).random_positions_segments(pos, kstarts, np.asarray(sizes, np.int64), keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy())
         o = kstarts.tolist()
         return [
             positions(int(sizes[t]), int(ks[t]), int(keys[t, 0]), int(keys[t, 2]), int(keys[t, 1])) if big[t] else pos[o[t] : o[t + 1]]
