@@ -39,6 +39,14 @@ def scratch(n: int, dtype) -> np.ndarray:
     return buf[:n]
 
 
+def offsets(counts) -> np.ndarray:
+    """Where each of ``counts`` starts in their concatenation, then the total: ``len + 1``
+    int64 (a run's tensors, sections or finds laid end to end)."""
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
 def readonly(a: np.ndarray) -> np.ndarray:
     """A read-only view of ``a``.  Kernels get every input read-only (as frame sections are), so
     each compiles one signature per dtype instead of one per dtype and writability."""
@@ -189,4 +197,4 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     flat[idx] = picked
 
 
-__all__ = ["readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]
+__all__ = ["offsets", "readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]

@@ -17,7 +17,7 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.frame import SectionKind, Section, SectionRun, raw_length
 from codec.kernels import backend
-from codec.ops import readonly
+from codec.ops import offsets, readonly
 
 
 def _code_dtype(bits: int):
@@ -130,12 +130,11 @@ def index_segments(pos, starts, sizes) -> SectionRun | None:
     delta = (counts * widths + 7) // 8
     bitmap = delta > (sizes + 7) // 8  # ties go to the packed gaps, as encode_indices decides
     nbytes = np.where(bitmap, (sizes + 7) // 8, delta)
-    offsets = np.zeros(nseg + 1, np.int64)
-    np.cumsum(nbytes, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), np.uint8)
-    kern.index_write(pos, starts, widths, readonly(bitmap), offsets, out)
+    at = offsets(nbytes)
+    out = np.empty(int(at[-1]), np.uint8)
+    kern.index_write(pos, starts, widths, readonly(bitmap), at, out)
     kinds = np.where(bitmap, SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA).tolist()
-    return SectionRun(out, offsets, kinds, np.where(bitmap, 1, widths).tolist(), np.where(bitmap, sizes, counts).tolist())
+    return SectionRun(out, at, kinds, np.where(bitmap, 1, widths).tolist(), np.where(bitmap, sizes, counts).tolist())
 
 
 def encode_index_segments(pos, starts, sizes) -> list:
@@ -185,8 +184,7 @@ def decode_index_segments(data, infos, sizes) -> list | None:
     data = readonly(data)
     found = np.empty(nseg, np.int64)
     kern.index_counts(data, starts, ends, readonly(bitmap), counts, found)
-    out_starts = np.zeros(nseg + 1, np.int64)
-    np.cumsum(found, out=out_starts[1:])
+    out_starts = offsets(found)
     pos = np.empty(int(out_starts[-1]), np.int64)
     bad = np.zeros(nseg, np.uint8)
     kern.index_read(data, starts, ends, readonly(bitmap), bits, sizes, out_starts, pos, bad)
@@ -232,8 +230,7 @@ def decode_indices(info, raw, n: int) -> np.ndarray:
         _check_payload(raw, n, 1, "index bitmap")
         raw = readonly(raw)
         counts = kern.bitmap_count(raw)
-        starts = np.zeros(counts.size, np.int64)
-        np.cumsum(counts[:-1], out=starts[1:])
+        starts = offsets(counts[:-1])
         idx = np.empty(int(counts.sum()), np.int64)
         kern.bitmap_decode(raw, starts, idx)
         return idx

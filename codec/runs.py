@@ -20,7 +20,7 @@ import numpy as np
 from codec.errors import NonFiniteError
 from codec.frame import Section, SectionKind
 from codec.manyframe import Entry
-from codec.ops import scratch
+from codec.ops import offsets, scratch
 from codec.stage import Context
 
 
@@ -112,13 +112,6 @@ def feedback_members(c, arrays) -> list[int]:
     return [i for g in segment_runs([(a.size, a.dtype) for a in arrays], FEEDBACK_RUNS) for i in g]
 
 
-def starts_of(sizes) -> np.ndarray:
-    """Where each of ``sizes`` starts in their concatenation, and the total (int64)."""
-    starts = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=starts[1:])
-    return starts
-
-
 def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
     """Code every run of small float32/float64 tensors that the value stage codes at once
     (:meth:`codec.stage.Value.encode_run`): ``out[i]`` its table entries, and per run
@@ -126,7 +119,7 @@ def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
     groups = segment_runs([(a.size, a.dtype) for a in arrays], shape)
     coded = {}
     for g, flat in zip(groups, concatenated(arrays, groups)):
-        got = c.value.encode_run(flat, starts_of([arrays[i].size for i in g]), [ctxs[i] for i in g])
+        got = c.value.encode_run(flat, offsets([arrays[i].size for i in g]), [ctxs[i] for i in g])
         if got is None:
             continue
         table, piece = got
@@ -146,7 +139,7 @@ def select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
     coded = {}
     for g, flat in zip(groups, concatenated(arrays, groups)):
         members = [ctxs[i] for i in g]
-        picked = c.select.select_segments(flat, starts_of([arrays[i].size for i in g]), members)
+        picked = c.select.select_segments(flat, offsets([arrays[i].size for i in g]), members)
         if picked is None:
             continue
         pos, kstarts, values, index = picked

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from codec import dtypes
+from codec.ops import offsets
 from codec.errors import CorruptFrameError
 from codec.frame import MAX_NDIM
 from codec.manyframe.wire import HASH_SIZE, Cursor, put_varint
@@ -39,8 +40,7 @@ class Layout:
     @functools.cached_property
     def starts(self) -> np.ndarray:
         """Where each tensor starts in the flat concatenation, and the total: ``len + 1`` int64."""
-        out = np.zeros(len(self.shapes) + 1, np.int64)
-        np.cumsum(self.sizes, out=out[1:])
+        out = offsets(self.sizes)
         out.flags.writeable = False  # a Layout is shared (the recent tables' cache, several frames)
         return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
-from codec.ops import readonly
+from codec.ops import offsets, readonly
 from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite, segment_room, segments_picked
 from codec.params import Param
 from codec.stage import Value, register
@@ -60,8 +60,7 @@ class SignScale(Value):
         from codec.manyframe import Entry
 
         ks = np.diff(kstarts)
-        starts = np.zeros(ks.size + 1, np.int64)
-        np.cumsum(8 + (ks + 7) // 8, out=starts[1:])
+        starts = offsets(8 + (ks + 7) // 8)
         data = np.empty(int(starts[-1]), np.uint8)
         kern = backend("pack", data)
         scales = np.array([c.hints["scale"] for c in ctxs], np.float64)
@@ -145,8 +144,7 @@ class AdaComp(IndexSelect):
 
         sizes = np.diff(starts)
         lengths = np.array([self.length(c.shape) for c in ctxs], np.int64)
-        bstarts = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(-(-sizes // lengths), out=bstarts[1:])
+        bstarts = offsets(-(-sizes // lengths))
         gmax = np.empty(int(bstarts[-1]), flat.dtype)
         room, pos, counts, bad = segment_room(sizes)  # (only each tensor's first sends are written)
         vals = np.empty(flat.size, flat.dtype)

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from codec.errors import NonFiniteError
-from codec.ops import readonly
+from codec.ops import offsets, readonly
 from codec.stage import Select
 
 #: elements sampled to choose a cut (all of them below this size)
@@ -45,8 +45,7 @@ def collect(run, nchunk: int, cap: int, vdtype=None):
     if nchunk == 1 and counts[0] <= cap:  # one chunk (a small tensor): its row is the answer
         m = int(counts[0])
         return buf[0, :m], (vals[0, :m] if vdtype is not None else None)
-    starts = np.zeros(nchunk, np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
+    starts = offsets(counts[:-1])
     total = int(counts.sum())
     out = np.empty(total, np.int64)
     vout = np.empty(total if vdtype is not None else 0, vdt)
@@ -65,8 +64,7 @@ def segment_room(caps):
     """Room for a segmented selection kernel whose tensor ``t`` finds at most ``caps[t]``
     positions: ``(room, pos, counts, bad)``, tensor t writing from ``pos[room[t]]`` (``room``
     holds ``len(caps) + 1`` offsets), its count and NaN/inf flag into ``counts[t]``, ``bad[t]``."""
-    room = np.zeros(len(caps) + 1, np.int64)
-    np.cumsum(caps, out=room[1:])
+    room = offsets(caps)
     return room, np.empty(int(room[-1]), np.int64), np.zeros(len(caps), np.int64), np.zeros(len(caps), np.int64)
 
 
@@ -78,8 +76,7 @@ def segments_picked(flat, starts, room, pos, counts, values=None):
     take them at once (each tensor then selects alone)."""
     from codec.pack import index_segments
 
-    kstarts = np.zeros(counts.size + 1, np.int64)
-    np.cumsum(counts, out=kstarts[1:])
+    kstarts = offsets(counts)
     at = np.arange(int(kstarts[-1])) + np.repeat(room[:-1] - kstarts[:-1], counts)
     picked = pos[at]
     index = index_segments(picked, kstarts, np.diff(starts))

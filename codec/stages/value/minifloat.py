@@ -27,6 +27,7 @@ from codec.stages.value.quantizer import (
 )
 from codec.params import Param, SEED, rounding
 from codec.stage import register
+from codec.ops import offsets
 
 
 @functools.lru_cache(maxsize=64)
@@ -176,8 +177,7 @@ class _MiniFloat(Quantizer):
         blocks, nblocks = self._run_blocks(sizes)
         if np.any(blocks > CHUNK):  # a window of several work units (never in a run of small tensors)
             return None
-        bstarts = np.zeros(starts.size, np.int64)
-        np.cumsum(nblocks, out=bstarts[1:])
+        bstarts = offsets(nblocks)
         if self.needs_max():
             bits, mask = magnitude_bits(x)
             top = np.zeros(int(bstarts[-1]), bits.dtype)
@@ -208,8 +208,7 @@ class _MiniFloat(Quantizer):
                 raise CorruptFrameError(f"ints section: {what} outside [{low}, {high}]")
             stored = head.astype(np.int64)
         else:
-            hstarts = np.zeros(sizes.size + 1, np.int64)
-            np.cumsum(nblocks, out=hstarts[1:])
+            hstarts = offsets(nblocks)
             stored = np.zeros(int(hstarts[-1]), np.int64)
         emin = self.emins(stored).astype(np.int64)
         if emin.size and int(emin.min()) < -1000:  # _exact_factors rescales that tensor's table

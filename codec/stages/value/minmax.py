@@ -8,7 +8,7 @@ import functools
 import numpy as np
 
 from codec.errors import CorruptFrameError
-from codec.ops import readonly
+from codec.ops import offsets, readonly
 from codec.layout import bucket_groups
 from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, saturates, scalars_section
 from codec.frame import MAX_ELEMENTS, SectionKind
@@ -77,8 +77,7 @@ class MinMax(Quantizer):
         from codec.kernels import backend
 
         nb = -(-np.diff(starts) // self.bucket)
-        bstarts = np.zeros(starts.size, np.int64)
-        np.cumsum(nb, out=bstarts[1:])
+        bstarts = offsets(nb)
         lows, highs = np.empty(int(bstarts[-1])), np.empty(int(bstarts[-1]))
         codes = np.empty(x.size, np.uint8)
         bad = np.zeros(len(ctxs), np.int64)

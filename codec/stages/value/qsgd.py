@@ -9,7 +9,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
-from codec.ops import readonly
+from codec.ops import offsets, readonly
 from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
@@ -87,8 +87,7 @@ class Qsgd(Quantizer):
 
         if self.coding != "packed":
             return None
-        bstarts = np.zeros(starts.size, np.int64)
-        np.cumsum(-(-np.diff(starts) // self.bucket), out=bstarts[1:])
+        bstarts = offsets(-(-np.diff(starts) // self.bucket))
         norms = np.empty(int(bstarts[-1]))
         codes = np.empty(x.size, code_dtype(self.code_bits))
         bad = np.zeros(len(ctxs), np.int64)
@@ -153,8 +152,7 @@ class Qsgd(Quantizer):
         codes = readonly(codes)
         if nchunk:
             kern.elias_sizes(codes, self.bucket, per, sizes)
-        starts = np.zeros(nchunk + 1, np.int64)
-        np.cumsum(sizes, out=starts[1:])
+        starts = offsets(sizes)
         out = np.zeros(int(starts[-1]), np.uint8)
         if nchunk:
             kern.elias_encode(codes, self.bucket, per, starts[:-1], out)
@@ -183,8 +181,7 @@ class Qsgd(Quantizer):
         if info is None or info.kind != SectionKind.VALUES or info.bits != 8 or int(sizes.sum(dtype=np.uint64)) != info.count:
             raise CorruptFrameError("qsgd frame: the Elias chunk lengths do not add up to the values section")
         _, data = reader.take(SectionKind.VALUES, bits=8, count=info.count)
-        starts = np.zeros(nchunk + 1, np.int64)
-        np.cumsum(sizes.astype(np.int64), out=starts[1:])
+        starts = offsets(sizes.astype(np.int64))
         codes = np.zeros(count, code_dtype(self.code_bits))
         bad = np.zeros(nchunk, np.int64)
         if nchunk:

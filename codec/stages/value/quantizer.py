@@ -16,7 +16,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
-from codec.ops import readonly
+from codec.ops import offsets, readonly
 from codec.pack import _code_dtype as code_dtype  # noqa: F401  (the narrowest unsigned dtype for a code width)
 import abc
 
@@ -201,16 +201,14 @@ class Quantizer(Value):
         if self.run_head == SectionKind.SCALARS:
             if not np.all(np.isfinite(head)):
                 return None  # the tensor's own encode says which
-            big = np.zeros(head.size + 1, np.int64)
-            np.cumsum(np.abs(head) > F32_MAX, out=big[1:])
+            big = offsets(np.abs(head) > F32_MAX)
             widths = np.where(big[hstarts[1:]] > big[hstarts[:-1]], 8, 4)
         else:
             widths = np.full(len(ctxs), 2, np.int64)
         sizes = np.diff(starts)
         code_bytes = (sizes * bits + 7) // 8
         head_bytes = nh * widths if self.run_head is not None else np.zeros_like(nh)
-        ostarts = np.zeros(len(ctxs) + 1, np.int64)
-        np.cumsum(head_bytes + code_bytes, out=ostarts[1:])
+        ostarts = offsets(head_bytes + code_bytes)
         cstarts = ostarts[:-1] + head_bytes
         pack = backend("pack", codes)
         codes = readonly(codes)
@@ -258,13 +256,11 @@ class Quantizer(Value):
         last = infos[-1][-1] if count else None
         data = data[lo : last.offset + last.raw_len] if count else data[:0]
         hoffs, coffs = [o - lo for o in hoffs], [o - lo for o in coffs]
-        starts = np.zeros(count + 1, np.int64)
-        np.cumsum(sizes, out=starts[1:])
-        hstarts = np.zeros(count + 1, np.int64)
+        starts = offsets(sizes)
+        hstarts = offsets(hcounts if heads else [0] * count)
         head = np.empty(0)
         kern = backend("pack", data)
         if heads:
-            np.cumsum(hcounts, out=hstarts[1:])
             head = np.empty(int(hstarts[-1]))
             kern.take_items(data, np.array(hoffs, np.int64), np.array(hwidths, np.int64), hstarts, head)
             if self.run_head == SectionKind.SCALARS and not np.all(np.isfinite(head)):
