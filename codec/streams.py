@@ -8,6 +8,8 @@ thread count, on the CPU and (later) on the GPU.  The kernels derive the stream 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 def key_text(key) -> str:
@@ -25,10 +27,16 @@ def key_text(key) -> str:
 
 def key_hash(key) -> int:
     """64 bits of BLAKE2b over :func:`key_text`, as UTF-8 (lone surrogates, which a Python str
-    may hold, encoded as themselves)."""
+    may hold, encoded as themselves); a text hashed before is looked up (a many-tensor call
+    hashes every tensor's key, the same ones every step)."""
+    return _hash_text(key_text(key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _hash_text(text: str) -> int:
     import hashlib
 
-    return int.from_bytes(hashlib.blake2b(key_text(key).encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def stream(seed: int, ctx) -> np.uint64:

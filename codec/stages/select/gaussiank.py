@@ -70,8 +70,7 @@ class GaussianK(MagnitudeSelect):
         else:
             memo: dict = {}
             zs = np.array([memo[r] if r in memo else memo.setdefault(r, _z(r)) for r in ratios])
-        wide = flat.astype(np.float64)
-        shifts = np.array([float(wide[a:b].mean()) if b > a else 0.0 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
+        shifts = np.array([float(flat[a:b].astype(np.float64).mean()) if b > a else 0.0 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
         room, pos, counts, bad = segment_room(np.minimum(sizes, ks if self.exact else 4 * ks // 3))
         kern = backend("select", flat)
         if self.exact:

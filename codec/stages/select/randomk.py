@@ -10,7 +10,7 @@ from codec.frame import SectionKind, Section
 from codec.stages.select.magnitude import k_of
 from codec.params import SEED, Param, ratio
 from codec.stage import Select, register
-from codec.streams import key_hash, key_text
+from codec.streams import key_hash
 from codec.ops import offsets
 
 __all__ = ["RandomK", "key_hash", "positions"]
@@ -31,12 +31,6 @@ def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
     backend("randomk", out).random_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64((h + 1) // 2), n)
     out.sort()
     return out
-
-
-def _hash_of(key, memo: dict) -> int:
-    """:func:`key_hash` of ``key``, once per distinct key text of a call."""
-    text = key_text(key)
-    return memo[text] if text in memo else memo.setdefault(text, key_hash(key))
 
 
 @register
@@ -82,8 +76,7 @@ class RandomK(Select):
         sizes = np.diff(starts)
         steps = [c.step for c in ctxs]
         ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
-        memo: dict = {}
-        khashes = np.array([_hash_of(c.key, memo) for c in ctxs], np.uint64)
+        khashes = np.array([key_hash(c.key) for c in ctxs], np.uint64)
         kstarts = offsets(ks)
         pos = np.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)

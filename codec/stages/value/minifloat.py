@@ -196,7 +196,7 @@ class _MiniFloat(Quantizer):
         )
         if bad.any():
             return None
-        return stored.astype(np.float64), bstarts, codes, self.width
+        return stored.astype(np.float64), bstarts, codes
 
     def run_factors(self, head, hstarts, sizes, dtype):
         blocks, nblocks = self._run_blocks(sizes)

@@ -96,7 +96,7 @@ class MinMax(Quantizer):
         at = np.arange(lows.size) + bstarts[:-1][tensor]  # bucket b of tensor t at 2*bstarts[t] + b
         head[at] = lows
         head[at + nb[tensor]] = highs
-        return head, 2 * bstarts, codes, self.bits
+        return head, 2 * bstarts, codes
 
     def run_factors(self, head, hstarts, sizes, dtype):
         nb = -(-sizes // self.bucket)

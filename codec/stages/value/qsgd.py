@@ -96,7 +96,7 @@ class Qsgd(Quantizer):
         )
         if bad.any():
             return None
-        return norms, bstarts, codes, self.code_bits
+        return norms, bstarts, codes
 
     def run_factors(self, head, hstarts, sizes, dtype):
         if self.coding != "packed" or not np.array_equal(np.diff(hstarts), -(-sizes // self.bucket)):

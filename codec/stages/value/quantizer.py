@@ -169,9 +169,9 @@ class Quantizer(Value):
     run_head: int | None = None
 
     def quantize_run(self, x, starts, ctxs):
-        """The kernels' part of :meth:`encode_run`: ``(head, hstarts, codes, bits)``, every
+        """The kernels' part of :meth:`encode_run`: ``(head, hstarts, codes)``, every
         tensor's per-block numbers (float64, tensor t's ``head[hstarts[t]:hstarts[t+1]]``) and
-        the codes of ``x`` (``bits`` wide, any unsigned dtype); or None when a tensor needs
+        the codes of ``x`` (:meth:`run_bits` wide, any unsigned dtype); or None when a tensor needs
         its own encode (a NaN, a range the codec refuses: the error is raised there)."""
         return None
 
@@ -196,7 +196,8 @@ class Quantizer(Value):
         got = self.quantize_run(readonly(flat), starts, ctxs)
         if got is None:
             return None
-        head, hstarts, codes, bits = got
+        head, hstarts, codes = got
+        bits = self.run_bits()
         nh = np.diff(hstarts)
         if self.run_head == SectionKind.SCALARS:
             if not np.all(np.isfinite(head)):
