@@ -171,12 +171,7 @@ def decode_index_segments(data, infos, sizes) -> list | None:
     limit = np.maximum(1, np.array([max(0, int(n) - 1).bit_length() for n in sizes.tolist()], np.int64))
     ok = np.where(bitmap, (bits == 1) & (counts == sizes), (kinds == SectionKind.INDEX_DELTA) & (counts <= sizes) & (bits >= 1) & (bits <= np.minimum(limit, 56)))
     ok &= (lens == (counts * bits + 7) // 8) & (starts >= 0) & (starts + lens <= data.size)
-    used = (counts * bits) % 8
-    if data.size:  # padding bits past the last item clear
-        tail = data[np.clip(starts + lens - 1, 0, data.size - 1)].astype(np.int64)
-        ok &= (used == 0) | ((tail >> used) == 0)
-    else:
-        ok &= lens == 0
+    ok &= padding_clear(data, starts, counts, bits)
     if not ok.all():
         return None
     ends = starts + lens
@@ -192,6 +187,18 @@ def decode_index_segments(data, infos, sizes) -> list | None:
         return None
     o = out_starts.tolist()
     return [pos[o[s] : o[s + 1]] for s in range(nseg)]
+
+
+def padding_clear(data: np.ndarray, starts, counts, bits) -> np.ndarray:
+    """Per section of ``counts`` items of ``bits`` bits (arrays, or a scalar ``bits``) packed
+    from byte ``starts`` of ``data``: whether its padding bits past the last item are clear,
+    as :func:`_check_payload` checks one section (a last byte outside ``data`` reads the
+    nearest one; callers check the lengths)."""
+    used = (counts * bits) % 8
+    if not data.size:
+        return used == 0
+    last = np.clip(starts + (counts * bits + 7) // 8 - 1, 0, data.size - 1)
+    return (used == 0) | ((data[last].astype(np.int64) >> used) == 0)
 
 
 def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
 from codec.ops import offsets, readonly
-from codec.pack import _code_dtype as code_dtype  # noqa: F401  (the narrowest unsigned dtype for a code width)
+from codec.pack import _code_dtype as code_dtype, padding_clear  # noqa: F401  (the narrowest unsigned dtype for a code width)
 import abc
 
 from codec.stage import Value
@@ -270,7 +270,8 @@ class Quantizer(Value):
         if factors is None:
             return None
         dstarts = np.array(coffs, np.int64)
-        _check_padding(data, dstarts, starts, bits)
+        if not padding_clear(data, dstarts, np.diff(starts), bits).all():  # as read_codes checks one
+            raise CorruptFrameError("values section: padding bits past the last item are set")
         limit = self.code_limit()
         if limit is not None and starts[-1] and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
             top = backend("dequant", data).max_field_segments(readonly(data), dstarts, bits, starts, *limit[:2])
@@ -283,16 +284,6 @@ class Quantizer(Value):
         """The width of the codes section of a run's tensors; None (the default): this
         quantizer codes no runs (:meth:`quantize_run` is not implemented)."""
         return None
-
-
-def _check_padding(data, dstarts, starts, bits) -> None:
-    """Every tensor's codes section (``starts`` its counts, ``dstarts`` its byte offsets in
-    ``data``) has its padding bits clear, as :func:`read_codes` checks one."""
-    used = (np.diff(starts) * bits) % 8
-    last = dstarts + (np.diff(starts) * bits + 7) // 8 - 1
-    pad = used > 0
-    if pad.any() and np.any(data[last[pad]].astype(np.int64) >> used[pad]):
-        raise CorruptFrameError("values section: padding bits past the last item are set")
 
 
 # ---------------------------------------------------------------------------- magnitudes
