@@ -28,6 +28,7 @@ import codec
 from codec.arrays import scatter_add, wide_dtype
 from codec.frame import raw_length
 from codec.manyframe import read_header
+from codec.ops import offsets
 from transport.errors import raise_failed
 from transport.schemes.base import SIGN_CODECS, Scheme, check_finite, finish_sum, vote_error
 
@@ -99,9 +100,9 @@ class Allgather(Framed):
         sizes = np.empty(self.reducer.size, np.int64)
         comm.Allgather(np.array([-1 if failed else msg.size], np.int64), sizes)
         if (sizes < 0).any():  # an encode failure the checks before the step did not foresee
+            self.buffers.give(held)  # the step ends here: nothing refers to its buffers
             raise_failed(comm, failed, "encoding its tensors")
-        displs = np.zeros_like(sizes)
-        np.cumsum(sizes[:-1], out=displs[1:])
+        displs = offsets(sizes[:-1])
         total = int(sizes.sum())
         held.append(self.buffers.take(total))
         recv = held[-1][:total]
