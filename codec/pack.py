@@ -122,8 +122,8 @@ def index_segments(pos, starts, sizes) -> SectionRun | None:
     counts = np.diff(starts)
     kern = backend("index", pos)
     widths = np.empty(nseg, np.int64)
-    kern.index_widths(pos, starts, widths)
-    if (widths < 0).any() or ((pos >= np.repeat(sizes, counts)).any() if pos.size else False):
+    kern.index_widths(pos, starts, readonly(sizes), widths)
+    if (widths < 0).any():
         raise ValueError("idx: each set's positions must be strictly increasing and lie in [0, n)")
     if nseg and widths.max() > 56:  # gaps beyond the kernel's 64-bit accumulator
         return None

@@ -144,11 +144,12 @@ def bitmap_decode(bitmap, starts, out):
 
 
 @jit(parallel=True)
-def index_widths(pos, starts, widths):
+def index_widths(pos, starts, sizes, widths):
     """Per segment ``s`` (positions ``pos[starts[s]:starts[s+1]]``, each set sorted and
-    relative to its own tensor): ``widths[s]`` = the bit length of its largest gap minus one
-    (at least 1), as :func:`delta_encode` and ``codec.pack.encode_indices`` find it; -1 when
-    the set is not strictly increasing from 0."""
+    relative to its own tensor of ``sizes[s]`` elements): ``widths[s]`` = the bit length of
+    its largest gap minus one (at least 1), as :func:`delta_encode` and
+    ``codec.pack.encode_indices`` find it; -1 when the set is not strictly increasing from 0
+    or its last position is not below ``sizes[s]``."""
     for s in prange(widths.size):
         prev = np.int64(-1)
         big = np.uint64(0)
@@ -163,7 +164,7 @@ def index_widths(pos, starts, widths):
         w = 1
         while w < 64 and (big >> np.uint64(w)) != np.uint64(0):
             w += 1
-        widths[s] = w if ok else -1
+        widths[s] = w if ok and prev < sizes[s] else -1
 
 
 @jit(parallel=True)
