@@ -200,11 +200,11 @@ def _read_jobs(c, mf, only=None, shape: RunShape = RUNS) -> list:
 
 def _run_job(c, mf, run, value_runs):
     """The job ``(run, ctx, payload)`` of a run of tensors read at once, or None (each is read
-    alone): an elementwise codec's one section over the run (:func:`_run_frame`), or what the
+    alone): an elementwise codec's one section over the run (:func:`_values_frame`), or what the
     value stage's :meth:`codec.stage.Value.read_run` reads."""
     lay = mf.layout
     if not value_runs:
-        fr = _run_frame(mf, run)
+        fr = _values_frame(mf, [mf.tensor_sections[i] for i in run], [lay.sizes[i] for i in run], lay.dtypes[run[0]])
         return None if fr is None else (run, *c._read(fr))
     sizes = [lay.sizes[i] for i in run]
     dtype = lay.dtypes[run[0]]
@@ -230,12 +230,25 @@ def _sparse_run_job(c, mf, run, known):
     ks = [known[i].size for i in run]
     if any(not mf.tensor_sections[i] for i in run):
         return None
-    payload = _or_alone(c.value.read_kept, np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i][1:] for i in run], ks, lay.dtypes[run[0]])
+    dtype, values = lay.dtypes[run[0]], [mf.tensor_sections[i][1:] for i in run]
+    if c.value.elementwise:  # the run's values sections read as one
+        fr = _values_frame(mf, values, ks, dtype)
+        payload = None if fr is None else _or_alone(_read_values, c.value, fr, dtype)
+    else:
+        payload = _or_alone(c.value.read_kept, np.frombuffer(mf.payload, np.uint8), values, ks, dtype)
     if payload is None:
         return None
     ctx = Context((int(lay.starts[run[-1] + 1] - lay.starts[run[0]]),), lay.dtypes[run[0]], name="tensors")
     ctx.positions = np.concatenate([known[i] for i in run]) + np.repeat(lay.starts[run] - lay.starts[run[0]], ks)
     return run, ctx, payload
+
+
+def _read_values(value, fr, dtype):
+    """What the value stage reads of the one-section frame ``fr`` (:func:`_values_frame`)."""
+    rd = fr.reader()
+    payload = value.read(rd, Context(fr.shape, dtype), fr.n)
+    rd.done()
+    return payload
 
 
 def _known_positions(c, mf, only=None) -> list:
@@ -257,24 +270,27 @@ def _known_positions(c, mf, only=None) -> list:
     return none
 
 
-def _run_frame(mf, run):
-    """One v1-shaped frame over a run's codes, when every tensor of the run holds exactly one
-    section of its own element count, with the first one's kind and a whole number of bytes
-    per item (else None: each tensor is then read, and refused, on its own)."""
-    first = mf.tensor_sections[run[0]]
-    if len(first) != 1 or first[0].bits % 8:
+def _values_frame(mf, sections, counts, dtype):
+    """One v1-shaped frame holding a run's values sections as one, when ``sections[t]`` (tensor
+    t's) is exactly one section of ``counts[t]`` items, all of the first one's kind and width,
+    a whole number of bytes per item: over the payload itself when they lie end to end (an
+    elementwise run's codes), else over a copy gathering them (a sparse run's kept values);
+    None otherwise (each tensor is then read, and refused, on its own)."""
+    first = sections[0][0] if sections and len(sections[0]) == 1 else None
+    if first is None or first.bits % 8:
         return None
-    kind, bits = first[0].kind, first[0].bits
-    total = raw = 0
-    for i in run:
-        secs = mf.tensor_sections[i]
-        n = mf.layout.sizes[i]
-        if len(secs) != 1 or (secs[0].kind, secs[0].bits, secs[0].count) != (kind, bits, n):
+    for secs, n in zip(sections, counts):
+        if len(secs) != 1 or (secs[0].kind, secs[0].bits, secs[0].count) != (first.kind, first.bits, n):
             return None
-        total += n
-        raw += secs[0].raw_len
-    info = SectionInfo(kind, first[0].encoding, bits, total, raw, raw, first[0].offset)
-    return Frame(mf.payload, VERSION, mf.flags, mf.layout.dtypes[run[0]], (total,), mf.spec, [info], 0)
+    total = sum(counts)
+    raw = sum(secs[0].raw_len for secs in sections)
+    if all(b[0].offset == a[0].offset + a[0].raw_len for a, b in zip(sections, sections[1:])):
+        payload, at = mf.payload, first.offset
+    else:
+        data = np.frombuffer(mf.payload, np.uint8)
+        payload, at = memoryview(np.concatenate([data[s[0].offset : s[0].offset + s[0].raw_len] for s in sections])), 0
+    info = SectionInfo(first.kind, first.encoding, first.bits, total, raw, raw, at)
+    return Frame(payload, VERSION, mf.flags, dtype, (total,), mf.spec, [info], 0)
 
 
 def _whole(c, ctx, payload, dtype, reuse: bool) -> np.ndarray:

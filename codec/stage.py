@@ -372,24 +372,10 @@ class Value(Stage):
         """The inverse of :meth:`encode_kept`: from the raw payload ``data`` (uint8) and per
         tensor its value sections (infos, offsets into ``data``) and kept count, a payload that
         :meth:`write` decodes into the run's kept values (``dtype`` the frame's), after
-        :meth:`read`'s checks; None when a tensor's sections are not what the run expects.
-        The default reads an elementwise stage's one values section per tensor as one."""
-        from codec.frame import Frame, SectionInfo
-        from codec.manyframe import VERSION
-
-        if not self.elementwise:
-            return None
-        first = sections[0][0] if sections and sections[0] else None
-        for secs, k in zip(sections, counts):
-            if len(secs) != 1 or first is None or (secs[0].kind, secs[0].bits, secs[0].count) != (first.kind, first.bits, k):
-                return None
-        total = int(sum(counts))
-        raw = np.concatenate([data[s[0].offset : s[0].offset + s[0].raw_len] for s in sections]) if total else data[:0]
-        fr = Frame(memoryview(raw), VERSION, 0, dtype, (total,), "", [SectionInfo(first.kind, first.encoding, first.bits, total, raw.size, raw.size, 0)], 0)
-        rd = fr.reader()
-        payload = self.read(rd, Context((total,), dtype), total)
-        rd.done()
-        return payload
+        :meth:`read`'s checks; None (the default) when a tensor's sections are not what the
+        run expects.  An elementwise stage needs none: the many-tensor decoder reads its
+        run's values sections as one section (``codec.many``)."""
+        return None
 
     def read_run(self, data, infos, sizes, dtype):
         """The inverse of :meth:`encode_run`: from the raw payload ``data`` (uint8) and, per
