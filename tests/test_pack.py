@@ -437,7 +437,7 @@ def test_index_segments_refuse_what_one_set_refuses():
 
 # ---------------------------------------------------------------- a many-tensor run's bytes
 @pytest.mark.parametrize("bits", [1, 3, 6, 8, 11, 16, 33])
-def test_pack_segments_match_numpy(bits):
+def test_pack_segments_match_numpy(bits, backend):
     """Each tensor's codes packed at its own byte offset exactly as ref_pack packs them alone;
     the bytes between tensors are left as they were."""
     rng = np.random.default_rng(bits)
@@ -449,13 +449,13 @@ def test_pack_segments_match_numpy(bits):
     lens = [raw_length(n, bits) for n in sizes]
     ostarts = np.cumsum([0] + [ln + 3 for ln in lens])[:-1].astype(np.int64)  # 3 bytes between
     out = np.full(int(ostarts[-1]) + lens[-1] + 3, 0xCD, np.uint8)
-    module("pack").pack_segments(readonly(codes), starts, bits, out, ostarts)
+    module("pack", backend).pack_segments(readonly(codes), starts, bits, out, ostarts)
     for t, n in enumerate(sizes):
         assert bytes(out[ostarts[t] : ostarts[t] + lens[t]]) == bytes(ref_pack(codes[starts[t] : starts[t + 1]], bits)), t
         assert np.all(out[ostarts[t] + lens[t] : ostarts[t] + lens[t] + 3] == 0xCD)
 
 
-def test_put_and_take_items_match_numpy():
+def test_put_and_take_items_match_numpy(backend):
     """Per tensor float64 items written as float64, float32 (rounded as NumPy casts) or int16,
     little-endian at their offsets, and read back as float64."""
     rng = np.random.default_rng(5)
@@ -470,16 +470,16 @@ def test_put_and_take_items_match_numpy():
     ostarts = np.cumsum([0] + [c * w + 1 for c, w in zip(counts, widths)])[:-1].astype(np.int64)
     out = np.zeros(int(ostarts[-1]) + counts[-1] * int(widths[-1]), np.uint8)
     flat = np.concatenate(values)
-    module("pack").put_items(readonly(flat), vstarts, widths, out, ostarts)
+    module("pack", backend).put_items(readonly(flat), vstarts, widths, out, ostarts)
     back = np.full(flat.size, np.nan)
-    module("pack").take_items(readonly(out), ostarts, widths, vstarts, back)
+    module("pack", backend).take_items(readonly(out), ostarts, widths, vstarts, back)
     for t, (v, w) in enumerate(zip(values, widths)):
         want = v.astype({8: "<f8", 4: "<f4", 2: "<i2"}[int(w)])
         assert bytes(out[ostarts[t] : ostarts[t] + v.size * w]) == want.tobytes(), t
         assert np.array_equal(back[vstarts[t] : vstarts[t + 1]], want.astype(np.float64)), t
 
 
-def test_interleave_matches_numpy():
+def test_interleave_matches_numpy(backend):
     """A sparse run's bytes: each tensor's index bytes, then its value codes, in turn."""
     rng = np.random.default_rng(9)
     a_sizes, b_sizes = [0, 3, 1, 0, 40], [2, 0, 8, 0, 5]
@@ -487,16 +487,16 @@ def test_interleave_matches_numpy():
     second = rng.integers(0, 256, sum(b_sizes), dtype=np.uint8)
     fs, ss = (np.concatenate([[0], np.cumsum(x)]).astype(np.int64) for x in (a_sizes, b_sizes))
     out = np.full(first.size + second.size, 7, np.uint8)
-    module("pack").interleave(readonly(first), fs, readonly(second), ss, out)
+    module("pack", backend).interleave(readonly(first), fs, readonly(second), ss, out)
     want = np.concatenate([p for t in range(len(a_sizes)) for p in (first[fs[t] : fs[t + 1]], second[ss[t] : ss[t + 1]])])
     assert bytes(out) == bytes(want)
 
 
-def test_pack_segments_refuses_an_out_too_small():
+def test_pack_segments_refuses_an_out_too_small(backend):
     """A tensor's bytes past ``out`` are refused before the kernel runs (it checks nothing)."""
     codes = np.arange(24, dtype=np.uint8)
     starts = np.array([0, 8, 24], np.int64)
     with pytest.raises(ValueError, match="pack_segments"):
-        module("pack").pack_segments(readonly(codes), starts, 8, np.zeros(23, np.uint8), np.array([0, 8], np.int64))
+        module("pack", backend).pack_segments(readonly(codes), starts, 8, np.zeros(23, np.uint8), np.array([0, 8], np.int64))
     with pytest.raises(ValueError, match="pack_segments"):
-        module("pack").pack_segments(readonly(codes), starts, 8, np.zeros(24, np.uint8), np.array([-1, 8], np.int64))
+        module("pack", backend).pack_segments(readonly(codes), starts, 8, np.zeros(24, np.uint8), np.array([-1, 8], np.int64))

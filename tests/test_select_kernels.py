@@ -13,6 +13,7 @@ from codec._jit import PARALLEL_MIN
 from codec.kernels import module
 from codec.layout import CHUNK, LANES
 from codec.stages.select.magnitude import collect
+from codec.stages.select.dgc import MIN_SAMPLE, RETRIES
 from reference.sparse import topk
 
 SIZES = [0, 1, 7, CHUNK - 1, CHUNK + 1, 3 * CHUNK + 17]
@@ -184,7 +185,7 @@ def run_topk_segments(S, parts, ks, twin=None):
     out_starts = np.zeros(ks.size + 1, np.int64)
     np.cumsum(ks, out=out_starts[1:])
     out = np.full(int(out_starts[-1]), -1, np.int64)
-    bad = np.zeros(ks.size, np.uint8)
+    bad = np.zeros(ks.size, np.int64)  # as the codec passes it (segment_room)
     fn = S.topk_segments if twin is None else getattr(S.topk_segments, twin)
     fn(flat, starts, ks, out_starts, out, bad)
     return [out[out_starts[i] : out_starts[i + 1]] for i in range(ks.size)], bad
@@ -229,7 +230,7 @@ def run_dgc_segments(S, parts, ratio, sample):
     np.cumsum(sizes, out=starts[1:])
     flat = np.concatenate(parts) if parts else np.empty(0, np.float32)
     ks = np.array([0 if n == 0 else min(n, max(1, math.floor(ratio * n))) for n in sizes.tolist()], np.int64)
-    m = [max(math.ceil(sample * n), 4096) for n in sizes.tolist()]
+    m = [max(math.ceil(sample * n), MIN_SAMPLE) for n in sizes.tolist()]
     strides = np.array([1 if n <= mm else n // mm for n, mm in zip(sizes.tolist(), m)], np.int64)
     drawn = -(-sizes // strides)
     picks = np.array([min(max(1, math.ceil(ratio * d)), d) for d in drawn.tolist()], np.int64)
@@ -238,8 +239,8 @@ def run_dgc_segments(S, parts, ratio, sample):
     np.cumsum(caps, out=room[1:])
     out = np.full(int(room[-1]), -1, np.int64)
     counts = np.full(sizes.size, -1, np.int64)
-    bad = np.zeros(sizes.size, np.uint8)
-    S.dgc_segments(flat, starts, ks, strides, picks, 10, room, out, counts, bad)
+    bad = np.zeros(sizes.size, np.int64)
+    S.dgc_segments(flat, starts, ks, strides, picks, RETRIES, room, out, counts, bad)
     return [out[room[i] : room[i] + counts[i]] for i in range(sizes.size)], bad
 
 
@@ -329,7 +330,7 @@ def test_gaussiank_segments_match_numpy(S, kind, dtype, ratio):
     caps = np.minimum(sizes, 4 * ks // 3)
     room = np.concatenate([[0], np.cumsum(caps)]).astype(np.int64)
     out = np.full(int(room[-1]), -1, np.int64)
-    counts, bad = np.full(sizes.size, -1, np.int64), np.zeros(sizes.size, np.uint8)
+    counts, bad = np.full(sizes.size, -1, np.int64), np.zeros(sizes.size, np.int64)
     S.gaussiank_segments(flat, starts, shifts, zs, LANES, ks, room, out, counts, bad)
     assert not bad.any()
     for t, p in enumerate(parts):
