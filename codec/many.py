@@ -90,17 +90,15 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
 
 
-def sections(c, arrays, ctxs, alone=None, use_runs: bool = True, shape: RunShape = RUNS):
+def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS):
     """The sections of every tensor (``ctxs[i]`` its context: key, step, state, the name
     errors give it), with the runs an elementwise value stage, a segmented select stage or a
     value stage's :meth:`codec.stage.Value.encode_run` codes at once; ``alone(i)`` gives the
-    sections of a tensor no run codes (default: ``c.sections`` of it); ``use_runs=False``
-    codes every tensor through it; ``shape``: the select and quantizer runs'.  Returns ``(sections, pieces, ran)`` (``pieces`` for ``Codec.frame_many``;
-    ``ran``: the indices of the tensors runs coded)."""
+    sections of a tensor no run codes (default: ``c.sections`` of it); ``shape``: the select
+    and quantizer runs'.  Returns ``(sections, pieces, ran)`` (``pieces`` for
+    ``Codec.frame_many``; ``ran``: the indices of the tensors runs coded)."""
     if alone is None:
         alone = lambda i: c.sections(arrays[i].reshape(-1), ctxs[i])  # noqa: E731
-    if not use_runs:
-        return [alone(i) for i in range(len(arrays))], None, set()
     if c.elementwise:
         return elementwise_sections(c, arrays, ctxs, alone)
     out = [None] * len(arrays)

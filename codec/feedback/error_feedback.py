@@ -97,8 +97,9 @@ class ErrorFeedback:
             for s, ctx in zip(slots, ctxs):
                 self._advance(s, ctx.state)
             return frame
-        if not self.momentum:
-            return self._encode_runs(arrays, slots, named, lay, layout, dest)
+        members = [] if self.momentum else feedback_members(self.codec, arrays)
+        if members:
+            return self._encode_runs(arrays, slots, named, members, lay, layout, dest)
         begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
         frame = self.codec.frame_many([b[0] for b in begun], lay, layout, out=dest)
         parsed = []
@@ -113,8 +114,9 @@ class ErrorFeedback:
             install()
         return frame
 
-    def _encode_runs(self, arrays, slots, named, lay, layout, dest) -> bytes:
-        """:meth:`encode_many` without momentum: the tensors a many-tensor run codes take the
+    def _encode_runs(self, arrays, slots, named, members, lay, layout, dest) -> bytes:
+        """:meth:`encode_many` without momentum: the tensors a many-tensor run codes (``members``,
+        :func:`codec.runs.feedback_members`) take the
         generic step together: ``acc = x + residual`` (into each slot's spare), the run coded
         at once, then ``acc -= decoded`` for all of them through the frame's runs
         (:func:`codec.many.subtract`), bit for bit what each one's own step gives (the fused
@@ -123,7 +125,6 @@ class ErrorFeedback:
         c = self.codec
         ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
         accs = [None] * len(arrays)
-        members = feedback_members(c, arrays)
         for i in members:
             accs[i] = slots[i].take_spare()
             np.add(arrays[i], slots[i].residual, out=accs[i])
@@ -134,7 +135,7 @@ class ErrorFeedback:
             return sections
 
         inputs = [a if acc is None else acc for a, acc in zip(arrays, accs)]
-        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, use_runs=bool(members), shape=FEEDBACK_RUNS)
+        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, shape=FEEDBACK_RUNS)
         frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
         mf = parse_many(frame, layout=lay, verify_payload=False)
         many.subtract(c, mf, {i: accs[i].reshape(-1) for i in ran}, FEEDBACK_RUNS)
