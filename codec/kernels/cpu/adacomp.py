@@ -141,14 +141,7 @@ def adacomp_bins(dw, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax)
     span = length * per_chunk
     for j in prange(chunks[1] - chunks[0]):
         c = chunks[0] + j
-        flags = _flags(length)
-        found = nbad = 0
-        for b in range(c * span, min(n, (c + 1) * span), length):
-            e = min(n, b + length)
-            found, nb = _adacomp_bin(dw, g, b, e, length, _bin_max(g, b, e), flags, buf, vals, j, found, gmax)
-            nbad += nb
-        counts[c] = found
-        bad[c] = nbad
+        counts[c], bad[c] = _bins(dw, None, g, c * span, min(n, (c + 1) * span), length, buf, vals, j, gmax)
 
 
 @jit(parallel=True)
@@ -158,15 +151,26 @@ def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, vals, counts
     span = length * per_chunk
     for j in prange(chunks[1] - chunks[0]):
         c = chunks[0] + j
-        flags = _flags(length)
-        found = nbad = 0
-        for b in range(c * span, min(n, (c + 1) * span), length):
-            e = min(n, b + length)
+        counts[c], bad[c] = _bins(dw, r, g, c * span, min(n, (c + 1) * span), length, buf, vals, j, gmax)
+
+
+@jit(inline="always")
+def _bins(dw, r, g, lo, hi, length, buf, vals, row, gmax):
+    """The bins of ``[lo, hi)`` (whole bins of ``length`` values from ``lo``, the last maybe
+    shorter): each one's maximum into ``gmax`` (with ``r``, not None: ``g = r + dw`` formed
+    in the same loop) and its sends into row ``row`` of ``buf`` and ``vals``; returns ``(found,
+    non-finite count)``.  Inlined in Numba's IR, as the kernels' loops were."""
+    flags = _flags(length)
+    found = nbad = 0
+    for b in range(lo, hi, length):
+        e = min(hi, b + length)
+        if r is not None:
             top = _form_bin_max(dw, r, g, b, e)
-            found, nb = _adacomp_bin(dw, g, b, e, length, top, flags, buf, vals, j, found, gmax)
-            nbad += nb
-        counts[c] = found
-        bad[c] = nbad
+        else:
+            top = _bin_max(g, b, e)
+        found, nb = _adacomp_bin(dw, g, b, e, length, top, flags, buf, vals, row, found, gmax)
+        nbad += nb
+    return found, nbad
 
 
 @jit(parallel=True)
@@ -180,20 +184,6 @@ def adacomp_segments(x, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
     for s in prange(starts.size - 1):
         lo = starts[s]
         n = starts[s + 1] - lo
-        counts[s] = 0
-        bad[s] = 0
-        if n == 0:
-            continue
         xs = x[lo : lo + n]
-        length = lengths[s]
-        flags = _flags(length)
-        rows = pos[lo : lo + n].reshape((1, n))
-        vrows = vals[lo : lo + n].reshape((1, n))
         gm = gmax[bstarts[s] : bstarts[s + 1]]
-        found = nbad = 0
-        for b in range(0, n, length):
-            e = min(n, b + length)
-            found, nb = _adacomp_bin(xs, xs, b, e, length, _bin_max(xs, b, e), flags, rows, vrows, 0, found, gm)
-            nbad += nb
-        counts[s] = found
-        bad[s] = nbad
+        counts[s], bad[s] = _bins(xs, None, xs, 0, n, lengths[s], pos[lo : lo + n].reshape((1, n)), vals[lo : lo + n].reshape((1, n)), 0, gm)
