@@ -85,13 +85,18 @@ class Section:
     ``ceil(count*bits/8)`` bytes), or ``fill(out)`` writes them into ``out``, a uint8 view
     of the final frame: a dense stage then writes its codes once, straight into the frame.
     ``fill`` may raise (e.g. on a NaN); the half-built frame is discarded.
+
+    ``fill_crc``: ``fill(out, crc)`` also takes the payload's CRC-32C so far and returns it
+    continued over the bytes it wrote (its kernel checksums them while they are in cache, so
+    the frame's checksum needs no second pass over them: :func:`write_payload`).
     """
 
     kind: int
     bits: int
     count: int
     data: object = None
-    fill: Callable[[np.ndarray], None] | None = None
+    fill: Callable[..., int | None] | None = None
+    fill_crc: bool = False
 
     def __post_init__(self):
         if (self.data is None) == (self.fill is None):
@@ -158,6 +163,34 @@ def raw_length(count: int, bits: int) -> int:
     return (count * bits + 7) // 8
 
 
+def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
+    """Write ``pieces`` (:class:`Section`) end to end into ``out`` (a uint8 array of exactly
+    their raw lengths); with ``crc32c`` true, return the CRC-32C of everything written, else None.
+
+    The checksum is formed as the bytes are written: a piece that can (``fill_crc``) continues
+    it inside its kernel, while its codes are in cache; the bytes of the pieces between such
+    pieces are checksummed in one call each.  Both frame formats write their payload here."""
+    from codec.checksum import crc32c as crc_of
+
+    crc, pending, pos = 0, 0, 0
+    for s in pieces:
+        size = s.raw_len
+        dst = out[pos : pos + size]
+        if s.data is not None:
+            dst[:] = np.frombuffer(s.data, np.uint8, size)
+        elif crc32c and s.fill_crc:
+            if pending < pos:
+                crc = crc_of(out[pending:pos], crc)
+            crc = s.fill(dst, crc)
+            pending = pos + size
+        else:
+            s.fill(dst)
+        pos += size
+    if not crc32c:
+        return None
+    return crc_of(out[pending:pos], crc) if pending < pos else crc
+
+
 def header_length(ndim: int, spec_len: int, sections: int, checksum: bool = True) -> int:
     """The header length H of a frame: ``12 + 8*ndim + L + 28*S + 4``, plus 4 with a payload
     checksum (every frame's default)."""
@@ -192,15 +225,16 @@ def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum:
         head += _SECTION.pack(s.kind, enc, s.bits, s.count, s.raw_len, size)
     header_len = header_length(len(shape), len(spec_b), len(sections), bool(flag))
     frame, out = frame_bytes(header_len + sum(size for _, _, size in stored), out)
-    pos = header_len
-    for s, (enc, data, size) in zip(sections, stored):
-        if data is None:
-            s.fill(out[pos : pos + size])
-        else:
+    if compressor is None:
+        crc = write_payload(out[header_len:], sections, checksum == "crc32c")
+    else:
+        crc = None
+        pos = header_len
+        for enc, data, size in stored:
             out[pos : pos + size] = np.frombuffer(data, np.uint8, size)
-        pos += size
+            pos += size
     if flag:
-        head += _CRC.pack(payload_crc(out[header_len:]))
+        head += _CRC.pack(payload_crc(out[header_len:]) if crc is None else crc)
     head += _CRC.pack(zlib.crc32(head))
     out[:header_len] = np.frombuffer(head, np.uint8)
     return frame

@@ -99,12 +99,14 @@ def widen(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None, crc: int | None = None) -> tuple[np.ndarray, int, int | None]:
     """16-bit codes (uint16) of float ``x`` in ``dtype`` (float16 or bfloat16), round to nearest even.
 
-    Returns ``(codes, nonfinite_count)``; ``codes`` is ``out`` when given (uint16, x's size),
+    Returns ``(codes, nonfinite_count, crc)``; ``codes`` is ``out`` when given (uint16, x's size),
     so a caller can write straight into a frame.  float64 input is rounded to odd first, so
-    the result is correctly rounded (no double rounding).
+    the result is correctly rounded (no double rounding).  ``crc``: the CRC-32C to continue
+    over the codes' bytes (a frame's payload checksum, computed by the kernel while the codes
+    are in cache where the CPU allows); the third result is then the continued CRC, else None.
     """
     dtype = np.dtype(dtype)
     flat = np.ascontiguousarray(x).reshape(-1)
@@ -112,8 +114,22 @@ def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None) -> tuple[np.ndar
     if flat.dtype == dtype:  # the codes are the bits; NaN/inf have every exponent bit set
         out[:] = flat.view(np.uint16)
         exponent = np.uint16(0x7C00 if dtype == HALF else 0x7F80)
-        return out, int(np.count_nonzero((out & exponent) == exponent))
-    return out, int(backend("convert", flat).narrow_codes(readonly(widen(flat)), out, dtype != HALF))
+        return out, int(np.count_nonzero((out & exponent) == exponent)), continued(out, crc, -1)
+    bad, got = backend("convert", flat).narrow_codes(readonly(widen(flat)), out, dtype != HALF, -1 if crc is None else crc)
+    return out, int(bad), continued(out, crc, got)
+
+
+def continued(out: np.ndarray, crc: int | None, got: int) -> int | None:
+    """What a kernel asked to continue the CRC-32C ``crc`` over its output ``out`` gives back:
+    its result ``got``, or (-1: it could not, e.g. no CRC instruction) one pass over ``out``;
+    None when no CRC was asked."""
+    if crc is None:
+        return None
+    if got >= 0:
+        return int(got)
+    from codec.checksum import crc32c
+
+    return crc32c(out, crc)
 
 
 def round_to(x, dtype) -> np.ndarray:

@@ -200,13 +200,13 @@ def _exact_errors(c, piece, members):
     if piece.fill is None:
         return piece
 
-    def fill(out):
+    def fill(out, *crc):
         try:
-            piece.fill(out)
+            return piece.fill(out, *crc)
         except NonFiniteError:
             for a, ctx in members:
                 for sec in c.sections(a.reshape(-1), Context(a.shape, a.dtype, key=ctx.key, step=ctx.step, name=ctx.name)):
                     sec.materialize()
             raise
 
-    return Section(piece.kind, piece.bits, piece.count, fill=fill)
+    return Section(piece.kind, piece.bits, piece.count, fill=fill, fill_crc=piece.fill_crc)

@@ -11,6 +11,7 @@ import contextlib
 import io
 from fractions import Fraction
 
+import crc32c
 import ml_dtypes
 import numba
 import numpy as np
@@ -66,7 +67,8 @@ def as64(x):
 
 
 def check_narrow(x, dtype, ref16):
-    codes, bad = ops.narrow(x, dtype)
+    codes, bad, crc = ops.narrow(x, dtype, crc=0x9E3779B9)
+    assert crc == crc32c.crc32c(codes.tobytes(), 0x9E3779B9)  # the frame's checksum, formed as they are written
     assert codes.dtype == np.uint16 and codes.shape == (x.size,)
     assert bad == int((~np.isfinite(as64(x))).sum())
     assert_codes(codes, ref16(as64(x), dtype), dtype, where=x.reshape(-1))
@@ -237,10 +239,10 @@ def test_narrow_from_16_bit_input(src, dtype, ref16):
 def test_narrow_keeps_shape_agnostic_flattening(ref16):
     rng = np.random.default_rng(3)
     x = heavy(rng, 3 * 5 * 7, np.float32).reshape(3, 5, 7)
-    codes, _ = ops.narrow(x, F16)
+    codes, _, _ = ops.narrow(x, F16)
     np.testing.assert_array_equal(codes, ref16(x.reshape(-1), F16))
     xt = x.transpose(2, 0, 1)  # non-contiguous input
-    codes, _ = ops.narrow(xt, BF16)
+    codes, _, _ = ops.narrow(xt, BF16)
     np.testing.assert_array_equal(codes, ref16(xt.reshape(-1), BF16))
 
 
@@ -278,7 +280,7 @@ def test_widen_every_code(dtype):
     codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     assert_same_floats(ops.widen(codes.view(dtype)), want)
     # exact: widening then narrowing back gives every non-NaN code back
-    back, bad = ops.narrow(ops.widen(codes.view(dtype)), dtype)
+    back, bad, _ = ops.narrow(ops.widen(codes.view(dtype)), dtype)
     assert bad == int((~np.isfinite(want)).sum())
     assert_codes(back, codes, dtype)
     x = codes.view(dtype).reshape(256, 256)
@@ -322,10 +324,61 @@ def test_half_feedback(n, dtype, ref16, backend):
     acc_want = a - lut_reference(dtype)[codes_want]
     acc = np.full(n, 7.0, np.float32)
     codes = np.zeros(n, np.uint16)
-    bad = module("convert", backend).half_feedback(x, r, acc, codes, dtype == BF16)
-    assert bad == int((~np.isfinite(a)).sum())
+    bad, crc = module("convert", backend).half_feedback(x, r, acc, codes, dtype == BF16, -1)
+    assert bad == int((~np.isfinite(a)).sum()) and crc == -1
     assert_codes(codes, codes_want, dtype)
     assert_same_floats(acc, acc_want)
+
+
+# ---------------------------------------------------------------- the codes' CRC-32C, formed by the kernels
+def fused_crc(backend):
+    """Whether this backend's kernels checksum the codes they write (the CPU's do where it has
+    the CRC-32C instruction; a kernel that cannot returns -1 and the caller checksums)."""
+    from codec.kernels.cpu import _crc
+
+    return backend == "cpu" and _crc.HARDWARE
+
+
+@pytest.mark.parametrize("start", (0, 1, 0xFFFFFFFF, 0x12345678))
+@pytest.mark.parametrize("n", SIZES)
+def test_kernels_continue_the_crc_of_their_codes(n, start, backend):
+    """narrow_codes and half_feedback return the CRC-32C of the codes' bytes continued from
+    ``start`` (the crc32c package's value), the same codes as without it; -1 asks for none."""
+    conv = module("convert", backend)
+    rng = np.random.default_rng(n + start % 97)
+    x = heavy(rng, n, np.float32)
+    r = (heavy(rng, n, np.float32) * np.float32(1e-3)).astype(np.float32)
+    for bf16 in (False, True):
+        for kernel, args in ((conv.narrow_codes, (x,)), (conv.half_feedback, (x, r, np.empty(n, np.float32)))):
+            plain, codes = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
+            assert kernel(*args, plain, bf16, -1)[1] == -1
+            got = kernel(*args, codes, bf16, start)[1]
+            np.testing.assert_array_equal(codes, plain)
+            want = crc32c.crc32c(codes.tobytes(), start)
+            assert got == want if fused_crc(backend) else got in (-1, want)
+
+
+@pytest.mark.parametrize("lo", (0, 1, 5))
+@pytest.mark.parametrize("n", (0, 1, 7, 8, 23, 24, 25, 1000, 3 * 8 * 4099 + 13))
+def test_crc_bytes_of_any_range(n, lo):
+    """_crc.crc_bytes: the CRC-32C of any byte range (three streams, words, the tail), continued
+    from any value; join/combine put chunks' CRCs together; the byte-table step (the fallback
+    where the CPU has no CRC-32C instruction) gives the same register."""
+    from codec.kernels.cpu import _crc
+
+    rng = np.random.default_rng(n + lo)
+    buf = rng.integers(0, 256, n + lo + 3, dtype=np.uint8).view(np.uint8)
+    data = buf[lo : lo + n].tobytes()
+    for start in (0, 0xFFFFFFFF, 0xDEADBEEF):
+        assert int(_crc.crc_bytes(buf, lo, lo + n, start)) == crc32c.crc32c(data, start)
+    c = np.uint32(0xFFFFFFFF)
+    for b in data[:64]:
+        c = _crc._sw_u8(c, b)
+    assert int(c ^ np.uint32(0xFFFFFFFF)) == crc32c.crc32c(data[:64])
+    cut = n // 3
+    sums = np.array([crc32c.crc32c(data[:cut]), crc32c.crc32c(data[cut : 2 * cut]), crc32c.crc32c(data[2 * cut :])], np.uint32)
+    if cut:
+        assert int(_crc.join(sums, 77, cut, n - 2 * cut)) == crc32c.crc32c(data, 77)
 
 
 # ---------------------------------------------------------------- thread count
@@ -341,7 +394,7 @@ x[::1000] = np.nan
 h = hashlib.sha256()
 for src in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16):
     for dst in (np.float16, ml_dtypes.bfloat16):
-        c, bad = ops.narrow(x.astype(src), dst)
+        c, bad, _ = ops.narrow(x.astype(src), dst)
         h.update(c.tobytes()); h.update(str(bad).encode())
 codes = rng.integers(0, 1 << 16, n, dtype=np.uint16)
 for out_dtype in (np.float32, np.float64):
@@ -358,8 +411,9 @@ from codec.kernels import backend
 for bf in (False, True):
     xf, rf = x.astype(np.float32), x[::-1].astype(np.float32) * np.float32(1e-3)
     acc, c = np.empty_like(xf), np.empty(n, np.uint16)
-    bad = backend("convert", xf).half_feedback(xf, rf, acc, c, bf)
+    bad = backend("convert", xf).half_feedback(xf, rf, acc, c, bf, 5)
     h.update(acc.tobytes()); h.update(c.tobytes()); h.update(str(bad).encode())
+    h.update(str(backend("convert", xf).narrow_codes(xf, c, bf, 9)).encode())
 for bits in (1, 3, 8, 13, 16, 20, 32, 61, 64):
     p = pack_bits(rng.integers(0, 2**63, 8 * 8192 * 3 + 5, dtype=np.uint64), bits)
     h.update(p.tobytes()); h.update(unpack_bits(p, bits, 8 * 8192 * 3 + 5).tobytes())
@@ -391,6 +445,6 @@ def test_narrow_of_its_own_dtype_counts_from_the_bits(dtype):
 
     bits = np.arange(1 << 16, dtype=np.uint16)
     x = bits.view(dtype)
-    codes, bad = narrow(x, dtype)
+    codes, bad, _ = narrow(x, dtype)
     assert np.array_equal(codes, bits)
     assert bad == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))

@@ -38,7 +38,7 @@ def test_parallel_kernels_pick_by_size_and_both_twins_agree():
     runs = []
     for twin in ("serial", "parallel"):
         codes = np.empty(n, np.uint16)
-        bad = getattr(convert.narrow_codes, twin)(x, codes, False)
+        bad = getattr(convert.narrow_codes, twin)(x, codes, False, 3)  # (count, the codes' CRC-32C)
         dec = np.empty(n, np.float64)
         getattr(convert.half_decode, twin)(codes, dec, 0, False)
         packed = np.zeros((n * 11 + 7) // 8, np.uint8)

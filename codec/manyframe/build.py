@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length
+from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length, write_payload
 from codec.framebuffer import frame_bytes
 from codec.manyframe.table import Layout
 from codec.manyframe.wire import FIXED, FIXED_SIZE, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, put_varint
@@ -85,7 +85,7 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     stored = None
     if compressor is not None and payload_len:
         raw = np.empty(payload_len, np.uint8)
-        _fill(raw, pieces)
+        write_payload(raw, pieces)
         enc, data = compressor(memoryview(raw))
         if enc == Encoding.ZSTD:
             flags |= FLAG_ZSTD
@@ -98,24 +98,15 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     header_len = len(head) + _CRC.size * (2 if flag else 1)
     size = header_len + (payload_len if stored is None else stored.size)
     frame, out = frame_bytes(size, out)
+    crc = None
     if stored is None:
-        _fill(out[header_len:], pieces)
+        crc = write_payload(out[header_len:], pieces, checksum == "crc32c")
     else:
         out[header_len:] = stored
     FIXED.pack_into(head, 0, MAGIC, VERSION, flags, 0)
     if flag:
-        head += _CRC.pack(payload_crc(out[header_len:]))
+        head += _CRC.pack(payload_crc(out[header_len:]) if crc is None else crc)
     head += _CRC.pack(zlib.crc32(head))
     out[:header_len] = np.frombuffer(head, np.uint8)
     return frame
 
-
-def _fill(out: np.ndarray, pieces) -> None:
-    pos = 0
-    for s in pieces:
-        size = s.raw_len
-        if s.data is None:
-            s.fill(out[pos : pos + size])
-        else:
-            out[pos : pos + size] = np.frombuffer(s.data, np.uint8, size)
-        pos += size

@@ -6,7 +6,9 @@ in simple branch-free loops that vectorise.  The decoder (``half_decode``) compu
 code's float32 value arithmetically (exact, NaN payloads included), also in vectorising
 loops, and stores, adds or subtracts it into the output; ``half_feedback`` (the fused
 error-feedback step) and ``half_combine`` (adding into 16-bit outputs) use the same
-conversions.
+conversions.  The two kernels that write a frame's codes (``narrow_codes``,
+``half_feedback``) can also return their CRC-32C, each chunk checksummed while it is in
+cache (``codec/kernels/cpu/_crc.py``), so the frame needs no second pass for its checksum.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
 depend on the thread count.
@@ -18,6 +20,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunks
+from codec.kernels.cpu._crc import chunk_crc, chunk_sums, joined
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
 
@@ -124,18 +127,25 @@ def _narrow_block(xs, os, bf16):
 
 
 @jit(parallel=True)
-def narrow_codes(x, out, bf16):
+def narrow_codes(x, out, bf16, crc):
     """fp16 (``bf16=False``) or bf16 codes of float32/float64 ``x``, correctly rounded to nearest
-    even; returns the non-finite count.  Every value goes through float32 rounded to odd
-    (exact for float32 input), so float64 input is not double-rounded."""
+    even.  Every value goes through float32 rounded to odd (exact for float32 input), so
+    float64 input is not double-rounded.
+
+    Returns ``(non-finite count, crc)``: with ``crc >= 0`` the CRC-32C of the codes' bytes
+    continued from ``crc`` (each chunk checksummed as it is written), or -1 when this CPU
+    cannot (the caller then checksums ``out``); ``crc < 0`` asks for none (-1)."""
     n = x.size
     nchunk = chunks(n)
     bad = np.zeros(nchunk, np.int64)
+    sums = chunk_sums(nchunk, crc)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
         bad[c] = _narrow_block(x[lo:hi], out[lo:hi], bf16)
-    return bad.sum()
+        if sums.size:
+            sums[c] = chunk_crc(out, lo, hi)
+    return bad.sum(), joined(sums, crc, n, out.itemsize)
 
 
 @jit
@@ -303,18 +313,23 @@ def _feedback_block(xs, rs, accs, cs, bf16):
 
 
 @jit(parallel=True)
-def half_feedback(x, r, acc, codes, bf16):
+def half_feedback(x, r, acc, codes, bf16, crc):
     """Fused error-feedback step into fp16 (``bf16=False``) or bf16 codes, float32 only.
 
     a = x + r;  codes = round(a);  acc = a - value(codes)  (the new residual).  One pass per
-    chunk: reads x and r, writes acc and codes.  ``acc`` must not alias ``r``: the caller
-    keeps ``r`` intact until the step succeeds.  Returns the non-finite count of x + r.
+    chunk: reads x and r, writes acc and codes (and checksums the chunk's codes while they
+    are in cache).  ``acc`` must not alias ``r``: the caller keeps ``r`` intact until the
+    step succeeds.  Returns ``(non-finite count of x + r, crc)``, ``crc`` as for
+    :func:`narrow_codes`.
     """
     n = x.size
     nchunk = chunks(n)
     bad = np.zeros(nchunk, np.int64)
+    sums = chunk_sums(nchunk, crc)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
         bad[c] = _feedback_block(x[lo:hi], r[lo:hi], acc[lo:hi], codes[lo:hi], bf16)
-    return bad.sum()
+        if sums.size:
+            sums[c] = chunk_crc(codes, lo, hi)
+    return bad.sum(), joined(sums, crc, n, codes.itemsize)

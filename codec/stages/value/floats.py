@@ -44,31 +44,35 @@ class _Half(Value):
     def encode(self, values, ctx, sections):
         from codec.ops import narrow
 
-        def fill(out):  # the codes are written once, straight into the frame
-            _, bad = narrow(values, self.dtype, out.view(np.uint16))
+        def fill(out, crc=None):  # the codes are written once, straight into the frame
+            _, bad, crc = narrow(values, self.dtype, out.view(np.uint16), crc)
             if bad and self.nonfinite == "raise":
                 self._raise_nonfinite(values, ctx)
+            return crc
 
-        sections.append(Section(SectionKind.VALUES, 16, values.size, fill=fill))
+        sections.append(Section(SectionKind.VALUES, 16, values.size, fill=fill, fill_crc=True))
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32: one pass forms x + residual, writes its codes
-        straight into the frame and the new residual into a spare buffer, committed once the
-        whole frame is built."""
+        straight into the frame (checksummed as they are written) and the new residual into a
+        spare buffer, committed once the whole frame is built."""
         if x.dtype != np.float32:
             return None
         from codec.kernels import backend
+        from codec.ops import continued
 
         acc = slot.take_spare()
 
-        def fill(out):
-            bad = backend("convert", x).half_feedback(x, slot.residual.reshape(-1), acc.reshape(-1), out.view(np.uint16), self.dtype != np.float16)
+        def fill(out, crc=None):
+            codes = out.view(np.uint16)
+            bad, got = backend("convert", x).half_feedback(x, slot.residual.reshape(-1), acc.reshape(-1), codes, self.dtype != np.float16, -1 if crc is None else crc)
             if bad and self.nonfinite == "raise":
                 with np.errstate(over="ignore", invalid="ignore"):  # x + residual in float32, as the kernel adds
                     acc_ = np.add(x, slot.residual.reshape(-1))
                 self._raise_nonfinite(acc_, ctx)
+            return continued(codes, crc, got)
 
-        sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill))
+        sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill, fill_crc=True))
         return lambda: slot.commit(acc)
 
     def _raise_nonfinite(self, values, ctx):
