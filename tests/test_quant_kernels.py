@@ -15,6 +15,7 @@ from __future__ import annotations
 import types
 
 import ml_dtypes
+import crc32c
 import numpy as np
 import pytest
 
@@ -375,8 +376,17 @@ def run_minifloat(x, block, emin, m, maxmag, signpos, stochastic=False, strm=U64
     codes = np.zeros(x.size, np.uint8 if signpos < 8 else np.uint16)
     bad = np.zeros(units, np.int64)
     if x.size:
-        fn(ro(x), block, upb, np.asarray(emin, np.int64), m, maxmag, signpos, stochastic, U64(strm), codes, bad)
+        crc = fn(ro(x), block, upb, np.asarray(emin, np.int64), m, maxmag, signpos, stochastic, U64(strm), codes, bad, None, 0x5EED)
+        # the codes' CRC-32C continued from the given value, formed unit by unit (-1: this backend cannot)
+        assert crc == crc32c.crc32c(codes.tobytes(), 0x5EED) or (crc == -1 and not fused_crc(K.quantize))
     return codes, bad
+
+
+def fused_crc(kern) -> bool:
+    """Whether ``kern``'s kernels checksum the codes they write (the CPU's, where it has the CRC-32C instruction)."""
+    from codec.kernels.cpu import _crc
+
+    return kern.__name__.startswith("codec.kernels.cpu.") and _crc.HARDWARE
 
 
 def run_qsgd(x, bucket, s, stochastic, strm=U64(0), fn=None):
@@ -714,7 +724,8 @@ def test_feedback_absmax_units_and_minifloat_encode_sub_match_numpy(kind, n, dty
                 codes = np.zeros(n, np.uint8 if bits <= 8 else np.uint16)
                 bad = np.zeros(units, np.int64)
                 if n:
-                    K.quantize.minifloat_encode(got, block, upb, emin, m, maxmag, bits - 1, stochastic, STRM, codes, bad, got)
+                    crc = K.quantize.minifloat_encode(got, block, upb, emin, m, maxmag, bits - 1, stochastic, STRM, codes, bad, got, 0)
+                    assert crc == crc32c.crc32c(codes.tobytes()) or (crc == -1 and not fused_crc(K.quantize))
                 want = ref_minifloat(want_acc, block, emin, m, maxmag, bits - 1, stochastic, STRM)
                 assert_same(codes.astype(np.int64), want, f"codes bits={bits} block={block} stochastic={stochastic}")
                 value = ref_minifloat_value(want, bits, m, emin[np.arange(n) // block]).astype(dtype)

@@ -215,18 +215,17 @@ def crc_bytes(arr, lo, hi, crc):
 
 
 @jit
-def join(crcs, crc, each, last):
-    """The CRC-32C of consecutive pieces continued from ``crc``: ``crcs[c]`` is piece ``c``'s
-    own CRC-32C; every piece is ``each`` bytes long but the last, ``last`` bytes."""
+def join(crcs, crc, lens):
+    """The CRC-32C of consecutive pieces continued from ``crc``: ``crcs[k]`` is piece ``k``'s
+    own CRC-32C and ``lens[k]`` its length in bytes."""
     c = np.uint32(crc)
-    n = crcs.size
-    for k in range(n):
-        c = combine(c, crcs[k], each if k < n - 1 else last)
+    for k in range(crcs.size):
+        c = combine(c, crcs[k], lens[k])
     return c
 
 
 @jit
-def chunk_sums(nchunk, crc):
+def crc_sums(nchunk, crc):
     """The array a kernel keeps its chunks' CRCs in: ``nchunk`` of them when a checksum is
     asked (``crc >= 0``) and the CPU has the instruction, else empty (then it checksums none)."""
     return np.zeros(nchunk if crc >= 0 and HARDWARE else 0, np.uint32)
@@ -239,14 +238,20 @@ def chunk_crc(arr, lo, hi):
 
 
 @jit
-def joined(sums, crc, n, itemsize):
-    """What a kernel that wrote ``n`` items of ``itemsize`` bytes in ``CHUNK``-item chunks
-    returns as its checksum: the CRC-32C of those bytes continued from ``crc``, from the
-    chunks' own CRCs ``sums``; -1 when none was asked (``crc < 0``) or this CPU has no
-    CRC-32C instruction (the caller then checksums the output itself)."""
+def chunk_lengths(n, itemsize):
+    """The byte lengths of ``n`` items of ``itemsize`` bytes in ``CHUNK``-item chunks."""
+    lens = np.full((n + CHUNK - 1) // CHUNK, CHUNK * itemsize, np.int64)
+    if lens.size:
+        lens[-1] = (n - (lens.size - 1) * CHUNK) * itemsize
+    return lens
+
+
+@jit
+def joined(sums, crc, lens):
+    """What a kernel that checksummed its output's pieces returns: the CRC-32C of those bytes
+    continued from ``crc``, from the pieces' own CRCs ``sums`` and byte lengths ``lens``; -1
+    when none was asked (``crc < 0``) or this CPU has no CRC-32C instruction (the caller then
+    checksums the output itself)."""
     if crc < 0 or not HARDWARE:
         return np.int64(-1)
-    if n == 0:
-        return np.int64(crc)
-    last = n - (sums.size - 1) * CHUNK
-    return np.int64(join(sums, crc, CHUNK * itemsize, last * itemsize))
+    return np.int64(join(sums, crc, lens))

@@ -24,6 +24,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, form, span_end
+from codec.kernels.cpu._crc import chunk_crc, crc_sums, joined
 from codec.kernels.cpu.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
 
@@ -138,7 +139,7 @@ def _minifloat_value(c, v, m, signpos, off, step):
 
 
 @jit(parallel=True)
-def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, sub=None):
+def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, sub=None, crc=-1):
     """Codes of ``x`` (float32/float64) into ``codes`` (uint8/uint16): value ``i`` of block ``b``
     in the float whose lowest normal binade is ``2**emin[b]`` (see ``_minifloat``); ``bad[u]``
     counts NaN/inf per work unit.  A window below ``2**-1000`` (float64 data only) is coded on
@@ -148,9 +149,20 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
     each code's value (``_minifloat_value``) is subtracted from ``sub[i]`` in the same pass,
     rounded to its dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it
     (``SUB``): one pass reads ``acc`` and writes the codes and ``acc - decoded``.  Without it
-    (None) that line is compiled out."""
+    (None) that line is compiled out.
+
+    Returns the CRC-32C of the codes' bytes continued from ``crc``, each unit's checksummed
+    while in cache (``crc < 0``: none, -1; also -1 where the CPU cannot, see
+    ``convert.narrow_codes``)."""
+    sums = crc_sums(bad.size, crc)
+    lens = np.zeros(sums.size, np.int64)
     for u in prange(bad.size):
         bad[u] = _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub)
+        if sums.size:
+            _, lo, hi = _unit(u, block, upb, x.size)
+            sums[u] = chunk_crc(codes, lo, hi)
+            lens[u] = (hi - lo) * codes.itemsize
+    return joined(sums, crc, lens)
 
 
 @jit(parallel=True)

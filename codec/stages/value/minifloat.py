@@ -93,15 +93,19 @@ class _MiniFloat(Quantizer):
         then bit-packed."""
         n, w, strm = values.size, self.width, self.stream(ctx)
 
-        def code_into(codes):
+        def code_into(codes, crc=None):
+            from codec.ops import continued
+
             bad = np.zeros(units, np.int64)
+            got = -1
             if n:
-                kern.minifloat_encode(values, block, upb, emin, self.mant, self.maxmag, w - 1, self.stochastic, strm, codes, bad, sub)
+                got = kern.minifloat_encode(values, block, upb, emin, self.mant, self.maxmag, w - 1, self.stochastic, strm, codes, bad, sub, -1 if crc is None else crc)
             if bad.any():
                 self.raise_nonfinite(values, ctx)
+            return continued(codes, crc, got)
 
-        if w in (8, 16):
-            return Section(SectionKind.VALUES, w, n, fill=lambda out: code_into(out.view(code_dtype(w))))
+        if w in (8, 16):  # checksummed as it is written (Section.fill_crc)
+            return Section(SectionKind.VALUES, w, n, fill=lambda out, *crc: code_into(out.view(code_dtype(w)), *crc), fill_crc=True)
         codes = np.empty(n, code_dtype(w))
         code_into(codes)
         return codes_section(codes, w)
