@@ -11,8 +11,9 @@ the ``crc32c`` package), and the chunks' values are joined with the CRC algebra 
 chunking or the thread count.
 
 Where the CPU has no CRC-32C instruction (:data:`HARDWARE` False) the same functions compile
-with a byte-table step: correct but slower than the ``crc32c`` package, so callers then ask
-the kernels for no checksum (``crc < 0``) and checksum the frame in one pass as before.
+with a byte-table step (correct, but slower than the ``crc32c`` package), and the kernels
+checksum nothing: they return -1, and the caller checksums their output in one pass as before
+(``codec.ops.continued``).
 
 Everything here works on raw bytes: ``lo``/``hi`` are byte offsets into an array's memory,
 whatever its dtype (a uint16 code array is checksummed as its bytes, as the frame holds them).
