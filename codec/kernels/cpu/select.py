@@ -136,8 +136,8 @@ def _largest(x, lo, stride, m, c):
             samp[j] = abs(np.float64(x[lo + j * stride]))
         return np.partition(samp, m - c)[m - c]
     top = np.full(c, -1.0)  # the c largest so far, ascending: top[0] is the c-th largest
-    for j in range(m):
-        a = abs(np.float64(x[lo + j * stride]))
+    for j in range(U(m)):  # unsigned: no wraparound test per read
+        a = abs(np.float64(x[U(lo) + j * U(stride)]))
         if a > top[0]:
             t = 0
             while t + 1 < c and top[t + 1] < a:
@@ -188,14 +188,16 @@ def _topk_segment(x, lo, n, k, out, o):
             for i in range(n):
                 out[o + i] = i
         return True
-    cut = _sample_cut(x, lo, n, k)
+    cut = x.dtype.type(_sample_cut(x, lo, n, k))  # exact: a magnitude of one of the values (or 0)
     idx = np.empty(n, np.int64)
     cand = np.empty(n, np.float64)
     count = 0
     finite = True
-    for i in range(n):
-        a = abs(np.float64(x[lo + i]))
-        if not a < cut:  # one rarely taken branch: a candidate, or NaN/inf
+    xs = x[lo : lo + n]
+    for i in range(U(n)):  # compared in x's dtype, unsigned index: no conversion, no wraparound test
+        v = abs(xs[i])
+        if not v < cut:  # one rarely taken branch: a candidate, or NaN/inf
+            a = np.float64(v)
             if a - a != 0:
                 finite = False
             idx[count] = i
