@@ -59,6 +59,21 @@ def test_fixture_still_decodes(name):
     testing.check_fixture(FIXTURES, name)
 
 
+#: frozen many-tensor frames (format v2), written once on 2026-11-28 by the encoder of 3f72896
+#: (``testing.write_many_fixture``: adacomp, top-k+fp16, joint top-k, qsgd, fp16, rangefloat+zstd,
+#: random-k, PowerSGD; table and hash forms, named and list layouts, mixed dtypes, an empty tensor)
+MANY = FIXTURES / "many"
+
+
+def test_many_fixtures_exist():
+    assert len(list(MANY.glob("*.many"))) >= 9
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in MANY.glob("*.many")))
+def test_many_fixture_still_decodes(name):
+    testing.check_many_fixture(MANY, name)
+
+
 def test_sample_arrays_cover_the_edges():
     sizes = {a.size for a in ARRAYS}
     dtypes = {a.dtype.name for a in ARRAYS}

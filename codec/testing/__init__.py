@@ -23,7 +23,7 @@ from codec.testing.checks import (
     check_encode_out,
     check_error_feedback,
 )
-from codec.testing.fixtures import check_fixture, write_fixture
+from codec.testing.fixtures import check_fixture, check_many_fixture, write_fixture, write_many_fixture
 from codec.testing.malformed import check_malformed
 
 __all__ = [
@@ -40,7 +40,9 @@ __all__ = [
     "check_error_feedback",
     "check_malformed",
     "check_fixture",
+    "check_many_fixture",
     "write_fixture",
+    "write_many_fixture",
     "DTYPES",
     "PIPELINES",
 ]
