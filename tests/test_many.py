@@ -113,7 +113,7 @@ def test_framing_is_a_few_bytes_per_tensor():
     plus a varint count per section: a few bytes per tensor (docs/format.md)."""
     rng = np.random.default_rng(4)
     ts = [rng.standard_normal(int(n)).astype(np.float32) for n in rng.integers(1000, 10_001, 200)]
-    for spec, most in [("fp16", 8), ("topk(ratio=0.01)", 8), ("adacomp", 11)]:
+    for spec, most in [("fp16", 8), ("topk(ratio=0.01)", 7), ("adacomp", 8)]:  # derived counts: adacomp 10.2 -> 7.3, topk 7.2 -> 6.2
         c = codec.get_codec(spec)
         many = c.encode_many(ts)
         mf = parse_many(many)
@@ -217,6 +217,51 @@ def test_forged_headers_fail_before_allocating():
         codec.decode_many(_forge(bad_count))
     with pytest.raises(codec.CorruptFrameError, match="reserved"):
         codec.decode_many(_forge(b"", flags=0x80))
+
+
+def test_derived_counts_are_written_once_and_checked(monkeypatch):
+    """flags bit 6: a pattern entry's kind byte carries the section's count rule; a tensor writes
+    only the counts its pattern does not derive (AdaComp's signs repeat its index count, its scale is
+    one value); every tensor's counts and decodes are those of its own v1 frame (frames without
+    the flag, as before 2026-11-28, are tests/fixtures/many/).  A rule no encoder writes is
+    refused."""
+    from codec.manyframe.wire import FLAG_DERIVED, count_rules
+
+    assert count_rules([5, 5, 1]) == (0, 2, 1) and count_rules([1, 1, 7]) == (1, 1, 0) and count_rules([6, 1, 6, 9, 9]) == (0, 1, 2, 0, 5)
+    assert count_rules([]) == ()
+    ts = model(5)
+    for spec in ("adacomp", "topk(ratio=0.1)+fp16", "qsgd", "fp16"):
+        c = codec.get_codec(spec)
+        f = c.encode_many(ts)
+        assert f[5] & FLAG_DERIVED
+        mf = parse_many(f)
+        got = codec.decode_many(f)
+        for k, x in ts.items():
+            assert np.array_equal(got[k], codec.decode(c.encode(x)))
+        assert [[i.count for i in secs] for secs in mf.tensor_sections] == [[i.count for i in parse_frame(c.encode(x)).sections] for x in ts.values()]
+    adacomp = codec.get_codec("adacomp").encode_many(ts)
+    import codec.manyframe.build as build
+
+    monkeypatch.setattr(build, "count_rules", lambda counts: (0,) * len(counts))  # every count written
+    every = codec.get_codec("adacomp").encode_many(ts)
+    monkeypatch.undo()
+    secs = parse_many(adacomp).tensor_sections
+    rules = [count_rules([i.count for i in t]) for t in secs]
+    saved = [i.count for t, rs in zip(secs, rules) for i, r in zip(t, rs) if r != 0]
+    assert len(saved) >= 2 * len(ts)  # the scale's count and the signs' (or the index's, when 1)
+    patterns = {(tuple((i.kind, i.bits) for i in t), rs) for t, rs in zip(secs, rules)}
+    kinds = {p for p, _ in patterns}
+    # each derived count's varint is gone; each extra pattern (another rule tuple) costs 1 + 2 bytes a section
+    assert len(every) - len(adacomp) == sum(len(v(c)) for c in saved) - 7 * (len(patterns) - len(kinds))
+    assert all(np.array_equal(a, b) for a, b in zip(codec.decode_many(every).values(), codec.decode_many(adacomp).values()))
+    at = bytes(adacomp).index(bytes([1 | 2 << 4, 1]))  # the signs' entry: kind 1 and rule 2 (section 0's count), 1 bit
+    from codec.fuzzing import fix_many_checksums
+
+    for bad in (4, 15):  # its own count; a section that does not exist
+        forged = bytearray(adacomp)
+        forged[at] = 1 | bad << 4
+        with pytest.raises(codec.CorruptFrameError, match="count rule"):
+            codec.decode_many(fix_many_checksums(bytes(forged)))
 
 
 @pytest.mark.parametrize("spec, momentum", [("topk(ratio=0.1)", 0), ("fp16", 0), ("qsgd", 0), ("powersgd", 0), ("randomk(ratio=0.3)", 0.9), ("adacomp", 0)])

@@ -10,7 +10,7 @@ import numpy as np
 from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length, write_payload
 from codec.framebuffer import frame_bytes
 from codec.manyframe.table import Layout
-from codec.manyframe.wire import FIXED, FIXED_SIZE, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, put_varint
+from codec.manyframe.wire import COUNT_WRITTEN, DERIVED_KINDS, FIXED, FIXED_SIZE, FLAG_DERIVED, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, count_rules, put_varint
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     spec_b = spec.encode("utf-8")
     if len(spec_b) > MAX_SPEC:
         raise ValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
-    flags = FLAG_LAYOUT_HASH if form == "hash" else 0
+    derived = all(s.kind < DERIVED_KINDS for secs in sections for s in secs)  # the kinds fit beside a rule
+    flags = (FLAG_DERIVED if derived else 0) | (FLAG_LAYOUT_HASH if form == "hash" else 0)
     if layout.names is not None:
         flags |= FLAG_NAMES
     if joint:
@@ -61,15 +62,17 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     put_varint(head, len(layout))
     head += layout.hash if form == "hash" else layout.table()
     patterns: dict = {}
-    body = bytearray()  # per tensor: pattern id and counts
+    body = bytearray()  # per tensor: pattern id and the counts its pattern does not derive
     payload_len = 0
     for secs in sections:
         if len(secs) > MAX_SECTIONS:
             raise ValueError(f"a tensor's codec made {len(secs)} sections; a many-tensor frame allows {MAX_SECTIONS}")
-        pattern = tuple((s.kind, s.bits) for s in secs)
+        rules = count_rules([s.count for s in secs]) if derived else (COUNT_WRITTEN,) * len(secs)
+        pattern = tuple((s.kind | rule << 4, s.bits) for s, rule in zip(secs, rules))  # rule 0 without the flag
         put_varint(body, patterns.setdefault(pattern, len(patterns)))
-        for s in secs:
-            put_varint(body, s.count)
+        for s, rule in zip(secs, rules):
+            if rule == COUNT_WRITTEN:
+                put_varint(body, s.count)
             payload_len += s.raw_len
     if pieces is None:
         pieces = [s for secs in sections for s in secs]
@@ -78,9 +81,8 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     put_varint(head, len(patterns))
     for pattern in patterns:
         head.append(len(pattern))
-        for kind, bits in pattern:
-            head.append(kind)
-            head.append(bits)
+        for entry in pattern:  # kind (and count rule), bits
+            head += bytes(entry)
     head += body
     stored = None
     if compressor is not None and payload_len:

@@ -28,8 +28,12 @@ from codec.frame import (
 from codec.manyframe.table import Layout, as_layout, read_layout
 from codec.manyframe.wire import (
     CHECKSUM_FLAGS,
+    COUNT_OF,
+    COUNT_ONE,
+    COUNT_WRITTEN,
     FIXED,
     FIXED_SIZE,
+    FLAG_DERIVED,
     FLAG_JOINT,
     FLAG_LAYOUT_HASH,
     FLAG_NAMES,
@@ -136,22 +140,33 @@ def read_header(mv) -> Header:
     npat = cur.varint("the pattern count")
     if npat > size - cur.pos:
         raise CorruptFrameError(f"header declares {npat} section patterns, more than its {size} bytes can describe")
-    patterns = []
+    derived = bool(flags & FLAG_DERIVED)
+    patterns = []  # (the (kind, bits) of each section, their count rules)
     for _ in range(npat):
         nsec = cur.byte("a pattern")
-        pat = []
-        for _ in range(nsec):
+        pat, rules = [], []
+        for j in range(nsec):
             kind, bits = cur.byte("a pattern"), cur.byte("a pattern")
+            rule = COUNT_WRITTEN
+            if derived:  # the kind byte's high 4 bits are the count rule
+                kind, rule = kind & 0x0F, kind >> 4
             if not 1 <= bits <= 64:
                 raise CorruptFrameError(f"section pattern {len(patterns)}: item width {bits} bits outside 1..64")
+            if rule >= COUNT_OF + j:  # only an earlier section's count can be repeated
+                raise CorruptFrameError(f"section pattern {len(patterns)}, section {j}: count rule {rule} is not one an encoder writes")
             pat.append((kind, bits))
-        patterns.append(pat)
+            rules.append(rule)
+        patterns.append((pat, rules))
     per_tensor = []  # (pattern, counts): one per tensor, or one for the concatenation (joint)
     for i in range(1 if flags & FLAG_JOINT else count):
         pid = cur.varint("a pattern id")
         if pid >= npat:
             raise CorruptFrameError(f"tensor {i}: pattern {pid}, the frame has {npat}")
-        per_tensor.append((patterns[pid], [cur.varint("a section count") for _ in patterns[pid]]))
+        pat, rules = patterns[pid]
+        counts: list = []
+        for rule in rules:
+            counts.append(cur.varint("a section count") if rule == COUNT_WRITTEN else 1 if rule == COUNT_ONE else counts[rule - COUNT_OF])
+        per_tensor.append((pat, counts))
     raw_total = cur.varint("the payload length") if flags & FLAG_ZSTD else None
     crc_at = cur.pos + (_CRC.size if flags & CHECKSUM_FLAGS else 0)
     header_len = crc_at + _CRC.size

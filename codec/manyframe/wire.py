@@ -17,9 +17,34 @@ FLAG_NAMES = 0x08
 FLAG_ZSTD = 0x10
 #: flags bit 5: the tensors are coded as one, their concatenation (one entry of sections)
 FLAG_JOINT = 0x20
+#: flags bit 6: counts may be derived: a pattern entry's kind byte holds the section's kind in
+#: its low 4 bits and its count rule (below) in its high 4, and a tensor writes only the counts
+#: of its ``COUNT_WRITTEN`` sections (every frame encoded since 2026-11-28 whose section kinds
+#: are below 16; frames without the flag keep decoding)
+FLAG_DERIVED = 0x40
 #: flags bits 0 and 1 (the payload checksum) are format v1's (codec.frame)
 CHECKSUM_FLAGS = FLAG_PAYLOAD_CRC | FLAG_PAYLOAD_CRC32C
-KNOWN_FLAGS = 0x3F
+KNOWN_FLAGS = 0x7F
+#: count rules of a pattern's section (with FLAG_DERIVED): its count is written per tensor; it
+#: is 1; a rule ``r >= COUNT_OF`` (at most ``MAX_RULE``) is the count of the tensor's section
+#: ``r - COUNT_OF``, an earlier one (AdaComp's signs repeat its index count after the scale)
+COUNT_WRITTEN, COUNT_ONE, COUNT_OF, MAX_RULE = 0, 1, 2, 15
+#: the section kinds a FLAG_DERIVED pattern entry can hold (its kind byte's low 4 bits)
+DERIVED_KINDS = 16
+
+
+def count_rules(counts) -> tuple:
+    """The count rule of each of a tensor's sections, from their counts: 1, else the count of
+    the first earlier section with the same count (among the first ``MAX_RULE - COUNT_OF + 1``),
+    else written (what the encoder stores in the pattern)."""
+    rules, first = [], {}
+    for j, c in enumerate(counts):
+        rules.append(COUNT_ONE if c == 1 else COUNT_OF + first[c] if c in first else COUNT_WRITTEN)
+        if j <= MAX_RULE - COUNT_OF:
+            first.setdefault(c, j)
+    return tuple(rules)
+
+
 #: the most sections one tensor may have (a pattern's count is one byte)
 MAX_SECTIONS = 255
 HASH_SIZE = 8
@@ -27,6 +52,16 @@ HASH_SIZE = 8
 FIXED = struct.Struct("<4sBBH")  # magic, version, flags, reserved
 FIXED_SIZE = FIXED.size  # 8
 
+
+def count_rules(counts) -> tuple:
+    """The count rule of each of a tensor's sections, from their counts: 1, else the count of
+    the first earlier section with the same count, else written (what the encoder stores in
+    the pattern)."""
+    rules, first = [], {}
+    for j, c in enumerate(counts):
+        rules.append(COUNT_ONE if c == 1 else COUNT_OF + first[c] if c in first else COUNT_WRITTEN)
+        first.setdefault(c, j)
+    return tuple(rules)
 
 
 def put_varint(out: bytearray, v: int) -> None:
