@@ -374,3 +374,26 @@ def test_adacomp_segments_match_numpy(A, kind, dtype):
     counts[:] = bad[:] = 0
     A.adacomp_segments(np.concatenate([parts[3], nan]), np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
     assert bad[0] == 0 and bad[1] == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_thresholds_in_the_data_dtype_count_as_float64(dtype):
+    """gaussiank_segments and dgc_segments compare magnitudes in the data's dtype: ``v > t``
+    (float64 ``t``) exactly when ``v > _below(t)``, and ``v >= t`` exactly when ``v >=
+    _above(t)``, for every value of the dtype: values exactly on, next to and between
+    thresholds, subnormal, huge and beyond the dtype's range."""
+    from codec.kernels.cpu import select
+
+    rng = np.random.default_rng(3)
+    vals = np.abs(data("heavy", 2000, dtype, seed=4))
+    vals = np.concatenate([vals, [0.0, np.finfo(dtype).tiny, np.finfo(dtype).smallest_subnormal, np.finfo(dtype).max]]).astype(dtype)
+    near = np.concatenate([np.nextafter(vals, dtype(np.inf)), np.nextafter(vals, dtype(0))]).astype(dtype)
+    v = np.concatenate([vals, near])
+    ts = list(vals.astype(np.float64)) + list(vals.astype(np.float64) * (1 + 2.0**-30)) + list(vals.astype(np.float64) * (1 - 2.0**-40))
+    ts += [0.0, 1e-300, 1e300, float(rng.random()) * 1e-3, 3.4e38 * 1.5]
+    for t in ts:
+        b, a = select._below(v, t), select._above(v, t)
+        assert float(dtype(b)) == b and (float(dtype(a)) == a or a == np.inf), (t, b, a)  # values of the dtype
+        b, a = dtype(b), dtype(a)
+        assert np.array_equal(v.astype(np.float64) > t, v > b), (t, b)
+        assert np.array_equal(v.astype(np.float64) >= t, v >= a), (t, a)

@@ -130,11 +130,11 @@ def _largest(x, lo, stride, m, c):
     float64: the value ``np.partition`` of them gives, from a small sorted buffer of the
     largest so far (one comparison per value) up to rank ``_SMALL_RANK``, by np.partition
     above it (a NaN is skipped by the buffer)."""
-    if c > _SMALL_RANK:
-        samp = np.empty(m, np.float64)
-        for j in range(m):
-            samp[j] = abs(np.float64(x[lo + j * stride]))
-        return np.partition(samp, m - c)[m - c]
+    if c > _SMALL_RANK:  # in x's dtype: the order, and so the value, is the float64 one's
+        samp = np.empty(m, x.dtype)
+        for j in range(U(m)):
+            samp[j] = abs(x[U(lo) + j * U(stride)])
+        return np.float64(np.partition(samp, m - c)[m - c])
     top = np.full(c, -1.0)  # the c largest so far, ascending: top[0] is the c-th largest
     for j in range(U(m)):  # unsigned: no wraparound test per read
         a = abs(np.float64(x[U(lo) + j * U(stride)]))
@@ -173,14 +173,16 @@ def topk_segments(x, starts, ks, out_starts, out, bad):
     the lowest index."""
     for s in prange(starts.size - 1):
         lo = starts[s]
-        if not _topk_segment(x, lo, starts[s + 1] - lo, ks[s], out, out_starts[s]):
+        if not _topk_segment(x, lo, starts[s + 1] - lo, ks[s], out, out_starts[s], -1.0):
             bad[s] = 1
 
 
 @jit
-def _topk_segment(x, lo, n, k, out, o):
+def _topk_segment(x, lo, n, k, out, o, known):
     """One segment of :func:`topk_segments`: the sorted positions of the ``k`` largest of
-    ``|x[lo:lo+n]|`` into ``out[o:o+k]``; False (nothing written) when it holds a NaN or inf."""
+    ``|x[lo:lo+n]|`` into ``out[o:o+k]``; False (nothing written) when it holds a NaN or inf.
+    ``known >= 0``: a magnitude of x's dtype that at least ``k`` of them reach (the caller
+    counted), the cut instead of a sample's (the result is the same, the sample is skipped)."""
     if k >= n or k == 0:
         if not _all_finite(x, lo, n):
             return False
@@ -188,7 +190,8 @@ def _topk_segment(x, lo, n, k, out, o):
             for i in range(n):
                 out[o + i] = i
         return True
-    cut = x.dtype.type(_sample_cut(x, lo, n, k))  # exact: a magnitude of one of the values (or 0)
+    # the cut is exact in x's dtype: a magnitude of one of the values (or 0), or the caller's
+    cut = x.dtype.type(known) if known >= 0 else x.dtype.type(_sample_cut(x, lo, n, k))
     idx = np.empty(n, np.int64)
     cand = np.empty(n, np.float64)
     count = 0
@@ -258,15 +261,18 @@ def _gaussiank_segment(x, lo, n, shift, z, width, k, out, o):
     t = abs(mean) + z * std
     hi = 4 * k // 3
     count = 0
+    xs = x[lo : lo + n]
+    below = -1.0
     if t == t:
-        for i in range(n):
-            count += np.int64(abs(np.float64(x[lo + i])) > t)
+        below = _below(x, t)  # |v| > t exactly when |v| > below, compared in x's dtype
+        for i in range(U(n)):
+            count += np.int64(abs(xs[i]) > below)
     else:  # a NaN threshold (sums beyond float64): the stage keeps its candidates, at
         for i in range(n):  # least hi of them or every non-zero, then clamps
             count += np.int64(x[lo + i] != 0)
         count = min(count, hi)
     keep = min(max(count, (2 * k + 2) // 3), hi, n)
-    _topk_segment(x, lo, n, keep, out, o)
+    _topk_segment(x, lo, n, keep, out, o, below if count >= keep else -1.0)  # the count's values reach below
     return keep
 
 
@@ -292,25 +298,48 @@ def _dgc_segment(x, lo, n, k, stride, pick, retries, out, o):
     """One segment of :func:`dgc_segments` (``n > 0``, finite); returns how many positions
     it wrote from ``out[o]``."""
     thr = _largest(x, lo, stride, (n + stride - 1) // stride, pick)
+    xs = x[lo : lo + n]
     for retry in range(retries + 1):
         count = n
+        up = _above(x, thr)  # |v| >= thr exactly when |v| >= up, compared in x's dtype
         if thr > 0:
             count = 0
-            for i in range(n):
-                count += np.int64(abs(np.float64(x[lo + i])) >= thr)
+            for i in range(U(n)):
+                count += np.int64(abs(xs[i]) >= up)
         if count > 1.3 * k:
-            _topk_segment(x, lo, n, k, out, o)
+            _topk_segment(x, lo, n, k, out, o, up if thr > 0 else -1.0)  # count > k values reach up
             return k
         if count < 0.8 * k and retry < retries:
             thr *= 0.8
             continue
         w = o
         for i in range(n):
-            if thr <= 0 or abs(np.float64(x[lo + i])) >= thr:
+            if thr <= 0 or abs(xs[i]) >= up:
                 out[w] = i
                 w += 1
         return count
     return 0  # (unreachable: the last retry always returns)
+
+
+@jit
+def _below(x, t):
+    """The largest value of ``x``'s dtype at most ``t`` (float64, not NaN): for every ``v`` of
+    that dtype, ``v > t`` exactly when ``v > _below(x, t)``, so a count against a float64
+    threshold runs in the data's own dtype (float32: twice the vector width, no conversion)."""
+    f = x.dtype.type(t)
+    if np.float64(f) > t:
+        f = np.nextafter(f, x.dtype.type(-np.inf))
+    return f
+
+
+@jit
+def _above(x, t):
+    """The smallest value of ``x``'s dtype at least ``t`` (float64, not NaN): ``v >= t``
+    exactly when ``v >= _above(x, t)`` (see :func:`_below`)."""
+    f = x.dtype.type(t)
+    if np.float64(f) < t:
+        f = np.nextafter(f, x.dtype.type(np.inf))
+    return f
 
 
 @jit
