@@ -367,11 +367,19 @@ def _add_jobs(c, mf, jobs, targets, mode) -> None:
 
 
 def decode_sparse(c, mf) -> list:
-    """``codec.decode_sparse_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
+    """``codec.decode_sparse_many`` of the parsed frame ``mf``, which the codec ``c`` made: the
+    jobs decoding reads (every tensor's positions at once, the small tensors' values in runs),
+    each tensor's pairs split off its job's."""
     if c.select is None:
         raise ValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
-    pairs = _split_pairs(mf, range(len(mf)), *c.decode_sparse_frame(mf.whole())) if mf.joint else [c.decode_sparse_frame(mf.tensor(i)) for i in range(len(mf))]
-    mf.finish()
+    pairs = [None] * len(mf)
+    for idx, ctx, payload in _read_jobs(c, mf):
+        kept = c._kept(ctx, payload)
+        if len(idx) == 1 and not mf.joint:
+            pairs[idx[0]] = (ctx.positions, kept)
+        else:  # a run, or a joint frame's concatenation
+            for i, pair in zip(idx, _split_pairs(mf, idx, ctx.positions, kept)):
+                pairs[i] = pair
     return pairs
 
 
