@@ -397,3 +397,20 @@ def test_thresholds_in_the_data_dtype_count_as_float64(dtype):
         b, a = dtype(b), dtype(a)
         assert np.array_equal(v.astype(np.float64) > t, v > b), (t, b)
         assert np.array_equal(v.astype(np.float64) >= t, v >= a), (t, a)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [16, 17, 1000, 3 * CHUNK + 17])
+def test_line_sample_matches_numpy(S, n, dtype):
+    """line_sample: run q is |x + r| (summed in x's dtype; |x| for an empty r) of the line
+    starting at q * step, in float64."""
+    x, r = data("heavy", n, dtype, seed=1), data("normal", n, dtype, seed=2)
+    for line in (1, 16):
+        runs = max(1, n // (line * 4))
+        step = n // runs
+        want = np.abs(np.add(x[: runs * step].reshape(runs, step)[:, :line], r[: runs * step].reshape(runs, step)[:, :line]).astype(np.float64))
+        out = np.full((runs, line), np.nan)
+        S.line_sample(x, r, step, out)
+        assert np.array_equal(out, want)
+        S.line_sample(x, r[:0], step, out)
+        assert np.array_equal(out, np.abs(x[: runs * step].reshape(runs, step)[:, :line].astype(np.float64)))

@@ -23,7 +23,7 @@ from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, chunk_sums, sample_rank
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "topk_segments", "dgc_segments", "gaussiank_segments"]
+__all__ = ["candidates", "gather_rows", "line_sample", "topk_segments", "dgc_segments", "gaussiank_segments"]
 
 
 @jit
@@ -89,6 +89,24 @@ def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift, widt
     nchunk = chunks[1] - chunks[0]
     for j in prange(nchunk):
         _candidates_chunk(x, r, acc, chunks[0] + j, cut, buf, vals, j, counts, bad, sums, shift, width)
+
+
+@jit
+def line_sample(x, r, step, out):
+    """A sample of magnitudes in runs: run ``q`` of ``out.shape[1]`` values is ``|x + r|``
+    (``|x|`` for an empty ``r``), summed in x's dtype, from ``x[q * step]`` on, in float64,
+    into ``out[q]``.  A run of one 64-byte line reads one line of each array where a strided
+    sample of as many values reads one line per value (the candidate pass's cut,
+    ``Magnitudes._line_sample``)."""
+    runs, line = out.shape
+    for q in range(U(runs)):
+        at = q * U(step)
+        if r.size:
+            for j in range(U(line)):
+                out[q, j] = abs(np.float64(x[at + j] + r[at + j]))
+        else:
+            for j in range(U(line)):
+                out[q, j] = abs(np.float64(x[at + j]))
 
 
 @jit(parallel=True)

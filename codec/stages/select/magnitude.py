@@ -154,15 +154,15 @@ class Magnitudes:
         float32), the runs spread evenly over the array: the same sample size as the strided
         sample's, from a ``LINE``-th of the cache lines it reads.  The cut it gives changes how
         many candidates the pass collects, never the selection (a short cut is retried)."""
+        from codec.kernels import backend
+
         runs = max(1, self.n // (stride * LINE))
-        step = self.n // runs
-        def lines(a):
-            return a[: runs * step].reshape(runs, step)[:, :LINE]
+        out = np.empty((runs, LINE))
         if self._r is not None and self.cut is None:
-            part = np.add(lines(self._x), lines(self._r))
+            backend("select", self._x).line_sample(self._x, self._r, self.n // runs, out)
         else:
-            part = lines(self._src)
-        return np.abs(part.astype(np.float64)).reshape(-1)
+            backend("select", self._src).line_sample(self._src, self._src[:0], self.n // runs, out)
+        return out.reshape(-1)
 
     def _scan(self, cut: float) -> None:
         from codec.kernels import backend
