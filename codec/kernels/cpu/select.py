@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, chunk_sums, sample_rank
+from codec.kernels.cpu._common import U, chunk_sums, prefetch, sample_rank
 from codec.layout import CHUNK
 
 __all__ = ["candidates", "gather_rows", "line_sample", "topk_segments", "dgc_segments", "gaussiank_segments"]
@@ -99,8 +99,13 @@ def line_sample(x, r, step, out):
     sample of as many values reads one line per value (the candidate pass's cut,
     ``Magnitudes._line_sample``)."""
     runs, line = out.shape
+    ahead = U(16 * step)  # a run's line is far from the last: ask for it 16 runs before
     for q in range(U(runs)):
         at = q * U(step)
+        if at + ahead < x.size:
+            prefetch(x, at + ahead)
+            if r.size:
+                prefetch(r, at + ahead)
         if r.size:
             for j in range(U(line)):
                 out[q, j] = abs(np.float64(x[at + j] + r[at + j]))
