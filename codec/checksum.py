@@ -17,44 +17,54 @@ import threading
 
 import crc32c as _crc32c
 
-__all__ = ["PARALLEL_MIN", "combine", "crc32c"]
+__all__ = ["PARALLEL_MIN", "POLY", "combine", "crc32c", "zero_operators"]
 
 #: buffers shorter than this are checksummed in one call (a thread hand-off costs ~20 us)
 PARALLEL_MIN = 8 << 20
 #: the reflected Castagnoli polynomial
-_POLY = 0x82F63B78
+POLY = 0x82F63B78
 
 _lock = threading.Lock()
 _pool = None
-_zeros: list = []  # _zeros[k]: the 32x32 GF(2) operator of appending 2**k zero bytes
+_ZEROS = None  # uint32[64, 32]: row k, the 32x32 GF(2) operator of appending 2**k zero bytes
+
+
+def zero_operators():
+    """``ops[k]`` (k = 0..63): the 32x32 GF(2) operator (32 columns of 32 bits, a uint32 array)
+    that carries a reflected CRC-32C register through ``2**k`` zero bytes, by squaring from
+    one zero bit, as zlib's ``crc32_combine`` builds them; computed once.  What :func:`combine`
+    applies, and what the kernels that checksum chunks join them with (codec/kernels/cpu/_crc.py)."""
+    global _ZEROS
+    if _ZEROS is None:
+        import numpy as np
+
+        bits = np.arange(32, dtype=np.uint32)
+
+        def times(mat, vecs):  # mat applied to each of vecs
+            sel = ((vecs[:, None] >> bits[None, :]) & np.uint32(1)).astype(bool)
+            return np.bitwise_xor.reduce(np.where(sel, mat[None, :], np.uint32(0)), axis=1).astype(np.uint32)
+
+        op = np.concatenate(([POLY], np.uint32(1) << np.arange(31, dtype=np.uint32))).astype(np.uint32)  # one zero bit
+        for _ in range(3):  # 2, 4, 8 bits: one byte
+            op = times(op, op)
+        ops = np.empty((64, 32), np.uint32)
+        for k in range(64):
+            ops[k] = op
+            op = times(op, op)
+        ops.flags.writeable = False
+        with _lock:
+            _ZEROS = ops
+    return _ZEROS
 
 
 def _times(mat, vec: int) -> int:
     out, i = 0, 0
     while vec:
         if vec & 1:
-            out ^= mat[i]
+            out ^= int(mat[i])
         vec >>= 1
         i += 1
     return out
-
-
-def _square(mat) -> list:
-    return [_times(mat, mat[n]) for n in range(32)]
-
-
-def _zero_operator(k: int) -> list:
-    """The operator of 2**k zero bytes (computed once, by squaring: 32 entries of 32 bits)."""
-    with _lock:
-        if not _zeros:
-            one_bit = [_POLY] + [1 << n for n in range(31)]  # one zero bit, on the reflected CRC
-            op = one_bit
-            for _ in range(3):  # 2, 4, 8 bits: one byte
-                op = _square(op)
-            _zeros.append(op)
-        while len(_zeros) <= k:
-            _zeros.append(_square(_zeros[-1]))
-        return _zeros[k]
 
 
 def combine(crc1: int, crc2: int, len2: int) -> int:
@@ -63,7 +73,7 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     k = 0
     while len2:
         if len2 & 1:
-            crc1 = _times(_zero_operator(k), crc1)
+            crc1 = _times(zero_operators()[k], crc1)
         len2 >>= 1
         k += 1
     return crc1 ^ crc2

@@ -110,7 +110,10 @@ def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None, crc: int | None 
     """
     dtype = np.dtype(dtype)
     flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty(flat.size, np.uint16) if out is None else out
+    if out is None:
+        out = np.empty(flat.size, np.uint16)
+    elif out.dtype != np.uint16 or out.size != flat.size or not out.flags.c_contiguous:  # the kernel writes (and checksums) its memory
+        raise ValueError(f"out: expected a C-contiguous uint16 array of {flat.size} codes, got {out.dtype} {out.shape}")
     if flat.dtype == dtype:  # the codes are the bits; NaN/inf have every exponent bit set
         out[:] = flat.view(np.uint16)
         exponent = np.uint16(0x7C00 if dtype == HALF else 0x7F80)

@@ -59,14 +59,17 @@ def test_fixture_still_decodes(name):
     testing.check_fixture(FIXTURES, name)
 
 
-#: frozen many-tensor frames (format v2), written once on 2026-11-28 by the encoder of 3f72896
-#: (``testing.write_many_fixture``: adacomp, top-k+fp16, joint top-k, qsgd, fp16, rangefloat+zstd,
-#: random-k, PowerSGD; table and hash forms, named and list layouts, mixed dtypes, an empty tensor)
+#: frozen many-tensor frames (format v2), written once on 2026-11-28 (``testing.write_many_fixture``):
+#: nine by the encoder of 3f72896, before derived counts (adacomp, top-k+fp16, joint top-k, qsgd,
+#: fp16, rangefloat+zstd, random-k, PowerSGD; table and hash forms, named and list layouts, mixed
+#: dtypes, an empty tensor), and ``derived-*`` with flags bit 6 (adacomp, top-k+fp16, DGC)
 MANY = FIXTURES / "many"
 
 
 def test_many_fixtures_exist():
-    assert len(list(MANY.glob("*.many"))) >= 9
+    frames = {p.stem: p.read_bytes() for p in MANY.glob("*.many")}
+    assert len(frames) >= 12
+    assert {n for n, f in frames.items() if f[5] & 0x40} == {n for n in frames if n.startswith("derived-")}  # both forms kept
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in MANY.glob("*.many")))

@@ -21,6 +21,7 @@ from codec import ops
 from codec.kernels import module
 from codec.layout import CHUNK  # elements per parallel chunk of the convert kernels
 from codec.modes import ADD, SET, SUB
+from support.crc import check_kernel_crc
 from support.threads import same_across_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
@@ -331,14 +332,6 @@ def test_half_feedback(n, dtype, ref16, backend):
 
 
 # ---------------------------------------------------------------- the codes' CRC-32C, formed by the kernels
-def fused_crc(backend):
-    """Whether this backend's kernels checksum the codes they write (the CPU's do where it has
-    the CRC-32C instruction; a kernel that cannot returns -1 and the caller checksums)."""
-    from codec.kernels.cpu import _crc
-
-    return backend == "cpu" and _crc.HARDWARE
-
-
 @pytest.mark.parametrize("start", (0, 1, 0xFFFFFFFF, 0x12345678))
 @pytest.mark.parametrize("n", SIZES)
 def test_kernels_continue_the_crc_of_their_codes(n, start, backend):
@@ -354,8 +347,7 @@ def test_kernels_continue_the_crc_of_their_codes(n, start, backend):
             assert kernel(*args, plain, bf16, -1)[1] == -1
             got = kernel(*args, codes, bf16, start)[1]
             np.testing.assert_array_equal(codes, plain)
-            want = crc32c.crc32c(codes.tobytes(), start)
-            assert got == want if fused_crc(backend) else got in (-1, want)
+            check_kernel_crc(got, codes, start, conv)
 
 
 @pytest.mark.parametrize("lo", (0, 1, 5))
@@ -448,3 +440,51 @@ def test_narrow_of_its_own_dtype_counts_from_the_bits(dtype):
     codes, bad, _ = narrow(x, dtype)
     assert np.array_equal(codes, bits)
     assert bad == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))
+
+
+def test_crc_without_the_instruction(tmp_path):
+    """Where Numba compiles for a CPU without SSE4.2 (NUMBA_CPU_NAME=generic, as a portable
+    cache does) the module takes the byte-table step, the kernels form no checksum (-1) and
+    the frames are checksummed in one pass: the same bytes; nothing aborts in LLVM."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, crc32c, codec\n"
+        "from codec.kernels.cpu import _crc, convert\n"
+        "assert not _crc.HARDWARE\n"
+        "buf = np.arange(3000, dtype=np.uint8)\n"
+        "assert int(_crc.crc_bytes(buf, 3, 2997, 5)) == crc32c.crc32c(buf[3:2997].tobytes(), 5)\n"
+        "x = np.random.default_rng(0).standard_normal(70000).astype(np.float32)\n"
+        "c = np.empty(x.size, np.uint16)\n"
+        "assert convert.narrow_codes(x, c, False, 0)[1] == -1\n"
+        "import hashlib\n"
+        "print(hashlib.sha256(bytes(codec.get_codec('fp16').encode(x)) + bytes(codec.get_codec('fp8').encode(x))).hexdigest())\n"
+    )
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES="", NUMBA_CACHE_DIR=str(tmp_path))
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    x = np.random.default_rng(0).standard_normal(70000).astype(np.float32)
+    from codec import get_codec
+    import hashlib
+
+    assert got.stdout.strip() == hashlib.sha256(bytes(get_codec("fp16").encode(x)) + bytes(get_codec("fp8").encode(x))).hexdigest()
+
+
+def test_crc_table_step_of_words():
+    """The byte-table step of a word (what crc_bytes compiles to without the instruction)."""
+    from codec.kernels.cpu import _crc
+
+    data = np.random.default_rng(5).integers(0, 256, 800, dtype=np.uint8)
+    c = np.uint32(0xFFFFFFFF)
+    for w in data.view(np.uint64):
+        c = _crc._sw_u64(c, w)
+    assert int(c ^ np.uint32(0xFFFFFFFF)) == crc32c.crc32c(data.tobytes())
+
+
+def test_narrow_refuses_an_out_it_cannot_write_whole():
+    x = np.ones(10, np.float32)
+    for out in (np.empty(9, np.uint16), np.empty(20, np.uint16)[::2], np.empty(10, np.int16)):
+        with pytest.raises(ValueError, match="out"):
+            ops.narrow(x, F16, out)

@@ -225,9 +225,13 @@ def test_derived_counts_are_written_once_and_checked(monkeypatch):
     one value); every tensor's counts and decodes are those of its own v1 frame (frames without
     the flag, as before 2026-11-28, are tests/fixtures/many/).  A rule no encoder writes is
     refused."""
+    from codec.frame import Section
     from codec.manyframe.wire import FLAG_DERIVED, count_rules
 
+    from codec.manyframe.wire import common_rules
+
     assert count_rules([5, 5, 1]) == (0, 2, 1) and count_rules([1, 1, 7]) == (1, 1, 0) and count_rules([6, 1, 6, 9, 9]) == (0, 1, 2, 0, 5)
+    assert common_rules((0, 1, 2), (1, 1, 2)) == (0, 1, 2) and common_rules((1, 2), (1, 1)) == (1, 0)
     assert count_rules([]) == ()
     ts = model(5)
     for spec in ("adacomp", "topk(ratio=0.1)+fp16", "qsgd", "fp16"):
@@ -246,13 +250,23 @@ def test_derived_counts_are_written_once_and_checked(monkeypatch):
     every = codec.get_codec("adacomp").encode_many(ts)
     monkeypatch.undo()
     secs = parse_many(adacomp).tensor_sections
-    rules = [count_rules([i.count for i in t]) for t in secs]
-    saved = [i.count for t, rs in zip(secs, rules) for i, r in zip(t, rs) if r != 0]
-    assert len(saved) >= 2 * len(ts)  # the scale's count and the signs' (or the index's, when 1)
-    patterns = {(tuple((i.kind, i.bits) for i in t), rs) for t, rs in zip(secs, rules)}
-    kinds = {p for p, _ in patterns}
-    # each derived count's varint is gone; each extra pattern (another rule tuple) costs 1 + 2 bytes a section
-    assert len(every) - len(adacomp) == sum(len(v(c)) for c in saved) - 7 * (len(patterns) - len(kinds))
+    # every tensor of a (kind, bits) pattern gets the rules all of them share, so no pattern is
+    # split: the frame is smaller by exactly the counts those rules derive
+    shared: dict = {}
+    for t in secs:
+        key, mine = tuple((i.kind, i.bits) for i in t), count_rules([i.count for i in t])
+        shared[key] = common_rules(shared[key], mine) if key in shared else mine
+    saved = [i.count for t in secs for i, r in zip(t, shared[tuple((i.kind, i.bits) for i in t)]) if r != 0]
+    assert len(saved) >= len(secs)  # the scale's count (1), at least, in every tensor
+    assert len(every) - len(adacomp) == sum(len(v(c)) for c in saved)
+    mixed = [Section(4, 8, c, data=bytes(c)) for c in [*range(2, 20), 19, 1, 2]]  # 21 sections: rules past section 13 are not written
+    assert count_rules([s.count for s in mixed])[-3:] == (0, 1, 2)
+    f = build.build_many("none", Layout.of([np.zeros(10, np.float32)]), [mixed])
+    assert [i.count for i in parse_many(f).tensor_sections[0]] == [s.count for s in mixed]
+    monkeypatch.setattr(build, "count_rules", lambda counts: (0,) * len(counts))
+    every2 = codec.get_codec("qsgd").encode_many(ts)
+    monkeypatch.undo()
+    assert len(codec.get_codec("qsgd").encode_many(ts)) <= len(every2)  # never larger
     assert all(np.array_equal(a, b) for a, b in zip(codec.decode_many(every).values(), codec.decode_many(adacomp).values()))
     at = bytes(adacomp).index(bytes([1 | 2 << 4, 1]))  # the signs' entry: kind 1 and rule 2 (section 0's count), 1 bit
     from codec.fuzzing import fix_many_checksums

@@ -15,7 +15,6 @@ from __future__ import annotations
 import types
 
 import ml_dtypes
-import crc32c
 import numpy as np
 import pytest
 
@@ -23,6 +22,7 @@ from codec import layout
 from codec._jit import PARALLEL_MIN
 from codec.kernels import module
 from codec.modes import ADD, SET, SUB
+from support.crc import check_kernel_crc
 from codec.ops import readonly
 
 CHUNK = 1 << 16  # values per chunk of the sums, the work units and the decoder's chunks
@@ -377,16 +377,8 @@ def run_minifloat(x, block, emin, m, maxmag, signpos, stochastic=False, strm=U64
     bad = np.zeros(units, np.int64)
     if x.size:
         crc = fn(ro(x), block, upb, np.asarray(emin, np.int64), m, maxmag, signpos, stochastic, U64(strm), codes, bad, None, 0x5EED)
-        # the codes' CRC-32C continued from the given value, formed unit by unit (-1: this backend cannot)
-        assert crc == crc32c.crc32c(codes.tobytes(), 0x5EED) or (crc == -1 and not fused_crc(K.quantize))
+        check_kernel_crc(crc, codes, 0x5EED, K.quantize)  # the codes' CRC-32C, formed unit by unit
     return codes, bad
-
-
-def fused_crc(kern) -> bool:
-    """Whether ``kern``'s kernels checksum the codes they write (the CPU's, where it has the CRC-32C instruction)."""
-    from codec.kernels.cpu import _crc
-
-    return kern.__name__.startswith("codec.kernels.cpu.") and _crc.HARDWARE
 
 
 def run_qsgd(x, bucket, s, stochastic, strm=U64(0), fn=None):
@@ -725,7 +717,7 @@ def test_feedback_absmax_units_and_minifloat_encode_sub_match_numpy(kind, n, dty
                 bad = np.zeros(units, np.int64)
                 if n:
                     crc = K.quantize.minifloat_encode(got, block, upb, emin, m, maxmag, bits - 1, stochastic, STRM, codes, bad, got, 0)
-                    assert crc == crc32c.crc32c(codes.tobytes()) or (crc == -1 and not fused_crc(K.quantize))
+                    check_kernel_crc(crc, codes, 0, K.quantize)
                 want = ref_minifloat(want_acc, block, emin, m, maxmag, bits - 1, stochastic, STRM)
                 assert_same(codes.astype(np.int64), want, f"codes bits={bits} block={block} stochastic={stochastic}")
                 value = ref_minifloat_value(want, bits, m, emin[np.arange(n) // block]).astype(dtype)

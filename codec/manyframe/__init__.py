@@ -4,7 +4,8 @@ A v2 frame holds every tensor of a step (a model's gradients) coded by one codec
 once, then a compact table, then one payload.  Per tensor the frame carries its dtype and
 shape (or nothing, in the layout-hash form) and, per section, only its item count as a
 varint: the kind and item width of a tensor's sections are named once per distinct
-*pattern* in a small pattern table.  Every section's raw bytes follow in tensor order; a
+*pattern* in a small pattern table, which also says which counts are derived (the same as an
+earlier section's, or 1) and so not written per tensor.  Every section's raw bytes follow in tensor order; a
 ``zstd`` stage compresses the whole payload as one zstd frame.
 
 Two forms:
@@ -30,6 +31,7 @@ from codec.manyframe.build import Entry, build_many
 from codec.manyframe.parse import Header, ManyFrame, is_many, parse_many, read_header
 from codec.manyframe.table import Layout, as_layout, read_table
 from codec.manyframe.wire import (
+    FLAG_DERIVED,
     FLAG_JOINT,
     FLAG_LAYOUT_HASH,
     FLAG_NAMES,
@@ -45,6 +47,7 @@ from codec.manyframe.zstd import ZstdPayload
 __all__ = [
     "Cursor",
     "Entry",
+    "FLAG_DERIVED",
     "FLAG_JOINT",
     "FLAG_LAYOUT_HASH",
     "FLAG_NAMES",

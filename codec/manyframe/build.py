@@ -10,7 +10,7 @@ import numpy as np
 from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length, write_payload
 from codec.framebuffer import frame_bytes
 from codec.manyframe.table import Layout
-from codec.manyframe.wire import COUNT_WRITTEN, DERIVED_KINDS, FIXED, FIXED_SIZE, FLAG_DERIVED, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, count_rules, put_varint
+from codec.manyframe.wire import COUNT_WRITTEN, DERIVED_KINDS, FIXED, FIXED_SIZE, FLAG_DERIVED, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, common_rules, count_rules, put_varint
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,21 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     head += spec_b
     put_varint(head, len(layout))
     head += layout.hash if form == "hash" else layout.table()
+    shapes = [tuple((s.kind, s.bits) for s in secs) for secs in sections]
+    rules: dict = {}  # (kind, bits) pattern -> the count rules its tensors share (rule 0 without the flag)
+    for secs, shape in zip(sections, shapes):
+        if len(secs) > MAX_SECTIONS:
+            raise ValueError(f"a tensor's codec made {len(secs)} sections; a many-tensor frame allows {MAX_SECTIONS}")
+        mine = count_rules([s.count for s in secs]) if derived else (COUNT_WRITTEN,) * len(secs)
+        rules[shape] = common_rules(rules[shape], mine) if shape in rules else mine
     patterns: dict = {}
     body = bytearray()  # per tensor: pattern id and the counts its pattern does not derive
     payload_len = 0
-    for secs in sections:
-        if len(secs) > MAX_SECTIONS:
-            raise ValueError(f"a tensor's codec made {len(secs)} sections; a many-tensor frame allows {MAX_SECTIONS}")
-        rules = count_rules([s.count for s in secs]) if derived else (COUNT_WRITTEN,) * len(secs)
-        pattern = tuple((s.kind | rule << 4, s.bits) for s, rule in zip(secs, rules))  # rule 0 without the flag
+    for secs, shape in zip(sections, shapes):
+        kept = rules[shape]
+        pattern = tuple((kind | rule << 4, bits) for (kind, bits), rule in zip(shape, kept))
         put_varint(body, patterns.setdefault(pattern, len(patterns)))
-        for s, rule in zip(secs, rules):
+        for s, rule in zip(secs, kept):
             if rule == COUNT_WRITTEN:
                 put_varint(body, s.count)
             payload_len += s.raw_len

@@ -36,7 +36,7 @@ DERIVED_KINDS = 16
 def count_rules(counts) -> tuple:
     """The count rule of each of a tensor's sections, from their counts: 1, else the count of
     the first earlier section with the same count (among the first ``MAX_RULE - COUNT_OF + 1``),
-    else written (what the encoder stores in the pattern)."""
+    else written."""
     rules, first = [], {}
     for j, c in enumerate(counts):
         rules.append(COUNT_ONE if c == 1 else COUNT_OF + first[c] if c in first else COUNT_WRITTEN)
@@ -45,23 +45,19 @@ def count_rules(counts) -> tuple:
     return tuple(rules)
 
 
+def common_rules(a: tuple, b: tuple) -> tuple:
+    """The rules two tensors of one (kind, bits) pattern share: each section's rule where
+    both have it, else written.  The encoder gives every tensor of a pattern the rules all of
+    them share, so deriving counts never splits a pattern (a frame is never larger for it)."""
+    return tuple(x if x == y else COUNT_WRITTEN for x, y in zip(a, b))
+
+
 #: the most sections one tensor may have (a pattern's count is one byte)
 MAX_SECTIONS = 255
 HASH_SIZE = 8
 
 FIXED = struct.Struct("<4sBBH")  # magic, version, flags, reserved
 FIXED_SIZE = FIXED.size  # 8
-
-
-def count_rules(counts) -> tuple:
-    """The count rule of each of a tensor's sections, from their counts: 1, else the count of
-    the first earlier section with the same count, else written (what the encoder stores in
-    the pattern)."""
-    rules, first = [], {}
-    for j, c in enumerate(counts):
-        rules.append(COUNT_ONE if c == 1 else COUNT_OF + first[c] if c in first else COUNT_WRITTEN)
-        first.setdefault(c, j)
-    return tuple(rules)
 
 
 def put_varint(out: bytearray, v: int) -> None:

@@ -28,27 +28,34 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from codec._jit import jit
+from codec.checksum import POLY, zero_operators
 from codec.layout import CHUNK
 
-#: the reflected Castagnoli polynomial
-POLY = 0x82F63B78
 
-
-def _host_has_crc() -> bool:
+def _target_has_crc() -> bool:
+    """Whether Numba compiles for a CPU with SSE4.2: the host's features, or the ones
+    ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name (a portable cache built for a generic
+    x86-64 must not contain the instruction: LLVM aborts the process when it cannot select it)."""
     import platform
 
     import llvmlite.binding as llvm
+    from numba.core import config
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
+    if config.CPU_FEATURES is not None:
+        return "+sse4.2" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME is not None and config.CPU_NAME != "host":
+        return False  # a named target without its features listed: assume the least
     try:
         return bool(llvm.get_host_cpu_features().get("sse4.2", False))
     except RuntimeError:  # pragma: no cover - features unknown
         return False
 
 
-#: whether the CPU has the CRC-32C instruction this module compiles to (x86-64 with SSE4.2)
-HARDWARE = _host_has_crc()
+#: whether the CPU Numba compiles for has the CRC-32C instruction this module uses (x86-64
+#: with SSE4.2); else the byte-table step, and the kernels return -1 (no checksum formed)
+HARDWARE = _target_has_crc()
 
 
 def _byte_table() -> np.ndarray:
@@ -58,28 +65,9 @@ def _byte_table() -> np.ndarray:
     return t
 
 
-def _zero_operators() -> np.ndarray:
-    """``ops[k]``: the 32x32 GF(2) operator (32 columns of 32 bits) that carries a CRC register
-    through ``2**k`` zero bytes, k = 0..63; by squaring, as zlib's ``crc32_combine`` does."""
-    bits = np.arange(32, dtype=np.uint32)
-
-    def times(mat, vecs):  # mat applied to each of vecs
-        sel = ((vecs[:, None] >> bits[None, :]) & np.uint32(1)).astype(bool)
-        return np.bitwise_xor.reduce(np.where(sel, mat[None, :], np.uint32(0)), axis=1).astype(np.uint32)
-
-    op = np.concatenate(([POLY], np.uint32(1) << np.arange(31, dtype=np.uint32))).astype(np.uint32)  # one zero bit
-    for _ in range(3):  # 2, 4, 8 bits: one byte
-        op = times(op, op)
-    ops = np.empty((64, 32), np.uint32)
-    for k in range(64):
-        ops[k] = op
-        op = times(op, op)
-    return ops
-
-
 _TABLE = _byte_table()
 _ONES = np.uint32(0xFFFFFFFF)
-_ZEROS = _zero_operators()
+_ZEROS = zero_operators()  # the crc32_combine operators of 2**k zero bytes (codec.checksum)
 
 
 @intrinsic
