@@ -377,6 +377,7 @@ def test_adacomp_segments_match_numpy(A, kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # the largest value's neighbour and multiples, on purpose
 def test_thresholds_in_the_data_dtype_count_as_float64(dtype):
     """gaussiank_segments and dgc_segments compare magnitudes in the data's dtype: ``v > t``
     (float64 ``t``) exactly when ``v > _below(t)``, and ``v >= t`` exactly when ``v >=
