@@ -29,7 +29,6 @@ from numba.extending import intrinsic
 
 from codec._jit import jit
 from codec.checksum import POLY, zero_operators
-from codec.layout import CHUNK
 
 
 def _target_has_crc() -> bool:
@@ -214,33 +213,27 @@ def join(crcs, crc, lens):
 
 
 @jit
-def crc_sums(nchunk, crc):
-    """The array a kernel keeps its chunks' CRCs in: ``nchunk`` of them when a checksum is
-    asked (``crc >= 0``) and the CPU has the instruction, else empty (then it checksums none)."""
-    return np.zeros(nchunk if crc >= 0 and HARDWARE else 0, np.uint32)
+def crc_pieces(npieces, crc):
+    """What a kernel keeps its pieces' checksums in: ``(sums, lens)``, each piece's CRC-32C
+    and byte length, ``npieces`` of them when a checksum is asked (``crc >= 0``) and the CPU
+    has the instruction, else empty (then it checksums nothing: :func:`crc_piece` is skipped
+    on ``sums.size == 0``)."""
+    m = npieces if crc >= 0 and HARDWARE else 0
+    return np.zeros(m, np.uint32), np.zeros(m, np.int64)
 
 
 @jit
-def chunk_crc(arr, lo, hi):
-    """CRC-32C of items ``lo:hi`` of the 1-D array ``arr`` (their bytes), a kernel's chunk."""
-    return crc_bytes(arr, lo * arr.itemsize, hi * arr.itemsize, 0)
+def crc_piece(sums, lens, k, arr, lo, hi):
+    """Piece ``k``: items ``lo:hi`` of the 1-D array ``arr``, just written (their bytes)."""
+    sums[k] = crc_bytes(arr, lo * arr.itemsize, hi * arr.itemsize, 0)
+    lens[k] = (hi - lo) * arr.itemsize
 
 
 @jit
-def chunk_lengths(n, itemsize):
-    """The byte lengths of ``n`` items of ``itemsize`` bytes in ``CHUNK``-item chunks."""
-    lens = np.full((n + CHUNK - 1) // CHUNK, CHUNK * itemsize, np.int64)
-    if lens.size:
-        lens[-1] = (n - (lens.size - 1) * CHUNK) * itemsize
-    return lens
-
-
-@jit
-def joined(sums, crc, lens):
+def joined(sums, lens, crc):
     """What a kernel that checksummed its output's pieces returns: the CRC-32C of those bytes
-    continued from ``crc``, from the pieces' own CRCs ``sums`` and byte lengths ``lens``; -1
-    when none was asked (``crc < 0``) or this CPU has no CRC-32C instruction (the caller then
-    checksums the output itself)."""
+    continued from ``crc``; -1 when none was asked (``crc < 0``) or this CPU has no CRC-32C
+    instruction (the caller then checksums the output itself)."""
     if crc < 0 or not HARDWARE:
         return np.int64(-1)
     return np.int64(join(sums, crc, lens))

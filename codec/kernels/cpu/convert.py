@@ -20,7 +20,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunks
-from codec.kernels.cpu._crc import chunk_crc, chunk_lengths, crc_sums, joined
+from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
 
@@ -138,14 +138,14 @@ def narrow_codes(x, out, bf16, crc):
     n = x.size
     nchunk = chunks(n)
     bad = np.zeros(nchunk, np.int64)
-    sums = crc_sums(nchunk, crc)
+    sums, lens = crc_pieces(nchunk, crc)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
         bad[c] = _narrow_block(x[lo:hi], out[lo:hi], bf16)
         if sums.size:
-            sums[c] = chunk_crc(out, lo, hi)
-    return bad.sum(), joined(sums, crc, chunk_lengths(n, out.itemsize))
+            crc_piece(sums, lens, c, out, lo, hi)
+    return bad.sum(), joined(sums, lens, crc)
 
 
 @jit
@@ -325,11 +325,11 @@ def half_feedback(x, r, acc, codes, bf16, crc):
     n = x.size
     nchunk = chunks(n)
     bad = np.zeros(nchunk, np.int64)
-    sums = crc_sums(nchunk, crc)
+    sums, lens = crc_pieces(nchunk, crc)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
         bad[c] = _feedback_block(x[lo:hi], r[lo:hi], acc[lo:hi], codes[lo:hi], bf16)
         if sums.size:
-            sums[c] = chunk_crc(codes, lo, hi)
-    return bad.sum(), joined(sums, crc, chunk_lengths(n, codes.itemsize))
+            crc_piece(sums, lens, c, codes, lo, hi)
+    return bad.sum(), joined(sums, lens, crc)

@@ -24,7 +24,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, form, span_end
-from codec.kernels.cpu._crc import chunk_crc, crc_sums, joined
+from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.kernels.cpu.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
 
@@ -154,15 +154,13 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
     Returns the CRC-32C of the codes' bytes continued from ``crc``, each unit's checksummed
     while in cache (``crc < 0``: none, -1; also -1 where the CPU cannot, see
     ``convert.narrow_codes``)."""
-    sums = crc_sums(bad.size, crc)
-    lens = np.zeros(sums.size, np.int64)
+    sums, lens = crc_pieces(bad.size, crc)
     for u in prange(bad.size):
         bad[u] = _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub)
         if sums.size:
             _, lo, hi = _unit(u, block, upb, x.size)
-            sums[u] = chunk_crc(codes, lo, hi)
-            lens[u] = (hi - lo) * codes.itemsize
-    return joined(sums, crc, lens)
+            crc_piece(sums, lens, u, codes, lo, hi)
+    return joined(sums, lens, crc)
 
 
 @jit(parallel=True)
