@@ -225,14 +225,9 @@ def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum:
         head += _SECTION.pack(s.kind, enc, s.bits, s.count, s.raw_len, size)
     header_len = header_length(len(shape), len(spec_b), len(sections), bool(flag))
     frame, out = frame_bytes(header_len + sum(size for _, _, size in stored), out)
-    if compressor is None:
-        crc = write_payload(out[header_len:], sections, checksum == "crc32c")
-    else:
-        crc = None
-        pos = header_len
-        for enc, data, size in stored:
-            out[pos : pos + size] = np.frombuffer(data, np.uint8, size)
-            pos += size
+    # compressed sections are written as the bytes they are stored as (the checksum covers those)
+    pieces = sections if compressor is None else [Section(s.kind, 8, size, data=data) for s, (_, data, size) in zip(sections, stored)]
+    crc = write_payload(out[header_len:], pieces, checksum == "crc32c")
     if flag:
         head += _CRC.pack(payload_crc(out[header_len:]) if crc is None else crc)
     head += _CRC.pack(zlib.crc32(head))
