@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import codec as _codec
-from codec.dtypes import bfloat16
+from codec.dtypes import bfloat16, resolve_dtype
 from codec.testing.arrays import same as _same
 from codec.testing.checks import _get
 
@@ -26,7 +26,7 @@ def write_fixture(directory, name: str, codec, arr: np.ndarray) -> None:
     frame = _get(codec).encode(arr)
     (directory / f"{name}.frame").write_bytes(frame)
     dec = _codec.decode(frame)
-    np.save(directory / f"{name}.npy", dec.view(np.uint16) if dec.dtype == bfloat16 else dec)
+    np.save(directory / f"{name}.npy", _stored(dec))
     (directory / f"{name}.json").write_text(json.dumps({"spec": _get(codec).spec, "dtype": dec.dtype.name}) + "\n")
 
 
@@ -35,15 +35,19 @@ def check_fixture(directory, name: str) -> None:
     directory = Path(directory)
     meta = json.loads((directory / f"{name}.json").read_text())
     frame = (directory / f"{name}.frame").read_bytes()
-    want = np.load(directory / f"{name}.npy")
-    if meta["dtype"] == "bfloat16":
-        want = want.view(bfloat16)
+    want = _loaded(np.load(directory / f"{name}.npy"), meta["dtype"])
     got = _codec.decode(frame)
     assert _same(got, want), f"fixture {name} ({meta['spec']}): decodes differently than when it was frozen"
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
+def _stored(a: np.ndarray) -> np.ndarray:
+    """``a`` as a fixture stores it: bfloat16 (which .npy files cannot name) as its uint16 bits."""
     return a.view(np.uint16) if a.dtype == bfloat16 else a
+
+
+def _loaded(a: np.ndarray, dtype_name: str) -> np.ndarray:
+    """A stored array back in the dtype its JSON names (:func:`_stored`'s inverse)."""
+    return a.view(resolve_dtype(dtype_name))
 
 
 def write_many_fixture(directory, name: str, codec, tensors, *, layout: str = "table", joint: bool = False) -> None:
@@ -59,7 +63,7 @@ def write_many_fixture(directory, name: str, codec, tensors, *, layout: str = "t
     lay = _codec.Layout.of(tensors)
     dec = _codec.decode_many(frame, layout=lay)
     dec = list(dec.values()) if isinstance(dec, dict) else dec
-    np.savez(directory / f"{name}.npz", **{f"t{i}": _bits(d) for i, d in enumerate(dec)})
+    np.savez(directory / f"{name}.npz", **{f"t{i}": _stored(d) for i, d in enumerate(dec)})
     meta = {"spec": c.spec, "form": layout, "joint": joint, "names": names, "dtypes": [a.dtype.name for a in arrays], "shapes": [list(a.shape) for a in arrays]}
     (directory / f"{name}.json").write_text(json.dumps(meta) + "\n")
 
@@ -71,9 +75,8 @@ def check_many_fixture(directory, name: str) -> None:
     meta = json.loads((directory / f"{name}.json").read_text())
     frame = (directory / f"{name}.many").read_bytes()
     with np.load(directory / f"{name}.npz") as z:
-        want = [z[f"t{i}"] for i in range(len(meta["dtypes"]))]
-    want = [w.view(bfloat16) if dt == "bfloat16" else w for w, dt in zip(want, meta["dtypes"])]
-    zeros = [np.zeros(shape, np.dtype(bfloat16) if dt == "bfloat16" else dt) for shape, dt in zip(meta["shapes"], meta["dtypes"])]
+        want = [_loaded(z[f"t{i}"], dt) for i, dt in enumerate(meta["dtypes"])]
+    zeros = [np.zeros(shape, resolve_dtype(dt)) for shape, dt in zip(meta["shapes"], meta["dtypes"])]
     tensors = dict(zip(meta["names"], zeros)) if meta["names"] is not None else zeros
     got = _codec.decode_many(frame, layout=_codec.Layout.of(tensors) if meta["form"] == "hash" else None)
     got = list(got.values()) if isinstance(got, dict) else got
