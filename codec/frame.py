@@ -89,6 +89,11 @@ class Section:
     ``fill_crc``: ``fill(out, crc)`` also takes the payload's CRC-32C so far and returns it
     continued over the bytes it wrote (its kernel checksums them while they are in cache, so
     the frame's checksum needs no second pass over them: :func:`write_payload`).
+
+    ``late``: ``fill`` runs after every other section of the frame has been written, because
+    a later section's fill finds these bytes (a fused error-feedback step learns a block's
+    window or bounds in the pass that writes the codes).  The count and width are known
+    before, as always; only the bytes wait.
     """
 
     kind: int
@@ -97,10 +102,13 @@ class Section:
     data: object = None
     fill: Callable[..., int | None] | None = None
     fill_crc: bool = False
+    late: bool = False
 
     def __post_init__(self):
         if (self.data is None) == (self.fill is None):
             raise AssertionError("a Section needs exactly one of data and fill")
+        if self.late and (self.fill is None or self.fill_crc):
+            raise AssertionError("a late Section is filled, and checksummed by write_payload")
         if self.data is None:
             return
         if isinstance(self.data, np.ndarray):  # any dtype (bfloat16 has no buffer format) as bytes
@@ -169,14 +177,24 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
 
     The checksum is formed as the bytes are written: a piece that can (``fill_crc``) continues
     it inside its kernel, while its codes are in cache; the bytes of the pieces between such
-    pieces are checksummed in one call each.  Both frame formats write their payload here."""
-    from codec.checksum import crc32c as crc_of
+    pieces are checksummed in one call each.  ``late`` pieces are filled last, once every
+    other piece is written; the checksum then runs in stretches between them, joined with
+    :func:`codec.checksum.combine`.  Both frame formats write their payload here."""
+    from codec.checksum import combine, crc32c as crc_of
 
-    crc, pending, pos = 0, 0, 0
+    stretches = []  # (crc, length) of the payload's stretches, in order; a late piece's crc None
+    late = []
+    crc, start, pending, pos = 0, 0, 0, 0
     for s in pieces:
         size = s.raw_len
         dst = out[pos : pos + size]
-        if s.data is not None:
+        if s.late:
+            if crc32c:
+                stretches += [(crc_of(out[pending:pos], crc), pos - start), (None, size)]
+            late.append((s, dst))
+            crc, start = 0, pos + size
+            pending = start
+        elif s.data is not None:
             dst[:] = np.frombuffer(s.data, np.uint8, size)
         elif crc32c and s.fill_crc:
             if pending < pos:
@@ -186,9 +204,24 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
         else:
             s.fill(dst)
         pos += size
+    for s, dst in late:
+        s.fill(dst)
     if not crc32c:
         return None
-    return crc_of(out[pending:pos], crc) if pending < pos else crc
+    crc = crc_of(out[pending:pos], crc) if pending < pos else crc
+    if not late:
+        return crc
+    total = 0
+    for (c, size), (s, dst) in zip(stretches[::2], late):
+        total = combine(combine(total, c, size), crc_of(dst), dst.size)
+    return combine(total, crc, pos - start)
+
+
+def materialized(sections) -> list:
+    """Each section's raw bytes (:meth:`Section.materialize`), the late ones filled last."""
+    got = {i: s.materialize() for i, s in enumerate(sections) if not s.late}
+    got.update({i: s.materialize() for i, s in enumerate(sections) if s.late})
+    return [got[i] for i in range(len(sections))]
 
 
 def header_length(ndim: int, spec_len: int, sections: int, checksum: bool = True) -> int:
@@ -210,11 +243,11 @@ def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum:
     if len(sections) > 255:
         raise ValueError("a frame holds at most 255 sections")
     stored = []  # per section: (encoding, bytes-like or None when filled in place, stored length)
-    for s in sections:
+    for s, raw in zip(sections, [None] * len(sections) if compressor is None else materialized(sections)):
         if compressor is None:
             stored.append((Encoding.RAW, s.data, s.raw_len))
         else:
-            enc, data = compressor(s.materialize())
+            enc, data = compressor(raw)
             stored.append((enc, data, memoryview(data).nbytes))
     flag, payload_crc = CHECKSUMS[checksum] if checksum is not None else (0, None)
     head = bytearray(_FIXED.pack(MAGIC, VERSION, flag, dtypes.code_of(dtype), len(shape), len(sections), 0, len(spec_b)))

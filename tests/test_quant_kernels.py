@@ -394,6 +394,13 @@ def run_qsgd(x, bucket, s, stochastic, strm=U64(0), fn=None):
     return norms, codes, bad
 
 
+def saturated(v, dtype):
+    """float64 decoded values as a decoder stores them in ``dtype``: clipped to its finite
+    range, then rounded (``Quantizer.write``)."""
+    top = np.finfo(dtype).max
+    return np.clip(v, -top, top).astype(dtype)
+
+
 def run_minmax(x, bucket, levels, stochastic, strm=U64(0), fn=None):
     fn = fn or K.bucket.minmax_encode
     n = x.size
@@ -720,9 +727,25 @@ def test_feedback_absmax_units_and_minifloat_encode_sub_match_numpy(kind, n, dty
                     check_kernel_crc(crc, codes, 0, K.quantize)
                 want = ref_minifloat(want_acc, block, emin, m, maxmag, bits - 1, stochastic, STRM)
                 assert_same(codes.astype(np.int64), want, f"codes bits={bits} block={block} stochastic={stochastic}")
-                value = ref_minifloat_value(want, bits, m, emin[np.arange(n) // block]).astype(dtype)
+                value = saturated(ref_minifloat_value(want, bits, m, emin[np.arange(n) // block]), dtype)
                 assert_same(got, (want_acc - value).astype(dtype), f"acc - decoded bits={bits} block={block}")
                 assert not bad.any()
+                # the one-pass kernel, in the right windows and in wrong ones (a guess that failed)
+                for used in (emin, emin + 1, emin - 2):
+                    once, codes1 = np.empty(n, dtype), np.zeros_like(codes)
+                    top1 = np.zeros_like(top)
+                    if n:
+                        crc = K.quantize.feedback_minifloat_encode(
+                            ro(x), ro(r), once, once.view(bits_view.dtype), block, upb, mask, used, m, maxmag, bits - 1, stochastic, STRM,
+                            codes1, bad, top1, 7,
+                        )
+                        check_kernel_crc(crc, codes1, 7, K.quantize)
+                    want1 = ref_minifloat(want_acc, block, used, m, maxmag, bits - 1, stochastic, STRM)
+                    what = f"one pass bits={bits} block={block} stochastic={stochastic} shift={int(used[0] - emin[0]) if n else 0}"
+                    assert_same(top1, ref_absmax_units(want_acc, block), f"top {what}")
+                    assert_same(codes1.astype(np.int64), want1, f"codes {what}")
+                    value1 = saturated(ref_minifloat_value(want1, bits, m, used[np.arange(n) // block]), dtype)
+                    assert_same(once, (want_acc - value1).astype(dtype), f"acc - decoded {what}")
 
 
 # ====================================================================== qsgd_encode
@@ -886,15 +909,16 @@ def test_minmax_encode_fused_feedback_matches_numpy(kind, n, dtype):
                 if n:
                     wide = dtype == np.float64
                     low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
-                    K.bucket.minmax_encode(ro(x), acc.view(np.int64 if wide else np.int32), low, inf, bucket, levels, stochastic, STRM,
-                                           lows, highs, codes, bad, ro(r), acc)
+                    crc = K.bucket.minmax_encode(ro(x), acc.view(np.int64 if wide else np.int32), low, inf, bucket, levels, stochastic, STRM,
+                                                 lows, highs, codes, bad, ro(r), acc, 0x5EED)
+                    check_kernel_crc(crc, codes, 0x5EED, K.bucket)  # the codes' CRC-32C, formed group by group
                 wl, wh, wc = ref_minmax(want_acc, bucket, levels, stochastic, STRM)
                 what = f"bucket={bucket} bits={bits} stochastic={stochastic}"
                 assert_same(lows, wl, f"lows {what}")
                 assert_same(highs, wh, f"highs {what}")
                 assert_same(codes.astype(np.int64), wc, f"codes {what}")
                 b = np.arange(n) // bucket
-                value = (wc * ((wh - wl) / levels)[b] + wl[b]).astype(dtype)
+                value = saturated(wc * ((wh - wl) / levels)[b] + wl[b], dtype)
                 assert_same(acc, (want_acc - value).astype(dtype), f"acc - decoded {what}")
                 assert not bad.any()
 
@@ -1205,6 +1229,13 @@ def test_serial_and_parallel_twins_agree(backend):
                 codes, bad = np.zeros(n, np.uint8), np.zeros(units, np.int64)
                 getattr(K.quantize.minifloat_encode, twin)(ro(x), block, upb, emin, 3, 0x7F, 7, stochastic, STRM, codes, bad)
                 res += [codes, bad]
+                acc, r = np.empty(n, dtype), x[::-1].copy()
+                bits, mask = fbits(acc)
+                top = np.zeros(units, bits.dtype)
+                crc = getattr(K.quantize.feedback_minifloat_encode, twin)(
+                    ro(x), ro(r), acc, bits, block, upb, mask, emin + 1, 3, 0x7F, 7, stochastic, STRM, codes, bad, top, 0
+                )
+                res += [acc, codes, bad, top, np.int64(crc)]
                 res += list(run_qsgd(x, 512, 16, stochastic, STRM, getattr(K.bucket.qsgd_encode, twin)))
                 res += list(run_minmax(x, 1024, 255, stochastic, STRM, getattr(K.bucket.minmax_encode, twin)))
             res += list(run_moments(x, float(x[0]), getattr(K.quantize.tensor_moments, twin)))

@@ -73,6 +73,15 @@ def form(x, r, acc, lo, hi):
         acc[i] = x[i] + r[i]
 
 
+@jit(inline="always")
+def saturated(v, like):
+    """float64 ``v`` clipped to the finite range of ``like``'s dtype (a float32 or float64
+    array): what a decoder makes of a value beyond it (``Quantizer.write``), so a fused
+    error-feedback step subtracts exactly what its frame decodes to."""
+    top = 3.4028234663852886e38 if like.itemsize == 4 else 1.7976931348623157e308
+    return min(max(v, -top), top)
+
+
 @jit
 def span_end(i, hi):
     """End of the run from ``i`` that shares ``i``'s random block key (at most ``hi``)."""

@@ -16,7 +16,8 @@ import math
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, floor_plus, form, group_buckets, span_end
+from codec.kernels.cpu._common import U, floor_plus, form, group_buckets, saturated, span_end
+from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.kernels.cpu.rng import block_key, uniform
 from codec.layout import CHUNK
 
@@ -231,12 +232,12 @@ def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, c
     if sub is not None:  # a loop of its own, as in _qsgd_bucket
         step = (mx - mn) / levels
         for i in range(U(lo), U(hi)):
-            sub[i] -= sub.dtype.type(np.float64(codes[i]) * step + mn)
+            sub[i] -= sub.dtype.type(saturated(np.float64(codes[i]) * step + mn, sub))
     return mn, mx, nbad
 
 
 @jit(parallel=True)
-def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad, r=None, acc=None):
+def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad, r=None, acc=None, crc=-1):
     """Min-max: per bucket ``lows[b]`` / ``highs[b]`` (float32 rounded down / up when they fit,
     else float64) and codes ``round((v - lo) * (levels / (hi - lo)))`` clamped to ``[0, levels]``.
     The bounds come from integer keys of ``ibits`` (``x``'s bits as int32/int64; ``low`` the
@@ -245,12 +246,21 @@ def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, hi
     With ``r`` and ``acc`` (the error-feedback step, fused; compiled out when None; ``ibits``
     then is ``acc``'s bit view): each bucket, while it sits in cache, is formed as ``acc = x +
     r`` (in the arrays' dtype), coded, and left holding ``acc - value``, each code's value
-    ``code * ((hi - lo) / levels) + lo`` in float64 rounded to the dtype first, exactly as
-    ``dequant.dequantize`` decodes and subtracts it: one pass over memory."""
+    ``code * ((hi - lo) / levels) + lo`` in float64 (clipped to the dtype's range, as a
+    decoder saturates it) rounded to the dtype first, exactly as ``dequant.dequantize``
+    decodes and subtracts it: one pass over memory.
+
+    Returns the CRC-32C of the codes' bytes continued from ``crc``, each group's checksummed
+    while in cache (-1 when none is asked, ``crc < 0``, or the CPU cannot: see
+    ``convert.narrow_codes``)."""
     per = group_buckets(bucket)
+    sums, lens = crc_pieces(bad.size, crc)
     for g in prange(bad.size):
         b0, b1 = g * per, min(lows.size, (g + 1) * per)
         bad[g] = _minmax_group(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, b0, b1, r, acc)
+        if sums.size:
+            crc_piece(sums, lens, g, codes, b0 * bucket, min(codes.size, b1 * bucket))
+    return joined(sums, lens, crc)
 
 
 @jit(parallel=True)

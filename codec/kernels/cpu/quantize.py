@@ -4,9 +4,12 @@ every quantizer is ``dequant``, QSGD's Elias coder ``elias``.
 
 * ``absmax_units`` / ``minifloat_encode``: custom floats with a per-block exponent window
   (rangefloat, fp8): bit-exact rounding on the float64 bits, nearest-even or stochastic.
-  For the error-feedback step, ``feedback_absmax_units`` forms ``acc = x + residual`` in the
-  maxima's pass and ``minifloat_encode(..., sub=acc)`` codes ``acc`` and leaves ``acc -
-  decoded`` in it, in the same pass: two passes instead of four.  The ``_segments`` twins
+  For the error-feedback step, ``feedback_minifloat_encode`` forms ``acc = x + residual``,
+  codes it in given windows and leaves ``acc - decoded`` in it, in one pass, finding the
+  maxima as it goes (the windows are known, or guessed from the last step and checked);
+  without windows, ``feedback_absmax_units`` forms ``acc`` in the maxima's pass and
+  ``minifloat_encode(..., sub=acc)`` codes ``acc`` and leaves ``acc - decoded`` in it in a
+  second: one or two passes instead of four.  The ``_segments`` twins
   code a many-tensor frame's run of small tensors in one call (per-tensor offsets).
 * ``tensor_moments``, ``terngrad_encode`` (five trits per byte), ``sign_encode`` (one bit per
   value plus the sums signSGD's scale and 1-bit SGD's means need).
@@ -23,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, form, span_end
+from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, form, saturated, span_end
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.kernels.cpu.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
@@ -32,6 +35,7 @@ __all__ = [
     "absmax_units",
     "absmax_units_segments",
     "feedback_absmax_units",
+    "feedback_minifloat_encode",
     "minifloat_encode",
     "minifloat_encode_segments",
     "tensor_moments",
@@ -146,10 +150,11 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
     the values times ``2**K`` and ``emin + K`` (exact, and the same codes).
 
     ``sub`` (the error-feedback step, fused; ``x`` itself, no window below ``2**-1000``):
-    each code's value (``_minifloat_value``) is subtracted from ``sub[i]`` in the same pass,
-    rounded to its dtype first, exactly as ``dequant.dequantize`` decodes and subtracts it
-    (``SUB``): one pass reads ``acc`` and writes the codes and ``acc - decoded``.  Without it
-    (None) that line is compiled out.
+    each code's value (``_minifloat_value``, clipped to the dtype's range as a decoder
+    saturates it) is subtracted from ``sub[i]`` in the same pass, rounded to its dtype first,
+    exactly as ``dequant.dequantize`` decodes and subtracts it (``SUB``): one pass reads
+    ``acc`` and writes the codes and ``acc - decoded``.  Without it (None) that line is
+    compiled out.
 
     Returns the CRC-32C of the codes' bytes continued from ``crc``, each unit's checksummed
     while in cache (``crc < 0``: none, -1; also -1 where the CPU cannot, see
@@ -159,6 +164,27 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
         bad[u] = _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub)
         if sums.size:
             _, lo, hi = _unit(u, block, upb, x.size)
+            crc_piece(sums, lens, u, codes, lo, hi)
+    return joined(sums, lens, crc)
+
+
+@jit(parallel=True)
+def feedback_minifloat_encode(x, r, acc, bits, block, upb, mask, emin, m, maxmag, signpos, stochastic, strm, codes, bad, top, crc=-1):
+    """The whole error-feedback step in one pass, given the windows ``emin``: per work unit,
+    ``acc = x + r`` (as ``feedback_absmax_units``, its maximum bits into ``top[u]``), then
+    its codes in the windows ``emin`` with ``acc - decoded`` left in ``acc``
+    (``minifloat_encode`` with ``sub=acc``; no window below ``2**-1000``), all while the unit
+    is in cache.  The windows come first, so the caller either knows them (fp8 without a
+    scale) or guesses them and checks its guess against ``top`` afterwards (the codes are
+    right exactly when the windows ``top`` gives are the ones used).  Returns the codes'
+    CRC-32C continued from ``crc``, as ``minifloat_encode``."""
+    sums, lens = crc_pieces(bad.size, crc)
+    for u in prange(bad.size):
+        _, lo, hi = _unit(u, block, upb, x.size)
+        form(x, r, acc, lo, hi)
+        top[u] = _top_bits(bits, lo, hi, mask)
+        bad[u] = _minifloat_unit(acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, acc)
+        if sums.size:
             crc_piece(sums, lens, u, codes, lo, hi)
     return joined(sums, lens, crc)
 
@@ -211,7 +237,7 @@ def _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, c
                 c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
                 codes[i] = c
                 if sub is not None:
-                    sub[i] -= sub.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
+                    sub[i] -= sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
             i0 = i1
     else:
         for i in range(U(lo), U(hi)):
@@ -221,7 +247,7 @@ def _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, c
             c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
             codes[i] = c
             if sub is not None:
-                sub[i] -= sub.dtype.type(_minifloat_value(c, v, m, signpos, off, step))
+                sub[i] -= sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
     return nb
 
 

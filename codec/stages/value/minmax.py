@@ -10,8 +10,8 @@ import numpy as np
 from codec.errors import CorruptFrameError
 from codec.ops import offsets, readonly
 from codec.layout import bucket_groups
-from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, saturates, scalars_section
-from codec.frame import MAX_ELEMENTS, SectionKind
+from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, scalars_section
+from codec.frame import MAX_ELEMENTS, Section, SectionKind
 from codec.params import Param, SEED, rounding
 from codec.stage import register
 
@@ -30,6 +30,15 @@ def _keys(values: np.ndarray):
     wide = values.dtype == np.float64
     low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
     return values.view(np.int64 if wide else np.int32), low, inf
+
+
+def _check_spans(lows, highs, ctx) -> None:
+    """A bucket whose ``max - min`` overflows float64 cannot be coded: ValueError naming it."""
+    with np.errstate(over="ignore"):
+        span = highs - lows
+    if not np.all(np.isfinite(span)):
+        b = int(np.flatnonzero(~np.isfinite(span))[0])
+        raise ValueError(f"{ctx.name}: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
 
 
 @register
@@ -60,11 +69,7 @@ class MinMax(Quantizer):
             )
         if bad.any():
             self.raise_nonfinite(x, ctx)
-        with np.errstate(over="ignore"):
-            span = highs - lows
-        if nb and not np.all(np.isfinite(span)):
-            b = int(np.flatnonzero(~np.isfinite(span))[0])
-            raise ValueError(f"{ctx.name}: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
+        _check_spans(lows, highs, ctx)
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
 
@@ -114,35 +119,50 @@ class MinMax(Quantizer):
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
         x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
-        decoded`` there (``minmax_encode`` with ``r``, ``acc``), bit for bit what adding, encoding,
-        decoding and subtracting give.  None (the unfused step) for 16-bit input, or when the
-        bounds decode beyond the dtype's range (saturated values, decoded apart)."""
+        decoded`` there (``minmax_encode`` with ``r``, ``acc``; a value beyond the dtype's
+        range saturates, as its decoder clips it), bit for bit what adding, encoding,
+        decoding and subtracting give.  None (the unfused step) for 16-bit input.
+
+        8-bit codes of float32 are written straight into the frame, checksummed as they are
+        written, and the bounds section, whose width (float32) is known before the pass, is
+        filled after it (``Section.late``); otherwise the pass runs here and the frame
+        copies its codes."""
         from codec.kernels import backend
+        from codec.ops import continued
 
         if x.dtype not in (np.float32, np.float64):
             return None
         n = x.size
         nb, _, ngroups = bucket_groups(n, self.bucket)
         lows, highs = np.empty(nb), np.empty(nb)
-        codes = np.empty(n, np.uint8)
-        bad = np.zeros(ngroups, np.int64)
         acc = slot.take_spare()
         flat = acc.reshape(-1)
-        if n:
-            ibits, low, inf = _keys(flat)
-            backend("bucket", x).minmax_encode(
-                x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
-                lows, highs, codes, bad, slot.residual.reshape(-1), flat,
-            )
-        if bad.any():
-            self.raise_nonfinite(flat, ctx)
-        levels = (1 << self.bits) - 1
-        with np.errstate(over="ignore"):
-            span = highs - lows
-        if not np.all(np.isfinite(span)) or saturates(levels, span / levels, lows, x.dtype):
-            return None  # the generic step says why, or decodes the values apart
-        sections.append(scalars_section(np.concatenate([lows, highs])))
-        sections.append(codes_section(codes, self.bits))
+
+        def code(codes, crc=None):
+            bad = np.zeros(ngroups, np.int64)
+            got = -1
+            if n:
+                ibits, low, inf = _keys(flat)
+                got = backend("bucket", x).minmax_encode(
+                    x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
+                    lows, highs, codes, bad, slot.residual.reshape(-1), flat, -1 if crc is None else crc,
+                )
+            if bad.any():
+                self.raise_nonfinite(flat, ctx)
+            _check_spans(lows, highs, ctx)
+            return continued(codes, crc, got)
+
+        if self.bits == 8 and x.dtype == np.float32:  # float32 bounds: float32 scalars
+            def bounds(out):
+                out.view("<f4")[:] = np.concatenate([lows, highs])
+
+            sections.append(Section(SectionKind.SCALARS, 32, 2 * nb, fill=bounds, late=True))
+            sections.append(Section(SectionKind.VALUES, 8, n, fill=code, fill_crc=True))
+        else:
+            codes = np.empty(n, np.uint8)
+            code(codes)
+            sections.append(scalars_section(np.concatenate([lows, highs])))
+            sections.append(codes_section(codes, self.bits))
         return lambda: slot.commit(acc)
 
     def read(self, reader, ctx, count):
