@@ -25,9 +25,6 @@ class Slot:
     velocity: np.ndarray | None = field(default=None, repr=False)
     #: a second residual-sized buffer the next step's ``acc`` is written into (not saved)
     spare: np.ndarray | None = field(default=None, repr=False)
-    #: what a stage remembers to make the next step faster (rangefloat's last windows), never
-    #: what a step's result depends on: not saved, and set only by a step that succeeded
-    hints: dict = field(default_factory=dict, repr=False)
     shape: tuple | None = field(default=None, repr=False)
     dtype: np.dtype | None = field(default=None, repr=False)
 

@@ -5,11 +5,10 @@ every quantizer is ``dequant``, QSGD's Elias coder ``elias``.
 * ``absmax_units`` / ``minifloat_encode``: custom floats with a per-block exponent window
   (rangefloat, fp8): bit-exact rounding on the float64 bits, nearest-even or stochastic.
   For the error-feedback step, ``feedback_minifloat_encode`` forms ``acc = x + residual``,
-  codes it in given windows and leaves ``acc - decoded`` in it, in one pass, finding the
-  maxima as it goes (the windows are known, or guessed from the last step and checked);
-  without windows, ``feedback_absmax_units`` forms ``acc`` in the maxima's pass and
-  ``minifloat_encode(..., sub=acc)`` codes ``acc`` and leaves ``acc - decoded`` in it in a
-  second: one or two passes instead of four.  The ``_segments`` twins
+  codes it in windows known beforehand (fp8's) and leaves ``acc - decoded`` in it, in one
+  pass; where the windows are the data's, ``feedback_absmax_units`` forms ``acc`` in the
+  maxima's pass and ``minifloat_encode(..., sub=acc)`` codes ``acc`` and leaves ``acc -
+  decoded`` in it in a second: one or two passes instead of four.  The ``_segments`` twins
   code a many-tensor frame's run of small tensors in one call (per-tensor offsets).
 * ``tensor_moments``, ``terngrad_encode`` (five trits per byte), ``sign_encode`` (one bit per
   value plus the sums signSGD's scale and 1-bit SGD's means need).
@@ -169,20 +168,17 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
 
 
 @jit(parallel=True)
-def feedback_minifloat_encode(x, r, acc, bits, block, upb, mask, emin, m, maxmag, signpos, stochastic, strm, codes, bad, top, crc=-1):
-    """The whole error-feedback step in one pass, given the windows ``emin``: per work unit,
-    ``acc = x + r`` (as ``feedback_absmax_units``, its maximum bits into ``top[u]``), then
-    its codes in the windows ``emin`` with ``acc - decoded`` left in ``acc``
-    (``minifloat_encode`` with ``sub=acc``; no window below ``2**-1000``), all while the unit
-    is in cache.  The windows come first, so the caller either knows them (fp8 without a
-    scale) or guesses them and checks its guess against ``top`` afterwards (the codes are
-    right exactly when the windows ``top`` gives are the ones used).  Returns the codes'
-    CRC-32C continued from ``crc``, as ``minifloat_encode``."""
+def feedback_minifloat_encode(x, r, acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, crc=-1):
+    """The whole error-feedback step in one pass, in windows ``emin`` known beforehand (fp8's
+    fixed ones): per work unit, ``acc = x + r`` (in the arrays' dtype), then its codes with
+    ``acc - decoded`` left in ``acc``
+    (``minifloat_encode`` with ``sub=acc``; no window below ``2**-1000``; NaN/inf counted in
+    ``bad``), all while the unit is in cache.  Returns the codes' CRC-32C continued from
+    ``crc``, as ``minifloat_encode``."""
     sums, lens = crc_pieces(bad.size, crc)
     for u in prange(bad.size):
         _, lo, hi = _unit(u, block, upb, x.size)
         form(x, r, acc, lo, hi)
-        top[u] = _top_bits(bits, lo, hi, mask)
         bad[u] = _minifloat_unit(acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, acc)
         if sums.size:
             crc_piece(sums, lens, u, codes, lo, hi)

@@ -86,20 +86,26 @@ class _MiniFloat(Quantizer):
             return np.zeros(nblocks, np.int64)
         return self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
 
-    def _codes_section(self, kern, values, units, block, upb, emin, ctx) -> Section:
+    def _codes_section(self, kern, values, units, block, upb, emin, ctx, sub=None, formed=None) -> Section:
         """The values section of the codes of ``values`` in the windows ``emin`` (kernel
-        ``minifloat_encode``): written straight into the frame for 8- and 16-bit codes, else
-        into an array that is then bit-packed."""
+        ``minifloat_encode``; with ``sub``, the fused error-feedback step's subtraction; with
+        ``formed = (x, r)``, ``values`` is formed as ``x + r`` in the same pass and left
+        holding ``values - decoded``, ``feedback_minifloat_encode``): written straight into
+        the frame for 8- and 16-bit codes, else into an array that is then bit-packed."""
         n, w, strm = values.size, self.width, self.stream(ctx)
+        args = (self.mant, self.maxmag, w - 1, self.stochastic, strm)
 
         def code_into(codes, crc=None):
             from codec.ops import continued
 
             bad = np.zeros(units, np.int64)
+            start = -1 if crc is None else crc
             got = -1
-            if n:
-                got = kern.minifloat_encode(values, block, upb, emin, *self._kernel_args(strm), codes, bad, None, -1 if crc is None else crc)
-            if bad.any():
+            if n and formed is not None:
+                got = kern.feedback_minifloat_encode(*formed, values, block, upb, emin, *args, codes, bad, start)
+            elif n:
+                got = kern.minifloat_encode(values, block, upb, emin, *args, codes, bad, sub, start)
+            if bad.any():  # a NaN/inf stays one in values - decoded, and nothing before it turns into one
                 self.raise_nonfinite(values, ctx)
             return continued(codes, crc, got)
 
@@ -131,104 +137,38 @@ class _MiniFloat(Quantizer):
         """Fused error-feedback step for float32/float64, bit for bit what adding, encoding,
         decoding and subtracting give (four passes), ``acc = x + residual`` formed in a spare
         buffer; a value beyond the dtype's range saturates, as its decoder clips it.  None
-        (the unfused step) for 16-bit input.
+        (the unfused step) for 16-bit input or a window below ``2**-1000``.
 
-        A window depends on the maximum of its whole block (``block=0``: of the tensor), so
-        the codes need the windows before the pass that writes them.  Where they are known
-        (fp8 without a scale), or the last step's windows are at hand (``slot.hints``) and
-        turn out to be this step's, it is one pass (``feedback_minifloat_encode``); else two
-        (``feedback_absmax_units``, then ``minifloat_encode`` with ``sub``).  A wrong guess
-        costs a second full pass, and the result is the same either way.  8- and 16-bit
-        codes are written straight into the frame, the windows' section filled after them
-        (``Section.late``)."""
+        Where the windows are the data's (rangefloat, fp8 with a scale), the codes need the
+        maxima of whole blocks first: one pass forms ``acc`` with the maxima
+        (``feedback_absmax_units``), one codes ``acc`` and leaves ``acc - decoded`` there
+        (``minifloat_encode`` with ``sub``).  Where they are fixed (fp8), one pass does all
+        (``feedback_minifloat_encode``).  (Guessing a data window from the last step to make
+        it one pass was measured and dropped: docs/benchmarks.md, 2026-11-28.)"""
         from codec.kernels import backend
-        from codec.ops import continued
 
         if x.dtype not in (np.float32, np.float64):
             return None
         kern = backend("quantize", x)
-        n, w, strm = x.size, self.width, self.stream(ctx)
+        n = x.size
         block, nblocks, upb, units = self._units(n)
         acc = slot.take_spare()
         flat, r = acc.reshape(-1), slot.residual.reshape(-1)
+        if not self.needs_max():
+            emin = self.emins(np.zeros(nblocks, np.int64)).astype(np.int64)
+            sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, formed=(x, r)))
+            return lambda: slot.commit(acc)
         bits, mask = magnitude_bits(flat)
-        known = None if self.needs_max() else np.zeros(nblocks, np.int64)
-        guess = slot.hints.get("windows") if known is None else known
-        got = {}
-
-        def code(codes, crc=None):
-            start = -1 if crc is None else crc
-            top = np.zeros(units, bits.dtype)
-            bad = np.zeros(units, np.int64)
-            fused = (*self._kernel_args(strm), codes, bad, top, start)
-
-            def one_pass(stored):
-                emin = self.emins(stored).astype(np.int64)
-                return kern.feedback_minifloat_encode(x, r, flat, bits, block, upb, mask, emin, *fused)
-
-            guessed = n and guess is not None and guess.size == nblocks and self._fusable(guess)
-            if guessed:
-                sum_ = one_pass(guess)
-                stored = self._stored(top, nblocks, upb, flat, ctx)  # a NaN/inf stays one in acc - decoded
-            elif n:
-                kern.feedback_absmax_units(x, r, flat, bits, block, upb, mask, top)
-                stored = self._stored(top, nblocks, upb, flat, ctx)
-            else:
-                stored = np.zeros(nblocks, np.int64)
-            got["stored"] = stored
-            if not n or (guessed and np.array_equal(stored, guess)):
-                return continued(codes, crc, sum_ if n else -1)
-            if not self._fusable(stored):  # a window below 2**-1000: the generic step
-                np.add(x, r, out=flat)
-                sum_ = self._code_generic(kern, flat, codes, block, upb, stored, ctx, start)
-            elif guessed:  # a wrong guess: acc holds acc - its decoding, so form it again
-                sum_ = one_pass(stored)
-            else:
-                emin = self.emins(stored).astype(np.int64)
-                sum_ = kern.minifloat_encode(flat, block, upb, emin, *self._kernel_args(strm), codes, bad, flat, start)
-            return continued(codes, crc, sum_)
-
-        def windows(out):
-            out.view("<i2")[:] = got["stored"]
-
-        head = Section(SectionKind.INTS, 16, nblocks, fill=windows, late=True) if self.needs_max() else None
-        if w in (8, 16):
-            values = Section(SectionKind.VALUES, w, n, fill=lambda out, *crc: code(out.view(code_dtype(w)), *crc), fill_crc=True)
-        else:
-            codes = np.empty(n, code_dtype(w))
-            code(codes)
-            values = codes_section(codes, w)
-            head = ints_section(got["stored"]) if head is not None else None
-        sections += [s for s in (head, values) if s is not None]
-
-        def commit():
-            slot.commit(acc)
-            slot.hints["windows"] = got["stored"]
-
-        return commit
-
-    def _kernel_args(self, strm):
-        """``minifloat_encode``'s arguments after the windows: ``(m, maxmag, signpos, stochastic, strm)``."""
-        return self.mant, self.maxmag, self.width - 1, self.stochastic, strm
-
-    def _fusable(self, stored) -> bool:
-        """Whether the fused kernels code these windows (none below ``2**-1000``, which
-        ``minifloat_encode`` codes on rescaled values)."""
-        emin = self.emins(stored)
-        return not emin.size or int(emin.min()) >= -1000
-
-    def _code_generic(self, kern, acc, codes, block, upb, stored, ctx, crc):
-        """The generic step on ``acc`` in the windows ``stored``: its codes into ``codes``, then
-        ``acc -= decoded`` as the frame decodes; returns the codes' CRC as ``minifloat_encode``."""
-        from codec.modes import SUB
-
+        top = np.zeros(units, bits.dtype)
+        if n:
+            kern.feedback_absmax_units(x, r, flat, bits, block, upb, mask, top)
+        stored = self._stored(top, nblocks, upb, flat, ctx)  # a NaN/inf is refused before anything is coded
         emin = self.emins(stored).astype(np.int64)
-        bad = np.zeros(emin.size * upb, np.int64)
-        got = kern.minifloat_encode(acc, block, upb, emin, *self._kernel_args(self.stream(ctx)), codes, bad, None, crc)
-        lut, scale = _exact_factors(magnitudes(self.mant, self.width), emin)
-        data = np.frombuffer(codes_section(codes, self.width).data, np.uint8)  # as the frame holds them
-        self.write(Dequant(data, self.width, acc.size, lut, block, scale, np.empty(0), ctx.dtype), acc, SUB)
-        return got
+        if emin.size and int(emin.min()) < -1000:  # a window the fused kernels do not rescale
+            return None
+        sections.append(ints_section(stored))
+        sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, sub=flat))
+        return lambda: slot.commit(acc)
 
     @property
     def run_head(self):
