@@ -91,8 +91,8 @@ class Section:
     the frame's checksum needs no second pass over them: :func:`write_payload`).
 
     ``late``: ``fill`` runs after every other section of the frame has been written, because
-    a later section's fill finds these bytes (a fused error-feedback step learns a block's
-    window or bounds in the pass that writes the codes).  The count and width are known
+    a later section's fill finds these bytes (min-max's fused error-feedback step finds its
+    buckets' bounds in the pass that writes the codes).  The count and width are known
     before, as always; only the bytes wait.
     """
 
@@ -182,7 +182,7 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
     :func:`codec.checksum.combine`.  Both frame formats write their payload here."""
     from codec.checksum import combine, crc32c as crc_of
 
-    stretches = []  # (crc, length) of the payload's stretches, in order; a late piece's crc None
+    stretches = []  # per late piece, the (crc, length) of the stretch before it
     late = []
     crc, start, pending, pos = 0, 0, 0, 0
     for s in pieces:
@@ -190,7 +190,7 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
         dst = out[pos : pos + size]
         if s.late:
             if crc32c:
-                stretches += [(crc_of(out[pending:pos], crc), pos - start), (None, size)]
+                stretches.append((crc_of(out[pending:pos], crc), pos - start))
             late.append((s, dst))
             crc, start = 0, pos + size
             pending = start
@@ -212,7 +212,7 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
     if not late:
         return crc
     total = 0
-    for (c, size), (s, dst) in zip(stretches[::2], late):
+    for (c, size), (_, dst) in zip(stretches, late):
         total = combine(combine(total, c, size), crc_of(dst), dst.size)
     return combine(total, crc, pos - start)
 

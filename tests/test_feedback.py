@@ -134,7 +134,7 @@ FUSED_QUANTIZERS = [
     "rangefloat(bits=8)", "rangefloat(bits=4)", "rangefloat(bits=16)", "rangefloat(bits=6,block=1000)",
     "rangefloat(bits=8,rounding=stochastic)", "rangefloat(bits=3,exp_bits=2)", "fp8", "fp8(format=e5m2,scale=true)",
     "fp8(rounding=stochastic)", "minmax", "minmax(bits=4)", "minmax(bits=1,bucket=7)", "minmax(bucket=100000)",
-    "minmax(bits=3,rounding=stochastic,bucket=333)", "qsgd", "qsgd(levels=4,bucket=7)", "qsgd(rounding=nearest)",
+    "minmax(bits=3,rounding=stochastic,bucket=333)", "minmax+zstd", "qsgd", "qsgd(levels=4,bucket=7)", "qsgd(rounding=nearest)",
     "qsgd(coding=elias)", "qsgd(levels=1000,bucket=100000)",
 ]
 
