@@ -43,10 +43,14 @@ def resolve_dtype(dtype, argname: str = "dtype") -> np.dtype:
 
 def on_device(*arrays) -> bool:
     """True when any argument is a device (CUDA) array: it exposes ``__cuda_array_interface__``
-    and is not a NumPy array (CuPy, PyTorch CUDA tensors, Numba device arrays).  The one
-    test of "is this a device array" (kernel dispatch, input coercion, transport staging)."""
+    and is not a NumPy array (CuPy, PyTorch CUDA tensors, Numba device arrays), or it is a
+    Numba device array (whose simulator twin, under ``NUMBA_ENABLE_CUDASIM=1``, has no such
+    interface).  The one test of "is this a device array" (kernel dispatch, input coercion,
+    transport staging)."""
     for a in arrays:
-        if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
+        if isinstance(a, np.ndarray):
+            continue
+        if hasattr(a, "__cuda_array_interface__") or type(a).__module__.startswith("numba.cuda"):
             return True
     return False
 

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from codec.dtypes import bfloat16
+from codec.dtypes import bfloat16, on_device
 from codec.kernels import backend
 from codec.modes import SET
 
@@ -49,8 +49,9 @@ def offsets(counts) -> np.ndarray:
 
 def readonly(a: np.ndarray) -> np.ndarray:
     """A read-only view of ``a``.  Kernels get every input read-only (as frame sections are), so
-    each compiles one signature per dtype instead of one per dtype and writability."""
-    if a.flags.writeable:
+    each compiles one signature per dtype instead of one per dtype and writability.  A device
+    array is returned as it is (it has no read-only flag)."""
+    if isinstance(a, np.ndarray) and a.flags.writeable:
         a = a.view()
         a.flags.writeable = False
     return a
@@ -155,10 +156,17 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     """
     if src.size != out.size:
         raise ValueError(f"src: {src.size} elements for an output of {out.size}")
-    if not out.flags.c_contiguous:
+    if on_device(out):  # a device output (codec.device.checked_out: contiguous): the source's one copy there
+        from codec.device import to_device
+
+        src, flat = to_device(src).reshape(src.size), out.reshape(out.size)
+        if flat.dtype not in WIDE:
+            raise TypeError("out: a device array must be float32 or float64 for now")
+    elif not out.flags.c_contiguous:
         raise ValueError("out: must be C-contiguous")
-    src = np.ascontiguousarray(src).reshape(-1)
-    flat = out.reshape(-1)
+    else:
+        src = np.ascontiguousarray(src).reshape(-1)
+        flat = out.reshape(-1)
     kern = backend("convert", flat)
     if flat.dtype in WIDE:
         if src.dtype not in WIDE:  # 16-bit source: converted and combined in one pass

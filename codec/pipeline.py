@@ -16,7 +16,7 @@ import numpy as np
 
 from codec import spec as specmod
 from codec import many
-from codec.dtypes import as_float_array, checked_out
+from codec.dtypes import as_float_array, checked_out, on_device
 from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
 from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
 from codec.framebuffer import frame_out
@@ -86,9 +86,31 @@ class Codec:
         the 50 MB of 25M fp16 values).  ValueError naming ``out`` when the frame does not fit
         (nothing is written) or the buffer overlaps ``x``.  ``out`` may also be a callable
         ``size -> buffer``, asked once for the frame's exact size (a pool of buffers)."""
-        arr = as_float_array(x, dtype)
-        dest = frame_out(out, (arr,))
-        return self.encode_with(arr, Context(arr.shape, arr.dtype, key=key, step=check_step(step)), out=dest)
+        arr = self._input(x, dtype)
+        dest = frame_out(out, () if on_device(arr) else (arr,))
+        return self.encode_with(arr, Context(tuple(arr.shape), np.dtype(arr.dtype), key=key, step=check_step(step)), out=dest)
+
+    def _input(self, x, dtype, argname: str = "x"):
+        """``x`` as the stages take it: a C-contiguous NumPy array (:func:`as_float_array`), or
+        for a device array a Numba device view of it, no copy (:func:`codec.device.as_device_array`),
+        after checking that every stage of this codec codes device arrays."""
+        if not on_device(x):
+            return as_float_array(x, dtype, argname)
+        if dtype is not None:
+            raise TypeError(f"dtype: reinterprets host buffers; a device array {argname} keeps its own dtype")
+        self.check_device(argname)
+        from codec.device import as_device_array
+
+        return as_device_array(x, argname)
+
+    def check_device(self, argname: str = "x") -> None:
+        """TypeError naming ``argname`` unless every stage of this codec takes device arrays."""
+        missing = [s.name for s in self.stages if "cuda" not in s.devices]
+        if missing:
+            raise TypeError(
+                f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
+                "(none, fp16 and bf16 have); pass a host array"
+            )
 
     # ---------------------------------------------------------------- pipeline primitives
     # What encode and decode are made of, for codec.feedback.ErrorFeedback (which owns the
@@ -204,7 +226,7 @@ class Codec:
     # frame) that this codec reads: what codec.decode does once the frame named its codec
     def decode_frame(self, fr, out=None):
         """Decode the parsed frame ``fr`` into a new array, or into ``out``."""
-        target = None if out is None else checked_out(out, fr.n, fr.shape, fr.dtype, add=False)  # a wrong out: refused first
+        target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
         ctx, payload = self._read(fr)  # every section checked before the dense output is allocated
         if target is None:
             target = np.empty(fr.n, fr.dtype)
@@ -213,10 +235,20 @@ class Codec:
 
     def decode_add_frame(self, fr, out, subtract: bool = False):
         """``out += decode(fr)`` (``-=`` with ``subtract``), returning ``out``."""
-        target = checked_out(out, fr.n, fr.shape, fr.dtype, add=True)
+        target = self._out(out, fr, add=True)
         ctx, payload = self._read(fr)
         self._write(ctx, payload, target, SUB if subtract else ADD)
         return out
+
+    def _out(self, out, fr, *, add: bool):
+        """The flat array decoding ``fr`` writes: ``out`` checked (:func:`checked_out`), or for a
+        device array its device view (:func:`codec.device.checked_out`)."""
+        if not on_device(out):
+            return checked_out(out, fr.n, fr.shape, fr.dtype, add=add)
+        self.check_device("out")
+        from codec import device
+
+        return device.checked_out(out, fr.n, fr.shape, fr.dtype, add=add)
 
     def decode_sparse_frame(self, fr):
         """``(positions, values)`` of the parsed sparse frame ``fr``."""

@@ -105,6 +105,9 @@ class Stage(abc.ABC):
     params: ClassVar[tuple[Param, ...]] = ()
     #: True when the stage loses no information (``none``, ``zstd``, ``crc32``)
     lossless: ClassVar[bool] = True
+    #: where the arrays this stage codes may live: "cpu", and "cuda" for a stage whose
+    #: encode and decode take device arrays (its kernels' CUDA twins, docs/api.md "Device arrays")
+    devices: ClassVar[frozenset] = frozenset({"cpu"})
 
     def __init_subclass__(cls, **kwargs):
         """A class that sets ``name`` is a concrete stage: it must derive from its kind's base
@@ -400,6 +403,7 @@ class Bytes(Stage):
     :meth:`frame_options`."""
 
     kind = "bytes"
+    devices = frozenset({"cpu", "cuda"})  # they act on the frame's bytes, on the host
 
     @abc.abstractmethod
     def frame_options(self) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.dtypes import bfloat16
+from codec.dtypes import bfloat16, on_device
 from codec.errors import NonFiniteError
 from codec.frame import SectionKind, Section
 from codec.params import NONFINITE
@@ -16,8 +16,15 @@ class Exact(Value):
 
     name = "none"
     elementwise = True
+    devices = frozenset({"cpu", "cuda"})
 
     def encode(self, values, ctx, sections):
+        if on_device(values):  # the frame's one copy to the host
+            from codec.device import to_host
+
+            nbits = np.dtype(values.dtype).itemsize * 8
+            sections.append(Section(SectionKind.VALUES, nbits, values.size, fill=lambda out: to_host(values, out)))
+            return
         sections.append(Section(SectionKind.VALUES, values.dtype.itemsize * 8, values.size, values))
 
     def read(self, reader, ctx, count):
@@ -38,11 +45,16 @@ class _Half(Value):
 
     lossless = False
     elementwise = True
+    devices = frozenset({"cpu", "cuda"})
     params = (NONFINITE,)
     dtype: np.dtype
 
     def encode(self, values, ctx, sections):
         from codec.ops import narrow
+
+        if on_device(values):
+            sections.append(Section(SectionKind.VALUES, 16, values.size, fill=lambda out: self._encode_device(values, ctx, out)))
+            return
 
         def fill(out, crc=None):  # the codes are written once, straight into the frame
             _, bad, crc = narrow(values, self.dtype, out.view(np.uint16), crc)
@@ -75,6 +87,18 @@ class _Half(Value):
         sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill, fill_crc=True))
         return lambda: slot.commit(acc)
 
+    def _encode_device(self, values, ctx, out):
+        """The codes of device array ``values``, made on the device (``convert.narrow_codes``'s
+        CUDA twin) and copied once into the frame's ``out``."""
+        from codec import device
+        from codec.kernels import backend
+
+        codes = device.empty(values.size, np.uint16)
+        bad, _ = backend("convert", values).narrow_codes(values, codes, self.dtype != np.float16, -1)
+        if bad and self.nonfinite == "raise":
+            self._raise_nonfinite(values.copy_to_host(), ctx)  # an error: the host copy names the position
+        device.to_host(codes, out)
+
     def _raise_nonfinite(self, values, ctx):
         from codec.ops import first_nonfinite
 
@@ -92,8 +116,11 @@ class _Half(Value):
         return self.written(codes, values.size, ctx)
 
     def write(self, codes, out, mode):
+        from codec.device import to_device
         from codec.kernels import backend
 
+        if on_device(out):  # the codes' one copy to the device
+            codes = to_device(codes)
         backend("convert", out).half_decode(codes, out, mode, self.dtype != np.float16)
 
 

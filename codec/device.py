@@ -1,0 +1,73 @@
+"""Device (CUDA) arrays at gradcodec's edges: the one place that turns what a caller passes
+into a Numba device array, allocates on the device and moves bytes between host and device.
+
+A device array is anything :func:`codec.dtypes.on_device` recognises: an object exposing
+``__cuda_array_interface__`` (PyTorch CUDA tensors, CuPy arrays) or a Numba device array.
+It is viewed, never copied (``numba.cuda.as_cuda_array``), so encoding a gradient makes no
+host copy of it: the only transfer of an encode is the frame's bytes to the host.
+
+Numba's CUDA target is imported here on first use (:func:`codec._cuda_jit.numba_cuda`),
+never when ``codec`` is imported.  With ``NUMBA_ENABLE_CUDASIM=1`` the same code runs on
+Numba's simulator (no GPU needed), which is how the tests run it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.dtypes import on_device
+
+__all__ = ["as_device_array", "checked_out", "empty", "to_device", "to_host"]
+
+#: the dtypes device arrays may have in this release (16-bit device input comes with the
+#: next part of the CUDA work)
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _cuda():
+    from codec._cuda_jit import numba_cuda
+
+    return numba_cuda()
+
+
+def as_device_array(x, argname: str = "x"):
+    """A C-contiguous Numba device-array view of device array ``x`` (no copy); TypeError or
+    ValueError naming ``argname`` for a dtype other than float32/float64 or a
+    non-contiguous array."""
+    cuda = _cuda()
+    arr = x if type(x).__module__.startswith("numba.cuda") else cuda.as_cuda_array(x)
+    dt = np.dtype(arr.dtype)
+    if dt not in DTYPES:
+        raise TypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float32 or float64 for now")
+    if not arr.is_c_contiguous():
+        raise ValueError(f"{argname}: a device array must be C-contiguous")
+    return arr
+
+
+def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out"):
+    """The flat device view of device array ``out`` that decoding writes (as
+    :func:`codec.dtypes.checked_out` for host arrays): ``n`` elements, float32/float64,
+    ``dtype`` itself unless adding, C-contiguous."""
+    arr = as_device_array(out, argname)
+    if arr.size != n:
+        raise ValueError(f"{argname}: has {arr.size} elements, the frame holds {n} (shape {shape})")
+    if not add and np.dtype(arr.dtype) != np.dtype(dtype):
+        raise ValueError(f"{argname}: dtype {arr.dtype} does not match the frame's {dtype}")
+    return arr.reshape(n)
+
+
+def empty(n: int, dtype):
+    """A new device array of ``n`` items of ``dtype``."""
+    return _cuda().device_array(n, np.dtype(dtype))
+
+
+def to_device(a, like=None):
+    """``a`` on the device: itself if it is there already, else one host-to-device copy."""
+    return a if on_device(a) else _cuda().to_device(np.ascontiguousarray(a))
+
+
+def to_host(a, out: np.ndarray) -> np.ndarray:
+    """Copy device array ``a`` into the host array ``out`` (same number of bytes; ``out`` may be
+    a uint8 view of a frame): one device-to-host copy.  Returns ``out``."""
+    a.copy_to_host(out.view(np.dtype(a.dtype)).reshape(a.shape))
+    return out
