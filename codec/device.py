@@ -69,5 +69,6 @@ def to_device(a, like=None):
 def to_host(a, out: np.ndarray) -> np.ndarray:
     """Copy device array ``a`` into the host array ``out`` (same number of bytes; ``out`` may be
     a uint8 view of a frame): one device-to-host copy.  Returns ``out``."""
-    a.copy_to_host(out.view(np.dtype(a.dtype)).reshape(a.shape))
+    if a.size:  # (an empty one has nothing to copy, and Numba refuses its strides)
+        a.copy_to_host(out.view(np.dtype(a.dtype)).reshape(a.shape))
     return out

@@ -3,6 +3,7 @@ kernel backends the kernel tests run against."""
 
 from __future__ import annotations
 
+import os
 from fractions import Fraction
 
 import ml_dtypes
@@ -68,9 +69,14 @@ def ref16():
 
 
 #: the kernel backends every kernel test runs against: a test that takes ``backend`` gets its
-#: family's module as ``codec.kernels.module(family, backend)``.  The CUDA issue adds "cuda",
-#: run under Numba's simulator (NUMBA_ENABLE_CUDASIM=1) where no GPU is present.
+#: family's module as ``codec.kernels.module(family, backend)``.  The CUDA twins are tested
+#: by tests/cuda/ (small sizes: the simulator runs a few thousand threads a second).
 BACKENDS = ["cpu"]
+
+#: tests/cuda/ needs Numba's CUDA target chosen before it is imported: it runs in a process of
+#: its own (tests/test_cuda_simulator.py starts it with NUMBA_ENABLE_CUDASIM=1), or on a GPU
+#: with GRADCODEC_CUDA_TESTS=1
+collect_ignore = [] if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("GRADCODEC_CUDA_TESTS") == "1" else ["cuda"]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,0 +1,91 @@
+"""Device arrays through the codecs that have a CUDA path (none, fp16, bf16, with or without
+zstd), in the simulator: frames byte-identical to the host's, decode and decode_add into
+device arrays identical to the host's, no host copy of the input, and clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import codec
+from codec.errors import NonFiniteError
+
+SPECS = ["none", "fp16", "bf16", "fp16(nonfinite=keep)", "bf16+zstd", "none+zstd"]
+SHAPES = [(0,), (1,), (7,), (257,), (33, 17), (2, 3, 50)]
+
+
+def data(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed + int(np.prod(shape)))
+    n = int(np.prod(shape))
+    x = np.where(rng.random(n) < 0.5, rng.standard_normal(n), rng.standard_t(1.5, n) * 10.0 ** rng.integers(-9, 5, n))
+    return x.astype(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("spec", SPECS)
+def test_frames_and_decodes_match_the_host(spec, shape, dtype):
+    c = codec.get_codec(spec)
+    x = data(shape, dtype)
+    if "keep" in spec and x.size >= 3:
+        x.reshape(-1)[:3] = [np.inf, -np.inf, 65520.0]  # NaN payloads: see test_cuda_convert.same_values
+    frame = c.encode(cuda.to_device(x))
+    assert bytes(frame) == bytes(c.encode(x))  # byte for byte, the CRC-32C included
+    buf = np.zeros(len(frame) + 9, np.uint8)
+    assert bytes(c.encode(cuda.to_device(x), out=buf)) == bytes(frame)
+    want = c.decode(frame)
+    out = cuda.device_array(shape, dtype)
+    assert c.decode(frame, out=out) is out
+    assert np.array_equal(out.copy_to_host(), want, equal_nan=True)
+    assert np.array_equal(out.copy_to_host().view(f"u{np.dtype(dtype).itemsize}"), want.view(f"u{np.dtype(dtype).itemsize}"))
+    for subtract in (False, True):
+        for acc_dtype in (np.float32, np.float64):
+            base = data(shape, acc_dtype, seed=5)
+            acc = cuda.to_device(base)
+            c.decode_add(frame, acc, subtract=subtract)
+            host = c.decode_add(frame, base.copy(), subtract=subtract)
+            assert np.array_equal(acc.copy_to_host(), host, equal_nan=True), (subtract, acc_dtype)
+    assert np.array_equal(codec.decode(frame), want, equal_nan=True)  # an ordinary frame
+
+
+def test_no_host_copy_of_the_input(monkeypatch):
+    """Encoding copies the codes to the host, never the input: every device-to-host copy is
+    recorded, and none is of the input's memory."""
+    x = data((1000,), np.float32)
+    d = cuda.to_device(x)
+    copied = []
+    real = type(d).copy_to_host
+
+    def spy(self, *a, **k):
+        copied.append(np.shares_memory(self._ary, d._ary))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(type(d), "copy_to_host", spy)
+    monkeypatch.setattr(type(d), "__array__", lambda self, *a, **k: pytest.fail("the input went through __array__"), raising=False)
+    for spec in ("fp16", "bf16", "fp16+zstd"):
+        copied.clear()
+        frame = codec.get_codec(spec).encode(d)
+        assert copied and not any(copied), spec  # the codes came back; the input never did
+        assert bytes(frame) == bytes(codec.get_codec(spec).encode(x))
+
+
+def test_device_input_errors_name_the_argument():
+    c = codec.get_codec("fp16")
+    with pytest.raises(TypeError, match=r"x: a device \(CUDA\) array, and topk has no CUDA path"):
+        codec.get_codec("topk").encode(cuda.to_device(np.ones(5, np.float32)))
+    with pytest.raises(TypeError, match="x: a device array of dtype float16"):
+        c.encode(cuda.to_device(np.ones(5, np.float16)))
+    with pytest.raises(ValueError, match="x: a device array must be C-contiguous"):
+        c.encode(cuda.to_device(np.ones((5, 4), np.float32))[:, 1])
+    with pytest.raises(TypeError, match="dtype: reinterprets host buffers"):
+        c.encode(cuda.to_device(np.ones(4, np.float32)), dtype="float32")
+    frame = c.encode(np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="out: has 4 elements"):
+        c.decode(frame, out=cuda.device_array(4, np.float32))
+    with pytest.raises(ValueError, match="out: dtype float64 does not match"):
+        c.decode(frame, out=cuda.device_array(5, np.float64))
+    with pytest.raises(TypeError, match=r"out: a device \(CUDA\) array, and topk"):
+        codec.get_codec("topk").decode(codec.get_codec("topk").encode(np.ones(50, np.float32)), out=cuda.device_array(50, np.float32))
+    with pytest.raises(NonFiniteError, match=r"position \(3,\)"):
+        c.encode(cuda.to_device(np.array([0, 1, 2, np.nan, 4], np.float32)))
