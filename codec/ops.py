@@ -159,9 +159,13 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     if on_device(out):  # a device output (codec.device.checked_out: contiguous): the source's one copy there
         from codec.device import to_device
 
-        src, flat = to_device(src).reshape(src.size), out.reshape(out.size)
+        flat = out.reshape(out.size)
         if flat.dtype not in WIDE:
             raise TypeError("out: a device array must be float32 or float64 for now")
+        if mode == SET and src.dtype == flat.dtype and not on_device(src):
+            flat.copy_to_device(np.ascontiguousarray(src).reshape(-1))  # one copy, no kernel
+            return
+        src = to_device(src).reshape(src.size)
     elif not out.flags.c_contiguous:
         raise ValueError("out: must be C-contiguous")
     else:

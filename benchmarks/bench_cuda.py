@@ -1,0 +1,138 @@
+"""The CUDA path on a real GPU: every codec with a CUDA path, on a device array, next to a
+device-to-device copy of the same buffer (the bandwidth limit) in the same run.
+
+    python benchmarks/bench_cuda.py [--n 25000000] [--repeat 20] [--codecs "none;fp16;bf16"] [--markdown]
+
+Needs a CUDA GPU and Numba's CUDA target (``pip install numba-cuda``); PyTorch, when present,
+supplies the input as a CUDA tensor (so the ``__cuda_array_interface__`` path is the one
+timed) and its own cast (``x.half()``, ``x.bfloat16()``) as a peer.  Every time is the best
+of ``--repeat`` after two warm-up calls, with the device synchronized around each call.
+
+Rows, for 25M float32 values:
+
+- ``kernel``: the convert twin alone, device to device (``narrow_codes``), GB/s counting the
+  bytes read and written, and the ratio to the device-to-device copy's GB/s;
+- ``encode``: ``Codec.encode(x)`` (a new host frame) and ``encode(x, out=pinned)`` into a
+  pinned host buffer: the device work plus the frame's one copy to the host, next to a plain
+  device-to-host copy of the same number of bytes (the link's limit);
+- ``decode``: ``decode(frame, out=device array)`` and ``decode_add``: the codes' copy to the
+  device plus the kernel, next to a host-to-device copy of the frame's bytes;
+- the peers: torch's cast on the device, and ``torch.topk(k=n/1000)`` for scale (the
+  sparsifiers' CUDA twins come with the next part of the CUDA work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import bullets, footer, heading, log, machine_info, render  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=25_000_000)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--codecs", default="none;fp16;bf16")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    from numba import cuda
+
+    import codec
+    from codec.kernels import module
+
+    t_run = time.perf_counter()
+    md = args.markdown
+    n = args.n
+    name = getattr(cuda.get_current_device(), "name", "Numba's CUDA simulator")
+    info = machine_info() + [f"GPU: {name.decode() if isinstance(name, bytes) else name}"]
+    host = (np.random.default_rng(0).standard_t(2, n) * 1e-3).astype(np.float32)
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ImportError("torch without CUDA")
+        x = torch.from_numpy(host).cuda()
+        info.append(f"torch {torch.__version__}: the input is a torch CUDA tensor")
+    except ImportError:
+        torch = None
+        x = cuda.to_device(host)
+    bullets(info, md)
+
+    def sync_best(fn, repeat=args.repeat):
+        for _ in range(2):
+            fn()
+        cuda.synchronize()
+        times = []
+        for _ in range(repeat):
+            cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    dx = cuda.as_cuda_array(x) if torch is not None else x
+    dst = cuda.device_array(n, np.float32)
+    copy_s = sync_best(lambda: dst.copy_to_device(dx))
+    copy_gbs = 8 * n / copy_s / 1e9
+    rows = [["device-to-device copy (reference)", f"{copy_s * 1e3:.3f}", f"{copy_gbs:.0f}", "1.00x"]]
+
+    def row(name, seconds, nbytes, ref_gbs):
+        g = nbytes / seconds / 1e9
+        rows.append([name, f"{seconds * 1e3:.3f}", f"{g:.0f}", f"{g / ref_gbs:.2f}x"])
+
+    conv = module("convert", "cuda")
+    codes = cuda.device_array(n, np.uint16)
+    for bf16 in (False, True):
+        row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
+    out = cuda.device_array(n, np.float32)
+    for bf16 in (False, True):
+        row(f"half_decode {'bf16' if bf16 else 'fp16'} (kernel, SET)", sync_best(lambda: conv.half_decode(codes, out, 0, bf16)), 6 * n, copy_gbs)
+        row(f"half_decode {'bf16' if bf16 else 'fp16'} (kernel, ADD)", sync_best(lambda: conv.half_decode(codes, out, 1, bf16)), 10 * n, copy_gbs)
+    if torch is not None:
+        row("torch x.half() (peer)", sync_best(lambda: x.half()), 6 * n, copy_gbs)
+        row("torch x.bfloat16() (peer)", sync_best(lambda: x.bfloat16()), 6 * n, copy_gbs)
+        row(f"torch.topk k={n // 1000} (peer, for scale)", sync_best(lambda: torch.topk(x.abs(), n // 1000), max(3, args.repeat // 4)), 4 * n, copy_gbs)
+
+    # the link: a plain device-to-host copy into pinned memory, and host-to-device
+    pinned = cuda.pinned_array(4 * n + (1 << 20), np.uint8)
+    d2h_s = sync_best(lambda: dst.copy_to_host(pinned[: 4 * n].view(np.float32)))
+    d2h_gbs = 4 * n / d2h_s / 1e9
+    h2d_s = sync_best(lambda: dst.copy_to_device(pinned[: 4 * n].view(np.float32)))
+    h2d_gbs = 4 * n / h2d_s / 1e9
+    link = [["device-to-host copy, pinned (reference)", f"{d2h_s * 1e3:.3f}", f"{d2h_gbs:.1f}", "1.00x"],
+            ["host-to-device copy, pinned (reference)", f"{h2d_s * 1e3:.3f}", f"{h2d_gbs:.1f}", "1.00x"]]
+    for spec in [s.strip() for s in args.codecs.split(";") if s.strip()]:
+        log(f"{spec} ...")
+        c = codec.get_codec(spec)
+        frame = bytes(c.encode(x))
+        fb = len(frame)
+        t_new = sync_best(lambda: c.encode(x), max(3, args.repeat // 2))
+        t_pin = sync_best(lambda: c.encode(x, out=pinned))
+        outd = cuda.device_array(n, np.float32)
+        pframe = np.frombuffer(frame, np.uint8)
+        hostframe = cuda.pinned_array(fb, np.uint8)
+        hostframe[:] = pframe
+        t_dec = sync_best(lambda: c.decode(hostframe, out=outd))
+        t_add = sync_best(lambda: c.decode_add(hostframe, outd))
+        for what, t, ref in ((f"{spec} encode, new frame", t_new, d2h_gbs), (f"{spec} encode, out=pinned", t_pin, d2h_gbs),
+                             (f"{spec} decode into a device array", t_dec, h2d_gbs), (f"{spec} decode_add into a device array", t_add, h2d_gbs)):
+            g = fb / t / 1e9
+            link.append([what, f"{t * 1e3:.3f}", f"{g:.1f}", f"{g / ref:.2f}x"])
+    print()
+    heading(f"CUDA kernels on {n:,} float32, device to device; best of {args.repeat}", md)
+    print(render(["what", "ms", "GB/s (read + written)", "x copy"], rows, md))
+    print()
+    heading("Through the codec: the frame crosses the host link once (GB/s of frame bytes)", md)
+    print(render(["what", "ms", "GB/s (frame bytes)", "x link"], link, md))
+    footer(["encode includes the frame's copy to the host and its CRC-32C there; decode checks the CRC on the host, copies the codes to the device and runs the kernel"], t_run, [], md)
+
+
+if __name__ == "__main__":
+    main()
