@@ -163,7 +163,8 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
         if flat.dtype not in WIDE:
             raise TypeError("out: a device array must be float32 or float64 for now")
         if mode == SET and src.dtype == flat.dtype and not on_device(src):
-            flat.copy_to_device(np.ascontiguousarray(src).reshape(-1))  # one copy, no kernel
+            if src.size:  # one copy, no kernel (Numba refuses an empty one's strides)
+                flat.copy_to_device(np.ascontiguousarray(src).reshape(-1))
             return
         src = to_device(src).reshape(src.size)
     elif not out.flags.c_contiguous:
