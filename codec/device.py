@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["as_device_array", "checked_out", "empty", "to_device", "to_host"]
+__all__ = ["add", "as_device_array", "checked_out", "empty", "host_copy", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have in this release (16-bit device input comes with the
 #: next part of the CUDA work)
@@ -72,3 +72,24 @@ def to_host(a, out: np.ndarray) -> np.ndarray:
     if a.size:  # (an empty one has nothing to copy, and Numba refuses its strides)
         a.copy_to_host(out.view(np.dtype(a.dtype)).reshape(a.shape))
     return out
+
+
+def zeros(shape, dtype):
+    """A new device array of zeros (a key's first residual: one copy, once)."""
+    return _cuda().to_device(np.zeros(tuple(shape), np.dtype(dtype)))
+
+
+def add(x, r, out):
+    """``out = x + r`` elementwise on the device, in their dtype (the error-feedback sum)."""
+    from codec.kernels import backend
+    from codec.modes import ADD
+
+    out.reshape(out.size).copy_to_device(x.reshape(x.size))
+    backend("convert", out).combine(r.reshape(r.size), out.reshape(out.size), ADD)
+
+
+def host_copy(a):
+    """A host (NumPy) copy of device array ``a``, or ``a.copy()`` of a host one."""
+    from codec.dtypes import on_device
+
+    return a.copy_to_host() if on_device(a) else a.copy()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.dtypes import as_float_array
+from codec.dtypes import as_float_array, on_device
 from codec.feedback.slot import Slot
 from codec.frame import parse_frame
 from codec.framebuffer import frame_out
@@ -55,10 +55,18 @@ class ErrorFeedback:
         Without residuals: the frame of ``x`` at the key's step.  Advances the key's step.
 
         ``out``: a buffer to write the frame into (:meth:`codec.Codec.encode`); a frame that
-        does not fit raises ValueError and changes no residual or step."""
-        arr = as_float_array(x, dtype, "x")
-        dest = frame_out(out, (arr,))
+        does not fit raises ValueError and changes no residual or step.
+
+        ``x`` may be a device (CUDA) array for a codec whose stages take one (none, fp16,
+        bf16): the residual then lives on the device too (moved there once if it was not,
+        as after :meth:`load_state_dict`), and the frame is the host's, byte for byte."""
+        arr = self.codec._input(x, dtype, "x")  # a device array: viewed, its stages checked
+        device = on_device(arr)
+        if device and self.momentum:
+            raise TypeError("x: a device (CUDA) array, and momentum (DGC's) on the device comes with the sparsifiers' CUDA twins; pass a host array")
+        dest = frame_out(out, () if device else (arr,))
         slot = self._claim(key, arr, "x")
+        slot.follow(device)
         sections, finish = self._begin(arr, slot)
         frame = self.codec.frame(sections, arr.dtype, arr.shape, out=dest)
         finish(lambda: parse_frame(frame, verify_payload=False))()
@@ -160,9 +168,10 @@ class ErrorFeedback:
         return frame
 
     def _claim(self, key, arr: np.ndarray, argname: str) -> Slot:
-        """The slot ``arr`` is encoded with under ``key`` (:meth:`slot`), after :meth:`check`."""
+        """The slot ``arr`` is encoded with under ``key`` (:meth:`slot`), after :meth:`check`;
+        a new one has its zero residual where ``arr`` lives."""
         self.check(key, arr.shape, arr.dtype, argname)
-        return self.slot(key, arr.shape, arr.dtype)
+        return self.slot(key, arr.shape, arr.dtype, device=on_device(arr))
 
     def check(self, key, shape, dtype, argname: str = "x") -> None:
         """What :meth:`encode` checks before it changes anything, for a caller that must
@@ -248,6 +257,11 @@ class ErrorFeedback:
         acc = slot.take_spare()
         if c.select is not None and c.select.fuses_feedback:
             sections = c.sections(flat, ctx, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
+        elif on_device(x):
+            from codec.device import add
+
+            add(x, slot.residual, acc)
+            sections = c.sections(acc.reshape(-1), ctx)
         else:
             np.add(x, slot.residual, out=acc)
             sections = c.sections(acc.reshape(-1), ctx)
@@ -263,15 +277,19 @@ class ErrorFeedback:
 
         return sections, finish
 
-    def _fresh(self, key, shape, dtype, step: int = 0) -> Slot:
-        """A new slot for arrays of ``shape`` and ``dtype``: a zero residual (none without
-        residuals), no stage state, ``step``."""
+    def _fresh(self, key, shape, dtype, step: int = 0, device: bool = False) -> Slot:
+        """A new slot for arrays of ``shape`` and ``dtype``: a zero residual (on the device with
+        ``device``; none without residuals), no stage state, ``step``."""
         if self.residuals:
+            if device:
+                from codec.device import zeros
+
+                return Slot(key, zeros(shape, dtype), step)
             return Slot(key, np.zeros(shape, dtype), step)
         return Slot(key, None, step, shape=shape, dtype=dtype)
 
     # ------------------------------------------------------------ a step run by the caller
-    def slot(self, key, shape, dtype) -> Slot:
+    def slot(self, key, shape, dtype, *, device: bool = False) -> Slot:
         """The slot of ``key`` for arrays of ``shape`` and ``dtype``, for a caller that runs the
         error-feedback step itself (the transport's two-round PowerSGD): the stored slot when
         it fits, else a new one (zero residual, no stage state, step 0; without residuals
@@ -280,7 +298,8 @@ class ErrorFeedback:
         The caller forms ``acc`` from ``slot.residual``, installs the new residual with
         ``slot.take_spare()`` / ``slot.commit(...)``, keeps stage state in ``slot.state`` and
         advances ``slot.step`` by one per frame.  Unlike :meth:`encode`, a key whose shape or
-        dtype changed starts over instead of raising."""
+        dtype changed starts over instead of raising.  ``device``: a new slot's residual is a
+        device array."""
         dtype = np.dtype(dtype)
         shape = tuple(int(n) for n in shape)
         slot = self._slots.get(key)
@@ -289,7 +308,7 @@ class ErrorFeedback:
         if slot is not None and slot.fits(shape, dtype):
             return slot
         step = slot.step if slot is not None and not self.residuals else 0
-        return self._fresh(key, shape, dtype, step)
+        return self._fresh(key, shape, dtype, step, device)
 
     def keep(self, slot: Slot) -> None:
         """Store ``slot`` (from :meth:`slot`) as the memory of ``slot.key``, replacing any."""
@@ -305,10 +324,12 @@ class ErrorFeedback:
 
     # ------------------------------------------------------------ reading the memory
     def residual(self, key=None) -> np.ndarray | None:
-        """The current residual of ``key`` (a read-only view); None without residuals."""
+        """The current residual of ``key`` (a read-only view); None without residuals.  A
+        residual on the device is returned as the device array itself (device arrays have no
+        read-only flag: do not write it)."""
         r = self._slots[key].residual
-        if r is None:
-            return None
+        if r is None or on_device(r):
+            return r
         r = r.view()
         r.flags.writeable = False
         return r

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.stage import Context
 
 
@@ -52,8 +53,24 @@ class Slot:
         or declines (a stage falling back to the generic step) leaves it for the next one and
         the residual intact."""
         if self.spare is None:
-            self.spare = np.empty_like(self.residual)
+            if on_device(self.residual):
+                from codec.device import empty
+
+                self.spare = empty(self.residual.size, self.residual.dtype).reshape(self.residual.shape)
+            else:
+                self.spare = np.empty_like(self.residual)
         return self.spare
+
+    def follow(self, device: bool) -> None:
+        """Keep the residual where the gradient lives: moved to the device (``device`` True) or
+        to host memory with one copy when it is elsewhere, as after ``load_state_dict`` (whose
+        arrays are host arrays) or when a key's gradients move.  The spare is dropped."""
+        if self.residual is None or on_device(self.residual) == device:
+            return
+        from codec.device import host_copy, to_device
+
+        self.residual = to_device(self.residual) if device else host_copy(self.residual)
+        self.spare = None
 
     def commit(self, residual: np.ndarray, *, keep_spare: bool = True) -> None:
         """Install ``residual`` (a buffer from :meth:`take_spare`, holding ``acc - decoded``)

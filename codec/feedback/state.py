@@ -44,6 +44,7 @@ import numpy as np
 
 from codec.dtypes import NAMES, owned_float_array
 from codec.errors import NonFiniteError
+from codec.device import host_copy
 from codec.feedback.slot import Slot
 from codec.pipeline import Codec, get_codec
 from codec.stage import check_step
@@ -53,7 +54,7 @@ def saved(s: Slot) -> dict:
     """A slot as ``state_dict`` saves it (copies)."""
     out = {
         "key": s.key,
-        "residual": None if s.residual is None else s.residual.copy(),
+        "residual": None if s.residual is None else host_copy(s.residual),  # host arrays: a checkpoint loads anywhere
         "step": s.step,
         "state": copy.deepcopy(s.state),
         "velocity": None if s.velocity is None else s.velocity.copy(),

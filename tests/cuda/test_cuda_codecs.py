@@ -92,3 +92,64 @@ def test_device_input_errors_name_the_argument():
         codec.get_codec("topk").decode(codec.get_codec("topk").encode(np.ones(50, np.float32)), out=cuda.device_array(50, np.float32))
     with pytest.raises(NonFiniteError, match=r"position \(3,\)"):
         c.encode(cuda.to_device(np.array([0, 1, 2, np.nan, 4], np.float32)))
+
+
+# ---------------------------------------------------------------- error feedback on the device
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("spec", ["fp16", "bf16", "none", "fp16+zstd", "bf16(nonfinite=keep)"])
+def test_error_feedback_on_the_device_matches_the_host(spec, dtype):
+    """Step by step, the device step's frames and residuals are the host step's (float32 fp16
+    and bf16 through the fused twin, the rest through the generic step on the device); the
+    residual stays on the device; state_dict holds host arrays, which load and carry on."""
+    on_dev, on_host = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    for step in range(4):
+        x = (data((40, 9), dtype, seed=step) * 1e-3).astype(dtype)  # within fp16's range
+        frame = on_dev.encode(cuda.to_device(x), key="w")
+        assert bytes(frame) == bytes(on_host.encode(x, key="w")), step
+        r = on_dev.residual("w")
+        assert cuda.is_cuda_array(r) if hasattr(cuda, "is_cuda_array") else type(r).__module__.startswith("numba.cuda")
+        assert np.array_equal(r.copy_to_host(), on_host.residual("w")), step
+    state = on_dev.state_dict()
+    assert isinstance(state["slots"][0]["residual"], np.ndarray)
+    again = codec.ErrorFeedback(spec)
+    again.load_state_dict(state)
+    x = (data((40, 9), dtype, seed=9) * 1e-3).astype(dtype)
+    assert bytes(again.encode(cuda.to_device(x), key="w")) == bytes(on_host.encode(x, key="w"))
+    assert np.array_equal(again.residual("w").copy_to_host(), on_host.residual("w"))
+    assert again.step("w") == on_host.step("w") == 5
+
+
+def test_error_feedback_key_follows_its_gradient():
+    """A key's residual moves with its gradients (one copy), host to device and back."""
+    ef, ref = codec.ErrorFeedback("fp16"), codec.ErrorFeedback("fp16")
+    for step, where in enumerate(["host", "device", "device", "host", "device"]):
+        x = (data((300,), np.float32, seed=step) * 1e-3).astype(np.float32)
+        got = ef.encode(cuda.to_device(x) if where == "device" else x, key=0)
+        assert bytes(got) == bytes(ref.encode(x, key=0)), step
+        r = ef.residual(0)
+        assert (where == "device") == (not isinstance(r, np.ndarray))
+
+
+def test_error_feedback_on_the_device_keeps_the_residual_on_error():
+    ef = codec.ErrorFeedback("fp16")
+    ef.encode(cuda.to_device(np.full(5, 1 / 3, np.float32)), key="k")
+    before = ef.residual("k").copy_to_host()
+    with pytest.raises(NonFiniteError, match=r"position \(3,\)"):
+        ef.encode(cuda.to_device(np.array([0, 0, 0, np.nan, 0], np.float32)), key="k")
+    assert np.array_equal(ef.residual("k").copy_to_host(), before) and ef.step("k") == 1
+    with pytest.raises(TypeError, match="momentum"):
+        codec.ErrorFeedback("fp16", momentum=0.9).encode(cuda.to_device(np.ones(5, np.float32)), key="k")
+    with pytest.raises(TypeError, match="topk has no CUDA path"):
+        codec.ErrorFeedback("topk").encode(cuda.to_device(np.ones(5, np.float32)), key="k")
+
+
+def test_float32_half_step_on_the_device_is_the_fused_one(monkeypatch):
+    from codec.stages.value.floats import _Half
+
+    calls = []
+    real = _Half._feedback_device
+    monkeypatch.setattr(_Half, "_feedback_device", lambda self, *a: calls.append(1) or real(self, *a))
+    ef = codec.ErrorFeedback("bf16")
+    for step in range(2):
+        ef.encode(cuda.to_device(np.full(300, 0.1 * (step + 1), np.float32)), key="k")
+    assert len(calls) == 2

@@ -44,8 +44,17 @@ def _blocks(n: int) -> int:
     return max(1, (n + THREADS - 1) // THREADS)
 
 
+@jit
+def _zero(a):
+    if cuda.grid(1) < a.size:
+        a[cuda.grid(1)] = 0
+
+
 def _counter():
-    return cuda.to_device(np.zeros(1, np.int64))
+    """A device int64 set to 0 by a kernel (queued, no host round trip before the work)."""
+    a = cuda.device_array(1, np.int64)
+    _zero[1, 32](a)
+    return a
 
 
 @jit(device=True)

@@ -74,6 +74,10 @@ class _Half(Value):
         from codec.ops import continued
 
         acc = slot.take_spare()
+        if on_device(x):
+            fill = lambda out: self._feedback_device(x, slot.residual.reshape(x.size), acc.reshape(x.size), ctx, out)  # noqa: E731
+            sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill))
+            return lambda: slot.commit(acc)
 
         def fill(out, crc=None):
             codes = out.view(np.uint16)
@@ -97,6 +101,19 @@ class _Half(Value):
         bad, _ = backend("convert", values).narrow_codes(values, codes, self.dtype != np.float16, -1)
         if bad and self.nonfinite == "raise":
             self._raise_nonfinite(values.copy_to_host(), ctx)  # an error: the host copy names the position
+        device.to_host(codes, out)
+
+    def _feedback_device(self, x, r, acc, ctx, out):
+        """The fused step on the device (``convert.half_feedback``'s CUDA twin): codes made
+        there and copied once into the frame's ``out``, the new residual left in ``acc``."""
+        from codec import device
+        from codec.kernels import backend
+
+        codes = device.empty(x.size, np.uint16)
+        bad, _ = backend("convert", x).half_feedback(x, r, acc, codes, self.dtype != np.float16, -1)
+        if bad and self.nonfinite == "raise":
+            with np.errstate(over="ignore", invalid="ignore"):  # x + residual in float32, as the kernel adds
+                self._raise_nonfinite(np.add(x.copy_to_host(), r.copy_to_host()), ctx)  # an error: host copies name it
         device.to_host(codes, out)
 
     def _raise_nonfinite(self, values, ctx):
