@@ -12,8 +12,9 @@ Rows, for 25M float32 values:
 
 - ``kernel``: the convert twin alone, device to device (``narrow_codes``), GB/s counting the
   bytes read and written, and the ratio to the device-to-device copy's GB/s;
-- ``encode``: ``Codec.encode(x)`` (a new host frame) and ``encode(x, out=pinned)`` into a
-  pinned host buffer: the device work plus the frame's one copy to the host, next to a plain
+- ``encode``: ``Codec.encode(x)`` (a new host frame), ``encode(x, out=pinned)`` into a
+  pinned host buffer and ``ErrorFeedback.encode(x, out=pinned)`` (the residual on the
+  device): the device work plus the frame's one copy to the host, next to a plain
   device-to-host copy of the same number of bytes (the link's limit);
 - ``decode``: ``decode(frame, out=device array)`` and ``decode_add``: the codes' copy to the
   device plus the kernel, next to a host-to-device copy of the frame's bytes;
@@ -98,6 +99,10 @@ def main(argv=None):
     codes = cuda.device_array(n, np.uint16)
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
+    r, acc = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
+    r.copy_to_device(dx)
+    for bf16 in (False, True):
+        row(f"half_feedback {'bf16' if bf16 else 'fp16'} (kernel: x, r -> codes, acc)", sync_best(lambda: conv.half_feedback(dx, r, acc, codes, bf16, -1)), 14 * n, copy_gbs)
     out = cuda.device_array(n, np.float32)
     for bf16 in (False, True):
         row(f"half_decode {'bf16' if bf16 else 'fp16'} (kernel, SET)", sync_best(lambda: conv.half_decode(codes, out, 0, bf16)), 6 * n, copy_gbs)
@@ -128,7 +133,10 @@ def main(argv=None):
         hostframe[:] = pframe
         t_dec = sync_best(lambda: c.decode(hostframe, out=outd))
         t_add = sync_best(lambda: c.decode_add(hostframe, outd))
+        ef = codec.ErrorFeedback(c)
+        t_ef = sync_best(lambda: ef.encode(x, key="g", out=pinned))
         for what, t, ref in ((f"{spec} encode, new frame", t_new, d2h_gbs), (f"{spec} encode, out=pinned", t_pin, d2h_gbs),
+                             (f"{spec} ErrorFeedback.encode, out=pinned", t_ef, d2h_gbs),
                              (f"{spec} decode into a device array", t_dec, h2d_gbs), (f"{spec} decode_add into a device array", t_add, h2d_gbs)):
             g = fb / t / 1e9
             link.append([what, f"{t * 1e3:.3f}", f"{g:.1f}", f"{g / ref:.2f}x"])
