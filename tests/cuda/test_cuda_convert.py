@@ -156,3 +156,27 @@ def test_twin_defines_the_cpu_contract():
     for name in CPU.__all__:
         assert callable(getattr(K, name)), name
     assert sorted(K.__all__) == sorted(CPU.__all__)
+
+
+def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16):
+    """With at most two blocks, each thread codes several values (the grid-stride loop that
+    a 25M-value array takes on a GPU): the same codes, counts and decoded values."""
+    monkeypatch.setattr(K, "MAX_BLOCKS", 2)
+    n = 1500  # about three values per thread
+    x = data(n, np.float32, 11)
+    for bf16, half in ((False, F16), (True, BF16)):
+        out = cuda.device_array(n, np.uint16)
+        bad, _ = K.narrow_codes(cuda.to_device(x), out, bf16, -1)
+        want = np.empty(n, np.uint16)
+        assert bad == CPU.narrow_codes(x, want, bf16, -1)[0] == int((~np.isfinite(x)).sum())
+        same(out.copy_to_host(), want)
+        dec = cuda.to_device(np.zeros(n, np.float32))
+        K.half_decode(out, dec, SET, bf16)
+        same(dec.copy_to_host(), want.view(half).astype(np.float32))
+        acc, codes = cuda.device_array(n, np.float32), cuda.device_array(n, np.uint16)
+        r = np.full(n, 1e-3, np.float32)
+        bad, _ = K.half_feedback(cuda.to_device(x), cuda.to_device(r), acc, codes, bf16, -1)
+        cpu_acc, cpu_codes = np.empty(n, np.float32), np.empty(n, np.uint16)
+        with np.errstate(over="ignore", invalid="ignore"):
+            assert bad == CPU.half_feedback(x, r, cpu_acc, cpu_codes, bf16, -1)[0]
+        same_values(acc.copy_to_host(), cpu_acc)

@@ -2,8 +2,9 @@
 
 Each value's conversion is the CPU file's own scalar function (``_f32_to_f16_bits`` and the
 rest, compiled again as device functions from their Python source), so both backends round
-with one statement of the rule and agree bit for bit.  One thread per value, no reductions
-but the non-finite count (an atomic add, only where a value is NaN/inf).  The kernels form no
+with one statement of the rule and agree bit for bit.  Grid-stride loops over at most
+``MAX_BLOCKS`` blocks of ``THREADS``; the one reduction is the non-finite count, summed per
+block in shared memory into a per-block buffer that is read back and added on the host.  The kernels form no
 CRC-32C: they return -1 for it, and the frame is checksummed on the host after its one copy
 there (docs/kernels.md, "CRC-32C").
 
@@ -12,6 +13,8 @@ the kernel tests do); the stages pass device arrays.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -23,8 +26,9 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-#: threads per block of every kernel here
+#: threads per block of every kernel here, and the most blocks a launch uses
 THREADS = 256
+MAX_BLOCKS = 1024
 
 
 def _device(f):
@@ -40,21 +44,42 @@ _f16_to_f32 = _device(_cpu._f16_to_f32)
 _bf16_to_f32 = _device(_cpu._bf16_to_f32)
 
 
-def _blocks(n: int) -> int:
-    return max(1, (n + THREADS - 1) // THREADS)
+def _grid(n: int) -> int:
+    """Blocks of a launch over ``n`` values: enough for one value per thread, at most
+    :data:`MAX_BLOCKS` (each thread then strides over the array: a whole GPU stays busy and
+    the non-finite counts are one per block)."""
+    return min(MAX_BLOCKS, max(1, (n + THREADS - 1) // THREADS))
 
 
-@jit
-def _zero(a):
-    if cuda.grid(1) < a.size:
-        a[cuda.grid(1)] = 0
+_local = threading.local()
 
 
-def _counter():
-    """A device int64 set to 0 by a kernel (queued, no host round trip before the work)."""
-    a = cuda.device_array(1, np.int64)
-    _zero[1, 32](a)
-    return a
+def _counts(blocks: int):
+    """The per-block non-finite counts of a launch: a device buffer kept per thread and
+    context (no allocation per call), ``blocks`` long."""
+    cache = getattr(_local, "counts", None)
+    if cache is None:
+        cache = _local.counts = {}
+    key = id(cuda.current_context())
+    buf = cache.get(key)
+    if buf is None:
+        buf = cache[key] = cuda.device_array(MAX_BLOCKS, np.int64)
+    return buf[:blocks]
+
+
+@jit(device=True)
+def _block_count(k, bad):
+    """Add thread counts ``k`` over the block (shared memory) and store the block's total in
+    ``bad[blockIdx]``; every thread of the block calls it."""
+    seen = cuda.shared.array(1, np.int64)
+    if cuda.threadIdx.x == 0:
+        seen[0] = 0
+    cuda.syncthreads()
+    if k:
+        cuda.atomic.add(seen, 0, k)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        bad[cuda.blockIdx.x] = seen[0]
 
 
 @jit(device=True)
@@ -71,27 +96,28 @@ def _value(h, bf16):
 
 @jit
 def _narrow(x, out, bf16, bad):
-    i = cuda.grid(1)
-    if i < x.size:
+    k = np.int64(0)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         v = x[i]
         out[i] = _code(np.float64(v), bf16)
-        if not (v - v == 0):
-            cuda.atomic.add(bad, 0, 1)
+        k += not (v - v == 0)
+    _block_count(k, bad)
 
 
 def narrow_codes(x, out, bf16, crc):
     """fp16 (``bf16=False``) or bf16 codes of float32/float64 ``x`` into ``out`` (uint16), as
     the CPU kernel; returns ``(non-finite count, -1)``: no CRC is formed on the device."""
-    bad = _counter()
-    if x.size:
-        _narrow[_blocks(x.size), THREADS](x, out, bool(bf16), bad)
-    return int(bad.copy_to_host()[0]), -1
+    if not x.size:
+        return 0, -1
+    blocks = _grid(x.size)
+    bad = _counts(blocks)
+    _narrow[blocks, THREADS](x, out, bool(bf16), bad)
+    return int(bad.copy_to_host().sum()), -1
 
 
 @jit
 def _decode(codes, out, mode, bf16):
-    i = cuda.grid(1)
-    if i < codes.size:
+    for i in range(cuda.grid(1), codes.size, cuda.gridsize(1)):
         v = _value(codes[i], bf16)
         if mode == SET:
             out[i] = v
@@ -104,13 +130,12 @@ def _decode(codes, out, mode, bf16):
 def half_decode(codes, out, mode, bf16):
     """``out (=|+=|-=) value(codes)`` (fp16 or bf16 codes, float32/float64 ``out``)."""
     if codes.size:
-        _decode[_blocks(codes.size), THREADS](codes, out, mode, bool(bf16))
+        _decode[_grid(codes.size), THREADS](codes, out, mode, bool(bf16))
 
 
 @jit
 def _combine(src, out, mode):
-    i = cuda.grid(1)
-    if i < src.size:
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
         if mode == SET:
             out[i] = src[i]
         elif mode == SUB:
@@ -122,13 +147,12 @@ def _combine(src, out, mode):
 def combine(src, out, mode):
     """``out (=|+=|-=) src`` elementwise, cast to ``out``'s dtype."""
     if src.size:
-        _combine[_blocks(src.size), THREADS](src, out, mode)
+        _combine[_grid(src.size), THREADS](src, out, mode)
 
 
 @jit
 def _combine_odd(src, out, mode):
-    i = cuda.grid(1)
-    if i < src.size:
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
         s = np.float64(src[i])
         out[i] = _sum_odd(np.float64(out[i]), -s if mode == SUB else s)
 
@@ -136,13 +160,12 @@ def _combine_odd(src, out, mode):
 def combine_odd(src, out, mode):
     """``out (+|-)= src``, the float64 sum rounded to odd, then cast to ``out``."""
     if src.size:
-        _combine_odd[_blocks(src.size), THREADS](src, out, mode)
+        _combine_odd[_grid(src.size), THREADS](src, out, mode)
 
 
 @jit
 def _half_combine(src, codes, mode, bf16):
-    i = cuda.grid(1)
-    if i < src.size:
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
         s = np.float64(src[i])
         codes[i] = _code(_sum_odd(np.float64(_value(codes[i], bf16)), -s if mode == SUB else s), bf16)
 
@@ -150,25 +173,27 @@ def _half_combine(src, codes, mode, bf16):
 def half_combine(src, codes, mode, bf16):
     """16-bit output in place: ``codes = round(value(codes) (+|-) src)``, rounded once."""
     if src.size:
-        _half_combine[_blocks(src.size), THREADS](src, codes, mode, bool(bf16))
+        _half_combine[_grid(src.size), THREADS](src, codes, mode, bool(bf16))
 
 
 @jit
 def _feedback(x, r, acc, codes, bf16, bad):
-    i = cuda.grid(1)
-    if i < x.size:
+    k = np.int64(0)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         a = np.float32(x[i] + r[i])
         h = _f32_to_bf16_bits(a.view(np.uint32)) if bf16 else _f32_to_f16_bits(a.view(np.uint32))
         codes[i] = h
         acc[i] = a - _value(h, bf16)
-        if not (a - a == 0):
-            cuda.atomic.add(bad, 0, 1)
+        k += not (a - a == 0)
+    _block_count(k, bad)
 
 
 def half_feedback(x, r, acc, codes, bf16, crc):
     """Fused error-feedback step into fp16/bf16 codes, float32 only: ``a = x + r``, ``codes =
     round(a)``, ``acc = a - value(codes)``; returns ``(non-finite count of x + r, -1)``."""
-    bad = _counter()
-    if x.size:
-        _feedback[_blocks(x.size), THREADS](x, r, acc, codes, bool(bf16), bad)
-    return int(bad.copy_to_host()[0]), -1
+    if not x.size:
+        return 0, -1
+    blocks = _grid(x.size)
+    bad = _counts(blocks)
+    _feedback[blocks, THREADS](x, r, acc, codes, bool(bf16), bad)
+    return int(bad.copy_to_host().sum()), -1
