@@ -96,6 +96,14 @@ def main(argv=None):
         rows.append([name, f"{seconds * 1e3:.3f}", f"{g:.0f}", f"{g / ref_gbs:.2f}x"])
 
     conv = module("convert", "cuda")
+
+    @cuda.jit
+    def grid_copy(src, dst):  # the floor of a Numba kernel here: launch plus one read and one write
+        for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
+            dst[i] = src[i]
+
+    blocks = conv._grid(n)
+    row(f"Numba grid-stride copy kernel ({blocks} blocks of {conv.THREADS})", sync_best(lambda: grid_copy[blocks, conv.THREADS](dx, dst)), 8 * n, copy_gbs)
     codes = cuda.device_array(n, np.uint16)
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
