@@ -35,6 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import bullets, footer, heading, log, machine_info, render  # noqa: E402
 
 
+cuda = None  # numba.cuda, set by main (kernels reach their intrinsics through a module global)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=25_000_000)
@@ -42,6 +45,7 @@ def main(argv=None):
     ap.add_argument("--codecs", default="none;fp16;bf16")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
+    global cuda  # a module global: the simulator swaps the one its kernels reach
     from numba import cuda
 
     import codec
@@ -105,6 +109,9 @@ def main(argv=None):
     blocks = conv._grid(n)
     row(f"Numba grid-stride copy kernel ({blocks} blocks of {conv.THREADS})", sync_best(lambda: grid_copy[blocks, conv.THREADS](dx, dst)), 8 * n, copy_gbs)
     codes = cuda.device_array(n, np.uint16)
+    counts = conv._counts(blocks)
+    row("  of which: the launch of narrow (no count read back)", sync_best(lambda: conv._narrow32[blocks, conv.THREADS](dx, codes, False, counts[0])), 6 * n, copy_gbs)
+    rows.append(["  of which: reading the per-block counts back", f"{sync_best(lambda: conv._total(counts)) * 1e3:.3f}", "", ""])
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
     r, acc = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)

@@ -55,16 +55,25 @@ _local = threading.local()
 
 
 def _counts(blocks: int):
-    """The per-block non-finite counts of a launch: a device buffer kept per thread and
-    context (no allocation per call), ``blocks`` long."""
+    """The per-block non-finite counts of a launch, ``blocks`` long: a device buffer and the
+    pinned host buffer it is read back into, kept per thread and context (no allocation
+    per call)."""
     cache = getattr(_local, "counts", None)
     if cache is None:
         cache = _local.counts = {}
-    key = id(cuda.current_context())
-    buf = cache.get(key)
-    if buf is None:
-        buf = cache[key] = cuda.device_array(MAX_BLOCKS, np.int64)
-    return buf[:blocks]
+    ctx = cuda.current_context()
+    got = cache.get(id(ctx))
+    if got is None or got[0] is not ctx:
+        got = cache[id(ctx)] = (ctx, cuda.device_array(MAX_BLOCKS, np.int64), cuda.pinned_array(MAX_BLOCKS, np.int64))
+    return got[1][:blocks], got[2][:blocks]
+
+
+def _total(counts) -> int:
+    """The sum of the per-block counts (a pair from :func:`_counts`), read back into its
+    pinned buffer: the one host round trip of a call."""
+    bad, host = counts
+    bad.copy_to_host(host)
+    return int(host.sum())
 
 
 @jit(device=True)
@@ -104,15 +113,28 @@ def _narrow(x, out, bf16, bad):
     _block_count(k, bad)
 
 
+@jit
+def _narrow32(x, out, bf16, bad):
+    """:func:`_narrow` for float32 ``x``: its bits are already float32's (rounding to odd
+    through float64 gives them back), so the float64 step is skipped."""
+    k = np.int64(0)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        u = v.view(np.uint32)
+        out[i] = _f32_to_bf16_bits(u) if bf16 else _f32_to_f16_bits(u)
+        k += not (v - v == 0)
+    _block_count(k, bad)
+
+
 def narrow_codes(x, out, bf16, crc):
     """fp16 (``bf16=False``) or bf16 codes of float32/float64 ``x`` into ``out`` (uint16), as
     the CPU kernel; returns ``(non-finite count, -1)``: no CRC is formed on the device."""
     if not x.size:
         return 0, -1
     blocks = _grid(x.size)
-    bad = _counts(blocks)
-    _narrow[blocks, THREADS](x, out, bool(bf16), bad)
-    return int(bad.copy_to_host().sum()), -1
+    counts = _counts(blocks)
+    (_narrow32 if np.dtype(x.dtype) == np.float32 else _narrow)[blocks, THREADS](x, out, bool(bf16), counts[0])
+    return _total(counts), -1
 
 
 @jit
@@ -194,6 +216,6 @@ def half_feedback(x, r, acc, codes, bf16, crc):
     if not x.size:
         return 0, -1
     blocks = _grid(x.size)
-    bad = _counts(blocks)
-    _feedback[blocks, THREADS](x, r, acc, codes, bool(bf16), bad)
-    return int(bad.copy_to_host().sum()), -1
+    counts = _counts(blocks)
+    _feedback[blocks, THREADS](x, r, acc, codes, bool(bf16), counts[0])
+    return _total(counts), -1
