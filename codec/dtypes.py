@@ -58,7 +58,7 @@ def on_device(*arrays) -> bool:
 def _from_torch(x):
     torch = sys.modules["torch"]
     if x.device.type != "cpu":
-        raise TypeError("x: a torch tensor on a device must be moved to the CPU first (CUDA kernels are not available yet)")
+        raise TypeError(f"x: a torch tensor on {x.device} must be moved to the CPU first (device arrays are taken through __cuda_array_interface__)")
     x = x.detach()
     if x.dtype == torch.bfloat16:
         return x.contiguous().view(torch.int16).numpy().view(bfloat16).reshape(tuple(x.shape))
@@ -75,7 +75,10 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     complex and object input without ``dtype`` raise TypeError naming ``argname``.
     """
     if on_device(x):
-        raise TypeError(f"{argname}: device (CUDA) arrays are not supported yet; copy to host memory first")
+        raise TypeError(
+            f"{argname}: a device (CUDA) array; so far encode, decode, decode_add and ErrorFeedback.encode of "
+            "none, fp16 and bf16 take one (docs/api.md, 'Device arrays'); copy it to host memory for this call"
+        )
     if type(x).__module__.startswith("torch"):
         arr = _from_torch(x)
     elif isinstance(x, np.ndarray):
