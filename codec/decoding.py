@@ -15,10 +15,15 @@ from codec.pipeline import codec_of
 __all__ = ["decode", "decode_add_many", "decode_many", "decode_sparse", "decode_sparse_many"]
 
 
-def decode(frame, out=None, *, max_elements=None):
-    """Decode any gradcodec frame with nothing but the frame (the codec is read from its header)."""
+def decode(frame, out=None, *, max_elements=None, like=None):
+    """Decode any gradcodec frame with nothing but the frame (the codec is read from its header).
+
+    ``out``: an array to fill (host, or device for the codecs with a CUDA path); else a new
+    array: a NumPy array, or with ``like`` a device array (a torch CUDA tensor, a CuPy array,
+    a Numba device array) a new array on the device of the same kind (docs/api.md, "Device
+    arrays")."""
     fr = parse_frame(frame, max_elements=max_elements)
-    return codec_of(fr).decode_frame(fr, out)
+    return codec_of(fr).decode_frame(fr, out, like=like)
 
 
 def decode_sparse(frame, *, max_elements=None):

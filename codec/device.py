@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["add", "as_device_array", "checked_out", "empty", "host_copy", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_like", "check_dtype", "checked_out", "empty", "host_copy", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have in this release (16-bit device input comes with the
 #: next part of the CUDA work)
@@ -41,6 +41,28 @@ def as_device_array(x, argname: str = "x"):
         raise TypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float32 or float64 for now")
     if not arr.is_c_contiguous():
         raise ValueError(f"{argname}: a device array must be C-contiguous")
+    return arr
+
+
+def check_dtype(dtype, argname: str) -> None:
+    """TypeError naming ``argname`` unless device arrays of ``dtype`` are supported."""
+    if np.dtype(dtype) not in DTYPES:
+        raise TypeError(f"{argname}: a frame of {np.dtype(dtype)} cannot decode to a device array yet; device arrays must be float32 or float64 for now")
+
+
+def as_like(arr, like):
+    """Device array ``arr`` as the kind of array ``like`` is, without a copy (through
+    ``__cuda_array_interface__``): a torch CUDA tensor, a CuPy array, else the Numba device
+    array itself."""
+    kind = type(like).__module__.split(".")[0]
+    if kind == "torch":
+        import torch
+
+        return torch.as_tensor(arr, device=like.device)
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(arr)
     return arr
 
 

@@ -206,9 +206,11 @@ class Codec:
         return many.decode_add(self, self._same(parse_many(frame, layout=layout)), out, subtract)
 
     # ---------------------------------------------------------------- decode
-    def decode(self, frame, out=None, *, max_elements=None):
-        """Decode ``frame`` into a new array (or into ``out``, which must match size and dtype)."""
-        return self.decode_frame(self._same(parse_frame(frame, max_elements=max_elements)), out)
+    def decode(self, frame, out=None, *, max_elements=None, like=None):
+        """Decode ``frame`` into a new array (or into ``out``, which must match size and dtype);
+        ``like`` a device array: the new array is on the device, of ``like``'s kind
+        (:func:`codec.decode`)."""
+        return self.decode_frame(self._same(parse_frame(frame, max_elements=max_elements)), out, like=like)
 
     def decode_add(self, frame, out, *, subtract: bool = False):
         """``out += decoded`` (``-=`` with ``subtract=True``) without a dense temporary for sparse codecs.
@@ -224,14 +226,23 @@ class Codec:
 
     # the same on a parsed frame (:func:`codec.frame.parse_frame`, or one tensor of a many-tensor
     # frame) that this codec reads: what codec.decode does once the frame named its codec
-    def decode_frame(self, fr, out=None):
-        """Decode the parsed frame ``fr`` into a new array, or into ``out``."""
+    def decode_frame(self, fr, out=None, *, like=None):
+        """Decode the parsed frame ``fr`` into a new array (on the device of ``like`` when it is
+        a device array), or into ``out``."""
+        on_dev = out is None and on_device(like)
+        if on_dev:
+            from codec import device
+
+            self.check_device("like")
+            device.check_dtype(fr.dtype, "like")
         target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
         ctx, payload = self._read(fr)  # every section checked before the dense output is allocated
         if target is None:
-            target = np.empty(fr.n, fr.dtype)
+            target = device.empty(fr.n, fr.dtype) if on_dev else np.empty(fr.n, fr.dtype)
         self._write(ctx, payload, target, SET)
-        return target.reshape(fr.shape) if out is None else out
+        if out is not None:
+            return out
+        return device.as_like(target.reshape(fr.shape), like) if on_dev else target.reshape(fr.shape)
 
     def decode_add_frame(self, fr, out, subtract: bool = False):
         """``out += decode(fr)`` (``-=`` with ``subtract``), returning ``out``."""

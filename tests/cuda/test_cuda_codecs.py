@@ -153,3 +153,33 @@ def test_float32_half_step_on_the_device_is_the_fused_one(monkeypatch):
     for step in range(2):
         ef.encode(cuda.to_device(np.full(300, 0.1 * (step + 1), np.float32)), key="k")
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16", "bf16+zstd"])
+def test_decode_like_a_device_array_allocates_on_the_device(spec):
+    x = data((33, 17), np.float32)
+    frame = codec.get_codec(spec).encode(x)
+    like = cuda.to_device(np.zeros(3, np.float32))
+    for got in (codec.decode(frame, like=like), codec.get_codec(spec).decode(frame, like=like)):
+        assert not isinstance(got, np.ndarray) and tuple(got.shape) == (33, 17)
+        assert np.array_equal(got.copy_to_host(), codec.decode(frame), equal_nan=True)
+    assert isinstance(codec.decode(frame, like=np.zeros(3)), np.ndarray)  # a host like: a host array
+    with pytest.raises(TypeError, match=r"like: a device \(CUDA\) array, and topk has no CUDA path"):
+        codec.decode(codec.get_codec("topk").encode(np.ones(100, np.float32)), like=like)
+    with pytest.raises(TypeError, match="like: a frame of float16 cannot decode to a device array yet"):
+        codec.decode(codec.get_codec("fp16").encode(np.ones(4, np.float16)), like=like)
+
+
+def test_decode_like_a_torch_cuda_tensor_gives_a_torch_tensor():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with a CUDA device")
+    x = torch.randn(1000, device="cuda")
+    frame = codec.get_codec("bf16").encode(x)
+    assert bytes(frame) == bytes(codec.get_codec("bf16").encode(x.cpu().numpy()))
+    got = codec.decode(frame, like=x)
+    assert isinstance(got, torch.Tensor) and got.device == x.device and got.dtype == torch.float32
+    assert np.array_equal(got.cpu().numpy(), codec.decode(frame))
+    out = torch.empty_like(x)
+    codec.decode(frame, out=out)
+    assert torch.equal(out, got)
