@@ -106,11 +106,13 @@ def main(argv=None):
         for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
             dst[i] = src[i]
 
-    blocks = conv._grid(n)
-    row(f"Numba grid-stride copy kernel ({blocks} blocks of {conv.THREADS})", sync_best(lambda: grid_copy[blocks, conv.THREADS](dx, dst)), 8 * n, copy_gbs)
+    from codec.kernels.cuda._common import THREADS, grid
+
+    blocks = grid(n)
+    row(f"Numba grid-stride copy kernel ({blocks} blocks of {THREADS})", sync_best(lambda: grid_copy[blocks, THREADS](dx, dst)), 8 * n, copy_gbs)
     codes = cuda.device_array(n, np.uint16)
     counts = conv._counts(blocks)
-    row("  of which: the launch of narrow (no count read back)", sync_best(lambda: conv._narrow32[blocks, conv.THREADS](dx, codes, False, counts[0])), 6 * n, copy_gbs)
+    row("  of which: the launch of narrow (no count read back)", sync_best(lambda: conv._narrow32[blocks, THREADS](dx, codes, False, counts[0])), 6 * n, copy_gbs)
     rows.append(["  of which: reading the per-block counts back", f"{sync_best(lambda: conv._total(counts)) * 1e3:.3f}", "", ""])
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)

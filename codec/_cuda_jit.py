@@ -29,7 +29,7 @@ import importlib
 
 _DEFAULTS = dict(cache=True, fastmath=False)
 
-__all__ = ["jit", "numba_cuda"]
+__all__ = ["device_functions", "jit", "numba_cuda"]
 
 
 def numba_cuda():
@@ -54,3 +54,20 @@ def jit(fn=None, **options):
         return numba_cuda().jit(**opts)(f)
 
     return wrap if fn is None else wrap(fn)
+
+
+def device_functions(module, names) -> dict:
+    """CUDA device-function twins of the scalar ``@jit`` functions ``names`` of the CPU kernel
+    module ``module``, compiled from their Python source: one statement of a rule (a
+    rounding, a hash) for both backends.  Each is rebuilt over a copy of the module's globals
+    in which every name of ``names`` is its twin, so their calls to each other stay on the
+    device (``rng.stream`` calls ``mix``).  Returns ``{name: device function}``."""
+    import types
+
+    ns = dict(vars(module))
+    out = {}
+    for name in names:
+        f = getattr(module, name).py_func
+        g = types.FunctionType(f.__code__, ns, f.__name__, f.__defaults__, f.__closure__)
+        out[name] = ns[name] = jit(device=True)(g)
+    return out

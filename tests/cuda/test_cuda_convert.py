@@ -161,7 +161,9 @@ def test_twin_defines_the_cpu_contract():
 def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16):
     """With at most two blocks, each thread codes several values (the grid-stride loop that
     a 25M-value array takes on a GPU): the same codes, counts and decoded values."""
-    monkeypatch.setattr(K, "MAX_BLOCKS", 2)
+    from codec.kernels.cuda import _common
+
+    monkeypatch.setattr(_common, "MAX_BLOCKS", 2)
     n = 1500  # about three values per thread
     x = data(n, np.float32, 11)
     for bf16, half in ((False, F16), (True, BF16)):

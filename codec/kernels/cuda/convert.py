@@ -2,8 +2,8 @@
 
 Each value's conversion is the CPU file's own scalar function (``_f32_to_f16_bits`` and the
 rest, compiled again as device functions from their Python source), so both backends round
-with one statement of the rule and agree bit for bit.  Grid-stride loops over at most
-``MAX_BLOCKS`` blocks of ``THREADS``; the one reduction is the non-finite count, summed per
+with one statement of the rule and agree bit for bit.  Grid-stride loops (``_common.grid``);
+the one reduction is the non-finite count, summed per
 block in shared memory into a per-block buffer that is read back and added on the host.  The kernels form no
 CRC-32C: they return -1 for it, and the frame is checksummed on the host after its one copy
 there (docs/kernels.md, "CRC-32C").
@@ -18,37 +18,22 @@ import threading
 
 import numpy as np
 
-from codec._cuda_jit import jit, numba_cuda
+from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import convert as _cpu
+from codec.kernels.cuda import _common
+from codec.kernels.cuda._common import THREADS, grid
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-#: threads per block of every kernel here, and the most blocks a launch uses
-THREADS = 256
-MAX_BLOCKS = 1024
 
 
-def _device(f):
-    """The CPU file's scalar helper ``f`` as a CUDA device function (its Python source)."""
-    return jit(device=True)(f.py_func)
-
-
-_f32_to_f16_bits = _device(_cpu._f32_to_f16_bits)
-_f32_to_bf16_bits = _device(_cpu._f32_to_bf16_bits)
-_f64_to_f32_odd_bits = _device(_cpu._f64_to_f32_odd_bits)
-_sum_odd = _device(_cpu._sum_odd)
-_f16_to_f32 = _device(_cpu._f16_to_f32)
-_bf16_to_f32 = _device(_cpu._bf16_to_f32)
-
-
-def _grid(n: int) -> int:
-    """Blocks of a launch over ``n`` values: enough for one value per thread, at most
-    :data:`MAX_BLOCKS` (each thread then strides over the array: a whole GPU stays busy and
-    the non-finite counts are one per block)."""
-    return min(MAX_BLOCKS, max(1, (n + THREADS - 1) // THREADS))
+# the CPU file's scalar conversions, as device functions compiled from their Python source
+_f32_to_f16_bits, _f32_to_bf16_bits, _f64_to_f32_odd_bits, _sum_odd, _f16_to_f32, _bf16_to_f32 = device_functions(
+    _cpu, ["_f32_to_f16_bits", "_f32_to_bf16_bits", "_f64_to_f32_odd_bits", "_sum_odd", "_f16_to_f32", "_bf16_to_f32"]
+).values()
 
 
 _local = threading.local()
@@ -63,8 +48,8 @@ def _counts(blocks: int):
         cache = _local.counts = {}
     ctx = cuda.current_context()
     got = cache.get(id(ctx))
-    if got is None or got[0] is not ctx:
-        got = cache[id(ctx)] = (ctx, cuda.device_array(MAX_BLOCKS, np.int64), cuda.pinned_array(MAX_BLOCKS, np.int64))
+    if got is None or got[0] is not ctx or got[1].size < blocks:
+        got = cache[id(ctx)] = (ctx, cuda.device_array(max(blocks, _common.MAX_BLOCKS), np.int64), cuda.pinned_array(max(blocks, _common.MAX_BLOCKS), np.int64))
     return got[1][:blocks], got[2][:blocks]
 
 
@@ -131,7 +116,7 @@ def narrow_codes(x, out, bf16, crc):
     the CPU kernel; returns ``(non-finite count, -1)``: no CRC is formed on the device."""
     if not x.size:
         return 0, -1
-    blocks = _grid(x.size)
+    blocks = grid(x.size)
     counts = _counts(blocks)
     (_narrow32 if np.dtype(x.dtype) == np.float32 else _narrow)[blocks, THREADS](x, out, bool(bf16), counts[0])
     return _total(counts), -1
@@ -152,7 +137,7 @@ def _decode(codes, out, mode, bf16):
 def half_decode(codes, out, mode, bf16):
     """``out (=|+=|-=) value(codes)`` (fp16 or bf16 codes, float32/float64 ``out``)."""
     if codes.size:
-        _decode[_grid(codes.size), THREADS](codes, out, mode, bool(bf16))
+        _decode[grid(codes.size), THREADS](codes, out, mode, bool(bf16))
 
 
 @jit
@@ -169,7 +154,7 @@ def _combine(src, out, mode):
 def combine(src, out, mode):
     """``out (=|+=|-=) src`` elementwise, cast to ``out``'s dtype."""
     if src.size:
-        _combine[_grid(src.size), THREADS](src, out, mode)
+        _combine[grid(src.size), THREADS](src, out, mode)
 
 
 @jit
@@ -182,7 +167,7 @@ def _combine_odd(src, out, mode):
 def combine_odd(src, out, mode):
     """``out (+|-)= src``, the float64 sum rounded to odd, then cast to ``out``."""
     if src.size:
-        _combine_odd[_grid(src.size), THREADS](src, out, mode)
+        _combine_odd[grid(src.size), THREADS](src, out, mode)
 
 
 @jit
@@ -195,7 +180,7 @@ def _half_combine(src, codes, mode, bf16):
 def half_combine(src, codes, mode, bf16):
     """16-bit output in place: ``codes = round(value(codes) (+|-) src)``, rounded once."""
     if src.size:
-        _half_combine[_grid(src.size), THREADS](src, codes, mode, bool(bf16))
+        _half_combine[grid(src.size), THREADS](src, codes, mode, bool(bf16))
 
 
 @jit
@@ -215,7 +200,7 @@ def half_feedback(x, r, acc, codes, bf16, crc):
     round(a)``, ``acc = a - value(codes)``; returns ``(non-finite count of x + r, -1)``."""
     if not x.size:
         return 0, -1
-    blocks = _grid(x.size)
+    blocks = grid(x.size)
     counts = _counts(blocks)
     _feedback[blocks, THREADS](x, r, acc, codes, bool(bf16), counts[0])
     return _total(counts), -1

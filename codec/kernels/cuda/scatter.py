@@ -1,0 +1,40 @@
+"""CUDA twin of ``codec/kernels/cpu/scatter.py``: ``out[idx] (=|+=|-=) values`` for unique
+``idx``, one grid-stride loop (unique positions: no two threads write one value, so no
+atomics); with SET, ``out`` is zeroed by a launch before it (launches on one stream run in
+order)."""
+
+from __future__ import annotations
+
+from codec._cuda_jit import jit, numba_cuda
+from codec.kernels.cpu import scatter as _cpu
+from codec.kernels.cuda._common import THREADS, grid
+from codec.modes import ADD, SET
+
+cuda = numba_cuda()
+
+__all__ = list(_cpu.__all__)
+
+
+@jit
+def _zero(out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = 0
+
+
+@jit
+def _scatter(values, idx, out, mode):
+    for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
+        if mode == SET:
+            out[idx[i]] = values[i]
+        elif mode == ADD:
+            out[idx[i]] += values[i]
+        else:
+            out[idx[i]] -= values[i]
+
+
+def scatter(values, idx, out, mode):
+    """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed."""
+    if mode == SET and out.size:
+        _zero[grid(out.size), THREADS](out)
+    if idx.size:
+        _scatter[grid(idx.size), THREADS](values, idx, out, mode)
