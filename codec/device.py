@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["add", "as_device_array", "as_like", "check_dtype", "checked_out", "empty", "host_copy", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_like", "check_dtype", "checked_out", "crc32c", "empty", "host_copy", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have in this release (16-bit device input comes with the
 #: next part of the CUDA work)
@@ -115,3 +115,12 @@ def host_copy(a):
     from codec.dtypes import on_device
 
     return a.copy_to_host() if on_device(a) else a.copy()
+
+
+
+def crc32c(a, crc: int) -> int:
+    """The CRC-32C of device array ``a``'s bytes continued from ``crc``, formed on the device
+    (``codec/kernels/cuda/_crc.py``): ``crc32c.crc32c(bytes, crc)``'s value."""
+    from codec.kernels.cuda import _crc
+
+    return _crc.crc32c(a.reshape(a.size).view(np.uint8), crc)

@@ -4,6 +4,7 @@ second), several blocks, sizes that are not a multiple of the block, every mode 
 
 from __future__ import annotations
 
+import crc32c
 import ml_dtypes
 import numpy as np
 import pytest
@@ -58,8 +59,10 @@ def codes_ref(x, half, ref16):
 def test_narrow_codes(n, dtype, half, ref16):
     x = data(n, dtype)
     out = cuda.device_array(n, np.uint16)
-    bad, crc = K.narrow_codes(cuda.to_device(x), out, half == BF16, 0)
-    assert crc == -1 and bad == int((~np.isfinite(x)).sum())
+    bad, crc = K.narrow_codes(cuda.to_device(x), out, half == BF16, 0x5EED)
+    assert crc == crc32c.crc32c(out.copy_to_host().tobytes(), 0x5EED)  # formed on the device
+    assert bad == int((~np.isfinite(x)).sum())
+    assert K.narrow_codes(cuda.to_device(x), out, half == BF16, -1)[1] == -1  # none asked
     got = out.copy_to_host()
     fine = ~np.isnan(x)
     same(got[fine], codes_ref(x, half, ref16)[fine])
@@ -142,7 +145,7 @@ def test_half_feedback(n, half, ref16):
         acc_want = a - ref16(a, half).view(half).astype(np.float32)
     acc, codes = cuda.to_device(np.full(n, 7.0, np.float32)), cuda.device_array(n, np.uint16)
     bad, crc = K.half_feedback(cuda.to_device(x), cuda.to_device(r), acc, codes, half == BF16, 0)
-    assert crc == -1 and bad == int((~np.isfinite(a)).sum())
+    assert crc == crc32c.crc32c(codes.copy_to_host().tobytes(), 0) and bad == int((~np.isfinite(a)).sum())
     fine = ~np.isnan(a)
     same(codes.copy_to_host()[fine], ref16(a, half)[fine])
     assert np.array_equal(acc.copy_to_host(), acc_want, equal_nan=True)

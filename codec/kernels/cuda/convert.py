@@ -4,9 +4,9 @@ Each value's conversion is the CPU file's own scalar function (``_f32_to_f16_bit
 rest, compiled again as device functions from their Python source), so both backends round
 with one statement of the rule and agree bit for bit.  Grid-stride loops (``_common.grid``);
 the one reduction is the non-finite count, summed per
-block in shared memory into a per-block buffer that is read back and added on the host.  The kernels form no
-CRC-32C: they return -1 for it, and the frame is checksummed on the host after its one copy
-there (docs/kernels.md, "CRC-32C").
+block in shared memory into a per-block buffer that is read back and added on the host.  Asked
+for a CRC-32C (``crc >= 0``), ``narrow_codes`` and ``half_feedback`` form it over their codes
+on the device (``_crc.crc32c``), so the host only copies the frame's bytes.
 
 Arguments may be device arrays or host NumPy arrays (Numba then copies them in and out, as
 the kernel tests do); the stages pass device arrays.
@@ -111,15 +111,26 @@ def _narrow32(x, out, bf16, bad):
     _block_count(k, bad)
 
 
+def _codes_crc(codes, crc):
+    """The CRC-32C of device array ``codes``' bytes continued from ``crc`` (formed on the
+    device: ``_crc.crc32c``), or -1 when none is asked (``crc < 0``)."""
+    if crc < 0:
+        return -1
+    from codec.kernels.cuda import _crc
+
+    return _crc.crc32c(codes.view(np.uint8), crc)
+
+
 def narrow_codes(x, out, bf16, crc):
     """fp16 (``bf16=False``) or bf16 codes of float32/float64 ``x`` into ``out`` (uint16), as
-    the CPU kernel; returns ``(non-finite count, -1)``: no CRC is formed on the device."""
+    the CPU kernel; returns ``(non-finite count, crc)``: with ``crc >= 0`` the codes' CRC-32C
+    continued from it, formed on the device; -1 when ``crc < 0``."""
     if not x.size:
-        return 0, -1
+        return 0, -1 if crc < 0 else int(crc)
     blocks = grid(x.size)
     counts = _counts(blocks)
     (_narrow32 if np.dtype(x.dtype) == np.float32 else _narrow)[blocks, THREADS](x, out, bool(bf16), counts[0])
-    return _total(counts), -1
+    return _total(counts), _codes_crc(out, crc)
 
 
 @jit
@@ -197,10 +208,11 @@ def _feedback(x, r, acc, codes, bf16, bad):
 
 def half_feedback(x, r, acc, codes, bf16, crc):
     """Fused error-feedback step into fp16/bf16 codes, float32 only: ``a = x + r``, ``codes =
-    round(a)``, ``acc = a - value(codes)``; returns ``(non-finite count of x + r, -1)``."""
+    round(a)``, ``acc = a - value(codes)``; returns ``(non-finite count of x + r, crc)``,
+    ``crc`` as for :func:`narrow_codes`."""
     if not x.size:
-        return 0, -1
+        return 0, -1 if crc < 0 else int(crc)
     blocks = grid(x.size)
     counts = _counts(blocks)
     _feedback[blocks, THREADS](x, r, acc, codes, bool(bf16), counts[0])
-    return _total(counts), -1
+    return _total(counts), _codes_crc(codes, crc)

@@ -19,11 +19,14 @@ class Exact(Value):
     devices = frozenset({"cpu", "cuda"})
 
     def encode(self, values, ctx, sections):
-        if on_device(values):  # the frame's one copy to the host
-            from codec.device import to_host
+        if on_device(values):  # the frame's one copy to the host, its CRC-32C formed on the device
+            from codec.device import crc32c, to_host
 
-            nbits = np.dtype(values.dtype).itemsize * 8
-            sections.append(Section(SectionKind.VALUES, nbits, values.size, fill=lambda out: to_host(values, out)))
+            def fill(out, crc=None):
+                to_host(values, out)
+                return None if crc is None else crc32c(values, crc)
+
+            sections.append(Section(SectionKind.VALUES, np.dtype(values.dtype).itemsize * 8, values.size, fill=fill, fill_crc=True))
             return
         sections.append(Section(SectionKind.VALUES, values.dtype.itemsize * 8, values.size, values))
 
@@ -53,7 +56,7 @@ class _Half(Value):
         from codec.ops import narrow
 
         if on_device(values):
-            sections.append(Section(SectionKind.VALUES, 16, values.size, fill=lambda out: self._encode_device(values, ctx, out)))
+            sections.append(Section(SectionKind.VALUES, 16, values.size, fill=lambda out, *crc: self._encode_device(values, ctx, out, *crc), fill_crc=True))
             return
 
         def fill(out, crc=None):  # the codes are written once, straight into the frame
@@ -75,8 +78,8 @@ class _Half(Value):
 
         acc = slot.take_spare()
         if on_device(x):
-            fill = lambda out: self._feedback_device(x, slot.residual.reshape(x.size), acc.reshape(x.size), ctx, out)  # noqa: E731
-            sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill))
+            fill = lambda out, *crc: self._feedback_device(x, slot.residual.reshape(x.size), acc.reshape(x.size), ctx, out, *crc)  # noqa: E731
+            sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill, fill_crc=True))
             return lambda: slot.commit(acc)
 
         def fill(out, crc=None):
@@ -91,30 +94,36 @@ class _Half(Value):
         sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill, fill_crc=True))
         return lambda: slot.commit(acc)
 
-    def _encode_device(self, values, ctx, out):
+    def _encode_device(self, values, ctx, out, crc=None):
         """The codes of device array ``values``, made on the device (``convert.narrow_codes``'s
-        CUDA twin) and copied once into the frame's ``out``."""
+        CUDA twin, which also forms their CRC-32C continued from ``crc``) and copied once into
+        the frame's ``out``; returns the CRC (None when none was asked)."""
         from codec import device
         from codec.kernels import backend
+        from codec.ops import continued
 
         codes = device.empty(values.size, np.uint16)
-        bad, _ = backend("convert", values).narrow_codes(values, codes, self.dtype != np.float16, -1)
+        bad, got = backend("convert", values).narrow_codes(values, codes, self.dtype != np.float16, -1 if crc is None else crc)
         if bad and self.nonfinite == "raise":
             self._raise_nonfinite(values.copy_to_host(), ctx)  # an error: the host copy names the position
         device.to_host(codes, out)
+        return continued(out, crc, got)
 
-    def _feedback_device(self, x, r, acc, ctx, out):
+    def _feedback_device(self, x, r, acc, ctx, out, crc=None):
         """The fused step on the device (``convert.half_feedback``'s CUDA twin): codes made
-        there and copied once into the frame's ``out``, the new residual left in ``acc``."""
+        there (with their CRC-32C) and copied once into the frame's ``out``, the new residual
+        left in ``acc``; returns the CRC (None when none was asked)."""
         from codec import device
         from codec.kernels import backend
+        from codec.ops import continued
 
         codes = device.empty(x.size, np.uint16)
-        bad, _ = backend("convert", x).half_feedback(x, r, acc, codes, self.dtype != np.float16, -1)
+        bad, got = backend("convert", x).half_feedback(x, r, acc, codes, self.dtype != np.float16, -1 if crc is None else crc)
         if bad and self.nonfinite == "raise":
             with np.errstate(over="ignore", invalid="ignore"):  # x + residual in float32, as the kernel adds
                 self._raise_nonfinite(np.add(x.copy_to_host(), r.copy_to_host()), ctx)  # an error: host copies name it
         device.to_host(codes, out)
+        return continued(out, crc, got)
 
     def _raise_nonfinite(self, values, ctx):
         from codec.ops import first_nonfinite
