@@ -114,6 +114,9 @@ def main(argv=None):
     counts = conv._counts(blocks)
     row("  of which: the launch of narrow (no count read back)", sync_best(lambda: conv._narrow32[blocks, THREADS](dx, codes, False, counts[0])), 6 * n, copy_gbs)
     rows.append(["  of which: reading the per-block counts back", f"{sync_best(lambda: conv._total(counts)) * 1e3:.3f}", "", ""])
+    from codec.kernels.cuda import _crc
+
+    rows.append([f"CRC-32C of the {2 * n / 1e6:.0f} MB of codes, on the device (codec/kernels/cuda/_crc.py)", f"{sync_best(lambda: _crc.crc32c(codes.view(np.uint8), 0)) * 1e3:.3f}", f"{2 * n / sync_best(lambda: _crc.crc32c(codes.view(np.uint8), 0)) / 1e9:.0f}", ""])
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
     r, acc = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
@@ -163,7 +166,7 @@ def main(argv=None):
     print()
     heading("Through the codec: the frame crosses the host link once (GB/s of frame bytes)", md)
     print(render(["what", "ms", "GB/s (frame bytes)", "x link"], link, md))
-    footer(["encode includes the frame's copy to the host and its CRC-32C there; decode checks the CRC on the host, copies the codes to the device and runs the kernel"], t_run, [], md)
+    footer(["encode forms the frame's CRC-32C on the device and copies the frame's bytes to the host once; decode checks the CRC on the host, copies the codes to the device and runs the kernel"], t_run, [], md)
 
 
 if __name__ == "__main__":
