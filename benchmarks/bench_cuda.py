@@ -116,7 +116,10 @@ def main(argv=None):
     rows.append(["  of which: reading the per-block counts back", f"{sync_best(lambda: conv._total(counts)) * 1e3:.3f}", "", ""])
     from codec.kernels.cuda import _crc
 
-    rows.append([f"CRC-32C of the {2 * n / 1e6:.0f} MB of codes, on the device (codec/kernels/cuda/_crc.py)", f"{sync_best(lambda: _crc.crc32c(codes.view(np.uint8), 0)) * 1e3:.3f}", f"{2 * n / sync_best(lambda: _crc.crc32c(codes.view(np.uint8), 0)) / 1e9:.0f}", ""])
+    for bits, group in ((_crc.CHUNK_BITS, _crc.GROUP), (8, 256), (6, 1024), (12, 16)):
+        t = sync_best(lambda: _crc.crc32c(codes.view(np.uint8), 0, bits, group))
+        what = "the default" if (bits, group) == (_crc.CHUNK_BITS, _crc.GROUP) else "another shape"
+        rows.append([f"CRC-32C of the {2 * n / 1e6:.0f} MB of codes on the device, {1 << bits} B chunks, {group} per group ({what})", f"{t * 1e3:.3f}", f"{2 * n / t / 1e9:.0f}", ""])
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
     r, acc = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)

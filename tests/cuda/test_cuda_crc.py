@@ -18,8 +18,9 @@ def test_device_crc_matches_the_package(n, start):
     assert _crc.crc32c(cuda.to_device(data), start) == ref.crc32c(data.tobytes(), start)
 
 
-def test_device_crc_joins_groups(monkeypatch):
-    """More whole chunks than a group: the device fold, then the host's join of the groups."""
-    monkeypatch.setattr(_crc, "GROUP", 2)
+@pytest.mark.parametrize("chunk_bits,group", [(10, 2), (8, 3), (6, 64), (12, 1)])
+def test_device_crc_joins_groups(chunk_bits, group):
+    """Chunk sizes and groups (more whole chunks than a group: the device fold, then the
+    host's join of the groups): the same value."""
     data = np.random.default_rng(5).integers(0, 256, 5 * _crc.CHUNK + 3, dtype=np.uint8)
-    assert _crc.crc32c(cuda.to_device(data), 77) == ref.crc32c(data.tobytes(), 77)
+    assert _crc.crc32c(cuda.to_device(data), 77, chunk_bits, group) == ref.crc32c(data.tobytes(), 77)

@@ -65,34 +65,41 @@ def _fold(crcs, op, whole, group, groups):
         groups[g] = c
 
 
-def _consts():
-    """The byte table and the CHUNK-byte zero operator, on the device once per context."""
+def _consts(chunk_bits: int):
+    """The byte table and the zero operator of ``2**chunk_bits`` bytes, on the device once per
+    context."""
     ctx = cuda.current_context()
-    got = _device_consts.get(id(ctx))
+    got = _device_consts.get((id(ctx), chunk_bits))
     if got is None or got[0] is not ctx:
-        got = _device_consts[id(ctx)] = (ctx, cuda.to_device(_cpu._TABLE), cuda.to_device(np.ascontiguousarray(zero_operators()[CHUNK_BITS])))
+        op = np.ascontiguousarray(zero_operators()[chunk_bits])
+        got = _device_consts[(id(ctx), chunk_bits)] = (ctx, cuda.to_device(_cpu._TABLE), cuda.to_device(op))
     return got[1], got[2]
 
 
-def crc32c(data, crc: int = 0) -> int:
-    """``crc32c.crc32c(bytes of data, crc)`` of the uint8 device array ``data``."""
+def crc32c(data, crc: int = 0, chunk_bits: int | None = None, group: int | None = None) -> int:
+    """``crc32c.crc32c(bytes of data, crc)`` of the uint8 device array ``data``; chunks of
+    ``2**chunk_bits`` bytes joined ``group`` at a time on the device (default
+    :data:`CHUNK_BITS`, :data:`GROUP`; the value does not depend on them)."""
     n = data.size
     if n == 0:
         return int(crc)
-    table, op = _consts()
-    chunks = -(-n // CHUNK)
+    chunk_bits = CHUNK_BITS if chunk_bits is None else chunk_bits
+    group = GROUP if group is None else group
+    chunk = 1 << chunk_bits
+    table, op = _consts(chunk_bits)
+    chunks = -(-n // chunk)
     crcs = cuda.device_array(chunks, np.uint32)
-    _chunk_crcs[-(-chunks // THREADS), THREADS](data, table, CHUNK, crcs)
-    whole = n // CHUNK  # chunks of exactly CHUNK bytes (the last may be shorter)
-    ngroups = -(-whole // GROUP)
-    lens = []
+    _chunk_crcs[-(-chunks // THREADS), THREADS](data, table, chunk, crcs)
+    whole = n // chunk  # chunks of exactly ``chunk`` bytes (the last may be shorter)
+    ngroups = -(-whole // group)
+    lens = np.zeros(0, np.int64)
     vals = np.zeros(0, np.uint32)
     if ngroups:
         groups = cuda.device_array(ngroups, np.uint32)
-        _fold[-(-ngroups // THREADS), THREADS](crcs, op, whole, GROUP, groups)
+        _fold[-(-ngroups // THREADS), THREADS](crcs, op, whole, group, groups)
         vals = groups.copy_to_host()
-        lens = [min(GROUP, whole - g * GROUP) * CHUNK for g in range(ngroups)]
+        lens = np.minimum(group, whole - np.arange(ngroups) * group).astype(np.int64) * chunk
     if whole < chunks:  # the shorter last chunk
         vals = np.concatenate([vals, crcs[whole:].copy_to_host()])
-        lens.append(n - whole * CHUNK)
-    return int(_cpu.join(vals, np.uint32(crc), np.asarray(lens, np.int64)))
+        lens = np.append(lens, n - whole * chunk)
+    return int(_cpu.join(vals, np.uint32(crc), lens))
