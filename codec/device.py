@@ -83,7 +83,7 @@ def empty(n: int, dtype):
     return _cuda().device_array(n, np.dtype(dtype))
 
 
-def to_device(a, like=None):
+def to_device(a):
     """``a`` on the device: itself if it is there already, else one host-to-device copy."""
     return a if on_device(a) else _cuda().to_device(np.ascontiguousarray(a))
 
@@ -112,10 +112,7 @@ def add(x, r, out):
 
 def host_copy(a):
     """A host (NumPy) copy of device array ``a``, or ``a.copy()`` of a host one."""
-    from codec.dtypes import on_device
-
     return a.copy_to_host() if on_device(a) else a.copy()
-
 
 
 def crc32c(a, crc: int) -> int:
