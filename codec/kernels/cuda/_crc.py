@@ -22,7 +22,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.checksum import zero_operators
 from codec.kernels.cpu import _crc as _cpu
-from codec.kernels.cuda._common import THREADS
+from codec.kernels.cuda._common import THREADS, per_context
 
 cuda = numba_cuda()
 
@@ -34,7 +34,6 @@ CHUNK = 1 << CHUNK_BITS
 GROUP = 64
 
 _times = device_functions(_cpu, ["_times"])["_times"]
-_device_consts = {}
 
 
 @jit
@@ -67,13 +66,9 @@ def _fold(crcs, op, whole, group, groups):
 
 def _consts(chunk_bits: int):
     """The byte table and the zero operator of ``2**chunk_bits`` bytes, on the device once per
-    context."""
-    ctx = cuda.current_context()
-    got = _device_consts.get((id(ctx), chunk_bits))
-    if got is None or got[0] is not ctx:
-        op = np.ascontiguousarray(zero_operators()[chunk_bits])
-        got = _device_consts[(id(ctx), chunk_bits)] = (ctx, cuda.to_device(_cpu._TABLE), cuda.to_device(op))
-    return got[1], got[2]
+    context (``_common.per_context``)."""
+    op = np.ascontiguousarray(zero_operators()[chunk_bits])
+    return per_context(("crc", chunk_bits), lambda: (cuda.to_device(_cpu._TABLE), cuda.to_device(op)))
 
 
 def crc32c(data, crc: int = 0, chunk_bits: int | None = None, group: int | None = None) -> int:

@@ -3,8 +3,8 @@
 Each value's conversion is the CPU file's own scalar function (``_f32_to_f16_bits`` and the
 rest, compiled again as device functions from their Python source), so both backends round
 with one statement of the rule and agree bit for bit.  Grid-stride loops (``_common.grid``);
-the one reduction is the non-finite count, summed per
-block in shared memory into a per-block buffer that is read back and added on the host.  Asked
+the one reduction is the non-finite count, summed per block in shared memory into a
+per-block buffer that is read back and added on the host.  Asked
 for a CRC-32C (``crc >= 0``), ``narrow_codes`` and ``half_feedback`` form it over their codes
 on the device (``_crc.crc32c``), so the host only copies the frame's bytes.
 
@@ -13,8 +13,6 @@ the kernel tests do); the stages pass device arrays.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -28,29 +26,19 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-
-
 # the CPU file's scalar conversions, as device functions compiled from their Python source
 _f32_to_f16_bits, _f32_to_bf16_bits, _f64_to_f32_odd_bits, _sum_odd, _f16_to_f32, _bf16_to_f32 = device_functions(
     _cpu, ["_f32_to_f16_bits", "_f32_to_bf16_bits", "_f64_to_f32_odd_bits", "_sum_odd", "_f16_to_f32", "_bf16_to_f32"]
 ).values()
 
 
-_local = threading.local()
-
-
 def _counts(blocks: int):
     """The per-block non-finite counts of a launch, ``blocks`` long: a device buffer and the
-    pinned host buffer it is read back into, kept per thread and context (no allocation
-    per call)."""
-    cache = getattr(_local, "counts", None)
-    if cache is None:
-        cache = _local.counts = {}
-    ctx = cuda.current_context()
-    got = cache.get(id(ctx))
-    if got is None or got[0] is not ctx or got[1].size < blocks:
-        got = cache[id(ctx)] = (ctx, cuda.device_array(max(blocks, _common.MAX_BLOCKS), np.int64), cuda.pinned_array(max(blocks, _common.MAX_BLOCKS), np.int64))
-    return got[1][:blocks], got[2][:blocks]
+    pinned host buffer it is read back into, kept per thread and context
+    (``_common.per_context``; a longer grid, as a test makes, gets its own)."""
+    size = max(blocks, _common.MAX_BLOCKS)
+    dev, host = _common.per_context(("counts", size), lambda: (cuda.device_array(size, np.int64), cuda.pinned_array(size, np.int64)))
+    return dev[:blocks], host[:blocks]
 
 
 def _total(counts) -> int:
