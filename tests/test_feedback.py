@@ -190,12 +190,14 @@ def test_fused_quantizer_step_keeps_the_residual_on_error(spec):
     assert np.array_equal(ef.residual("k"), before) and ef.step("k") == 1
 
 
-@pytest.mark.parametrize("spec", ["minmax", "minmax(bits=4)", "rangefloat(bits=8)", "rangefloat(bits=4)", "fp8(format=e5m2,scale=true)"])
+@pytest.mark.parametrize("spec", ["minmax", "minmax(bits=4)", "rangefloat(bits=8)", "rangefloat(bits=4)", "fp8(format=e5m2,scale=true)", "qsgd", "qsgd(coding=elias,levels=4)"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fused_quantizer_step_saturates_as_its_decoder(spec, dtype):
     """Values whose codes decode beyond the dtype's maximum (a decoder clips them there): the
     fused step's frame and residual are the generic step's, and it is the fused step that
     gives them (the kernels clip as the decoder does)."""
+    if spec.startswith("qsgd") and dtype == np.float64:
+        pytest.skip("float64 values near the maximum overflow QSGD's norm itself: a ValueError of its own (test_quant)")
     c = codec.get_codec(spec)
     top = np.finfo(dtype).max
     cls, real, calls = type(c.value), type(c.value).encode_feedback, []

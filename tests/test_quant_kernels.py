@@ -797,7 +797,7 @@ def test_qsgd_encode_fused_feedback_matches_numpy(kind, n, dtype):
                 assert_same(norms, wn, f"norms {what}")
                 assert_same(codes.astype(np.int64), wc, f"codes {what}")
                 q = (wc >> 1) / s
-                value = (np.where(wc & 1, -q, q) * wn[np.arange(n) // bucket]).astype(dtype)
+                value = saturated(np.where(wc & 1, -q, q) * wn[np.arange(n) // bucket], dtype)
                 assert_same(acc, (want_acc - value).astype(dtype), f"acc - decoded {what}")
                 assert not bad.any()
 

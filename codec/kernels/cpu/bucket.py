@@ -132,7 +132,7 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub):
         for i in range(U(lo), U(hi)):
             c = U(codes[i])
             q = np.float64(c >> U(1)) / fs
-            sub[i] -= sub.dtype.type((-q if c & U(1) else q) * norm)
+            sub[i] -= sub.dtype.type(saturated((-q if c & U(1) else q) * norm, sub))
     return norm, k
 
 

@@ -17,7 +17,6 @@ from codec.stages.value.quantizer import (
     codes_section,
     read_codes,
     read_scalars,
-    saturates,
     scalars_section,
 )
 from codec.layout import bucket_groups
@@ -109,9 +108,9 @@ class Qsgd(Quantizer):
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
         x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
-        decoded`` there (``qsgd_encode`` with ``r``, ``acc``), bit for bit what adding, encoding,
-        decoding and subtracting give.  None (the unfused step) for 16-bit input, or a norm
-        beyond the dtype's range (its values decoded saturated)."""
+        decoded`` there (``qsgd_encode`` with ``r``, ``acc``; a value beyond the dtype's range,
+        as under a norm beyond it, saturates as its decoder clips it), bit for bit what adding,
+        encoding, decoding and subtracting give.  None (the unfused step) for 16-bit input."""
         from codec.kernels import backend
         from codec.layout import LANES
 
@@ -130,8 +129,6 @@ class Qsgd(Quantizer):
             )
         if bad.any():
             self.raise_nonfinite(flat, ctx)
-        if saturates(1.0, norms, (), x.dtype):  # |value| <= norm: decoded apart, saturated
-            return None
         sections.append(scalars_section(norms))
         sections.extend(self._elias(codes) if self.coding == "elias" else [codes_section(codes, self.code_bits)])
         return lambda: slot.commit(acc)

@@ -46,13 +46,6 @@ def largest(lut_top: float, scale, offset=()) -> float:
     return lut_top * float(np.abs(scale).max(initial=0.0)) + float(np.abs(np.asarray(offset)).max(initial=0.0))
 
 
-def saturates(lut_top: float, scale, offset, dtype) -> bool:
-    """Whether such values can decode beyond ``dtype``'s largest finite value (then they are
-    decoded in float64 and clipped: :meth:`Quantizer.write`; a fused error-feedback step
-    leaves them to the generic step)."""
-    return largest(lut_top, scale, offset) > top_of(dtype)
-
-
 @dataclass
 class Dequant:
     """A parsed quantizer payload: ``count`` codes of ``bits`` bits packed in ``data`` (raw
