@@ -153,8 +153,8 @@ class MinMax(Quantizer):
             return continued(codes, crc, got)
 
         if self.bits == 8 and x.dtype == np.float32:  # float32 bounds: float32 scalars
-            def bounds(out):
-                out.view("<f4")[:] = np.concatenate([lows, highs])
+            def bounds(out):  # the one writer of a scalars section, filled once the pass found them
+                out[:] = np.frombuffer(scalars_section(np.concatenate([lows, highs])).data, np.uint8)
 
             sections.append(Section(SectionKind.SCALARS, 32, 2 * nb, fill=bounds, late=True))
             sections.append(Section(SectionKind.VALUES, 8, n, fill=code, fill_crc=True))
