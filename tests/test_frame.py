@@ -248,3 +248,56 @@ def test_verify_payload_false_skips_only_the_payload_checksum():
     frame[0] ^= 0xFF  # the magic
     with pytest.raises(CorruptFrameError, match="not a gradcodec frame"):
         parse_frame(bytes(frame), verify_payload=False)
+
+
+def test_payload_late_sections_are_filled_last_and_checksummed_in_place():
+    """codec.payload.write_payload: a ``late`` section is filled after every other one (its
+    bytes come from a later section's fill), wherever it sits, and the CRC-32C is the
+    payload's, joined around it; ``materialized`` fills late sections last too."""
+    import crc32c as ref
+
+    from codec.frame import Section, SectionKind
+    from codec.payload import materialized, write_payload
+
+    for layout in ("LDF", "DLF", "FLD", "LLF", "FDL", "L"):
+        seen, found = [], {}
+
+        def data(i):
+            return Section(SectionKind.INTS, 8, 5 + i, np.arange(5 + i, dtype=np.uint8) + i)
+
+        def fill(i):
+            def f(out, crc=None):  # a "codes" pass that finds the late sections' bytes
+                seen.append(("F", i))
+                out[:] = 200 + i
+                found["late"] = 7 + i
+                return None if crc is None else ref.crc32c(out.tobytes(), crc)
+
+            return Section(SectionKind.VALUES, 8, 9, fill=f, fill_crc=True)
+
+        def late(i):
+            def f(out):
+                seen.append(("L", i))
+                out[:] = found.get("late", 99)
+            return Section(SectionKind.SCALARS, 8, 3, fill=f, late=True)
+
+        pieces = [{"L": late, "D": data, "F": fill}[k](i) for i, k in enumerate(layout)]
+        size = sum(p.raw_len for p in pieces)
+        for crc in (True, False):
+            seen.clear()
+            found.clear()
+            out = np.zeros(size, np.uint8)
+            got = write_payload(out, pieces, crc)
+            assert [k for k, _ in seen] == sorted((k for k, _ in seen), key=lambda k: k == "L"), layout  # late ones last
+            assert got == (ref.crc32c(out.tobytes()) if crc else None), layout
+            if "F" in layout:  # the late bytes are what the fill found
+                pos = 0
+                for p, k in zip(pieces, layout):
+                    if k == "L":
+                        assert np.all(out[pos : pos + p.raw_len] == found["late"]), layout
+                    pos += p.raw_len
+        found.clear()
+        seen.clear()
+        raw = materialized(pieces)
+        assert b"".join(bytes(r) for r in raw) == out.tobytes(), layout
+    with pytest.raises(AssertionError, match="late Section"):
+        Section(SectionKind.SCALARS, 8, 3, fill=lambda out, crc=None: crc, fill_crc=True, late=True)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length, write_payload
+from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length
+from codec.payload import write_payload
 from codec.framebuffer import frame_bytes
 from codec.manyframe.table import Layout
 from codec.manyframe.wire import COUNT_WRITTEN, DERIVED_KINDS, FIXED, FIXED_SIZE, FLAG_DERIVED, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, common_rules, count_rules, put_varint
