@@ -144,11 +144,11 @@ def test_error_feedback_on_the_device_keeps_the_residual_on_error():
 
 
 def test_float32_half_step_on_the_device_is_the_fused_one(monkeypatch):
-    from codec.stages.value.floats import _Half
+    from codec.kernels.cuda import convert
 
     calls = []
-    real = _Half._feedback_device
-    monkeypatch.setattr(_Half, "_feedback_device", lambda self, *a: calls.append(1) or real(self, *a))
+    real = convert.half_feedback
+    monkeypatch.setattr(convert, "half_feedback", lambda *a: calls.append(1) or real(*a))
     ef = codec.ErrorFeedback("bf16")
     for step in range(2):
         ef.encode(cuda.to_device(np.full(300, 0.1 * (step + 1), np.float32)), key="k")

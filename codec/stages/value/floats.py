@@ -55,8 +55,13 @@ class _Half(Value):
     def encode(self, values, ctx, sections):
         from codec.ops import narrow
 
-        if on_device(values):
-            sections.append(Section(SectionKind.VALUES, 16, values.size, fill=lambda out, *crc: self._encode_device(values, ctx, out, *crc), fill_crc=True))
+        if on_device(values):  # codes and CRC made on the device, copied once into the frame
+            from codec.kernels import backend
+
+            def code(codes, crc):
+                return backend("convert", values).narrow_codes(values, codes, self.dtype != np.float16, crc)
+
+            sections.append(self._kernel_section(values.size, ctx, code, values.copy_to_host, True))
             return
 
         def fill(out, crc=None):  # the codes are written once, straight into the frame
@@ -69,61 +74,47 @@ class _Half(Value):
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32: one pass forms x + residual, writes its codes
-        straight into the frame (checksummed as they are written) and the new residual into a
-        spare buffer, committed once the whole frame is built."""
+        straight into the frame (checksummed as they are written; on a device, made there and
+        copied once) and the new residual into a spare buffer, committed once the whole frame
+        is built."""
         if x.dtype != np.float32:
             return None
+        from codec.device import host_copy
         from codec.kernels import backend
-        from codec.ops import continued
 
         acc = slot.take_spare()
-        if on_device(x):
-            fill = lambda out, *crc: self._feedback_device(x, slot.residual.reshape(x.size), acc.reshape(x.size), ctx, out, *crc)  # noqa: E731
-            sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill, fill_crc=True))
-            return lambda: slot.commit(acc)
+        r, a = slot.residual.reshape(x.size), acc.reshape(x.size)
 
-        def fill(out, crc=None):
-            codes = out.view(np.uint16)
-            bad, got = backend("convert", x).half_feedback(x, slot.residual.reshape(-1), acc.reshape(-1), codes, self.dtype != np.float16, -1 if crc is None else crc)
-            if bad and self.nonfinite == "raise":
-                with np.errstate(over="ignore", invalid="ignore"):  # x + residual in float32, as the kernel adds
-                    acc_ = np.add(x, slot.residual.reshape(-1))
-                self._raise_nonfinite(acc_, ctx)
-            return continued(codes, crc, got)
+        def code(codes, crc):
+            return backend("convert", x).half_feedback(x, r, a, codes, self.dtype != np.float16, crc)
 
-        sections.append(Section(SectionKind.VALUES, 16, x.size, fill=fill, fill_crc=True))
+        def named():  # x + residual in float32, as the kernel adds: its first NaN/inf is the error's
+            with np.errstate(over="ignore", invalid="ignore"):
+                return np.add(host_copy(x) if on_device(x) else x, host_copy(r) if on_device(r) else r)
+
+        sections.append(self._kernel_section(x.size, ctx, code, named, on_device(x)))
         return lambda: slot.commit(acc)
 
-    def _encode_device(self, values, ctx, out, crc=None):
-        """The codes of device array ``values``, made on the device (``convert.narrow_codes``'s
-        CUDA twin, which also forms their CRC-32C continued from ``crc``) and copied once into
-        the frame's ``out``; returns the CRC (None when none was asked)."""
-        from codec import device
-        from codec.kernels import backend
-        from codec.ops import continued
+    def _kernel_section(self, n, ctx, code, named, device: bool) -> Section:
+        """The values section of ``n`` codes that ``code(codes, crc)`` writes, returning ``(non-finite
+        count, crc)`` as the ``convert`` kernels do: straight into the frame, or with ``device``
+        into a device buffer copied once into it (the kernel forming the CRC-32C there).  A
+        non-finite count under ``nonfinite=raise`` is the error naming the first NaN/inf of
+        ``named()`` (host values)."""
 
-        codes = device.empty(values.size, np.uint16)
-        bad, got = backend("convert", values).narrow_codes(values, codes, self.dtype != np.float16, -1 if crc is None else crc)
-        if bad and self.nonfinite == "raise":
-            self._raise_nonfinite(values.copy_to_host(), ctx)  # an error: the host copy names the position
-        device.to_host(codes, out)
-        return continued(out, crc, got)
+        def fill(out, crc=None):
+            from codec import device as dev
+            from codec.ops import continued
 
-    def _feedback_device(self, x, r, acc, ctx, out, crc=None):
-        """The fused step on the device (``convert.half_feedback``'s CUDA twin): codes made
-        there (with their CRC-32C) and copied once into the frame's ``out``, the new residual
-        left in ``acc``; returns the CRC (None when none was asked)."""
-        from codec import device
-        from codec.kernels import backend
-        from codec.ops import continued
+            codes = dev.empty(n, np.uint16) if device else out.view(np.uint16)
+            bad, got = code(codes, -1 if crc is None else crc)
+            if bad and self.nonfinite == "raise":
+                self._raise_nonfinite(named(), ctx)
+            if device:
+                dev.to_host(codes, out)
+            return continued(out, crc, got)
 
-        codes = device.empty(x.size, np.uint16)
-        bad, got = backend("convert", x).half_feedback(x, r, acc, codes, self.dtype != np.float16, -1 if crc is None else crc)
-        if bad and self.nonfinite == "raise":
-            with np.errstate(over="ignore", invalid="ignore"):  # x + residual in float32, as the kernel adds
-                self._raise_nonfinite(np.add(x.copy_to_host(), r.copy_to_host()), ctx)  # an error: host copies name it
-        device.to_host(codes, out)
-        return continued(out, crc, got)
+        return Section(SectionKind.VALUES, 16, n, fill=fill, fill_crc=True)
 
     def _raise_nonfinite(self, values, ctx):
         from codec.ops import first_nonfinite
