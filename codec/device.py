@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["add", "as_device_array", "as_like", "check_dtype", "checked_out", "crc32c", "empty", "host_copy", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "crc32c", "empty", "host_copy", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have in this release (16-bit device input comes with the
 #: next part of the CUDA work)
@@ -28,6 +28,27 @@ def _cuda():
     from codec._cuda_jit import numba_cuda
 
     return numba_cuda()
+
+
+def check_stages(stages, argname: str = "x") -> None:
+    """TypeError naming ``argname`` unless every one of ``stages`` takes device arrays
+    (``Stage.devices``)."""
+    missing = [s.name for s in stages if "cuda" not in s.devices]
+    if missing:
+        raise TypeError(
+            f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
+            "(none, fp16 and bf16 have); pass a host array"
+        )
+
+
+def as_input(stages, x, dtype=None, argname: str = "x"):
+    """Device array ``x`` as a codec of ``stages`` encodes it: viewed (:func:`as_device_array`)
+    once every stage is checked to take it; ``dtype`` (which reinterprets host buffers) is
+    refused."""
+    if dtype is not None:
+        raise TypeError(f"dtype: reinterprets host buffers; a device array {argname} keeps its own dtype")
+    check_stages(stages, argname)
+    return as_device_array(x, argname)
 
 
 def as_device_array(x, argname: str = "x"):

@@ -86,36 +86,24 @@ class Codec:
         the 50 MB of 25M fp16 values).  ValueError naming ``out`` when the frame does not fit
         (nothing is written) or the buffer overlaps ``x``.  ``out`` may also be a callable
         ``size -> buffer``, asked once for the frame's exact size (a pool of buffers)."""
-        arr = self._input(x, dtype)
+        arr = self.input(x, dtype)
         dest = frame_out(out, () if on_device(arr) else (arr,))
         return self.encode_with(arr, Context(tuple(arr.shape), np.dtype(arr.dtype), key=key, step=check_step(step)), out=dest)
 
-    def _input(self, x, dtype, argname: str = "x"):
-        """``x`` as the stages take it: a C-contiguous NumPy array (:func:`as_float_array`), or
-        for a device array a Numba device view of it, no copy (:func:`codec.device.as_device_array`),
-        after checking that every stage of this codec codes device arrays."""
+    def input(self, x, dtype=None, argname: str = "x"):
+        """``x`` as the stages take it: a C-contiguous NumPy array (:func:`as_float_array`), or a
+        device array viewed as it is once every stage is checked to take one
+        (:func:`codec.device.as_input`)."""
         if not on_device(x):
             return as_float_array(x, dtype, argname)
-        if dtype is not None:
-            raise TypeError(f"dtype: reinterprets host buffers; a device array {argname} keeps its own dtype")
-        self.check_device(argname)
-        from codec.device import as_device_array
+        from codec.device import as_input
 
-        return as_device_array(x, argname)
-
-    def check_device(self, argname: str = "x") -> None:
-        """TypeError naming ``argname`` unless every stage of this codec takes device arrays."""
-        missing = [s.name for s in self.stages if "cuda" not in s.devices]
-        if missing:
-            raise TypeError(
-                f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
-                "(none, fp16 and bf16 have); pass a host array"
-            )
+        return as_input(self.stages, x, dtype, argname)
 
     # ---------------------------------------------------------------- pipeline primitives
     # What encode and decode are made of, for codec.feedback.ErrorFeedback (which owns the
     # error-feedback step) and for callers holding a Context (per-key stage state).  ``arr``
-    # and ``flat`` are plain C-contiguous base ndarrays (codec.dtypes.as_float_array's output).
+    # and ``flat`` are what :meth:`input` gives: plain C-contiguous base ndarrays, or device arrays.
 
     def encode_with(self, arr: np.ndarray, ctx: Context, *, out=None) -> bytes:
         """The frame of ``arr`` with an explicit :class:`~codec.stage.Context` (key, step and
@@ -233,7 +221,7 @@ class Codec:
         if on_dev:
             from codec import device
 
-            self.check_device("like")
+            device.check_stages(self.stages, "like")
             device.check_dtype(fr.dtype, "like")
         target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
         ctx, payload = self._read(fr)  # every section checked before the dense output is allocated
@@ -256,9 +244,9 @@ class Codec:
         device array its device view (:func:`codec.device.checked_out`)."""
         if not on_device(out):
             return checked_out(out, fr.n, fr.shape, fr.dtype, add=add)
-        self.check_device("out")
         from codec import device
 
+        device.check_stages(self.stages, "out")
         return device.checked_out(out, fr.n, fr.shape, fr.dtype, add=add)
 
     def decode_sparse_frame(self, fr):

@@ -60,7 +60,7 @@ class ErrorFeedback:
         ``x`` may be a device (CUDA) array for a codec whose stages take one (none, fp16,
         bf16): the residual then lives on the device too (moved there once if it was not,
         as after :meth:`load_state_dict`), and the frame is the host's, byte for byte."""
-        arr = self.codec._input(x, dtype, "x")  # a device array: viewed, its stages checked
+        arr = self.codec.input(x, dtype, "x")  # a device array: viewed, its stages checked
         device = on_device(arr)
         if device and self.momentum:
             raise TypeError("x: a device (CUDA) array, and momentum (DGC's) on the device comes with the sparsifiers' CUDA twins; pass a host array")
