@@ -159,9 +159,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     if on_device(out):  # a device output (codec.device.checked_out: contiguous): the source's one copy there
         from codec.device import to_device
 
-        flat = out.reshape(out.size)
-        if flat.dtype not in WIDE:
-            raise TypeError("out: a device array must be float32 or float64 for now")
+        flat = out.reshape(out.size)  # float32/float64 (codec.device.DTYPES)
         if mode == SET and src.dtype == flat.dtype and not on_device(src):
             if src.size:  # one copy, no kernel (Numba refuses an empty one's strides)
                 flat.copy_to_device(np.ascontiguousarray(src).reshape(-1))

@@ -48,11 +48,6 @@ def same_values(got, want):
     same(got[~nan], want[~nan])
 
 
-def codes_ref(x, half, ref16):
-    """The correctly rounded codes (conftest's exact reference), NaN as the kernels write it."""
-    return ref16(x, half)
-
-
 @pytest.mark.parametrize("half", HALVES, ids=str)
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("n", SIZES)
@@ -65,7 +60,7 @@ def test_narrow_codes(n, dtype, half, ref16):
     assert K.narrow_codes(cuda.to_device(x), out, half == BF16, -1)[1] == -1  # none asked
     got = out.copy_to_host()
     fine = ~np.isnan(x)
-    same(got[fine], codes_ref(x, half, ref16)[fine])
+    same(got[fine], ref16(x, half)[fine])
     want = np.empty(n, np.uint16)
     CPU.narrow_codes(x, want, half == BF16, -1)
     same(got, want)  # NaN payloads too: the CPU kernel's codes, bit for bit
