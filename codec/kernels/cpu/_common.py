@@ -74,11 +74,17 @@ def form(x, r, acc, lo, hi):
 
 
 @jit(inline="always")
+def top_of(like):
+    """The largest finite value of ``like``'s dtype (a float32 or float64 array), as float64."""
+    return 3.4028234663852886e38 if like.itemsize == 4 else 1.7976931348623157e308
+
+
+@jit(inline="always")
 def saturated(v, like):
     """float64 ``v`` clipped to the finite range of ``like``'s dtype (a float32 or float64
     array): what a decoder makes of a value beyond it (``Quantizer.write``), so a fused
     error-feedback step subtracts exactly what its frame decodes to."""
-    top = 3.4028234663852886e38 if like.itemsize == 4 else 1.7976931348623157e308
+    top = top_of(like)
     return min(max(v, -top), top)
 
 

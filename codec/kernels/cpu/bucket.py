@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, floor_plus, form, group_buckets, saturated, span_end
+from codec.kernels.cpu._common import U, floor_plus, form, group_buckets, saturated, span_end, top_of
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.kernels.cpu.rng import block_key, uniform
 from codec.layout import CHUNK
@@ -129,10 +129,16 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub):
     if sub is not None and not k:  # with a NaN/inf the step fails: sub keeps it to say where
         # a loop of its own: it vectorises (its division inside the coding loop, which draws
         # random numbers, ran the fused step 2.3x slower)
-        for i in range(U(lo), U(hi)):
-            c = U(codes[i])
-            q = np.float64(c >> U(1)) / fs
-            sub[i] -= sub.dtype.type(saturated((-q if c & U(1) else q) * norm, sub))
+        if norm <= top_of(sub):  # |value| <= norm: nothing to clip (the loop without it is ~4% faster)
+            for i in range(U(lo), U(hi)):
+                c = U(codes[i])
+                q = np.float64(c >> U(1)) / fs
+                sub[i] -= sub.dtype.type((-q if c & U(1) else q) * norm)
+        else:
+            for i in range(U(lo), U(hi)):
+                c = U(codes[i])
+                q = np.float64(c >> U(1)) / fs
+                sub[i] -= sub.dtype.type(saturated((-q if c & U(1) else q) * norm, sub))
     return norm, k
 
 
