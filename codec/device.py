@@ -31,13 +31,16 @@ def _cuda():
 
 
 def check_stages(stages, argname: str = "x") -> None:
-    """TypeError naming ``argname`` unless every one of ``stages`` takes device arrays
-    (``Stage.devices``)."""
-    missing = [s.name for s in stages if "cuda" not in s.devices]
+    """TypeError naming ``argname`` unless every stage a device array reaches takes one
+    (``Stage.devices``): all of ``stages``, except that behind a select stage the value stage
+    codes the kept values, which the selection hands it on the host (a few per cent of the
+    tensor, read back with the positions), so any value stage may follow one."""
+    select = any(s.kind == "select" for s in stages)
+    missing = [s.name for s in stages if "cuda" not in s.devices and not (select and s.kind == "value")]
     if missing:
         raise TypeError(
             f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
-            "(none, fp16 and bf16 have); pass a host array"
+            "(none, fp16, bf16, topk, gaussiank, dgc and threshold have); pass a host array"
         )
 
 
@@ -118,8 +121,9 @@ def to_host(a, out: np.ndarray) -> np.ndarray:
 
 
 def zeros(shape, dtype):
-    """A new device array of zeros (a key's first residual: one copy, once)."""
-    return _cuda().to_device(np.zeros(tuple(shape), np.dtype(dtype)))
+    """A new device array of zeros of ``shape`` (an int or a tuple): one host-to-device copy
+    (a key's first residual, once; a selection's small count buffers)."""
+    return _cuda().to_device(np.zeros(shape, np.dtype(dtype)))
 
 
 def add(x, r, out):
@@ -133,7 +137,11 @@ def add(x, r, out):
 
 def host_copy(a):
     """A host (NumPy) copy of device array ``a``, or ``a.copy()`` of a host one."""
-    return a.copy_to_host() if on_device(a) else a.copy()
+    if not on_device(a):
+        return a.copy()
+    if not a.size:  # (Numba refuses an empty one's strides)
+        return np.empty(a.shape, np.dtype(a.dtype))
+    return a.copy_to_host()
 
 
 def crc32c(a, crc: int) -> int:

@@ -202,9 +202,9 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
         raise TypeError(f"idx: expected integer positions, got {idx.dtype}")
     if values.size != idx.size:
         raise ValueError(f"values: {values.size} values for {idx.size} positions")
-    if not out.flags.c_contiguous:
+    if not on_device(out) and not out.flags.c_contiguous:  # (device outputs: codec.device views, contiguous)
         raise ValueError("out: must be C-contiguous")
-    flat = out.reshape(-1)
+    flat = out.reshape(out.size)
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
         raise IndexError(f"idx: positions must lie in [0, {flat.size})")
     scatter_checked(values, idx, flat, mode)
@@ -215,6 +215,14 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     (a select stage's ``positions()`` checks them as it reads them), ``values`` and ``idx``
     1-D of one length, ``flat`` a flat C-contiguous float array: no second check per call."""
     values = widen(values)  # 16-bit values -> float32, exact
+    if on_device(flat):  # host positions and values (a frame's, a selection's) moved once, then the twin
+        from codec.device import to_device
+
+        if values.dtype != flat.dtype:  # (device outputs have the frame's dtype: codec.device.checked_out)
+            raise TypeError(f"values: {values.dtype} values for a {np.dtype(flat.dtype)} device output")
+        idx = to_device(np.ascontiguousarray(idx, np.int64))
+        backend("scatter", flat).scatter(to_device(values), idx, flat, mode)
+        return
     if flat.dtype in WIDE and (mode == SET or values.dtype == flat.dtype or flat.dtype == np.float64):
         idx = readonly(np.ascontiguousarray(idx, np.int64))
         backend("scatter", flat).scatter(readonly(np.ascontiguousarray(values)), idx, flat, mode)

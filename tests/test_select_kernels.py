@@ -415,3 +415,18 @@ def test_line_sample_matches_numpy(S, n, dtype):
         assert np.array_equal(out, want)
         S.line_sample(x, r[:0], step, out)
         assert np.array_equal(out, np.abs(x[: runs * step].reshape(runs, step)[:, :line].astype(np.float64)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 17, 1000, 3 * CHUNK + 17])
+def test_strided_sample_matches_numpy(S, n, dtype):
+    """strided_sample: ``(x + r)[::stride]`` summed in x's dtype (``x[::stride]`` for an empty
+    r), signed, in float64: what DGC's threshold and gaussian-k's shift are taken from."""
+    x, r = data("heavy", n, dtype, seed=3), data("normal", n, dtype, seed=4)
+    for stride in (1, 2, 7, max(1, n // 3)):
+        m = -(-n // stride)
+        out = np.full(m, np.nan)
+        S.strided_sample(x, r, stride, out)
+        assert np.array_equal(out, np.add(x[::stride], r[::stride]).astype(np.float64))
+        S.strided_sample(x, r[:0], stride, out)
+        assert np.array_equal(out, x[::stride].astype(np.float64))

@@ -23,7 +23,7 @@ from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, chunk_sums, prefetch, sample_rank
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "line_sample", "topk_segments", "dgc_segments", "gaussiank_segments"]
+__all__ = ["candidates", "gather_rows", "line_sample", "strided_sample", "topk_segments", "dgc_segments", "gaussiank_segments"]
 
 
 @jit
@@ -112,6 +112,19 @@ def line_sample(x, r, step, out):
         else:
             for j in range(U(line)):
                 out[q, j] = abs(np.float64(x[at + j]))
+
+
+@jit
+def strided_sample(x, r, stride, out):
+    """``out[q] = x[q * stride] + r[q * stride]`` (``x[q * stride]`` for an empty ``r``), summed
+    in x's dtype, in float64, for ``q < out.size``: the signed strided sample of ``acc`` that
+    DGC's threshold and gaussian-k's shift are taken from, before the pass forms ``acc``."""
+    for q in range(U(out.size)):
+        at = q * U(stride)
+        if r.size:
+            out[q] = np.float64(x[at] + r[at])
+        else:
+            out[q] = np.float64(x[at])
 
 
 @jit(parallel=True)

@@ -36,3 +36,56 @@ def per_context(key, make):
     if got is None or got[0] is not ctx:  # (an id reused by a later context)
         got = cache[(key, id(ctx))] = (ctx, make())
     return got[1]
+
+
+
+# The device functions twins share.  Warp-level intrinsics would live here, behind the same
+# names, with these shared-memory forms as the simulator's fallback.  The intrinsics are
+# reached through the module global ``cuda``, which the simulator swaps for its own.
+from codec._cuda_jit import jit, numba_cuda  # noqa: E402  (twins import this module, never codec)
+
+cuda = numba_cuda()
+
+
+@jit(device=True)
+def block_scan(flag, tmp):
+    """``(exclusive prefix of flag over the block's threads, the block's total)``: a
+    Hillis-Steele scan in shared ``tmp`` (``blockDim.x`` int64 values), every thread of the
+    block calling it; ``tmp`` is free again when it returns."""
+    t = cuda.threadIdx.x
+    tmp[t] = flag
+    cuda.syncthreads()
+    off = 1
+    while off < cuda.blockDim.x:
+        v = tmp[t - off] if t >= off else 0
+        cuda.syncthreads()
+        tmp[t] += v
+        cuda.syncthreads()
+        off *= 2
+    incl = tmp[t]
+    total = tmp[cuda.blockDim.x - 1]
+    cuda.syncthreads()
+    return incl - flag, total
+
+
+def _simulated() -> bool:
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+if _simulated():
+
+    @jit(device=True)
+    def mul(a, b):
+        """``a * b`` (the simulator runs Python: nothing is contracted)."""
+        return a * b
+
+else:
+    from numba.cuda import libdevice
+
+    @jit(device=True)
+    def mul(a, b):
+        """float64 ``a * b`` rounded on its own: NVVM contracts ``s + a * b`` into one fused
+        multiply-add by default, which rounds once where the CPU rounds twice."""
+        return libdevice.dmul_rn(a, b)

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.errors import NonFiniteError
 from codec.ops import offsets, readonly
 from codec.stage import Select
@@ -29,37 +30,80 @@ def k_of(ratio: float, n: int) -> int:
     return 0 if n == 0 else min(n, max(1, math.floor(ratio * n)))
 
 
-def collect(run, nchunk: int, cap: int, vdtype=None):
+def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
     """Positions found by a chunked kernel, in increasing order (and their values when
-    ``vdtype`` is given).
+    ``vdtype`` is given), as host arrays.
 
     ``run(chunks, buf, vals, counts)`` fills row ``c - chunks[0]`` of ``buf`` (and ``vals``) with
     chunk ``c``'s first ``buf.shape[1]`` finds and ``counts[c]`` with how many it found.  A
     chunk that found more than ``cap`` runs again alone into a row of the exact size.
+    ``device``: the buffers are device arrays (the kernel is the CUDA twin); the rows are
+    gathered there and only the finds, and the counts, are copied back.
     """
     from codec.kernels import backend
 
+    mem = _Memory(device)
+    want = vdtype is not None
     vdt = np.dtype(vdtype or np.float32)
-    buf = np.empty((nchunk, cap), np.int64)
-    vals = np.empty((nchunk, cap) if vdtype is not None else (0, 0), vdt)
-    counts = np.zeros(nchunk, np.int64)
+    buf = mem.empty((nchunk, cap), np.int64)
+    vals = mem.empty((nchunk, cap) if want else (0, 0), vdt)
+    counts = mem.zeros(nchunk, np.int64)
     run(np.array([0, nchunk], np.int64), buf, vals, counts)
-    if nchunk == 1 and counts[0] <= cap:  # one chunk (a small tensor): its row is the answer
-        m = int(counts[0])
-        return buf[0, :m], (vals[0, :m] if vdtype is not None else None)
-    starts = offsets(counts[:-1])
-    total = int(counts.sum())
-    out = np.empty(total, np.int64)
-    vout = np.empty(total if vdtype is not None else 0, vdt)
-    backend("select", buf).gather_rows(buf, vals, np.minimum(counts, cap), starts, out, vout)
-    for c in np.flatnonzero(counts > cap):  # rare: an overfull chunk runs again into an exact row
-        m, s = int(counts[c]), int(starts[c])
-        row, vrow = np.empty((1, m), np.int64), np.empty((1, m) if vdtype is not None else (0, 0), vdt)
+    found = mem.host(counts)
+    if nchunk == 1 and found[0] <= cap:  # one chunk (a small tensor): its row is the answer
+        m = int(found[0])
+        return mem.host(buf[0, :m]), (mem.host(vals[0, :m]) if want else None)
+    starts = offsets(found[:-1])
+    total = int(found.sum())
+    out = mem.empty(total, np.int64)
+    vout = mem.empty(total if want else 0, vdt)
+    backend("select", buf).gather_rows(buf, vals, mem.put(np.minimum(found, cap)), mem.put(starts), out, vout)
+    out, vout = mem.host(out), (mem.host(vout) if want else None)
+    for c in np.flatnonzero(found > cap):  # rare: an overfull chunk runs again into an exact row
+        m, s = int(found[c]), int(starts[c])
+        row, vrow = mem.empty((1, m), np.int64), mem.empty((1, m) if want else (0, 0), vdt)
         run(np.array([c, c + 1], np.int64), row, vrow, counts)
-        out[s : s + m] = row[0]
-        if vdtype is not None:
-            vout[s : s + m] = vrow[0]
-    return out, (vout if vdtype is not None else None)
+        out[s : s + m] = mem.host(row)[0]
+        if want:
+            vout[s : s + m] = mem.host(vrow)[0]
+    return out, vout
+
+
+class _Memory:
+    """Where a selection's buffers live: host NumPy arrays, or (``device``) device arrays
+    (:mod:`codec.device`), with ``host(a)`` giving a host array either way and ``put(a)`` a
+    host array where the kernels take it."""
+
+    def __init__(self, device: bool):
+        self.device = device
+
+    def empty(self, shape, dtype):
+        if self.device:
+            from codec.device import empty
+
+            return empty(shape, dtype)
+        return np.empty(shape, dtype)
+
+    def zeros(self, shape, dtype):
+        if self.device:
+            from codec.device import zeros
+
+            return zeros(shape, dtype)
+        return np.zeros(shape, dtype)
+
+    def host(self, a) -> np.ndarray:
+        if self.device:
+            from codec.device import host_copy
+
+            return host_copy(a)
+        return a
+
+    def put(self, a: np.ndarray):
+        if self.device:
+            from codec.device import to_device
+
+            return to_device(a)
+        return a
 
 
 def segment_room(caps):
@@ -88,9 +132,10 @@ def segments_picked(flat, starts, room, pos, counts, values=None):
 
 
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
+    from codec.device import host_copy
     from codec.ops import first_nonfinite
 
-    raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(acc)), name)
+    raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(host_copy(acc) if on_device(acc) else acc)), name)
 
 
 class Magnitudes:
@@ -105,6 +150,7 @@ class Magnitudes:
         from codec.ops import WIDE, widen
 
         self.ctx, self.name, self.n = ctx, name, values.size
+        self._mem = _Memory(on_device(values))  # a device array: the passes run its CUDA twins
         wide = values.dtype in WIDE
         self._x = readonly(values)
         self._r = None  # the residual when the first pass forms acc (float32/float64 under error feedback)
@@ -127,11 +173,15 @@ class Magnitudes:
     def acc_sample(self, stride: int, signed: bool = False) -> np.ndarray:
         """``|acc[::stride]|`` in float64 (formed from ``x`` and the residual before the pass);
         ``acc[::stride]`` itself with ``signed``."""
+        from codec.kernels import backend
+
         if self._r is not None and self.cut is None:
-            part = np.add(self._x[::stride], self._r[::stride])
+            x, r = self._x, self._r
         else:
-            part = self._src[::stride]
-        part = part.astype(np.float64)
+            x, r = self._src, self._src[:0]
+        part = self._mem.empty(-(-self.n // stride), np.float64)
+        backend("select", x).strided_sample(x, r, stride, part)
+        part = self._mem.host(part)
         return part if signed else np.abs(part)
 
     def sample(self) -> np.ndarray:
@@ -157,12 +207,12 @@ class Magnitudes:
         from codec.kernels import backend
 
         runs = max(1, self.n // (stride * LINE))
-        out = np.empty((runs, LINE))
+        out = self._mem.empty((runs, LINE), np.float64)
         if self._r is not None and self.cut is None:
             backend("select", self._x).line_sample(self._x, self._r, self.n // runs, out)
         else:
             backend("select", self._src).line_sample(self._src, self._src[:0], self.n // runs, out)
-        return out.reshape(-1)
+        return self._mem.host(out).reshape(-1)
 
     def _scan(self, cut: float) -> None:
         from codec.kernels import backend
@@ -172,13 +222,14 @@ class Magnitudes:
         src, dt = self._src, self._src.dtype
         kern = backend("select", src)
         nchunk = chunks(n)
-        empty = np.empty(0, dt)
+        mem = self._mem
+        empty = mem.empty(0, dt)
         form = self._r is not None and self.cut is None
         x, r, acc = (src, self._r, self.acc) if form else (src, empty, empty)
-        sums = np.zeros((nchunk if self._want_sums and self.mean is None else 0, 2))
+        sums = mem.zeros((nchunk if self._want_sums and self.mean is None else 0, 2), np.float64)
         if sums.shape[0]:
             self.sample()  # sets the shift
-        bad = np.zeros(nchunk, np.int64)
+        bad = mem.zeros(nchunk, np.int64)
         cutv = dt.type(cut)
         if nchunk <= 1:
             cap = n
@@ -191,9 +242,10 @@ class Magnitudes:
         def run(chunks, buf, vals, counts):
             kern.candidates(x, r, acc, cutv, chunks, buf, vals, counts, bad, sums, shift, LANES)
 
-        idx, vals = collect(run, nchunk, cap, dt)
+        idx, vals = collect(run, nchunk, cap, dt, mem.device)
         if form:
             self._src = readonly(self.acc)
+        bad, sums = mem.host(bad), mem.host(sums)
         if bad.any():
             raise_nonfinite(self.acc, self.ctx, self.name)
         if sums.shape[0]:
@@ -263,7 +315,7 @@ class Magnitudes:
         self.candidates(k)
         m = self.idx.size
         if m < k:  # fewer non-zeros than k: the zeros with the lowest indices make up the rest
-            zeros = np.flatnonzero(self._src == 0)[: k - m]
+            zeros = np.flatnonzero(self._mem.host(self._src) == 0)[: k - m]  # (a device array: copied)
             return np.union1d(self.idx, zeros)
         kth = np.partition(self.mag, m - k)[m - k]
         keep = self.mag > kth
@@ -280,7 +332,7 @@ class Magnitudes:
         large array), else gathered."""
         if self._picked is not None and self._picked[0] is idx:
             return self.vals[self._picked[1]].astype(self.acc.dtype, copy=False)  # exact: widened values
-        return self.acc[idx]
+        return self._mem.host(self.acc)[idx]  # (a device array: copied; only all-of-it answers get here)
 
 
 def _first(a: np.ndarray, value, count: int, block: int = 1 << 20) -> np.ndarray:
@@ -338,6 +390,8 @@ class MagnitudeSelect(IndexSelect):
 
     #: Magnitudes should gather mean and standard deviation
     needs_sums = False
+    #: device arrays select through the ``select`` family's CUDA twin (the candidates pass)
+    devices = frozenset({"cpu", "cuda"})
 
     def select(self, values, ctx, sections, residual=None, out=None):
         from codec.pack import encode_indices

@@ -1,0 +1,183 @@
+"""CUDA twin of ``codec/kernels/cpu/select.py`` for one tensor: ``candidates``,
+``line_sample``, ``strided_sample`` and ``gather_rows``, with the CPU file's arguments and
+results (the segmented many-tensor kernels come with the device ``encode_many``).
+
+``candidates`` runs one block per chunk of ``CHUNK`` values, the chunk the CPU kernel gives
+one thread: the block walks the chunk a stretch of ``THREADS * ITEMS`` values at a time,
+each thread counting the finds in its run of ``ITEMS`` consecutive values (forming ``acc =
+x + r`` first under error feedback), a block-wide exclusive scan of the counts
+(``_common.block_scan``) giving each run its place in the chunk's row, and each thread
+writing its finds there, in increasing position: stream compaction in index order, so the row, its
+count and the chunk's non-finite count are the CPU's exactly.  The chunk's sums (gaussian-k's
+moments) run as a second launch, one block per chunk and one thread per column lane, each
+lane summing its rows in order as ``chunk_sums`` does, then lane 0 adding the lanes and the
+tail in the CPU's order; the squares are rounded on their own (``_common.mul``).
+
+``CHUNK`` is read when a call is made (a kernel argument), so the tests run several chunks
+on the simulator's small sizes by setting this module's ``CHUNK``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec._cuda_jit import jit, numba_cuda
+from codec.kernels.cuda._common import THREADS, block_scan, grid, mul
+from codec.layout import CHUNK
+
+cuda = numba_cuda()
+
+__all__ = ["candidates", "gather_rows", "line_sample", "strided_sample"]
+
+#: the most column lanes ``chunk_sums`` may use (shared memory per block)
+MAX_WIDTH = 1024
+#: consecutive values one thread of a ``candidates`` block tests per stretch (one 64-byte
+#: line of float32): a stretch of ``THREADS * ITEMS`` values takes one block-wide scan
+ITEMS = 16
+#: threads of a ``candidates`` block, at most ``THREADS``; read when a call is made, like
+#: ``CHUNK`` and ``ITEMS`` (the simulator tests take fewer: it runs each thread as a Python
+#: thread, and a block-wide scan's barriers cost it about 0.1 ms per thread)
+BLOCK = THREADS
+
+
+@jit
+def _candidates(x, r, acc, cut, c0, chunk, items, buf, vals, counts, bad):
+    c = c0 + cuda.blockIdx.x
+    row = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    lo = c * chunk
+    hi = min(x.size, lo + chunk)
+    cap = buf.shape[1]
+    form = r.size > 0
+    tmp = cuda.shared.array(THREADS, np.int64)
+    step = cuda.blockDim.x * items
+    found = 0
+    nbad = 0
+    for base in range(lo, hi, step):  # a stretch of the chunk; every thread takes every one (the scan needs them all)
+        a0 = min(hi, base + t * items)  # this thread's run of ``items`` values in it
+        a1 = min(hi, a0 + items)
+        mine = 0
+        for i in range(a0, a1):
+            if form:
+                v = x[i] + r[i]
+                acc[i] = v
+            else:
+                v = x[i]
+            a = abs(v)
+            if not a < cut:  # at/above the cut, or NaN
+                if a - a != 0:
+                    nbad += 1
+                else:
+                    mine += 1
+        before, total = block_scan(mine, tmp)
+        w = found + before
+        for i in range(a0, a1):
+            if w >= cap:
+                break
+            v = acc[i] if form else x[i]  # (read again: this thread's own line)
+            a = abs(v)
+            if not a < cut and a - a == 0:
+                buf[row, w] = i
+                vals[row, w] = v
+                w += 1
+        found += total
+    _, nbad = block_scan(nbad, tmp)
+    if t == 0:
+        counts[c] = found
+        bad[c] = nbad
+
+
+@jit
+def _chunk_sums(src, c0, chunk, shift, sums):
+    c = c0 + cuda.blockIdx.x
+    col = cuda.threadIdx.x
+    width = cuda.blockDim.x
+    lo = c * chunk
+    hi = min(src.size, lo + chunk)
+    rows = (hi - lo) // width
+    cs = cuda.shared.array(MAX_WIDTH, np.float64)
+    cq = cuda.shared.array(MAX_WIDTH, np.float64)
+    s = 0.0
+    q = 0.0
+    for k in range(rows):
+        v = np.float64(src[lo + k * width + col]) - shift
+        s += v
+        q += mul(v, v)
+    cs[col] = s
+    cq[col] = q
+    cuda.syncthreads()
+    if col == 0:
+        s = 0.0
+        q = 0.0
+        for j in range(width):
+            s += cs[j]
+            q += cq[j]
+        for i in range(lo + rows * width, hi):
+            v = np.float64(src[i]) - shift
+            s += v
+            q += mul(v, v)
+        sums[c, 0] = s
+        sums[c, 1] = q
+
+
+def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift, width):
+    """The CPU kernel's ``candidates`` (its docstring has the contract); ``chunks`` is a host
+    array, the other arrays device arrays."""
+    c0, c1 = int(chunks[0]), int(chunks[1])
+    if c1 <= c0:
+        return
+    if not 0 < width <= MAX_WIDTH:
+        raise ValueError(f"width: expected 1..{MAX_WIDTH} lanes, got {width}")
+    _candidates[c1 - c0, BLOCK](x, r, acc, cut, c0, CHUNK, ITEMS, buf, vals, counts, bad)
+    if sums.shape[0]:
+        _chunk_sums[c1 - c0, int(width)](acc if r.size else x, c0, CHUNK, np.float64(shift), sums)
+
+
+@jit
+def _line_sample(x, r, step, out):
+    line = out.shape[1]
+    for k in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        at = (k // line) * step + k % line
+        if r.size:
+            out[k // line, k % line] = abs(np.float64(x[at] + r[at]))
+        else:
+            out[k // line, k % line] = abs(np.float64(x[at]))
+
+
+def line_sample(x, r, step, out):
+    """The CPU kernel's ``line_sample``: ``out[q, j] = |x + r|`` at ``q * step + j``, float64."""
+    if out.size:
+        _line_sample[grid(out.size), THREADS](x, r, step, out)
+
+
+@jit
+def _strided_sample(x, r, stride, out):
+    for q in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        at = q * stride
+        if r.size:
+            out[q] = np.float64(x[at] + r[at])
+        else:
+            out[q] = np.float64(x[at])
+
+
+def strided_sample(x, r, stride, out):
+    """The CPU kernel's ``strided_sample``: ``out[q] = x + r`` at ``q * stride``, float64."""
+    if out.size:
+        _strided_sample[grid(out.size), THREADS](x, r, stride, out)
+
+
+@jit
+def _gather_rows(buf, vals, counts, starts, out, vout):
+    c = cuda.blockIdx.x
+    m = counts[c]
+    s = starts[c]
+    for j in range(cuda.threadIdx.x, m, cuda.blockDim.x):
+        out[s + j] = buf[c, j]
+        if vout.size:
+            vout[s + j] = vals[c, j]
+
+
+def gather_rows(buf, vals, counts, starts, out, vout):
+    """The CPU kernel's ``gather_rows``: row ``c``'s first ``counts[c]`` entries at ``starts[c]``."""
+    if buf.shape[0]:
+        _gather_rows[buf.shape[0], THREADS](buf, vals, counts, starts, out, vout)
