@@ -210,6 +210,21 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     scatter_checked(values, idx, flat, mode)
 
 
+def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``src[idx]`` of flat ``src`` (host or device) at positions in ``range(src.size)``, as a
+    host array: on the device the positions go there and only the gathered values come back."""
+    idx = readonly(np.ascontiguousarray(idx, np.int64))
+    if not on_device(src):
+        out = np.empty(idx.size, src.dtype)
+        backend("scatter", src).gather(readonly(src), idx, out)
+        return out
+    from codec.device import empty, host_copy, to_device
+
+    out = empty(idx.size, src.dtype)
+    backend("scatter", src).gather(src, to_device(idx), out)
+    return host_copy(out)
+
+
 def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode: int) -> None:
     """:func:`scatter` of positions already known to be unique and in ``range(flat.size)``
     (a select stage's ``positions()`` checks them as it reads them), ``values`` and ``idx``
@@ -235,4 +250,4 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     flat[idx] = picked
 
 
-__all__ = ["offsets", "readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "bfloat16"]
+__all__ = ["offsets", "readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "gather", "bfloat16"]

@@ -237,3 +237,19 @@ def test_scatter_family_across_chunks(backend, dtype, mode):
     out = base.copy()
     module("scatter", backend).scatter(ops.readonly(values), ops.readonly(idx), out, mode)
     assert out.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", WIDE, ids=str)
+@pytest.mark.parametrize("k", [0, 1, 7, 2 * CHUNK + 5])
+def test_gather_family_and_ops_gather(backend, dtype, k):
+    """``out[i] = src[idx[i]]`` (any order of positions, sorted or not), across parallel chunks;
+    ``ops.gather`` returns the same host array."""
+    rng = np.random.default_rng(k)
+    n = max(1, 3 * k)
+    src = rng.standard_normal(n).astype(dtype)
+    src[0] = np.nan  # gathered as it is
+    idx = rng.choice(n, k, replace=False).astype(np.int64)
+    out = np.full(k, -1, dtype)
+    module("scatter", backend).gather(ops.readonly(src), ops.readonly(idx), out)
+    assert out.tobytes() == src[idx].tobytes()
+    assert ops.gather(src, idx).tobytes() == src[idx].tobytes()

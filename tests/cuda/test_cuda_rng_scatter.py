@@ -74,3 +74,14 @@ def test_scatter_matches_numpy(n, k, dtype, mode):
     S.scatter(cuda.to_device(values), cuda.to_device(idx), out, mode)
     got = out.copy_to_host()
     assert np.array_equal(got.view(f"u{np.dtype(dtype).itemsize}"), want.view(f"u{np.dtype(dtype).itemsize}"))
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("n,k", [(1, 0), (1, 1), (7, 3), (700, 257)])
+def test_gather_matches_numpy(n, k, dtype):
+    rng = np.random.default_rng(n + k)
+    src = (rng.standard_t(2, n) * 10.0 ** rng.integers(-5, 5, n)).astype(dtype)
+    idx = rng.choice(n, k, replace=False).astype(np.int64)  # unsorted
+    out = cuda.device_array(k, dtype)
+    S.gather(cuda.to_device(src), cuda.to_device(idx), out)
+    assert out.copy_to_host().tobytes() == src[idx].tobytes()

@@ -1,6 +1,6 @@
 """The ``select`` family's CUDA twin against NumPy references (candidates in chunks with their
 rows, counts, non-finite counts and lane sums; the samples; the row gather), and the
-magnitude sparsifiers (topk, gaussiank, dgc, threshold) through device arrays: frames byte
+sparsifiers (topk, gaussiank, dgc, threshold, randomk) through device arrays: frames byte
 for byte the host's, with and without error feedback, several chunks included, decodes into
 device arrays the host's."""
 
@@ -154,7 +154,10 @@ def test_twin_defines_the_one_tensor_part_of_the_contract():
 
 
 # ---------------------------------------------------------------- through the codecs
-SPECS = ["topk(ratio=0.05)", "topk(k=3)", "gaussiank(ratio=0.05)", "dgc(ratio=0.05)", "threshold(value=1.5)", "topk(ratio=0.1)+fp16", "dgc(ratio=0.05)+qsgd+zstd"]
+SPECS = [
+    "topk(ratio=0.05)", "topk(k=3)", "gaussiank(ratio=0.05)", "dgc(ratio=0.05)", "threshold(value=1.5)",
+    "randomk(ratio=0.05)", "topk(ratio=0.1)+fp16", "dgc(ratio=0.05)+qsgd+zstd", "randomk(ratio=0.1,scale=true)+bf16",
+]
 
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
@@ -199,7 +202,7 @@ def test_several_chunks_and_overfull_rows_give_the_host_frame(monkeypatch, spec)
 
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
-@pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "gaussiank(ratio=0.05)", "dgc(ratio=0.05)+fp16", "threshold(value=1.0)"])
+@pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "gaussiank(ratio=0.05)", "dgc(ratio=0.05)+fp16", "threshold(value=1.0)", "randomk(ratio=0.05)"])
 def test_error_feedback_on_the_device_matches_the_host(spec, dtype):
     """acc = x + residual formed in the candidates pass on the device, the sent values taken
     off it there: frames and residuals step by step the host's, residual on the device."""
@@ -215,7 +218,7 @@ def test_error_feedback_on_the_device_matches_the_host(spec, dtype):
 def test_nonfinite_and_all_zero_inputs_behave_as_on_the_host():
     x = data(300, np.float32)
     x[123] = np.nan
-    for spec in ("topk(ratio=0.05)", "gaussiank", "dgc", "threshold(value=1.0)"):
+    for spec in ("topk(ratio=0.05)", "gaussiank", "dgc", "threshold(value=1.0)", "randomk(ratio=1)"):
         with pytest.raises(NonFiniteError, match=r"position \(123,\)"):
             codec.get_codec(spec).encode(cuda.to_device(x))
     ef = codec.ErrorFeedback("topk(ratio=0.05)")
@@ -243,7 +246,7 @@ def test_selection_copies_back_finds_never_the_input(monkeypatch):
         return real(self, *a, **k)
 
     monkeypatch.setattr(type(d), "copy_to_host", spy)
-    for spec in ("topk(ratio=0.05)", "gaussiank(ratio=0.05)", "dgc(ratio=0.05)"):
+    for spec in ("topk(ratio=0.05)", "gaussiank(ratio=0.05)", "dgc(ratio=0.05)", "randomk(ratio=0.05)"):
         copied.clear()
         assert bytes(codec.get_codec(spec).encode(d)) == bytes(codec.get_codec(spec).encode(x))
         assert copied and not any(copied), spec

@@ -1,4 +1,5 @@
-"""Scatter kernels (Numba CPU): write or accumulate sparse values into a dense buffer."""
+"""Scatter kernels (Numba CPU): write or accumulate sparse values into a dense buffer, and
+the inverse, gather the values at sparse positions."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from codec._jit import jit, prange
 from codec.kernels.cpu._common import prefetch
 from codec.modes import ADD, SET
 
-__all__ = ["scatter"]
+__all__ = ["gather", "scatter"]
 
 _CHUNK = 1 << 14
 #: how many values ahead the scatter asks for the cache line it will write (``_common.prefetch``)
@@ -42,3 +43,13 @@ def scatter(values, idx, out, mode):
                 if i + _AHEAD < hi:
                     prefetch(out, idx[i + _AHEAD])
                 out[idx[i]] -= values[i]
+
+
+@jit(parallel=True)
+def gather(src, idx, out):
+    """``out[i] = src[idx[i]]`` for positions in ``range(src.size)`` (random-k's kept values:
+    one kernel on either backend)."""
+    k = idx.size
+    for c in prange((k + _CHUNK - 1) // _CHUNK):
+        for i in range(c * _CHUNK, min(k, (c + 1) * _CHUNK)):
+            out[i] = src[idx[i]]

@@ -1,5 +1,5 @@
 """CUDA twin of ``codec/kernels/cpu/scatter.py``: ``out[idx] (=|+=|-=) values`` for unique
-``idx``, one grid-stride loop (unique positions: no two threads write one value, so no
+``idx`` and its inverse ``gather``, one grid-stride loop (unique positions: no two threads write one value, so no
 atomics); with SET, ``out`` is zeroed by a launch before it (launches on one stream run in
 order)."""
 
@@ -38,3 +38,15 @@ def scatter(values, idx, out, mode):
         _zero[grid(out.size), THREADS](out)
     if idx.size:
         _scatter[grid(idx.size), THREADS](values, idx, out, mode)
+
+
+@jit
+def _gather(src, idx, out):
+    for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
+        out[i] = src[idx[i]]
+
+
+def gather(src, idx, out):
+    """``out[i] = src[idx[i]]``."""
+    if idx.size:
+        _gather[grid(idx.size), THREADS](src, idx, out)

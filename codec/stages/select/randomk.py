@@ -39,6 +39,7 @@ class RandomK(Select):
 
     name = "randomk"
     fuses_feedback = True
+    devices = frozenset({"cpu", "cuda"})
     params = (
         ratio(0.01, "fraction kept, in (0, 1]"),
         SEED,
@@ -51,13 +52,25 @@ class RandomK(Select):
         return self.scale
 
     def select(self, values, ctx, sections, residual=None, out=None):
-        acc = values if residual is None else np.add(values, residual, out=out)
+        """The positions are drawn on the host (they depend on the key, not the data); the
+        values are gathered where ``values`` live (``codec.ops.gather``), so a device array
+        sends only its kept values back."""
+        from codec.dtypes import on_device
+        from codec.ops import first_nonfinite, gather, round_to
+
+        if residual is None:
+            acc = values
+        elif on_device(values):
+            from codec.device import add
+
+            acc = out
+            add(values, residual, acc)
+        else:
+            acc = np.add(values, residual, out=out)
         n = acc.size
         khash = key_hash(ctx.key)
         idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step)
-        from codec.ops import first_nonfinite, round_to
-
-        kept = acc[idx]
+        kept = gather(acc, idx)
         bad = first_nonfinite(kept)
         if bad >= 0:  # only kept values are looked at (the rest is never read)
             raise NonFiniteError(ctx.name, ctx.where(idx[bad]), "randomk", "needs finite kept values")
