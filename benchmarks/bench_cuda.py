@@ -1,7 +1,7 @@
 """The CUDA path on a real GPU: every codec with a CUDA path, on a device array, next to a
 device-to-device copy of the same buffer (the bandwidth limit) in the same run.
 
-    python benchmarks/bench_cuda.py [--n 25000000] [--repeat 20] [--codecs "none;fp16;bf16"] [--markdown]
+    python benchmarks/bench_cuda.py [--n 25000000] [--repeat 20] [--codecs "none;fp16;topk(ratio=0.01);..."] [--markdown]
 
 Needs a CUDA GPU and Numba's CUDA target (``pip install numba-cuda``); PyTorch, when present,
 supplies the input as a CUDA tensor (so the ``__cuda_array_interface__`` path is the one
@@ -18,8 +18,12 @@ Rows, for 25M float32 values:
   device-to-host copy of the same number of bytes (the link's limit);
 - ``decode``: ``decode(frame, out=device array)`` and ``decode_add``: the codes' copy to the
   device plus the kernel, next to a host-to-device copy of the frame's bytes;
-- the peers: torch's cast on the device, and ``torch.topk(k=n/1000)`` for scale (the
-  sparsifiers' CUDA twins come with the next part of the CUDA work).
+- the sparsifiers (topk, gaussiank, dgc, threshold, randomk): the ``select`` twin's
+  candidates pass alone (forming ``acc = x + r`` as error feedback does), then encode,
+  ``ErrorFeedback.encode``, decode and decode_add through the codec, each as GB/s of the
+  input's 100 MB, next to the device-to-device copy and to ``torch.topk(|x|, k=n/100)`` on
+  the device (the peer a PyTorch top-k compressor calls; "x torch.topk" above 1 is faster);
+- the peers: torch's cast on the device, and ``torch.topk``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=25_000_000)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--codecs", default="none;fp16;bf16")
+    ap.add_argument("--codecs", default="none;fp16;bf16;topk(ratio=0.01);gaussiank(ratio=0.01);dgc(ratio=0.01);threshold(value=0.01);randomk(ratio=0.01)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     global cuda  # a module global: the simulator swaps the one its kernels reach
@@ -111,6 +115,8 @@ def main(argv=None):
     blocks = grid(n)
     row(f"Numba grid-stride copy kernel ({blocks} blocks of {THREADS})", sync_best(lambda: grid_copy[blocks, THREADS](dx, dst)), 8 * n, copy_gbs)
     codes = cuda.device_array(n, np.uint16)
+    r, acc = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
+    r.copy_to_device(dx)
     counts = conv._counts(blocks)
     row("  of which: the launch of narrow (no count read back)", sync_best(lambda: conv._narrow32[blocks, THREADS](dx, codes, False, counts[0])), 6 * n, copy_gbs)
     rows.append(["  of which: reading the per-block counts back", f"{sync_best(lambda: conv._total(counts)) * 1e3:.3f}", "", ""])
@@ -122,8 +128,6 @@ def main(argv=None):
         rows.append([f"CRC-32C of the {2 * n / 1e6:.0f} MB of codes on the device, {1 << bits} B chunks, {group} per group ({what})", f"{t * 1e3:.3f}", f"{2 * n / t / 1e9:.0f}", ""])
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
-    r, acc = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
-    r.copy_to_device(dx)
     for bf16 in (False, True):
         row(f"half_feedback {'bf16' if bf16 else 'fp16'} (kernel: x, r -> codes, acc)", sync_best(lambda: conv.half_feedback(dx, r, acc, codes, bf16, -1)), 14 * n, copy_gbs)
     out = cuda.device_array(n, np.float32)
@@ -133,7 +137,22 @@ def main(argv=None):
     if torch is not None:
         row("torch x.half() (peer)", sync_best(lambda: x.half()), 6 * n, copy_gbs)
         row("torch x.bfloat16() (peer)", sync_best(lambda: x.bfloat16()), 6 * n, copy_gbs)
-        row(f"torch.topk k={n // 1000} (peer, for scale)", sync_best(lambda: torch.topk(x.abs(), n // 1000), max(3, args.repeat // 4)), 4 * n, copy_gbs)
+        topk_s = sync_best(lambda: torch.topk(x.abs(), max(1, n // 100)), max(3, args.repeat // 4))
+        row(f"torch.topk(|x|, k={max(1, n // 100)}) (peer)", topk_s, 4 * n, copy_gbs)
+    else:
+        topk_s = None
+    sel = module("select", "cuda")
+    from codec.layout import CHUNK, chunks
+
+    nchunk = chunks(n)
+    cut = np.float32(np.partition(np.abs(host[:: max(1, n // 65536)]), -max(1, 65536 // 80))[-max(1, 65536 // 80)])  # about 1.25% of |x|
+    cap = min(CHUNK, 2 * n // 80 // nchunk + 64)
+    buf, vals = cuda.device_array((nchunk, cap), np.int64), cuda.device_array((nchunk, cap), np.float32)
+    cnt, bad = cuda.device_array(nchunk, np.int64), cuda.device_array(nchunk, np.int64)
+    nosums, empty = cuda.device_array((0, 2)), cuda.device_array(0, np.float32)
+    whole = np.array([0, nchunk])
+    row(f"select candidates, |x| >= cut (kernel, {nchunk} chunks)", sync_best(lambda: sel.candidates(dx, empty, empty, cut, whole, buf, vals, cnt, bad, nosums, 0.0, 64)), 4 * n, copy_gbs)
+    row("select candidates, acc = x + r formed (kernel: x, r -> acc)", sync_best(lambda: sel.candidates(dx, r, acc, cut, whole, buf, vals, cnt, bad, nosums, 0.0, 64)), 12 * n, copy_gbs)
 
     # the link: a plain device-to-host copy into pinned memory, and host-to-device
     pinned = cuda.pinned_array(4 * n + (1 << 20), np.uint8)
@@ -143,6 +162,7 @@ def main(argv=None):
     h2d_gbs = 4 * n / h2d_s / 1e9
     link = [["device-to-host copy, pinned (reference)", f"{d2h_s * 1e3:.3f}", f"{d2h_gbs:.1f}", "1.00x"],
             ["host-to-device copy, pinned (reference)", f"{h2d_s * 1e3:.3f}", f"{h2d_gbs:.1f}", "1.00x"]]
+    sparse = []
     for spec in [s.strip() for s in args.codecs.split(";") if s.strip()]:
         log(f"{spec} ...")
         c = codec.get_codec(spec)
@@ -158,6 +178,13 @@ def main(argv=None):
         t_add = sync_best(lambda: c.decode_add(hostframe, outd))
         ef = codec.ErrorFeedback(c)
         t_ef = sync_best(lambda: ef.encode(x, key="g", out=pinned))
+        if c.select is not None:  # a sparse frame: its time against the input's bandwidth and torch.topk
+            for what, t in (("encode, new frame", t_new), ("ErrorFeedback.encode, out=pinned", t_ef),
+                            ("decode into a device array", t_dec), ("decode_add into a device array", t_add)):
+                g = 4 * n / t / 1e9
+                sparse.append([f"{spec} {what}", f"{t * 1e3:.3f}", f"{fb / 1e6:.2f}", f"{g:.0f}", f"{g / copy_gbs:.2f}x",
+                               f"{topk_s / t:.2f}x" if topk_s else ""])
+            continue
         for what, t, ref in ((f"{spec} encode, new frame", t_new, d2h_gbs), (f"{spec} encode, out=pinned", t_pin, d2h_gbs),
                              (f"{spec} ErrorFeedback.encode, out=pinned", t_ef, d2h_gbs),
                              (f"{spec} decode into a device array", t_dec, h2d_gbs), (f"{spec} decode_add into a device array", t_add, h2d_gbs)):
@@ -169,6 +196,10 @@ def main(argv=None):
     print()
     heading("Through the codec: the frame crosses the host link once (GB/s of frame bytes)", md)
     print(render(["what", "ms", "GB/s (frame bytes)", "x link"], link, md))
+    if sparse:
+        print()
+        heading("Sparsifiers through the codec: GB/s of the input's bytes; x torch.topk: its time over ours (> 1: faster)", md)
+        print(render(["what", "ms", "frame MB", "GB/s (input)", "x copy", "x torch.topk"], sparse, md))
     footer(["encode forms the frame's CRC-32C on the device and copies the frame's bytes to the host once; decode checks the CRC on the host, copies the codes to the device and runs the kernel"], t_run, [], md)
 
 

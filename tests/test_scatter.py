@@ -253,3 +253,6 @@ def test_gather_family_and_ops_gather(backend, dtype, k):
     module("scatter", backend).gather(ops.readonly(src), ops.readonly(idx), out)
     assert out.tobytes() == src[idx].tobytes()
     assert ops.gather(src, idx).tobytes() == src[idx].tobytes()
+    for half in (np.float16, ops.bfloat16):  # 16-bit floats: their bits gathered
+        h = src.astype(np.float32).astype(half)
+        assert ops.gather(h, idx).tobytes() == h[idx].tobytes()
