@@ -18,7 +18,7 @@ Rows, for 25M float32 values:
   device-to-host copy of the same number of bytes (the link's limit);
 - ``decode``: ``decode(frame, out=device array)`` and ``decode_add``: the codes' copy to the
   device plus the kernel, next to a host-to-device copy of the frame's bytes;
-- the sparsifiers (topk, gaussiank, dgc, threshold, randomk): the ``select`` twin's
+- the sparsifiers (topk, gaussiank, dgc, threshold, randomk, adacomp): the ``select`` twin's
   candidates pass alone (forming ``acc = x + r`` as error feedback does), then encode,
   ``ErrorFeedback.encode``, decode and decode_add through the codec, each as GB/s of the
   input's 100 MB, next to the device-to-device copy and to ``torch.topk(|x|, k=n/100)`` on
@@ -46,7 +46,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=25_000_000)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--codecs", default="none;fp16;bf16;topk(ratio=0.01);gaussiank(ratio=0.01);dgc(ratio=0.01);threshold(value=0.01);randomk(ratio=0.01)")
+    ap.add_argument("--codecs", default="none;fp16;bf16;topk(ratio=0.01);gaussiank(ratio=0.01);dgc(ratio=0.01);threshold(value=0.01);randomk(ratio=0.01);adacomp")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     global cuda  # a module global: the simulator swaps the one its kernels reach

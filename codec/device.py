@@ -40,7 +40,7 @@ def check_stages(stages, argname: str = "x") -> None:
     if missing:
         raise TypeError(
             f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
-            "(none, fp16, bf16, topk, gaussiank, dgc, threshold and randomk have); pass a host array"
+            "(none, fp16, bf16 and the sparsifiers have); pass a host array"
         )
 
 

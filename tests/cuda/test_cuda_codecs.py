@@ -75,8 +75,8 @@ def test_no_host_copy_of_the_input(monkeypatch):
 
 def test_device_input_errors_name_the_argument():
     c = codec.get_codec("fp16")
-    with pytest.raises(TypeError, match=r"x: a device \(CUDA\) array, and adacomp has no CUDA path"):
-        codec.get_codec("adacomp").encode(cuda.to_device(np.ones(5, np.float32)))
+    with pytest.raises(TypeError, match=r"x: a device \(CUDA\) array, and qsgd has no CUDA path"):
+        codec.get_codec("qsgd").encode(cuda.to_device(np.ones(5, np.float32)))
     with pytest.raises(TypeError, match="x: a device array of dtype float16"):
         c.encode(cuda.to_device(np.ones(5, np.float16)))
     with pytest.raises(ValueError, match="x: a device array must be C-contiguous"):
@@ -88,8 +88,8 @@ def test_device_input_errors_name_the_argument():
         c.decode(frame, out=cuda.device_array(4, np.float32))
     with pytest.raises(ValueError, match="out: dtype float64 does not match"):
         c.decode(frame, out=cuda.device_array(5, np.float64))
-    with pytest.raises(TypeError, match=r"out: a device \(CUDA\) array, and adacomp"):
-        codec.get_codec("adacomp").decode(codec.get_codec("adacomp").encode(np.ones(50, np.float32)), out=cuda.device_array(50, np.float32))
+    with pytest.raises(TypeError, match=r"out: a device \(CUDA\) array, and qsgd"):
+        codec.get_codec("qsgd").decode(codec.get_codec("qsgd").encode(np.ones(50, np.float32)), out=cuda.device_array(50, np.float32))
     with pytest.raises(NonFiniteError, match=r"position \(3,\)"):
         c.encode(cuda.to_device(np.array([0, 1, 2, np.nan, 4], np.float32)))
 
@@ -139,8 +139,8 @@ def test_error_feedback_on_the_device_keeps_the_residual_on_error():
     assert np.array_equal(ef.residual("k").copy_to_host(), before) and ef.step("k") == 1
     with pytest.raises(TypeError, match="momentum"):
         codec.ErrorFeedback("fp16", momentum=0.9).encode(cuda.to_device(np.ones(5, np.float32)), key="k")
-    with pytest.raises(TypeError, match="adacomp has no CUDA path"):
-        codec.ErrorFeedback("adacomp").encode(cuda.to_device(np.ones(5, np.float32)), key="k")
+    with pytest.raises(TypeError, match="qsgd has no CUDA path"):
+        codec.ErrorFeedback("qsgd").encode(cuda.to_device(np.ones(5, np.float32)), key="k")
 
 
 def test_float32_half_step_on_the_device_is_the_fused_one(monkeypatch):
@@ -164,8 +164,8 @@ def test_decode_like_a_device_array_allocates_on_the_device(spec):
         assert not isinstance(got, np.ndarray) and tuple(got.shape) == (33, 17)
         assert np.array_equal(got.copy_to_host(), codec.decode(frame), equal_nan=True)
     assert isinstance(codec.decode(frame, like=np.zeros(3)), np.ndarray)  # a host like: a host array
-    with pytest.raises(TypeError, match=r"like: a device \(CUDA\) array, and adacomp has no CUDA path"):
-        codec.decode(codec.get_codec("adacomp").encode(np.ones(100, np.float32)), like=like)
+    with pytest.raises(TypeError, match=r"like: a device \(CUDA\) array, and qsgd has no CUDA path"):
+        codec.decode(codec.get_codec("qsgd").encode(np.ones(100, np.float32)), like=like)
     with pytest.raises(TypeError, match="like: a frame of float16 cannot decode to a device array yet"):
         codec.decode(codec.get_codec("fp16").encode(np.ones(4, np.float16)), like=like)
 

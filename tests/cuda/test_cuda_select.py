@@ -68,7 +68,7 @@ def test_candidates_match_numpy_in_several_chunks(monkeypatch, n, dtype, form):
     chunks find more: their count says so), NaN and inf counted, not found; under error
     feedback ``acc = x + r`` written in the same pass."""
     monkeypatch.setattr(G, "CHUNK", 256)
-    monkeypatch.setattr(G, "ITEMS", 3)
+    monkeypatch.setattr(G, "ITEMS", 7)
     x = data(n, dtype, kind="heavy")
     if n > 40:
         x[[7, 39]] = [np.nan, -np.inf]

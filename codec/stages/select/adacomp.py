@@ -7,7 +7,8 @@ import numpy as np
 
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.ops import offsets, readonly
-from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite, segment_room, segments_picked
+from codec.dtypes import on_device
+from codec.stages.select.magnitude import IndexSelect, Memory, collect, raise_nonfinite, segment_room, segments_picked
 from codec.params import Param
 from codec.stage import Value, register
 
@@ -92,6 +93,7 @@ class AdaComp(IndexSelect):
 
     name = "adacomp"
     default_value = SignScale
+    devices = frozenset({"cpu", "cuda"})  # the bins run in the adacomp family's CUDA twin
     sees_gradient = True  # |G + dW| >= max |G|: dW on its own, not only G
     params = (Param("bin", int, None, f"bin length L; auto = {CONV_BIN} if ndim >= 3 else {FC_BIN}", low=1, high=MAX_ELEMENTS, auto=True),)
 
@@ -117,8 +119,9 @@ class AdaComp(IndexSelect):
         dw = readonly(widen(values))
         kg = g if form else readonly(widen(g))
         kern = backend("adacomp", dw)
-        gmax = np.empty(nbins, kg.dtype)
-        bad = np.zeros(nchunk, np.int64)
+        mem = Memory(on_device(dw))  # a device array: the bins run in the CUDA twin, the sends come back
+        gmax = mem.empty(nbins, kg.dtype)
+        bad = mem.zeros(nchunk, np.int64)
 
         def run(chunks, buf, vals, counts):
             if form and chunks[1] - chunks[0] == nchunk:
@@ -128,10 +131,10 @@ class AdaComp(IndexSelect):
 
         cap = n if nchunk <= 1 else max(64, per_chunk * L // 16)
         # the kernel records each send's g as it finds it (in cache): no gather from g afterwards
-        idx, sent = collect(run, nchunk, cap, kg.dtype) if n else (np.empty(0, np.int64), kg[:0])
-        if bad.any():
+        idx, sent = collect(run, nchunk, cap, kg.dtype, mem.device) if n else (np.empty(0, np.int64), np.empty(0, kg.dtype))
+        if mem.host(bad).any():
             raise_nonfinite(g, ctx, self.name)
-        scale = np.sum(gmax, dtype=np.float64) / nbins if nbins else 0.0
+        scale = np.sum(mem.host(gmax), dtype=np.float64) / nbins if nbins else 0.0
         ctx.hints["scale"] = float(round_to(scale, values.dtype))  # exact in every output dtype
         sections.append(encode_indices(idx, n))
         return idx, sent.astype(g.dtype, copy=False)  # a 16-bit g's exact widening, narrowed back

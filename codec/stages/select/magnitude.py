@@ -42,7 +42,7 @@ def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
     """
     from codec.kernels import backend
 
-    mem = _Memory(device)
+    mem = Memory(device)
     want = vdtype is not None
     vdt = np.dtype(vdtype or np.float32)
     buf = mem.empty((nchunk, cap), np.int64)
@@ -69,7 +69,7 @@ def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
     return out, vout
 
 
-class _Memory:
+class Memory:
     """Where a selection's buffers live: host NumPy arrays, or (``device``) device arrays
     (:mod:`codec.device`), with ``host(a)`` giving a host array either way and ``put(a)`` a
     host array where the kernels take it."""
@@ -150,7 +150,7 @@ class Magnitudes:
         from codec.ops import WIDE, widen
 
         self.ctx, self.name, self.n = ctx, name, values.size
-        self._mem = _Memory(on_device(values))  # a device array: the passes run its CUDA twins
+        self._mem = Memory(on_device(values))  # a device array: the passes run its CUDA twins
         wide = values.dtype in WIDE
         self._x = readonly(values)
         self._r = None  # the residual when the first pass forms acc (float32/float64 under error feedback)

@@ -1,0 +1,87 @@
+"""The ``adacomp`` family's CUDA twin against its CPU kernels (which tests/test_select_kernels.py
+checks against NumPy): the bins' maxima, each chunk's sends (positions and values) in its
+row, the counts and the non-finite counts, with and without forming ``g = r + dw``, over
+several chunks with rows small enough to overflow; and adacomp through device arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import codec
+from codec.errors import NonFiniteError
+from codec.kernels import module
+
+G = module("adacomp", "cuda")
+C = module("adacomp", "cpu")
+
+
+def run(kern, put, dw, r, g, length, per_chunk, nchunk, cap, form):
+    dtype = dw.dtype
+    nb = -(-dw.size // length)
+    arrs = [put(np.zeros((nchunk, cap), np.int64)), put(np.zeros((nchunk, cap), dtype)), put(np.zeros(nchunk, np.int64)),
+            put(np.zeros(nchunk, np.int64)), put(np.zeros(nb, dtype))]
+    chunks = np.array([0, nchunk])
+    if form:
+        kern.feedback_adacomp_bins(put(dw), put(r), g, length, per_chunk, chunks, *arrs)
+    else:
+        kern.adacomp_bins(put(dw), g, length, per_chunk, chunks, *arrs)
+    return [a if isinstance(a, np.ndarray) else a.copy_to_host() for a in arrs + [g]]
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("n,length,per_chunk", [(0, 5, 2), (1, 5, 2), (37, 5, 2), (301, 7, 5), (300, 50, 2)])
+@pytest.mark.parametrize("form", (False, True), ids=("g", "r+dw"))
+def test_bins_match_the_cpu_kernel(n, length, per_chunk, dtype, form):
+    rng = np.random.default_rng(n + length)
+    dw = (rng.standard_t(2, n) * 10.0 ** rng.integers(-3, 3, n)).astype(dtype)
+    dw[::11] = 0  # zeros are never sent
+    r = rng.standard_normal(n).astype(dtype)
+    g0 = dw.copy() if not form else np.zeros(n, dtype)
+    nchunk = -(-(-(-n // length)) // per_chunk)
+    cap = 3  # most chunks send more: their counts say how many
+    cpu = run(C, np.asarray, dw, r, g0.copy(), length, per_chunk, nchunk, cap, form)
+    dev = run(G, cuda.to_device, dw, r, cuda.to_device(g0), length, per_chunk, nchunk, cap, form)
+    counts = cpu[2]
+    assert np.array_equal(dev[2], counts) and np.array_equal(dev[3], cpu[3])
+    for c in range(nchunk):
+        m = min(cap, int(counts[c]))
+        assert np.array_equal(dev[0][c, :m], cpu[0][c, :m]) and np.array_equal(dev[1][c, :m], cpu[1][c, :m]), c
+    assert np.array_equal(dev[4], cpu[4])  # the bins' maxima
+    assert np.array_equal(dev[5], cpu[5])  # g (formed under error feedback)
+
+
+def test_nonfinite_values_are_counted_not_sent():
+    dw = np.linspace(-1, 1, 40).astype(np.float32)
+    dw[[3, 17, 33]] = [np.nan, np.inf, -np.inf]
+    cpu = run(C, np.asarray, dw, dw, dw.copy(), 8, 2, 3, 40, False)
+    dev = run(G, cuda.to_device, dw, dw, cuda.to_device(dw), 8, 2, 3, 40, False)
+    assert dev[3].sum() == cpu[3].sum() == 3
+    assert np.array_equal(dev[3], cpu[3]) and np.array_equal(dev[2], cpu[2])
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("spec,shape", [("adacomp", (300,)), ("adacomp", (4, 3, 30)), ("adacomp(bin=7)+zstd", (301,)), ("adacomp", (0,)), ("adacomp", (1,))])
+def test_adacomp_through_device_arrays_matches_the_host(spec, shape, dtype):
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_t(2, int(np.prod(shape))).astype(dtype).reshape(shape)
+    c = codec.get_codec(spec)
+    frame = c.encode(cuda.to_device(x))
+    assert bytes(frame) == bytes(c.encode(x))
+    out = cuda.device_array(shape, dtype)
+    c.decode(frame, out=out)
+    assert np.array_equal(out.copy_to_host(), c.decode(frame))
+    on_dev, on_host = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    for step in range(3):
+        xs = (x * (step + 1)).astype(dtype)
+        assert bytes(on_dev.encode(cuda.to_device(xs), key="k")) == bytes(on_host.encode(xs, key="k")), step
+        if x.size:
+            assert np.array_equal(on_dev.residual("k").copy_to_host(), on_host.residual("k")), step
+
+
+def test_adacomp_nonfinite_on_the_device_names_the_position():
+    x = np.ones(200, np.float32)
+    x[77] = np.nan
+    with pytest.raises(NonFiniteError, match=r"position \(77,\)"):
+        codec.get_codec("adacomp").encode(cuda.to_device(x))
