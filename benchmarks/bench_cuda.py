@@ -110,15 +110,15 @@ def main(argv=None):
         for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
             dst[i] = src[i]
 
-    from codec.kernels.cuda._common import THREADS, grid
+    from codec.kernels.cuda._common import launch
 
-    blocks = grid(n)
-    row(f"Numba grid-stride copy kernel ({blocks} blocks of {THREADS})", sync_best(lambda: grid_copy[blocks, THREADS](dx, dst)), 8 * n, copy_gbs)
+    blocks, threads = shape = launch(n)
+    row(f"Numba grid-stride copy kernel ({blocks} blocks of {threads})", sync_best(lambda: grid_copy[shape](dx, dst)), 8 * n, copy_gbs)
     codes = cuda.device_array(n, np.uint16)
     r, acc = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
     r.copy_to_device(dx)
     counts = conv._counts(blocks)
-    row("  of which: the launch of narrow (no count read back)", sync_best(lambda: conv._narrow32[blocks, THREADS](dx, codes, False, counts[0])), 6 * n, copy_gbs)
+    row("  of which: the launch of narrow (no count read back)", sync_best(lambda: conv._narrow32[shape](dx, codes, False, counts[0])), 6 * n, copy_gbs)
     rows.append(["  of which: reading the per-block counts back", f"{sync_best(lambda: conv._total(counts)) * 1e3:.3f}", "", ""])
     from codec.kernels.cuda import _crc
 

@@ -26,6 +26,13 @@ from codec.testing.checks import (
 from codec.testing.fixtures import check_fixture, check_many_fixture, write_fixture, write_many_fixture
 from codec.testing.malformed import check_malformed
 
+
+def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
+    """:func:`codec.testing.device.check_device` (imported on call: it needs Numba's CUDA target)."""
+    from codec.testing.device import check_device as check
+
+    return check(codec, arr, steps)
+
 __all__ = [
     "sample_arrays",
     "ulp",
@@ -39,6 +46,7 @@ __all__ = [
     "check_config",
     "check_error_feedback",
     "check_malformed",
+    "check_device",
     "check_fixture",
     "check_many_fixture",
     "write_fixture",

@@ -1,11 +1,17 @@
 """Settings every simulator test of tests/cuda shares.
 
-The ``select`` twin's ``candidates`` block and the ``adacomp`` twin's take 8 threads here
-instead of 256: the
-simulator runs each thread as a Python thread and a block-wide scan's barriers cost it about
-0.1 ms per thread, so a 256-thread block spends over a second on a few hundred values.  The
-launch shape never changes a result (the kernel tests run both shapes), so the codec-level
-tests run the small one.  On a GPU (``GRADCODEC_CUDA_TESTS=1``) nothing is changed.
+The simulator runs each CUDA thread as a Python thread, so a launch costs about as many
+thread starts as it has threads, and a block-wide scan's barriers about 0.1 ms per thread.
+Each block also pays a polling loop of the simulator's (measured: one fp16 conformance
+check took 3.7 s with 14 blocks of 32 threads, 1.9 s with 2 blocks of 256, 0.41 s with one
+block of 32). Here the grid-stride launches take one block of 32 threads
+(``_common.THREADS``, ``_common.MAX_BLOCKS``: each thread strides over the array), and the
+``select`` and ``adacomp`` twins' scanning blocks 4 threads of 128 values each (``BLOCK``,
+``ITEMS``: a few hundred values take one scan, and a barrier costs the simulator 20-30 ms
+whatever the block's size: 420 values took 0.39 s in 8 threads of 16, 0.085 s in 4 of 128). The launch shape
+never changes a result (grid-stride loops; scans in index order); the kernel tests run
+other shapes on purpose (two and three blocks of 256 and 32 threads, 256- and 32-thread
+scanning blocks, several stretches of a few values per thread). On a GPU (``GRADCODEC_CUDA_TESTS=1``) nothing is changed.
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _small_select_blocks(monkeypatch):
+def _small_blocks(monkeypatch):
     if numba.config.ENABLE_CUDASIM:
         from codec.kernels import module
+        from codec.kernels.cuda import _common
 
-        monkeypatch.setattr(module("select", "cuda"), "BLOCK", 8)
-        monkeypatch.setattr(module("adacomp", "cuda"), "BLOCK", 8)
+        monkeypatch.setattr(_common, "THREADS", 32)
+        monkeypatch.setattr(_common, "MAX_BLOCKS", 1)
+        for family in ("select", "adacomp"):
+            monkeypatch.setattr(module(family, "cuda"), "BLOCK", 4)
+            monkeypatch.setattr(module(family, "cuda"), "ITEMS", 128)

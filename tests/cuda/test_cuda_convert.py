@@ -16,7 +16,7 @@ from codec.modes import ADD, SET, SUB
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = (F16, BF16)
-SIZES = (0, 1, 7, 255, 256, 257, 700)  # blocks of 256 threads: none, part of one, several
+SIZES = (0, 1, 7, 255, 256, 257, 700)  # on a GPU, blocks of 256 threads: none, part of one, several (the simulator's shapes: conftest.py)
 K = module("convert", "cuda")
 CPU = module("convert", "cpu")
 
@@ -156,14 +156,18 @@ def test_twin_defines_the_cpu_contract():
     assert sorted(K.__all__) == sorted(CPU.__all__)
 
 
-def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16):
-    """With at most two blocks, each thread codes several values (the grid-stride loop that
-    a 25M-value array takes on a GPU): the same codes, counts and decoded values."""
+@pytest.mark.parametrize("threads,blocks", [(256, 2), (32, 3)])
+def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16, threads, blocks):
+    """With a grid of two or three blocks, each thread codes several values (the grid-stride
+    loop that a 25M-value array takes on a GPU), and the per-block non-finite counts add up:
+    the same codes, counts and decoded values."""
     from codec.kernels.cuda import _common
 
-    monkeypatch.setattr(_common, "MAX_BLOCKS", 2)
+    monkeypatch.setattr(_common, "THREADS", threads)
+    monkeypatch.setattr(_common, "MAX_BLOCKS", blocks)
     n = 1500  # about three values per thread
     x = data(n, np.float32, 11)
+    x[[900, 1400]] = [np.inf, np.nan]  # non-finite values in other blocks than the first
     for bf16, half in ((False, F16), (True, BF16)):
         out = cuda.device_array(n, np.uint16)
         bad, _ = K.narrow_codes(cuda.to_device(x), out, bf16, -1)

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import threading
 
-#: threads per block of every kernel, and the most blocks a launch uses
+#: threads per block of every kernel (the size of their shared scan buffers), and the most
+#: blocks a launch uses; both read when a launch is shaped (the simulator tests take fewer
+#: threads per block: it runs each as a Python thread)
 THREADS = 256
 MAX_BLOCKS = 1024
 
 
 def grid(n: int) -> int:
     """Blocks of a launch over ``n`` values (at least one)."""
-    return min(MAX_BLOCKS, max(1, (n + THREADS - 1) // THREADS))
+    return launch(n)[0]
+
+
+def launch(n: int) -> tuple[int, int]:
+    """``(blocks, threads)`` of a grid-stride launch over ``n`` values: ``THREADS`` per block,
+    enough blocks for one value per thread, at most ``MAX_BLOCKS`` (``kernel[launch(n)](...)``)."""
+    t = THREADS
+    return min(MAX_BLOCKS, max(1, (n + t - 1) // t)), t
 
 
 _kept = threading.local()

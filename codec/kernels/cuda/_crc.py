@@ -22,7 +22,8 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.checksum import zero_operators
 from codec.kernels.cpu import _crc as _cpu
-from codec.kernels.cuda._common import THREADS, per_context
+from codec.kernels.cuda import _common
+from codec.kernels.cuda._common import per_context
 
 cuda = numba_cuda()
 
@@ -84,14 +85,14 @@ def crc32c(data, crc: int = 0, chunk_bits: int | None = None, group: int | None 
     table, op = _consts(chunk_bits)
     chunks = -(-n // chunk)
     crcs = cuda.device_array(chunks, np.uint32)
-    _chunk_crcs[-(-chunks // THREADS), THREADS](data, table, chunk, crcs)
+    _chunk_crcs[-(-chunks // _common.THREADS), _common.THREADS](data, table, chunk, crcs)
     whole = n // chunk  # chunks of exactly ``chunk`` bytes (the last may be shorter)
     ngroups = -(-whole // group)
     lens = np.zeros(0, np.int64)
     vals = np.zeros(0, np.uint32)
     if ngroups:
         groups = cuda.device_array(ngroups, np.uint32)
-        _fold[-(-ngroups // THREADS), THREADS](crcs, op, whole, group, groups)
+        _fold[-(-ngroups // _common.THREADS), _common.THREADS](crcs, op, whole, group, groups)
         vals = groups.copy_to_host()
         lens = np.minimum(group, whole - np.arange(ngroups) * group).astype(np.int64) * chunk
     if whole < chunks:  # the shorter last chunk

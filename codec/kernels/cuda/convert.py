@@ -2,7 +2,7 @@
 
 Each value's conversion is the CPU file's own scalar function (``_f32_to_f16_bits`` and the
 rest, compiled again as device functions from their Python source), so both backends round
-with one statement of the rule and agree bit for bit.  Grid-stride loops (``_common.grid``);
+with one statement of the rule and agree bit for bit.  Grid-stride loops (``_common.launch``);
 the one reduction is the non-finite count, summed per block in shared memory into a
 per-block buffer that is read back and added on the host.  Asked
 for a CRC-32C (``crc >= 0``), ``narrow_codes`` and ``half_feedback`` form it over their codes
@@ -19,7 +19,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import convert as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import THREADS, grid
+from codec.kernels.cuda._common import launch
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
@@ -115,9 +115,9 @@ def narrow_codes(x, out, bf16, crc):
     continued from it, formed on the device; -1 when ``crc < 0``."""
     if not x.size:
         return 0, -1 if crc < 0 else int(crc)
-    blocks = grid(x.size)
-    counts = _counts(blocks)
-    (_narrow32 if np.dtype(x.dtype) == np.float32 else _narrow)[blocks, THREADS](x, out, bool(bf16), counts[0])
+    shape = launch(x.size)
+    counts = _counts(shape[0])
+    (_narrow32 if np.dtype(x.dtype) == np.float32 else _narrow)[shape](x, out, bool(bf16), counts[0])
     return _total(counts), _codes_crc(out, crc)
 
 
@@ -136,7 +136,7 @@ def _decode(codes, out, mode, bf16):
 def half_decode(codes, out, mode, bf16):
     """``out (=|+=|-=) value(codes)`` (fp16 or bf16 codes, float32/float64 ``out``)."""
     if codes.size:
-        _decode[grid(codes.size), THREADS](codes, out, mode, bool(bf16))
+        _decode[launch(codes.size)](codes, out, mode, bool(bf16))
 
 
 @jit
@@ -153,7 +153,7 @@ def _combine(src, out, mode):
 def combine(src, out, mode):
     """``out (=|+=|-=) src`` elementwise, cast to ``out``'s dtype."""
     if src.size:
-        _combine[grid(src.size), THREADS](src, out, mode)
+        _combine[launch(src.size)](src, out, mode)
 
 
 @jit
@@ -166,7 +166,7 @@ def _combine_odd(src, out, mode):
 def combine_odd(src, out, mode):
     """``out (+|-)= src``, the float64 sum rounded to odd, then cast to ``out``."""
     if src.size:
-        _combine_odd[grid(src.size), THREADS](src, out, mode)
+        _combine_odd[launch(src.size)](src, out, mode)
 
 
 @jit
@@ -179,7 +179,7 @@ def _half_combine(src, codes, mode, bf16):
 def half_combine(src, codes, mode, bf16):
     """16-bit output in place: ``codes = round(value(codes) (+|-) src)``, rounded once."""
     if src.size:
-        _half_combine[grid(src.size), THREADS](src, codes, mode, bool(bf16))
+        _half_combine[launch(src.size)](src, codes, mode, bool(bf16))
 
 
 @jit
@@ -200,7 +200,7 @@ def half_feedback(x, r, acc, codes, bf16, crc):
     ``crc`` as for :func:`narrow_codes`."""
     if not x.size:
         return 0, -1 if crc < 0 else int(crc)
-    blocks = grid(x.size)
-    counts = _counts(blocks)
-    _feedback[blocks, THREADS](x, r, acc, codes, bool(bf16), counts[0])
+    shape = launch(x.size)
+    counts = _counts(shape[0])
+    _feedback[shape](x, r, acc, codes, bool(bf16), counts[0])
     return _total(counts), _codes_crc(codes, crc)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import scatter as _cpu
-from codec.kernels.cuda._common import THREADS, grid
+from codec.kernels.cuda._common import launch
 from codec.modes import ADD, SET
 
 cuda = numba_cuda()
@@ -35,9 +35,9 @@ def _scatter(values, idx, out, mode):
 def scatter(values, idx, out, mode):
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed."""
     if mode == SET and out.size:
-        _zero[grid(out.size), THREADS](out)
+        _zero[launch(out.size)](out)
     if idx.size:
-        _scatter[grid(idx.size), THREADS](values, idx, out, mode)
+        _scatter[launch(idx.size)](values, idx, out, mode)
 
 
 @jit
@@ -49,4 +49,4 @@ def _gather(src, idx, out):
 def gather(src, idx, out):
     """``out[i] = src[idx[i]]``."""
     if idx.size:
-        _gather[grid(idx.size), THREADS](src, idx, out)
+        _gather[launch(idx.size)](src, idx, out)

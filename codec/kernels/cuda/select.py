@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
-from codec.kernels.cuda._common import THREADS, block_scan, grid, mul
+from codec.kernels.cuda import _common
+from codec.kernels.cuda._common import THREADS, block_scan, launch, mul
 from codec.layout import CHUNK
 
 cuda = numba_cuda()
@@ -147,7 +148,7 @@ def _line_sample(x, r, step, out):
 def line_sample(x, r, step, out):
     """The CPU kernel's ``line_sample``: ``out[q, j] = |x + r|`` at ``q * step + j``, float64."""
     if out.size:
-        _line_sample[grid(out.size), THREADS](x, r, step, out)
+        _line_sample[launch(out.size)](x, r, step, out)
 
 
 @jit
@@ -163,7 +164,7 @@ def _strided_sample(x, r, stride, out):
 def strided_sample(x, r, stride, out):
     """The CPU kernel's ``strided_sample``: ``out[q] = x + r`` at ``q * stride``, float64."""
     if out.size:
-        _strided_sample[grid(out.size), THREADS](x, r, stride, out)
+        _strided_sample[launch(out.size)](x, r, stride, out)
 
 
 @jit
@@ -180,4 +181,4 @@ def _gather_rows(buf, vals, counts, starts, out, vout):
 def gather_rows(buf, vals, counts, starts, out, vout):
     """The CPU kernel's ``gather_rows``: row ``c``'s first ``counts[c]`` entries at ``starts[c]``."""
     if buf.shape[0]:
-        _gather_rows[buf.shape[0], THREADS](buf, vals, counts, starts, out, vout)
+        _gather_rows[buf.shape[0], _common.THREADS](buf, vals, counts, starts, out, vout)

@@ -1,0 +1,70 @@
+"""The device conformance check: a codec's CUDA path against its host path, byte for byte.
+
+Needs Numba's CUDA target (``numba-cuda``): a GPU, or the simulator chosen before
+``numba.cuda`` is first imported (``NUMBA_ENABLE_CUDASIM=1``), which is why
+:func:`codec.testing.check_codec` does not call it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import codec as _codec
+from codec.testing.arrays import diff_msg
+
+__all__ = ["check_device"]
+
+#: the dtypes device arrays may have (codec.device.DTYPES)
+DEVICE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
+    """``arr`` (float32 or float64) through a device array gives what it gives on the host:
+    the same frame byte for byte (``encode``, with and without ``out=``), the same array from
+    ``decode(out=)``, ``decode(like=)`` and ``decode_add`` into device arrays, and under
+    ``ErrorFeedback`` the same frames and residuals step by step, the residual on the device.
+    A codec with a stage that has no CUDA path must refuse the device array with a TypeError
+    naming ``x``.  Values compare bit for bit, except that a NaN produced by arithmetic may
+    carry another payload (docs/kernels.md, determinism).  Returns whether the codec took the
+    device array (False: it refused it as it should); arrays of other dtypes are refused
+    with a ValueError, as they cannot be device arrays."""
+    from numba import cuda
+
+    c = _codec.get_codec(codec)
+    arr = np.asarray(arr)
+    if arr.dtype not in DEVICE_DTYPES:
+        raise ValueError(f"arr: device arrays are float32 or float64, got {arr.dtype}")
+    d = cuda.to_device(arr)
+    try:
+        frame = c.encode(d)
+    except TypeError as e:
+        assert "x:" in str(e) and "CUDA" in str(e), f"{c}: a device array was refused without naming x and CUDA: {e}"
+        return False
+    host = c.encode(arr)
+    assert bytes(frame) == bytes(host), f"{c}: the frame of a device array differs from the host's"
+    buf = np.zeros(len(host) + 3, np.uint8)
+    assert bytes(c.encode(d, out=buf)) == host, f"{c}: encode(device array, out=) gave another frame"
+    want = c.decode(host)
+    out = cuda.device_array(arr.shape, arr.dtype)
+    assert c.decode(host, out=out) is out, f"{c}: decode(out=device array) must return out"
+    _check(out.copy_to_host(), want, f"{c}: decode into a device array")
+    like = _codec.decode(host, like=d)
+    _check(like.copy_to_host(), want, f"{c}: decode(like=device array)")
+    base = np.random.default_rng(7).standard_normal(arr.shape).astype(arr.dtype)
+    acc = cuda.to_device(base)
+    c.decode_add(host, acc, subtract=True)
+    _check(acc.copy_to_host(), c.decode_add(host, base.copy(), subtract=True), f"{c}: decode_add into a device array")
+    on_dev, on_host = _codec.ErrorFeedback(c), _codec.ErrorFeedback(c)
+    for step in range(steps):
+        x = (arr * (1 + 0.25 * step)).astype(arr.dtype)
+        f_dev, f_host = on_dev.encode(cuda.to_device(x), key="t"), on_host.encode(x, key="t")
+        assert bytes(f_dev) == bytes(f_host), f"{c}: error feedback step {step}: the device frame differs"
+        r = on_dev.residual("t")
+        assert not isinstance(r, np.ndarray), f"{c}: the residual of a device gradient is not on the device"
+        _check(r.copy_to_host(), on_host.residual("t"), f"{c}: error feedback step {step}: the residual")
+    return True
+
+
+def _check(got, want, what: str) -> None:
+    msg = diff_msg(got, want, what)
+    assert msg is None, msg

@@ -1,0 +1,35 @@
+"""The device conformance check (``codec.testing.check_device``) on every registered stage id
+and every pipeline of the conformance suite, with the float32 and float64 sample arrays
+of at most 420 values:
+codecs with a CUDA path give the host's frames, decodes and error-feedback steps; the others
+refuse a device array naming ``x``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codec.stage import registered
+from codec.testing import PIPELINES, check_device, sample_arrays
+
+#: the sample arrays that run: empty, 0-d, one value, a 4-D one (AdaComp's convolution bins),
+#: zeros, and a float64 one of odd size (the simulator runs about 6,000 threads a second, so
+#: the 527-value 2-D ones are left to tests/test_conformance.py on the host)
+ARRAYS = [a for a in sample_arrays() if a.dtype in (np.float32, np.float64) and a.size <= 420]
+TAKEN = set()
+
+
+@pytest.mark.parametrize("spec", sorted(registered()) + list(PIPELINES))
+def test_device_conformance(spec):
+    took = [check_device(spec, a) for a in ARRAYS]
+    assert len(set(took)) == 1, f"{spec}: took some device arrays and refused others"
+    if took[0]:
+        TAKEN.add(spec)
+
+
+def test_the_codecs_of_this_part_take_device_arrays():
+    """Every codec of the first CUDA part is among those that took them (run after the above)."""
+    want = {"none", "fp16", "bf16", "topk", "gaussiank", "dgc", "threshold", "randomk", "adacomp"}
+    if not TAKEN:
+        pytest.skip("run with test_device_conformance")
+    assert want <= TAKEN, want - TAKEN
