@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "crc32c", "empty", "host_copy", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "host_copy", "many_on_device", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have in this release (16-bit device input comes with the
 #: next part of the CUDA work)
@@ -42,6 +42,18 @@ def check_stages(stages, argname: str = "x") -> None:
             f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
             "(none, fp16, bf16 and the sparsifiers have); pass a host array"
         )
+
+
+def many_on_device(stages, arrays, argname: str = "tensors") -> bool:
+    """Whether a many-tensor call's ``arrays`` are device arrays: all of them (after the
+    stages are checked to take them), or none; a mix is a TypeError naming ``argname``."""
+    on = [on_device(a) for a in arrays]
+    if not any(on):
+        return False
+    if not all(on):
+        raise TypeError(f"{argname}: mixes device and host arrays; pass all of one kind")
+    check_stages(stages, argname)
+    return True
 
 
 def as_input(stages, x, dtype=None, argname: str = "x"):
@@ -133,6 +145,17 @@ def add(x, r, out):
 
     out.reshape(out.size).copy_to_device(x.reshape(x.size))
     backend("convert", out).combine(r.reshape(r.size), out.reshape(out.size), ADD)
+
+
+def concat(arrays, out):
+    """Copy device arrays ``arrays`` one after another into the flat device array ``out``
+    (device-to-device copies, no kernel); returns ``out``."""
+    at = 0
+    for a in arrays:
+        if a.size:  # (Numba refuses an empty one's strides)
+            out[at : at + a.size].copy_to_device(a.reshape(a.size))
+        at += a.size
+    return out
 
 
 def host_copy(a):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.dtypes import as_float_array, checked_out
+from codec.dtypes import as_float_array, checked_out, on_device
 from codec.errors import CorruptFrameError
 from codec.frame import Frame, SectionInfo
 from codec.framebuffer import frame_out
@@ -25,16 +25,24 @@ from codec.stage import Context, check_step
 
 
 # -------------------------------------------------------------------- inputs
-def many_inputs(tensors, argname: str = "tensors"):
+def many_inputs(tensors, argname: str = "tensors", device: bool = False):
     """``(names, arrays)`` of a dict name -> array (names a tuple of str) or a sequence of
-    arrays (names None); each array through :func:`codec.dtypes.as_float_array`."""
+    arrays (names None); each array through :func:`codec.dtypes.as_float_array`, or with
+    ``device`` a device array viewed (:func:`codec.device.as_device_array`)."""
+    def one(v, name):
+        if device and on_device(v):
+            from codec.device import as_device_array
+
+            return as_device_array(v, name)
+        return as_float_array(v, None, name)
+
     if isinstance(tensors, dict):
         for k in tensors:
             if not isinstance(k, str):
                 raise TypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
-        return tuple(tensors), [as_float_array(v, None, f"{argname}[{k!r}]") for k, v in tensors.items()]
+        return tuple(tensors), [one(v, f"{argname}[{k!r}]") for k, v in tensors.items()]
     if isinstance(tensors, (list, tuple)):
-        return None, [as_float_array(v, None, f"{argname}[{i}]") for i, v in enumerate(tensors)]
+        return None, [one(v, f"{argname}[{i}]") for i, v in enumerate(tensors)]
     raise TypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
 
 
@@ -46,6 +54,10 @@ def joined(arrays) -> np.ndarray:
         raise ValueError(f"tensors: joint=True codes the tensors as one array, so they must share a dtype, got {sorted(d.name for d in dts)}")
     if not arrays:
         return np.empty(0, np.float32)
+    if on_device(arrays[0]):  # (device arrays all: many_on_device)
+        from codec import device
+
+        return device.concat(arrays, device.empty(sum(a.size for a in arrays), arrays[0].dtype))
     return np.concatenate([a.reshape(-1) for a in arrays])
 
 
@@ -76,16 +88,21 @@ def hashable_key(key):
 # -------------------------------------------------------------------- encoding
 def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None) -> bytes:
     """``c.encode_many(tensors, ...)`` (:meth:`codec.Codec.encode_many`)."""
-    names, arrays = many_inputs(tensors)
+    from codec.device import many_on_device
+
+    names, arrays = many_inputs(tensors, device=True)
+    dev = many_on_device(c.stages, arrays)
     step = check_step(step)
     lay = Layout.of(arrays, names)
-    dest = frame_out(out, arrays)
+    dest = frame_out(out, () if dev else arrays)
     if joint:
         flat = joined(arrays)
         secs = c.sections(flat, Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors"))
         return c.frame_many([secs], lay, layout, joint=True, out=dest)
     keys = many_keys(keys, len(arrays))
     ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
+    if dev and not c.elementwise:  # the sparsifiers on the device: a tensor at a time (their segmented twins are to come)
+        return c.frame_many([c.sections(a.reshape(-1), ctx) for a, ctx in zip(arrays, ctxs)], lay, layout, out=dest)
     secs, pieces, _ = sections(c, arrays, ctxs)
     return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
 
@@ -126,9 +143,10 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS):
 
 
 # -------------------------------------------------------------------- decoding
-def _targets(mf, out, *, add: bool) -> list:
+def _targets(c, mf, out, *, add: bool) -> list:
     """Per tensor of ``mf``, the flat array decoding writes (None: a new one), from ``out``:
-    None, a dict name -> array (exactly the frame's names) or a sequence (frame order)."""
+    None, a dict name -> array (exactly the frame's names) or a sequence (frame order), all
+    host arrays or all device arrays (the codec ``c``'s stages then checked to take them)."""
     count = len(mf)
     if out is None:
         if add:
@@ -149,6 +167,10 @@ def _targets(mf, out, *, add: bool) -> list:
     else:
         raise TypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
     lay = mf.layout
+    from codec import device
+
+    if device.many_on_device(c.stages, [a for _, a in items], "out"):  # decoding writes on the device
+        return [device.checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
     return [checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
 
 
@@ -302,7 +324,7 @@ def _whole(c, ctx, payload, dtype, reuse: bool) -> np.ndarray:
 
 def decode(c, mf, out=None):
     """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded."""
-    targets = _targets(mf, out, add=False)
+    targets = _targets(c, mf, out, add=False)
     jobs = _read_jobs(c, mf)
     lay = mf.layout
     results = [None] * len(mf)
@@ -321,7 +343,13 @@ def decode(c, mf, out=None):
             for i in idx:
                 at = lay.starts[i] - lay.starts[idx[0]]
                 part = whole[at : at + lay.sizes[i]]
-                if targets[i] is not None:
+                if targets[i] is None:
+                    pass
+                elif on_device(targets[i]):  # (the run decoded on the host: its share copied once)
+                    if part.size:
+                        targets[i].copy_to_device(np.ascontiguousarray(part))
+                    part = targets[i]
+                else:
                     np.copyto(targets[i], part)
                     part = targets[i]
                 results[i] = part.reshape(lay.shapes[i])
@@ -332,7 +360,7 @@ def decode(c, mf, out=None):
 
 def decode_add(c, mf, out, subtract=False):
     """``codec.decode_add_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
-    _add_jobs(c, mf, _read_jobs(c, mf), _targets(mf, out, add=True), SUB if subtract else ADD)
+    _add_jobs(c, mf, _read_jobs(c, mf), _targets(c, mf, out, add=True), SUB if subtract else ADD)
     return out
 
 

@@ -234,10 +234,17 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     if on_device(flat):  # host positions and values (a frame's, a selection's) moved once, then the twin
         from codec.device import to_device
 
-        if values.dtype != flat.dtype:  # (device outputs have the frame's dtype: codec.device.checked_out)
-            raise TypeError(f"values: {values.dtype} values for a {np.dtype(flat.dtype)} device output")
-        idx = to_device(np.ascontiguousarray(idx, np.int64))
-        backend("scatter", flat).scatter(to_device(values), idx, flat, mode)
+        kern = backend("scatter", flat)
+        dev_idx = to_device(np.ascontiguousarray(idx, np.int64))
+        if values.dtype == flat.dtype:
+            kern.scatter(to_device(values), dev_idx, flat, mode)
+        else:  # float64 values added into float32: the touched values gathered, combined once rounded on the host, put back
+            picked = gather(flat, idx)
+            store(values, picked, mode)
+            if mode == SET:
+                kern.scatter(to_device(picked), dev_idx, flat, SET)
+            else:
+                kern.put(to_device(picked), dev_idx, flat)
         return
     if flat.dtype in WIDE and (mode == SET or values.dtype == flat.dtype or flat.dtype == np.float64):
         idx = readonly(np.ascontiguousarray(idx, np.int64))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.errors import NonFiniteError
 from codec.frame import Section, SectionKind
 from codec.manyframe import Entry
@@ -74,13 +75,17 @@ FEEDBACK_RUNS = RunShape(1 << 14, 8)
 
 def concatenated(arrays, groups) -> list:
     """Per group of several tensors, their flat concatenation (None for a group of one), each
-    in its own slice of one reused buffer per dtype (``codec.ops.scratch``), all alive at once."""
+    in its own slice of one reused buffer per dtype (``codec.ops.scratch``), all alive at once;
+    for device arrays, of one new device buffer per dtype."""
     need: dict = {}
     for g in groups:
         if len(g) > 1:
             dt = arrays[g[0]].dtype
             need[dt] = need.get(dt, 0) + sum(arrays[i].size for i in g)
-    room = {dt: scratch(n, dt) for dt, n in need.items()}
+    dev = bool(arrays) and on_device(arrays[0])  # device arrays (all of them: codec.device.many_on_device)
+    if dev:
+        from codec.device import concat, empty
+    room = {dt: empty(n, dt) if dev else scratch(n, dt) for dt, n in need.items()}
     used = dict.fromkeys(room, 0)
     out = []
     for g in groups:
@@ -90,7 +95,10 @@ def concatenated(arrays, groups) -> list:
         dt, n = arrays[g[0]].dtype, sum(arrays[i].size for i in g)
         flat = room[dt][used[dt] : used[dt] + n]
         used[dt] += n
-        np.concatenate([arrays[i].reshape(-1) for i in g], out=flat)
+        if dev:
+            concat([arrays[i] for i in g], flat)
+        else:
+            np.concatenate([arrays[i].reshape(-1) for i in g], out=flat)
         out.append(flat)
     return out
 

@@ -256,3 +256,18 @@ def test_gather_family_and_ops_gather(backend, dtype, k):
     for half in (np.float16, ops.bfloat16):  # 16-bit floats: their bits gathered
         h = src.astype(np.float32).astype(half)
         assert ops.gather(h, idx).tobytes() == h[idx].tobytes()
+
+
+@pytest.mark.parametrize("dtype", WIDE, ids=str)
+def test_put_family_leaves_the_rest(backend, dtype):
+    """``out[idx] = values``, every other value of ``out`` untouched, across parallel chunks."""
+    rng = np.random.default_rng(4)
+    n = 4 * CHUNK
+    base = rng.standard_normal(n).astype(dtype)
+    idx = rng.choice(n, 2 * CHUNK + 3, replace=False).astype(np.int64)
+    values = rng.standard_normal(idx.size).astype(dtype)
+    want = base.copy()
+    want[idx] = values
+    out = base.copy()
+    module("scatter", backend).put(ops.readonly(values), ops.readonly(idx), out)
+    assert out.tobytes() == want.tobytes()

@@ -85,3 +85,16 @@ def test_gather_matches_numpy(n, k, dtype):
     out = cuda.device_array(k, dtype)
     S.gather(cuda.to_device(src), cuda.to_device(idx), out)
     assert out.copy_to_host().tobytes() == src[idx].tobytes()
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+def test_put_leaves_the_rest(dtype):
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal(300).astype(dtype)
+    idx = rng.choice(300, 40, replace=False).astype(np.int64)
+    values = rng.standard_normal(40).astype(dtype)
+    want = base.copy()
+    want[idx] = values
+    out = cuda.to_device(base)
+    S.put(cuda.to_device(values), cuda.to_device(idx), out)
+    assert out.copy_to_host().tobytes() == want.tobytes()

@@ -7,7 +7,7 @@ from codec._jit import jit, prange
 from codec.kernels.cpu._common import prefetch
 from codec.modes import ADD, SET
 
-__all__ = ["gather", "scatter"]
+__all__ = ["gather", "put", "scatter"]
 
 _CHUNK = 1 << 14
 #: how many values ahead the scatter asks for the cache line it will write (``_common.prefetch``)
@@ -53,3 +53,13 @@ def gather(src, idx, out):
     for c in prange((k + _CHUNK - 1) // _CHUNK):
         for i in range(c * _CHUNK, min(k, (c + 1) * _CHUNK)):
             out[i] = src[idx[i]]
+
+
+@jit(parallel=True)
+def put(values, idx, out):
+    """``out[idx] = values``, the rest of ``out`` untouched (a gathered, combined and rounded
+    share written back)."""
+    k = idx.size
+    for c in prange((k + _CHUNK - 1) // _CHUNK):
+        for i in range(c * _CHUNK, min(k, (c + 1) * _CHUNK)):
+            out[idx[i]] = values[i]

@@ -50,3 +50,9 @@ def gather(src, idx, out):
     """``out[i] = src[idx[i]]``."""
     if idx.size:
         _gather[launch(idx.size)](src, idx, out)
+
+
+def put(values, idx, out):
+    """``out[idx] = values``, the rest untouched."""
+    if idx.size:
+        _scatter[launch(idx.size)](values, idx, out, SET)

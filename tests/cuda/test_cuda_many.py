@@ -1,0 +1,72 @@
+"""Many tensors through device arrays: encode_many (per tensor and joint) gives the host's
+frame byte for byte; decode_many and decode_add_many write device arrays as the host's;
+mixed host and device tensors, and codecs without a CUDA path, are refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import codec
+
+SPECS = ["fp16", "none+zstd", "bf16", "topk(ratio=0.1)", "gaussiank(ratio=0.1)", "dgc(ratio=0.1)+fp16", "threshold(value=1.0)",
+         "randomk(ratio=0.2)", "adacomp+zstd"]
+
+
+def tensors(dtype=np.float32):
+    rng = np.random.default_rng(5)
+    return {
+        "conv": (rng.standard_t(2, (2, 3, 4, 5))).astype(dtype),  # AdaComp's convolution bins
+        "bias": rng.standard_normal(7).astype(dtype),
+        "empty": np.zeros((0, 3), dtype),
+        "fc": rng.standard_normal((9, 23)).astype(dtype),
+    }
+
+
+@pytest.mark.parametrize("joint", (False, True), ids=("per-tensor", "joint"))
+@pytest.mark.parametrize("spec", SPECS)
+def test_many_tensors_on_the_device_match_the_host(spec, joint):
+    c = codec.get_codec(spec)
+    host = tensors()
+    dev = {k: cuda.to_device(v) for k, v in host.items()}
+    frame = c.encode_many(dev, keys=None if joint else list(range(4)), step=3, joint=joint)
+    assert bytes(frame) == bytes(c.encode_many(host, keys=None if joint else list(range(4)), step=3, joint=joint))
+    want = codec.decode_many(frame)
+    outs = {k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()}
+    assert codec.decode_many(frame, out=outs) is outs
+    for k in host:
+        assert np.array_equal(outs[k].copy_to_host(), want[k]), k
+    base = {k: np.random.default_rng(9).standard_normal(v.shape) for k, v in host.items()}  # float64: rounded once
+    acc = {k: cuda.to_device(v) for k, v in base.items()}
+    codec.decode_add_many(frame, acc, subtract=True)
+    codec.decode_add_many(frame, base, subtract=True)
+    for k in host:
+        assert np.array_equal(acc[k].copy_to_host(), base[k]), k
+
+
+def test_float64_tensors_and_a_list():
+    host = list(tensors(np.float64).values())
+    dev = [cuda.to_device(v) for v in host]
+    for spec in ("fp16", "topk(ratio=0.2)"):
+        c = codec.get_codec(spec)
+        assert bytes(c.encode_many(dev)) == bytes(c.encode_many(host)), spec
+
+
+def test_mixed_and_unsupported_inputs_are_refused():
+    host = tensors()
+    mixed = dict(host, bias=cuda.to_device(host["bias"]))
+    with pytest.raises(TypeError, match="tensors: mixes device and host arrays"):
+        codec.get_codec("fp16").encode_many(mixed)
+    dev = {k: cuda.to_device(v) for k, v in host.items()}
+    with pytest.raises(TypeError, match=r"tensors: a device \(CUDA\) array, and qsgd has no CUDA path"):
+        codec.get_codec("qsgd").encode_many(dev)
+    frame = codec.get_codec("qsgd").encode_many(host)
+    with pytest.raises(TypeError, match=r"out: a device \(CUDA\) array, and qsgd"):
+        codec.decode_many(frame, out={k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()})
+    with pytest.raises(ValueError, match=r"out\['bias'\]: has 6 elements"):
+        codec.decode_many(codec.get_codec("fp16").encode_many(host), out=dict({k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()}, bias=cuda.device_array(6, np.float32)))
+    with pytest.raises(TypeError, match="mixes device and host arrays"):
+        codec.decode_many(codec.get_codec("fp16").encode_many(host), out=dict(host, bias=cuda.device_array(7, np.float32)))
+    with pytest.raises(TypeError):  # error feedback over many tensors stays on the host for now
+        codec.ErrorFeedback("fp16").encode_many(dev)
