@@ -189,6 +189,41 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     kern.half_combine(readonly(widen(src)), codes, mode, flat.dtype != HALF)
 
 
+def momentum(u, m, x):
+    """DGC's velocity step ``m * u + x`` in x's dtype, the product rounded before the sum, as a
+    new array where ``x`` lives (``u`` None: zeros, so the result is ``x``'s values; ``m`` a
+    scalar of x's dtype): the ``convert`` family's ``momentum`` kernel for float32/float64,
+    NumPy's two operations for 16-bit floats (which no kernel takes)."""
+    if x.dtype not in WIDE:
+        u = np.zeros_like(x) if u is None else u
+        return np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)
+    if on_device(x):
+        from codec.device import empty, zeros
+
+        u = zeros(x.shape, x.dtype) if u is None else u
+        out = empty(x.size, x.dtype).reshape(x.shape)
+    else:
+        u = np.zeros_like(x) if u is None else u
+        out = np.empty_like(x)
+    backend("convert", x).momentum(readonly(u.reshape(u.size)), m, readonly(x.reshape(x.size)), out.reshape(out.size))
+    return out
+
+
+def zero_at(a, idx) -> None:
+    """``a.flat[idx] = 0`` (``idx`` None: every value), host or device (momentum-factor masking)."""
+    flat = a.reshape(a.size)
+    if not on_device(a):
+        flat[slice(None) if idx is None else idx] = 0
+        return
+    from codec.device import to_device, zeros
+
+    if idx is None:
+        if flat.size:
+            flat.copy_to_device(zeros(flat.size, flat.dtype))
+    elif len(idx):
+        backend("scatter", flat).put(zeros(len(idx), flat.dtype), to_device(np.ascontiguousarray(idx, np.int64)), flat)
+
+
 def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> None:
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` becomes zero.
 
@@ -258,4 +293,4 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     flat[idx] = picked
 
 
-__all__ = ["offsets", "readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "gather", "bfloat16"]
+__all__ = ["offsets", "readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "gather", "momentum", "zero_at", "bfloat16"]

@@ -488,3 +488,19 @@ def test_narrow_refuses_an_out_it_cannot_write_whole():
     for out in (np.empty(9, np.uint16), np.empty(20, np.uint16)[::2], np.empty(10, np.int16)):
         with pytest.raises(ValueError, match="out"):
             ops.narrow(x, F16, out)
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("n", [0, 1, 7, 3 * (1 << 16) + 5])
+def test_momentum_kernel_matches_numpy(n, dtype, backend):
+    """``out = u * m + x``: NumPy's product rounded to the dtype, then its sum (never one fused
+    multiply-add), across parallel chunks; heavy tails and signed zeros."""
+    rng = np.random.default_rng(n)
+    u = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
+    if n > 4:
+        u[:2], x[:2] = 0.0, -0.0
+    m = dtype(0.9)
+    out = np.full(n, np.nan, dtype)
+    module("convert", backend).momentum(u, m, x, out)
+    assert out.tobytes() == np.add(np.multiply(u, m, dtype=dtype), x, dtype=dtype).tobytes()

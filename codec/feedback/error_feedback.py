@@ -12,8 +12,9 @@ from codec.framebuffer import frame_out
 from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
 from codec.modes import SUB
-from codec.ops import round_to, scatter
+from codec.ops import momentum, round_to, scatter, zero_at
 from codec import many
+from codec.device import many_on_device
 from codec.many import hashable_key, joined, many_inputs, many_keys, where
 from codec.runs import FEEDBACK_RUNS, feedback_members
 from codec.pipeline import Codec, get_codec
@@ -58,12 +59,10 @@ class ErrorFeedback:
         does not fit raises ValueError and changes no residual or step.
 
         ``x`` may be a device (CUDA) array for a codec whose stages take one (none, fp16,
-        bf16): the residual then lives on the device too (moved there once if it was not,
+        bf16, the sparsifiers): the residual (and the velocity) then lives on the device too (moved there once if it was not,
         as after :meth:`load_state_dict`), and the frame is the host's, byte for byte."""
         arr = self.codec.input(x, dtype, "x")  # a device array: viewed, its stages checked
         device = on_device(arr)
-        if device and self.momentum:
-            raise TypeError("x: a device (CUDA) array, and momentum (DGC's) on the device comes with the sparsifiers' CUDA twins; pass a host array")
         dest = frame_out(out, () if device else (arr,))
         slot = self._claim(key, arr, "x")
         slot.follow(device)
@@ -88,8 +87,9 @@ class ErrorFeedback:
         ``out``: a buffer to write the frame into, as for :meth:`encode`."""
         if joint:
             return self._encode_joint(tensors, keys, layout, out)
-        names, arrays = many_inputs(tensors)
-        dest = frame_out(out, arrays)
+        names, arrays = many_inputs(tensors, device=True)
+        dev = many_on_device(self.codec.stages, arrays)
+        dest = frame_out(out, () if dev else arrays)
         if keys is None:
             keys = list(names) if names is not None else list(range(len(arrays)))
         keys = many_keys(keys, len(arrays))
@@ -105,7 +105,7 @@ class ErrorFeedback:
             for s, ctx in zip(slots, ctxs):
                 self._advance(s, ctx.state)
             return frame
-        members = [] if self.momentum else feedback_members(self.codec, arrays)
+        members = [] if self.momentum or dev else feedback_members(self.codec, arrays)  # (device arrays: a step per tensor)
         if members:
             return self._encode_runs(arrays, slots, named, members, lay, layout, dest)
         begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
@@ -157,8 +157,8 @@ class ErrorFeedback:
         return frame
 
     def _encode_joint(self, tensors, key, layout: str, out) -> bytes:
-        names, arrays = many_inputs(tensors)
-        dest = frame_out(out, arrays)
+        names, arrays = many_inputs(tensors, device=True)
+        dest = frame_out(out, () if many_on_device(self.codec.stages, arrays) else arrays)
         lay = Layout.of(arrays, names)
         flat = joined(arrays)
         slot = self._claim(hashable_key(key), flat, "tensors")
@@ -209,14 +209,12 @@ class ErrorFeedback:
                 return lambda: (commit(), self._advance(slot, ctx.state))
 
             return sections, done
-        u = np.zeros_like(x) if slot.velocity is None else slot.velocity
-        m = round_to(self.momentum, x.dtype)
-        u = np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)  # in x's dtype, a new buffer
+        u = momentum(slot.velocity, round_to(self.momentum, x.dtype)[()], x)  # in x's dtype, a new buffer where x lives
         sections, finish = self._feedback(u, slot, ctx)
 
         def done_momentum(frame):
             commit, sent = finish(frame)
-            u.reshape(-1)[slice(None) if sent is None else sent] = 0  # momentum-factor masking
+            zero_at(u, sent)  # momentum-factor masking
 
             def install():
                 commit()

@@ -62,14 +62,18 @@ class Slot:
         return self.spare
 
     def follow(self, device: bool) -> None:
-        """Keep the residual where the gradient lives: moved to the device (``device`` True) or
-        to host memory with one copy when it is elsewhere, as after ``load_state_dict`` (whose
-        arrays are host arrays) or when a key's gradients move.  The spare is dropped."""
+        """Keep the residual (and the velocity) where the gradient lives: moved to the device
+        (``device`` True) or to host memory with one copy when it is elsewhere, as after
+        ``load_state_dict`` (whose arrays are host arrays) or when a key's gradients move.
+        The spare is dropped."""
         if self.residual is None or on_device(self.residual) == device:
             return
         from codec.device import host_copy, to_device
 
-        self.residual = to_device(self.residual) if device else host_copy(self.residual)
+        move = to_device if device else host_copy
+        self.residual = move(self.residual)
+        if self.velocity is not None:
+            self.velocity = move(self.velocity)
         self.spare = None
 
     def commit(self, residual: np.ndarray, *, keep_spare: bool = True) -> None:

@@ -57,7 +57,7 @@ def saved(s: Slot) -> dict:
         "residual": None if s.residual is None else host_copy(s.residual),  # host arrays: a checkpoint loads anywhere
         "step": s.step,
         "state": copy.deepcopy(s.state),
-        "velocity": None if s.velocity is None else s.velocity.copy(),
+        "velocity": None if s.velocity is None else host_copy(s.velocity),
     }
     if s.residual is None:
         out["shape"], out["dtype"] = tuple(s.shape), s.dtype.name

@@ -68,5 +68,21 @@ def test_mixed_and_unsupported_inputs_are_refused():
         codec.decode_many(codec.get_codec("fp16").encode_many(host), out=dict({k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()}, bias=cuda.device_array(6, np.float32)))
     with pytest.raises(TypeError, match="mixes device and host arrays"):
         codec.decode_many(codec.get_codec("fp16").encode_many(host), out=dict(host, bias=cuda.device_array(7, np.float32)))
-    with pytest.raises(TypeError):  # error feedback over many tensors stays on the host for now
-        codec.ErrorFeedback("fp16").encode_many(dev)
+    with pytest.raises(TypeError, match="mixes device and host arrays"):
+        codec.ErrorFeedback("fp16").encode_many(mixed)
+
+
+@pytest.mark.parametrize("joint", (False, True), ids=("per-tensor", "joint"))
+@pytest.mark.parametrize("spec,momentum", [("fp16", 0), ("topk(ratio=0.1)", 0), ("adacomp", 0), ("randomk(ratio=0.2)+bf16", 0), ("gaussiank(ratio=0.1)", 0), ("dgc(ratio=0.1)", 0.9)])
+def test_error_feedback_over_many_device_tensors_matches_the_host(spec, momentum, joint):
+    """Each tensor's step (or the joint one) on the device, DGC's momentum included: frames
+    and residuals step by step the host's; the residuals stay on the device."""
+    on_dev, on_host = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
+    for step in range(2):
+        host = {k: v * (step + 1) for k, v in tensors().items()}
+        dev = {k: cuda.to_device(v) for k, v in host.items()}
+        assert bytes(on_dev.encode_many(dev, joint=joint)) == bytes(on_host.encode_many(host, joint=joint)), step
+        for key in ([None] if joint else list(host)):
+            r = on_dev.residual(key)
+            assert not isinstance(r, np.ndarray)
+            assert np.array_equal(r.copy_to_host(), on_host.residual(key)), (step, key)

@@ -250,3 +250,35 @@ def test_selection_copies_back_finds_never_the_input(monkeypatch):
         copied.clear()
         assert bytes(codec.get_codec(spec).encode(d)) == bytes(codec.get_codec(spec).encode(x))
         assert copied and not any(copied), spec
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+def test_momentum_kernel_matches_numpy(dtype):
+    """The convert twin's ``momentum``: the product rounded before the sum, never fused."""
+    rng = np.random.default_rng(1)
+    n = 300
+    u = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
+    out = cuda.device_array(n, dtype)
+    module("convert", "cuda").momentum(cuda.to_device(u), dtype(0.9), cuda.to_device(x), out)
+    assert out.copy_to_host().tobytes() == np.add(np.multiply(u, dtype(0.9), dtype=dtype), x, dtype=dtype).tobytes()
+
+
+@pytest.mark.parametrize("spec", ["dgc(ratio=0.05)", "topk(ratio=0.05)+fp16", "randomk(ratio=0.1)"])
+def test_momentum_on_the_device_matches_the_host(spec):
+    """DGC's momentum correction with momentum-factor masking on the device: frames, residuals
+    and velocities step by step the host's; the velocity saved as a host array, loaded back
+    and moved to the next gradient's device."""
+    on_dev, on_host = codec.ErrorFeedback(spec, momentum=0.9), codec.ErrorFeedback(spec, momentum=0.9)
+    for step in range(3):
+        x = data(400, np.float32, seed=step)
+        assert bytes(on_dev.encode(cuda.to_device(x), key="w")) == bytes(on_host.encode(x, key="w")), step
+        assert np.array_equal(on_dev.residual("w").copy_to_host(), on_host.residual("w")), step
+    state = on_dev.state_dict()
+    assert isinstance(state["slots"][0]["velocity"], np.ndarray)
+    assert np.array_equal(state["slots"][0]["velocity"], on_host.state_dict()["slots"][0]["velocity"])
+    again = codec.ErrorFeedback(spec, momentum=0.9)
+    again.load_state_dict(state)
+    x = data(400, np.float32, seed=7)
+    assert bytes(again.encode(cuda.to_device(x), key="w")) == bytes(on_host.encode(x, key="w"))
+    assert np.array_equal(again.state_dict()["slots"][0]["velocity"], on_host.state_dict()["slots"][0]["velocity"])

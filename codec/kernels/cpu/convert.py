@@ -28,6 +28,7 @@ __all__ = [
     "narrow_codes",
     "half_decode",
     "combine",
+    "momentum",
     "combine_odd",
     "half_combine",
     "half_feedback",
@@ -228,6 +229,17 @@ def combine(src, out, mode):
         else:
             for i in range(lo, hi):
                 out[i] -= src[i]
+
+
+@jit(parallel=True)
+def momentum(u, m, x, out):
+    """``out = u * m + x`` elementwise in the arrays' dtype, the product rounded before the
+    sum (DGC's momentum ``u = m*u + x``, as NumPy's two operations give it); ``m`` a scalar of
+    that dtype."""
+    n = x.size
+    for c in prange(chunks(n)):
+        for i in range(c * CHUNK, min(n, (c + 1) * CHUNK)):
+            out[i] = u[i] * m + x[i]
 
 
 @jit(parallel=True)

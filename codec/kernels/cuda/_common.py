@@ -90,6 +90,8 @@ if _simulated():
         """``a * b`` (the simulator runs Python: nothing is contracted)."""
         return a * b
 
+    mul32 = mul
+
 else:
     from numba.cuda import libdevice
 
@@ -98,3 +100,8 @@ else:
         """float64 ``a * b`` rounded on its own: NVVM contracts ``s + a * b`` into one fused
         multiply-add by default, which rounds once where the CPU rounds twice."""
         return libdevice.dmul_rn(a, b)
+
+    @jit(device=True)
+    def mul32(a, b):
+        """float32 ``a * b`` rounded on its own (see :func:`mul`)."""
+        return libdevice.fmul_rn(a, b)

@@ -19,7 +19,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import convert as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import launch
+from codec.kernels.cuda._common import launch, mul, mul32
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
@@ -204,3 +204,21 @@ def half_feedback(x, r, acc, codes, bf16, crc):
     counts = _counts(shape[0])
     _feedback[shape](x, r, acc, codes, bool(bf16), counts[0])
     return _total(counts), _codes_crc(codes, crc)
+
+
+@jit
+def _momentum64(u, m, x, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = mul(u[i], m) + x[i]
+
+
+@jit
+def _momentum32(u, m, x, out):  # (its own kernel: a float64 product in a shared one would round the sum twice)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = mul32(u[i], m) + x[i]
+
+
+def momentum(u, m, x, out):
+    """``out = u * m + x``, the product rounded before the sum (never fused)."""
+    if x.size:
+        (_momentum64 if np.dtype(x.dtype) == np.float64 else _momentum32)[launch(x.size)](u, m, x, out)
