@@ -52,9 +52,9 @@ def test_frames_and_decodes_match_the_host(spec, shape, dtype):
 
 @pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="reads the simulator's host mirror of a device array")
 def test_no_host_copy_of_the_input(monkeypatch):
-    """Encoding copies the codes to the host, never the input: every device-to-host copy is
-    recorded (the simulator's arrays keep their memory in ``_ary``), and none is of the
-    input's memory."""
+    """Encoding copies the codes (or a sparsifier's counts, candidates and samples) to the
+    host, never the input: every device-to-host copy is recorded (the simulator's arrays keep
+    their memory in ``_ary``), and none is of the input's memory."""
     x = data((1000,), np.float32)
     d = cuda.to_device(x)
     copied = []
@@ -66,7 +66,7 @@ def test_no_host_copy_of_the_input(monkeypatch):
 
     monkeypatch.setattr(type(d), "copy_to_host", spy)
     monkeypatch.setattr(type(d), "__array__", lambda self, *a, **k: pytest.fail("the input went through __array__"), raising=False)
-    for spec in ("fp16", "bf16", "fp16+zstd"):
+    for spec in ("fp16", "bf16", "fp16+zstd", "topk(ratio=0.05)", "gaussiank(ratio=0.05)", "dgc(ratio=0.05)", "randomk(ratio=0.05)", "adacomp"):
         copied.clear()
         frame = codec.get_codec(spec).encode(d)
         assert copied and not any(copied), spec  # the codes came back; the input never did

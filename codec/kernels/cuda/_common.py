@@ -77,6 +77,57 @@ def block_scan(flag, tmp):
     return incl - flag, total
 
 
+def _compact(p, lo, hi, items, row, buf, vals, tmp):
+    """Stream compaction in index order, by one block: the positions ``i`` of ``[lo, hi)``
+    that ``find(p, i, first)`` marks 1, into row ``row`` of ``buf`` (and their values, its
+    second result, into ``vals``), at most ``buf.shape[1]`` of them; returns ``(found, bad)``,
+    all of the 1s and the 2s (non-finite values) counted.  The block walks ``[lo, hi)`` a
+    stretch of ``blockDim.x * items`` values at a time: each thread counts the finds of its
+    ``items`` consecutive values (``first``: the pass that may also form a value), one
+    :func:`block_scan` gives each thread its place, and each thread writes its finds there.
+    Not compiled as it stands: :func:`compactor` compiles it with a family's ``find``."""
+    t = cuda.threadIdx.x
+    cap = buf.shape[1]
+    found = 0
+    nbad = 0
+    for base in range(lo, hi, cuda.blockDim.x * items):  # every thread takes every stretch (the scan needs them all)
+        a0 = min(hi, base + t * items)
+        a1 = min(hi, a0 + items)
+        mine = 0
+        for i in range(a0, a1):
+            k, _ = find(p, i, True)  # noqa: F821  (bound by compactor)
+            if k == 2:
+                nbad += 1
+            elif k == 1:
+                mine += 1
+        before, total = block_scan(mine, tmp)
+        w = found + before
+        for i in range(a0, a1):
+            if w >= cap:
+                break
+            k, v = find(p, i, False)  # noqa: F821  (read again: this thread's own line)
+            if k == 1:
+                buf[row, w] = i
+                vals[row, w] = v
+                w += 1
+        found += total
+    _, nbad = block_scan(nbad, tmp)
+    return found, nbad
+
+
+def compactor(find):
+    """The block's compaction loop (:func:`_compact`) over a family's test ``find(p, i,
+    first) -> (0 skip | 1 keep | 2 non-finite, value)``, a device function: compiled from
+    ``_compact``'s source with ``find`` bound among its globals, as
+    :func:`codec._cuda_jit.device_functions` rebinds names (one loop for the ``select`` and
+    ``adacomp`` twins)."""
+    import types
+
+    ns = dict(globals())
+    ns["find"] = find
+    return jit(device=True)(types.FunctionType(_compact.__code__, ns, "_compact"))
+
+
 def _simulated() -> bool:
     from numba import config
 

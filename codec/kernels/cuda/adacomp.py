@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
-from codec.kernels.cuda._common import THREADS, block_scan
+from codec.kernels.cuda._common import THREADS, compactor
 
 cuda = numba_cuda()
 
@@ -27,6 +27,23 @@ __all__ = ["adacomp_bins", "feedback_adacomp_bins"]
 #: values per thread per stretch, and threads per block (see the select twin)
 ITEMS = 16
 BLOCK = THREADS
+
+
+@jit(device=True)
+def _find(p, i, first):
+    """AdaComp's test of value ``i`` (``_common.compactor``): ``not |g + dw| < gmax`` of its
+    bin and ``g != 0``: 1, or 2 when ``g`` is NaN or inf."""
+    g, dw, gmax, length = p
+    gi = g[i]
+    if not abs(gi + dw[i]) < gmax[i // length]:
+        if gi - gi != 0:
+            return 2, gi
+        if gi != 0:
+            return 1, gi
+    return 0, gi
+
+
+_compact = compactor(_find)
 
 
 @jit
@@ -59,33 +76,7 @@ def _bins(dw, r, g, length, per_chunk, c0, items, buf, vals, counts, bad, gmax):
         gmax[b] = top
     cuda.syncthreads()  # the bins' maxima (and g) written by the block are seen by all of it
     tmp = cuda.shared.array(THREADS, np.int64)
-    cap = buf.shape[1]
-    step = cuda.blockDim.x * items
-    found = 0
-    nbad = 0
-    for base in range(lo, hi, step):
-        a0 = min(hi, base + t * items)
-        a1 = min(hi, a0 + items)
-        mine = 0
-        for i in range(a0, a1):
-            gi = g[i]
-            if not abs(gi + dw[i]) < gmax[i // length]:
-                if gi - gi != 0:
-                    nbad += 1
-                elif gi != 0:
-                    mine += 1
-        before, total = block_scan(mine, tmp)
-        w = found + before
-        for i in range(a0, a1):
-            if w >= cap:
-                break
-            gi = g[i]
-            if not abs(gi + dw[i]) < gmax[i // length] and gi - gi == 0 and gi != 0:
-                buf[row, w] = i
-                vals[row, w] = gi
-                w += 1
-        found += total
-    _, nbad = block_scan(nbad, tmp)
+    found, nbad = _compact((g, dw, gmax, length), lo, hi, items, row, buf, vals, tmp)
     if t == 0:
         counts[c] = found
         bad[c] = nbad

@@ -23,7 +23,7 @@ import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import THREADS, block_scan, launch, mul
+from codec.kernels.cuda._common import THREADS, compactor, launch, mul
 from codec.layout import CHUNK
 
 cuda = numba_cuda()
@@ -41,49 +41,35 @@ ITEMS = 16
 BLOCK = THREADS
 
 
+@jit(device=True)
+def _find(p, i, first):
+    """The candidates' test of value ``i`` (``_common.compactor``): ``not |a| < cut`` for
+    ``a = x + r`` (formed into ``acc`` on the first pass) or ``x``: 1, or 2 when ``a`` is
+    NaN or inf."""
+    x, r, acc, cut = p
+    if r.size == 0:
+        v = x[i]
+    elif first:
+        v = x[i] + r[i]
+        acc[i] = v
+    else:
+        v = acc[i]
+    a = abs(v)
+    if not a < cut:  # at/above the cut, or NaN
+        return (2 if a - a != 0 else 1), v
+    return 0, v
+
+
+_compact = compactor(_find)
+
+
 @jit
 def _candidates(x, r, acc, cut, c0, chunk, items, buf, vals, counts, bad):
     c = c0 + cuda.blockIdx.x
-    row = cuda.blockIdx.x
-    t = cuda.threadIdx.x
     lo = c * chunk
-    hi = min(x.size, lo + chunk)
-    cap = buf.shape[1]
-    form = r.size > 0
     tmp = cuda.shared.array(THREADS, np.int64)
-    step = cuda.blockDim.x * items
-    found = 0
-    nbad = 0
-    for base in range(lo, hi, step):  # a stretch of the chunk; every thread takes every one (the scan needs them all)
-        a0 = min(hi, base + t * items)  # this thread's run of ``items`` values in it
-        a1 = min(hi, a0 + items)
-        mine = 0
-        for i in range(a0, a1):
-            if form:
-                v = x[i] + r[i]
-                acc[i] = v
-            else:
-                v = x[i]
-            a = abs(v)
-            if not a < cut:  # at/above the cut, or NaN
-                if a - a != 0:
-                    nbad += 1
-                else:
-                    mine += 1
-        before, total = block_scan(mine, tmp)
-        w = found + before
-        for i in range(a0, a1):
-            if w >= cap:
-                break
-            v = acc[i] if form else x[i]  # (read again: this thread's own line)
-            a = abs(v)
-            if not a < cut and a - a == 0:
-                buf[row, w] = i
-                vals[row, w] = v
-                w += 1
-        found += total
-    _, nbad = block_scan(nbad, tmp)
-    if t == 0:
+    found, nbad = _compact((x, r, acc, cut), lo, min(x.size, lo + chunk), items, cuda.blockIdx.x, buf, vals, tmp)
+    if cuda.threadIdx.x == 0:
         counts[c] = found
         bad[c] = nbad
 
