@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "host_copy", "many_on_device", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have in this release (16-bit device input comes with the
 #: next part of the CUDA work)
@@ -115,7 +115,7 @@ def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out"):
 
 
 def empty(n: int, dtype):
-    """A new device array of ``n`` items of ``dtype``."""
+    """A new device array of ``n`` items (an int, or a shape) of ``dtype``."""
     return _cuda().device_array(n, np.dtype(dtype))
 
 
@@ -173,3 +173,32 @@ def crc32c(a, crc: int) -> int:
     from codec.kernels.cuda import _crc
 
     return _crc.crc32c(a.reshape(a.size).view(np.uint8), crc)
+
+
+class Memory:
+    """Where a computation's buffers live: host NumPy arrays, or (``device``) device arrays,
+    with ``host(a)`` giving a host array either way and ``put(a)`` a host array where the
+    kernels take it: one code path for both (the selections, DGC's momentum)."""
+
+    def __init__(self, device: bool):
+        self.device = device
+
+    def empty(self, shape, dtype):
+        if self.device:
+            return empty(shape, dtype)
+        return np.empty(shape, dtype)
+
+    def zeros(self, shape, dtype):
+        if self.device:
+            return zeros(shape, dtype)
+        return np.zeros(shape, dtype)
+
+    def host(self, a) -> np.ndarray:
+        if self.device:
+            return host_copy(a)
+        return a
+
+    def put(self, a: np.ndarray):
+        if self.device:
+            return to_device(a)
+        return a

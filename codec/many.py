@@ -344,14 +344,11 @@ def decode(c, mf, out=None):
             for i in idx:
                 at = lay.starts[i] - lay.starts[idx[0]]
                 part = whole[at : at + lay.sizes[i]]
-                if targets[i] is None:
-                    pass
-                elif on_device(targets[i]):  # (the run decoded on the host: its share copied once)
-                    if part.size:
+                if targets[i] is not None:
+                    if not on_device(targets[i]):
+                        np.copyto(targets[i], part)
+                    elif part.size:  # (the run decoded on the host: its share copied once)
                         targets[i].copy_to_device(np.ascontiguousarray(part))
-                    part = targets[i]
-                else:
-                    np.copyto(targets[i], part)
                     part = targets[i]
                 results[i] = part.reshape(lay.shapes[i])
     if out is not None:

@@ -197,14 +197,11 @@ def momentum(u, m, x):
     if x.dtype not in WIDE:
         u = np.zeros_like(x) if u is None else u
         return np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)
-    if on_device(x):
-        from codec.device import empty, zeros
+    from codec.device import Memory
 
-        u = zeros(x.shape, x.dtype) if u is None else u
-        out = empty(x.size, x.dtype).reshape(x.shape)
-    else:
-        u = np.zeros_like(x) if u is None else u
-        out = np.empty_like(x)
+    mem = Memory(on_device(x))
+    u = mem.zeros(x.shape, x.dtype) if u is None else u
+    out = mem.empty(x.shape, x.dtype)
     backend("convert", x).momentum(readonly(u.reshape(u.size)), m, readonly(x.reshape(x.size)), out.reshape(out.size))
     return out
 
@@ -215,13 +212,13 @@ def zero_at(a, idx) -> None:
     if not on_device(a):
         flat[slice(None) if idx is None else idx] = 0
         return
-    from codec.device import to_device, zeros
+    from codec.device import empty, to_device, zeros
 
-    if idx is None:
-        if flat.size:
-            flat.copy_to_device(zeros(flat.size, flat.dtype))
+    kern = backend("scatter", flat)
+    if idx is None:  # SET at no position: every value zeroed, on the device
+        kern.scatter(empty(0, flat.dtype), empty(0, np.int64), flat, SET)
     elif len(idx):
-        backend("scatter", flat).put(zeros(len(idx), flat.dtype), to_device(np.ascontiguousarray(idx, np.int64)), flat)
+        kern.put(zeros(len(idx), flat.dtype), to_device(np.ascontiguousarray(idx, np.int64)), flat)
 
 
 def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> None:

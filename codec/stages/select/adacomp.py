@@ -8,7 +8,8 @@ import numpy as np
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.ops import offsets, readonly
 from codec.dtypes import on_device
-from codec.stages.select.magnitude import IndexSelect, Memory, collect, raise_nonfinite, segment_room, segments_picked
+from codec.device import Memory
+from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite, segment_room, segments_picked
 from codec.params import Param
 from codec.stage import Value, register
 

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from codec.device import Memory
 from codec.dtypes import on_device
 from codec.errors import NonFiniteError
 from codec.ops import offsets, readonly
@@ -67,43 +68,6 @@ def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
         if want:
             vout[s : s + m] = mem.host(vrow)[0]
     return out, vout
-
-
-class Memory:
-    """Where a selection's buffers live: host NumPy arrays, or (``device``) device arrays
-    (:mod:`codec.device`), with ``host(a)`` giving a host array either way and ``put(a)`` a
-    host array where the kernels take it."""
-
-    def __init__(self, device: bool):
-        self.device = device
-
-    def empty(self, shape, dtype):
-        if self.device:
-            from codec.device import empty
-
-            return empty(shape, dtype)
-        return np.empty(shape, dtype)
-
-    def zeros(self, shape, dtype):
-        if self.device:
-            from codec.device import zeros
-
-            return zeros(shape, dtype)
-        return np.zeros(shape, dtype)
-
-    def host(self, a) -> np.ndarray:
-        if self.device:
-            from codec.device import host_copy
-
-            return host_copy(a)
-        return a
-
-    def put(self, a: np.ndarray):
-        if self.device:
-            from codec.device import to_device
-
-            return to_device(a)
-        return a
 
 
 def segment_room(caps):
