@@ -314,11 +314,16 @@ def _values_frame(mf, sections, counts, dtype):
     return Frame(payload, VERSION, mf.flags, dtype, (total,), mf.spec, [info], 0)
 
 
-def _whole(c, ctx, payload, dtype, reuse: bool) -> np.ndarray:
+def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False) -> np.ndarray:
     """A run's (or a joint frame's) values decoded at once into ``dtype``: into this
     thread's reused buffer when ``reuse`` (small, and only read before the next call), else a
-    new array."""
-    whole = scratch(ctx.n, dtype) if reuse and ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, dtype)
+    new array; with ``device``, a new device array (the codes cross the link, not the values)."""
+    if device:
+        from codec.device import empty
+
+        whole = empty(ctx.n, dtype)
+    else:
+        whole = scratch(ctx.n, dtype) if reuse and ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, dtype)
     c._write(ctx, payload, whole, SET)
     return whole
 
@@ -340,15 +345,16 @@ def decode(c, mf, out=None):
                 scatter_checked(vals, pos, targets[i], SET)  # positions the stage checked
                 results[i] = targets[i]
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
-            whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None)
+            dev = out is not None and on_device(targets[idx[0]])
+            whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None, device=dev)
             for i in idx:
                 at = lay.starts[i] - lay.starts[idx[0]]
                 part = whole[at : at + lay.sizes[i]]
                 if targets[i] is not None:
-                    if not on_device(targets[i]):
+                    if not dev:
                         np.copyto(targets[i], part)
-                    elif part.size:  # (the run decoded on the host: its share copied once)
-                        targets[i].copy_to_device(np.ascontiguousarray(part))
+                    elif part.size:  # (device to device)
+                        targets[i].copy_to_device(part)
                     part = targets[i]
                 results[i] = part.reshape(lay.shapes[i])
     if out is not None:
@@ -386,7 +392,7 @@ def _add_jobs(c, mf, jobs, targets, mode) -> None:
                     store(wide, targets[i], mode)
         else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype
             # of the frame's: a narrow frame's codes may decode beyond its own dtype's range)
-            whole = _whole(c, ctx, payload, wide_dtype(ctx.dtype), reuse=True)
+            whole = _whole(c, ctx, payload, wide_dtype(ctx.dtype), reuse=True, device=on_device(targets[idx[0]]))
             for i in idx:
                 at = mf.layout.starts[i] - mf.layout.starts[idx[0]]
                 store(whole[at : at + targets[i].size], targets[i], mode)  # rounded once, as decode_add
