@@ -110,15 +110,13 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS):
     errors give it), with the runs an elementwise value stage, a segmented select stage or a
     value stage's :meth:`codec.stage.Value.encode_run` codes at once; ``alone(i)`` gives the
     sections of a tensor no run codes (default: ``c.sections`` of it); ``shape``: the select
-    and quantizer runs'.  Device arrays (all of them) take the elementwise runs, every other
-    codec a tensor at a time.  Returns ``(sections, pieces, ran)`` (``pieces`` for
+    and quantizer runs'.  Device arrays (all of them) take the same runs: a select stage
+    without a segmented twin declines its runs, whose tensors then select alone.  Returns ``(sections, pieces, ran)`` (``pieces`` for
     ``Codec.frame_many``; ``ran``: the indices of the tensors runs coded)."""
     if alone is None:
         alone = lambda i: c.sections(arrays[i].reshape(-1), ctxs[i])  # noqa: E731
     if c.elementwise:
         return elementwise_sections(c, arrays, ctxs, alone)
-    if arrays and on_device(arrays[0]):  # the sparsifiers on the device: a tensor at a time (their segmented twins are to come)
-        return [alone(i) for i in range(len(arrays))], None, set()
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:

@@ -248,7 +248,7 @@ def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
     idx = readonly(np.ascontiguousarray(idx, np.int64))
     if not on_device(src):
         out = np.empty(idx.size, src.dtype)
-        bits = src.dtype not in WIDE  # 16-bit floats (no Numba type): their bits are gathered
+        bits = src.dtype in (HALF, bfloat16)  # 16-bit floats (no Numba type): their bits are gathered
         backend("scatter", src).gather(readonly(src.view(np.uint16) if bits else src), idx, out.view(np.uint16) if bits else out)
         return out
     from codec.device import empty, host_copy, to_device

@@ -145,10 +145,35 @@ def test_samples_and_row_gather_match_numpy(n, dtype):
     assert np.array_equal(out.copy_to_host(), want) and np.array_equal(vout.copy_to_host(), vals.reshape(-1)[want])
 
 
-def test_twin_defines_the_one_tensor_part_of_the_contract():
-    """The twin has every name of the CPU file but the segmented (many-tensor) kernels, which
-    come with the device encode_many; each name it has is callable."""
-    assert set(C.__all__) - set(G.__all__) == {"topk_segments", "dgc_segments", "gaussiank_segments"}
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("items", (2, 128))
+def test_topk_segments_match_the_cpu_kernel(monkeypatch, dtype, items):
+    """Segments of 0, 1, 5, ... values, heavy-tailed or full of ties (small integers, zeros of
+    both signs), k from 0 to all of them, one segment holding a NaN and one an inf: the same
+    positions (ties to the lower index) and NaN/inf flags as the CPU kernel; several
+    stretches per segment with ``items=2``."""
+    monkeypatch.setattr(G, "ITEMS", items)
+    rng = np.random.default_rng(items)
+    sizes = [0, 1, 5, 40, 100, 37, 64, 9, 12]
+    parts = [(rng.integers(-3, 4, n) * (1.0 if i % 3 else -1.0) if i % 2 else rng.standard_t(2, n) * 10.0 ** rng.integers(-3, 3, n)) for i, n in enumerate(sizes)]
+    x = np.concatenate(parts).astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    x[starts[7] + 3] = np.nan
+    x[starts[8] + 11] = -np.inf
+    ks = np.array([0, 1, 2, 7, 30, 37, 10, 4, 5], np.int64)
+    room = np.concatenate([[0], np.cumsum(ks)]).astype(np.int64)
+    want, want_bad = np.full(room[-1], -1, np.int64), np.zeros(len(sizes), np.int64)
+    C.topk_segments(x, starts, ks, room, want, want_bad)
+    out, bad = cuda.to_device(np.full(room[-1], -1, np.int64)), cuda.to_device(np.zeros(len(sizes), np.int64))
+    G.topk_segments(cuda.to_device(x), cuda.to_device(starts), cuda.to_device(ks), cuda.to_device(room), out, bad)
+    assert np.array_equal(bad.copy_to_host(), want_bad) and want_bad.tolist() == [0] * 7 + [1, 1]
+    assert np.array_equal(out.copy_to_host()[: room[7]], want[: room[7]])
+
+
+def test_twin_defines_the_contract_but_two_segmented_kernels():
+    """The twin has every name of the CPU file but gaussian-k's and DGC's segmented kernels
+    (their runs select a tensor at a time on the device); each name it has is callable."""
+    assert set(C.__all__) - set(G.__all__) == {"dgc_segments", "gaussiank_segments"}
     assert set(G.__all__) <= set(C.__all__) and all(callable(getattr(G, n)) for n in G.__all__)
 
 

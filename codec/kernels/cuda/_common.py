@@ -77,17 +77,17 @@ def block_scan(flag, tmp):
     return incl - flag, total
 
 
-def _compact(p, lo, hi, items, row, buf, vals, tmp):
+def _compact(p, lo, hi, items, at, cap, origin, pos, vals, tmp):
     """Stream compaction in index order, by one block: the positions ``i`` of ``[lo, hi)``
-    that ``find(p, i, first)`` marks 1, into row ``row`` of ``buf`` (and their values, its
-    second result, into ``vals``), at most ``buf.shape[1]`` of them; returns ``(found, bad)``,
-    all of the 1s and the 2s (non-finite values) counted.  The block walks ``[lo, hi)`` a
+    that ``find(p, i, first)`` marks 1, as ``i - origin``, into ``pos[at:]`` (and their
+    values, its second result, into ``vals[at:]``), at most ``cap`` of them (a row of a 2-D
+    buffer is ``at = row * cap`` of its flat view); returns ``(found, bad)``, all of the 1s
+    and the 2s (non-finite values) counted.  The block walks ``[lo, hi)`` a
     stretch of ``blockDim.x * items`` values at a time: each thread counts the finds of its
     ``items`` consecutive values (``first``: the pass that may also form a value), one
     :func:`block_scan` gives each thread its place, and each thread writes its finds there.
     Not compiled as it stands: :func:`compactor` compiles it with a family's ``find``."""
     t = cuda.threadIdx.x
-    cap = buf.shape[1]
     found = 0
     nbad = 0
     for base in range(lo, hi, cuda.blockDim.x * items):  # every thread takes every stretch (the scan needs them all)
@@ -107,8 +107,8 @@ def _compact(p, lo, hi, items, row, buf, vals, tmp):
                 break
             k, v = find(p, i, False)  # noqa: F821  (read again: this thread's own line)
             if k == 1:
-                buf[row, w] = i
-                vals[row, w] = v
+                pos[at + w] = i - origin
+                vals[at + w] = v
                 w += 1
         found += total
     _, nbad = block_scan(nbad, tmp)

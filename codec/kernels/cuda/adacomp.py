@@ -1,6 +1,6 @@
 """CUDA twin of ``codec/kernels/cpu/adacomp.py`` for one tensor: ``adacomp_bins`` and
-``feedback_adacomp_bins``, with the CPU file's arguments and results (``adacomp_segments``
-comes with the device ``encode_many``).
+``feedback_adacomp_bins``, and the many-tensor ``adacomp_segments``, with the CPU file's
+arguments and results.
 
 One block per chunk of ``per_chunk`` whole bins, the unit the CPU kernel gives one thread,
 so each chunk's row, count and non-finite count are the CPU's numbers.  The block first
@@ -10,7 +10,8 @@ feedback), into ``gmax``; after a barrier it walks the chunk as the ``select`` t
 counts, each thread writing its sends in increasing position), testing each value against
 its bin's maximum.  A maximum is exact in any order for finite values; a bin holding a NaN
 or inf counts it, and the stage raises.  ``BLOCK`` and ``ITEMS`` are read when a call is
-made (the simulator tests take small blocks).
+made (the simulator tests take small blocks).  ``adacomp_segments`` runs the same block
+over each segment (one block per tensor of a run), with the segment's own bin length.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from codec.kernels.cuda._common import THREADS, compactor
 
 cuda = numba_cuda()
 
-__all__ = ["adacomp_bins", "feedback_adacomp_bins"]
+__all__ = ["adacomp_bins", "adacomp_segments", "feedback_adacomp_bins"]
 
 #: values per thread per stretch, and threads per block (see the select twin)
 ITEMS = 16
@@ -46,18 +47,14 @@ def _find(p, i, first):
 _compact = compactor(_find)
 
 
-@jit
-def _bins(dw, r, g, length, per_chunk, c0, items, buf, vals, counts, bad, gmax):
-    c = c0 + cuda.blockIdx.x
-    row = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    n = dw.size
-    span = length * per_chunk
-    lo = c * span
-    hi = min(n, lo + span)
+@jit(device=True)
+def _bin_maxima(dw, r, g, lo, hi, length, gmax, b0):
+    """The block's bins of ``[lo, hi)`` (whole bins of ``length`` from ``lo``), a thread per
+    bin: each one's max |g| into ``gmax[b0 + b]`` (with a non-empty ``r``, ``g = r + dw``
+    formed in the same loop), then a barrier, so the whole block sees them (and g)."""
     form = r.size > 0
-    for b in range(lo // length + t, (hi + length - 1) // length, cuda.blockDim.x):  # a bin per thread
-        bs = b * length
+    for b in range(cuda.threadIdx.x, (hi - lo + length - 1) // length, cuda.blockDim.x):
+        bs = lo + b * length
         be = min(hi, bs + length)
         if form:
             v = r[bs] + dw[bs]
@@ -73,19 +70,65 @@ def _bins(dw, r, g, length, per_chunk, c0, items, buf, vals, counts, bad, gmax):
             for i in range(bs + 1, be):
                 a = abs(g[i])
                 top = a if a > top else top
-        gmax[b] = top
-    cuda.syncthreads()  # the bins' maxima (and g) written by the block are seen by all of it
+        gmax[b0 + b] = top
+    cuda.syncthreads()
+
+
+@jit
+def _bins(dw, r, g, length, per_chunk, c0, items, buf, vals, cap, counts, bad, gmax):  # (buf, vals: flat views of the rows)
+    c = c0 + cuda.blockIdx.x
+    span = length * per_chunk
+    lo = c * span
+    hi = min(dw.size, lo + span)
+    _bin_maxima(dw, r, g, lo, hi, length, gmax, lo // length)
     tmp = cuda.shared.array(THREADS, np.int64)
-    found, nbad = _compact((g, dw, gmax, length), lo, hi, items, row, buf, vals, tmp)
-    if t == 0:
+    found, nbad = _compact((g, dw, gmax, length), lo, hi, items, cuda.blockIdx.x * cap, cap, 0, buf, vals, tmp)
+    if cuda.threadIdx.x == 0:
         counts[c] = found
         bad[c] = nbad
+
+
+@jit(device=True)
+def _find_segment(p, i, first):
+    """:func:`_find` for a segment: its bins counted from its start ``lo``, its maxima from
+    ``gmax[b0]``."""
+    x, gmax, length, lo, b0 = p
+    gi = x[i]
+    if not abs(gi + gi) < gmax[b0 + (i - lo) // length]:
+        if gi - gi != 0:
+            return 2, gi
+        if gi != 0:
+            return 1, gi
+    return 0, gi
+
+
+_compact_segment = compactor(_find_segment)
+
+
+@jit
+def _segments(x, starts, lengths, bstarts, items, pos, vals, counts, bad, gmax):
+    s = cuda.blockIdx.x
+    lo = starts[s]
+    hi = starts[s + 1]
+    _bin_maxima(x, x[:0], x, lo, hi, lengths[s], gmax, bstarts[s])
+    tmp = cuda.shared.array(THREADS, np.int64)
+    found, nbad = _compact_segment((x, gmax, lengths[s], lo, bstarts[s]), lo, hi, items, lo, hi - lo, lo, pos, vals, tmp)
+    if cuda.threadIdx.x == 0:
+        counts[s] = found
+        bad[s] = nbad
+
+
+def adacomp_segments(x, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
+    """The CPU kernel's ``adacomp_segments`` (its docstring has the contract): one block per
+    segment; every array a device array."""
+    if starts.size > 1:
+        _segments[starts.size - 1, BLOCK](x, starts, lengths, bstarts, ITEMS, pos, vals, counts, bad, gmax)
 
 
 def _launch(dw, r, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):
     c0, c1 = int(chunks[0]), int(chunks[1])
     if c1 > c0:
-        _bins[c1 - c0, BLOCK](dw, r, g, length, per_chunk, c0, ITEMS, buf, vals, counts, bad, gmax)
+        _bins[c1 - c0, BLOCK](dw, r, g, length, per_chunk, c0, ITEMS, buf.reshape(buf.size), vals.reshape(vals.size), buf.shape[1], counts, bad, gmax)
 
 
 def adacomp_bins(dw, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):

@@ -149,12 +149,15 @@ class AdaComp(IndexSelect):
         sizes = np.diff(starts)
         lengths = np.array([self.length(c.shape) for c in ctxs], np.int64)
         bstarts = offsets(-(-sizes // lengths))
-        gmax = np.empty(int(bstarts[-1]), flat.dtype)
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the finds copied back
+        gmax = mem.empty(int(bstarts[-1]), flat.dtype)
         room, pos, counts, bad = segment_room(sizes)  # (only each tensor's first sends are written)
-        vals = np.empty(flat.size, flat.dtype)
-        backend("adacomp", flat).adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
-        if bad.any():
+        pos, counts, bad = mem.put(pos), mem.put(counts), mem.put(bad)
+        vals = mem.empty(flat.size, flat.dtype)
+        backend("adacomp", flat).adacomp_segments(flat, mem.put(starts), mem.put(lengths), mem.put(bstarts), pos, vals, counts, bad, gmax)
+        if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
+        counts, gmax = mem.host(counts), mem.host(gmax)  # (the finds stay where they are: segments_picked gathers them)
         b = bstarts.tolist()
         scales = [np.sum(gmax[b[t] : b[t + 1]], dtype=np.float64) / (b[t + 1] - b[t]) if b[t + 1] > b[t] else 0.0 for t in range(sizes.size)]
         for ctx, scale in zip(ctxs, round_to(np.array(scales, np.float64), flat.dtype).tolist()):

@@ -53,6 +53,11 @@ class DGC(MagnitudeSelect):
         adaptation loop and the exact top-k fallback per tensor, as :meth:`choose`), the index
         sections of all of them in two more (``codec.pack.index_segments``), their values in
         one gather."""
+        from codec.dtypes import on_device
+
+        if on_device(flat):  # no CUDA twin of ``dgc_segments`` yet: each tensor selects alone
+            return None
+
         from codec.kernels import backend
 
         sizes = np.diff(starts)

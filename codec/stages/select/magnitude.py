@@ -80,19 +80,21 @@ def segment_room(caps):
 
 def segments_picked(flat, starts, room, pos, counts, values=None):
     """:meth:`codec.stage.Select.select_segments`' answer from a segmented kernel's finds
-    (tensor t's ``counts[t]`` sorted positions from ``pos[room[t]]``): the positions packed,
+    (tensor t's ``counts[t]`` sorted positions from ``pos[room[t]]``; ``pos``, ``values`` and
+    ``flat`` host or device arrays, ``room`` and ``counts`` host ones): the positions packed,
     their starts, the kept values (``values`` at the finds' places, else gathered from
     ``flat``) and every tensor's index section at once; None when the index coder cannot
     take them at once (each tensor then selects alone)."""
+    from codec.ops import gather
     from codec.pack import index_segments
 
     kstarts = offsets(counts)
     at = np.arange(int(kstarts[-1])) + np.repeat(room[:-1] - kstarts[:-1], counts)
-    picked = pos[at]
+    picked = gather(pos, at)  # (host or device finds: the picked ones come back)
     index = index_segments(picked, kstarts, np.diff(starts))
     if index is None:
         return None
-    return picked, kstarts, (values[at] if values is not None else flat[picked + np.repeat(starts[:-1], counts)]), index
+    return picked, kstarts, gather(values, at) if values is not None else gather(flat, picked + np.repeat(starts[:-1], counts)), index
 
 
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:

@@ -84,7 +84,7 @@ class RandomK(Select):
         its key section written into one buffer, the kept values gathered at once."""
         from codec.frame import SectionRun
         from codec.kernels import backend
-        from codec.ops import round_to
+        from codec.ops import gather, round_to
 
         sizes = np.diff(starts)
         steps = [c.step for c in ctxs]
@@ -94,8 +94,8 @@ class RandomK(Select):
         pos = np.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
         seeds = np.full(ks.size, self.seed, np.uint64)
-        backend("randomk", flat).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)
-        kept = flat[pos + np.repeat(starts[:-1], ks)]
+        backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)  # (on the host: keyed, not read)
+        kept = gather(flat, pos + np.repeat(starts[:-1], ks))  # (a device run's kept values come back)
         if not np.isfinite(kept).all():
             return None  # select() raises the error naming the tensor and position
         if self.scale and kept.size:

@@ -39,11 +39,16 @@ class TopK(MagnitudeSelect):
 
         from codec.kernels import backend
 
+        from codec.device import Memory
+        from codec.dtypes import on_device
+
         sizes = np.diff(starts)
         ks = np.array([self.kept(int(n), c.step) for n, c in zip(sizes, ctxs)], np.int64)  # (at most n)
         room, pos, counts, bad = segment_room(ks)
-        backend("select", flat).topk_segments(flat, starts, ks, room, pos, bad)
-        if bad.any():
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions copied back
+        pos, bad = mem.put(pos), mem.put(bad)
+        backend("select", flat).topk_segments(flat, mem.put(starts), mem.put(ks), mem.put(room), pos, bad)
+        if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
         counts[:] = ks
         return segments_picked(flat, starts, room, pos, counts)
