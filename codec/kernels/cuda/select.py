@@ -1,6 +1,7 @@
-"""CUDA twin of ``codec/kernels/cpu/select.py`` for one tensor: ``candidates``,
-``line_sample``, ``strided_sample`` and ``gather_rows``, with the CPU file's arguments and
-results (the segmented many-tensor kernels come with the device ``encode_many``).
+"""CUDA twin of ``codec/kernels/cpu/select.py``: ``candidates``, ``line_sample``,
+``strided_sample`` and ``gather_rows`` here, the segmented (many-tensor) ``topk_segments``,
+``gaussiank_segments`` and ``dgc_segments`` in ``_segments.py``, with the CPU file's
+arguments and results.
 
 ``candidates`` runs one block per chunk of ``CHUNK`` values, the chunk the CPU kernel gives
 one thread: the block walks the chunk a stretch of ``THREADS * ITEMS`` values at a time,
@@ -23,12 +24,12 @@ import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import THREADS, block_scan, compactor, launch, mul
+from codec.kernels.cuda._common import THREADS, compactor, launch, mul
 from codec.layout import CHUNK
 
 cuda = numba_cuda()
 
-__all__ = ["candidates", "gather_rows", "line_sample", "strided_sample", "topk_segments"]
+__all__ = ["candidates", "dgc_segments", "gather_rows", "gaussiank_segments", "line_sample", "strided_sample", "topk_segments"]
 
 #: the most column lanes ``chunk_sums`` may use (shared memory per block)
 MAX_WIDTH = 1024
@@ -170,108 +171,5 @@ def gather_rows(buf, vals, counts, starts, out, vout):
         _gather_rows[buf.shape[0], _common.THREADS](buf, vals, counts, starts, out, vout)
 
 
-@jit(device=True)
-def _key(v):
-    """The bits of ``|v|`` in float64 (exact for float32 too) as an unsigned integer: ordered
-    as the magnitudes are (for finite values), equal exactly when they are (-0 and +0 alike),
-    so the selection compares in float64 as the CPU kernel does."""
-    return np.float64(abs(v)).view(np.uint64)
-
-
-@jit(device=True)
-def _kth_key(x, lo, hi, k, hist, pick):
-    """The key (:func:`_key`) of the ``k``-th largest magnitude of ``x[lo:hi]`` (``1 <= k <=
-    hi - lo``) and how many values equal to it are among the ``k`` largest: a radix select,
-    eight bits a pass from the top, each pass a histogram in shared ``hist`` (256 counts) of
-    the values whose higher bits match the digits chosen so far, thread 0 choosing the next
-    digit into shared ``pick`` (two int64).  Every thread of the block calls it and gets the answer."""
-    t = cuda.threadIdx.x
-    if t == 0:
-        pick[0] = 0  # the digits chosen so far
-        pick[1] = k  # the rank still wanted among the values that match them
-    for p in range(8):  # (float64 keys: eight digits; a float32 value's last ones are zero)
-        shift = np.uint64(56 - 8 * p)
-        for d in range(t, 256, cuda.blockDim.x):
-            hist[d] = 0
-        cuda.syncthreads()
-        prefix = np.uint64(pick[0])
-        above = np.uint64(0) if p == 0 else ~np.uint64(0) << (shift + np.uint64(8))  # the digits already chosen
-        for i in range(lo + t, hi, cuda.blockDim.x):
-            key = _key(x[i])
-            if key & above == prefix:
-                cuda.atomic.add(hist, (key >> shift) & np.uint64(255), 1)
-        cuda.syncthreads()
-        if t == 0:
-            want = pick[1]
-            d = 255
-            while hist[d] < want:  # (the counts from the top reach want at some digit)
-                want -= hist[d]
-                d -= 1
-            pick[0] = np.int64(prefix | (np.uint64(d) << shift))  # (a magnitude's bits: the top bit is clear)
-            pick[1] = want
-        cuda.syncthreads()
-    key, ties = np.uint64(pick[0]), np.int64(pick[1])
-    cuda.syncthreads()  # (pick is free again)
-    return key, ties
-
-
-@jit
-def _topk_segments(x, starts, ks, out_starts, out, bad, items):
-    s = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    lo = starts[s]
-    hi = starts[s + 1]
-    k = ks[s]
-    o = out_starts[s]
-    tmp = cuda.shared.array(THREADS, np.int64)
-    hist = cuda.shared.array(256, np.int64)
-    pick = cuda.shared.array(2, np.int64)
-    nbad = 0
-    for i in range(lo + t, hi, cuda.blockDim.x):
-        v = x[i]
-        nbad += v - v != 0
-    _, nbad = block_scan(nbad, tmp)
-    if nbad:  # (the same for every thread: they all leave)
-        if t == 0:
-            bad[s] = 1
-        return
-    if k >= hi - lo or k == 0:
-        for j in range(t, k, cuda.blockDim.x):
-            out[o + j] = j
-        return
-    kth, ties = _kth_key(x, lo, hi, k, hist, pick)
-    # the values above the k-th, and the first ``ties`` equal to it: two scans a stretch, one
-    # for the (above, equal) counts, one for each thread's kept count given the equal ones before it
-    w0 = 0
-    eq0 = 0
-    for base in range(lo, hi, cuda.blockDim.x * items):
-        a0 = min(hi, base + t * items)
-        a1 = min(hi, a0 + items)
-        gt = 0
-        eq = 0
-        for i in range(a0, a1):
-            key = _key(x[i])
-            gt += key > kth
-            eq += key == kth
-        before, total = block_scan(gt + (eq << 32), tmp)
-        seen = eq0 + (before >> 32)  # equal values before this thread's run
-        mine = gt + min(eq, max(0, ties - seen))
-        wbefore, wtotal = block_scan(mine, tmp)
-        w = o + w0 + wbefore
-        for i in range(a0, a1):
-            key = _key(x[i])
-            if key > kth or (key == kth and seen < ties):
-                out[w] = i - lo
-                w += 1
-            if key == kth:
-                seen += 1
-        w0 += wtotal
-        eq0 += total >> 32
-
-
-def topk_segments(x, starts, ks, out_starts, out, bad):
-    """The CPU kernel's ``topk_segments`` (its docstring has the contract): one block per
-    segment, its k-th magnitude by a radix select (:func:`_kth_key`), its positions by
-    stream compaction in index order; every array a device array."""
-    if starts.size > 1:
-        _topk_segments[starts.size - 1, BLOCK](x, starts, ks, out_starts, out, bad, ITEMS)
+# the segmented (many-tensor) kernels live in their own module; they are this family's names
+from codec.kernels.cuda._segments import dgc_segments, gaussiank_segments, topk_segments  # noqa: E402

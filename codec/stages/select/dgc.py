@@ -53,11 +53,8 @@ class DGC(MagnitudeSelect):
         adaptation loop and the exact top-k fallback per tensor, as :meth:`choose`), the index
         sections of all of them in two more (``codec.pack.index_segments``), their values in
         one gather."""
+        from codec.device import Memory
         from codec.dtypes import on_device
-
-        if on_device(flat):  # no CUDA twin of ``dgc_segments`` yet: each tensor selects alone
-            return None
-
         from codec.kernels import backend
 
         sizes = np.diff(starts)
@@ -68,7 +65,10 @@ class DGC(MagnitudeSelect):
         drawn = -(-sizes // strides)
         picks = np.minimum(np.maximum(1, np.ceil(ratios * drawn)), drawn).astype(np.int64)
         room, pos, counts, bad = segment_room(np.minimum(sizes, np.floor(1.3 * ks).astype(np.int64) + 1))
-        backend("select", flat).dgc_segments(flat, starts, ks, strides, picks, RETRIES, room, pos, counts, bad)
-        if bad.any():
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions copied back
+        put = mem.put
+        pos, counts, bad = put(pos), put(counts), put(bad)
+        backend("select", flat).dgc_segments(flat, put(starts), put(ks), put(strides), put(picks), RETRIES, put(room), pos, counts, bad)
+        if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
-        return segments_picked(flat, starts, room, pos, counts)
+        return segments_picked(flat, starts, room, pos, mem.host(counts))

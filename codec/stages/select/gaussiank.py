@@ -54,14 +54,12 @@ class GaussianK(MagnitudeSelect):
         """Every tensor's selection in one kernel call (``gaussiank_segments``: its moments,
         threshold, clamped count and top-k, as :meth:`choose`); the index sections of all of
         them in two more, their values in one gather.  Each tensor's shift (its mean, the
-        variance sums' origin) is NumPy's mean of it, as :class:`Magnitudes` takes it."""
-        from codec.dtypes import on_device
-
-        if on_device(flat):  # no CUDA twin of ``gaussiank_segments`` yet: each tensor selects alone
-            return None
-
+        variance sums' origin) is NumPy's mean of it, as :class:`Magnitudes` takes it (a device
+        run is copied to the host once for them: the small tensors runs hold)."""
         import numpy as np
 
+        from codec.device import Memory
+        from codec.dtypes import on_device
         from codec.kernels import backend
         from codec.layout import CHUNK, LANES
 
@@ -75,14 +73,19 @@ class GaussianK(MagnitudeSelect):
         else:
             memo: dict = {}
             zs = np.array([memo[r] if r in memo else memo.setdefault(r, _z(r)) for r in ratios])
-        shifts = np.array([float(flat[a:b].astype(np.float64).mean()) if b > a else 0.0 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions copied back
         room, pos, counts, bad = segment_room(np.minimum(sizes, ks if self.exact else 4 * ks // 3))
+        pos, bad, put = mem.put(pos), mem.put(bad), mem.put
         kern = backend("select", flat)
         if self.exact:
-            kern.topk_segments(flat, starts, ks, room, pos, bad)
+            kern.topk_segments(flat, put(starts), put(ks), put(room), pos, bad)
             counts[:] = ks
         else:
-            kern.gaussiank_segments(flat, starts, shifts, zs, LANES, ks, room, pos, counts, bad)
-        if bad.any():
+            host = mem.host(flat)
+            shifts = np.array([float(host[a:b].astype(np.float64).mean()) if b > a else 0.0 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
+            dev_counts = put(counts)
+            kern.gaussiank_segments(flat, put(starts), put(shifts), put(zs), LANES, put(ks), put(room), pos, dev_counts, bad)
+            counts = mem.host(dev_counts)
+        if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
         return segments_picked(flat, starts, room, pos, counts)
