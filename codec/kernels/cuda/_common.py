@@ -51,6 +51,8 @@ def per_context(key, make):
 # The device functions twins share.  Warp-level intrinsics would live here, behind the same
 # names, with these shared-memory forms as the simulator's fallback.  The intrinsics are
 # reached through the module global ``cuda``, which the simulator swaps for its own.
+import numpy as np  # noqa: E402
+
 from codec._cuda_jit import jit, numba_cuda  # noqa: E402  (twins import this module, never codec)
 
 cuda = numba_cuda()
@@ -75,6 +77,44 @@ def block_scan(flag, tmp):
     total = tmp[cuda.blockDim.x - 1]
     cuda.syncthreads()
     return incl - flag, total
+
+
+#: the most column lanes :func:`chunk_sums` takes (its shared memory per block)
+MAX_WIDTH = 1024
+
+
+@jit(device=True)
+def chunk_sums(src, lo, hi, shift, width):
+    """The CPU's ``chunk_sums`` by a block: the float64 sum and sum of squares of ``src[lo:hi]
+    - shift`` in ``width`` column lanes (each thread its lanes, each lane its rows in order),
+    then thread 0 adding the lanes in order and the tail; the sums are thread 0's answer
+    (``(0.0, 0.0)`` elsewhere).  The squares are rounded on their own (:func:`mul`)."""
+    t = cuda.threadIdx.x
+    cs = cuda.shared.array(MAX_WIDTH, np.float64)
+    cq = cuda.shared.array(MAX_WIDTH, np.float64)
+    rows = (hi - lo) // width
+    for col in range(t, width, cuda.blockDim.x):
+        a = 0.0
+        b = 0.0
+        for r in range(rows):
+            v = np.float64(src[lo + r * width + col]) - shift
+            a += v
+            b += mul(v, v)
+        cs[col] = a
+        cq[col] = b
+    cuda.syncthreads()
+    s = 0.0
+    q = 0.0
+    if t == 0:
+        for col in range(width):
+            s += cs[col]
+            q += cq[col]
+        for i in range(lo + rows * width, hi):
+            v = np.float64(src[i]) - shift
+            s += v
+            q += mul(v, v)
+    cuda.syncthreads()  # (cs and cq are free again)
+    return s, q
 
 
 def _compact(p, lo, hi, items, at, cap, origin, pos, vals, tmp):

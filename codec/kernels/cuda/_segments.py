@@ -19,13 +19,9 @@ import math
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
-from codec.kernels.cuda._common import THREADS, block_scan, compactor, mul
+from codec.kernels.cuda._common import MAX_WIDTH, THREADS, block_scan, chunk_sums, compactor, mul
 
 cuda = numba_cuda()
-
-#: the most column lanes of gaussian-k's sums (shared memory per block)
-MAX_WIDTH = 1024
-
 
 @jit(device=True)
 def _key(v):
@@ -36,14 +32,15 @@ def _key(v):
 
 
 @jit(device=True)
-def _kth_key(x, lo, stride, m, k, hist, pick):
+def _kth_key(x, lo, stride, m, k):
     """The key (:func:`_key`) of the ``k``-th largest of ``|x[lo + j * stride]|`` for ``j <
     m`` (``1 <= k <= m``) and how many values equal to it are among the ``k`` largest: a
-    radix select, eight bits a pass from the top, each pass a histogram in shared ``hist``
-    (256 counts) of the values whose higher bits match the digits chosen so far, thread 0
-    choosing the next digit into shared ``pick`` (two int64).  Every thread of the block
-    calls it and gets the answer."""
+    radix select, eight bits a pass from the top, each pass a histogram in shared memory (256
+    counts) of the values whose higher bits match the digits chosen so far, thread 0
+    choosing the next digit.  Every thread of the block calls it and gets the answer."""
     t = cuda.threadIdx.x
+    hist = cuda.shared.array(256, np.int64)
+    pick = cuda.shared.array(2, np.int64)  # the digits chosen so far, the rank still wanted
     if t == 0:
         pick[0] = 0  # the digits chosen so far
         pick[1] = k  # the rank still wanted among the values that match them
@@ -74,7 +71,7 @@ def _kth_key(x, lo, stride, m, k, hist, pick):
 
 
 @jit(device=True)
-def _topk_block(x, lo, hi, k, out, o, items, tmp, hist, pick):
+def _topk_block(x, lo, hi, k, out, o, items, tmp):
     """The sorted positions (from ``lo``) of the ``k`` largest magnitudes of ``x[lo:hi]``
     (finite; ties to the lower index) into ``out[o:o + k]``, by the block: the k-th by
     :func:`_kth_key`, then the values above it and the first ``ties`` equal to it, two scans
@@ -85,7 +82,7 @@ def _topk_block(x, lo, hi, k, out, o, items, tmp, hist, pick):
         for j in range(t, k, cuda.blockDim.x):
             out[o + j] = j
         return
-    kth, ties = _kth_key(x, lo, 1, hi - lo, k, hist, pick)
+    kth, ties = _kth_key(x, lo, 1, hi - lo, k)
     w0 = 0
     eq0 = 0
     for base in range(lo, hi, cuda.blockDim.x * items):
@@ -114,41 +111,37 @@ def _topk_block(x, lo, hi, k, out, o, items, tmp, hist, pick):
 
 
 @jit(device=True)
+def _finite(x, lo, hi, s, bad, tmp):
+    """Whether ``x[lo:hi]`` holds no NaN or inf (else ``bad[s] = 1``); the same answer for
+    every thread of the block."""
+    nbad = 0
+    for i in range(lo + cuda.threadIdx.x, hi, cuda.blockDim.x):
+        v = x[i]
+        nbad += v - v != 0
+    _, nbad = block_scan(nbad, tmp)
+    if nbad and cuda.threadIdx.x == 0:
+        bad[s] = 1
+    return nbad == 0
+
+
+@jit(device=True)
 def _opened(x, lo, hi, s, counts, bad, tmp):
     """Open segment ``s`` of a counting kernel, as the CPU's ``_opened``: ``counts[s] = 0``;
     whether there is anything to select (False for an empty segment, and for one holding a
     NaN or inf, which sets ``bad[s]``).  The same answer for every thread."""
-    t = cuda.threadIdx.x
-    if t == 0:
+    if cuda.threadIdx.x == 0:
         counts[s] = 0
-    nbad = 0
-    for i in range(lo + t, hi, cuda.blockDim.x):
-        v = x[i]
-        nbad += v - v != 0
-    _, nbad = block_scan(nbad, tmp)
-    if nbad and t == 0:
-        bad[s] = 1
-    return hi > lo and nbad == 0
+    return _finite(x, lo, hi, s, bad, tmp) and hi > lo
 
 
 @jit
 def _topk_segments(x, starts, ks, out_starts, out, bad, items):
     s = cuda.blockIdx.x
     tmp = cuda.shared.array(THREADS, np.int64)
-    hist = cuda.shared.array(256, np.int64)
-    pick = cuda.shared.array(2, np.int64)
     lo = starts[s]
     hi = starts[s + 1]
-    nbad = 0
-    for i in range(lo + cuda.threadIdx.x, hi, cuda.blockDim.x):
-        v = x[i]
-        nbad += v - v != 0
-    _, nbad = block_scan(nbad, tmp)
-    if nbad:  # (the same for every thread: they all leave)
-        if cuda.threadIdx.x == 0:
-            bad[s] = 1
-        return
-    _topk_block(x, lo, hi, ks[s], out, out_starts[s], items, tmp, hist, pick)
+    if _finite(x, lo, hi, s, bad, tmp):  # (the same answer for every thread)
+        _topk_block(x, lo, hi, ks[s], out, out_starts[s], items, tmp)
 
 
 def topk_segments(x, starts, ks, out_starts, out, bad):
@@ -163,10 +156,6 @@ def _gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, count
     s = cuda.blockIdx.x
     t = cuda.threadIdx.x
     tmp = cuda.shared.array(THREADS, np.int64)
-    hist = cuda.shared.array(256, np.int64)
-    pick = cuda.shared.array(2, np.int64)
-    cs = cuda.shared.array(MAX_WIDTH, np.float64)
-    cq = cuda.shared.array(MAX_WIDTH, np.float64)
     got = cuda.shared.array(1, np.float64)  # the threshold, from thread 0
     lo = starts[s]
     hi = starts[s + 1]
@@ -174,27 +163,8 @@ def _gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, count
         return
     n = hi - lo
     shift = shifts[s]
-    rows = n // width
-    for col in range(t, width, cuda.blockDim.x):  # each lane its rows in order, as chunk_sums
-        a = 0.0
-        b = 0.0
-        for r in range(rows):
-            v = np.float64(x[lo + r * width + col]) - shift
-            a += v
-            b += mul(v, v)
-        cs[col] = a
-        cq[col] = b
-    cuda.syncthreads()
+    sm, sq = chunk_sums(x, lo, hi, shift, width)
     if t == 0:
-        sm = 0.0
-        sq = 0.0
-        for col in range(width):
-            sm += cs[col]
-            sq += cq[col]
-        for i in range(lo + rows * width, hi):
-            v = np.float64(x[i]) - shift
-            sm += v
-            sq += mul(v, v)
         m1 = sm / n
         var = sq / n - mul(m1, m1)
         std = math.sqrt(var) if var > 0.0 else 0.0
@@ -211,7 +181,7 @@ def _gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, count
     if thr != thr:
         above = min(above, hi_k)
     keep = min(max(above, (2 * k + 2) // 3), hi_k, n)
-    _topk_block(x, lo, hi, keep, out, out_starts[s], items, tmp, hist, pick)
+    _topk_block(x, lo, hi, keep, out, out_starts[s], items, tmp)
     if t == 0:
         counts[s] = keep
 
@@ -241,8 +211,6 @@ def _dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, count
     s = cuda.blockIdx.x
     t = cuda.threadIdx.x
     tmp = cuda.shared.array(THREADS, np.int64)
-    hist = cuda.shared.array(256, np.int64)
-    pick = cuda.shared.array(2, np.int64)
     lo = starts[s]
     hi = starts[s + 1]
     if not _opened(x, lo, hi, s, counts, bad, tmp):
@@ -251,7 +219,7 @@ def _dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, count
     k = ks[s]
     o = out_starts[s]
     stride = strides[s]
-    key, _ = _kth_key(x, lo, stride, (n + stride - 1) // stride, picks[s], hist, pick)
+    key, _ = _kth_key(x, lo, stride, (n + stride - 1) // stride, picks[s])
     thr = key.view(np.float64)  # the picks[s]-th largest sampled magnitude
     for retry in range(retries + 1):
         count = 0
@@ -261,7 +229,7 @@ def _dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, count
         if thr <= 0:
             count = n
         if count > 1.3 * k:
-            _topk_block(x, lo, hi, k, out, o, items, tmp, hist, pick)
+            _topk_block(x, lo, hi, k, out, o, items, tmp)
             if t == 0:
                 counts[s] = k
             return

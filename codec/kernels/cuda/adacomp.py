@@ -33,10 +33,11 @@ BLOCK = THREADS
 @jit(device=True)
 def _find(p, i, first):
     """AdaComp's test of value ``i`` (``_common.compactor``): ``not |g + dw| < gmax`` of its
-    bin and ``g != 0``: 1, or 2 when ``g`` is NaN or inf."""
-    g, dw, gmax, length = p
+    bin (bins counted from ``lo``, their maxima from ``gmax[b0]``) and ``g != 0``: 1, or 2
+    when ``g`` is NaN or inf."""
+    g, dw, gmax, length, lo, b0 = p
     gi = g[i]
-    if not abs(gi + dw[i]) < gmax[i // length]:
+    if not abs(gi + dw[i]) < gmax[b0 + (i - lo) // length]:
         if gi - gi != 0:
             return 2, gi
         if gi != 0:
@@ -82,27 +83,10 @@ def _bins(dw, r, g, length, per_chunk, c0, items, buf, vals, cap, counts, bad, g
     hi = min(dw.size, lo + span)
     _bin_maxima(dw, r, g, lo, hi, length, gmax, lo // length)
     tmp = cuda.shared.array(THREADS, np.int64)
-    found, nbad = _compact((g, dw, gmax, length), lo, hi, items, cuda.blockIdx.x * cap, cap, 0, buf, vals, tmp)
+    found, nbad = _compact((g, dw, gmax, length, 0, 0), lo, hi, items, cuda.blockIdx.x * cap, cap, 0, buf, vals, tmp)
     if cuda.threadIdx.x == 0:
         counts[c] = found
         bad[c] = nbad
-
-
-@jit(device=True)
-def _find_segment(p, i, first):
-    """:func:`_find` for a segment: its bins counted from its start ``lo``, its maxima from
-    ``gmax[b0]``."""
-    x, gmax, length, lo, b0 = p
-    gi = x[i]
-    if not abs(gi + gi) < gmax[b0 + (i - lo) // length]:
-        if gi - gi != 0:
-            return 2, gi
-        if gi != 0:
-            return 1, gi
-    return 0, gi
-
-
-_compact_segment = compactor(_find_segment)
 
 
 @jit
@@ -112,7 +96,7 @@ def _segments(x, starts, lengths, bstarts, items, pos, vals, counts, bad, gmax):
     hi = starts[s + 1]
     _bin_maxima(x, x[:0], x, lo, hi, lengths[s], gmax, bstarts[s])
     tmp = cuda.shared.array(THREADS, np.int64)
-    found, nbad = _compact_segment((x, gmax, lengths[s], lo, bstarts[s]), lo, hi, items, lo, hi - lo, lo, pos, vals, tmp)
+    found, nbad = _compact((x, x, gmax, lengths[s], lo, bstarts[s]), lo, hi, items, lo, hi - lo, lo, pos, vals, tmp)
     if cuda.threadIdx.x == 0:
         counts[s] = found
         bad[s] = nbad

@@ -24,15 +24,13 @@ import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import THREADS, compactor, launch, mul
+from codec.kernels.cuda._common import MAX_WIDTH, THREADS, chunk_sums, compactor, launch
 from codec.layout import CHUNK
 
 cuda = numba_cuda()
 
 __all__ = ["candidates", "dgc_segments", "gather_rows", "gaussiank_segments", "line_sample", "strided_sample", "topk_segments"]
 
-#: the most column lanes ``chunk_sums`` may use (shared memory per block)
-MAX_WIDTH = 1024
 #: consecutive values one thread of a ``candidates`` block tests per stretch (one 64-byte
 #: line of float32): a stretch of ``THREADS * ITEMS`` values takes one block-wide scan
 ITEMS = 16
@@ -78,32 +76,9 @@ def _candidates(x, r, acc, cut, c0, chunk, items, buf, vals, cap, counts, bad): 
 @jit
 def _chunk_sums(src, c0, chunk, shift, sums):
     c = c0 + cuda.blockIdx.x
-    col = cuda.threadIdx.x
-    width = cuda.blockDim.x
     lo = c * chunk
-    hi = min(src.size, lo + chunk)
-    rows = (hi - lo) // width
-    cs = cuda.shared.array(MAX_WIDTH, np.float64)
-    cq = cuda.shared.array(MAX_WIDTH, np.float64)
-    s = 0.0
-    q = 0.0
-    for k in range(rows):
-        v = np.float64(src[lo + k * width + col]) - shift
-        s += v
-        q += mul(v, v)
-    cs[col] = s
-    cq[col] = q
-    cuda.syncthreads()
-    if col == 0:
-        s = 0.0
-        q = 0.0
-        for j in range(width):
-            s += cs[j]
-            q += cq[j]
-        for i in range(lo + rows * width, hi):
-            v = np.float64(src[i]) - shift
-            s += v
-            q += mul(v, v)
+    s, q = chunk_sums(src, lo, min(src.size, lo + chunk), shift, cuda.blockDim.x)
+    if cuda.threadIdx.x == 0:
         sums[c, 0] = s
         sums[c, 1] = q
 
