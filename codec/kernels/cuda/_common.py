@@ -1,9 +1,12 @@
-"""Launch shapes every CUDA twin shares (the CUDA side of ``codec/kernels/cpu/_common.py``).
+"""What every CUDA twin shares (the CUDA side of ``codec/kernels/cpu/_common.py``): launch
+shapes, the per-context buffer cache, and the device functions the twins call.
 
-Kernels are grid-stride loops: a launch over ``n`` values uses enough blocks of
-:data:`THREADS` for one value per thread, at most :data:`MAX_BLOCKS` (about two blocks per
-multiprocessor resident on an H100/H200), each thread striding by the grid's size.  Results
-never depend on the launch shape (no kernel sums in thread order).
+Elementwise kernels are grid-stride loops: a launch over ``n`` values (:func:`launch`) uses
+enough blocks of :data:`THREADS` for one value per thread, at most :data:`MAX_BLOCKS` (about
+two blocks per multiprocessor resident on an H100/H200), each thread striding by the grid's
+size.  Results never depend on the launch shape (no kernel sums in thread order; block-wide
+scans and sums run in index order).  Device functions: :func:`block_scan`,
+:func:`chunk_sums`, :func:`compactor` (the compaction loop), :func:`mul` / ``mul32``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,6 @@ import threading
 #: threads per block: it runs each as a Python thread)
 THREADS = 256
 MAX_BLOCKS = 1024
-
-
-def grid(n: int) -> int:
-    """Blocks of a launch over ``n`` values (at least one)."""
-    return launch(n)[0]
 
 
 def launch(n: int) -> tuple[int, int]:
