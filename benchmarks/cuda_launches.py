@@ -10,12 +10,10 @@ shapes are shrunk as the tests shrink them (tests/cuda/conftest.py), which chang
 import numpy as np, collections, codec
 from numba import cuda
 from codec.kernels.cuda import _common
-from codec.kernels import module
 _common.THREADS = 32
 _common.MAX_BLOCKS = 1
-for f in ("select", "adacomp"):
-    module(f, "cuda").BLOCK = 4
-    module(f, "cuda").ITEMS = 128
+_common.SCAN_BLOCK = 4
+_common.SCAN_ITEMS = 128
 import numba.cuda.simulator.kernel as K
 N=collections.Counter()
 orig=K.FakeCUDAKernel.__getitem__

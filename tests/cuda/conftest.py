@@ -6,8 +6,8 @@ Each block also pays a polling loop of the simulator's (measured: one fp16 confo
 check took 3.7 s with 14 blocks of 32 threads, 1.9 s with 2 blocks of 256, 0.41 s with one
 block of 32). Here the grid-stride launches take one block of 32 threads
 (``_common.THREADS``, ``_common.MAX_BLOCKS``: each thread strides over the array), and the
-``select`` and ``adacomp`` twins' scanning blocks 4 threads of 128 values each (``BLOCK``,
-``ITEMS``: a few hundred values take one scan, and a barrier costs the simulator 20-30 ms
+block-wide scans' blocks 4 threads of 128 values each (``SCAN_BLOCK``, ``SCAN_ITEMS``: a
+few hundred values take one scan, and a barrier costs the simulator 20-30 ms
 whatever the block's size: 420 values took 0.39 s in 8 threads of 16, 0.085 s in 4 of 128). The launch shape
 never changes a result (grid-stride loops; scans in index order); the kernel tests run
 other shapes on purpose (two and three blocks of 256 and 32 threads, 256- and 32-thread
@@ -23,11 +23,9 @@ import pytest
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch):
     if numba.config.ENABLE_CUDASIM:
-        from codec.kernels import module
         from codec.kernels.cuda import _common
 
         monkeypatch.setattr(_common, "THREADS", 32)
         monkeypatch.setattr(_common, "MAX_BLOCKS", 1)
-        for family in ("select", "adacomp"):
-            monkeypatch.setattr(module(family, "cuda"), "BLOCK", 4)
-            monkeypatch.setattr(module(family, "cuda"), "ITEMS", 128)
+        monkeypatch.setattr(_common, "SCAN_BLOCK", 4)
+        monkeypatch.setattr(_common, "SCAN_ITEMS", 128)

@@ -12,6 +12,7 @@ from numba import cuda
 import codec
 from codec.errors import NonFiniteError
 from codec.kernels import module
+from codec.kernels.cuda import _common
 
 G = module("adacomp", "cuda")
 C = module("adacomp", "cpu")
@@ -34,7 +35,7 @@ def run(kern, put, dw, r, g, length, per_chunk, nchunk, cap, form):
 @pytest.mark.parametrize("n,length,per_chunk", [(0, 5, 2), (1, 5, 2), (37, 5, 2), (301, 7, 5), (300, 50, 2)])
 @pytest.mark.parametrize("form", (False, True), ids=("g", "r+dw"))
 def test_bins_match_the_cpu_kernel(monkeypatch, n, length, per_chunk, dtype, form):
-    monkeypatch.setattr(G, "ITEMS", 3)  # several stretches per chunk
+    monkeypatch.setattr(_common, "SCAN_ITEMS", 3)  # several stretches per chunk
     rng = np.random.default_rng(n + length)
     dw = (rng.standard_t(2, n) * 10.0 ** rng.integers(-3, 3, n)).astype(dtype)
     dw[::11] = 0  # zeros are never sent
@@ -92,7 +93,7 @@ def test_adacomp_nonfinite_on_the_device_names_the_position():
 def test_segments_match_the_cpu_kernel(monkeypatch, dtype):
     """Segments of 0 to 120 values with their own bin lengths, one holding a NaN: the same
     maxima, sends (relative positions and values), counts and NaN/inf counts."""
-    monkeypatch.setattr(G, "ITEMS", 3)
+    monkeypatch.setattr(_common, "SCAN_ITEMS", 3)
     rng = np.random.default_rng(3)
     sizes = [0, 1, 17, 120, 33, 8]
     lengths = np.array([5, 5, 4, 50, 7, 3], np.int64)

@@ -13,6 +13,7 @@ from numba import cuda
 import codec
 from codec.errors import NonFiniteError
 from codec.kernels import module
+from codec.kernels.cuda import _common
 
 G = module("select", "cuda")
 C = module("select", "cpu")
@@ -67,7 +68,7 @@ def test_candidates_match_numpy_in_several_chunks(monkeypatch, n, dtype, form):
     chunks find more: their count says so), NaN and inf counted, not found; under error
     feedback ``acc = x + r`` written in the same pass."""
     monkeypatch.setattr(G, "CHUNK", 256)
-    monkeypatch.setattr(G, "ITEMS", 7)
+    monkeypatch.setattr(_common, "SCAN_ITEMS", 7)
     x = data(n, dtype, kind="heavy")
     if n > 40:
         x[[7, 39]] = [np.nan, -np.inf]
@@ -101,7 +102,7 @@ def test_candidates_match_the_cpu_kernel(monkeypatch, block, dtype):
     sums the CPU kernel takes (LANES): rows, counts and sums identical."""
     from codec.layout import LANES
 
-    monkeypatch.setattr(G, "BLOCK", block)
+    monkeypatch.setattr(_common, "SCAN_BLOCK", block)
     n = 700
     x, r = data(n, dtype), data(n, dtype, seed=2)
     cut, chunks = dtype(0.8), np.array([0, 1])
@@ -152,7 +153,7 @@ def test_topk_segments_match_the_cpu_kernel(monkeypatch, dtype, items):
     both signs), k from 0 to all of them, one segment holding a NaN and one an inf: the same
     positions (ties to the lower index) and NaN/inf flags as the CPU kernel; several
     stretches per segment with ``items=2``."""
-    monkeypatch.setattr(G, "ITEMS", items)
+    monkeypatch.setattr(_common, "SCAN_ITEMS", items)
     rng = np.random.default_rng(items)
     sizes = [0, 1, 5, 40, 100, 37, 64, 9, 12]
     parts = [(rng.integers(-3, 4, n) * (1.0 if i % 3 else -1.0) if i % 2 else rng.standard_t(2, n) * 10.0 ** rng.integers(-3, 3, n)) for i, n in enumerate(sizes)]

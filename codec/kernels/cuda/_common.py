@@ -18,6 +18,12 @@ import threading
 #: threads per block: it runs each as a Python thread)
 THREADS = 256
 MAX_BLOCKS = 1024
+#: the block-wide scans' launches (``candidates``, AdaComp's bins, the segmented kernels):
+#: threads per block (at most THREADS) and consecutive values a thread tests per stretch (one
+#: 64-byte line of float32), read when a call is made like the two above (the simulator
+#: tests take fewer threads of more values: a barrier costs it 20-30 ms)
+SCAN_BLOCK = THREADS
+SCAN_ITEMS = 16
 
 
 def launch(n: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
+from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import MAX_WIDTH, THREADS, block_scan, chunk_sums, compactor, mul
 
 cuda = numba_cuda()
@@ -148,7 +149,7 @@ def topk_segments(x, starts, ks, out_starts, out, bad):
     """The CPU kernel's ``topk_segments`` (its docstring has the contract): one block per
     segment (:func:`_topk_block`); every array a device array."""
     if starts.size > 1:
-        _topk_segments[starts.size - 1, _shape().BLOCK](x, starts, ks, out_starts, out, bad, _shape().ITEMS)
+        _topk_segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, ks, out_starts, out, bad, _common.SCAN_ITEMS)
 
 
 @jit
@@ -192,7 +193,7 @@ def gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, counts
     if not 0 < width <= MAX_WIDTH:
         raise ValueError(f"width: expected 1..{MAX_WIDTH} lanes, got {width}")
     if starts.size > 1:
-        _gaussiank_segments[starts.size - 1, _shape().BLOCK](x, starts, shifts, zs, width, ks, out_starts, out, counts, bad, _shape().ITEMS)
+        _gaussiank_segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, shifts, zs, width, ks, out_starts, out, counts, bad, _common.SCAN_ITEMS)
 
 
 @jit(device=True)
@@ -249,12 +250,4 @@ def dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, counts
         from codec.device import empty
 
         vals = empty(out.size, np.dtype(x.dtype))  # (the compaction's values: not wanted here)
-        _dgc_segments[starts.size - 1, _shape().BLOCK](x, starts, ks, strides, picks, retries, out_starts, out, counts, bad, _shape().ITEMS, vals)
-
-
-def _shape():
-    """The select twin's module: its ``BLOCK`` and ``ITEMS`` shape these launches too (read when
-    a call is made, so the simulator tests set them in one place)."""
-    from codec.kernels.cuda import select
-
-    return select
+        _dgc_segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, ks, strides, picks, retries, out_starts, out, counts, bad, _common.SCAN_ITEMS, vals)

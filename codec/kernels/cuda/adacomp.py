@@ -6,10 +6,11 @@ One block per chunk of ``per_chunk`` whole bins, the unit the CPU kernel gives o
 so each chunk's row, count and non-finite count are the CPU's numbers.  The block first
 takes its bins' maxima, one thread per bin (forming ``g = r + dw`` in that loop under error
 feedback), into ``gmax``; after a barrier it walks the chunk as the ``select`` twin's
-``candidates`` does (``ITEMS`` consecutive values per thread, a block-wide scan of the
+``candidates`` does (``SCAN_ITEMS`` consecutive values per thread, a block-wide scan of the
 counts, each thread writing its sends in increasing position), testing each value against
 its bin's maximum.  A maximum is exact in any order for finite values; a bin holding a NaN
-or inf counts it, and the stage raises.  ``BLOCK`` and ``ITEMS`` are read when a call is
+or inf counts it, and the stage raises.  ``_common.SCAN_BLOCK`` and ``SCAN_ITEMS`` are read
+when a call is
 made (the simulator tests take small blocks).  ``adacomp_segments`` runs the same block
 over each segment (one block per tensor of a run), with the segment's own bin length.
 """
@@ -19,15 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
+from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import THREADS, compactor
 
 cuda = numba_cuda()
 
 __all__ = ["adacomp_bins", "adacomp_segments", "feedback_adacomp_bins"]
 
-#: values per thread per stretch, and threads per block (see the select twin)
-ITEMS = 16
-BLOCK = THREADS
 
 
 @jit(device=True)
@@ -106,13 +105,13 @@ def adacomp_segments(x, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
     """The CPU kernel's ``adacomp_segments`` (its docstring has the contract): one block per
     segment; every array a device array."""
     if starts.size > 1:
-        _segments[starts.size - 1, BLOCK](x, starts, lengths, bstarts, ITEMS, pos, vals, counts, bad, gmax)
+        _segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, lengths, bstarts, _common.SCAN_ITEMS, pos, vals, counts, bad, gmax)
 
 
 def _launch(dw, r, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):
     c0, c1 = int(chunks[0]), int(chunks[1])
     if c1 > c0:
-        _bins[c1 - c0, BLOCK](dw, r, g, length, per_chunk, c0, ITEMS, buf.reshape(buf.size), vals.reshape(vals.size), buf.shape[1], counts, bad, gmax)
+        _bins[c1 - c0, _common.SCAN_BLOCK](dw, r, g, length, per_chunk, c0, _common.SCAN_ITEMS, buf.reshape(buf.size), vals.reshape(vals.size), buf.shape[1], counts, bad, gmax)
 
 
 def adacomp_bins(dw, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):

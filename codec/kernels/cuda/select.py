@@ -4,8 +4,9 @@
 arguments and results.
 
 ``candidates`` runs one block per chunk of ``CHUNK`` values, the chunk the CPU kernel gives
-one thread: the block walks the chunk a stretch of ``THREADS * ITEMS`` values at a time,
-each thread counting the finds in its run of ``ITEMS`` consecutive values (forming ``acc =
+one thread: the block walks the chunk a stretch of ``SCAN_BLOCK * SCAN_ITEMS`` values at a
+time (``_common``), each thread counting the finds in its run of ``SCAN_ITEMS`` consecutive
+values (forming ``acc =
 x + r`` first under error feedback), a block-wide exclusive scan of the counts
 (``_common.block_scan``) giving each run its place in the chunk's row, and each thread
 writing its finds there, in increasing position: stream compaction in index order, so the row, its
@@ -31,13 +32,6 @@ cuda = numba_cuda()
 
 __all__ = ["candidates", "dgc_segments", "gather_rows", "gaussiank_segments", "line_sample", "strided_sample", "topk_segments"]
 
-#: consecutive values one thread of a ``candidates`` block tests per stretch (one 64-byte
-#: line of float32): a stretch of ``THREADS * ITEMS`` values takes one block-wide scan
-ITEMS = 16
-#: threads of a ``candidates`` block, at most ``THREADS``; read when a call is made, like
-#: ``CHUNK`` and ``ITEMS`` (the simulator tests take fewer: it runs each thread as a Python
-#: thread, and a block-wide scan's barriers cost it about 0.1 ms per thread)
-BLOCK = THREADS
 
 
 @jit(device=True)
@@ -91,7 +85,7 @@ def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift, widt
         return
     if not 0 < width <= MAX_WIDTH:
         raise ValueError(f"width: expected 1..{MAX_WIDTH} lanes, got {width}")
-    _candidates[c1 - c0, BLOCK](x, r, acc, cut, c0, CHUNK, ITEMS, buf.reshape(buf.size), vals.reshape(vals.size), buf.shape[1], counts, bad)
+    _candidates[c1 - c0, _common.SCAN_BLOCK](x, r, acc, cut, c0, CHUNK, _common.SCAN_ITEMS, buf.reshape(buf.size), vals.reshape(vals.size), buf.shape[1], counts, bad)
     if sums.shape[0]:
         _chunk_sums[c1 - c0, int(width)](acc if r.size else x, c0, CHUNK, np.float64(shift), sums)
 
