@@ -209,6 +209,7 @@ def rangefloat_cases(draw):
 @example((16, 8, 0, np.array([2.0**-1074, 3 * 2.0**-1074, 0.0, -0.0])))
 @example((16, 8, 0, np.array([1e-310, -3e-308])))  # float64 window far below 2**-1074: Emin = T - 254
 @example((4, 3, 0, np.array([np.finfo(np.float32).max, 1e-45, -1e-30], np.float32)))
+@example((4, None, 1, np.array([1e300, 5e-324, -3e-320, -1e308])))  # windows spanning more than float64's exponents: a second pass for the lowest
 def test_rangefloat_nearest_window_error_and_grid(case):
     """Nearest rounding: |decoded - v| <= 2**-(m+1) |v| for every v in its block's window
     [2**Emin, 2**(T+1)); decoded values lie on the format's grid and below its largest value;

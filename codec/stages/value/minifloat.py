@@ -234,8 +234,8 @@ class _MiniFloat(Quantizer):
         block, nblocks, _, _ = self._units(n)
         stored = self.read_windows(reader, ctx, nblocks)
         data = read_codes(reader, self.width, n, self.code_limit())
-        lut, scale = _exact_factors(magnitudes(self.mant, self.width), self.emins(stored).astype(np.int64))
-        return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype)
+        lut, scale, rescue = _exact_factors(magnitudes(self.mant, self.width), self.emins(stored).astype(np.int64))
+        return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype, rescue=rescue)
 
     def read_windows(self, reader, ctx, nblocks):
         """What the frame stores per window (``nblocks`` int16 in :meth:`window_range`)."""
@@ -253,13 +253,17 @@ class _MiniFloat(Quantizer):
 
 
 def _exact_factors(lut: np.ndarray, emin: np.ndarray):
-    """``lut * 2**-K`` and ``2**(emin + K)`` whose product is ``lut * 2**emin`` rounded once:
-    ``K > 0`` only when a window lies below float64's normal range (``2**emin`` itself would
-    underflow), and only if no other block's factor then overflows."""
+    """``(lut * 2**-K, 2**(emin + K), rescue)`` whose products are ``lut * 2**emin`` rounded
+    once: ``K > 0`` only when a window lies below float64's normal range (``2**emin`` itself
+    would underflow).  When another block's factor would then overflow (a frame whose windows
+    span more than float64's exponent range), the blocks below -1000 get factor 0 here and
+    ``rescue`` is their own ``(lut * 2**-K, factors)`` (0 for the other blocks), a second pass
+    :meth:`Quantizer._dequantize` takes for them; else ``rescue`` is None."""
     k = max(0, -1000 - int(emin.min())) if emin.size else 0
     if k and int(emin.max()) + k > 1023:
-        k = 0
-    return (np.ldexp(lut, -k) if k else lut), np.ldexp(1.0, emin + k)
+        tiny = emin < -1000
+        return lut, np.where(tiny, 0.0, np.ldexp(1.0, np.where(tiny, 0, emin))), (np.ldexp(lut, -k), np.where(tiny, np.ldexp(1.0, np.where(tiny, emin + k, 0)), 0.0))
+    return (np.ldexp(lut, -k) if k else lut), np.ldexp(1.0, emin + k), None
 
 
 def _window_tops(amax: np.ndarray, m: int, dtype, top_of_format: float) -> np.ndarray:

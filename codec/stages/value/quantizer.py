@@ -72,6 +72,10 @@ class Dequant:
     dstarts: np.ndarray | None = None
     blocks: np.ndarray | None = None
     sstarts: np.ndarray | None = None
+    #: ``(lut, scale)`` of a second pass for the blocks whose factor is 0 in ``scale`` (a
+    #: window below float64's normal range in a frame that also holds one near its top:
+    #: rangefloat's ``_exact_factors``); None when one pass decodes every block
+    rescue: tuple | None = None
 
     @property
     def top(self) -> float:
@@ -101,7 +105,7 @@ class Quantizer(Value):
         from codec.ops import round_to, store
 
         top = payload.top
-        if out.dtype == payload.dtype and top <= top_of(payload.dtype):
+        if out.dtype == payload.dtype and top <= top_of(payload.dtype) and payload.rescue is None:
             self._dequantize(payload, out, mode)
             return
         wide = np.empty(out.size, np.float64)  # float64 values, rounded once to the frame's dtype
@@ -123,6 +127,12 @@ class Quantizer(Value):
         else:
             args = (readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
             kern.dequantize(readonly(p.data), p.bits, p.count, *args, out, mode)
+            if p.rescue is not None:  # (write() passes a float64 buffer and SET here) the rescued blocks' own pass
+                lut, scale = p.rescue
+                extra = np.empty(p.count, np.float64)
+                kern.dequantize(readonly(p.data), p.bits, p.count, readonly(lut), max(1, p.block), readonly(scale), readonly(p.offset), extra, mode)
+                mine = np.repeat(scale != 0, max(1, p.block))[: p.count]
+                out[mine] = extra[mine]
 
     def raise_nonfinite(self, x, ctx):
         from codec.ops import first_nonfinite
