@@ -12,6 +12,16 @@ scans and sums run in index order).  Device functions: :func:`block_scan`,
 from __future__ import annotations
 
 import threading
+import types
+
+import numpy as np
+
+from codec._cuda_jit import jit, numba_cuda  # (twins import this module; ``import codec`` never does)
+
+#: the CUDA module: intrinsics are reached through this global, which the simulator swaps
+#: for its own.  Warp-level intrinsics would live here, behind the device functions' names,
+#: with these shared-memory forms as the simulator's fallback
+cuda = numba_cuda()
 
 #: threads per block of every kernel (the size of their shared scan buffers), and the most
 #: blocks a launch uses; both read when a launch is shaped (the simulator tests take fewer
@@ -39,9 +49,7 @@ _kept = threading.local()
 def per_context(key, make):
     """``make()``'s value (device buffers, constants moved to the device), made once per
     thread and CUDA context and kept under ``key``: a kernel call allocates nothing."""
-    from codec._cuda_jit import numba_cuda
-
-    ctx = numba_cuda().current_context()
+    ctx = cuda.current_context()
     cache = getattr(_kept, "cache", None)
     if cache is None:
         cache = _kept.cache = {}
@@ -50,16 +58,6 @@ def per_context(key, make):
         got = cache[(key, id(ctx))] = (ctx, make())
     return got[1]
 
-
-
-# The device functions twins share.  Warp-level intrinsics would live here, behind the same
-# names, with these shared-memory forms as the simulator's fallback.  The intrinsics are
-# reached through the module global ``cuda``, which the simulator swaps for its own.
-import numpy as np  # noqa: E402
-
-from codec._cuda_jit import jit, numba_cuda  # noqa: E402  (twins import this module, never codec)
-
-cuda = numba_cuda()
 
 
 @jit(device=True)
@@ -124,7 +122,7 @@ def chunk_sums(src, lo, hi, shift, width):
 def _compact(p, lo, hi, items, at, cap, origin, pos, vals, tmp):
     """Stream compaction in index order, by one block: the positions ``i`` of ``[lo, hi)``
     that ``find(p, i, first)`` marks 1, as ``i - origin``, into ``pos[at:]`` (and their
-    values, its second result, into ``vals[at:]``), at most ``cap`` of them (a row of a 2-D
+    values, its second result, into ``vals[at:]`` unless ``vals`` is empty), at most ``cap`` of them (a row of a 2-D
     buffer is ``at = row * cap`` of its flat view); returns ``(found, bad)``, all of the 1s
     and the 2s (non-finite values) counted.  The block walks ``[lo, hi)`` a
     stretch of ``blockDim.x * items`` values at a time: each thread counts the finds of its
@@ -152,7 +150,8 @@ def _compact(p, lo, hi, items, at, cap, origin, pos, vals, tmp):
             k, v = find(p, i, False)  # noqa: F821  (read again: this thread's own line)
             if k == 1:
                 pos[at + w] = i - origin
-                vals[at + w] = v
+                if vals.size:
+                    vals[at + w] = v
                 w += 1
         found += total
     _, nbad = block_scan(nbad, tmp)
@@ -165,8 +164,6 @@ def compactor(find):
     ``_compact``'s source with ``find`` bound among its globals, as
     :func:`codec._cuda_jit.device_functions` rebinds names (one loop for the ``select`` and
     ``adacomp`` twins)."""
-    import types
-
     ns = dict(globals())
     ns["find"] = find
     return jit(device=True)(types.FunctionType(_compact.__code__, ns, "_compact"))

@@ -24,6 +24,7 @@ from codec.kernels.cuda._common import MAX_WIDTH, THREADS, block_scan, chunk_sum
 
 cuda = numba_cuda()
 
+
 @jit(device=True)
 def _key(v):
     """The bits of ``|v|`` in float64 (exact for float32 too) as an unsigned integer: ordered
@@ -208,7 +209,7 @@ _compact_at_least = compactor(_find_at_least)
 
 
 @jit
-def _dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, counts, bad, items, vals):
+def _dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, counts, bad, items):
     s = cuda.blockIdx.x
     t = cuda.threadIdx.x
     tmp = cuda.shared.array(THREADS, np.int64)
@@ -223,12 +224,12 @@ def _dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, count
     key, _ = _kth_key(x, lo, stride, (n + stride - 1) // stride, picks[s])
     thr = key.view(np.float64)  # the picks[s]-th largest sampled magnitude
     for retry in range(retries + 1):
-        count = 0
-        for i in range(lo + t, hi, cuda.blockDim.x):
-            count += abs(np.float64(x[i])) >= thr
-        _, count = block_scan(count, tmp)
-        if thr <= 0:
-            count = n
+        count = n
+        if thr > 0:  # (thr is the same for every thread: they all scan, or none)
+            count = 0
+            for i in range(lo + t, hi, cuda.blockDim.x):
+                count += abs(np.float64(x[i])) >= thr
+            _, count = block_scan(count, tmp)
         if count > 1.3 * k:
             _topk_block(x, lo, hi, k, out, o, items, tmp)
             if t == 0:
@@ -237,7 +238,7 @@ def _dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, count
         if count < 0.8 * k and retry < retries:
             thr *= 0.8
             continue
-        _compact_at_least((x, thr), lo, hi, items, o, count, lo, out, vals, tmp)  # (count <= 1.3k: its room)
+        _compact_at_least((x, thr), lo, hi, items, o, count, lo, out, x[:0], tmp)  # (count <= 1.3k: its room; no values)
         if t == 0:
             counts[s] = count
         return
@@ -247,7 +248,4 @@ def dgc_segments(x, starts, ks, strides, picks, retries, out_starts, out, counts
     """The CPU kernel's ``dgc_segments`` (its docstring has the contract): one block per
     segment; every array a device array."""
     if starts.size > 1:
-        from codec.device import empty
-
-        vals = empty(out.size, np.dtype(x.dtype))  # (the compaction's values: not wanted here)
-        _dgc_segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, ks, strides, picks, retries, out_starts, out, counts, bad, _common.SCAN_ITEMS, vals)
+        _dgc_segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, ks, strides, picks, retries, out_starts, out, counts, bad, _common.SCAN_ITEMS)
