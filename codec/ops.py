@@ -189,6 +189,17 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     kern.half_combine(readonly(widen(src)), codes, mode, flat.dtype != HALF)
 
 
+def add(x, r, out):
+    """``out = x + r`` elementwise in their dtype, host or device arrays alike (the
+    error-feedback sum ``acc = x + residual``); returns ``out``."""
+    if on_device(out):
+        from codec.device import add as device_add
+
+        device_add(x, r, out)
+        return out
+    return np.add(x, r, out=out)
+
+
 def momentum(u, m, x):
     """DGC's velocity step ``m * u + x`` in x's dtype, the product rounded before the sum, as a
     new array where ``x`` lives (``u`` None: zeros, so the result is ``x``'s values; ``m`` a
@@ -290,4 +301,4 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     flat[idx] = picked
 
 
-__all__ = ["offsets", "readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "gather", "momentum", "zero_at", "bfloat16"]
+__all__ = ["offsets", "readonly", "scratch", "first_nonfinite", "wide_dtype", "widen", "narrow", "round_to", "store", "scatter", "gather", "add", "momentum", "zero_at", "bfloat16"]

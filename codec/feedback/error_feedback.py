@@ -12,7 +12,7 @@ from codec.framebuffer import frame_out
 from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
 from codec.modes import SUB
-from codec.ops import momentum, round_to, scatter, zero_at
+from codec.ops import add, momentum, round_to, scatter, zero_at
 from codec import many
 from codec.device import many_on_device
 from codec.many import hashable_key, joined, many_inputs, many_keys, where
@@ -255,13 +255,8 @@ class ErrorFeedback:
         acc = slot.take_spare()
         if c.select is not None and c.select.fuses_feedback:
             sections = c.sections(flat, ctx, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
-        elif on_device(x):
-            from codec.device import add
-
-            add(x, slot.residual, acc)
-            sections = c.sections(acc.reshape(-1), ctx)
         else:
-            np.add(x, slot.residual, out=acc)
+            add(x, slot.residual, acc)
             sections = c.sections(acc.reshape(-1), ctx)
 
         def finish(frame):

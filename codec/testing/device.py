@@ -10,12 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 import codec as _codec
+from codec.device import DTYPES
 from codec.testing.arrays import diff_msg
 
 __all__ = ["check_device"]
 
-#: the dtypes device arrays may have (codec.device.DTYPES)
-DEVICE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
@@ -32,7 +31,7 @@ def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
 
     c = _codec.get_codec(codec)
     arr = np.asarray(arr)
-    if arr.dtype not in DEVICE_DTYPES:
+    if arr.dtype not in DTYPES:
         raise ValueError(f"arr: device arrays are float32 or float64, got {arr.dtype}")
     d = cuda.to_device(arr)
     try:

@@ -55,18 +55,9 @@ class RandomK(Select):
         """The positions are drawn on the host (they depend on the key, not the data); the
         values are gathered where ``values`` live (``codec.ops.gather``), so a device array
         sends only its kept values back."""
-        from codec.dtypes import on_device
-        from codec.ops import first_nonfinite, gather, round_to
+        from codec.ops import add, first_nonfinite, gather, round_to
 
-        if residual is None:
-            acc = values
-        elif on_device(values):
-            from codec.device import add
-
-            acc = out
-            add(values, residual, acc)
-        else:
-            acc = np.add(values, residual, out=out)
+        acc = values if residual is None else add(values, residual, out)
         n = acc.size
         khash = key_hash(ctx.key)
         idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step)
