@@ -184,3 +184,15 @@ def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16, thr
         with np.errstate(over="ignore", invalid="ignore"):
             assert bad == CPU.half_feedback(x, r, cpu_acc, cpu_codes, bf16, -1)[0]
         same_values(acc.copy_to_host(), cpu_acc)
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+def test_momentum_kernel_matches_numpy(dtype):
+    """The convert twin's ``momentum``: the product rounded before the sum, never fused."""
+    rng = np.random.default_rng(1)
+    n = 300
+    u = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
+    out = cuda.device_array(n, dtype)
+    K.momentum(cuda.to_device(u), dtype(0.9), cuda.to_device(x), out)
+    assert out.copy_to_host().tobytes() == np.add(np.multiply(u, dtype(0.9), dtype=dtype), x, dtype=dtype).tobytes()

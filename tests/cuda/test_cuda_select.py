@@ -303,18 +303,6 @@ def test_nonfinite_and_all_zero_inputs_behave_as_on_the_host():
         assert bytes(codec.get_codec(spec).encode(cuda.to_device(z))) == bytes(codec.get_codec(spec).encode(z)), spec
 
 
-@pytest.mark.parametrize("dtype", (np.float32, np.float64))
-def test_momentum_kernel_matches_numpy(dtype):
-    """The convert twin's ``momentum``: the product rounded before the sum, never fused."""
-    rng = np.random.default_rng(1)
-    n = 300
-    u = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
-    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
-    out = cuda.device_array(n, dtype)
-    module("convert", "cuda").momentum(cuda.to_device(u), dtype(0.9), cuda.to_device(x), out)
-    assert out.copy_to_host().tobytes() == np.add(np.multiply(u, dtype(0.9), dtype=dtype), x, dtype=dtype).tobytes()
-
-
 @pytest.mark.parametrize("spec", ["dgc(ratio=0.05)", "topk(ratio=0.05)+fp16", "randomk(ratio=0.1)"])
 def test_momentum_on_the_device_matches_the_host(spec):
     """DGC's momentum correction with momentum-factor masking on the device: frames, residuals

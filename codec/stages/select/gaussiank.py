@@ -54,8 +54,8 @@ class GaussianK(MagnitudeSelect):
         """Every tensor's selection in one kernel call (``gaussiank_segments``: its moments,
         threshold, clamped count and top-k, as :meth:`choose`); the index sections of all of
         them in two more, their values in one gather.  Each tensor's shift (its mean, the
-        variance sums' origin) is NumPy's mean of it, as :class:`Magnitudes` takes it (a device
-        run is copied to the host once for them: the small tensors runs hold)."""
+        variance sums' origin) is NumPy's mean of it, as :class:`Magnitudes` takes it (for a
+        device run, from one host copy of the run: its tensors are small)."""
         import numpy as np
 
         from codec.device import Memory
