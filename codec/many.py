@@ -105,13 +105,15 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
 
 
-def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS):
+def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | None = None):
     """The sections of every tensor (``ctxs[i]`` its context: key, step, state, the name
     errors give it), with the runs an elementwise value stage, a segmented select stage or a
     value stage's :meth:`codec.stage.Value.encode_run` codes at once; ``alone(i)`` gives the
     sections of a tensor no run codes (default: ``c.sections`` of it); ``shape``: the select
-    and quantizer runs'.  Device arrays (all of them) take the same runs: a select stage
-    without a segmented twin declines its runs, whose tensors then select alone.  Returns ``(sections, pieces, ran)`` (``pieces`` for
+    and quantizer runs'; ``flats``: the runs whose concatenation the caller formed
+    (``{first index: flat}``).  Device arrays (all of them) take the same runs: a select
+    stage without a segmented twin declines its runs, whose tensors then select alone.
+    Returns ``(sections, pieces, ran)`` (``pieces`` for
     ``Codec.frame_many``; ``ran``: the indices of the tensors runs coded)."""
     if alone is None:
         alone = lambda i: c.sections(arrays[i].reshape(-1), ctxs[i])  # noqa: E731
@@ -120,9 +122,9 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS):
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:
-        coded = select_runs(c, arrays, ctxs, out, shape)
+        coded = select_runs(c, arrays, ctxs, out, shape, flats)
     elif c.transform is None:
-        coded = value_runs(c, arrays, ctxs, out, shape)
+        coded = value_runs(c, arrays, ctxs, out, shape, flats)
     ran = {i for i, secs in enumerate(out) if secs is not None}
     for i in range(len(arrays)):
         if out[i] is None:
@@ -366,20 +368,26 @@ def decode_add(c, mf, out, subtract=False):
     return out
 
 
-def subtract(c, mf, targets: dict, shape: RunShape = RUNS) -> None:
+def subtract(c, mf, targets: dict, shape: RunShape = RUNS, spans: dict | None = None) -> None:
     """``targets[i] -= decoded tensor i`` (flat arrays of the frame's dtypes, rounded once as
     ``decode_add_many`` does) for the tensors ``targets`` names (the others are not read):
     the error-feedback step of the tensors a many-tensor run coded (``shape`` as
-    :func:`sections` took it, so they are read in the same runs)."""
+    :func:`sections` took it, so they are read in the same runs).  ``spans``: per run whose
+    targets are consecutive slices of one flat array (``{first index: that array}``), the
+    array, which a run then updates at once (one scatter)."""
     full = [targets.get(i) for i in range(len(mf))]
-    _add_jobs(c, mf, _read_jobs(c, mf, set(targets), shape), full, SUB)
+    _add_jobs(c, mf, _read_jobs(c, mf, set(targets), shape), full, SUB, spans or {})
 
 
-def _add_jobs(c, mf, jobs, targets, mode) -> None:
-    """``targets[i] (+|-)= decoded tensor i`` for every tensor of ``jobs`` (from :func:`_read_jobs`)."""
+def _add_jobs(c, mf, jobs, targets, mode, spans=None) -> None:
+    """``targets[i] (+|-)= decoded tensor i`` for every tensor of ``jobs`` (from
+    :func:`_read_jobs`); ``spans``: as :func:`subtract` takes them."""
     for idx, ctx, payload in jobs:
+        span = spans.get(idx[0]) if spans and not mf.joint else None
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
+        elif span is not None and c.select is not None:  # the run's pairs, counted from its first element
+            scatter_checked(c._kept(ctx, payload), ctx.positions, span, mode)  # (float32/float64 runs)
         elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs
             for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
                 if targets[i].dtype in WIDE:
@@ -391,6 +399,9 @@ def _add_jobs(c, mf, jobs, targets, mode) -> None:
         else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype
             # of the frame's: a narrow frame's codes may decode beyond its own dtype's range)
             whole = _whole(c, ctx, payload, wide_dtype(ctx.dtype), reuse=True, device=on_device(targets[idx[0]]))
+            if span is not None:
+                store(whole, span, mode)
+                continue
             for i in idx:
                 at = mf.layout.starts[i] - mf.layout.starts[idx[0]]
                 store(whole[at : at + targets[i].size], targets[i], mode)  # rounded once, as decode_add

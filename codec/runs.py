@@ -73,13 +73,16 @@ RUNS = RunShape()
 FEEDBACK_RUNS = RunShape(1 << 14, 8)
 
 
-def concatenated(arrays, groups) -> list:
+def concatenated(arrays, groups, given: dict | None = None) -> list:
     """Per group of several tensors, their flat concatenation (None for a group of one), each
     in its own slice of one reused buffer per dtype (``codec.ops.scratch``), all alive at once;
-    for device arrays, of one new device buffer per dtype."""
+    for device arrays, of one new device buffer per dtype.  ``given``: the groups whose flat
+    concatenation the caller formed already (``{first index: flat}``, error feedback's
+    ``acc``: :mod:`codec.feedback.runstep`), taken as they are."""
+    given = given or {}
     need: dict = {}
     for g in groups:
-        if len(g) > 1:
+        if len(g) > 1 and g[0] not in given:
             dt = arrays[g[0]].dtype
             need[dt] = need.get(dt, 0) + sum(arrays[i].size for i in g)
     dev = bool(arrays) and on_device(arrays[0])  # device arrays (all of them: codec.device.many_on_device)
@@ -89,8 +92,8 @@ def concatenated(arrays, groups) -> list:
     used = dict.fromkeys(room, 0)
     out = []
     for g in groups:
-        if len(g) == 1:
-            out.append(None)
+        if len(g) == 1 or g[0] in given:
+            out.append(given.get(g[0]))
             continue
         dt, n = arrays[g[0]].dtype, sum(arrays[i].size for i in g)
         flat = room[dt][used[dt] : used[dt] + n]
@@ -109,24 +112,25 @@ def segment_runs(tensors, shape: RunShape = RUNS) -> list[list[int]]:
     return [g for g in runs(tensors, SEGMENT_ELEMENTS, shape.each) if len(g) >= shape.least and tensors[g[0]][1] in (np.float32, np.float64)]
 
 
-def feedback_members(c, arrays) -> list[int]:
-    """The indices of the tensors whose error-feedback step a run of the codec ``c`` takes
-    (``acc`` formed first, coded in the run, then ``acc -= decoded`` at once): the members of
-    the segmented runs of a select or quantizer stage.  None for an elementwise codec (its
-    fused per-tensor step, one pass, is faster than a run's three), nor for a select stage
-    that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)."""
+def feedback_runs(c, arrays) -> list[list[int]]:
+    """The runs of tensors whose error-feedback step a run of the codec ``c`` takes (``acc``
+    formed first, coded in the run, then ``acc -= decoded`` at once): the segmented runs of
+    a select or quantizer stage.  None for an elementwise codec (its fused per-tensor step,
+    one pass, is faster than a run's three), nor for a select stage that sees the gradient
+    itself (:attr:`codec.stage.Select.sees_gradient`)."""
     if c.elementwise or c.transform is not None or (c.select is not None and c.select.sees_gradient):
         return []
-    return [i for g in segment_runs([(a.size, a.dtype) for a in arrays], FEEDBACK_RUNS) for i in g]
+    return segment_runs([(a.size, a.dtype) for a in arrays], FEEDBACK_RUNS)
 
 
-def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
+def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:
     """Code every run of small float32/float64 tensors that the value stage codes at once
     (:meth:`codec.stage.Value.encode_run`): ``out[i]`` its table entries, and per run
-    ``{first index: (members after the first, payload piece)}``; the others stay None."""
+    ``{first index: (members after the first, payload piece)}``; the others stay None.
+    ``flats``: runs already concatenated (:func:`concatenated`)."""
     groups = segment_runs([(a.size, a.dtype) for a in arrays], shape)
     coded = {}
-    for g, flat in zip(groups, concatenated(arrays, groups)):
+    for g, flat in zip(groups, concatenated(arrays, groups, flats)):
         got = c.value.encode_run(flat, offsets([arrays[i].size for i in g]), [ctxs[i] for i in g])
         if got is None:
             continue
@@ -137,15 +141,16 @@ def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
     return coded
 
 
-def select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS) -> dict:
+def select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:
     """Code every run of small float32/float64 tensors that the select stage selects in at
     once (:meth:`codec.stage.Select.select_segments`), as :func:`value_runs` does: with an
     elementwise value stage, the run's kept values are coded at once too and the run is one
     payload piece (``{first index: (members after the first, piece)}``); else each tensor's
-    values are coded on their own (``out[i]`` its sections).  The others stay None."""
+    values are coded on their own (``out[i]`` its sections).  The others stay None.
+    ``flats``: runs already concatenated (:func:`concatenated`)."""
     groups = segment_runs([(a.size, a.dtype) for a in arrays], shape)
     coded = {}
-    for g, flat in zip(groups, concatenated(arrays, groups)):
+    for g, flat in zip(groups, concatenated(arrays, groups, flats)):
         members = [ctxs[i] for i in g]
         picked = c.select.select_segments(flat, offsets([arrays[i].size for i in g]), members)
         if picked is None:

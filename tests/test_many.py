@@ -721,7 +721,7 @@ def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
 
     ran = []
     real = many.subtract
-    monkeypatch.setattr(many, "subtract", lambda c, mf, targets, shape: ran.append(len(targets)) or real(c, mf, targets, shape))
+    monkeypatch.setattr(many, "subtract", lambda c, mf, targets, shape, spans: ran.append(len(targets)) or real(c, mf, targets, shape, spans))
     together, alone = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
     sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 16384, 20000, 3, 5, 11, 13, 17, 19, 23, 29, 70000]
     for step in range(3):

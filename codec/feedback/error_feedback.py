@@ -16,7 +16,8 @@ from codec.ops import add, momentum, round_to, scatter, zero_at
 from codec import many
 from codec.device import many_on_device
 from codec.many import hashable_key, joined, many_inputs, many_keys, where
-from codec.runs import FEEDBACK_RUNS, feedback_members
+from codec.runs import feedback_runs
+from codec.feedback.runstep import encode_runs
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
 
@@ -105,9 +106,11 @@ class ErrorFeedback:
             for s, ctx in zip(slots, ctxs):
                 self._advance(s, ctx.state)
             return frame
-        members = [] if self.momentum or dev else feedback_members(self.codec, arrays)  # (device arrays: a step per tensor)
-        if members:
-            return self._encode_runs(arrays, slots, named, members, lay, layout, dest)
+        for s in slots:
+            s.follow(dev)
+        groups = [] if self.momentum else feedback_runs(self.codec, arrays)
+        if groups:
+            return encode_runs(self, arrays, slots, named, groups, lay, layout, dest)
         begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
         frame = self.codec.frame_many([b[0] for b in begun], lay, layout, out=dest)
         parsed = []
@@ -122,46 +125,13 @@ class ErrorFeedback:
             install()
         return frame
 
-    def _encode_runs(self, arrays, slots, named, members, lay, layout, dest) -> bytes:
-        """:meth:`encode_many` without momentum: the tensors a many-tensor run codes (``members``,
-        :func:`codec.runs.feedback_members`) take the
-        generic step together: ``acc = x + residual`` (into each slot's spare), the run coded
-        at once, then ``acc -= decoded`` for all of them through the frame's runs
-        (:func:`codec.many.subtract`), bit for bit what each one's own step gives (the fused
-        steps equal the generic one).  Every other tensor takes its own step (fused where
-        its stages fuse it), as :meth:`encode` would; nothing changes until all finished."""
-        c = self.codec
-        ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
-        accs = [None] * len(arrays)
-        for i in members:
-            accs[i] = slots[i].take_spare()
-            np.add(arrays[i], slots[i].residual, out=accs[i])
-        finishes: dict = {}
-
-        def alone(i):
-            sections, finishes[i] = self._feedback(arrays[i], slots[i], ctxs[i])
-            return sections
-
-        inputs = [a if acc is None else acc for a, acc in zip(arrays, accs)]
-        sections, pieces, ran = many.sections(c, inputs, ctxs, alone, shape=FEEDBACK_RUNS)
-        frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
-        mf = parse_many(frame, layout=lay, verify_payload=False)
-        many.subtract(c, mf, {i: accs[i].reshape(-1) for i in ran}, FEEDBACK_RUNS)
-        commits = [finishes[i](lambda i=i: mf.tensor(i))[0] for i in sorted(finishes)]
-        for commit in commits:  # only once every tensor has finished
-            commit()
-        for i in ran:
-            slots[i].commit(accs[i])
-        for s, ctx in zip(slots, ctxs):
-            self._advance(s, ctx.state)
-        return frame
-
     def _encode_joint(self, tensors, key, layout: str, out) -> bytes:
         names, arrays = many_inputs(tensors, device=True)
         dest = frame_out(out, () if many_on_device(self.codec.stages, arrays) else arrays)
         lay = Layout.of(arrays, names)
         flat = joined(arrays)
         slot = self._claim(hashable_key(key), flat, "tensors")
+        slot.follow(on_device(flat))
         sections, finish = self._begin(flat, slot, "tensors")
         frame = self.codec.frame_many([sections], lay, layout, joint=True, out=dest)
         finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())()

@@ -28,6 +28,11 @@ class Slot:
     spare: np.ndarray | None = field(default=None, repr=False)
     shape: tuple | None = field(default=None, repr=False)
     dtype: np.dtype | None = field(default=None, repr=False)
+    #: where the residual (``at``) and the spare (``spare_at``) lie when they are slices of one
+    #: buffer shared with other keys, a run's ``(buffer, offset)`` (``codec.feedback.runstep``);
+    #: None: a buffer of their own, or not known
+    at: tuple | None = field(default=None, repr=False)
+    spare_at: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.residual is not None:
@@ -71,18 +76,23 @@ class Slot:
         from codec.device import host_copy, to_device
 
         move = to_device if device else host_copy
-        self.residual = move(self.residual)
+        self.residual, self.at = move(self.residual), None
         if self.velocity is not None:
             self.velocity = move(self.velocity)
-        self.spare = None
+        self.spare = self.spare_at = None
 
-    def commit(self, residual: np.ndarray, *, keep_spare: bool = True) -> None:
+    def commit(self, residual: np.ndarray, *, keep_spare: bool = True, at: tuple | None = None) -> None:
         """Install ``residual`` (a buffer from :meth:`take_spare`, holding ``acc - decoded``)
         as the new residual; the old one becomes the spare, or is dropped with
         ``keep_spare=False`` (a caller that makes a fresh ``acc`` every step anyway, as the
-        two-round PowerSGD does, keeps one buffer instead of two).  The only writer of a
-        residual."""
-        self.spare, self.residual = (self.residual if keep_spare else None), residual
+        two-round PowerSGD does, keeps one buffer instead of two).  ``at``: where
+        ``residual`` lies in a buffer shared with other keys (``(buffer, offset)``; the old
+        residual's becomes the spare's).  The only writer of a residual."""
+        if keep_spare:
+            self.spare, self.spare_at = self.residual, self.at
+        else:
+            self.spare = self.spare_at = None
+        self.residual, self.at = residual, at
 
 
 Slot.__module__ = "codec.feedback"  # its public home (pickles and reprs name it there)

@@ -86,3 +86,46 @@ def test_error_feedback_over_many_device_tensors_matches_the_host(spec, momentum
             r = on_dev.residual(key)
             assert not isinstance(r, np.ndarray)
             assert np.array_equal(r.copy_to_host(), on_host.residual(key)), (step, key)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts the simulator's kernel launches (``FakeCUDAKernel[...]``) by kernel name."""
+    import collections
+
+    from numba.cuda.simulator import kernel
+
+    counts = collections.Counter()
+    real = kernel.FakeCUDAKernel.__getitem__
+
+    def counted(self, cfg):
+        counts[self.fn.__name__] += 1
+        return real(self, cfg)
+
+    monkeypatch.setattr(kernel.FakeCUDAKernel, "__getitem__", counted)
+    return counts
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "gaussiank(ratio=0.1)+fp16", "dgc(ratio=0.1)", "randomk(ratio=0.2)"])
+def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, launches):
+    """ErrorFeedback.encode_many of a run of small device tensors (codec.runs.FEEDBACK_RUNS:
+    at least 8) takes the run's step at once (codec.feedback.runstep): frames and residuals
+    step by step the host's (each tensor's own step), the run's residuals one device buffer
+    from the first step on, and a step's launches as many for 12 tensors as for 8."""
+    on_dev, on_host = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    rng = np.random.default_rng(11)
+    sizes = [7, 0, 130, 1, 64, 9, 33, 2, 40, 17, 5, 21]
+    counts = []
+    for step in range(3):  # the third step: residuals and spares each one buffer, nothing allocated
+        host = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-3, 2)).astype(np.float32) for i, n in enumerate(sizes)}
+        dev = {k: cuda.to_device(v) for k, v in host.items()}
+        launches.clear()
+        assert bytes(on_dev.encode_many(dev)) == bytes(on_host.encode_many(host)), step
+        counts.append(sum(launches.values()))
+        assert len({id(on_dev._slots[k].at[0]) for k in host}) == 1, step  # the run's residuals: slices of one buffer
+        for k in host:
+            assert np.array_equal(on_dev.residual(k).copy_to_host(), on_host.residual(k)), (step, k)
+    assert counts[0] <= 6 and len(set(counts)) == 1, counts
+    launches.clear()
+    codec.ErrorFeedback(spec).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes[:8]])
+    assert sum(launches.values()) == counts[0], dict(launches)
