@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have in this release (16-bit device input comes with the
 #: next part of the CUDA work)
@@ -149,13 +149,51 @@ def add(x, r, out):
 
 def concat(arrays, out):
     """Copy device arrays ``arrays`` one after another into the flat device array ``out``
-    (device-to-device copies, no kernel); returns ``out``."""
+    (device-to-device copies, no kernel: one when they lie end to end, :func:`span`);
+    returns ``out``."""
+    whole = span(arrays)
+    if whole is not None:
+        out[: whole.size].copy_to_device(whole)
+        return out
     at = 0
     for a in arrays:
         if a.size:  # (Numba refuses an empty one's strides)
             out[at : at + a.size].copy_to_device(a.reshape(a.size))
         at += a.size
     return out
+
+
+def span(arrays):
+    """One flat device array over the flat device arrays ``arrays`` when they lie end to end in
+    device memory in this order, all of one dtype (views of one buffer, as a framework's
+    gradient bucket gives): one launch, or one copy, then reads or writes them all.  None
+    otherwise, or for fewer than two.  Empty arrays are skipped."""
+    full = [a for a in arrays if a.size]
+    if len(full) < 2 or len({np.dtype(a.dtype) for a in full}) > 1:
+        return None
+    at = [_address(a) for a in full]
+    if any(p + a.nbytes != q for a, p, q in zip(full, at, at[1:])):
+        return None
+    n = sum(a.size for a in full)
+    if hasattr(full[0], "_ary"):  # the simulator's device arrays hold NumPy arrays: a view of their base
+        root = full[0]._ary
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        lo = at[0] - root.__array_interface__["data"][0]
+        if root.size and 0 <= lo and lo + n * full[0].dtype.itemsize <= root.nbytes:
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+            return FakeCUDAArray(root.reshape(-1).view(np.uint8)[lo : lo + n * full[0].dtype.itemsize].view(full[0].dtype))
+        return None
+    desc = {"shape": (n,), "strides": None, "typestr": np.dtype(full[0].dtype).str, "data": (at[0], False), "version": 3}
+    return _cuda().from_cuda_array_interface(desc, owner=full[0])
+
+
+def _address(a) -> int:
+    """The device address of device array ``a``'s first element."""
+    if hasattr(a, "_ary"):  # the simulator's
+        return a._ary.__array_interface__["data"][0]
+    return a.__cuda_array_interface__["data"][0]
 
 
 def host_copy(a):

@@ -328,10 +328,26 @@ def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False) -> np.ndar
     return whole
 
 
+def _spans(jobs, targets) -> dict:
+    """Per job of several tensors (a run, a joint frame) whose targets are device arrays lying
+    end to end (:func:`codec.device.span`: views of one buffer), the one array over them,
+    keyed by the job's first tensor: decoding then writes the job with one launch."""
+    from codec.device import span
+
+    out = {}
+    for idx, _, _ in jobs:
+        if len(idx) > 1 and all(targets[i] is not None and on_device(targets[i]) for i in idx):
+            whole = span([targets[i] for i in idx])
+            if whole is not None:
+                out[idx[0]] = whole
+    return out
+
+
 def decode(c, mf, out=None):
     """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded."""
     targets = _targets(c, mf, out, add=False)
     jobs = _read_jobs(c, mf)
+    spans = _spans(jobs, targets)
     lay = mf.layout
     results = [None] * len(mf)
     for idx, ctx, payload in jobs:
@@ -340,6 +356,10 @@ def decode(c, mf, out=None):
             target = targets[i] if targets[i] is not None else np.empty(lay.sizes[i], lay.dtypes[i])
             c._write(ctx, payload, target, SET)
             results[i] = target.reshape(lay.shapes[i])
+        elif len(idx) > 1 and idx[0] in spans:  # device outputs end to end: the job written at once
+            c._write(ctx, payload, spans[idx[0]], SET)
+            for i in idx:
+                results[i] = targets[i]
         elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
             for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
                 scatter_checked(vals, pos, targets[i], SET)  # positions the stage checked
@@ -364,7 +384,9 @@ def decode(c, mf, out=None):
 
 def decode_add(c, mf, out, subtract=False):
     """``codec.decode_add_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
-    _add_jobs(c, mf, _read_jobs(c, mf), _targets(c, mf, out, add=True), SUB if subtract else ADD)
+    targets = _targets(c, mf, out, add=True)
+    jobs = _read_jobs(c, mf)
+    _add_jobs(c, mf, jobs, targets, SUB if subtract else ADD, _spans(jobs, targets))
     return out
 
 
@@ -381,9 +403,10 @@ def subtract(c, mf, targets: dict, shape: RunShape = RUNS, spans: dict | None = 
 
 def _add_jobs(c, mf, jobs, targets, mode, spans=None) -> None:
     """``targets[i] (+|-)= decoded tensor i`` for every tensor of ``jobs`` (from
-    :func:`_read_jobs`); ``spans``: as :func:`subtract` takes them."""
+    :func:`_read_jobs`); ``spans``: per job of several tensors whose targets are consecutive
+    slices of one flat array (keyed by its first tensor), that array, updated at once."""
     for idx, ctx, payload in jobs:
-        span = spans.get(idx[0]) if spans and not mf.joint else None
+        span = spans.get(idx[0]) if spans and len(idx) > 1 else None
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
         elif span is not None and c.select is not None:  # the run's pairs, counted from its first element

@@ -79,15 +79,20 @@ def concatenated(arrays, groups, given: dict | None = None) -> list:
     for device arrays, of one new device buffer per dtype.  ``given``: the groups whose flat
     concatenation the caller formed already (``{first index: flat}``, error feedback's
     ``acc``: :mod:`codec.feedback.runstep`), taken as they are."""
-    given = given or {}
+    given = dict(given or {})
+    dev = bool(arrays) and on_device(arrays[0])  # device arrays (all of them: codec.device.many_on_device)
+    if dev:  # a run whose tensors lie end to end (views of one buffer) is read where it is
+        from codec.device import concat, empty, span
+
+        for g in groups:
+            whole = None if len(g) == 1 or g[0] in given else span([arrays[i] for i in g])
+            if whole is not None:
+                given[g[0]] = whole
     need: dict = {}
     for g in groups:
         if len(g) > 1 and g[0] not in given:
             dt = arrays[g[0]].dtype
             need[dt] = need.get(dt, 0) + sum(arrays[i].size for i in g)
-    dev = bool(arrays) and on_device(arrays[0])  # device arrays (all of them: codec.device.many_on_device)
-    if dev:
-        from codec.device import concat, empty
     room = {dt: empty(n, dt) if dev else scratch(n, dt) for dt, n in need.items()}
     used = dict.fromkeys(room, 0)
     out = []

@@ -129,3 +129,60 @@ def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, launches)
     launches.clear()
     codec.ErrorFeedback(spec).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes[:8]])
     assert sum(launches.values()) == counts[0], dict(launches)
+
+
+@pytest.mark.parametrize("joint", (False, True), ids=("per-tensor", "joint"))
+def test_loaded_host_residuals_follow_many_device_tensors(joint):
+    """A state saved (host arrays) and loaded carries on with device tensors in encode_many:
+    the residuals move to the device once, and frames and residuals are the host's."""
+    rng = np.random.default_rng(4)
+    sizes = [5, 40, 9, 1, 60, 12, 3, 30, 500]  # a run of eight, then one alone
+    ts = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(2)]
+    ref = codec.ErrorFeedback("topk(ratio=0.1)")
+    ref.encode_many(ts[0], joint=joint)
+    again = codec.ErrorFeedback("topk(ratio=0.1)")
+    again.load_state_dict(ref.state_dict())
+    assert bytes(again.encode_many([cuda.to_device(t) for t in ts[1]], joint=joint)) == bytes(ref.encode_many(ts[1], joint=joint))
+    for key in ([None] if joint else range(len(sizes))):
+        assert not isinstance(again.residual(key), np.ndarray)
+        assert np.array_equal(again.residual(key).copy_to_host(), ref.residual(key)), key
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "randomk(ratio=0.2)+fp16", "fp16", "gaussiank(ratio=0.1)"])
+@pytest.mark.parametrize("joint", (False, True), ids=("per-tensor", "joint"))
+def test_tensors_lying_end_to_end_are_read_and_written_at_once(spec, joint, launches):
+    """Device tensors that are views of one buffer (a framework's gradient bucket) are one
+    span (codec.device.span): encode_many reads a run where it lies, and decode_many /
+    decode_add_many write a run (or a joint frame) with one launch, where separate arrays
+    take one per tensor; results are the host's either way."""
+    c = codec.get_codec(spec)
+    rng = np.random.default_rng(8)
+    sizes = [40, 0, 7, 130, 1, 64, 9, 33, 2, 21]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    host = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    bucket = cuda.to_device(np.concatenate(host))
+    views = [bucket[a:b] for a, b in zip(starts, starts[1:])]
+    frame = c.encode_many(views, joint=joint)
+    assert bytes(frame) == bytes(c.encode_many(host, joint=joint))
+    want = codec.decode_many(frame)
+    base = rng.standard_normal(starts[-1]).astype(np.float32)
+    wanted_sum = [b + w for b, w in zip(np.split(base, starts[1:-1]), want)]
+    per_call = {}
+    for kind in ("bucket", "separate"):
+        out_bucket = cuda.device_array(starts[-1], np.float32)
+        outs = [out_bucket[a:b] for a, b in zip(starts, starts[1:])] if kind == "bucket" else [cuda.device_array(n, np.float32) for n in sizes]
+        launches.clear()
+        codec.decode_many(frame, out=outs)
+        decoded = sum(launches.values())
+        for o, w in zip(outs, want):
+            assert np.array_equal(o.copy_to_host(), w), kind
+        for o, b in zip(outs, np.split(base, starts[1:-1])):
+            if b.size:  # (the simulator refuses an empty copy's strides)
+                o.copy_to_device(b)
+        launches.clear()
+        codec.decode_add_many(frame, outs)
+        per_call[kind] = (decoded, sum(launches.values()))
+        for o, w in zip(outs, wanted_sum):
+            assert np.array_equal(o.copy_to_host(), w), kind
+    assert per_call["bucket"][0] <= 2 and per_call["bucket"][1] <= 2, per_call
+    assert per_call["separate"][1] > per_call["bucket"][1], per_call
