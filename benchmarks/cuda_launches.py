@@ -1,30 +1,73 @@
-"""How many kernel launches each many-tensor call makes on the device (launch overhead is what
-a whole-model step pays per launch: about 0.04-0.05 ms each with Numba on an H200), counted
-in Numba's CUDA simulator, so it runs on any machine:
+"""How many kernel launches and copies each many-tensor call makes on the device (launch
+overhead is what a whole-model step pays per launch: about 0.04-0.05 ms each with Numba on an
+H200, and a copy call costs about as much), counted in Numba's CUDA simulator, so it runs on
+any machine:
 
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/cuda_launches.py
 
-Eight float32 tensors of 20 to 1,200 values (one CUDA chunk each); the simulator's launch
-shapes are shrunk as the tests shrink them (tests/cuda/conftest.py), which changes no count.
+Eight float32 tensors of 20 to 1,200 values (one CUDA chunk each), as separate device arrays
+and as views of one buffer (a framework's gradient bucket: ``codec.device.span``).  Error
+feedback is counted at its third step (its steady state: a run's residuals and spares are one
+buffer each from then on).  "launches" counts kernels; "copies" counts device-to-device,
+host-to-device and device-to-host copies.  The simulator's launch shapes are shrunk as the
+tests shrink them (tests/cuda/conftest.py), which changes no count.
 """
-import numpy as np, collections, codec
+import collections
+
+import numpy as np
 from numba import cuda
+from numba.cuda.simulator import kernel
+from numba.cuda.simulator.cudadrv import devicearray
+
+import codec
 from codec.kernels.cuda import _common
-_common.THREADS = 32
-_common.MAX_BLOCKS = 1
-_common.SCAN_BLOCK = 4
-_common.SCAN_ITEMS = 128
-import numba.cuda.simulator.kernel as K
-N=collections.Counter()
-orig=K.FakeCUDAKernel.__getitem__
-def gi(self, cfg):
-    N[self.fn.__name__] += 1
-    return orig(self, cfg)
-K.FakeCUDAKernel.__getitem__=gi
-rng=np.random.default_rng(0)
-T=[rng.standard_normal(n).astype(np.float32) for n in (300,40,900,20,500,1200,60,800)]
-D=[cuda.to_device(t) for t in T]
-for spec in ["fp16","topk(ratio=0.05)","dgc(ratio=0.05)","gaussiank(ratio=0.05)","adacomp","randomk(ratio=0.05)"]:
-    c=codec.get_codec(spec)
-    for what,f in (("encode_many",lambda: c.encode_many(D)),("encode_many joint",lambda: c.encode_many(D,joint=True)),("EF encode_many",lambda: codec.ErrorFeedback(spec).encode_many(D)),("decode_many out",lambda: codec.decode_many(c.encode_many(T),out=D))):
-        N.clear(); f(); print(f"{spec:22s} {what:18s} launches={sum(N.values()):3d} {dict(N)}")
+
+_common.THREADS, _common.MAX_BLOCKS, _common.SCAN_BLOCK, _common.SCAN_ITEMS = 32, 1, 4, 128
+LAUNCHES, COPIES = collections.Counter(), collections.Counter()
+
+
+def counted(counter, name, real):
+    def wrapper(*args, **kwargs):
+        counter[name] += 1
+        return real(*args, **kwargs)
+
+    return wrapper
+
+
+kernel.FakeCUDAKernel.__getitem__ = (lambda real: lambda self, cfg: (LAUNCHES.update([self.fn.__name__]), real(self, cfg))[1])(kernel.FakeCUDAKernel.__getitem__)
+devicearray.FakeCUDAArray.copy_to_device = counted(COPIES, "to device", devicearray.FakeCUDAArray.copy_to_device)
+devicearray.FakeCUDAArray.copy_to_host = counted(COPIES, "to host", devicearray.FakeCUDAArray.copy_to_host)
+cuda.to_device = counted(COPIES, "to device", cuda.to_device)
+
+
+def count(f):
+    LAUNCHES.clear()
+    COPIES.clear()
+    f()
+    return sum(LAUNCHES.values()), sum(COPIES.values())
+
+
+def main():
+    rng = np.random.default_rng(0)
+    sizes = (300, 40, 900, 20, 500, 1200, 60, 800)
+    host = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    apart = [cuda.to_device(t) for t in host]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    bucket = cuda.to_device(np.concatenate(host))
+    views = [bucket[a:b] for a, b in zip(starts, starts[1:])]
+    print("| codec | tensors | encode_many | joint | ErrorFeedback.encode_many (3rd step) | decode_many(out=) | decode_add_many |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for spec in ["fp16", "fp16+zstd", "topk(ratio=0.05)", "dgc(ratio=0.05)", "gaussiank(ratio=0.05)", "adacomp", "randomk(ratio=0.05)"]:
+        c = codec.get_codec(spec)
+        frame = c.encode_many(host)
+        for kind, ts in (("apart", apart), ("bucket", views)):
+            ef = codec.ErrorFeedback(spec)
+            ef.encode_many(ts)
+            ef.encode_many(ts)
+            cells = [count(lambda: c.encode_many(ts)), count(lambda: c.encode_many(ts, joint=True)), count(lambda: ef.encode_many(ts)),
+                     count(lambda: codec.decode_many(frame, out=ts)), count(lambda: codec.decode_add_many(frame, ts))]
+            print(f"| {spec} | {kind} | " + " | ".join(f"{n} + {m}" for n, m in cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

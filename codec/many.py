@@ -118,7 +118,7 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | 
     if alone is None:
         alone = lambda i: c.sections(arrays[i].reshape(-1), ctxs[i])  # noqa: E731
     if c.elementwise:
-        return elementwise_sections(c, arrays, ctxs, alone)
+        return elementwise_sections(c, arrays, ctxs, alone, flats)
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:

@@ -120,12 +120,16 @@ def segment_runs(tensors, shape: RunShape = RUNS) -> list[list[int]]:
 def feedback_runs(c, arrays) -> list[list[int]]:
     """The runs of tensors whose error-feedback step a run of the codec ``c`` takes (``acc``
     formed first, coded in the run, then ``acc -= decoded`` at once): the segmented runs of
-    a select or quantizer stage.  None for an elementwise codec (its fused per-tensor step,
-    one pass, is faster than a run's three), nor for a select stage that sees the gradient
-    itself (:attr:`codec.stage.Select.sees_gradient`)."""
-    if c.elementwise or c.transform is not None or (c.select is not None and c.select.sees_gradient):
+    a select or quantizer stage; an elementwise codec's runs (:func:`runs`) for device
+    arrays only (on the host its fused per-tensor step, one pass, is faster than a run's
+    three; on the device a tensor's step costs launches and copies of its own).  None for a
+    select stage that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)."""
+    if c.transform is not None or (c.select is not None and c.select.sees_gradient):
         return []
-    return segment_runs([(a.size, a.dtype) for a in arrays], FEEDBACK_RUNS)
+    sizes = [(a.size, a.dtype) for a in arrays]
+    if c.elementwise:
+        return [g for g in runs(sizes) if len(g) > 1] if arrays and on_device(arrays[0]) else []
+    return segment_runs(sizes, FEEDBACK_RUNS)
 
 
 def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:
@@ -192,13 +196,14 @@ def _sparse_piece(index, table, vsec, vstarts):
     return entries, Section(SectionKind.VALUES, 8, int(index.offsets[-1] + vstarts[-1]), fill=fill)
 
 
-def elementwise_sections(c, arrays, ctxs, alone):
+def elementwise_sections(c, arrays, ctxs, alone, flats: dict | None = None):
     """The table sections, payload pieces and run members of an elementwise codec's
     many-tensor frame: one piece per run of small same-dtype tensors (:func:`runs`), coded
-    at once; a tensor alone through ``alone(i)``."""
+    at once; a tensor alone through ``alone(i)``.  ``flats``: runs already concatenated
+    (:func:`concatenated`)."""
     groups = runs([(a.size, a.dtype) for a in arrays])
     table, pieces, ran = [], [], set()
-    for g, flat in zip(groups, concatenated(arrays, groups)):
+    for g, flat in zip(groups, concatenated(arrays, groups, flats)):
         if flat is None:
             secs = alone(g[0])
             table.append(secs)

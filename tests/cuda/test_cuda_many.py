@@ -106,10 +106,11 @@ def launches(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "gaussiank(ratio=0.1)+fp16", "dgc(ratio=0.1)", "randomk(ratio=0.2)"])
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "gaussiank(ratio=0.1)+fp16", "dgc(ratio=0.1)", "randomk(ratio=0.2)", "fp16", "bf16+zstd"])
 def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, launches):
-    """ErrorFeedback.encode_many of a run of small device tensors (codec.runs.FEEDBACK_RUNS:
-    at least 8) takes the run's step at once (codec.feedback.runstep): frames and residuals
+    """ErrorFeedback.encode_many of a run of small device tensors (codec.runs.feedback_runs:
+    a sparsifier's of at least 8, an elementwise codec's of at least 2, whose host step is
+    fused per tensor) takes the run's step at once (codec.feedback.runstep): frames and residuals
     step by step the host's (each tensor's own step), the run's residuals one device buffer
     from the first step on, and a step's launches as many for 12 tensors as for 8."""
     on_dev, on_host = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
