@@ -66,12 +66,24 @@ def as_input(stages, x, dtype=None, argname: str = "x"):
     return as_device_array(x, argname)
 
 
-def as_device_array(x, argname: str = "x"):
+def as_device_array(x, argname: str = "x", write: bool = False):
     """A C-contiguous Numba device-array view of device array ``x`` (no copy); TypeError or
     ValueError naming ``argname`` for a dtype other than float32/float64 or a
-    non-contiguous array."""
-    cuda = _cuda()
-    arr = x if type(x).__module__.startswith("numba.cuda") else cuda.as_cuda_array(x)
+    non-contiguous array.  ``x`` may be a DLPack capsule or producer on a CUDA device
+    (:mod:`codec.dlpack`), then viewed through its ``__cuda_array_interface__``
+    description; ``write``: it will be written (a read-only one is a ValueError)."""
+    from codec import dlpack
+
+    if type(x).__module__.startswith("numba.cuda"):
+        arr = x
+    elif hasattr(x, "__cuda_array_interface__"):
+        arr = _cuda().as_cuda_array(x)
+    else:  # a DLPack capsule or producer on a CUDA device (codec.dtypes.on_device)
+        cap = dlpack.capsule(x)
+        desc = dlpack.interface(cap, argname)
+        if write and desc["data"][1]:
+            raise ValueError(f"{argname}: a read-only DLPack tensor; decoding writes it")
+        arr = _view(desc, cap)
     dt = np.dtype(arr.dtype)
     if dt not in DTYPES:
         raise TypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float32 or float64 for now")
@@ -106,7 +118,7 @@ def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out"):
     """The flat device view of device array ``out`` that decoding writes (as
     :func:`codec.dtypes.checked_out` for host arrays): ``n`` elements, float32/float64,
     ``dtype`` itself unless adding, C-contiguous."""
-    arr = as_device_array(out, argname)
+    arr = as_device_array(out, argname, write=True)
     if arr.size != n:
         raise ValueError(f"{argname}: has {arr.size} elements, the frame holds {n} (shape {shape})")
     if not add and np.dtype(arr.dtype) != np.dtype(dtype):
@@ -175,18 +187,8 @@ def span(arrays):
     if any(p + a.nbytes != q for a, p, q in zip(full, at, at[1:])):
         return None
     n = sum(a.size for a in full)
-    if hasattr(full[0], "_ary"):  # the simulator's device arrays hold NumPy arrays: a view of their base
-        root = full[0]._ary
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        lo = at[0] - root.__array_interface__["data"][0]
-        if root.size and 0 <= lo and lo + n * full[0].dtype.itemsize <= root.nbytes:
-            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-            return FakeCUDAArray(root.reshape(-1).view(np.uint8)[lo : lo + n * full[0].dtype.itemsize].view(full[0].dtype))
-        return None
     desc = {"shape": (n,), "strides": None, "typestr": np.dtype(full[0].dtype).str, "data": (at[0], False), "version": 3}
-    return _cuda().from_cuda_array_interface(desc, owner=full[0])
+    return _view(desc, full)
 
 
 def _address(a) -> int:
@@ -194,6 +196,28 @@ def _address(a) -> int:
     if hasattr(a, "_ary"):  # the simulator's
         return a._ary.__array_interface__["data"][0]
     return a.__cuda_array_interface__["data"][0]
+
+
+def _view(desc: dict, owner):
+    """A Numba device array over the memory a ``__cuda_array_interface__`` description
+    ``desc`` names, keeping ``owner`` alive as long as it is.  Under the simulator, whose
+    "device" memory is host memory, a NumPy array over the same addresses."""
+    cuda = _cuda()
+    if hasattr(cuda, "from_cuda_array_interface"):
+        return cuda.from_cuda_array_interface(desc, owner=owner)
+    import ctypes
+
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    dtype, shape = np.dtype(desc["typestr"]), tuple(desc["shape"])
+    if not all(shape):
+        return FakeCUDAArray(np.empty(shape, dtype))
+    strides = desc["strides"] or tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
+    extent = dtype.itemsize + sum((n - 1) * st for n, st in zip(shape, strides))  # (non-negative strides)
+    memory = np.frombuffer((ctypes.c_char * extent).from_address(desc["data"][0]), dtype)
+    fake = FakeCUDAArray(np.lib.stride_tricks.as_strided(memory, shape, strides))
+    fake._owner = owner
+    return fake
 
 
 def host_copy(a):

@@ -43,14 +43,16 @@ def resolve_dtype(dtype, argname: str = "dtype") -> np.dtype:
 
 def on_device(*arrays) -> bool:
     """True when any argument is a device (CUDA) array: it exposes ``__cuda_array_interface__``
-    and is not a NumPy array (CuPy, PyTorch CUDA tensors, Numba device arrays), or it is a
+    and is not a NumPy array (CuPy, PyTorch CUDA tensors, Numba device arrays), it is a
     Numba device array (whose simulator twin, under ``NUMBA_ENABLE_CUDASIM=1``, has no such
-    interface).  The one test of "is this a device array" (kernel dispatch, input coercion,
-    transport staging)."""
+    interface), or a DLPack capsule or producer on a CUDA device (:mod:`codec.dlpack`).  The
+    one test of "is this a device array" (kernel dispatch, input coercion, transport staging)."""
+    from codec import dlpack
+
     for a in arrays:
         if isinstance(a, np.ndarray):
             continue
-        if hasattr(a, "__cuda_array_interface__") or type(a).__module__.startswith("numba.cuda"):
+        if hasattr(a, "__cuda_array_interface__") or type(a).__module__.startswith("numba.cuda") or dlpack.on_cuda(a):
             return True
     return False
 
@@ -74,6 +76,8 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     bfloat16); the result is then 1-D unless ``x`` already had that dtype.  Integer, bool,
     complex and object input without ``dtype`` raise TypeError naming ``argname``.
     """
+    from codec import dlpack
+
     if on_device(x):
         raise TypeError(
             f"{argname}: a device (CUDA) array; so far encode, decode, decode_add and ErrorFeedback.encode of "
@@ -91,6 +95,8 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
         arr = np.asarray(x)
     elif hasattr(x, "__dlpack__"):
         arr = np.from_dlpack(x)
+    elif dlpack.is_capsule(x):
+        arr = dlpack.host_array(_check_capsule(x, argname))
     else:
         try:
             arr = np.asarray(memoryview(x))
@@ -112,6 +118,16 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
             f"{argname}: dtype {arr.dtype} is not supported; gradcodec encodes float16, bfloat16, float32 or float64"
         )
     return _materialize(arr, argname)
+
+
+def _check_capsule(x, argname: str):
+    """``x``, a DLPack capsule NumPy can read (TypeError naming ``argname`` otherwise)."""
+    from codec import dlpack
+
+    dlpack.interface(x, argname)  # a DLPack tensor of a dtype NumPy names
+    if dlpack.device_type(x) not in dlpack.HOST:
+        raise TypeError(f"{argname}: a DLPack capsule on device type {dlpack.device_type(x)}, neither host memory nor a CUDA device")
+    return x
 
 
 def base_view(a: np.ndarray, argname: str) -> np.ndarray:
