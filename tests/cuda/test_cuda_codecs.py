@@ -181,3 +181,27 @@ def test_decode_like_a_torch_cuda_tensor_gives_a_torch_tensor():
     out = torch.empty_like(x)
     codec.decode(frame, out=out)
     assert torch.equal(out, got)
+
+
+def test_torch_cuda_dlpack_capsules_and_buckets():
+    """On a GPU: a torch CUDA tensor's DLPack capsule is viewed (codec.dlpack), and views of
+    one torch buffer are one span (codec.device.span, through from_cuda_array_interface)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with a CUDA device")
+    from torch.utils import dlpack as torch_dlpack
+
+    x = torch.randn(1000, device="cuda")
+    c = codec.get_codec("topk(ratio=0.05)")
+    want = bytes(c.encode(x.cpu().numpy()))
+    assert bytes(c.encode(torch_dlpack.to_dlpack(x))) == want
+    out = torch.zeros_like(x)
+    codec.decode(c.encode(x), out=torch_dlpack.to_dlpack(out))
+    assert np.array_equal(out.cpu().numpy(), codec.decode(want))
+    bucket = torch.randn(3000, device="cuda")
+    views = [bucket[a:b] for a, b in ((0, 500), (500, 520), (520, 3000))]
+    from codec.device import as_device_array, span
+
+    whole = span([as_device_array(v) for v in views])
+    assert whole is not None and whole.size == 3000
+    assert np.array_equal(whole.copy_to_host(), bucket.cpu().numpy())
