@@ -19,9 +19,10 @@ from codec.dtypes import on_device
 
 __all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "to_device", "to_host", "zeros"]
 
-#: the dtypes device arrays may have in this release (16-bit device input comes with the
-#: next part of the CUDA work)
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: the dtypes device arrays may have: float16 (a 16-bit input selects from, and adds in, its
+#: exact float32 widening, as the host does), float32, float64.  bfloat16 is refused: the
+#: CUDA array interface has no name for it
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _cuda():
@@ -68,7 +69,7 @@ def as_input(stages, x, dtype=None, argname: str = "x"):
 
 def as_device_array(x, argname: str = "x", write: bool = False):
     """A C-contiguous Numba device-array view of device array ``x`` (no copy); TypeError or
-    ValueError naming ``argname`` for a dtype other than float32/float64 or a
+    ValueError naming ``argname`` for a dtype other than float16/float32/float64 or a
     non-contiguous array.  ``x`` may be a DLPack capsule or producer on a CUDA device
     (:mod:`codec.dlpack`), then viewed through its ``__cuda_array_interface__``
     description; ``write``: it will be written (a read-only one is a ValueError)."""
@@ -86,7 +87,7 @@ def as_device_array(x, argname: str = "x", write: bool = False):
         arr = _view(desc, cap)
     dt = np.dtype(arr.dtype)
     if dt not in DTYPES:
-        raise TypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float32 or float64 for now")
+        raise TypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float16, float32 or float64")
     if not arr.is_c_contiguous():
         raise ValueError(f"{argname}: a device array must be C-contiguous")
     return arr
@@ -95,7 +96,7 @@ def as_device_array(x, argname: str = "x", write: bool = False):
 def check_dtype(dtype, argname: str) -> None:
     """TypeError naming ``argname`` unless device arrays of ``dtype`` are supported."""
     if np.dtype(dtype) not in DTYPES:
-        raise TypeError(f"{argname}: a frame of {np.dtype(dtype)} cannot decode to a device array yet; device arrays must be float32 or float64 for now")
+        raise TypeError(f"{argname}: a frame of {np.dtype(dtype)} cannot decode to a device array yet; device arrays must be float16, float32 or float64")
 
 
 def as_like(arr, like):
@@ -116,7 +117,7 @@ def as_like(arr, like):
 
 def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out"):
     """The flat device view of device array ``out`` that decoding writes (as
-    :func:`codec.dtypes.checked_out` for host arrays): ``n`` elements, float32/float64,
+    :func:`codec.dtypes.checked_out` for host arrays): ``n`` elements, float16/float32/float64,
     ``dtype`` itself unless adding, C-contiguous."""
     arr = as_device_array(out, argname, write=True)
     if arr.size != n:

@@ -91,12 +91,19 @@ def wide_dtype(dtype) -> np.dtype:
 
 
 def widen(x: np.ndarray) -> np.ndarray:
-    """``x`` as float32 or float64 (16-bit input is widened exactly to float32; others as is)."""
+    """``x`` as float32 or float64 (16-bit input is widened exactly to float32; others as is),
+    where ``x`` lives (a device array's on the device)."""
     if x.dtype in WIDE:
         return x
-    out = np.empty(x.shape, np.float32)
-    codes = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
-    backend("convert", x).half_decode(readonly(codes), out.reshape(-1), SET, x.dtype != HALF)
+    if on_device(x):
+        from codec.device import empty
+
+        out = empty(x.size, np.float32).reshape(x.shape)
+        codes = x.reshape(x.size).view(np.uint16)
+    else:
+        out = np.empty(x.shape, np.float32)
+        codes = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
+    backend("convert", out).half_decode(readonly(codes), out.reshape(out.size), SET, x.dtype != HALF)
     return out
 
 
@@ -159,7 +166,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     if on_device(out):  # a device output (codec.device.checked_out: contiguous): the source's one copy there
         from codec.device import to_device
 
-        flat = out.reshape(out.size)  # float32/float64 (codec.device.DTYPES)
+        flat = out.reshape(out.size)  # float16/float32/float64 (codec.device.DTYPES)
         if mode == SET and src.dtype == flat.dtype and not on_device(src):
             if src.size:  # one copy, no kernel (Numba refuses an empty one's strides)
                 flat.copy_to_device(np.ascontiguousarray(src).reshape(-1))
@@ -203,9 +210,10 @@ def add(x, r, out):
 def momentum(u, m, x):
     """DGC's velocity step ``m * u + x`` in x's dtype, the product rounded before the sum, as a
     new array where ``x`` lives (``u`` None: zeros, so the result is ``x``'s values; ``m`` a
-    scalar of x's dtype): the ``convert`` family's ``momentum`` kernel for float32/float64,
-    NumPy's two operations for 16-bit floats (which no kernel takes)."""
-    if x.dtype not in WIDE:
+    scalar of x's dtype): the ``convert`` family's ``momentum`` kernel for float32/float64
+    (and float16 device arrays, which its CUDA twin takes), NumPy's two operations for 16-bit
+    host floats (which the CPU kernel does not take)."""
+    if x.dtype not in WIDE and not on_device(x):
         u = np.zeros_like(x) if u is None else u
         return np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)
     from codec.device import Memory

@@ -18,7 +18,7 @@ __all__ = ["check_device"]
 
 
 def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
-    """``arr`` (float32 or float64) through a device array gives what it gives on the host:
+    """``arr`` (float16, float32 or float64) through a device array gives what it gives on the host:
     the same frame byte for byte (``encode``, with and without ``out=``), the same array from
     ``decode(out=)``, ``decode(like=)`` and ``decode_add`` into device arrays, and under
     ``ErrorFeedback`` the same frames and residuals step by step, the residual on the device.
@@ -32,7 +32,7 @@ def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
     c = _codec.get_codec(codec)
     arr = np.asarray(arr)
     if arr.dtype not in DTYPES:
-        raise ValueError(f"arr: device arrays are float32 or float64, got {arr.dtype}")
+        raise ValueError(f"arr: device arrays are float16, float32 or float64, got {arr.dtype}")
     d = cuda.to_device(arr)
     try:
         frame = c.encode(d)

@@ -10,6 +10,7 @@ import pytest
 from numba import cuda
 
 import codec
+from codec.dtypes import bfloat16
 from codec.errors import NonFiniteError
 
 SPECS = ["none", "fp16", "bf16", "fp16(nonfinite=keep)", "bf16+zstd", "none+zstd"]
@@ -77,8 +78,8 @@ def test_device_input_errors_name_the_argument():
     c = codec.get_codec("fp16")
     with pytest.raises(TypeError, match=r"x: a device \(CUDA\) array, and qsgd has no CUDA path"):
         codec.get_codec("qsgd").encode(cuda.to_device(np.ones(5, np.float32)))
-    with pytest.raises(TypeError, match="x: a device array of dtype float16"):
-        c.encode(cuda.to_device(np.ones(5, np.float16)))
+    with pytest.raises(TypeError, match="x: a device array of dtype bfloat16"):
+        c.encode(cuda.to_device(np.ones(5, bfloat16)))
     with pytest.raises(ValueError, match="x: a device array must be C-contiguous"):
         c.encode(cuda.to_device(np.ones((5, 4), np.float32))[:, 1])
     with pytest.raises(TypeError, match="dtype: reinterprets host buffers"):
@@ -164,8 +165,8 @@ def test_decode_like_a_device_array_allocates_on_the_device(spec):
     assert isinstance(codec.decode(frame, like=np.zeros(3)), np.ndarray)  # a host like: a host array
     with pytest.raises(TypeError, match=r"like: a device \(CUDA\) array, and qsgd has no CUDA path"):
         codec.decode(codec.get_codec("qsgd").encode(np.ones(100, np.float32)), like=like)
-    with pytest.raises(TypeError, match="like: a frame of float16 cannot decode to a device array yet"):
-        codec.decode(codec.get_codec("fp16").encode(np.ones(4, np.float16)), like=like)
+    with pytest.raises(TypeError, match="like: a frame of bfloat16 cannot decode to a device array yet"):
+        codec.decode(codec.get_codec("fp16").encode(np.ones(4, bfloat16)), like=like)
 
 
 def test_decode_like_a_torch_cuda_tensor_gives_a_torch_tensor():

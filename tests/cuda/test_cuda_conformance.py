@@ -1,6 +1,6 @@
 """The device conformance check (``codec.testing.check_device``) on every registered stage id
-and every pipeline of the conformance suite, with the float32 and float64 sample arrays
-of at most 420 values:
+and every pipeline of the conformance suite, with the float16, float32 and float64 sample
+arrays of at most 420 values:
 codecs with a CUDA path give the host's frames, decodes and error-feedback steps; the others
 refuse a device array naming ``x``."""
 
@@ -13,9 +13,9 @@ from codec.stage import registered
 from codec.testing import PIPELINES, check_device, sample_arrays
 
 #: the sample arrays that run: empty, 0-d, one value, a 4-D one (AdaComp's convolution bins),
-#: zeros, and a float64 one of odd size (the simulator runs about 6,000 threads a second, so
-#: the 527-value 2-D ones are left to tests/test_conformance.py on the host)
-ARRAYS = [a for a in sample_arrays() if a.dtype in (np.float32, np.float64) and a.size <= 420]
+#: zeros, and a float64 and a float16 one of odd size (the simulator runs about 6,000 threads
+#: a second, so the 527-value 2-D ones are left to tests/test_conformance.py on the host)
+ARRAYS = [a for a in sample_arrays() if a.dtype in (np.float16, np.float32, np.float64) and a.size <= 420]
 TAKEN = set()
 
 

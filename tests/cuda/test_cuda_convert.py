@@ -66,6 +66,24 @@ def test_narrow_codes(n, dtype, half, ref16):
     same(got, want)  # NaN payloads too: the CPU kernel's codes, bit for bit
 
 
+@pytest.mark.parametrize("half", HALVES, ids=str)
+@pytest.mark.parametrize("n", SIZES)
+def test_narrow_codes_of_float16_device_arrays(n, half):
+    """A float16 device array's codes are the host's (codec.ops.narrow): fp16 its own bits (NaN
+    payloads, signalling ones too), bf16 those of its exact float32 widening; the count and
+    the CRC as for the wide dtypes."""
+    from codec.ops import narrow
+
+    x = data(n, np.float16)
+    x.view(np.uint16)[: min(n, 3)] = np.array([0x7C01, 0xFE00, 0x7D55], np.uint16)[: min(n, 3)]  # NaN payloads
+    out = cuda.device_array(n, np.uint16)
+    bad, crc = K.narrow_codes(cuda.to_device(x), out, half == BF16, 0x5EED)
+    want, want_bad, _ = narrow(x, half)
+    same(out.copy_to_host(), want)
+    assert bad == want_bad == int((~np.isfinite(x)).sum())
+    assert crc == crc32c.crc32c(want.tobytes(), 0x5EED)
+
+
 @pytest.mark.parametrize("mode", (SET, ADD, SUB))
 @pytest.mark.parametrize("out_dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("half", HALVES, ids=str)
@@ -84,6 +102,18 @@ def test_half_decode(half, out_dtype, mode):
         CPU.half_decode(codes, cpu, mode, half == BF16)
     (same if mode == SET else same_values)(got, cpu)
     same_values(got, want)
+
+
+@pytest.mark.parametrize("mode", (SET, ADD, SUB))
+def test_combine_into_float16_device_arrays(mode):
+    """The twin's ``combine`` into float16 (error feedback's ``acc = x + residual`` of float16
+    device arrays): each result rounded once to float16, as NumPy's float16 operations."""
+    src, base = data(700, np.float16, 1), data(700, np.float16, 2)
+    out = cuda.to_device(base)
+    K.combine(cuda.to_device(src), out, mode)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = {SET: src, ADD: base + src, SUB: base - src}[mode]
+    (same if mode == SET else same_values)(out.copy_to_host(), want)
 
 
 @pytest.mark.parametrize("mode", (SET, ADD, SUB))
@@ -186,13 +216,16 @@ def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16, thr
         same_values(acc.copy_to_host(), cpu_acc)
 
 
-@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", (np.float16, np.float32, np.float64))
 def test_momentum_kernel_matches_numpy(dtype):
-    """The convert twin's ``momentum``: the product rounded before the sum, never fused."""
+    """The convert twin's ``momentum``: the product rounded before the sum, never fused (float16
+    too: NumPy's two float16 operations, each rounded once)."""
     rng = np.random.default_rng(1)
     n = 300
-    u = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
-    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-20, 20, n)).astype(dtype)
+    e = 4 if dtype == np.float16 else 20
+    with np.errstate(over="ignore"):
+        u = (rng.standard_t(2, n) * 10.0 ** rng.integers(-e, e, n)).astype(dtype)
+        x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-e, e, n)).astype(dtype)
     out = cuda.device_array(n, dtype)
     K.momentum(cuda.to_device(u), dtype(0.9), cuda.to_device(x), out)
     assert out.copy_to_host().tobytes() == np.add(np.multiply(u, dtype(0.9), dtype=dtype), x, dtype=dtype).tobytes()

@@ -187,3 +187,35 @@ def test_tensors_lying_end_to_end_are_read_and_written_at_once(spec, joint, laun
             assert np.array_equal(o.copy_to_host(), w), kind
     assert per_call["bucket"][0] <= 2 and per_call["bucket"][1] <= 2, per_call
     assert per_call["separate"][1] > per_call["bucket"][1], per_call
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16+zstd", "topk(ratio=0.1)", "dgc(ratio=0.1)+fp16"])
+def test_float16_device_tensors_are_the_hosts(spec):
+    """float16 device tensors: encode_many (per tensor and joint), decode_many and
+    decode_add_many into float16 device arrays, and error feedback (an elementwise codec's run
+    step on the device, each tensor's own step on the host; DGC with momentum) give the
+    host's frames, arrays and residuals."""
+    rng = np.random.default_rng(6)
+    sizes = [5, 40, 9, 1, 60, 12, 3, 30, 300]
+    momentum = 0.9 if spec.startswith("dgc") else 0.0
+    on_dev, on_host = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
+    for step in range(2):
+        host = [(rng.standard_t(2, n) * 1e-2).astype(np.float16) for n in sizes]
+        dev = [cuda.to_device(t) for t in host]
+        assert bytes(on_dev.encode_many(dev)) == bytes(on_host.encode_many(host)), step
+        for k in range(len(sizes)):
+            assert np.array_equal(on_dev.residual(k).copy_to_host(), on_host.residual(k)), (step, k)
+    c = codec.get_codec(spec)
+    for joint in (False, True):
+        frame = c.encode_many(dev, joint=joint)
+        assert bytes(frame) == bytes(c.encode_many(host, joint=joint)), joint
+        outs = [cuda.device_array(n, np.float16) for n in sizes]
+        codec.decode_many(frame, out=outs)
+        for o, w in zip(outs, codec.decode_many(frame)):
+            assert o.copy_to_host().tobytes() == w.tobytes(), joint
+        base = [(rng.standard_normal(n)).astype(np.float16) for n in sizes]
+        acc = [cuda.to_device(b) for b in base]
+        codec.decode_add_many(frame, acc, subtract=True)
+        codec.decode_add_many(frame, base, subtract=True)
+        for a, b in zip(acc, base):
+            assert a.copy_to_host().tobytes() == b.tobytes(), joint

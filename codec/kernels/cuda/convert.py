@@ -109,14 +109,34 @@ def _codes_crc(codes, crc):
     return _crc.crc32c(codes.view(np.uint8), crc)
 
 
+@jit
+def _specials(codes, mask, bad):
+    """Count the codes whose exponent bits (``mask``) are all set: NaN and inf."""
+    k = np.int64(0)
+    for i in range(cuda.grid(1), codes.size, cuda.gridsize(1)):
+        k += (codes[i] & mask) == mask
+    _block_count(k, bad)
+
+
 def narrow_codes(x, out, bf16, crc):
     """fp16 (``bf16=False``) or bf16 codes of float32/float64 ``x`` into ``out`` (uint16), as
     the CPU kernel; returns ``(non-finite count, crc)``: with ``crc >= 0`` the codes' CRC-32C
-    continued from it, formed on the device; -1 when ``crc < 0``."""
+    continued from it, formed on the device; -1 when ``crc < 0``.  A float16 ``x`` (a device
+    array; on the host ``codec.ops.narrow`` does this before the kernel) is coded as the host
+    codes it: its bits are the fp16 codes (NaN payloads kept), and its bf16 codes are those of
+    its exact float32 widening."""
     if not x.size:
         return 0, -1 if crc < 0 else int(crc)
     shape = launch(x.size)
     counts = _counts(shape[0])
+    if np.dtype(x.dtype) == np.float16:
+        bits = x.reshape(x.size).view(np.uint16)
+        if not bf16:
+            out.copy_to_device(bits)
+            _specials[shape](out, np.uint16(0x7C00), counts[0])
+            return _total(counts), _codes_crc(out, crc)
+        x = cuda.device_array(x.size, np.float32)
+        _decode[shape](bits, x, SET, False)
     (_narrow32 if np.dtype(x.dtype) == np.float32 else _narrow)[shape](x, out, bool(bf16), counts[0])
     return _total(counts), _codes_crc(out, crc)
 
@@ -218,7 +238,20 @@ def _momentum32(u, m, x, out):  # (its own kernel: a float64 product in a shared
         out[i] = mul32(u[i], m) + x[i]
 
 
+@jit
+def _momentum16(u, m, x, out):
+    """float16: the float32 product of two float16 values is exact, so its cast rounds once;
+    the float32 sum of two float16 values then cast rounds as one float16 sum would (float32
+    has 24 bits, at least 2 x 11 + 2: the double rounding is innocuous), as NumPy's float16
+    operations round."""
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        p = np.float16(np.float32(u[i]) * np.float32(m))
+        out[i] = np.float16(np.float32(p) + np.float32(x[i]))
+
+
 def momentum(u, m, x, out):
-    """``out = u * m + x``, the product rounded before the sum (never fused)."""
+    """``out = u * m + x``, the product rounded before the sum (never fused); float16 arrays
+    too, as NumPy's two float16 operations give it (the CPU kernel takes float32/float64)."""
     if x.size:
-        (_momentum64 if np.dtype(x.dtype) == np.float64 else _momentum32)[launch(x.size)](u, m, x, out)
+        dt = np.dtype(x.dtype)
+        (_momentum64 if dt == np.float64 else _momentum16 if dt == np.float16 else _momentum32)[launch(x.size)](u, m, x, out)

@@ -104,7 +104,7 @@ class AdaComp(IndexSelect):
     def select(self, values, ctx, sections, residual=None, out=None):
         from codec.kernels import backend
         from codec.layout import bucket_groups
-        from codec.ops import WIDE, round_to, widen
+        from codec.ops import WIDE, add, round_to, widen
         from codec.pack import encode_indices
 
         n = values.size
@@ -116,7 +116,8 @@ class AdaComp(IndexSelect):
         if form or residual is None:
             g = out if form else values
         else:
-            g = np.add(values, residual, out=out)
+            g = out
+            add(values, residual, out)
         dw = readonly(widen(values))
         kg = g if form else readonly(widen(g))
         kern = backend("adacomp", dw)

@@ -125,7 +125,10 @@ class Magnitudes:
         elif wide:
             self.acc, self._r = out, readonly(residual)
         else:  # 16-bit: form acc in its own dtype, select from the exact float32 widening
-            self.acc = np.add(values, residual, out=out)
+            from codec.ops import add
+
+            self.acc = out
+            add(values, residual, out)
         self._src = self._x if wide else readonly(widen(self.acc))
         self._want_sums = sums
         self._sample = None
