@@ -207,21 +207,24 @@ def add(x, r, out):
     return np.add(x, r, out=out)
 
 
-def momentum(u, m, x):
-    """DGC's velocity step ``m * u + x`` in x's dtype, the product rounded before the sum, as a
-    new array where ``x`` lives (``u`` None: zeros, so the result is ``x``'s values; ``m`` a
-    scalar of x's dtype): the ``convert`` family's ``momentum`` kernel for float32/float64
-    (and float16 device arrays, which its CUDA twin takes), NumPy's two operations for 16-bit
-    host floats (which the CPU kernel does not take)."""
-    if x.dtype not in WIDE and not on_device(x):
-        u = np.zeros_like(x) if u is None else u
-        return np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype)
+def momentum(u, m, x, out=None):
+    """DGC's velocity step ``m * u + x`` in x's dtype, the product rounded before the sum, into
+    ``out`` (x's size, where ``x`` lives) or a new array of x's shape (``u`` None: zeros, so
+    the result is ``x``'s values; ``m`` a scalar of x's dtype): the ``convert`` family's
+    ``momentum`` kernel for float32/float64 (and float16 device arrays, which its CUDA twin
+    takes), NumPy's two operations for 16-bit host floats (which the CPU kernel does not
+    take).  Returns the result."""
     from codec.device import Memory
 
     mem = Memory(on_device(x))
+    out = mem.empty(x.shape, x.dtype) if out is None else out
+    if x.dtype not in WIDE and not mem.device:
+        u = np.zeros_like(x) if u is None else u
+        np.add(np.multiply(u, m, dtype=x.dtype), x, dtype=x.dtype, out=out.reshape(x.shape))
+        return out
     u = mem.zeros(x.shape, x.dtype) if u is None else u
-    out = mem.empty(x.shape, x.dtype)
-    backend("convert", x).momentum(readonly(u.reshape(u.size)), m, readonly(x.reshape(x.size)), out.reshape(out.size))
+    if x.size:
+        backend("convert", x).momentum(readonly(u.reshape(u.size)), m, readonly(x.reshape(x.size)), out.reshape(out.size))
     return out
 
 

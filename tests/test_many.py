@@ -982,3 +982,25 @@ def test_a_forged_zstd_count_is_refused_before_its_bytes_exist():
     finally:
         tracemalloc.stop()
     assert peak < 32 << 20, peak
+
+
+@pytest.mark.parametrize("spec", ["dgc(ratio=0.05)", "topk(ratio=0.05)+fp16", "qsgd", "randomk(ratio=0.1)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_error_feedback_runs_with_momentum_equal_each_tensors_step(spec, dtype):
+    """With DGC's momentum, a run forms u = m*u + x for all its tensors at once, codes u +
+    residual, zeroes u where the frame sent values (everywhere for a dense quantizer) and keeps
+    each key's velocity as its slice of one buffer (codec.feedback.runstep): frames,
+    residuals and velocities are bit for bit each tensor's own step's, over several steps,
+    and a tensor outside a run takes its own momentum step."""
+    together, alone = codec.ErrorFeedback(spec, momentum=0.9), codec.ErrorFeedback(spec, momentum=0.9)
+    sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 16384, 20000, 3, 5, 11]
+    for step in range(3):
+        rng = np.random.default_rng(50 + step)
+        ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-6, 3)).astype(dtype) for i, n in enumerate(sizes)}
+        frame = together.encode_many(ts)
+        got = codec.decode_many(frame)
+        for k, x in ts.items():
+            assert got[k].tobytes() == codec.decode(alone.encode(x, key=k)).tobytes(), (step, k)
+        assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step  # residuals, velocities, steps
+    runs = {id(together._slots[f"w{i}"].velocity_at[0]) for i in range(10) if together._slots[f"w{i}"].velocity_at is not None}
+    assert len(runs) == 1 and together._slots["w10"].velocity_at is None  # one run's velocities in one buffer; 20,000 values alone

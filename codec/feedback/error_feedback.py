@@ -108,7 +108,7 @@ class ErrorFeedback:
             return frame
         for s in slots:
             s.follow(dev)
-        groups = [] if self.momentum else feedback_runs(self.codec, arrays)
+        groups = feedback_runs(self.codec, arrays)
         if groups:
             return encode_runs(self, arrays, slots, named, groups, lay, layout, dest)
         begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
@@ -188,7 +188,7 @@ class ErrorFeedback:
 
             def install():
                 commit()
-                slot.velocity = u
+                slot.velocity, slot.velocity_at = u, None
                 self._advance(slot, ctx.state)
 
             return install

@@ -1,6 +1,6 @@
-"""Error feedback's step for the runs of a many-tensor call (:meth:`ErrorFeedback.encode_many`
-without momentum): the small tensors a segmented stage codes at once take their step
-together, host and device arrays alike.
+"""Error feedback's step for the runs of a many-tensor call (:meth:`ErrorFeedback.encode_many`):
+the small tensors a segmented stage codes at once take their step together, host and device
+arrays alike, DGC's momentum included.
 
 Per run (:func:`codec.runs.feedback_runs`): ``acc = x + residual`` is formed in ONE flat
 buffer (:func:`run_acc`), the run is coded from it at once, ``acc -= decoded`` is one update
@@ -11,6 +11,10 @@ the spares, so from the second step on the run's residuals and spares are each o
 allocation and no copy of them (:func:`span`).  On the device this makes a run's step a few
 launches and one read-back whatever its tensor count: the gradients' copies into ``acc``,
 one add, the segmented selection, one scatter.
+
+With momentum (``ErrorFeedback(momentum=m)``) the run first forms ``u = m*u + x`` in one new
+flat buffer (:func:`run_velocity`), codes ``u + residual``, zeroes ``u`` at every position the
+frame sent (one call for the run) and keeps each key's velocity as its slice of ``u``.
 
 Bit for bit the step each tensor's own :meth:`ErrorFeedback.encode` takes (the fused steps
 equal the generic one), which the tests check.
@@ -25,6 +29,7 @@ from codec.device import Memory
 from codec.dtypes import on_device
 from codec.manyframe import parse_many
 from codec.modes import ADD
+from codec.ops import momentum, round_to, zero_at
 from codec.runs import FEEDBACK_RUNS
 
 
@@ -43,6 +48,42 @@ def span(places, sizes):
     return base, start
 
 
+def run_velocity(xs, slots, m, device: bool):
+    """DGC's momentum of a run's tensors ``xs`` (one dtype): ``u = m*u + x`` for all of them in
+    one new flat buffer (the velocities read where they lie when they are one buffer,
+    :func:`span`; a key without one starts from zeros), as each tensor's own step forms it.
+    Returns the buffer."""
+    sizes = [x.size for x in xs]
+    n, dtype = sum(sizes), xs[0].dtype
+    mem = Memory(device)
+    u = mem.empty(n, dtype)
+    held = span([s.velocity_at for s in slots], sizes)
+    if device and n:  # one launch over the run: the gradients and velocities as one array each
+        from codec.device import concat
+
+        x = concat(xs, mem.empty(n, dtype))
+        v = held[0][held[1] : held[1] + n] if held is not None else _joined([s.velocity for s in slots], sizes, mem, dtype)
+        return momentum(v, m, x, u)
+    at = 0
+    for x, s, size in zip(xs, slots, sizes):
+        v = s.velocity if held is None else held[0][held[1] + at : held[1] + at + size]
+        momentum(None if v is None else v.reshape(-1), m, x.reshape(-1), u[at : at + size])
+        at += size
+    return u
+
+
+def _joined(parts, sizes, mem, dtype):
+    """``parts`` (device arrays of ``sizes`` elements; None: zeros) copied one after another
+    into a new device buffer."""
+    out = mem.zeros(sum(sizes), dtype) if any(p is None for p in parts) else mem.empty(sum(sizes), dtype)
+    at = 0
+    for p, size in zip(parts, sizes):
+        if p is not None and size:
+            out[at : at + size].copy_to_device(p.reshape(size))
+        at += size
+    return out
+
+
 def run_acc(xs, slots, device: bool):
     """``acc = x + residual`` of a run's tensors ``xs`` (one dtype) and their slots, in one
     flat buffer: the spares' when they are one (:func:`span`), else a new one.  Returns
@@ -58,9 +99,7 @@ def run_acc(xs, slots, device: bool):
     if held is not None:
         r = held[0][held[1] : held[1] + n]
     elif device:
-        from codec.device import concat
-
-        r = concat([s.residual for s in slots], mem.empty(n, dtype))
+        r = _joined([s.residual for s in slots], sizes, mem, dtype)
     else:
         r = None
     if device:  # the gradients copied in, the residuals added in one launch
@@ -85,15 +124,26 @@ def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
     c = ef.codec
     device = bool(arrays) and on_device(arrays[0])
     ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
-    places = {g[0]: run_acc([arrays[i] for i in g], [slots[i] for i in g], device) for g in groups}
+    velocities = {}  # with momentum: per run, u = m*u + x, which the run codes (plus the residuals)
+    if ef.momentum:
+        for g in groups:
+            xs = [arrays[i] for i in g]
+            velocities[g[0]] = run_velocity(xs, [slots[i] for i in g], round_to(ef.momentum, xs[0].dtype)[()], device)
+    places = {}
+    for g in groups:
+        xs = [arrays[i] for i in g]
+        if g[0] in velocities:  # the run's u in place of its gradients, each tensor's slice
+            u, at = velocities[g[0]], np.cumsum([0] + [x.size for x in xs])
+            xs = [u[a:b] for a, b in zip(at, at[1:])]
+        places[g[0]] = run_acc(xs, [slots[i] for i in g], device)
     flats = {}
     for g in groups:
         base, at = places[g[0]]
         flats[g[0]] = base[at : at + sum(arrays[i].size for i in g)]
     finishes: dict = {}
 
-    def alone(i):
-        sections, finishes[i] = ef._feedback(arrays[i], slots[i], ctxs[i])
+    def alone(i):  # the tensor's own step (its momentum too), as ErrorFeedback.encode takes it
+        sections, finishes[i] = ef._begin(arrays[i], slots[i], named[i])
         return sections
 
     inputs = list(arrays)  # a run's tensors as their slices of its acc (a bad sum is named by its tensor)
@@ -106,20 +156,30 @@ def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
     frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
     mf = parse_many(frame, layout=lay, verify_payload=False)
     done = [g for g in groups if g[0] in ran]
-    targets, commits = {}, []
+    targets, kept = {}, {}  # kept: per run member, its new residual and velocity, and where they lie
     for g in done:
         base, at = places[g[0]]
+        u = velocities.get(g[0])
         for i in g:
-            view = base[at : at + arrays[i].size]
-            targets[i] = view
-            commits.append((slots[i], view.reshape(arrays[i].shape), (base, at)))
+            targets[i] = base[at : at + arrays[i].size]
+            off = at - places[g[0]][1]
+            velocity = None if u is None else (u[off : off + arrays[i].size].reshape(arrays[i].shape), (u, off))
+            kept[i] = (targets[i].reshape(arrays[i].shape), (base, at), velocity)
             at += arrays[i].size
     many.subtract(c, mf, targets, FEEDBACK_RUNS, {g[0]: flats[g[0]] for g in done})
-    installs = [finishes[i](lambda i=i: mf.tensor(i))[0] for i in sorted(finishes)]
-    for install in installs:  # only once every tensor has finished
-        install()
-    for slot, residual, at in commits:
+    for g in done:  # momentum-factor masking: u zeroed where the frame sent values (all: a dense codec)
+        if g[0] in velocities:
+            sent = [ctxs[i].positions for i in g]
+            starts = np.cumsum([0] + [arrays[i].size for i in g[:-1]])
+            zero_at(velocities[g[0]], None if any(p is None for p in sent) else np.concatenate([p + s for p, s in zip(sent, starts)]))
+    installs = {i: finishes[i](lambda i=i: mf.tensor(i)) for i in sorted(finishes)}  # every tensor finished first
+    for i, slot in enumerate(slots):  # then installed, in tensor order (the order state_dict keeps)
+        if i in installs:
+            installs[i]()
+            continue
+        residual, at, velocity = kept[i]
         slot.commit(residual, at=at)
-    for s, ctx in zip(slots, ctxs):
-        ef._advance(s, ctx.state)
+        if velocity is not None:
+            slot.velocity, slot.velocity_at = velocity
+        ef._advance(slot, ctxs[i].state)
     return frame

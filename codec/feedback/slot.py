@@ -28,11 +28,12 @@ class Slot:
     spare: np.ndarray | None = field(default=None, repr=False)
     shape: tuple | None = field(default=None, repr=False)
     dtype: np.dtype | None = field(default=None, repr=False)
-    #: where the residual (``at``) and the spare (``spare_at``) lie when they are slices of one
-    #: buffer shared with other keys, a run's ``(buffer, offset)`` (``codec.feedback.runstep``);
-    #: None: a buffer of their own, or not known
+    #: where the residual (``at``), the spare (``spare_at``) and the velocity (``velocity_at``)
+    #: lie when they are slices of one buffer shared with other keys, a run's ``(buffer,
+    #: offset)`` (``codec.feedback.runstep``); None: a buffer of their own, or not known
     at: tuple | None = field(default=None, repr=False)
     spare_at: tuple | None = field(default=None, repr=False)
+    velocity_at: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.residual is not None:
@@ -78,7 +79,7 @@ class Slot:
         move = to_device if device else host_copy
         self.residual, self.at = move(self.residual), None
         if self.velocity is not None:
-            self.velocity = move(self.velocity)
+            self.velocity, self.velocity_at = move(self.velocity), None
         self.spare = self.spare_at = None
 
     def commit(self, residual: np.ndarray, *, keep_spare: bool = True, at: tuple | None = None) -> None:

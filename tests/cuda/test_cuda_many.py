@@ -106,14 +106,16 @@ def launches(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "gaussiank(ratio=0.1)+fp16", "dgc(ratio=0.1)", "randomk(ratio=0.2)", "fp16", "bf16+zstd"])
-def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, launches):
+@pytest.mark.parametrize("spec,momentum", [("topk(ratio=0.1)", 0), ("gaussiank(ratio=0.1)+fp16", 0), ("dgc(ratio=0.1)", 0.9), ("randomk(ratio=0.2)", 0),
+                                           ("fp16", 0), ("bf16+zstd", 0.5)])
+def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, momentum, launches):
     """ErrorFeedback.encode_many of a run of small device tensors (codec.runs.feedback_runs:
     a sparsifier's of at least 8, an elementwise codec's of at least 2, whose host step is
-    fused per tensor) takes the run's step at once (codec.feedback.runstep): frames and residuals
+    fused per tensor) takes the run's step at once (codec.feedback.runstep), DGC's momentum
+    included: frames, residuals and velocities
     step by step the host's (each tensor's own step), the run's residuals one device buffer
     from the first step on, and a step's launches as many for 12 tensors as for 8."""
-    on_dev, on_host = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    on_dev, on_host = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
     rng = np.random.default_rng(11)
     sizes = [7, 0, 130, 1, 64, 9, 33, 2, 40, 17, 5, 21]
     counts = []
@@ -126,9 +128,11 @@ def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, launches)
         assert len({id(on_dev._slots[k].at[0]) for k in host}) == 1, step  # the run's residuals: slices of one buffer
         for k in host:
             assert np.array_equal(on_dev.residual(k).copy_to_host(), on_host.residual(k)), (step, k)
-    assert counts[0] <= 6 and len(set(counts)) == 1, counts
+            if momentum:
+                assert np.array_equal(on_dev._slots[k].velocity.copy_to_host(), on_host._slots[k].velocity), (step, k)
+    assert counts[0] <= (8 if momentum else 6) and len(set(counts)) == 1, counts  # momentum: its kernel and the masking
     launches.clear()
-    codec.ErrorFeedback(spec).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes[:8]])
+    codec.ErrorFeedback(spec, momentum=momentum).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes[:8]])
     assert sum(launches.values()) == counts[0], dict(launches)
 
 
