@@ -12,6 +12,8 @@ import sys
 import ml_dtypes
 import numpy as np
 
+from codec import dlpack
+
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
 #: frame code -> dtype (the code is part of the frame format, never renumber)
@@ -47,8 +49,6 @@ def on_device(*arrays) -> bool:
     Numba device array (whose simulator twin, under ``NUMBA_ENABLE_CUDASIM=1``, has no such
     interface), or a DLPack capsule or producer on a CUDA device (:mod:`codec.dlpack`).  The
     one test of "is this a device array" (kernel dispatch, input coercion, transport staging)."""
-    from codec import dlpack
-
     for a in arrays:
         if isinstance(a, np.ndarray):
             continue
@@ -76,8 +76,6 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     bfloat16); the result is then 1-D unless ``x`` already had that dtype.  Integer, bool,
     complex and object input without ``dtype`` raise TypeError naming ``argname``.
     """
-    from codec import dlpack
-
     if on_device(x):
         raise TypeError(
             f"{argname}: a device (CUDA) array; so far encode, decode, decode_add and ErrorFeedback.encode of "
@@ -122,8 +120,6 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
 
 def _check_capsule(x, argname: str):
     """``x``, a DLPack capsule NumPy can read (TypeError naming ``argname`` otherwise)."""
-    from codec import dlpack
-
     dlpack.interface(x, argname)  # a DLPack tensor of a dtype NumPy names
     if dlpack.device_type(x) not in dlpack.HOST:
         raise TypeError(f"{argname}: a DLPack capsule on device type {dlpack.device_type(x)}, neither host memory nor a CUDA device")

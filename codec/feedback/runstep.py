@@ -123,7 +123,10 @@ def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
     own step, as :meth:`ErrorFeedback.encode` would.  Nothing changes until all finished."""
     c = ef.codec
     device = bool(arrays) and on_device(arrays[0])
-    ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
+    ctxs = [None] * len(arrays)  # a run member's context (its state installed once the frame is built)
+    for g in groups:
+        for i in g:
+            ctxs[i] = slots[i].context(arrays[i], named[i])
     velocities = {}  # with momentum: per run, u = m*u + x, which the run codes (plus the residuals)
     if ef.momentum:
         for g in groups:
