@@ -4,6 +4,7 @@ mixed host and device tensors, and codecs without a CUDA path, are refused by na
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from numba import cuda
@@ -223,3 +224,30 @@ def test_float16_device_tensors_are_the_hosts(spec):
         codec.decode_add_many(frame, base, subtract=True)
         for a, b in zip(acc, base):
             assert a.copy_to_host().tobytes() == b.tobytes(), joint
+
+
+@pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="reads the simulator's host mirror of a device array")
+@pytest.mark.parametrize("spec", ["fp16", "topk(ratio=0.1)+fp16", "randomk(ratio=0.2)"])
+def test_many_tensors_make_no_host_copy_of_the_input(spec, monkeypatch):
+    """encode_many and ErrorFeedback.encode_many (momentum included) of device tensors, apart
+    and as views of one buffer (read where they lie), copy codes, counts and candidates to the
+    host, never the tensors: every device-to-host copy is recorded and none overlaps them.
+    (gaussian-k's run shifts, NumPy's mean of each tensor, copy a run once: docs/api.md.)"""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    rng = np.random.default_rng(12)
+    sizes = [5, 40, 9, 1, 60, 12, 3, 30, 500]
+    host = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    bucket = cuda.to_device(np.concatenate(host))
+    at = np.concatenate([[0], np.cumsum(sizes)])
+    inputs = {"apart": [cuda.to_device(t) for t in host], "bucket": [bucket[a:b] for a, b in zip(at, at[1:])]}
+    copied = []
+    real = FakeCUDAArray.copy_to_host
+    monkeypatch.setattr(FakeCUDAArray, "copy_to_host", lambda self, *a, **k: copied.append(self._ary) or real(self, *a, **k))
+    for kind, ts in inputs.items():
+        ef, ref = codec.ErrorFeedback(spec, momentum=0.9), codec.ErrorFeedback(spec, momentum=0.9)
+        for step in range(2):
+            copied.clear()
+            frames = [codec.get_codec(spec).encode_many(ts), ef.encode_many(ts)]
+            assert copied and not any(np.shares_memory(c, t._ary) for c in copied for t in ts), (kind, step)
+            assert [bytes(f) for f in frames] == [bytes(codec.get_codec(spec).encode_many(host)), bytes(ref.encode_many(host))], (kind, step)
