@@ -78,6 +78,8 @@ def as_device_array(x, argname: str = "x", write: bool = False):
     if type(x).__module__.startswith("numba.cuda"):
         arr = x
     elif hasattr(x, "__cuda_array_interface__"):
+        if write and x.__cuda_array_interface__["data"][1]:
+            raise ValueError(f"{argname}: a read-only device array (its __cuda_array_interface__ says so); decoding writes it")
         arr = _cuda().as_cuda_array(x)
     else:  # a DLPack capsule or producer on a CUDA device (codec.dtypes.on_device)
         cap = dlpack.capsule(x)
@@ -182,7 +184,7 @@ def span(arrays):
     gradient bucket gives): one launch, or one copy, then reads or writes them all.  None
     otherwise, or for fewer than two.  Empty arrays are skipped."""
     full = [a for a in arrays if a.size]
-    if len(full) < 2 or len({np.dtype(a.dtype) for a in full}) > 1:
+    if len(full) < 2 or len({np.dtype(a.dtype) for a in full}) > 1 or not all(a.is_c_contiguous() for a in full):
         return None
     at = [_address(a) for a in full]
     if any(p + a.nbytes != q for a, p, q in zip(full, at, at[1:])):

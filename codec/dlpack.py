@@ -28,9 +28,8 @@ CUDA = (2, 13)
 HOST = (1, 3)
 
 _NAMES = (b"dltensor", b"dltensor_versioned")
-#: where the DLTensor starts: a DLManagedTensor begins with it; a DLManagedTensorVersioned
-#: with its version (2 x uint32), manager_ctx, deleter and flags (uint64)
-_OFFSET = {b"dltensor": 0, b"dltensor_versioned": 32}
+#: a DLManagedTensor begins with its DLTensor; a DLManagedTensorVersioned with its version
+#: (2 x uint32), manager_ctx, deleter and flags (uint64): ``_Versioned``
 #: DLDataType code -> NumPy kind letter (kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4)
 _KINDS = {0: "i", 1: "u", 2: "f"}
 
@@ -55,13 +54,16 @@ class _DLTensor(ctypes.Structure):
     ]
 
 
-def _api():
-    api = ctypes.pythonapi
-    api.PyCapsule_IsValid.restype = ctypes.c_int
-    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    return api
+class _Versioned(ctypes.Structure):
+    """The head of a DLManagedTensorVersioned, before its DLTensor."""
+
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64)]
+
+
+#: the C API's capsule functions with prototypes of their own (``ctypes.pythonapi``'s are shared
+#: with every other library in the process, so they are not changed)
+_IS_VALID = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_IsValid", ctypes.pythonapi))
+_POINTER = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
 def is_capsule(x) -> bool:
@@ -72,10 +74,15 @@ def is_capsule(x) -> bool:
 def tensor(capsule, argname: str = "x") -> _DLTensor:
     """The ``DLTensor`` a DLPack capsule points to; TypeError naming ``argname`` for a capsule
     of another kind or one already consumed (``used_dltensor``)."""
-    api = _api()
     for name in _NAMES:
-        if api.PyCapsule_IsValid(capsule, name):
-            return _DLTensor.from_address(api.PyCapsule_GetPointer(capsule, name) + _OFFSET[name])
+        if _IS_VALID(capsule, name):
+            at = _POINTER(capsule, name)
+            if name == b"dltensor_versioned":
+                head = _Versioned.from_address(at)
+                if head.major > 1:
+                    raise TypeError(f"{argname}: a DLPack capsule of version {head.major}.{head.minor}; gradcodec reads version 1 and older")
+                return _DLTensor.from_address(at + ctypes.sizeof(_Versioned))
+            return _DLTensor.from_address(at)
     raise TypeError(f"{argname}: a capsule that is not an unused DLPack tensor (dltensor or dltensor_versioned); a capsule can be consumed once")
 
 
@@ -102,8 +109,15 @@ def on_cuda(x) -> bool:
 
 
 def capsule(x):
-    """``x`` if it is a capsule, else the capsule its producer makes (``x.__dlpack__()``)."""
-    return x if is_capsule(x) else x.__dlpack__()
+    """``x`` if it is a capsule, else the capsule its producer makes: a versioned one when it
+    can (``x.__dlpack__(max_version=(1, 0))``, which carries the read-only flag), else
+    ``x.__dlpack__()``."""
+    if is_capsule(x):
+        return x
+    try:
+        return x.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer older than DLPack 1.0 takes no max_version
+        return x.__dlpack__()
 
 
 def interface(cap, argname: str = "x") -> dict:
@@ -113,7 +127,7 @@ def interface(cap, argname: str = "x") -> dict:
     complex, bool, and bfloat16, which ``__cuda_array_interface__`` cannot describe)."""
     t = tensor(cap, argname)
     dt = t.dtype
-    if dt.lanes != 1 or dt.code not in _KINDS or dt.bits not in (8, 16, 32, 64):
+    if dt.lanes != 1 or dt.code not in _KINDS or dt.bits not in ((16, 32, 64) if dt.code == 2 else (8, 16, 32, 64)):
         what = "bfloat16" if dt.code == 4 else f"code {dt.code}, {dt.bits} bits, {dt.lanes} lanes"
         raise TypeError(f"{argname}: a DLPack tensor of dtype {what}, which gradcodec cannot read")
     dtype = np.dtype(f"<{_KINDS[dt.code]}{dt.bits // 8}")
@@ -131,11 +145,10 @@ def interface(cap, argname: str = "x") -> dict:
 
 def read_only(cap) -> bool:
     """Whether DLPack capsule ``cap`` marks its tensor read-only (a versioned capsule's flag
-    ``DLPACK_FLAG_BITMASK_READ_ONLY``, after its version, manager_ctx and deleter)."""
-    api = _api()
-    if not api.PyCapsule_IsValid(cap, b"dltensor_versioned"):
+    ``DLPACK_FLAG_BITMASK_READ_ONLY``)."""
+    if not _IS_VALID(cap, b"dltensor_versioned"):
         return False
-    return bool(ctypes.c_uint64.from_address(api.PyCapsule_GetPointer(cap, b"dltensor_versioned") + 24).value & 1)
+    return bool(_Versioned.from_address(_POINTER(cap, b"dltensor_versioned")).flags & 1)
 
 
 class _Producer:

@@ -409,8 +409,8 @@ def _add_jobs(c, mf, jobs, targets, mode, spans=None) -> None:
         span = spans.get(idx[0]) if spans and len(idx) > 1 else None
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
-        elif span is not None and c.select is not None:  # the run's pairs, counted from its first element
-            scatter_checked(c._kept(ctx, payload), ctx.positions, span, mode)  # (float32/float64 runs)
+        elif span is not None and c.select is not None:  # the run's pairs, counted from its first element, written
+            c._write(ctx, payload, span, mode)  # as one tensor's (a 16-bit output: the dense decoded values added once)
         elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs
             for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
                 if targets[i].dtype in WIDE:

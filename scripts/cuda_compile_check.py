@@ -84,12 +84,12 @@ def compile_all(path: str, cc: tuple[int, int]) -> int:
     failed = []
     t0 = time.perf_counter()
     for module, name, args in sigs:
-        kern = getattr(_module(module), name)
-        sig = tuple(numba_type(t) for t in args)
-        try:
+        try:  # every failure is reported (an unreachable kernel, a type this script cannot name, a compile error)
+            kern = getattr(_module(module), name)
+            sig = tuple(numba_type(t) for t in args)
             cuda.compile_ptx(kern.py_func, sig, cc=cc)
-        except Exception as e:  # every failure is reported, then the exit status says it
-            failed.append((module, name, sig, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+        except Exception as e:
+            failed.append((module, name, args, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
     print(f"{len(sigs) - len(failed)} of {len(sigs)} kernel signatures compiled for sm_{cc[0]}{cc[1]} in {time.perf_counter() - t0:.1f} s")
     for module, name, sig, why in failed:
         print(f"FAILED {module}.{name} {sig}\n    {why}")

@@ -55,6 +55,9 @@ def test_bad_capsules_are_refused_by_name():
         codec.get_codec("fp16").encode(np.arange(5, dtype=np.int32).__dlpack__())
     with pytest.raises(TypeError, match="x: a DLPack tensor of dtype bfloat16"):
         dlpack.interface(_retag(a, code=4))  # bfloat16, which __cuda_array_interface__ cannot name
+    fp8 = _retag(np.zeros(4, np.uint8), code=2)  # an 8-bit float (fp8), which NumPy cannot name
+    with pytest.raises(TypeError, match="x: a DLPack tensor of dtype code 2, 8 bits"):
+        codec.get_codec("fp16").encode(fp8)
     with pytest.raises(TypeError, match="x: a DLPack capsule on device type 10"):
         codec.get_codec("fp16").encode(_retag(a, device=10))  # ROCm: neither host nor CUDA
 

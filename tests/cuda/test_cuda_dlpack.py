@@ -68,3 +68,29 @@ def test_cuda_capsules_are_checked_by_name():
         codec.get_codec("fp16").encode(cuda_capsule(np.ones((6, 4), np.float32)[:, ::2]))
     with pytest.raises(TypeError, match=r"x: a device \(CUDA\) array, and qsgd has no CUDA path"):
         codec.get_codec("qsgd").encode(cuda_capsule(np.ones(6, np.float32)))
+
+
+def test_read_only_outputs_and_newer_versions_are_refused():
+    frame = codec.get_codec("fp16").encode(np.ones(6, np.float32))
+    ro = np.zeros(6, np.float32)
+    ro.flags.writeable = False
+
+    class ReadOnlyProducer(Producer):  # asked for a versioned capsule, which carries the flag
+        def __dlpack__(self, max_version=None, **_):
+            assert max_version == (1, 0)
+            return cuda_capsule(self.a, versioned=True)
+
+    with pytest.raises(ValueError, match="out: a read-only DLPack tensor"):
+        codec.decode(frame, out=ReadOnlyProducer(ro))
+
+    class ReadOnlyInterface:
+        __cuda_array_interface__ = {"shape": (6,), "strides": None, "typestr": "<f4", "data": (ro.ctypes.data, True), "version": 3}
+
+    with pytest.raises(ValueError, match="out: a read-only device array"):
+        codec.decode(frame, out=ReadOnlyInterface())
+    cap = cuda_capsule(np.ones(6, np.float32), versioned=True)
+    import ctypes
+
+    ctypes.c_uint32.from_address(dlpack._POINTER(cap, b"dltensor_versioned")).value = 2  # a DLPack 2.x capsule
+    with pytest.raises(TypeError, match="x: a DLPack capsule of version 2.0"):
+        codec.get_codec("fp16").encode(cap)

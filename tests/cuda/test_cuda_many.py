@@ -119,7 +119,7 @@ def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, momentum,
     on_dev, on_host = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
     rng = np.random.default_rng(11)
     sizes = [7, 0, 130, 1, 64, 9, 33, 2, 40, 17, 5, 21]
-    counts = []
+    counts, banks = [], []
     for step in range(3):  # the third step: residuals and spares each one buffer, nothing allocated
         host = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-3, 2)).astype(np.float32) for i, n in enumerate(sizes)}
         dev = {k: cuda.to_device(v) for k, v in host.items()}
@@ -127,11 +127,13 @@ def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, momentum,
         assert bytes(on_dev.encode_many(dev)) == bytes(on_host.encode_many(host)), step
         counts.append(sum(launches.values()))
         assert len({id(on_dev._slots[k].at[0]) for k in host}) == 1, step  # the run's residuals: slices of one buffer
+        banks.append(id(on_dev._slots["w0"].at[0]))
         for k in host:
             assert np.array_equal(on_dev.residual(k).copy_to_host(), on_host.residual(k)), (step, k)
             if momentum:
                 assert np.array_equal(on_dev._slots[k].velocity.copy_to_host(), on_host._slots[k].velocity), (step, k)
     assert counts[0] <= (8 if momentum else 6) and len(set(counts)) == 1, counts  # momentum: its kernel and the masking
+    assert banks[2] == banks[0] != banks[1], banks  # the third step's acc went into the first step's buffer, the spares
     launches.clear()
     codec.ErrorFeedback(spec, momentum=momentum).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes[:8]])
     assert sum(launches.values()) == counts[0], dict(launches)
@@ -251,3 +253,20 @@ def test_many_tensors_make_no_host_copy_of_the_input(spec, monkeypatch):
             frames = [codec.get_codec(spec).encode_many(ts), ef.encode_many(ts)]
             assert copied and not any(np.shares_memory(c, t._ary) for c in copied for t in ts), (kind, step)
             assert [bytes(f) for f in frames] == [bytes(codec.get_codec(spec).encode_many(host)), bytes(ref.encode_many(host))], (kind, step)
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "randomk(ratio=0.2)"])
+def test_a_sparse_run_added_into_float16_views_of_one_buffer_is_the_hosts(spec):
+    """decode_add_many of a float32 sparse frame into float16 device views of one buffer (a
+    span) adds the whole decoded tensor once, as every 16-bit output does: a -0.0 the frame
+    does not touch becomes +0.0, as on the host."""
+    rng = np.random.default_rng(13)
+    sizes = [40, 7, 130, 1, 64, 9, 33, 2, 21]
+    frame = codec.get_codec(spec).encode_many([rng.standard_normal(n).astype(np.float32) for n in sizes])
+    at = np.concatenate([[0], np.cumsum(sizes)])
+    bucket = cuda.to_device(np.full(at[-1], -0.0, np.float16))
+    views = [bucket[a:b] for a, b in zip(at, at[1:])]
+    host = [np.full(n, -0.0, np.float16) for n in sizes]
+    codec.decode_add_many(frame, views)
+    codec.decode_add_many(frame, host)
+    assert bucket.copy_to_host().tobytes() == np.concatenate(host).tobytes()
