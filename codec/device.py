@@ -17,7 +17,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "spans", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have: float16 (a 16-bit input selects from, and adds in, its
 #: exact float32 widening, as the host does), float32, float64.  bfloat16 is refused: the
@@ -192,6 +192,19 @@ def span(arrays):
     n = sum(a.size for a in full)
     desc = {"shape": (n,), "strides": None, "typestr": np.dtype(full[0].dtype).str, "data": (at[0], False), "version": 3}
     return _view(desc, full)
+
+
+def spans(groups, arrays) -> dict:
+    """Per group of several indices (a run of a many-tensor frame, a joint frame) whose
+    ``arrays`` are all device arrays lying end to end (:func:`span`), the one array over
+    them, keyed by the group's first index: a decode writes the group with one launch."""
+    out = {}
+    for g in groups:
+        if len(g) > 1 and all(arrays[i] is not None and on_device(arrays[i]) for i in g):
+            whole = span([arrays[i] for i in g])
+            if whole is not None:
+                out[g[0]] = whole
+    return out
 
 
 def _address(a) -> int:

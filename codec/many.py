@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.device import spans as device_spans
 from codec.dtypes import as_float_array, checked_out, on_device
 from codec.errors import CorruptFrameError
 from codec.frame import Frame, SectionInfo
@@ -328,26 +329,11 @@ def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False) -> np.ndar
     return whole
 
 
-def _spans(jobs, targets) -> dict:
-    """Per job of several tensors (a run, a joint frame) whose targets are device arrays lying
-    end to end (:func:`codec.device.span`: views of one buffer), the one array over them,
-    keyed by the job's first tensor: decoding then writes the job with one launch."""
-    from codec.device import span
-
-    out = {}
-    for idx, _, _ in jobs:
-        if len(idx) > 1 and all(targets[i] is not None and on_device(targets[i]) for i in idx):
-            whole = span([targets[i] for i in idx])
-            if whole is not None:
-                out[idx[0]] = whole
-    return out
-
-
 def decode(c, mf, out=None):
     """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded."""
     targets = _targets(c, mf, out, add=False)
     jobs = _read_jobs(c, mf)
-    spans = _spans(jobs, targets)
+    spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
     lay = mf.layout
     results = [None] * len(mf)
     for idx, ctx, payload in jobs:
@@ -386,7 +372,7 @@ def decode_add(c, mf, out, subtract=False):
     """``codec.decode_add_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
     targets = _targets(c, mf, out, add=True)
     jobs = _read_jobs(c, mf)
-    _add_jobs(c, mf, jobs, targets, SUB if subtract else ADD, _spans(jobs, targets))
+    _add_jobs(c, mf, jobs, targets, SUB if subtract else ADD, device_spans([idx for idx, _, _ in jobs], targets))
     return out
 
 

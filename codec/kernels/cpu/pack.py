@@ -249,14 +249,21 @@ def _unpack_groups(src, bits, dst):
             v |= np.uint64(src[pos + np.uint64(8)]) << (np.uint64(64) - sh)
         dst[i] = v & m
     for i in range(fast, n):
-        o = np.uint64(i) * b
-        pos = o >> np.uint64(3)
-        sh = o & np.uint64(7)
-        left = np.uint64(src.size) - pos
-        v = _get(src, pos, min(np.uint64(8), left)) >> sh
-        if left > np.uint64(8) and sh:
-            v |= np.uint64(src[pos + np.uint64(8)]) << (np.uint64(64) - sh)
-        dst[i] = v & m
+        dst[i] = _code_at(src, i, bits, m)
+
+
+@jit
+def _code_at(src, i, bits, m):
+    """Code ``i`` of the ``bits``-bit packing ``src`` (``m`` its mask), read from the at most
+    nine bytes it spans, none beyond ``src``'s end (the CUDA twin's unpacking, every code)."""
+    o = np.uint64(i) * np.uint64(bits)
+    pos = o >> np.uint64(3)
+    sh = o & np.uint64(7)
+    left = np.uint64(src.size) - pos
+    v = _get(src, pos, min(np.uint64(8), left)) >> sh
+    if left > np.uint64(8) and sh:
+        v |= np.uint64(src[pos + np.uint64(8)]) << (np.uint64(64) - sh)
+    return v & m
 
 
 @jit(parallel=True)

@@ -1,6 +1,6 @@
 """CUDA twin of ``codec/kernels/cpu/pack.py``: the same names, arguments and bytes.
 
-The byte-level helpers (``_mask``, ``_get``, ``_get8``, ``_put``, ``_item``) are the
+The byte-level helpers (``_mask``, ``_get``, ``_get8``, ``_put``, ``_item``, ``_code_at``) are the
 CPU file's own, compiled again as device functions from their Python source
 (:func:`codec._cuda_jit.device_functions`), so both backends read and write a code's bytes
 with one statement of the rule.  The parallel shape differs, the bytes do not:
@@ -30,8 +30,8 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item"])
-_mask, _get, _put, _item = (_twins[k] for k in ("_mask", "_get", "_put", "_item"))
+_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_code_at"])
+_mask, _get, _put, _item, _code_at = (_twins[k] for k in ("_mask", "_get", "_put", "_item", "_code_at"))
 
 
 @jit(device=True)
@@ -98,18 +98,9 @@ def pack_segments(codes, starts, bits, out, ostarts):
 
 @jit
 def _unpack(data, bits, out, size):
-    n = out.size // size
-    b = np.uint64(bits)
     m = _mask(bits)
-    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-        p = np.uint64(i) * b
-        byte = p >> np.uint64(3)
-        sh = p & np.uint64(7)
-        left = np.uint64(data.size) - byte
-        v = _get(data, byte, min(np.uint64(8), left)) >> sh
-        if left > np.uint64(8) and sh:
-            v |= np.uint64(data[byte + np.uint64(8)]) << (np.uint64(64) - sh)
-        _put(out, np.uint64(i) * np.uint64(size), v & m, size)
+    for i in range(cuda.grid(1), out.size // size, cuda.gridsize(1)):
+        _put(out, np.uint64(i) * np.uint64(size), _code_at(data, i, bits, m), size)
 
 
 def unpack_codes(data, bits, out):
