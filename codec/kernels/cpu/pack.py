@@ -337,6 +337,17 @@ def _item(w, width):
     return np.float64(np.uint16(w).view(np.int16))
 
 
+@jit
+def _item_bits(v, width):
+    """The bits of float64 ``v`` as a little-endian ``width``-byte item (``_item``'s inverse): 8
+    a float64, 4 a float32 (rounded to nearest, as NumPy casts), 2 an int16."""
+    if width == 8:
+        return np.float64(v).view(np.uint64)
+    if width == 4:
+        return np.uint64(np.float32(v).view(np.uint32))
+    return np.uint64(np.uint16(np.int16(v)))
+
+
 @jit(parallel=True)
 def put_items(values, vstarts, widths, out, ostarts):
     """Tensor ``t``'s float64 ``values[vstarts[t]:vstarts[t+1]]`` written from byte
@@ -346,14 +357,7 @@ def put_items(values, vstarts, widths, out, ostarts):
         w = widths[t]
         p = np.uint64(ostarts[t])
         for i in range(vstarts[t], vstarts[t + 1]):
-            v = values[i]
-            if w == 8:
-                bits = np.float64(v).view(np.uint64)
-            elif w == 4:
-                bits = np.uint64(np.float32(v).view(np.uint32))
-            else:
-                bits = np.uint64(np.uint16(np.int16(v)))
-            _put(out, p, bits, w)
+            _put(out, p, _item_bits(values[i], w), w)
             p += np.uint64(w)
 
 

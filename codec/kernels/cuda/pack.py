@@ -1,6 +1,6 @@
 """CUDA twin of ``codec/kernels/cpu/pack.py``: the same names, arguments and bytes.
 
-The byte-level helpers (``_mask``, ``_get``, ``_get8``, ``_put``, ``_item``, ``_code_at``) are the
+The byte-level helpers (``_mask``, ``_get``, ``_get8``, ``_put``, ``_item``, ``_item_bits``, ``_code_at``) are the
 CPU file's own, compiled again as device functions from their Python source
 (:func:`codec._cuda_jit.device_functions`), so both backends read and write a code's bytes
 with one statement of the rule.  The parallel shape differs, the bytes do not:
@@ -30,8 +30,8 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_code_at"])
-_mask, _get, _put, _item, _code_at = (_twins[k] for k in ("_mask", "_get", "_put", "_item", "_code_at"))
+_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_item_bits", "_code_at"])
+_mask, _get, _put, _item, _item_bits, _code_at = (_twins[k] for k in ("_mask", "_get", "_put", "_item", "_item_bits", "_code_at"))
 
 
 @jit(device=True)
@@ -117,14 +117,7 @@ def _put_items(values, vstarts, widths, out, ostarts):
     t = cuda.blockIdx.x
     w = widths[t]
     for i in range(vstarts[t] + cuda.threadIdx.x, vstarts[t + 1], cuda.blockDim.x):
-        v = values[i]
-        if w == 8:
-            bits = np.float64(v).view(np.uint64)
-        elif w == 4:
-            bits = np.uint64(np.float32(v).view(np.uint32))
-        else:
-            bits = np.uint64(np.uint16(np.int16(v)))
-        _put(out, np.uint64(ostarts[t]) + np.uint64(i - vstarts[t]) * np.uint64(w), bits, w)
+        _put(out, np.uint64(ostarts[t]) + np.uint64(i - vstarts[t]) * np.uint64(w), _item_bits(values[i], w), w)
 
 
 def put_items(values, vstarts, widths, out, ostarts):
