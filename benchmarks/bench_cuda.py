@@ -23,7 +23,13 @@ Rows, for 25M float32 values:
   ``ErrorFeedback.encode``, decode and decode_add through the codec, each as GB/s of the
   input's 100 MB, next to the device-to-device copy and to ``torch.topk(|x|, k=n/100)`` on
   the device (the peer a PyTorch top-k compressor calls; "x torch.topk" above 1 is faster);
-- the peers: torch's cast on the device, and ``torch.topk``.
+- the peers: torch's cast on the device, and ``torch.topk``;
+- the whole-model step (``--model resnet50``): ResNet-50's 161 parameter shapes as device
+  tensors, apart (one allocation each) and as views of one buffer (a framework's gradient
+  bucket): ``ErrorFeedback.encode_many`` (DGC with momentum 0.9 too) and
+  ``decode_add_many`` of its frame, at the step's steady state, next to a device-to-device
+  copy of the whole model.  ``--model-scale s`` divides every shape's first dimension by
+  ``s`` (a check in the simulator: ``--n 3000 --repeat 1 --model-scale 64``).
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--codecs", default="none;fp16;bf16;topk(ratio=0.01);gaussiank(ratio=0.01);dgc(ratio=0.01);threshold(value=0.01);randomk(ratio=0.01);adacomp")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--model", default="resnet50", help="the whole-model step's shapes: resnet50, or none to skip it")
+    ap.add_argument("--model-scale", type=int, default=1)
+    ap.add_argument("--model-codecs", default="fp16;topk(ratio=0.01);dgc(ratio=0.01)")
     args = ap.parse_args(argv)
     global cuda  # a module global: the simulator swaps the one its kernels reach
     from numba import cuda
@@ -200,7 +209,42 @@ def main(argv=None):
         print()
         heading("Sparsifiers through the codec: GB/s of the input's bytes; x torch.topk: its time over ours (> 1: faster)", md)
         print(render(["what", "ms", "frame MB", "GB/s (input)", "x copy", "x torch.topk"], sparse, md))
+    if args.model != "none":
+        print()
+        model_step(args, md, sync_best)
     footer(["encode forms the frame's CRC-32C on the device and copies the frame's bytes to the host once; decode checks the CRC on the host, copies the codes to the device and runs the kernel"], t_run, [], md)
+
+
+def model_step(args, md, sync_best):
+    """The whole-model rows: ResNet-50's tensors apart and as views of one buffer."""
+    import codec
+    from transport.bench import resnet50_shapes
+
+    shapes = [(max(1, s[0] // args.model_scale),) + tuple(s[1:]) for s in resnet50_shapes().values()]
+    sizes = [int(np.prod(s)) for s in shapes]
+    at = np.concatenate([[0], np.cumsum(sizes)])
+    host = (np.random.default_rng(1).standard_t(2, int(at[-1])) * 1e-3).astype(np.float32)
+    bucket = cuda.to_device(host)
+    kinds = {"apart": [cuda.to_device(host[a:b]).reshape(s) for a, b, s in zip(at, at[1:], shapes)],
+             "bucket": [bucket[a:b].reshape(s) for a, b, s in zip(at, at[1:], shapes)]}
+    copy_dst = cuda.device_array(int(at[-1]), np.float32)
+    copy_s = sync_best(lambda: copy_dst.copy_to_device(bucket))
+    rows = [[f"device-to-device copy of the model ({at[-1] * 4 / 1e6:.0f} MB, reference)", f"{copy_s * 1e3:.3f}", "1.00x"]]
+    for spec in [s.strip() for s in args.model_codecs.split(";") if s.strip()]:
+        log(f"model {spec} ...")
+        for momentum in (0.0, 0.9) if spec.startswith("dgc") else (0.0,):
+            for kind, ts in kinds.items():
+                ef = codec.ErrorFeedback(spec, momentum=momentum)
+                frame = ef.encode_many(ts)  # the first steps make the residuals (then the runs' buffers)
+                ef.encode_many(ts)
+                t = sync_best(lambda: ef.encode_many(ts), max(3, args.repeat // 4))
+                m = f", momentum {momentum}" if momentum else ""
+                rows.append([f"{spec}{m}: ErrorFeedback.encode_many, {kind}", f"{t * 1e3:.3f}", f"{t / copy_s:.1f}x"])
+                if not momentum:
+                    t = sync_best(lambda: codec.decode_add_many(frame, ts), max(3, args.repeat // 4))
+                    rows.append([f"{spec}: decode_add_many, {kind}", f"{t * 1e3:.3f}", f"{t / copy_s:.1f}x"])
+    heading(f"The whole-model step: {len(shapes)} tensors of {args.model} ({at[-1]:,} float32), apart and as views of one buffer", md)
+    print(render(["what", "ms", "x copy time"], rows, md))
 
 
 if __name__ == "__main__":
