@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec import dlpack
 from codec.dtypes import on_device
 
 __all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "spans", "to_device", "to_host", "zeros"]
@@ -73,8 +74,6 @@ def as_device_array(x, argname: str = "x", write: bool = False):
     non-contiguous array.  ``x`` may be a DLPack capsule or producer on a CUDA device
     (:mod:`codec.dlpack`), then viewed through its ``__cuda_array_interface__``
     description; ``write``: it will be written (a read-only one is a ValueError)."""
-    from codec import dlpack
-
     if type(x).__module__.startswith("numba.cuda"):
         arr = x
     elif hasattr(x, "__cuda_array_interface__"):

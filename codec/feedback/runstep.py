@@ -62,7 +62,12 @@ def run_velocity(xs, slots, m, device: bool):
         from codec.device import concat
 
         x = concat(xs, mem.empty(n, dtype))
-        v = held[0][held[1] : held[1] + n] if held is not None else _joined([s.velocity for s in slots], sizes, mem, dtype)
+        if held is not None:
+            v = held[0][held[1] : held[1] + n]
+        elif all(s.velocity is None for s in slots):  # the first step: zeros (momentum's None)
+            v = None
+        else:  # a key new to the run starts from zeros
+            v = concat([mem.zeros(size, dtype) if s.velocity is None else s.velocity for s, size in zip(slots, sizes)], mem.empty(n, dtype))
         return momentum(v, m, x, u)
     at = 0
     for x, s, size in zip(xs, slots, sizes):
@@ -70,18 +75,6 @@ def run_velocity(xs, slots, m, device: bool):
         momentum(None if v is None else v.reshape(-1), m, x.reshape(-1), u[at : at + size])
         at += size
     return u
-
-
-def _joined(parts, sizes, mem, dtype):
-    """``parts`` (device arrays of ``sizes`` elements; None: zeros) copied one after another
-    into a new device buffer."""
-    out = mem.zeros(sum(sizes), dtype) if any(p is None for p in parts) else mem.empty(sum(sizes), dtype)
-    at = 0
-    for p, size in zip(parts, sizes):
-        if p is not None and size:
-            out[at : at + size].copy_to_device(p.reshape(size))
-        at += size
-    return out
 
 
 def run_acc(xs, slots, device: bool):
@@ -99,7 +92,9 @@ def run_acc(xs, slots, device: bool):
     if held is not None:
         r = held[0][held[1] : held[1] + n]
     elif device:
-        r = _joined([s.residual for s in slots], sizes, mem, dtype)
+        from codec.device import concat
+
+        r = concat([s.residual for s in slots], mem.empty(n, dtype))
     else:
         r = None
     if device:  # the gradients copied in, the residuals added in one launch

@@ -269,3 +269,15 @@ def test_a_sparse_run_added_into_float16_views_of_one_buffer_is_the_hosts(spec):
     codec.decode_add_many(frame, views)
     codec.decode_add_many(frame, host)
     assert bucket.copy_to_host().tobytes() == np.concatenate(host).tobytes()
+
+
+def test_a_key_new_to_a_run_starts_its_velocity_from_zeros():
+    """With momentum, a run whose keys have velocities except a new one (one buffer no more)
+    gathers them with zeros for the new key: the host's frames, residuals and velocities."""
+    rng = np.random.default_rng(14)
+    on_dev, on_host = codec.ErrorFeedback("randomk(ratio=0.2)", momentum=0.9), codec.ErrorFeedback("randomk(ratio=0.2)", momentum=0.9)
+    for count in (8, 9, 9):
+        host = {f"w{i}": rng.standard_normal(10 + i).astype(np.float32) for i in range(count)}
+        assert bytes(on_dev.encode_many({k: cuda.to_device(v) for k, v in host.items()})) == bytes(on_host.encode_many(host)), count
+        for k in host:
+            assert np.array_equal(on_dev._slots[k].velocity.copy_to_host(), on_host._slots[k].velocity), (count, k)
