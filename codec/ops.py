@@ -264,11 +264,17 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     scatter_checked(values, idx, flat, mode)
 
 
+def _positions(idx):
+    """Positions as the scatter twin takes them: a device array as it is (int64, read on the
+    device: :func:`codec.pack.decode_indices`), else contiguous int64."""
+    return idx if on_device(idx) else np.ascontiguousarray(idx, np.int64)
+
+
 def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """``src[idx]`` of flat ``src`` (host or device) at positions in ``range(src.size)``, as a
     host array: on the device the positions go there and only the gathered values come back."""
-    idx = readonly(np.ascontiguousarray(idx, np.int64))
     if not on_device(src):
+        idx = readonly(np.ascontiguousarray(idx, np.int64))
         out = np.empty(idx.size, src.dtype)
         bits = src.dtype in (HALF, bfloat16)  # 16-bit floats (no Numba type): their bits are gathered
         backend("scatter", src).gather(readonly(src.view(np.uint16) if bits else src), idx, out.view(np.uint16) if bits else out)
@@ -276,7 +282,7 @@ def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
     from codec.device import empty, host_copy, to_device
 
     out = empty(idx.size, src.dtype)
-    backend("scatter", src).gather(src, to_device(idx), out)
+    backend("scatter", src).gather(src, to_device(_positions(idx)), out)
     return host_copy(out)
 
 
@@ -285,11 +291,11 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     (a select stage's ``positions()`` checks them as it reads them), ``values`` and ``idx``
     1-D of one length, ``flat`` a flat C-contiguous float array: no second check per call."""
     values = widen(values)  # 16-bit values -> float32, exact
-    if on_device(flat):  # host positions and values (a frame's, a selection's) moved once, then the twin
+    if on_device(flat):  # host values (and positions, unless read on the device) moved once, then the twin
         from codec.device import to_device
 
         kern = backend("scatter", flat)
-        dev_idx = to_device(np.ascontiguousarray(idx, np.int64))
+        dev_idx = to_device(_positions(idx))
         if values.dtype == flat.dtype:
             kern.scatter(to_device(values), dev_idx, flat, mode)
         else:  # float64 values added into float32: the touched values gathered, combined once rounded on the host, put back

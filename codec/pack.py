@@ -14,6 +14,7 @@ import operator
 
 import numpy as np
 
+from codec.device import Memory
 from codec.errors import CorruptFrameError
 from codec.frame import SectionKind, Section, SectionRun, raw_length
 from codec.kernels import backend
@@ -211,34 +212,42 @@ def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:
         raise CorruptFrameError(f"{what}: padding bits past the last item are set")
 
 
-def decode_indices(info, raw, n: int) -> np.ndarray:
+def decode_indices(info, raw, n: int, device: bool = False):
     """Positions from an index section (``info`` from the frame header, ``raw`` its bytes).
 
     Raises CorruptFrameError for anything an encoder cannot have produced: positions out of
     ``range(n)``, a width wider than any gap in ``range(n)`` needs, a wrong byte length,
-    set padding bits, or a section that is not an index set.
+    set padding bits, or a section that is not an index set.  ``device``: the positions are
+    read on the device (the section's bytes copied there, the ``index`` family's CUDA twin
+    reading them) and returned as a device array, for a decode that writes a device array:
+    the section crosses the link instead of 8 bytes a position.
     """
     n = operator.index(n)
     raw = _as_bytes(raw)
-    kern = backend("index", raw)
     kind, bits, count = int(info.kind), int(info.bits), int(info.count)
     if kind == SectionKind.INDEX_DELTA:
         if count > n or not 1 <= bits <= max(1, (n - 1).bit_length()):
             raise CorruptFrameError(f"index section: {count} gaps of {bits} bits cannot address {n} elements")
         _check_payload(raw, count, bits, "index section")
-        gaps = unpack_bits(raw, bits, count)
-        idx = np.empty(count, np.int64)
-        if not kern.delta_decode(readonly(gaps), n, idx):
-            raise CorruptFrameError(f"index section: a position lies beyond the {n} elements")
-        return idx
-    if kind == SectionKind.INDEX_BITMAP:
+    elif kind == SectionKind.INDEX_BITMAP:
         if bits != 1 or count != n:
             raise CorruptFrameError(f"index bitmap: {count} items of {bits} bits for {n} elements")
         _check_payload(raw, n, 1, "index bitmap")
-        raw = readonly(raw)
-        counts = kern.bitmap_count(raw)
-        starts = offsets(counts[:-1])
-        idx = np.empty(int(counts.sum()), np.int64)
-        kern.bitmap_decode(raw, starts, idx)
+    else:
+        raise CorruptFrameError(f"section kind {kind} is not an index set")
+    mem = Memory(device and raw.size > 0)  # (an empty section: no positions to move)
+    raw = mem.put(readonly(raw))
+    kern = backend("index", raw)
+    if kind == SectionKind.INDEX_DELTA:
+        gaps = mem.empty(count, _code_dtype(bits))
+        if count:
+            backend("pack", raw).unpack_codes(raw, bits, gaps)
+        idx = mem.empty(count, np.int64)
+        if not kern.delta_decode(readonly(gaps), n, idx):
+            raise CorruptFrameError(f"index section: a position lies beyond the {n} elements")
         return idx
-    raise CorruptFrameError(f"section kind {kind} is not an index set")
+    counts = kern.bitmap_count(raw)
+    idx = mem.empty(int(counts.sum()), np.int64)
+    if idx.size:
+        kern.bitmap_decode(raw, offsets(counts[:-1]), idx)
+    return idx

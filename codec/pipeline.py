@@ -224,7 +224,7 @@ class Codec:
             device.check_stages(self.stages, "like")
             device.check_dtype(fr.dtype, "like")
         target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
-        ctx, payload = self._read(fr)  # every section checked before the dense output is allocated
+        ctx, payload = self._read(fr, device=on_dev or on_device(target))  # every section checked before the dense output is allocated
         if target is None:
             target = device.empty(fr.n, fr.dtype) if on_dev else np.empty(fr.n, fr.dtype)
         self._write(ctx, payload, target, SET)
@@ -235,7 +235,7 @@ class Codec:
     def decode_add_frame(self, fr, out, subtract: bool = False):
         """``out += decode(fr)`` (``-=`` with ``subtract``), returning ``out``."""
         target = self._out(out, fr, add=True)
-        ctx, payload = self._read(fr)
+        ctx, payload = self._read(fr, device=on_device(target))
         self._write(ctx, payload, target, SUB if subtract else ADD)
         return out
 
@@ -262,13 +262,14 @@ class Codec:
             raise CodecError(f"frame was encoded by {fr.spec!r}, not by this codec ({self.spec!r}); use codec.decode(frame)")
         return fr
 
-    def _read(self, fr, positions=None):
+    def _read(self, fr, positions=None, device=False):
         """Phase 1 of decoding: check every section against what the stages expect and read
         the compact payload (positions, codes).  Nothing of the dense output size is
         allocated here, so a forged frame fails before any large allocation.  ``positions``:
         the frame's positions already read and checked (a many-tensor frame reads them all at
-        once: :meth:`codec.stage.Select.positions_segments`)."""
-        ctx = Context(fr.shape, fr.dtype)
+        once: :meth:`codec.stage.Select.positions_segments`); ``device``: the output is a
+        device array (``Context.device``: the positions may be read there)."""
+        ctx = Context(fr.shape, fr.dtype, device=device)
         rd = fr.reader()
         if self.transform is not None:
             tpay, vctx = self.transform.read(rd, ctx)
@@ -291,7 +292,9 @@ class Codec:
             self.value.write(vpay, values, SET)
             self.transform.inverse(tpay, values, out, mode)
         elif out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one
-            wide = np.empty(out.size, wide_dtype(ctx.dtype))  # the decoded values exactly: rounded once, in store
+            from codec.device import Memory
+
+            wide = Memory(on_device(out)).empty(out.size, wide_dtype(ctx.dtype))  # the decoded values exactly, where out lives: rounded once, in store
             self._write(ctx, payload, wide, SET)
             store(wide, out, mode)
         elif self.select is None:

@@ -67,6 +67,7 @@ class Context:
     sign-bit value coding).  ``name`` is what an error about the array calls it: ``x`` for
     ``encode``, ``tensors['w']`` for a tensor of ``encode_many``.  ``kept`` holds the values a
     select stage handed the value stage (what error feedback subtracts, :meth:`Value.decoded`).
+    ``device``: a decode writes a device array, so positions may be read there.
     """
 
     shape: tuple
@@ -79,6 +80,9 @@ class Context:
     name: str = "x"
     #: the values the value stage coded after a select stage (with ``positions``)
     kept: Any = None
+    #: decoding into a device array: a select stage may read ``positions`` on the device
+    #: (:func:`codec.pack.decode_indices` with ``device=True``)
+    device: bool = False
 
     @property
     def n(self) -> int:

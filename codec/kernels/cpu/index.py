@@ -106,10 +106,7 @@ def bitmap_count(bitmap):
     for c in prange(nchunk):
         lo = c * _BYTES
         hi = min(bitmap.size, lo + _BYTES)
-        k = np.int64(0)
-        for i in range(lo, hi):
-            k += _popcount8(bitmap[i])
-        counts[c] = k
+        counts[c] = _count_bits(bitmap, lo, hi)
     return counts
 
 
@@ -143,28 +140,114 @@ def bitmap_decode(bitmap, starts, out):
                         k += 1
 
 
+@jit
+def _width_of(pos, lo, hi, size):
+    """The gap width of the set ``pos[lo:hi]`` (sorted, relative to a tensor of ``size``
+    elements): the bit length of its largest gap minus one, at least 1; -1 when the set is
+    not strictly increasing from 0 or its last position is not below ``size``."""
+    prev = np.int64(-1)
+    big = np.uint64(0)
+    for i in range(lo, hi):
+        x = np.int64(pos[i])
+        if x <= prev:
+            return -1
+        big = max(big, np.uint64(x - prev - 1))
+        prev = x
+    if prev >= size:
+        return -1
+    w = 1
+    while w < 64 and (big >> np.uint64(w)) != np.uint64(0):
+        w += 1
+    return w
+
+
+@jit
+def _write_section(pos, lo, hi, width, bitmap, out, o0, o1):
+    """The index section of the set ``pos[lo:hi]`` at ``out[o0:o1]``: a bitmap of ``(o1 - o0)
+    * 8`` bits when ``bitmap``, else its gaps minus one packed LSB-first in ``width`` bits
+    each (at most 56), padding bits zero."""
+    for t in range(o0, o1):
+        out[t] = 0
+    if bitmap:
+        for i in range(lo, hi):
+            x = pos[i]
+            out[o0 + (x >> 3)] |= np.uint8(1) << np.uint8(x & 7)
+        return
+    w = np.uint64(width)
+    acc = np.uint64(0)
+    fill = np.uint64(0)
+    t = o0
+    prev = np.int64(-1)
+    for i in range(lo, hi):
+        x = np.int64(pos[i])
+        acc |= np.uint64(x - prev - 1) << fill
+        prev = x
+        fill += w
+        while fill >= np.uint64(8):
+            out[t] = np.uint8(acc & np.uint64(0xFF))
+            t += 1
+            acc >>= np.uint64(8)
+            fill -= np.uint64(8)
+    if fill:
+        out[t] = np.uint8(acc & np.uint64(0xFF))
+
+
+@jit
+def _count_bits(data, lo, hi):
+    """The set bits of ``data[lo:hi]``."""
+    m = np.int64(0)
+    for t in range(lo, hi):
+        m += _popcount8(data[t])
+    return m
+
+
+@jit
+def _read_section(data, lo, hi, bitmap, width, n, out, o0, o1):
+    """The positions of the index section ``data[lo:hi]`` into ``out[o0:o1]``: a bitmap's set
+    bits, or the running sum of packed gaps plus one (``width`` bits each, LSB-first, at most
+    56); False when a position reaches ``n`` (the rest unread)."""
+    if bitmap:
+        o = o0
+        for t in range(lo, hi):
+            b = data[t]
+            base = (t - lo) * 8
+            for j in range(8):
+                if (b >> j) & 1:
+                    out[o] = base + j
+                    o += 1
+        return True
+    w = np.uint64(width)
+    mask = (np.uint64(1) << w) - np.uint64(1)
+    acc = np.uint64(0)
+    fill = np.uint64(0)
+    t = lo
+    pos = np.int64(-1)
+    for i in range(o0, o1):
+        while fill < w:
+            acc |= np.uint64(data[t]) << fill
+            t += 1
+            fill += np.uint64(8)
+        g = acc & mask
+        acc >>= w
+        fill -= w
+        if g >= np.uint64(n):
+            return False
+        pos += np.int64(g) + 1
+        if pos >= n:
+            return False
+        out[i] = pos
+    return True
+
+
 @jit(parallel=True)
 def index_widths(pos, starts, sizes, widths):
     """Per segment ``s`` (positions ``pos[starts[s]:starts[s+1]]``, each set sorted and
     relative to its own tensor of ``sizes[s]`` elements): ``widths[s]`` = the bit length of
     its largest gap minus one (at least 1), as :func:`delta_encode` and
     ``codec.pack.encode_indices`` find it; -1 when the set is not strictly increasing from 0
-    or its last position is not below ``sizes[s]``."""
+    or its last position is not below ``sizes[s]`` (:func:`_width_of`)."""
     for s in prange(widths.size):
-        prev = np.int64(-1)
-        big = np.uint64(0)
-        ok = True
-        for i in range(starts[s], starts[s + 1]):
-            x = np.int64(pos[i])
-            if x <= prev:
-                ok = False
-                break
-            big = max(big, np.uint64(x - prev - 1))
-            prev = x
-        w = 1
-        while w < 64 and (big >> np.uint64(w)) != np.uint64(0):
-            w += 1
-        widths[s] = w if ok and prev < sizes[s] else -1
+        widths[s] = _width_of(pos, starts[s], starts[s + 1], sizes[s])
 
 
 @jit(parallel=True)
@@ -172,34 +255,9 @@ def index_write(pos, starts, widths, bitmap, offsets, out):
     """Write segment ``s``'s index section at ``out[offsets[s]:offsets[s+1]]``: its set as a
     bitmap of ``(offsets[s+1] - offsets[s]) * 8`` bits when ``bitmap[s]``, else its gaps minus
     one packed LSB-first in ``widths[s]`` bits each (at most 56), padding bits zero: the bytes
-    ``bitmap_encode`` or ``pack_codes`` writes for that segment alone."""
+    ``bitmap_encode`` or ``pack_codes`` writes for that segment alone (:func:`_write_section`)."""
     for s in prange(widths.size):
-        o0 = offsets[s]
-        o1 = offsets[s + 1]
-        for t in range(o0, o1):
-            out[t] = 0
-        if bitmap[s]:
-            for i in range(starts[s], starts[s + 1]):
-                x = pos[i]
-                out[o0 + (x >> 3)] |= np.uint8(1) << np.uint8(x & 7)
-            continue
-        w = np.uint64(widths[s])
-        acc = np.uint64(0)
-        fill = np.uint64(0)
-        t = o0
-        prev = np.int64(-1)
-        for i in range(starts[s], starts[s + 1]):
-            x = np.int64(pos[i])
-            acc |= np.uint64(x - prev - 1) << fill
-            prev = x
-            fill += w
-            while fill >= np.uint64(8):
-                out[t] = np.uint8(acc & np.uint64(0xFF))
-                t += 1
-                acc >>= np.uint64(8)
-                fill -= np.uint64(8)
-        if fill:
-            out[t] = np.uint8(acc & np.uint64(0xFF))
+        _write_section(pos, starts[s], starts[s + 1], widths[s], bitmap[s], out, offsets[s], offsets[s + 1])
 
 
 @jit(parallel=True)
@@ -207,13 +265,7 @@ def index_counts(data, begin, end, bitmap, counts, out_counts):
     """Per index section ``s`` at ``data[begin[s]:end[s]]``: how many positions it holds,
     ``counts[s]`` for packed gaps, the set bits of a bitmap (``bitmap[s]``)."""
     for s in prange(counts.size):
-        if bitmap[s]:
-            m = np.int64(0)
-            for t in range(begin[s], end[s]):
-                m += _popcount8(data[t])
-            out_counts[s] = m
-        else:
-            out_counts[s] = counts[s]
+        out_counts[s] = _count_bits(data, begin[s], end[s]) if bitmap[s] else counts[s]
 
 
 @jit(parallel=True)
@@ -221,38 +273,8 @@ def index_read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
     """Read index section ``s`` (see :func:`index_counts`) into
     ``out[out_starts[s]:out_starts[s+1]]``: the positions of a bitmap's set bits, or the
     running sum of packed gaps plus one (``widths[s]`` bits each, LSB-first, at most 56);
-    ``bad[s] = 1`` when a position reaches ``sizes[s]`` (the rest of that set unread)."""
+    ``bad[s] = 1`` when a position reaches ``sizes[s]`` (the rest of that set unread;
+    :func:`_read_section`)."""
     for s in prange(widths.size):
-        o = out_starts[s]
-        if bitmap[s]:
-            for t in range(begin[s], end[s]):
-                b = data[t]
-                base = (t - begin[s]) * 8
-                for j in range(8):
-                    if (b >> j) & 1:
-                        out[o] = base + j
-                        o += 1
-            continue
-        w = np.uint64(widths[s])
-        mask = (np.uint64(1) << w) - np.uint64(1)
-        n = sizes[s]
-        acc = np.uint64(0)
-        fill = np.uint64(0)
-        t = begin[s]
-        pos = np.int64(-1)
-        for i in range(out_starts[s], out_starts[s + 1]):
-            while fill < w:
-                acc |= np.uint64(data[t]) << fill
-                t += 1
-                fill += np.uint64(8)
-            g = acc & mask
-            acc >>= w
-            fill -= w
-            if g >= np.uint64(n):
-                bad[s] = 1
-                break
-            pos += np.int64(g) + 1
-            if pos >= n:
-                bad[s] = 1
-                break
-            out[i] = pos
+        if not _read_section(data, begin[s], end[s], bitmap[s], widths[s], sizes[s], out, out_starts[s], out_starts[s + 1]):
+            bad[s] = 1

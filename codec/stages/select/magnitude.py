@@ -349,7 +349,7 @@ class IndexSelect(Select):
         from codec.pack import decode_indices
 
         info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP))
-        return known if known is not None else decode_indices(info, raw, ctx.n)
+        return known if known is not None else decode_indices(info, raw, ctx.n, device=ctx.device)
 
 
 class MagnitudeSelect(IndexSelect):
