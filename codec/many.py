@@ -176,26 +176,29 @@ def _targets(c, mf, out, *, add: bool) -> list:
     return [checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
 
 
-def _read_jobs(c, mf, only=None, shape: RunShape = RUNS) -> list:
+def _read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) -> list:
     """The jobs of ``mf`` for the codec ``c``: ``(indices, ctx, payload)`` per tensor, or per run of
     small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
     and compactly read (phase 1 for all tensors before any output is allocated).  ``only``:
     the jobs of these tensors alone (a set of indices; the others are not read); ``shape``:
-    the select and quantizer runs' (as they were encoded)."""
+    the select and quantizer runs' (as they were encoded); ``device``: the outputs are device
+    arrays, so a sparse tensor read alone reads its positions there (``Context.device``), and
+    only the runs' positions are read at once, on the host."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
         mf.finish()
         return jobs
-    known = _known_positions(c, mf, only)
+    segs = None if c.elementwise else segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
+    in_runs = {i for g in segs if len(g) > 1 for i in g} if device and c.select is not None else None
+    known = _known_positions(c, mf, only if in_runs is None else in_runs if only is None else in_runs & only)
     value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
     sparse_runs = any(k is not None for k in known)  # every tensor's positions (of only) read at once
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes))
     elif value_runs or sparse_runs:  # a zstd payload is decompressed section by section as the stages read it
-        groups = segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
-        alone = set(range(len(mf))) - {i for g in groups for i in g}
-        groups = sorted(groups + [[i] for i in alone])
+        alone = set(range(len(mf))) - {i for g in segs for i in g}
+        groups = sorted(segs + [[i] for i in alone])
     else:
         groups = [[i] for i in range(len(mf))]
     if only is not None:  # a run only partly asked for: its tensors asked for, each alone
@@ -212,7 +215,7 @@ def _read_jobs(c, mf, only=None, shape: RunShape = RUNS) -> list:
         else:
             job = _run_job(c, mf, g, value_runs)
         if job is None:  # alone, or a run whose tensors are not what the run expects
-            jobs += [([i], *c._read(mf.tensor(i), known[i])) for i in g]
+            jobs += [([i], *c._read(mf.tensor(i), known[i], device)) for i in g]
         else:
             jobs.append(job)
     if only is None:
@@ -332,7 +335,7 @@ def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False) -> np.ndar
 def decode(c, mf, out=None):
     """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded."""
     targets = _targets(c, mf, out, add=False)
-    jobs = _read_jobs(c, mf)
+    jobs = _read_jobs(c, mf, device=on_device(*targets))
     spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
     lay = mf.layout
     results = [None] * len(mf)
@@ -371,7 +374,7 @@ def decode(c, mf, out=None):
 def decode_add(c, mf, out, subtract=False):
     """``codec.decode_add_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
     targets = _targets(c, mf, out, add=True)
-    jobs = _read_jobs(c, mf)
+    jobs = _read_jobs(c, mf, device=on_device(*targets))
     _add_jobs(c, mf, jobs, targets, SUB if subtract else ADD, device_spans([idx for idx, _, _ in jobs], targets))
     return out
 
@@ -384,7 +387,7 @@ def subtract(c, mf, targets: dict, shape: RunShape = RUNS, spans: dict | None = 
     targets are consecutive slices of one flat array (``{first index: that array}``), the
     array, which a run then updates at once (one scatter)."""
     full = [targets.get(i) for i in range(len(mf))]
-    _add_jobs(c, mf, _read_jobs(c, mf, set(targets), shape), full, SUB, spans or {})
+    _add_jobs(c, mf, _read_jobs(c, mf, set(targets), shape, on_device(*targets.values())), full, SUB, spans or {})
 
 
 def _add_jobs(c, mf, jobs, targets, mode, spans=None) -> None:

@@ -161,3 +161,31 @@ def test_a_forged_index_section_fails_on_the_device_before_out_changes():
     with pytest.raises(CorruptFrameError, match="beyond"):
         codec.decode(bytes(frame), out=out)
     assert (out.copy_to_host() == 4).all()
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "dgc(ratio=0.05)+fp16"])
+def test_a_many_tensor_frame_reads_a_lone_tensors_positions_on_the_device(monkeypatch, spec):
+    """decode_many / decode_add_many into device arrays: a tensor read alone (here a float64
+    one among float32 ones) reads its index section on the device; a run's positions are
+    read at once on the host and cross as int64; every array is the host's."""
+    rng = np.random.default_rng(6)
+    host = [rng.standard_normal(40).astype(np.float32), rng.standard_normal(9).astype(np.float32),
+            rng.standard_normal(60).astype(np.float32), rng.standard_t(2, 3000)]
+    c = codec.get_codec(spec)
+    frame = c.encode_many(host)
+    pairs = codec.decode_sparse_many(frame)
+    alone, run = pairs[3][0].size, sum(p.size for p, _ in pairs[:3])
+    outs = [cuda.device_array(a.size, a.dtype) for a in host]
+    moved = []
+    real = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device", lambda a, *r, **k: (moved.append((np.asarray(a).dtype, np.asarray(a).size)), real(a, *r, **k))[1])
+    codec.decode_many(frame, out=outs)
+    assert sum(n for t, n in moved if t == np.int64) == run and alone > run, moved  # the run's, per tensor; not the lone one's
+    for o, w in zip(outs, codec.decode_many(frame)):
+        assert np.array_equal(o.copy_to_host(), w)
+    base = [rng.standard_normal(a.size).astype(np.float32) for a in host]
+    acc = [cuda.to_device(b) for b in base]
+    c.decode_add_many(frame, acc, subtract=True)
+    c.decode_add_many(frame, base, subtract=True)
+    for a, b in zip(acc, base):
+        assert np.array_equal(a.copy_to_host(), b)
