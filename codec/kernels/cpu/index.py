@@ -59,16 +59,22 @@ def delta_encode(idx, out):
     return np.int64(big)
 
 
+@jit(inline="always")  # (inlined by Numba: as a call, delta_decode took 30-45% longer)
+def _step(pos, g, n):
+    """The position a gap ``g`` after ``pos`` (``pos + g + 1``; ``pos`` at most ``n``, or -1
+    before the first), ``n`` itself for a gap beyond any position: a gap's one rule for
+    every reader, which refuses the set when the answer reaches ``n`` (no sum can wrap)."""
+    if g >= np.uint64(n):
+        return np.int64(n)
+    return pos + np.int64(g) + 1
+
+
 @jit
 def delta_decode(gaps, n, out):
     """Positions from gaps; returns False (leaving ``out`` partly filled) if one reaches ``n``."""
     pos = np.int64(-1)
-    lim = np.uint64(n)
     for i in range(gaps.size):
-        g = np.uint64(gaps[i])
-        if g >= lim:
-            return False
-        pos += np.int64(g) + 1
+        pos = _step(pos, np.uint64(gaps[i]), n)
         if pos >= n:
             return False
         out[i] = pos
@@ -230,9 +236,7 @@ def _read_section(data, lo, hi, bitmap, width, n, out, o0, o1):
         g = acc & mask
         acc >>= w
         fill -= w
-        if g >= np.uint64(n):
-            return False
-        pos += np.int64(g) + 1
+        pos = _step(pos, g, n)
         if pos >= n:
             return False
         out[i] = pos

@@ -46,8 +46,8 @@ __all__ = list(_cpu.__all__)
 CHUNK = 256
 assert _cpu._BYTES % CHUNK == 0
 
-_twins = device_functions(_cpu, ["_popcount8", "_count_bits", "_width_of", "_write_section", "_read_section"])
-_count_bits, _width_of, _write_section, _read_section = (_twins[k] for k in ("_count_bits", "_width_of", "_write_section", "_read_section"))
+_twins = device_functions(_cpu, ["_popcount8", "_count_bits", "_step", "_width_of", "_write_section", "_read_section"])
+_count_bits, _step, _width_of, _write_section, _read_section = (_twins[k] for k in ("_count_bits", "_step", "_width_of", "_write_section", "_read_section"))
 
 
 def _scalars():
@@ -119,12 +119,13 @@ def _in_order(sums, cap, firsts, got):
 @jit
 def _positions(gaps, firsts, n, out):
     for c in range(cuda.grid(1), firsts.size, cuda.gridsize(1)):
-        pos = np.int64(firsts[c]) - 1
+        pos = np.int64(firsts[c]) - 1  # (at most n: the sums saturate at n + 1)
+        if pos >= n:
+            continue  # (the total says so: the set is refused)
         for i in range(c * CHUNK, min(gaps.size, (c + 1) * CHUNK)):
-            g = np.uint64(gaps[i])
-            if pos >= n - 1 or g >= np.uint64(n - 1 - pos):  # pos + g + 1 >= n
-                break  # (the total says so: the set is refused)
-            pos += np.int64(g) + 1
+            pos = _step(pos, np.uint64(gaps[i]), n)
+            if pos >= n:
+                break  # (likewise)
             out[i] = pos
 
 
