@@ -18,6 +18,8 @@ Rows, for 25M float32 values:
   device-to-host copy of the same number of bytes (the link's limit);
 - ``decode``: ``decode(frame, out=device array)`` and ``decode_add``: the codes' copy to the
   device plus the kernel, next to a host-to-device copy of the frame's bytes;
+- the ``index`` twin alone: ``delta_decode`` of a 1.25% set's gaps and ``bitmap_count`` plus
+  ``bitmap_decode`` of its bitmap (what a sparse frame's decode runs on its index section);
 - the sparsifiers (topk, gaussiank, dgc, threshold, randomk, adacomp): the ``select`` twin's
   candidates pass alone (forming ``acc = x + r`` as error feedback does), then encode,
   ``ErrorFeedback.encode``, decode and decode_add through the codec, each as GB/s of the
@@ -162,6 +164,15 @@ def main(argv=None):
     whole = np.array([0, nchunk])
     row(f"select candidates, |x| >= cut (kernel, {nchunk} chunks)", sync_best(lambda: sel.candidates(dx, empty, empty, cut, whole, buf, vals, cnt, bad, nosums, 0.0, 64)), 4 * n, copy_gbs)
     row("select candidates, acc = x + r formed (kernel: x, r -> acc)", sync_best(lambda: sel.candidates(dx, r, acc, cut, whole, buf, vals, cnt, bad, nosums, 0.0, 64)), 12 * n, copy_gbs)
+    ind = module("index", "cuda")  # a decode's index section read on the device: the same ~1.25% of positions
+    kept = np.flatnonzero(np.abs(host) >= cut).astype(np.int64)
+    gaps = cuda.to_device(np.diff(kept, prepend=-1).astype(np.uint64) - np.uint64(1))
+    dpos = cuda.device_array(kept.size, np.int64)
+    row(f"index delta_decode, {kept.size:,} gaps (kernels: the positions' running sum)", sync_best(lambda: ind.delta_decode(gaps, n, dpos)), 16 * kept.size, copy_gbs)
+    bitmap = cuda.device_array((n + 7) // 8, np.uint8)
+    ind.bitmap_encode(cuda.to_device(kept), bitmap)
+    starts = np.concatenate([[0], np.cumsum(ind.bitmap_count(bitmap)[:-1])]).astype(np.int64)
+    row(f"index bitmap_count + bitmap_decode, {n:,} bits (kernels)", sync_best(lambda: (ind.bitmap_count(bitmap), ind.bitmap_decode(bitmap, starts, dpos))), 2 * bitmap.size + 8 * kept.size, copy_gbs)
 
     # the link: a plain device-to-host copy into pinned memory, and host-to-device
     pinned = cuda.pinned_array(4 * n + (1 << 20), np.uint8)
