@@ -212,15 +212,24 @@ def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:
         raise CorruptFrameError(f"{what}: padding bits past the last item are set")
 
 
+#: the smallest index section (bytes) that a decode into a device array reads on the device:
+#: the twin costs four or five launches and one scalar read back (about 0.2 ms with Numba,
+#: docs/benchmarks.md), the host about 1 ns a position to read gaps plus the int64
+#: positions' copy; from 128 KB (about 95K positions of 11-bit gaps, a bitmap of a million
+#: elements) the device is the cheaper, by that estimate
+DEVICE_SECTION = 1 << 17
+
+
 def decode_indices(info, raw, n: int, device: bool = False):
     """Positions from an index section (``info`` from the frame header, ``raw`` its bytes).
 
     Raises CorruptFrameError for anything an encoder cannot have produced: positions out of
     ``range(n)``, a width wider than any gap in ``range(n)`` needs, a wrong byte length,
-    set padding bits, or a section that is not an index set.  ``device``: the positions are
-    read on the device (the section's bytes copied there, the ``index`` family's CUDA twin
-    reading them) and returned as a device array, for a decode that writes a device array:
-    the section crosses the link instead of 8 bytes a position.
+    set padding bits, or a section that is not an index set.  ``device``: a decode that
+    writes a device array; a section of at least :data:`DEVICE_SECTION` bytes is then read
+    on the device (its bytes copied there, the ``index`` family's CUDA twin reading them)
+    and its positions returned as a device array, so the section crosses the link instead of
+    8 bytes a position.
     """
     n = operator.index(n)
     raw = _as_bytes(raw)
@@ -235,7 +244,7 @@ def decode_indices(info, raw, n: int, device: bool = False):
         _check_payload(raw, n, 1, "index bitmap")
     else:
         raise CorruptFrameError(f"section kind {kind} is not an index set")
-    mem = Memory(device and raw.size > 0)  # (an empty section: no positions to move)
+    mem = Memory(device and raw.size >= DEVICE_SECTION and raw.size > 0)
     raw = mem.put(readonly(raw))
     kern = backend("index", raw)
     if kind == SectionKind.INDEX_DELTA:

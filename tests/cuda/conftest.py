@@ -11,7 +11,9 @@ few hundred values take one scan, and a barrier costs the simulator 20-30 ms
 whatever the block's size: 420 values took 0.39 s in 8 threads of 16, 0.085 s in 4 of 128). The launch shape
 never changes a result (grid-stride loops; scans in index order); the kernel tests run
 other shapes on purpose (two and three blocks of 256 and 32 threads, 256- and 32-thread
-scanning blocks, several stretches of a few values per thread). On a GPU (``GRADCODEC_CUDA_TESTS=1``) nothing is changed.
+scanning blocks, several stretches of a few values per thread). On a GPU (``GRADCODEC_CUDA_TESTS=1``) nothing of that is changed.
+On both, a decode into a device array reads every index section on the device
+(``codec.pack.DEVICE_SECTION``: the tests' sections are small).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch):
+    import codec.pack
+
+    monkeypatch.setattr(codec.pack, "DEVICE_SECTION", 0)  # every index section a device decode meets: read there
     if numba.config.ENABLE_CUDASIM:
         from codec.kernels.cuda import _common
 

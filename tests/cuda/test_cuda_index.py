@@ -189,3 +189,23 @@ def test_a_many_tensor_frame_reads_a_lone_tensors_positions_on_the_device(monkey
     c.decode_add_many(frame, base, subtract=True)
     for a, b in zip(acc, base):
         assert np.array_equal(a.copy_to_host(), b)
+
+
+def test_a_small_section_is_read_on_the_host(monkeypatch):
+    """Below codec.pack.DEVICE_SECTION bytes a decode into a device array reads the section
+    on the host (launches cost more than the bytes) and copies the positions: the same array."""
+    import codec.pack
+
+    x = np.random.default_rng(7).standard_normal(3000).astype(np.float32)
+    c = codec.get_codec("topk(ratio=0.02)")
+    frame = c.encode(x)
+    out = cuda.to_device(np.zeros(x.size, np.float32))
+    for limit, positions in ((1 << 20, True), (0, False)):
+        monkeypatch.setattr(codec.pack, "DEVICE_SECTION", limit)
+        moved = []
+        real = cuda.to_device
+        monkeypatch.setattr(cuda, "to_device", lambda a, *r, **k: (moved.append(np.asarray(a).dtype), real(a, *r, **k))[1])
+        c.decode(frame, out=out)
+        monkeypatch.setattr(cuda, "to_device", real)
+        assert (np.dtype(np.int64) in moved) is positions, (limit, moved)
+        assert np.array_equal(out.copy_to_host(), c.decode(frame))
