@@ -10,7 +10,9 @@ and as views of one buffer (a framework's gradient bucket: ``codec.device.span``
 feedback is counted at its third step (its steady state: a run's residuals and spares are one
 buffer each from then on).  "launches" counts kernels; "copies" counts device-to-device,
 host-to-device and device-to-host copies.  The simulator's launch shapes are shrunk as the
-tests shrink them (tests/cuda/conftest.py), which changes no count.
+tests shrink them (tests/cuda/conftest.py), which changes no count.  A second table: one
+sparse frame decoded into a device array, its index section read on the host and on the
+device (the ``index`` twin), with the bytes copied to the device.
 """
 import collections
 
@@ -68,6 +70,44 @@ def main():
             cells = [count(lambda: c.encode_many(ts)), count(lambda: c.encode_many(ts, joint=True)), count(lambda: ef.encode_many(ts)),
                      count(lambda: efm.encode_many(ts)), count(lambda: codec.decode_many(frame, out=ts)), count(lambda: codec.decode_add_many(frame, ts))]
             print(f"| {spec} | {kind} | " + " | ".join(f"{n} + {m}" for n, m in cells) + " |")
+    one_frame()
+
+
+def one_frame():
+    """One sparse frame of 20,000 float32 decoded into a device array, its index section read
+    on the host (the default below ``codec.pack.DEVICE_SECTION`` bytes) and on the device
+    (the threshold set to 0): launches, copies and the bytes copied to the device."""
+    import codec.pack
+
+    moved = collections.Counter()
+    real = devicearray.FakeCUDAArray.copy_to_device
+
+    def to_device(self, ary, *args, **kwargs):
+        moved["bytes"] += getattr(ary, "nbytes", 0)
+        return real(self, ary, *args, **kwargs)
+
+    devicearray.FakeCUDAArray.copy_to_device = to_device  # (real: the counted copy)
+    real_to = cuda.to_device
+    cuda.to_device = lambda a, *r, **k: (moved.update(bytes=np.asarray(a).nbytes), real_to(a, *r, **k))[1]
+    x = (np.random.default_rng(0).standard_t(2, 20000) * 1e-3).astype(np.float32)
+    default = codec.pack.DEVICE_SECTION
+    print()
+    print("| codec | call | index section read on the host | on the device |")
+    print("|---|---|---:|---:|")
+    for spec in ("topk(ratio=0.01)", "threshold(value=0.001)", "dgc(ratio=0.01)+fp16"):
+        c = codec.get_codec(spec)
+        f = c.encode(x)
+        for what, call in (("decode(out=)", lambda o: c.decode(f, out=o)), ("decode_add", lambda o: c.decode_add(f, o))):
+            cells = []
+            for limit in (default, 0):
+                codec.pack.DEVICE_SECTION = limit
+                o = real_to(np.zeros(x.size, np.float32))
+                call(o)
+                moved.clear()
+                n, m = count(lambda: call(o))
+                cells.append(f"{n} + {m}, {moved['bytes']:,} B")
+            codec.pack.DEVICE_SECTION = default
+            print(f"| {spec} | {what} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
