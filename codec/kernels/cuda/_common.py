@@ -43,6 +43,14 @@ def launch(n: int) -> tuple[int, int]:
     return min(MAX_BLOCKS, max(1, (n + t - 1) // t)), t
 
 
+@jit
+def zero(out):
+    """``out[:] = 0``: a grid-stride kernel, ``zero[launch(out.size)](out)`` (the scatter
+    twin's SET, the index twin's bitmaps and answers)."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = 0
+
+
 _kept = threading.local()
 
 

@@ -7,7 +7,7 @@ the CPU file's own per-set function (``_width_of``, ``_write_section``, ``_count
 (:func:`codec._cuda_jit.device_functions`): one statement of a section's bytes for both
 backends.
 
-One set on its own takes chunks, with no barrier, no atomic and no sort:
+One set on its own takes chunks of work per thread, with no barrier and no sort:
 
 * ``delta_decode``: positions are the running sum of gaps plus one, a scan.  Each thread
   sums the gaps of its chunk of :data:`CHUNK` (launch 1), one thread adds the chunks' sums
@@ -35,7 +35,7 @@ import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import index as _cpu
-from codec.kernels.cuda._common import launch, per_context
+from codec.kernels.cuda._common import launch, per_context, zero
 
 cuda = numba_cuda()
 
@@ -61,12 +61,6 @@ def _stretches(n: int) -> int:
 
 # ---------------------------------------------------------------- one set: gaps
 @jit
-def _zero(out):
-    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = 0
-
-
-@jit
 def _gaps(idx, out, got):
     for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
         x = np.int64(idx[i])
@@ -86,7 +80,7 @@ def delta_encode(idx, out):
     if not idx.size:
         return 0
     got = _scalars()
-    _zero[1, 2](got)
+    zero[1, 2](got)
     _gaps[launch(idx.size)](idx, out, got)
     big, bad = (int(v) for v in got.copy_to_host())
     return -1 if bad else big
@@ -167,7 +161,7 @@ def _set_bytes(idx, out):
 def bitmap_encode(idx, out):
     """Bitmap of sorted unique positions ``idx`` (LSB-first) into ``out``, every byte written."""
     if out.size:
-        _zero[launch(out.size)](out)
+        zero[launch(out.size)](out)
     if idx.size:
         _set_bytes[launch(idx.size)](idx, out)
 

@@ -7,18 +7,12 @@ from __future__ import annotations
 
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import scatter as _cpu
-from codec.kernels.cuda._common import launch
+from codec.kernels.cuda._common import launch, zero
 from codec.modes import ADD, SET
 
 cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
-
-
-@jit
-def _zero(out):
-    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = 0
 
 
 @jit
@@ -35,7 +29,7 @@ def _scatter(values, idx, out, mode):
 def scatter(values, idx, out, mode):
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed."""
     if mode == SET and out.size:
-        _zero[launch(out.size)](out)
+        zero[launch(out.size)](out)
     if idx.size:
         _scatter[launch(idx.size)](values, idx, out, mode)
 
