@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec import pack
 from codec.device import spans as device_spans
 from codec.dtypes import as_float_array, checked_out, on_device
 from codec.errors import CorruptFrameError
@@ -182,16 +183,14 @@ def _read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) -
     and compactly read (phase 1 for all tensors before any output is allocated).  ``only``:
     the jobs of these tensors alone (a set of indices; the others are not read); ``shape``:
     the select and quantizer runs' (as they were encoded); ``device``: the outputs are device
-    arrays, so a sparse tensor read alone reads its positions there (``Context.device``), and
-    only the runs' positions are read at once, on the host."""
+    arrays, so a tensor read alone reads a large index section there (``Context.device``)."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
         mf.finish()
         return jobs
     segs = None if c.elementwise else segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
-    in_runs = {i for g in segs if len(g) > 1 for i in g} if device and c.select is not None else None
-    known = _known_positions(c, mf, only if in_runs is None else in_runs if only is None else in_runs & only)
+    known = _known_positions(c, mf, only, {i for g in segs if len(g) > 1 for i in g} if device and c.select is not None else None)
     value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
     sparse_runs = any(k is not None for k in known)  # every tensor's positions (of only) read at once
     if c.elementwise:
@@ -276,17 +275,21 @@ def _read_values(value, fr, dtype):
     return payload
 
 
-def _known_positions(c, mf, only=None) -> list:
+def _known_positions(c, mf, only=None, in_runs=None) -> list:
     """Per tensor, its positions when the codec's select stage reads every tensor's (or those
     of ``only``) at once (:meth:`codec.stage.Select.positions_segments`); else None for each
-    (each tensor's positions are then read, and refused, by the stage itself)."""
+    (each tensor's positions are then read, and refused, by the stage itself).  ``in_runs``
+    (decoding into device arrays): the tensors of runs; any other whose first section has
+    ``codec.pack.DEVICE_SECTION`` bytes or more is left to its own read, on the device."""
     none = [None] * len(mf)
     if c.select is None or c.transform is not None or not isinstance(mf.payload, memoryview):
         return none  # a zstd payload is decompressed section by section as the stages read it
+    secs, sizes = mf.tensor_sections, mf.layout.sizes
     idx = range(len(mf)) if only is None else sorted(only)
+    if in_runs is not None:
+        idx = [i for i in idx if i in in_runs or not secs[i] or secs[i][0].raw_len < pack.DEVICE_SECTION]
     if not idx:
         return none
-    secs, sizes = mf.tensor_sections, mf.layout.sizes
     got = _or_alone(c.select.positions_segments, np.frombuffer(mf.payload, np.uint8), [secs[i] for i in idx], [sizes[i] for i in idx])
     if got is None:
         return none

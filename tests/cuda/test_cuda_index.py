@@ -166,8 +166,11 @@ def test_a_forged_index_section_fails_on_the_device_before_out_changes():
 @pytest.mark.parametrize("spec", ["topk(ratio=0.05)", "dgc(ratio=0.05)+fp16"])
 def test_a_many_tensor_frame_reads_a_lone_tensors_positions_on_the_device(monkeypatch, spec):
     """decode_many / decode_add_many into device arrays: a tensor read alone (here a float64
-    one among float32 ones) reads its index section on the device; a run's positions are
-    read at once on the host and cross as int64; every array is the host's."""
+    one among float32 ones) reads its index section on the device, the runs' positions are
+    read at once on the host (whatever the threshold) and cross as int64, and a small
+    section of a tensor read alone is read on the host too; every array is the host's."""
+    import codec.pack
+
     rng = np.random.default_rng(6)
     host = [rng.standard_normal(40).astype(np.float32), rng.standard_normal(9).astype(np.float32),
             rng.standard_normal(60).astype(np.float32), rng.standard_t(2, 3000)]
@@ -181,6 +184,10 @@ def test_a_many_tensor_frame_reads_a_lone_tensors_positions_on_the_device(monkey
     monkeypatch.setattr(cuda, "to_device", lambda a, *r, **k: (moved.append((np.asarray(a).dtype, np.asarray(a).size)), real(a, *r, **k))[1])
     codec.decode_many(frame, out=outs)
     assert sum(n for t, n in moved if t == np.int64) == run and alone > run, moved  # the run's, per tensor; not the lone one's
+    monkeypatch.setattr(codec.pack, "DEVICE_SECTION", 1 << 20)  # the lone one's section: small
+    moved.clear()
+    codec.decode_many(frame, out=outs)
+    assert sum(n for t, n in moved if t == np.int64) == run + alone, moved
     for o, w in zip(outs, codec.decode_many(frame)):
         assert np.array_equal(o.copy_to_host(), w)
     base = [rng.standard_normal(a.size).astype(np.float32) for a in host]
