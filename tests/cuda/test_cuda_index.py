@@ -12,7 +12,7 @@ from numba import cuda
 
 import codec
 from codec.errors import CorruptFrameError
-from codec.frame import SectionKind
+from codec.frame import SectionInfo, SectionKind
 from codec.kernels import module
 from codec.pack import encode_indices, index_segments
 
@@ -84,6 +84,33 @@ def test_bitmaps_as_the_cpu(monkeypatch):
         pos = cuda.to_device(np.full(idx.size, -1, np.int64))
         K.bitmap_decode(bitmap, starts, pos)
         assert np.array_equal(pos.copy_to_host(), idx), n
+
+
+def test_bitmaps_outside_the_contract_as_the_cpu(monkeypatch):
+    """Positions outside the bitmap are skipped, as the CPU's chunks never visit them, and a
+    decode given fewer chunk starts than the bitmap has reads those chunks only."""
+    monkeypatch.setattr(K._cpu, "_BYTES", K.CHUNK)
+    idx = np.array([-3, 5, 9, 8 * 3 * K.CHUNK - 1, 8 * 3 * K.CHUNK + 4], np.int64)
+    bitmap = cuda.to_device(np.full(3 * K.CHUNK, 0xA5, np.uint8))
+    K.bitmap_encode(cuda.to_device(idx), bitmap)
+    want = np.zeros(3 * K.CHUNK, np.uint8)
+    want[0], want[1], want[-1] = 1 << 5, 1 << 1, 0x80
+    assert np.array_equal(bitmap.copy_to_host(), want)
+    pos = cuda.to_device(np.full(3, -1, np.int64))
+    K.bitmap_decode(bitmap, np.array([0], np.int64), pos)  # the first chunk only
+    assert pos.copy_to_host().tolist() == [5, 9, -1]
+
+
+@pytest.mark.parametrize("n, idx", [(300, [0, 7, 9, 200]), (5000, [3, 4000]), (1 << 20, [5, 300000, (1 << 20) - 1]), ((1 << 41) + 9, [1, (1 << 40) + 5, 1 << 41])])
+def test_every_gap_width_class_decodes_on_the_device(n, idx):
+    """decode_indices(device=True) through every code dtype the gaps unpack into (uint8,
+    uint16, uint32, uint64) gives the host's positions."""
+    from codec.pack import decode_indices
+
+    sec = encode_indices(np.array(idx), n)
+    info = SectionInfo(int(sec.kind), 0, sec.bits, sec.count, sec.raw_len, sec.raw_len, 0)
+    got = decode_indices(info, sec.data, n, device=True)
+    assert not isinstance(got, np.ndarray) and np.array_equal(got.copy_to_host(), decode_indices(info, sec.data, n)), sec.bits
 
 
 def test_many_sets_as_the_cpu():

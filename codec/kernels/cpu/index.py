@@ -63,7 +63,8 @@ def delta_encode(idx, out):
 def _step(pos, g, n):
     """The position a gap ``g`` after ``pos`` (``pos + g + 1``; ``pos`` at most ``n``, or -1
     before the first), ``n`` itself for a gap beyond any position: a gap's one rule for
-    every reader, which refuses the set when the answer reaches ``n`` (no sum can wrap)."""
+    every reader, which refuses the set when the answer reaches ``n`` (no sum wraps below
+    ``n = 2**62``; frames hold at most 2**60 elements)."""
     if g >= np.uint64(n):
         return np.int64(n)
     return pos + np.int64(g) + 1

@@ -148,8 +148,8 @@ def delta_decode(gaps, n, out):
 def _set_bytes(idx, out):
     for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
         b = idx[i] >> 3
-        if i and idx[i - 1] >> 3 == b:
-            continue  # not the byte's first position: that one writes the byte
+        if b < 0 or b >= out.size or (i and idx[i - 1] >> 3 == b):
+            continue  # outside the bitmap (the CPU skips it too), or not the byte's first position: that one writes the byte
         v = np.uint8(0)
         j = i
         while j < idx.size and idx[j] >> 3 == b:
@@ -202,7 +202,7 @@ def bitmap_count(bitmap):
 def _stretch_firsts(counts, per, starts, firsts):
     for c in range(cuda.grid(1), starts.size, cuda.gridsize(1)):
         s = np.int64(starts[c])
-        for j in range(c * per, min(counts.size, (c + 1) * per)):
+        for j in range(c * per, min(firsts.size, (c + 1) * per)):
             firsts[j] = s
             s += counts[j]
 
@@ -222,11 +222,13 @@ def _bit_positions(bitmap, firsts, out):
 def bitmap_decode(bitmap, starts, out):
     """Positions of set bits, given each chunk's first output slot ``starts`` (from bitmap_count)."""
     counts = _counted(bitmap)
-    if not counts.size:
+    per = _cpu._BYTES // CHUNK
+    k = min(counts.size, starts.size * per)  # the stretches of the chunks ``starts`` names (the CPU reads those)
+    if not k:
         return
-    firsts = cuda.device_array(counts.size, np.int64)
-    _stretch_firsts[launch(starts.size)](counts, _cpu._BYTES // CHUNK, starts, firsts)
-    _bit_positions[launch(counts.size)](bitmap, firsts, out)
+    firsts = cuda.device_array(k, np.int64)
+    _stretch_firsts[launch(starts.size)](counts, per, starts, firsts)
+    _bit_positions[launch(k)](bitmap, firsts, out)
 
 
 # ---------------------------------------------------------------- many sets: a thread each
