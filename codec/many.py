@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec import pack
-from codec.device import spans as device_spans
+from codec.device import Memory, spans as device_spans
 from codec.dtypes import as_float_array, checked_out, on_device
 from codec.errors import CorruptFrameError
 from codec.frame import Frame, SectionInfo
@@ -408,7 +408,7 @@ def _add_jobs(c, mf, jobs, targets, mode, spans=None) -> None:
                 if targets[i].dtype in WIDE:
                     scatter_checked(vals, pos, targets[i], mode)  # positions the stage checked
                 else:  # as Codec._write adds into a 16-bit array: the dense decoded tensor, once rounded
-                    wide = np.empty(targets[i].size, vals.dtype)
+                    wide = Memory(on_device(targets[i])).empty(targets[i].size, vals.dtype)  # where the target lives
                     scatter_checked(vals, pos, wide, SET)
                     store(wide, targets[i], mode)
         else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype

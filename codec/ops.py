@@ -299,7 +299,7 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
         if values.dtype == flat.dtype:
             kern.scatter(to_device(values), dev_idx, flat, mode)
         else:  # float64 values added into float32: the touched values gathered, combined once rounded on the host, put back
-            picked = gather(flat, idx)
+            picked = gather(flat, dev_idx)  # (the positions already on the device)
             store(values, picked, mode)
             if mode == SET:
                 kern.scatter(to_device(picked), dev_idx, flat, SET)

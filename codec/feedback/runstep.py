@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from codec import many
-from codec.device import Memory
+from codec.device import Memory, concat
 from codec.dtypes import on_device
+from codec.kernels import backend
 from codec.manyframe import parse_many
 from codec.modes import ADD
 from codec.ops import momentum, round_to, zero_at
@@ -59,8 +60,6 @@ def run_velocity(xs, slots, m, device: bool):
     u = mem.empty(n, dtype)
     held = span([s.velocity_at for s in slots], sizes)
     if device and n:  # one launch over the run: the gradients and velocities as one array each
-        from codec.device import concat
-
         x = concat(xs, mem.empty(n, dtype))
         if held is not None:
             v = held[0][held[1] : held[1] + n]
@@ -92,15 +91,10 @@ def run_acc(xs, slots, device: bool):
     if held is not None:
         r = held[0][held[1] : held[1] + n]
     elif device:
-        from codec.device import concat
-
         r = concat([s.residual for s in slots], mem.empty(n, dtype))
     else:
         r = None
     if device:  # the gradients copied in, the residuals added in one launch
-        from codec.device import concat
-        from codec.kernels import backend
-
         backend("convert", acc).combine(r, concat(xs, acc), ADD)
         return place
     at = 0

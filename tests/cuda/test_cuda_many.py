@@ -10,6 +10,7 @@ import pytest
 from numba import cuda
 
 import codec
+import codec.pack
 
 SPECS = ["fp16", "none+zstd", "bf16", "topk(ratio=0.1)", "gaussiank(ratio=0.1)", "dgc(ratio=0.1)+fp16", "threshold(value=1.0)",
          "randomk(ratio=0.2)", "adacomp+zstd"]
@@ -225,6 +226,36 @@ def test_float16_device_tensors_are_the_hosts(spec):
         codec.decode_add_many(frame, base, subtract=True)
         for a, b in zip(acc, base):
             assert a.copy_to_host().tobytes() == b.tobytes(), joint
+
+
+def test_sparse_pairs_added_into_device_arrays_cross_the_link_sparse(monkeypatch):
+    """A sparse run added into separate float16 device arrays is densified on the device (only
+    the kept values and positions cross to it, not a float32 copy of each tensor), and
+    float64 values added into a float32 device array send their positions once."""
+    rng = np.random.default_rng(8)
+    host = [rng.standard_normal(n).astype(np.float32) for n in (300, 40, 900, 20, 500)]
+    c = codec.get_codec("topk(ratio=0.05)")
+    frame = c.encode_many(host)
+    kept = sum(p.size for p, _ in codec.decode_sparse_many(frame))
+    outs = [cuda.to_device(np.ones(a.size, np.float16)) for a in host]
+    moved = []
+    real = cuda.to_device
+    monkeypatch.setattr(cuda, "to_device", lambda a, *r, **k: (moved.append(np.asarray(a).nbytes), real(a, *r, **k))[1])
+    c.decode_add_many(frame, outs)
+    assert sum(moved) <= kept * (8 + 4), moved  # int64 positions and float32 values, nothing dense
+    base = [np.ones(a.size, np.float16) for a in host]
+    c.decode_add_many(frame, base)
+    assert all(o.copy_to_host().tobytes() == b.tobytes() for o, b in zip(outs, base))
+    x = rng.standard_normal(2000)  # float64
+    f64 = codec.get_codec("topk(ratio=0.05)").encode(x)
+    acc = real(np.ones(x.size, np.float32))
+    moved.clear()
+    monkeypatch.setattr(codec.pack, "DEVICE_SECTION", 1 << 20)  # positions read on the host: they cross
+    c.decode_add(f64, acc)
+    assert sum(moved) == 100 * 8 + 100 * 4, moved  # the positions once, the rounded values once
+    want = np.ones(x.size, np.float32)
+    c.decode_add(f64, want)
+    assert np.array_equal(acc.copy_to_host(), want)
 
 
 @pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="reads the simulator's host mirror of a device array")
