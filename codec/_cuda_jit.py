@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import importlib
 
+from codec.errors import CodecValueError
+
 _DEFAULTS = dict(cache=True, fastmath=False)
 
 __all__ = ["device_functions", "jit", "numba_cuda"]
@@ -48,7 +50,7 @@ def jit(fn=None, **options):
     opts = dict(_DEFAULTS)
     opts.update(options)
     if opts.get("fastmath"):
-        raise ValueError("fastmath is not allowed on gradient kernels")
+        raise CodecValueError("fastmath is not allowed on gradient kernels")
 
     def wrap(f):
         return numba_cuda().jit(**opts)(f)

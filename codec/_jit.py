@@ -17,6 +17,7 @@ import functools
 import types
 
 from codec import threads
+from codec.errors import CodecValueError
 
 threads.prepare_numba()  # before Numba's OpenMP runtime loads: idle threads wait passively
 
@@ -69,7 +70,7 @@ def jit(fn=None, **options):
     opts = dict(_DEFAULTS)
     opts.update(options)
     if opts.get("fastmath"):
-        raise ValueError("fastmath is not allowed on gradient kernels")
+        raise CodecValueError("fastmath is not allowed on gradient kernels")
     parallel = opts.pop("parallel", False)
 
     def wrap(f):

@@ -46,7 +46,7 @@ import struct
 import zlib
 
 from codec.checksum import crc32c
-from codec.errors import CorruptFrameError
+from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 
 __all__ = ["MAGIC", "VERSION", "is_container", "pack_frames", "pack_header", "unpack_frames"]
 
@@ -70,9 +70,9 @@ def _as_bytes_view(buf, what: str) -> memoryview:
     try:
         mv = memoryview(buf)
     except TypeError:
-        raise TypeError(f"{what}: expected a bytes-like object, got {type(buf).__name__}") from None
+        raise CodecTypeError(f"{what}: expected a bytes-like object, got {type(buf).__name__}") from None
     if not mv.c_contiguous:
-        raise TypeError(f"{what}: expected a contiguous buffer")
+        raise CodecTypeError(f"{what}: expected a contiguous buffer")
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
@@ -92,7 +92,7 @@ def pack_frames(items, *, checksum: bool = True) -> bytes:
         try:
             name, frame = pair
         except (TypeError, ValueError):
-            raise TypeError(f"items: expected (name, frame) pairs, got {pair!r:.60}") from None
+            raise CodecTypeError(f"items: expected (name, frame) pairs, got {pair!r:.60}") from None
         names.append(name)
         frames.append(_as_bytes_view(frame, f"items[{name!r}]"))
     crc = None
@@ -118,24 +118,24 @@ def pack_header(entries, *, frames_crc: int | None = None) -> bytes:
     count = 0
     for name, length in entries:
         if not isinstance(name, str):
-            raise TypeError(f"items: a name must be a str, got {type(name).__name__}")
+            raise CodecTypeError(f"items: a name must be a str, got {type(name).__name__}")
         if name in seen:
-            raise ValueError(f"items: name {name!r} appears twice; names in a container are unique")
+            raise CodecValueError(f"items: name {name!r} appears twice; names in a container are unique")
         seen.add(name)
         try:
             name_b = name.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"items: name {name!r} is not encodable as UTF-8: {e.reason}") from None
+            raise CodecValueError(f"items: name {name!r} is not encodable as UTF-8: {e.reason}") from None
         if len(name_b) > MAX_NAME:
-            raise ValueError(f"items: name {name[:40]!r}... is {len(name_b)} UTF-8 bytes; the limit is {MAX_NAME}")
+            raise CodecValueError(f"items: name {name[:40]!r}... is {len(name_b)} UTF-8 bytes; the limit is {MAX_NAME}")
         if not 0 <= length < 1 << 64:
-            raise ValueError(f"items: frame length {length} of {name!r} does not fit the format's u64")
+            raise CodecValueError(f"items: frame length {length} of {name!r} does not fit the format's u64")
         head += _NAME_LEN.pack(len(name_b))
         head += name_b
         head += _FRAME_LEN.pack(length)
         count += 1
     if count > 0xFFFFFFFF:
-        raise ValueError(f"items: {count} entries; a container holds at most {0xFFFFFFFF}")
+        raise CodecValueError(f"items: {count} entries; a container holds at most {0xFFFFFFFF}")
     flags = 0
     if frames_crc is not None:
         flags = FLAG_FRAMES_CRC32C

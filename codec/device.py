@@ -17,6 +17,7 @@ import numpy as np
 
 from codec import dlpack
 from codec.dtypes import on_device
+from codec.errors import CodecTypeError, CodecValueError
 
 __all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "spans", "to_device", "to_host", "zeros"]
 
@@ -40,7 +41,7 @@ def check_stages(stages, argname: str = "x") -> None:
     select = any(s.kind == "select" for s in stages)
     missing = [s.name for s in stages if "cuda" not in s.devices and not (select and s.kind == "value")]
     if missing:
-        raise TypeError(
+        raise CodecTypeError(
             f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
             "(none, fp16, bf16 and the sparsifiers have); pass a host array"
         )
@@ -53,7 +54,7 @@ def many_on_device(stages, arrays, argname: str = "tensors") -> bool:
     if not any(on):
         return False
     if not all(on):
-        raise TypeError(f"{argname}: mixes device and host arrays; pass all of one kind")
+        raise CodecTypeError(f"{argname}: mixes device and host arrays; pass all of one kind")
     check_stages(stages, argname)
     return True
 
@@ -63,7 +64,7 @@ def as_input(stages, x, dtype=None, argname: str = "x"):
     once every stage is checked to take it; ``dtype`` (which reinterprets host buffers) is
     refused."""
     if dtype is not None:
-        raise TypeError(f"dtype: reinterprets host buffers; a device array {argname} keeps its own dtype")
+        raise CodecTypeError(f"dtype: reinterprets host buffers; a device array {argname} keeps its own dtype")
     check_stages(stages, argname)
     return as_device_array(x, argname)
 
@@ -78,26 +79,26 @@ def as_device_array(x, argname: str = "x", write: bool = False):
         arr = x
     elif hasattr(x, "__cuda_array_interface__"):
         if write and x.__cuda_array_interface__["data"][1]:
-            raise ValueError(f"{argname}: a read-only device array (its __cuda_array_interface__ says so); decoding writes it")
+            raise CodecValueError(f"{argname}: a read-only device array (its __cuda_array_interface__ says so); decoding writes it")
         arr = _cuda().as_cuda_array(x)
     else:  # a DLPack capsule or producer on a CUDA device (codec.dtypes.on_device)
         cap = dlpack.capsule(x)
         desc = dlpack.interface(cap, argname)
         if write and desc["data"][1]:
-            raise ValueError(f"{argname}: a read-only DLPack tensor; decoding writes it")
+            raise CodecValueError(f"{argname}: a read-only DLPack tensor; decoding writes it")
         arr = _view(desc, cap)
     dt = np.dtype(arr.dtype)
     if dt not in DTYPES:
-        raise TypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float16, float32 or float64")
+        raise CodecTypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float16, float32 or float64")
     if not arr.is_c_contiguous():
-        raise ValueError(f"{argname}: a device array must be C-contiguous")
+        raise CodecValueError(f"{argname}: a device array must be C-contiguous")
     return arr
 
 
 def check_dtype(dtype, argname: str) -> None:
     """TypeError naming ``argname`` unless device arrays of ``dtype`` are supported."""
     if np.dtype(dtype) not in DTYPES:
-        raise TypeError(f"{argname}: a frame of {np.dtype(dtype)} cannot decode to a device array yet; device arrays must be float16, float32 or float64")
+        raise CodecTypeError(f"{argname}: a frame of {np.dtype(dtype)} cannot decode to a device array yet; device arrays must be float16, float32 or float64")
 
 
 def as_like(arr, like):
@@ -122,9 +123,9 @@ def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out"):
     ``dtype`` itself unless adding, C-contiguous."""
     arr = as_device_array(out, argname, write=True)
     if arr.size != n:
-        raise ValueError(f"{argname}: has {arr.size} elements, the frame holds {n} (shape {shape})")
+        raise CodecValueError(f"{argname}: has {arr.size} elements, the frame holds {n} (shape {shape})")
     if not add and np.dtype(arr.dtype) != np.dtype(dtype):
-        raise ValueError(f"{argname}: dtype {arr.dtype} does not match the frame's {dtype}")
+        raise CodecValueError(f"{argname}: dtype {arr.dtype} does not match the frame's {dtype}")
     return arr.reshape(n)
 
 

@@ -22,6 +22,8 @@ import ctypes
 
 import numpy as np
 
+from codec.errors import CodecTypeError
+
 #: DLPack device types whose memory is on a CUDA device
 CUDA = (2, 13)
 #: DLPack device types NumPy reads (CPU, CUDA pinned host memory)
@@ -80,10 +82,10 @@ def tensor(capsule, argname: str = "x") -> _DLTensor:
             if name == b"dltensor_versioned":
                 head = _Versioned.from_address(at)
                 if head.major > 1:
-                    raise TypeError(f"{argname}: a DLPack capsule of version {head.major}.{head.minor}; gradcodec reads version 1 and older")
+                    raise CodecTypeError(f"{argname}: a DLPack capsule of version {head.major}.{head.minor}; gradcodec reads version 1 and older")
                 return _DLTensor.from_address(at + ctypes.sizeof(_Versioned))
             return _DLTensor.from_address(at)
-    raise TypeError(f"{argname}: a capsule that is not an unused DLPack tensor (dltensor or dltensor_versioned); a capsule can be consumed once")
+    raise CodecTypeError(f"{argname}: a capsule that is not an unused DLPack tensor (dltensor or dltensor_versioned); a capsule can be consumed once")
 
 
 def device_type(x) -> int | None:
@@ -129,7 +131,7 @@ def interface(cap, argname: str = "x") -> dict:
     dt = t.dtype
     if dt.lanes != 1 or dt.code not in _KINDS or dt.bits not in ((16, 32, 64) if dt.code == 2 else (8, 16, 32, 64)):
         what = "bfloat16" if dt.code == 4 else f"code {dt.code}, {dt.bits} bits, {dt.lanes} lanes"
-        raise TypeError(f"{argname}: a DLPack tensor of dtype {what}, which gradcodec cannot read")
+        raise CodecTypeError(f"{argname}: a DLPack tensor of dtype {what}, which gradcodec cannot read")
     dtype = np.dtype(f"<{_KINDS[dt.code]}{dt.bits // 8}")
     shape = tuple(int(t.shape[i]) for i in range(t.ndim))
     strides = None

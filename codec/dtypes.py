@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from codec import dlpack
+from codec.errors import CodecTypeError, CodecValueError
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -37,9 +38,9 @@ def resolve_dtype(dtype, argname: str = "dtype") -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"{argname}: {dtype!r} is not a dtype; supported: {sorted(NAMES)}") from None
+        raise CodecTypeError(f"{argname}: {dtype!r} is not a dtype; supported: {sorted(NAMES)}") from None
     if dt not in _BY_DTYPE:
-        raise TypeError(f"{argname}: dtype {dt} is not supported; supported: {sorted(NAMES)}")
+        raise CodecTypeError(f"{argname}: dtype {dt} is not supported; supported: {sorted(NAMES)}")
     return dt
 
 
@@ -60,7 +61,7 @@ def on_device(*arrays) -> bool:
 def _from_torch(x):
     torch = sys.modules["torch"]
     if x.device.type != "cpu":
-        raise TypeError(f"x: a torch tensor on {x.device} must be moved to the CPU first (device arrays are taken through __cuda_array_interface__)")
+        raise CodecTypeError(f"x: a torch tensor on {x.device} must be moved to the CPU first (device arrays are taken through __cuda_array_interface__)")
     x = x.detach()
     if x.dtype == torch.bfloat16:
         return x.contiguous().view(torch.int16).numpy().view(bfloat16).reshape(tuple(x.shape))
@@ -74,10 +75,10 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     a buffer (bytes, bytearray, memoryview).  With ``dtype`` given, the raw bytes of ``x`` are
     reinterpreted as that dtype (bytes input, or a same-width integer view such as uint16 for
     bfloat16); the result is then 1-D unless ``x`` already had that dtype.  Integer, bool,
-    complex and object input without ``dtype`` raise TypeError naming ``argname``.
+    complex and object input without ``dtype`` raise CodecTypeError naming ``argname``.
     """
     if on_device(x):
-        raise TypeError(
+        raise CodecTypeError(
             f"{argname}: a device (CUDA) array; so far encode, decode, decode_add and ErrorFeedback.encode of "
             "none, fp16 and bf16 take one (docs/api.md, 'Device arrays'); copy it to host memory for this call"
         )
@@ -88,7 +89,7 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     elif isinstance(x, (bytes, bytearray, memoryview)):
         arr = np.asarray(memoryview(x))
         if dtype is None and arr.dtype == np.uint8:
-            raise TypeError(f"{argname}: a byte buffer has no float dtype; pass dtype=")
+            raise CodecTypeError(f"{argname}: a byte buffer has no float dtype; pass dtype=")
     elif hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
         arr = np.asarray(x)
     elif hasattr(x, "__dlpack__"):
@@ -99,20 +100,20 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
         try:
             arr = np.asarray(memoryview(x))
         except TypeError:
-            raise TypeError(f"{argname}: expected an array-like of floats, got {type(x).__name__}") from None
+            raise CodecTypeError(f"{argname}: expected an array-like of floats, got {type(x).__name__}") from None
     if dtype is not None:
         want = resolve_dtype(dtype)
         if arr.dtype != want:
             if arr.dtype.kind == "O":
-                raise TypeError(f"{argname}: object arrays are not supported")
+                raise CodecTypeError(f"{argname}: object arrays are not supported")
             raw = _materialize(arr, argname).reshape(-1).view(np.uint8)
             if raw.size % want.itemsize:
-                raise ValueError(f"{argname}: {raw.size} bytes is not a whole number of {want} elements")
+                raise CodecValueError(f"{argname}: {raw.size} bytes is not a whole number of {want} elements")
             arr = raw.view(want)
     if arr.dtype not in _BY_DTYPE and arr.dtype.kind == "f" and arr.dtype.newbyteorder("=") in _BY_DTYPE:
         arr = arr.astype(arr.dtype.newbyteorder("="))  # big-endian floats: the same values, native order
     if arr.dtype not in _BY_DTYPE:
-        raise TypeError(
+        raise CodecTypeError(
             f"{argname}: dtype {arr.dtype} is not supported; gradcodec encodes float16, bfloat16, float32 or float64"
         )
     return _materialize(arr, argname)
@@ -122,7 +123,7 @@ def _check_capsule(x, argname: str):
     """``x``, a DLPack capsule NumPy can read (TypeError naming ``argname`` otherwise)."""
     dlpack.interface(x, argname)  # a DLPack tensor of a dtype NumPy names
     if dlpack.device_type(x) not in dlpack.HOST:
-        raise TypeError(f"{argname}: a DLPack capsule on device type {dlpack.device_type(x)}, neither host memory nor a CUDA device")
+        raise CodecTypeError(f"{argname}: a DLPack capsule on device type {dlpack.device_type(x)}, neither host memory nor a CUDA device")
     return x
 
 
@@ -136,7 +137,7 @@ def base_view(a: np.ndarray, argname: str) -> np.ndarray:
     if type(a) is np.ndarray:
         return a
     if isinstance(a, np.ma.MaskedArray):
-        raise TypeError(f"{argname}: masked arrays are not supported (the mask would be ignored); pass {argname}.filled(0) or .data")
+        raise CodecTypeError(f"{argname}: masked arrays are not supported (the mask would be ignored); pass {argname}.filled(0) or .data")
     return a.view(np.ndarray)
 
 
@@ -150,7 +151,7 @@ def _materialize(a: np.ndarray, argname: str) -> np.ndarray:
     if a.flags.c_contiguous and a.flags.aligned:
         return a
     if any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape)):
-        raise ValueError(
+        raise CodecValueError(
             f"{argname}: a broadcast array (zero stride, shape {a.shape}) is not a gradient; "
             f"pass np.ascontiguousarray({argname}) to encode its {a.size} elements"
         )
@@ -163,13 +164,13 @@ def owned_float_array(value, where: str) -> np.ndarray:
     byte order (a subclass such as ``np.matrix`` is copied as its plain data).  Anything else,
     a masked array included (its mask would be lost), is a ValueError naming ``where``."""
     if isinstance(value, np.ma.MaskedArray):
-        raise ValueError(f"{where}: a masked array is not accepted (its mask would be lost); pass a plain NumPy array")
+        raise CodecValueError(f"{where}: a masked array is not accepted (its mask would be lost); pass a plain NumPy array")
     if not isinstance(value, np.ndarray):
-        raise ValueError(f"{where}: expected a NumPy array, got {type(value).__name__}")
+        raise CodecValueError(f"{where}: expected a NumPy array, got {type(value).__name__}")
     dt = value.dtype
     native = dt.newbyteorder("=") if dt.kind == "f" else dt
     if native not in _BY_DTYPE:
-        raise ValueError(f"{where}: dtype {dt} is not supported; expected float16, bfloat16, float32 or float64")
+        raise CodecValueError(f"{where}: dtype {dt} is not supported; expected float16, bfloat16, float32 or float64")
     out = np.empty(value.shape, native)
     out[...] = value.view(np.ndarray)
     return out
@@ -181,16 +182,16 @@ def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out") -
     refused) with ``n`` elements (``shape`` for the message) and ``dtype`` (any supported
     dtype when adding); TypeError/ValueError naming ``argname`` otherwise."""
     if out is None:
-        raise TypeError(f"{argname}: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
+        raise CodecTypeError(f"{argname}: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"{argname}: expected a NumPy array, got {type(out).__name__}")
+        raise CodecTypeError(f"{argname}: expected a NumPy array, got {type(out).__name__}")
     plain = base_view(out, argname)
     if plain.size != n:
-        raise ValueError(f"{argname}: has {plain.size} elements, the frame holds {n} (shape {shape})")
+        raise CodecValueError(f"{argname}: has {plain.size} elements, the frame holds {n} (shape {shape})")
     if add and plain.dtype not in CODES.values():
-        raise ValueError(f"{argname}: dtype {plain.dtype} cannot accumulate; use float16, bfloat16, float32 or float64 (native byte order)")
+        raise CodecValueError(f"{argname}: dtype {plain.dtype} cannot accumulate; use float16, bfloat16, float32 or float64 (native byte order)")
     if not add and plain.dtype != dtype:
-        raise ValueError(f"{argname}: dtype {plain.dtype} does not match the frame's {dtype}")
+        raise CodecValueError(f"{argname}: dtype {plain.dtype} does not match the frame's {dtype}")
     if not plain.flags.c_contiguous or not plain.flags.writeable or not plain.flags.aligned:
-        raise ValueError(f"{argname}: must be a writeable, aligned, C-contiguous array")
+        raise CodecValueError(f"{argname}: must be a writeable, aligned, C-contiguous array")
     return plain.reshape(-1)

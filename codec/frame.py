@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from codec import checksum, dtypes
-from codec.errors import CorruptFrameError
+from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.framebuffer import frame_bytes
 from codec.payload import materialized, write_payload
 
@@ -185,11 +185,11 @@ def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum:
     buffer and return a memoryview of it instead of a new ``bytes``."""
     spec_b = spec.encode("utf-8")
     if len(spec_b) > MAX_SPEC:
-        raise ValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
+        raise CodecValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
     if len(shape) > MAX_NDIM:
-        raise ValueError(f"x: {len(shape)} dimensions; the frame format allows {MAX_NDIM}")
+        raise CodecValueError(f"x: {len(shape)} dimensions; the frame format allows {MAX_NDIM}")
     if len(sections) > 255:
-        raise ValueError("a frame holds at most 255 sections")
+        raise CodecValueError("a frame holds at most 255 sections")
     stored = []  # per section: (encoding, bytes-like or None when filled in place, stored length)
     for s, raw in zip(sections, [None] * len(sections) if compressor is None else materialized(sections)):
         if compressor is None:
@@ -310,7 +310,7 @@ def element_limit(max_elements) -> int:
     ``[0, 2**60]``, else ValueError naming it) or the default :data:`MAX_ELEMENTS`."""
     limit = MAX_ELEMENTS if max_elements is None else max_elements
     if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 0 <= limit <= MAX_ELEMENTS_LIMIT:
-        raise ValueError(f"max_elements: must be an integer in [0, 2**60], got {max_elements!r}")
+        raise CodecValueError(f"max_elements: must be an integer in [0, 2**60], got {max_elements!r}")
     return int(limit)
 
 
@@ -336,12 +336,12 @@ def check_payload(mv, flags: int, crc_at: int, start: int) -> None:
 def _as_buffer(buf) -> memoryview:
     if isinstance(buf, np.ndarray):
         if buf.dtype != np.uint8 or buf.ndim != 1:
-            raise TypeError(f"frame: expected bytes or a 1-D uint8 array, got an array of {buf.dtype} with shape {buf.shape}")
+            raise CodecTypeError(f"frame: expected bytes or a 1-D uint8 array, got an array of {buf.dtype} with shape {buf.shape}")
         buf = np.ascontiguousarray(buf)
     try:
         mv = memoryview(buf)
     except TypeError:
-        raise TypeError(f"frame: expected a bytes-like object, got {type(buf).__name__}") from None
+        raise CodecTypeError(f"frame: expected a bytes-like object, got {type(buf).__name__}") from None
     if not mv.c_contiguous:
         mv = memoryview(mv.tobytes())
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv

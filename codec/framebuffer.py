@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.errors import CodecTypeError, CodecValueError
+
 __all__ = ["new_bytes", "frame_out", "frame_bytes"]
 
 
@@ -73,15 +75,15 @@ def frame_out(out, inputs=()):
     try:
         mv = memoryview(out)
     except TypeError:
-        raise TypeError(f"out: expected a writable bytes-like buffer (bytearray, uint8 array), got {type(out).__name__}") from None
+        raise CodecTypeError(f"out: expected a writable bytes-like buffer (bytearray, uint8 array), got {type(out).__name__}") from None
     if mv.readonly:
-        raise TypeError(f"out: the buffer is read-only ({type(out).__name__})")
+        raise CodecTypeError(f"out: the buffer is read-only ({type(out).__name__})")
     if not mv.c_contiguous:
-        raise ValueError("out: the buffer must be C-contiguous")
+        raise CodecValueError("out: the buffer must be C-contiguous")
     buf = np.frombuffer(mv.cast("B"), np.uint8) if mv.nbytes else np.empty(0, np.uint8)
     for x in inputs:
         if buf.size and np.may_share_memory(buf, x):
-            raise ValueError("out: the buffer overlaps an input array")
+            raise CodecValueError("out: the buffer overlaps an input array")
     return buf
 
 
@@ -95,5 +97,5 @@ def frame_bytes(size: int, out):
     if callable(out):  # an allocator (frame_out of a callable): asked for exactly this size
         out = out(size)
     if out.size < size:
-        raise ValueError(f"out: the frame needs {size} bytes, the buffer holds {out.size}")
+        raise CodecValueError(f"out: the frame needs {size} bytes, the buffer holds {out.size}")
     return memoryview(out[:size]), out[:size]

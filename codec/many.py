@@ -16,7 +16,7 @@ import numpy as np
 from codec import pack
 from codec.device import Memory, spans as device_spans
 from codec.dtypes import as_float_array, checked_out, on_device
-from codec.errors import CorruptFrameError
+from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.frame import Frame, SectionInfo
 from codec.framebuffer import frame_out
 from codec.manyframe import VERSION, Layout
@@ -41,11 +41,11 @@ def many_inputs(tensors, argname: str = "tensors", device: bool = False):
     if isinstance(tensors, dict):
         for k in tensors:
             if not isinstance(k, str):
-                raise TypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
+                raise CodecTypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
         return tuple(tensors), [one(v, f"{argname}[{k!r}]") for k, v in tensors.items()]
     if isinstance(tensors, (list, tuple)):
         return None, [one(v, f"{argname}[{i}]") for i, v in enumerate(tensors)]
-    raise TypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
+    raise CodecTypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
 
 
 def joined(arrays) -> np.ndarray:
@@ -53,7 +53,7 @@ def joined(arrays) -> np.ndarray:
     otherwise), what a joint many-tensor frame codes."""
     dts = {a.dtype for a in arrays}
     if len(dts) > 1:
-        raise ValueError(f"tensors: joint=True codes the tensors as one array, so they must share a dtype, got {sorted(d.name for d in dts)}")
+        raise CodecValueError(f"tensors: joint=True codes the tensors as one array, so they must share a dtype, got {sorted(d.name for d in dts)}")
     if not arrays:
         return np.empty(0, np.float32)
     if on_device(arrays[0]):  # (device arrays all: many_on_device)
@@ -73,9 +73,9 @@ def many_keys(keys, count: int) -> list:
     if keys is None:
         return [None] * count
     if isinstance(keys, (str, bytes)) or not hasattr(keys, "__len__"):
-        raise TypeError(f"keys: expected one key per tensor (a list), got {type(keys).__name__}")
+        raise CodecTypeError(f"keys: expected one key per tensor (a list), got {type(keys).__name__}")
     if len(keys) != count:
-        raise ValueError(f"keys: {len(keys)} keys for {count} tensors")
+        raise CodecValueError(f"keys: {len(keys)} keys for {count} tensors")
     return list(keys)
 
 
@@ -83,7 +83,7 @@ def hashable_key(key):
     try:
         hash(key)
     except TypeError:
-        raise TypeError(f"keys: a key must be hashable, got {type(key).__name__}") from None
+        raise CodecTypeError(f"keys: a key must be hashable, got {type(key).__name__}") from None
     return key
 
 
@@ -153,22 +153,22 @@ def _targets(c, mf, out, *, add: bool) -> list:
     count = len(mf)
     if out is None:
         if add:
-            raise TypeError("out: decode_add_many adds into existing arrays; pass them")
+            raise CodecTypeError("out: decode_add_many adds into existing arrays; pass them")
         return [None] * count
     names = mf.layout.names
     if isinstance(out, dict):
         if names is None:
-            raise TypeError("out: this frame does not name its tensors; pass a list of arrays in frame order")
+            raise CodecTypeError("out: this frame does not name its tensors; pass a list of arrays in frame order")
         if set(out) != set(names):
             missing, extra = sorted(set(names) - set(out)), sorted(set(out) - set(names))
-            raise ValueError(f"out: must hold exactly the frame's tensors (missing {missing}, not in the frame {extra})")
+            raise CodecValueError(f"out: must hold exactly the frame's tensors (missing {missing}, not in the frame {extra})")
         items = [(f"out[{k!r}]", out[k]) for k in names]
     elif isinstance(out, (list, tuple)):
         if len(out) != count:
-            raise ValueError(f"out: {len(out)} arrays for a frame of {count} tensors")
+            raise CodecValueError(f"out: {len(out)} arrays for a frame of {count} tensors")
         items = [(f"out[{i}]", a) for i, a in enumerate(out)]
     else:
-        raise TypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
+        raise CodecTypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
     lay = mf.layout
     from codec import device
 
@@ -427,7 +427,7 @@ def decode_sparse(c, mf) -> list:
     jobs decoding reads (every tensor's positions at once, the small tensors' values in runs),
     each tensor's pairs split off its job's."""
     if c.select is None:
-        raise ValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
+        raise CodecValueError(f"frame: {mf.spec!r} has no select stage, so the frame is not sparse; use codec.decode_many")
     pairs = [None] * len(mf)
     for idx, ctx, payload in _read_jobs(c, mf):
         kept = c._kept(ctx, payload)

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 
 from codec.dtypes import bfloat16, on_device
+from codec.errors import CodecTypeError, CodecValueError
 from codec.kernels import backend
 from codec.modes import SET
 
@@ -121,7 +122,7 @@ def narrow(x: np.ndarray, dtype, out: np.ndarray | None = None, crc: int | None 
     if out is None:
         out = np.empty(flat.size, np.uint16)
     elif out.dtype != np.uint16 or out.size != flat.size or not out.flags.c_contiguous:  # the kernel writes (and checksums) its memory
-        raise ValueError(f"out: expected a C-contiguous uint16 array of {flat.size} codes, got {out.dtype} {out.shape}")
+        raise CodecValueError(f"out: expected a C-contiguous uint16 array of {flat.size} codes, got {out.dtype} {out.shape}")
     if flat.dtype == dtype:  # the codes are the bits; NaN/inf have every exponent bit set
         out[:] = flat.view(np.uint16)
         exponent = np.uint16(0x7C00 if dtype == HALF else 0x7F80)
@@ -162,7 +163,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     tie of the output format.
     """
     if src.size != out.size:
-        raise ValueError(f"src: {src.size} elements for an output of {out.size}")
+        raise CodecValueError(f"src: {src.size} elements for an output of {out.size}")
     if on_device(out):  # a device output (codec.device.checked_out: contiguous): the source's one copy there
         from codec.device import to_device
 
@@ -173,7 +174,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
             return
         src = to_device(src).reshape(src.size)
     elif not out.flags.c_contiguous:
-        raise ValueError("out: must be C-contiguous")
+        raise CodecValueError("out: must be C-contiguous")
     else:
         src = np.ascontiguousarray(src).reshape(-1)
         flat = out.reshape(-1)
@@ -253,11 +254,11 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
     values = np.asarray(values).reshape(-1)
     idx = np.asarray(idx).reshape(-1)
     if idx.dtype.kind not in "iu":
-        raise TypeError(f"idx: expected integer positions, got {idx.dtype}")
+        raise CodecTypeError(f"idx: expected integer positions, got {idx.dtype}")
     if values.size != idx.size:
-        raise ValueError(f"values: {values.size} values for {idx.size} positions")
+        raise CodecValueError(f"values: {values.size} values for {idx.size} positions")
     if not on_device(out) and not out.flags.c_contiguous:  # (device outputs: codec.device views, contiguous)
-        raise ValueError("out: must be C-contiguous")
+        raise CodecValueError("out: must be C-contiguous")
     flat = out.reshape(out.size)
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
         raise IndexError(f"idx: positions must lie in [0, {flat.size})")

@@ -15,7 +15,7 @@ import operator
 import numpy as np
 
 from codec.device import Memory
-from codec.errors import CorruptFrameError
+from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.frame import SectionKind, Section, SectionRun, raw_length
 from codec.kernels import backend
 from codec.ops import offsets, readonly
@@ -29,9 +29,9 @@ def _bits(bits) -> int:
     try:
         b = operator.index(bits)
     except TypeError:
-        raise TypeError(f"bits: expected an integer, got {type(bits).__name__}") from None
+        raise CodecTypeError(f"bits: expected an integer, got {type(bits).__name__}") from None
     if not 1 <= b <= 64:
-        raise ValueError(f"bits: must be within 1..64, got {b}")
+        raise CodecValueError(f"bits: must be within 1..64, got {b}")
     return b
 
 
@@ -47,7 +47,7 @@ def pack_bits(codes, bits: int) -> np.ndarray:
     bits = _bits(bits)
     codes = np.asarray(codes)
     if codes.dtype.kind != "u":
-        raise TypeError(f"codes: expected an unsigned integer array, got {codes.dtype}")
+        raise CodecTypeError(f"codes: expected an unsigned integer array, got {codes.dtype}")
     # the natural dtype for the width (a cast keeps the low bits, the only ones packed): one
     # kernel signature per width class; no copy when the caller already uses it
     codes = np.ascontiguousarray(codes, _code_dtype(bits)).reshape(-1)
@@ -66,15 +66,15 @@ def unpack_bits(data, bits: int, count: int, dtype=None) -> np.ndarray:
     bits = _bits(bits)
     count = operator.index(count)
     if count < 0:
-        raise ValueError(f"count: must be >= 0, got {count}")
+        raise CodecValueError(f"count: must be >= 0, got {count}")
     dtype = np.dtype(_code_dtype(bits) if dtype is None else dtype)  # (a dtype object is falsy on NumPy 1.x)
     if dtype.kind != "u":
-        raise TypeError(f"dtype: expected an unsigned integer dtype, got {dtype}")
+        raise CodecTypeError(f"dtype: expected an unsigned integer dtype, got {dtype}")
     if dtype.itemsize * 8 < bits:
-        raise ValueError(f"dtype: {dtype} cannot hold {bits}-bit codes")
+        raise CodecValueError(f"dtype: {dtype} cannot hold {bits}-bit codes")
     data = _as_bytes(data)
     if data.size < raw_length(count, bits):
-        raise ValueError(f"data: {data.size} bytes cannot hold {count} codes of {bits} bits")
+        raise CodecValueError(f"data: {data.size} bytes cannot hold {count} codes of {bits} bits")
     out = np.empty(count, _code_dtype(bits))
     if count:
         backend("pack", data).unpack_codes(readonly(data), bits, out)
@@ -89,22 +89,22 @@ def encode_indices(idx, n: int) -> Section:
     """
     n = operator.index(n)
     if n < 0:
-        raise ValueError(f"n: must be >= 0, got {n}")
+        raise CodecValueError(f"n: must be >= 0, got {n}")
     idx = np.asarray(idx)
     if idx.size and idx.dtype.kind not in "iu":
-        raise TypeError(f"idx: expected integer positions, got {idx.dtype}")
+        raise CodecTypeError(f"idx: expected integer positions, got {idx.dtype}")
     if idx.dtype.kind == "u" and idx.size and idx.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"idx: positions must lie in [0, {n})")
+        raise CodecValueError(f"idx: positions must lie in [0, {n})")
     idx = np.ascontiguousarray(idx, dtype=np.int64).reshape(-1)
     k = idx.size
     if k and (idx[0] < 0 or idx[-1] >= n):
-        raise ValueError(f"idx: positions must lie in [0, {n})")
+        raise CodecValueError(f"idx: positions must lie in [0, {n})")
     kern = backend("index", idx)
     gaps = np.empty(k, np.uint64)
     idx = readonly(idx)
     big = kern.delta_encode(idx, gaps) if k else 0
     if big < 0:
-        raise ValueError("idx: positions must be strictly increasing")
+        raise CodecValueError("idx: positions must be strictly increasing")
     width = max(1, int(big).bit_length())
     if raw_length(k, width) <= raw_length(n, 1):
         return Section(SectionKind.INDEX_DELTA, width, k, pack_bits(gaps, width))
@@ -125,7 +125,7 @@ def index_segments(pos, starts, sizes) -> SectionRun | None:
     widths = np.empty(nseg, np.int64)
     kern.index_widths(pos, starts, readonly(sizes), widths)
     if (widths < 0).any():
-        raise ValueError("idx: each set's positions must be strictly increasing and lie in [0, n)")
+        raise CodecValueError("idx: each set's positions must be strictly increasing and lie in [0, n)")
     if nseg and widths.max() > 56:  # gaps beyond the kernel's 64-bit accumulator
         return None
     delta = (counts * widths + 7) // 8

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from codec.errors import CodecValueError
 from codec.schedule import build
 from codec.spec import Call, SpecError, parse_value
 
@@ -47,9 +48,9 @@ class Param:
 
     def __post_init__(self):
         if self.schedule and self.type not in (int, float):
-            raise ValueError(f"parameter {self.name}: schedule=True needs an int or float parameter, not {self.type.__name__}")
+            raise CodecValueError(f"parameter {self.name}: schedule=True needs an int or float parameter, not {self.type.__name__}")
         if self.auto and self.default is not None:
-            raise ValueError(f"parameter {self.name}: auto=True needs default None (None is what 'auto' means), got {self.default!r}")
+            raise CodecValueError(f"parameter {self.name}: auto=True needs default None (None is what 'auto' means), got {self.default!r}")
 
     def convert(self, value, where: str):
         """Check and normalise a user-given value; raises ValueError naming ``where.name``."""
@@ -61,31 +62,31 @@ class Param:
         if isinstance(value, Call):
             if self.schedule:
                 return self._convert_schedule(value, label)
-            raise ValueError(f"{label} is not schedulable: it takes {self._expected(self._kind())}, got {value}")
+            raise CodecValueError(f"{label} is not schedulable: it takes {self._expected(self._kind())}, got {value}")
         if self.type is bool:
             if not isinstance(value, (bool, np.bool_)):
-                raise ValueError(f"{label} must be true or false, got {value!r}")
+                raise CodecValueError(f"{label} must be true or false, got {value!r}")
             return bool(value)
         if self.type is int:
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{label} must be {self._expected('an integer')}, got {value!r}")
+                raise CodecValueError(f"{label} must be {self._expected('an integer')}, got {value!r}")
             value = int(value)
         elif self.type is float:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{label} must be {self._expected('a number')}, got {value!r}")
+                raise CodecValueError(f"{label} must be {self._expected('a number')}, got {value!r}")
             try:
                 value = float(value)
             except OverflowError:  # an integer beyond float64's range
-                raise ValueError(f"{label} must be finite, got an integer of {len(str(abs(int(value))))} digits") from None
+                raise CodecValueError(f"{label} must be finite, got an integer of {len(str(abs(int(value))))} digits") from None
             if not math.isfinite(value):
-                raise ValueError(f"{label} must be finite, got {value!r}")
+                raise CodecValueError(f"{label} must be finite, got {value!r}")
         elif self.type is str:
             if not isinstance(value, str):
-                raise ValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
+                raise CodecValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
         if self.choices and value not in self.choices:
-            raise ValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
+            raise CodecValueError(f"{label} must be one of {list(self.choices)}, got {value!r}")
         self._check_bounds(value, label, value)
         return value
 
@@ -103,24 +104,24 @@ class Param:
 
     def _check_bounds(self, v, label, shown, where=""):
         if self.low is not None and (v <= self.low if self.low_open else v < self.low):
-            raise ValueError(f"{label} must be {'>' if self.low_open else '>='} {self.low}, got {shown!r}{where}")
+            raise CodecValueError(f"{label} must be {'>' if self.low_open else '>='} {self.low}, got {shown!r}{where}")
         if self.high is not None and v > self.high:
-            raise ValueError(f"{label} must be <= {self.high}, got {shown!r}{where}")
+            raise CodecValueError(f"{label} must be <= {self.high}, got {shown!r}{where}")
 
     def _parse_schedule_text(self, text: str, label: str) -> Call:
         try:
             value = parse_value(text)
         except SpecError as e:
-            raise ValueError(f"{label} must be {self._expected('a number')}, got {text!r} ({e})") from None
+            raise CodecValueError(f"{label} must be {self._expected('a number')}, got {text!r} ({e})") from None
         if not isinstance(value, Call):
-            raise ValueError(f"{label} must be {self._expected('a number')}, got the string {text!r}")
+            raise CodecValueError(f"{label} must be {self._expected('a number')}, got the string {text!r}")
         return value
 
     def _convert_schedule(self, call: Call, label: str):
         try:
             sched = build(call)
         except ValueError as e:
-            raise ValueError(f"{label}: {e}") from None
+            raise CodecValueError(f"{label}: {e}") from None
         for what, v in sched.points():
             self._check_bounds(v, label, v, f" ({what} of {sched})")
         return sched
@@ -164,6 +165,6 @@ NONFINITE = Param(
     "nonfinite",
     str,
     "raise",
-    "NaN/inf input: raise ValueError naming the first position, or keep (sent as IEEE NaN/inf)",
+    "NaN/inf input: raise CodecValueError naming the first position, or keep (sent as IEEE NaN/inf)",
     choices=("raise", "keep"),
 )

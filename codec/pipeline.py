@@ -17,7 +17,7 @@ import numpy as np
 from codec import spec as specmod
 from codec import many
 from codec.dtypes import as_float_array, checked_out, on_device
-from codec.errors import CodecError, CorruptFrameError, UnknownCodecError
+from codec.errors import CodecError, CodecTypeError, CodecValueError, CorruptFrameError, UnknownCodecError
 from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
 from codec.framebuffer import frame_out
 from codec.manyframe import build_many, parse_many
@@ -40,7 +40,7 @@ class Codec:
 
     def __init__(self, spec, *, checksum: bool = True):
         if not isinstance(checksum, bool):
-            raise TypeError(f"checksum: expected True or False, got {checksum!r}")
+            raise CodecTypeError(f"checksum: expected True or False, got {checksum!r}")
         stages = [lookup(name)(**params) for name, params in specmod.parse(spec)] if isinstance(spec, str) else list(spec)
         self.stages = _arrange(stages, spec if isinstance(spec, str) else None)
         by_kind = {k: [s for s in self.stages if s.kind == k] for k in KINDS}
@@ -123,7 +123,7 @@ class Codec:
             vctx = ctx.domain(values.size, values.dtype)
         elif self.select is not None:
             if residual is not None and not self.select.fuses_feedback:
-                raise ValueError(f"residual: {self.select.name} does not fuse error feedback into its selection")
+                raise CodecValueError(f"residual: {self.select.name} does not fuse error feedback into its selection")
             return self.selected(ctx, *self.select.select(flat, ctx, sections, residual=residual, out=out), sections)
         self.value.encode(values, vctx, sections)
         return sections
@@ -252,7 +252,7 @@ class Codec:
     def decode_sparse_frame(self, fr):
         """``(positions, values)`` of the parsed sparse frame ``fr``."""
         if self.select is None:
-            raise ValueError(f"frame: {fr.spec!r} has no select stage, so the frame is not sparse; use codec.decode")
+            raise CodecValueError(f"frame: {fr.spec!r} has no select stage, so the frame is not sparse; use codec.decode")
         ctx, payload = self._read(fr)
         return ctx.positions, self._kept(ctx, payload)
 
@@ -326,7 +326,7 @@ class Codec:
     @classmethod
     def from_config(cls, config: dict) -> "Codec":
         if not isinstance(config, dict) or not isinstance(config.get("id"), str):
-            raise ValueError(f"config: expected a dict with a string 'id', got {config!r}")
+            raise CodecValueError(f"config: expected a dict with a string 'id', got {config!r}")
         names = config["id"].split("+")
         params = {n: {} for n in names}
         for key, v in config.items():
@@ -336,7 +336,7 @@ class Codec:
             if not stage and len(names) == 1:
                 stage = names[0]
             if stage not in params:
-                raise ValueError(f"config: key {key!r} names no stage of {config['id']!r}")
+                raise CodecValueError(f"config: key {key!r} names no stage of {config['id']!r}")
             params[stage][pname] = v
         return cls([lookup(n)(**params[n]) for n in names], checksum=config.get("checksum", True))
 
@@ -371,21 +371,21 @@ def _arrange(stages, text):
     seen = {}
     for s in stages:
         if not isinstance(s, Stage):
-            raise TypeError(f"{where}: {s!r} is not a stage")
+            raise CodecTypeError(f"{where}: {s!r} is not a stage")
         if s.kind != "bytes" and s.kind in seen:
-            raise ValueError(f"{where}: two {s.kind} stages ({seen[s.kind].name!r} and {s.name!r}); a codec has at most one")
+            raise CodecValueError(f"{where}: two {s.kind} stages ({seen[s.kind].name!r} and {s.name!r}); a codec has at most one")
         if any(t.name == s.name for t in stages if t is not s):
-            raise ValueError(f"{where}: stage {s.name!r} appears twice")
+            raise CodecValueError(f"{where}: stage {s.name!r} appears twice")
         seen.setdefault(s.kind, s)
     if "transform" in seen and "select" in seen:
-        raise ValueError(
+        raise CodecValueError(
             f"{where}: {seen['transform'].name!r} (transform) chooses its own coefficients; "
             f"it cannot be combined with the select stage {seen['select'].name!r}"
         )
     order = [KINDS.index(s.kind) for s in stages]
     for a, b in zip(range(len(stages)), range(1, len(stages))):
         if order[b] < order[a]:
-            raise ValueError(
+            raise CodecValueError(
                 f"{where}: stage {stages[b].name!r} ({stages[b].kind}) must come before {stages[a].name!r} "
                 f"({stages[a].kind}); the order is {' -> '.join(KINDS)}"
             )
@@ -409,22 +409,22 @@ def get_codec(spec=None, /, *, checksum: bool | None = None, **params) -> Codec:
     :class:`Codec`); None keeps what ``spec`` says (a config dict or Codec may carry it;
     otherwise True)."""
     if checksum is not None and not isinstance(checksum, bool):
-        raise TypeError(f"checksum: expected True or False, got {checksum!r}")
+        raise CodecTypeError(f"checksum: expected True or False, got {checksum!r}")
     if isinstance(spec, Codec):
         if params:
-            raise ValueError("get_codec: keyword parameters cannot be combined with a Codec")
+            raise CodecValueError("get_codec: keyword parameters cannot be combined with a Codec")
         return spec if checksum in (None, spec.checksum) else Codec(spec.stages, checksum=checksum)
     if isinstance(spec, dict):
         if params:
-            raise ValueError("get_codec: keyword parameters cannot be combined with a config dict")
+            raise CodecValueError("get_codec: keyword parameters cannot be combined with a config dict")
         return Codec.from_config(spec if checksum is None else {**spec, "checksum": checksum})
     if not isinstance(spec, str):
-        raise TypeError(f"spec: expected a spec string, config dict or Codec, got {type(spec).__name__}")
+        raise CodecTypeError(f"spec: expected a spec string, config dict or Codec, got {type(spec).__name__}")
     checksum = True if checksum is None else checksum
     if params:
         stages = specmod.parse(spec)
         if len(stages) != 1 or stages[0][1]:
-            raise ValueError(f"get_codec: keyword parameters need a bare codec id, got {spec!r}")
+            raise CodecValueError(f"get_codec: keyword parameters need a bare codec id, got {spec!r}")
         return Codec([lookup(stages[0][0])(**params)], checksum=checksum)
     return _cached(spec, checksum)
 

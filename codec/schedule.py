@@ -29,6 +29,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from codec.errors import CodecValueError
 from codec.spec import Call
 
 __all__ = ["Schedule", "build", "exp", "linear", "parse", "step", "warmup", "FORMS"]
@@ -68,13 +69,13 @@ def _signature(form: _Form) -> str:
 
 def _number(sched: str, what: str, v) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise ValueError(f"schedule {sched}: {what} must be a number, got {v!r}")
+        raise CodecValueError(f"schedule {sched}: {what} must be a number, got {v!r}")
     try:
         f = float(v)
     except OverflowError:  # an integer beyond float64's range
         f = math.inf
     if not math.isfinite(f):
-        raise ValueError(f"schedule {sched}: {what} must be finite, got {str(v)[:40]!r}")
+        raise CodecValueError(f"schedule {sched}: {what} must be finite, got {str(v)[:40]!r}")
     return f
 
 
@@ -83,9 +84,9 @@ def _count(sched: str, what: str, v) -> int:
         if math.isfinite(float(v)) and float(v).is_integer():
             v = int(v)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise ValueError(f"schedule {sched}: {what} must be an integer >= 1, got {v!r}")
+        raise CodecValueError(f"schedule {sched}: {what} must be an integer >= 1, got {v!r}")
     if v < 1:
-        raise ValueError(f"schedule {sched}: {what} must be an integer >= 1, got {v!r}")
+        raise CodecValueError(f"schedule {sched}: {what} must be an integer >= 1, got {v!r}")
     return int(v)
 
 
@@ -102,52 +103,52 @@ class Schedule(Call):
         name = self.name
         form = FORMS.get(name) if isinstance(name, str) else None
         if form is None:
-            raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(sorted(FORMS))} (e.g. {_EXAMPLE['warmup']})")
+            raise CodecValueError(f"unknown schedule {name!r}; valid: {', '.join(sorted(FORMS))} (e.g. {_EXAMPLE['warmup']})")
         sig = _signature(form)
         args = tuple(self.args)
         kwargs = tuple(self.kwargs)
         given: dict = {}
         for k, v in kwargs:
             if k in given:
-                raise ValueError(f"schedule {name}: argument {k!r} given twice; expected {sig}")
+                raise CodecValueError(f"schedule {name}: argument {k!r} given twice; expected {sig}")
             given[k] = v
         keywords = dict(form.keywords)
         if form.variadic:
             for k in given:
                 if k not in keywords:
-                    raise ValueError(f"schedule {name}: unknown argument {k!r}; expected {sig}")
+                    raise CodecValueError(f"schedule {name}: unknown argument {k!r}; expected {sig}")
             if not args:
-                raise ValueError(f"schedule {name}: needs at least one value; expected {sig}, e.g. {_EXAMPLE[name]}")
+                raise CodecValueError(f"schedule {name}: needs at least one value; expected {sig}, e.g. {_EXAMPLE[name]}")
             values = tuple(_number(name, f"value {i} (v{i})", v) for i, v in enumerate(args))
         else:
             if len(args) > len(form.values):
-                raise ValueError(
+                raise CodecValueError(
                     f"schedule {name}: takes {len(form.values)} positional values ({', '.join(form.values)}), "
                     f"got {len(args)}; give {' and '.join(k + '=' for k, _ in form.keywords)} by name, e.g. {_EXAMPLE[name]}"
                 )
             for k in given:
                 if k not in keywords and k not in form.values:
-                    raise ValueError(f"schedule {name}: unknown argument {k!r}; expected {sig}")
+                    raise CodecValueError(f"schedule {name}: unknown argument {k!r}; expected {sig}")
             vals = dict(zip(form.values, args))
             for k in form.values:
                 if k in given:
                     if k in vals:
-                        raise ValueError(f"schedule {name}: {k} given twice (by position and by name)")
+                        raise CodecValueError(f"schedule {name}: {k} given twice (by position and by name)")
                     vals[k] = given[k]
                 if k not in vals:
-                    raise ValueError(f"schedule {name}: missing {k}; expected {sig}, e.g. {_EXAMPLE[name]}")
+                    raise CodecValueError(f"schedule {name}: missing {k}; expected {sig}, e.g. {_EXAMPLE[name]}")
             values = tuple(_number(name, k, vals[k]) for k in form.values)
         counts = []
         for k, default in form.keywords:
             if k not in given:
                 if default is None:
-                    raise ValueError(f"schedule {name}: missing {k}=; expected {sig}, e.g. {_EXAMPLE[name]}")
+                    raise CodecValueError(f"schedule {name}: missing {k}=; expected {sig}, e.g. {_EXAMPLE[name]}")
                 continue
             c = _count(name, k, given[k])
             if c != default:
                 counts.append((k, c))
         if name in ("exp", "warmup") and min(values) <= 0:
-            raise ValueError(
+            raise CodecValueError(
                 f"schedule {name}: start and end must be > 0 (geometric interpolation), got "
                 f"start={values[0]!r}, end={values[1]!r}; use linear(...) to reach or cross 0"
             )
@@ -185,7 +186,7 @@ class Schedule(Call):
     def __call__(self, step) -> float:
         """The value at ``step`` (an int >= 0), a Python float."""
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise ValueError(f"schedule {self}: step must be an integer >= 0, got {step!r}")
+            raise CodecValueError(f"schedule {self}: step must be an integer >= 0, got {step!r}")
         t = int(step)
         every = self.every
         if self.name == "step":
@@ -218,7 +219,7 @@ def build(call) -> Schedule:
     if isinstance(call, Schedule):
         return call
     if not isinstance(call, Call):
-        raise ValueError(f"expected a schedule such as {_EXAMPLE['warmup']}, got {call!r}")
+        raise CodecValueError(f"expected a schedule such as {_EXAMPLE['warmup']}, got {call!r}")
     return Schedule(call.name, tuple(call.args), tuple(call.kwargs))
 
 
@@ -228,7 +229,7 @@ def parse(text: str) -> Schedule:
 
     v = parse_value(text)
     if not isinstance(v, Call):
-        raise ValueError(f"expected a schedule such as {_EXAMPLE['warmup']}, got {text!r}")
+        raise CodecValueError(f"expected a schedule such as {_EXAMPLE['warmup']}, got {text!r}")
     return build(v)
 
 

@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from codec.errors import CodecError
+from codec.errors import CodecError, CodecTypeError
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -173,7 +173,7 @@ class _Parser:
 def parse(text: str) -> list[tuple[str, dict]]:
     """Parse a spec string into ``[(stage_name, params)]``; raises ValueError on bad syntax."""
     if not isinstance(text, str):
-        raise TypeError(f"spec: expected a string, got {type(text).__name__}")
+        raise CodecTypeError(f"spec: expected a string, got {type(text).__name__}")
     if not text.strip():
         raise SpecError("bad spec '': empty; expected a stage name such as 'fp16'")
     return _Parser(text).spec()
@@ -183,7 +183,7 @@ def parse_value(text: str):
     """Parse one parameter value (``"0.5"``, ``"auto"``, ``"warmup(0.25,0.001,steps=1000)"``)
     as it would appear after ``name=`` in a spec; raises ValueError on bad syntax."""
     if not isinstance(text, str):
-        raise TypeError(f"spec value: expected a string, got {type(text).__name__}")
+        raise CodecTypeError(f"spec value: expected a string, got {type(text).__name__}")
     p = _Parser(text)
     v = p.value()
     p.take("end", what="the end of the value")
@@ -209,7 +209,7 @@ def format_value(v) -> str:
         return str(v)
     if isinstance(v, str):
         return v if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v) and v.lower() not in ("true", "false", "none", "inf", "nan") else f"'{v}'"
-    raise TypeError(f"cannot put {v!r} in a spec string")
+    raise CodecTypeError(f"cannot put {v!r} in a spec string")
 
 
 def format_stage(name: str, params: dict) -> str:

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from codec.errors import UnknownCodecError
+from codec.errors import CodecTypeError, CodecValueError, UnknownCodecError
 from codec.params import Param  # noqa: F401  (re-exported: stage authors import it from here)
 from codec.spec import Call
 
@@ -48,7 +48,7 @@ MAX_STEP = (1 << 62) - 1
 def check_step(step, argname: str = "step") -> int:
     """``step`` as an int in ``[0, MAX_STEP]``, or ValueError naming ``argname``."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
-        raise ValueError(f"{argname}: must be an integer in [0, 2**62), got {step!r}")
+        raise CodecValueError(f"{argname}: must be an integer in [0, 2**62), got {step!r}")
     return int(step)
 
 
@@ -121,7 +121,7 @@ class Stage(abc.ABC):
             return
         base = next((b for b in _KIND_BASES.values() if b in cls.__mro__), None)
         if base is None:
-            raise TypeError(
+            raise CodecTypeError(
                 f"stage {cls.__name__}: derive from the base of its kind "
                 f"({', '.join('codec.stage.' + b.__name__ for b in _KIND_BASES.values())}), not from Stage"
             )
@@ -131,13 +131,13 @@ class Stage(abc.ABC):
         names.update(n for n, v in vars(cls).items() if getattr(v, "__isabstractmethod__", False))
         missing = sorted(n for n in names if getattr(getattr(cls, n, None), "__isabstractmethod__", False))
         if missing:
-            raise TypeError(f"stage {cls.__name__} ({cls.kind}): does not define {', '.join(missing)}, which a {cls.kind} stage must")
+            raise CodecTypeError(f"stage {cls.__name__} ({cls.kind}): does not define {', '.join(missing)}, which a {cls.kind} stage must")
 
     def __init__(self, **kwargs):
         declared = {p.name: p for p in self.params}
         for key in kwargs:
             if key not in declared:
-                raise ValueError(
+                raise CodecValueError(
                     f"{self.name}: unknown parameter {key!r}; valid: {sorted(declared) or 'none (takes no parameters)'}"
                 )
         values = {}
@@ -149,11 +149,11 @@ class Stage(abc.ABC):
         self.validate()
 
     def validate(self) -> None:
-        """Reject inconsistent parameter combinations (override; raise ValueError)."""
+        """Reject inconsistent parameter combinations (override; raise CodecValueError)."""
 
     def check_state(self, state: dict, shape: tuple, dtype: np.dtype) -> dict:
         """Check the per-key state this stage keeps in ``ctx.state``, as a loaded checkpoint
-        gives it (untrusted), and return a clean copy, or raise ValueError starting with the
+        gives it (untrusted), and return a clean copy, or raise CodecValueError starting with the
         field's name.
 
         A stage names its fields ``"<stage name>.<field>"`` (``"powersgd.q"``);
@@ -163,7 +163,7 @@ class Stage(abc.ABC):
         dtype, values in range.  Override in a stage that keeps state; this default refuses
         every field, as the stage keeps none."""
         for name in state:
-            raise ValueError(f"{name}: unknown field; {self.name} keeps no per-key state")
+            raise CodecValueError(f"{name}: unknown field; {self.name} keeps no per-key state")
         return {}
 
     def passes_nonfinite(self, shape: tuple) -> bool:
@@ -421,11 +421,11 @@ _KIND_BASES: dict[str, type[Stage]] = {"transform": Transform, "select": Select,
 def register(cls: type[Stage]) -> type[Stage]:
     """Class decorator: make a stage available to spec strings under ``cls.name``."""
     if not isinstance(cls, type) or not issubclass(cls, tuple(_KIND_BASES.values())):
-        raise TypeError(f"stage {cls!r}: derive from codec.stage.Transform, Select, Value or Bytes")
+        raise CodecTypeError(f"stage {cls!r}: derive from codec.stage.Transform, Select, Value or Bytes")
     if cls.kind not in KINDS or not issubclass(cls, _KIND_BASES[cls.kind]):
-        raise ValueError(f"stage {cls.__name__}: kind must be the kind of its base class, got {cls.kind!r}")
+        raise CodecValueError(f"stage {cls.__name__}: kind must be the kind of its base class, got {cls.kind!r}")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"stage name {cls.name!r} is already registered by {_REGISTRY[cls.name].__name__}")
+        raise CodecValueError(f"stage name {cls.name!r} is already registered by {_REGISTRY[cls.name].__name__}")
     _REGISTRY[cls.name] = cls
     return cls
 

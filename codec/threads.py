@@ -38,6 +38,8 @@ from __future__ import annotations
 import os
 import sys
 
+from codec.errors import CodecValueError
+
 __all__ = ["ENV", "LAUNCHER_VARS", "SPINCOUNT", "budget", "local_ranks", "prepare_numba", "refresh", "set_local_ranks", "usable_cores"]
 
 #: the one setting: a thread count, or "off"
@@ -77,7 +79,7 @@ def set_local_ranks(n: int) -> None:
     The budget only ever shrinks: the largest count reported or found in the environment wins."""
     global _reported, _cached
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n: expected an int >= 1, got {n!r}")
+        raise CodecValueError(f"n: expected an int >= 1, got {n!r}")
     _reported = max(_reported, n)
     _cached = None
 
@@ -121,7 +123,7 @@ def _compute() -> int:
         return pool
     fixed = _positive_int(setting) if setting else None
     if setting and fixed is None:
-        raise ValueError(f"{ENV}: expected a thread count >= 1 or 'off', got {os.environ[ENV]!r}")
+        raise CodecValueError(f"{ENV}: expected a thread count >= 1 or 'off', got {os.environ[ENV]!r}")
     if fixed is not None:
         return min(fixed, pool)
     return max(1, min(pool, usable_cores() // local_ranks()))

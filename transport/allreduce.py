@@ -32,6 +32,7 @@ import numpy as np
 
 from codec import threads
 from codec.arrays import as_float_array, on_device
+from codec.errors import CodecTypeError, CodecValueError
 from transport import staging
 from transport.errors import NO_DESC, OK, MismatchError, raise_failed, status_of
 from transport.schemes import scheme_for
@@ -141,7 +142,7 @@ class Allreducer:
         flags = (("average", average), ("error_feedback", error_feedback), ("vote", vote), ("rank_streams", rank_streams), ("cuda_aware", cuda_aware), ("checksum", checksum))
         for name, v in flags:
             if not isinstance(v, (bool, np.bool_)) and v is not _UNSET:
-                raise TypeError(f"{name}: expected True or False, got {v!r}")
+                raise CodecTypeError(f"{name}: expected True or False, got {v!r}")
         if cuda_aware is not _UNSET:
             warnings.warn(
                 "Allreducer(cuda_aware=...) is deprecated and does nothing: device arrays are staged through host memory; "
@@ -154,7 +155,7 @@ class Allreducer:
         self.average, self.error_feedback, self.vote = bool(average), bool(error_feedback), bool(vote)
         self.rank_streams = bool(rank_streams)
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)) or bucket_bytes < 0:
-            raise ValueError(f"bucket_bytes: expected an integer >= 0 (0: one frame per tensor), got {bucket_bytes!r}")
+            raise CodecValueError(f"bucket_bytes: expected an integer >= 0 (0: one frame per tensor), got {bucket_bytes!r}")
         self.bucket_bytes = int(bucket_bytes)
         self.checksum = bool(checksum)
         #: how a step moves: transport.schemes.SCHEMES[head of the spec], or the allgather
@@ -274,23 +275,23 @@ class Allreducer:
         is replaced (``feedback`` by ``ErrorFeedback.load_state_dict``, which keeps the old
         memory on error); a ValueError names the field, and on error the reducer keeps its state."""
         if not isinstance(state, dict):
-            raise ValueError(f"state: expected the dict Allreducer.state_dict() returns, got {type(state).__name__}")
+            raise CodecValueError(f"state: expected the dict Allreducer.state_dict() returns, got {type(state).__name__}")
         if set(state) != {"scheme", "rank", "size", "feedback"}:
-            raise ValueError(f"state: expected the keys scheme, rank, size and feedback, got {sorted(map(str, state))}")
+            raise CodecValueError(f"state: expected the keys scheme, rank, size and feedback, got {sorted(map(str, state))}")
         if state["scheme"] != self.scheme.spec:
-            raise ValueError(f"state: saved for {state['scheme']!r:.80}, this Allreducer runs {self.scheme.spec!r}")
+            raise CodecValueError(f"state: saved for {state['scheme']!r:.80}, this Allreducer runs {self.scheme.spec!r}")
         if (state["rank"], state["size"]) != (self.rank, self.size):
-            raise ValueError(
+            raise CodecValueError(
                 f"state: saved by rank {state['rank']!r:.20} of {state['size']!r:.20}, this is rank {self.rank} of {self.size}; "
                 "residuals belong to the rank that made them"
             )
         ef, feedback = self.scheme.ef, state["feedback"]
         if ef is None:
             if feedback is not None:
-                raise ValueError(f"state: feedback: {self.scheme.spec!r} keeps no per-tensor memory, so the state holds None, got {type(feedback).__name__}")
+                raise CodecValueError(f"state: feedback: {self.scheme.spec!r} keeps no per-tensor memory, so the state holds None, got {type(feedback).__name__}")
             return
         if feedback is None:
-            raise ValueError(f"state: feedback: None, but {self.scheme.spec!r} keeps per-tensor memory (an ErrorFeedback state)")
+            raise CodecValueError(f"state: feedback: None, but {self.scheme.spec!r} keeps per-tensor memory (an ErrorFeedback state)")
         ef.load_state_dict(feedback)
 
     def __repr__(self):
@@ -312,7 +313,7 @@ class _Layout:
             self.kind, self.keys = type(tensors).__name__, list(range(len(tensors)))
             items = list(tensors)
         else:
-            raise TypeError(f"tensors: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
+            raise CodecTypeError(f"tensors: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
         self.devices = [on_device(x) for x in items]  # the codec's one device-array test
         self.arrays = [_plain(as_float_array(staging.to_host(x) if d else x, argname=f"tensors[{k!r}]")) for k, x, d in zip(self.keys, items, self.devices)]
         self.groups = _buckets(self.arrays, bucket_bytes) if bucket_bytes else [[i] for i in range(len(self.arrays))]
@@ -334,22 +335,22 @@ class _Layout:
             return
         if self.kind == "dict":
             if not isinstance(out, dict) or set(out) != set(self.keys):
-                raise ValueError("out: expected a dict with exactly the tensors' names")
+                raise CodecValueError("out: expected a dict with exactly the tensors' names")
             outs = [out[k] for k in self.keys]
         else:
             if not isinstance(out, (list, tuple)) or len(out) != len(self.keys):
-                raise ValueError(f"out: expected a list of {len(self.keys)} arrays, one per tensor")
+                raise CodecValueError(f"out: expected a list of {len(self.keys)} arrays, one per tensor")
             outs = list(out)
         for k, a, o, dev in zip(self.keys, self.arrays, outs, self.devices):
             where = f"out[{k!r}]"
             if dev or on_device(o):
-                raise TypeError(f"{where}: out= takes host NumPy arrays; device tensors are returned as new arrays")
+                raise CodecTypeError(f"{where}: out= takes host NumPy arrays; device tensors are returned as new arrays")
             if type(o) is not np.ndarray:
-                raise TypeError(f"{where}: expected a NumPy array, got {type(o).__name__}")
+                raise CodecTypeError(f"{where}: expected a NumPy array, got {type(o).__name__}")
             if o.shape != a.shape or o.dtype != a.dtype:
-                raise ValueError(f"{where}: {o.dtype}{list(o.shape)}, the tensor is {a.dtype}{list(a.shape)}")
+                raise CodecValueError(f"{where}: {o.dtype}{list(o.shape)}, the tensor is {a.dtype}{list(a.shape)}")
             if not (o.flags.c_contiguous and o.flags.writeable and o.flags.aligned):
-                raise ValueError(f"{where}: must be a writeable, aligned, C-contiguous array")
+                raise CodecValueError(f"{where}: must be a writeable, aligned, C-contiguous array")
         for j, g in enumerate(self.groups):
             if len(g) == 1:
                 self.targets[j] = outs[g[0]]

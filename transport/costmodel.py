@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from codec.errors import CodecValueError
+
 #: link presets: (name, bits per second, latency alpha in seconds)
 LINKS = (
     ("1 Gbit/s", 1e9, 50e-6),
@@ -106,7 +108,7 @@ class Scheme:
             return gtopk(p, self.k, link)
         if self.kind == "powersgd":
             return powersgd(p, self.nbytes, self.q_bytes, link)
-        raise ValueError(f"kind: unknown scheme kind {self.kind!r}")
+        raise CodecValueError(f"kind: unknown scheme kind {self.kind!r}")
 
     def compute_s(self, p: int) -> float:
         if self.kind == "allgather":

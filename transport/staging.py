@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.errors import CodecTypeError
+
 
 def _cuda():
     # imported on the first device array, not at module level: numba.cuda is optional
@@ -21,7 +23,7 @@ def _cuda():
     except ImportError:  # pragma: no cover - numba always imports; numba.cuda may not
         cuda = None
     if cuda is None or not hasattr(cuda, "as_cuda_array"):
-        raise TypeError('tensors: device (CUDA) arrays need the numba-cuda package: pip install -e ".[cuda]"')
+        raise CodecTypeError('tensors: device (CUDA) arrays need the numba-cuda package: pip install -e ".[cuda]"')
     return cuda
 
 

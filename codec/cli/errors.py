@@ -7,7 +7,7 @@ that reaches :func:`codec.cli.main` is sorted by :data:`EXIT_STATUS`.
 
 from __future__ import annotations
 
-from codec.errors import CodecError
+from codec.errors import CodecError, CodecTypeError
 
 EXIT_OK = 0
 EXIT_DATA = 1
@@ -60,7 +60,7 @@ def _row(e: BaseException):
     for row in EXIT_STATUS:
         if isinstance(e, row[0]):
             return row
-    raise TypeError(f"no exit status for {type(e).__name__}") from e  # a BaseException the table leaves to Python
+    raise CodecTypeError(f"no exit status for {type(e).__name__}") from e  # a BaseException the table leaves to Python
 
 
 def exit_status(e: BaseException) -> tuple[int, str | None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec.dtypes import as_float_array, on_device
+from codec.errors import CodecKeyError, CodecTypeError, CodecValueError
 from codec.feedback.slot import Slot
 from codec.frame import parse_frame
 from codec.framebuffer import frame_out
@@ -43,11 +44,11 @@ class ErrorFeedback:
     def __init__(self, codec, *, momentum: float = 0.0, residuals: bool = True):
         self.codec: Codec = get_codec(codec)
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-            raise ValueError(f"momentum: must be a number in [0, 1), got {momentum!r}")
+            raise CodecValueError(f"momentum: must be a number in [0, 1), got {momentum!r}")
         if not isinstance(residuals, (bool, np.bool_)):
-            raise TypeError(f"residuals: expected True or False, got {residuals!r}")
+            raise CodecTypeError(f"residuals: expected True or False, got {residuals!r}")
         if momentum and not residuals:
-            raise ValueError("momentum: DGC's momentum correction feeds the residual, and residuals=False keeps none")
+            raise CodecValueError("momentum: DGC's momentum correction feeds the residual, and residuals=False keeps none")
         self.momentum = float(momentum)
         self.residuals = bool(residuals)
         self._slots: dict = {}
@@ -95,7 +96,7 @@ class ErrorFeedback:
             keys = list(names) if names is not None else list(range(len(arrays)))
         keys = many_keys(keys, len(arrays))
         if len(set(map(hashable_key, keys))) != len(keys):
-            raise ValueError("keys: every tensor needs its own key; a key appears twice")
+            raise CodecValueError("keys: every tensor needs its own key; a key appears twice")
         named = where(names, len(arrays))
         slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, named)]  # checks all, changes nothing
         lay = Layout.of(arrays, names)
@@ -153,7 +154,7 @@ class ErrorFeedback:
             return
         _check_steps(slot)
         if self.residuals and not slot.fits(shape, dtype):
-            raise ValueError(
+            raise CodecValueError(
                 f"{argname}: key {key!r} was {slot.dtype}{list(slot.shape)}, now {np.dtype(dtype)}{list(shape)}; "
                 "call reset(key) to start it over"
             )
@@ -276,7 +277,7 @@ class ErrorFeedback:
     def keep(self, slot: Slot) -> None:
         """Store ``slot`` (from :meth:`slot`) as the memory of ``slot.key``, replacing any."""
         if not isinstance(slot, Slot) or (slot.residual is None) == self.residuals:
-            raise ValueError(f"slot: expected a Slot {'with' if self.residuals else 'without'} a residual, as slot() makes")
+            raise CodecValueError(f"slot: expected a Slot {'with' if self.residuals else 'without'} a residual, as slot() makes")
         self._slots[slot.key] = slot
 
     def check_slot(self, slot: Slot, where: str) -> None:
@@ -304,10 +305,10 @@ class ErrorFeedback:
         rank selected that missed the global top-k, so they are sent later, as error feedback
         intends.  ``values`` are rounded once into the residual's dtype."""
         if not self.residuals:
-            raise ValueError("add_residual: this ErrorFeedback keeps no residuals (residuals=False)")
+            raise CodecValueError("add_residual: this ErrorFeedback keeps no residuals (residuals=False)")
         slot = self._slots.get(key)
         if slot is None:
-            raise KeyError(f"key: no residual for {key!r}; encode it first")
+            raise CodecKeyError(f"key: no residual for {key!r}; encode it first")
         from codec.modes import ADD
         from codec.ops import scatter, store
 
@@ -315,14 +316,14 @@ class ErrorFeedback:
         vals = as_float_array(values, None, "values").reshape(-1)
         if positions is None:
             if vals.size != flat.size:
-                raise ValueError(f"values: has {vals.size} elements, the residual of {key!r} has {flat.size}")
+                raise CodecValueError(f"values: has {vals.size} elements, the residual of {key!r} has {flat.size}")
             store(vals, flat, ADD)
             return
         pos = np.asarray(positions)
         if pos.ndim != 1 or pos.dtype.kind not in "iu" or pos.size != vals.size:
-            raise ValueError(f"positions: expected a 1-D integer array as long as values, got {pos.dtype}{list(pos.shape)} for {vals.size} values")
+            raise CodecValueError(f"positions: expected a 1-D integer array as long as values, got {pos.dtype}{list(pos.shape)} for {vals.size} values")
         if pos.size and (pos.min() < 0 or pos.max() >= flat.size):
-            raise ValueError(f"positions: must lie in [0, {flat.size}) for the residual of {key!r}")
+            raise CodecValueError(f"positions: must lie in [0, {flat.size}) for the residual of {key!r}")
         scatter(vals, pos, flat, ADD)
 
     def step(self, key=None) -> int:
@@ -375,7 +376,7 @@ class ErrorFeedback:
 def _check_steps(slot: Slot) -> None:
     """ValueError when ``slot``'s key has used up its steps (``codec.stage.MAX_STEP``)."""
     if slot.step > MAX_STEP:
-        raise ValueError(f"key: {slot.key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
+        raise CodecValueError(f"key: {slot.key!r} has made 2**62 frames, the most a step count allows; call reset(key) to start it over")
 
 
 ErrorFeedback.__module__ = "codec.feedback"  # its public home (pickles and reprs name it there)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from codec.dtypes import on_device
+from codec.errors import CodecTypeError
 from codec.stage import Context
 
 
@@ -39,7 +40,7 @@ class Slot:
         if self.residual is not None:
             self.shape, self.dtype = self.residual.shape, self.residual.dtype
         elif self.shape is None or self.dtype is None:
-            raise TypeError("Slot: a slot without a residual needs shape and dtype")
+            raise CodecTypeError("Slot: a slot without a residual needs shape and dtype")
         else:
             self.shape, self.dtype = tuple(int(n) for n in self.shape), np.dtype(self.dtype)
 

@@ -43,7 +43,7 @@ import copy
 import numpy as np
 
 from codec.dtypes import NAMES, owned_float_array
-from codec.errors import NonFiniteError
+from codec.errors import CodecValueError, NonFiniteError
 from codec.device import host_copy
 from codec.feedback.slot import Slot
 from codec.pipeline import Codec, get_codec
@@ -91,107 +91,107 @@ def check(state, codec: Codec | None, momentum: float | None, residuals: bool | 
     and every array copied; ``codec``/``momentum``/``residuals`` None (unpickling) take the
     state's own.  ``check_slot(slot, where)`` may refuse each clean slot."""
     if not isinstance(state, dict):
-        raise ValueError(f"state: expected the dict ErrorFeedback.state_dict() returns, got {type(state).__name__}")
+        raise CodecValueError(f"state: expected the dict ErrorFeedback.state_dict() returns, got {type(state).__name__}")
     for name in state:
         if name not in _STATE_FIELDS:
-            raise ValueError(f"state: unknown field {_show(name)}; expected {list(_STATE_FIELDS)}")
+            raise CodecValueError(f"state: unknown field {_show(name)}; expected {list(_STATE_FIELDS)}")
     for name in ("codec", "slots"):
         if name not in state:
-            raise ValueError(f"state: {name}: missing; expected the dict ErrorFeedback.state_dict() returns")
+            raise CodecValueError(f"state: {name}: missing; expected the dict ErrorFeedback.state_dict() returns")
     try:
         saved = get_codec(state["codec"])
     except Exception as e:  # noqa: BLE001 - any failure to build the codec is a bad state
-        raise ValueError(f"state: codec: not a codec config ({type(e).__name__}: {e})") from None
+        raise CodecValueError(f"state: codec: not a codec config ({type(e).__name__}: {e})") from None
     if codec is not None and saved != codec:
-        raise ValueError(f"state: codec: saved for codec {saved.spec!r}, this one is {codec.spec!r}")
+        raise CodecValueError(f"state: codec: saved for codec {saved.spec!r}, this one is {codec.spec!r}")
     codec = saved if codec is None else codec
     m = state.get("momentum", 0.0)
     if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, float, np.integer, np.floating)) or not 0 <= m < 1:
-        raise ValueError(f"state: momentum: must be a number in [0, 1), got {_show(m)}")
+        raise CodecValueError(f"state: momentum: must be a number in [0, 1), got {_show(m)}")
     m = float(m)
     if momentum is not None and m != momentum:
-        raise ValueError(f"state: momentum: saved with {m}, this ErrorFeedback has {momentum}")
+        raise CodecValueError(f"state: momentum: saved with {m}, this ErrorFeedback has {momentum}")
     res = state.get("residuals", True)
     if not isinstance(res, (bool, np.bool_)):
-        raise ValueError(f"state: residuals: expected True or False, got {_show(res)}")
+        raise CodecValueError(f"state: residuals: expected True or False, got {_show(res)}")
     res = bool(res)
     if residuals is not None and res != residuals:
-        raise ValueError(
+        raise CodecValueError(
             f"state: residuals: saved {'with' if res else 'without'} residuals, this ErrorFeedback keeps "
             f"{'them' if residuals else 'none'} (residuals={residuals})"
         )
     if m and not res:
-        raise ValueError("state: momentum: DGC's momentum correction feeds the residual, and this state keeps none")
+        raise CodecValueError("state: momentum: DGC's momentum correction feeds the residual, and this state keeps none")
     raw = state["slots"]
     if not isinstance(raw, (list, tuple)):
-        raise ValueError(f"state: slots: expected a list of dicts, got {type(raw).__name__}")
+        raise CodecValueError(f"state: slots: expected a list of dicts, got {type(raw).__name__}")
     slots: dict = {}
     for i, s in enumerate(raw):
         slot = _check_slot(s, i, codec, m, res)
         check_slot(slot, f"state: slot {_show(slot.key)}")
         if slot.key in slots:
-            raise ValueError(f"state: slot {_show(slot.key)}: key: appears twice")
+            raise CodecValueError(f"state: slot {_show(slot.key)}: key: appears twice")
         slots[slot.key] = slot
     return codec, m, res, slots
 
 
 def _check_shape(value, where: str) -> tuple:
     if not isinstance(value, (tuple, list)):
-        raise ValueError(f"{where}: expected a tuple of ints, got {type(value).__name__}")
+        raise CodecValueError(f"{where}: expected a tuple of ints, got {type(value).__name__}")
     if len(value) > 64:
-        raise ValueError(f"{where}: {len(value)} dimensions; NumPy allows at most 64")
+        raise CodecValueError(f"{where}: {len(value)} dimensions; NumPy allows at most 64")
     for n in value:
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 0 <= n < 1 << 63:
-            raise ValueError(f"{where}: expected ints in [0, 2**63), got {_show(n)}")
+            raise CodecValueError(f"{where}: expected ints in [0, 2**63), got {_show(n)}")
     return tuple(int(n) for n in value)
 
 
 def _check_slot(s, i: int, codec: Codec, momentum: float, residuals: bool) -> Slot:
     where = f"state: slot {i}"
     if not isinstance(s, dict):
-        raise ValueError(f"{where}: expected a dict with {list(_SLOT_FIELDS)}, got {type(s).__name__}")
+        raise CodecValueError(f"{where}: expected a dict with {list(_SLOT_FIELDS)}, got {type(s).__name__}")
     if "key" not in s:
-        raise ValueError(f"{where}: key: missing")
+        raise CodecValueError(f"{where}: key: missing")
     key = s["key"]
     try:
         hash(key)
     except TypeError:
-        raise ValueError(f"{where}: key: a {type(key).__name__} is not hashable") from None
+        raise CodecValueError(f"{where}: key: a {type(key).__name__} is not hashable") from None
     where = f"state: slot {_show(key)}"
     for name in s:
         if name not in _SLOT_FIELDS:
-            raise ValueError(f"{where}: unknown field {_show(name)}; expected {list(_SLOT_FIELDS)}")
+            raise CodecValueError(f"{where}: unknown field {_show(name)}; expected {list(_SLOT_FIELDS)}")
     for name in ("residual", "step"):
         if name not in s:
-            raise ValueError(f"{where}: {name}: missing")
+            raise CodecValueError(f"{where}: {name}: missing")
     if not residuals:
         if s["residual"] is not None:
-            raise ValueError(f"{where}: residual: saved, but this state keeps no residuals (residuals=False)")
+            raise CodecValueError(f"{where}: residual: saved, but this state keeps no residuals (residuals=False)")
         for name in ("shape", "dtype"):
             if name not in s:
-                raise ValueError(f"{where}: {name}: missing (a slot without a residual names its array's shape and dtype)")
+                raise CodecValueError(f"{where}: {name}: missing (a slot without a residual names its array's shape and dtype)")
         shape = _check_shape(s["shape"], f"{where}: shape")
         dt = s["dtype"]
         if not isinstance(dt, str) or dt not in NAMES:
-            raise ValueError(f"{where}: dtype: expected one of {sorted(NAMES)}, got {_show(dt)}")
+            raise CodecValueError(f"{where}: dtype: expected one of {sorted(NAMES)}, got {_show(dt)}")
         step = check_step(s["step"], f"{where}: step")
         if s.get("velocity") is not None:
-            raise ValueError(f"{where}: velocity: saved, but this state keeps no residuals, so no velocity")
+            raise CodecValueError(f"{where}: velocity: saved, but this state keeps no residuals, so no velocity")
         state = _check_stage_state(s.get("state", {}), codec, shape, NAMES[dt], where)
         return Slot(key, None, step, state, shape=shape, dtype=NAMES[dt])
     for name in ("shape", "dtype"):
         if name in s:
-            raise ValueError(f"{where}: {name}: only a slot without a residual names it (the residual has its shape and dtype)")
+            raise CodecValueError(f"{where}: {name}: only a slot without a residual names it (the residual has its shape and dtype)")
     residual = owned_float_array(s["residual"], f"{where}: residual")
     _check_finite(residual, f"{where}: residual", codec)
     step = check_step(s["step"], f"{where}: step")
     velocity = s.get("velocity")
     if velocity is not None:
         if not momentum:
-            raise ValueError(f"{where}: velocity: saved, but momentum is 0 here, which keeps no velocity")
+            raise CodecValueError(f"{where}: velocity: saved, but momentum is 0 here, which keeps no velocity")
         velocity = owned_float_array(velocity, f"{where}: velocity")
         if velocity.shape != residual.shape or velocity.dtype != residual.dtype:
-            raise ValueError(
+            raise CodecValueError(
                 f"{where}: velocity: expected {residual.dtype}{list(residual.shape)} like the residual, "
                 f"got {velocity.dtype}{list(velocity.shape)}"
             )
@@ -204,14 +204,14 @@ def _check_stage_state(state, codec: Codec, shape: tuple, dtype: np.dtype, where
     whose :meth:`~codec.stage.Stage.check_state` checks and copies it."""
     where = f"{where}: state"
     if not isinstance(state, dict):
-        raise ValueError(f"{where}: expected a dict, got {type(state).__name__}")
+        raise CodecValueError(f"{where}: expected a dict, got {type(state).__name__}")
     owned: dict = {s.name: {} for s in codec.stages}
     for name, value in state.items():
         if not isinstance(name, str):
-            raise ValueError(f"{where}: field {_show(name)} is not a string")
+            raise CodecValueError(f"{where}: field {_show(name)} is not a string")
         owner = max((s.name for s in codec.stages if name.startswith(s.name + ".")), key=len, default=None)
         if owner is None:
-            raise ValueError(
+            raise CodecValueError(
                 f"{where}: unknown field {_show(name)}; fields are named '<stage>.<field>' after a stage of {codec.spec!r}"
             )
         owned[owner][name] = value
@@ -220,5 +220,5 @@ def _check_stage_state(state, codec: Codec, shape: tuple, dtype: np.dtype, where
         try:
             clean.update(s.check_state(owned[s.name], shape, dtype))
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+            raise CodecValueError(f"{where}: {e}") from None
     return clean

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from codec.errors import CodecValueError
 from codec.fuzzing.corpus import seed_corpus
 from codec.fuzzing.findings import Outcome
 from codec.fuzzing.stats import Stats, _outcome_key, input_name
@@ -80,7 +81,7 @@ def fuzz_loop(target: str, *, seconds: float = 60.0, iterations: int | None = No
     (the first ``len(seeds)`` inputs are the seeds themselves); runs until ``seconds`` pass
     or input ``iterations`` is reached (counting from 0; this run starts at ``start``)."""
     if memory not in MEMORY_MODES:
-        raise ValueError(f"memory: one of {MEMORY_MODES}, got {memory!r}")
+        raise CodecValueError(f"memory: one of {MEMORY_MODES}, got {memory!r}")
     seeds = seed_corpus(full=full_seeds).of(target)
     stats = Stats(target)
     if findings_dir is not None:

@@ -61,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from codec.errors import CodecTypeError, CodecValueError
 from codec.io import npy, safetensors
 from codec.io.atomic import atomic_write
 from codec.io.common import (
@@ -122,7 +123,7 @@ def check_names(path, names) -> None:
     seen = set()
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"a tensor name must be a str, got {type(name).__name__}")
+            raise CodecTypeError(f"a tensor name must be a str, got {type(name).__name__}")
         if name in seen:
             raise TensorNameError(f"tensor {name!r:.200} appears twice; names in a tensor file are unique")
         seen.add(name)
@@ -167,7 +168,7 @@ def write_tensors(path, tensors) -> None:
         a = as_float(name, np.asarray(arr), "write_tensors")
         arrays.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))
     if ext == ".npy" and len(arrays) != 1:
-        raise ValueError(
+        raise CodecValueError(
             f"cannot write {len(arrays)} tensors to {str(path)!r}: a .npy file holds exactly one; use .npz or .safetensors"
         )
     if ext == ".npy":

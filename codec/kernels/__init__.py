@@ -36,6 +36,7 @@ import importlib.util
 from pathlib import Path
 
 from codec.dtypes import on_device
+from codec.errors import CodecTypeError, CodecValueError
 
 #: the backends a family may have, in dispatch order
 BACKENDS = ("cpu", "cuda")
@@ -70,7 +71,7 @@ def module(family: str, device: str = "cpu", package: str = __name__):
     ``<package>.<device>.<family>``; what the kernel tests use to run one suite against every
     backend."""
     if device not in BACKENDS:
-        raise ValueError(f"device: must be one of {BACKENDS}, got {device!r}")
+        raise CodecValueError(f"device: must be one of {BACKENDS}, got {device!r}")
     return _module(family, device, package)
 
 
@@ -79,7 +80,7 @@ def _module(family: str, device: str, package: str):
     known = families(package)
     if family not in known:
         where = "" if package == __name__ else f" in {package}"
-        raise ValueError(f"no kernel family {family!r}{where}; families: {', '.join(known) or '(none)'}")
+        raise CodecValueError(f"no kernel family {family!r}{where}; families: {', '.join(known) or '(none)'}")
     name = f"{package}.{device}.{family}"
     try:
         return importlib.import_module(name)
@@ -87,5 +88,5 @@ def _module(family: str, device: str, package: str):
         # only the twin (or its backend package) being absent means "no CUDA kernels"; a
         # module missing inside a twin that exists is a real error and propagates
         if device == "cuda" and e.name in (name, f"{package}.{device}"):
-            raise TypeError(f"no CUDA kernels for {family!r} yet; pass host (NumPy) arrays") from None
+            raise CodecTypeError(f"no CUDA kernels for {family!r} yet; pass host (NumPy) arrays") from None
         raise

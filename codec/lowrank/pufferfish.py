@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from codec.errors import CodecTypeError, CodecValueError
+
 #: layers with fewer weights than this stay full rank by default (factorizing them saves little)
 MIN_SIZE = 4096
 
@@ -43,7 +45,7 @@ class Factors:
 
 def _check_ratio(rank_ratio) -> None:
     if not (isinstance(rank_ratio, (int, float)) and 0 < rank_ratio <= 1):
-        raise ValueError(f"rank_ratio: must be in (0, 1], got {rank_ratio!r}")
+        raise CodecValueError(f"rank_ratio: must be in (0, 1], got {rank_ratio!r}")
 
 
 def _rank(out: int, cols: int, rank, rank_ratio: float) -> int:
@@ -51,7 +53,7 @@ def _rank(out: int, cols: int, rank, rank_ratio: float) -> int:
         _check_ratio(rank_ratio)
         rank = max(1, math.floor(out * rank_ratio))
     elif isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
-        raise ValueError(f"rank: must be an integer >= 1, got {rank!r}")
+        raise CodecValueError(f"rank: must be an integer >= 1, got {rank!r}")
     return min(int(rank), out, cols)
 
 
@@ -63,11 +65,11 @@ def factorize(W, rank: int | None = None, rank_ratio: float = 0.25) -> Factors:
     float16/bfloat16 weights are factorized in float32; float32 and float64 in their own dtype."""
     W = np.asarray(W)
     if W.ndim not in (2, 4):
-        raise ValueError(f"W: expected a 2-D (out, in) or 4-D (out, in, kh, kw) weight, got shape {W.shape}")
+        raise CodecValueError(f"W: expected a 2-D (out, in) or 4-D (out, in, kh, kw) weight, got shape {W.shape}")
     if W.dtype.kind != "f" and W.dtype.name != "bfloat16":
-        raise TypeError(f"W: expected a float array, got {W.dtype}")
+        raise CodecTypeError(f"W: expected a float array, got {W.dtype}")
     if W.size == 0:
-        raise ValueError(f"W: empty weight of shape {W.shape}")
+        raise CodecValueError(f"W: empty weight of shape {W.shape}")
     dt = W.dtype if W.dtype in (np.float32, np.float64) else np.dtype(np.float32)
     out = W.shape[0]
     mat = W.astype(dt).reshape(out, -1)
@@ -125,7 +127,7 @@ def _count(flag, what: str) -> int:
         return int(flag)
     if isinstance(flag, (int, np.integer)) and flag >= 0:
         return int(flag)
-    raise ValueError(f"{what}: expected true/false or a number of layers >= 0, got {flag!r}")
+    raise CodecValueError(f"{what}: expected true/false or a number of layers >= 0, got {flag!r}")
 
 
 def plan(shapes, rank_ratio: float = 0.25, keep_first=True, keep_last=True, min_size: int = MIN_SIZE) -> Plan:
@@ -143,7 +145,7 @@ def plan(shapes, rank_ratio: float = 0.25, keep_first=True, keep_last=True, min_
     _check_ratio(rank_ratio)
     first, last = _count(keep_first, "keep_first"), _count(keep_last, "keep_last")
     if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
-        raise ValueError(f"min_size: must be an integer >= 0, got {min_size!r}")
+        raise CodecValueError(f"min_size: must be an integer >= 0, got {min_size!r}")
     weights = [i for i, (_, s) in enumerate(items) if len(s) in (2, 4)]
     kept = set(weights[:first]) | set(weights[max(0, len(weights) - last) :] if last else [])
     layers = []

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from codec.errors import CodecValueError
 from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length
 from codec.payload import write_payload
 from codec.framebuffer import frame_bytes
@@ -43,10 +44,10 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
 
     ``out``: as for :func:`codec.frame.build_frame` (the frame written into a caller's buffer)."""
     if form not in ("table", "hash"):
-        raise ValueError(f"layout: expected 'table' or 'hash', got {form!r}")
+        raise CodecValueError(f"layout: expected 'table' or 'hash', got {form!r}")
     spec_b = spec.encode("utf-8")
     if len(spec_b) > MAX_SPEC:
-        raise ValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
+        raise CodecValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
     derived = all(s.kind < DERIVED_KINDS for secs in sections for s in secs)  # the kinds fit beside a rule
     flags = (FLAG_DERIVED if derived else 0) | (FLAG_LAYOUT_HASH if form == "hash" else 0)
     if layout.names is not None:
@@ -66,7 +67,7 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     rules: dict = {}  # (kind, bits) pattern -> the count rules its tensors share (rule 0 without the flag)
     for secs, shape in zip(sections, shapes):
         if len(secs) > MAX_SECTIONS:
-            raise ValueError(f"a tensor's codec made {len(secs)} sections; a many-tensor frame allows {MAX_SECTIONS}")
+            raise CodecValueError(f"a tensor's codec made {len(secs)} sections; a many-tensor frame allows {MAX_SECTIONS}")
         mine = count_rules([s.count for s in secs]) if derived else (COUNT_WRITTEN,) * len(secs)
         rules[shape] = common_rules(rules[shape], mine) if shape in rules else mine
     patterns: dict = {}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.errors import CorruptFrameError
+from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import (
     _CRC,
     MAGIC,
@@ -71,7 +71,7 @@ class ManyFrame:
     def tensor(self, i: int) -> Frame:
         """Tensor ``i`` as a frame the pipeline reads like any v1 frame."""
         if self.joint:
-            raise ValueError("a joint many-tensor frame codes its tensors as one: read it with whole()")
+            raise CodecValueError("a joint many-tensor frame codes its tensors as one: read it with whole()")
         lay = self.layout
         return Frame(self.payload, VERSION, self.flags, lay.dtypes[i], lay.shapes[i], self.spec, self.tensor_sections[i], 0)
 
@@ -245,7 +245,7 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
     # the layout: from the table, or the caller's, matched by hash
     if h.layout is None:
         if layout is None:
-            raise ValueError("layout: this many-tensor frame gives its layout by hash; pass layout= (a codec.Layout or the tensors)")
+            raise CodecValueError("layout: this many-tensor frame gives its layout by hash; pass layout= (a codec.Layout or the tensors)")
         lay = as_layout(layout)
         if len(lay) != h.count or lay.hash != h.stored_hash:
             raise CorruptFrameError(
@@ -261,9 +261,9 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
         if layout is not None:
             want = as_layout(layout)
             if (want.shapes, want.dtypes) != (lay.shapes, lay.dtypes):
-                raise ValueError("layout: the frame's tensors (dtype and shape) are not the given layout's")
+                raise CodecValueError("layout: the frame's tensors (dtype and shape) are not the given layout's")
             if want.names is not None and want.names != lay.names:
-                raise ValueError("layout: the frame's tensor names are not the given layout's")
+                raise CodecValueError("layout: the frame's tensor names are not the given layout's")
     # element counts, then every section against its tensor's size and the payload
     if lay.largest > max(limit, MAX_ELEMENTS):  # then name the first tensor beyond it
         for i, shape in enumerate(lay.shapes):

@@ -13,7 +13,7 @@ import numpy as np
 
 from codec import dtypes
 from codec.ops import offsets
-from codec.errors import CorruptFrameError
+from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.frame import MAX_NDIM
 from codec.manyframe.wire import HASH_SIZE, Cursor, put_varint
 
@@ -30,7 +30,7 @@ class Layout:
 
     def __post_init__(self):
         if len(self.shapes) != len(self.dtypes) or (self.names is not None and len(self.names) != len(self.shapes)):
-            raise ValueError("layout: shapes, dtypes and names must have one entry per tensor")
+            raise CodecValueError("layout: shapes, dtypes and names must have one entry per tensor")
 
     @functools.cached_property
     def sizes(self) -> tuple:
@@ -72,14 +72,14 @@ class Layout:
         for i, (shape, dt) in enumerate(zip(self.shapes, self.dtypes)):
             out.append(dtypes.code_of(dt))
             if len(shape) > MAX_NDIM:
-                raise ValueError(f"tensors[{i}]: {len(shape)} dimensions; the frame format allows {MAX_NDIM}")
+                raise CodecValueError(f"tensors[{i}]: {len(shape)} dimensions; the frame format allows {MAX_NDIM}")
             out.append(len(shape))
             for d in shape:
                 put_varint(out, d)
             if self.names is not None:
                 name = self.names[i]
                 if not isinstance(name, str):
-                    raise TypeError(f"tensors: a name must be a str, got {type(name).__name__}")
+                    raise CodecTypeError(f"tensors: a name must be a str, got {type(name).__name__}")
                 b = name.encode("utf-8")
                 put_varint(out, len(b))
                 out += b
@@ -118,7 +118,7 @@ def as_layout(layout) -> Layout:
         return layout
     if isinstance(layout, (dict, list, tuple)):
         return Layout.of(layout)
-    raise TypeError(f"layout: expected a codec.Layout or the tensors (dict or list), got {type(layout).__name__}")
+    raise CodecTypeError(f"layout: expected a codec.Layout or the tensors (dict or list), got {type(layout).__name__}")
 
 
 #: the layouts of the latest tables read, most recent first, as ``(table bytes, named,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.errors import CodecValueError
 import codec as _codec
 from codec.device import DTYPES
 from codec.testing.arrays import diff_msg
@@ -32,7 +33,7 @@ def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
     c = _codec.get_codec(codec)
     arr = np.asarray(arr)
     if arr.dtype not in DTYPES:
-        raise ValueError(f"arr: device arrays are float16, float32 or float64, got {arr.dtype}")
+        raise CodecValueError(f"arr: device arrays are float16, float32 or float64, got {arr.dtype}")
     d = cuda.to_device(arr)
     try:
         frame = c.encode(d)

@@ -18,7 +18,7 @@ import numpy as np
 
 import codec
 from codec.arrays import first_nonfinite, round_into, round_to, wide_dtype
-from codec.errors import NonFiniteError
+from codec.errors import CodecValueError, NonFiniteError
 
 __all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_sum", "mpi", "vote_error"]
 
@@ -37,7 +37,7 @@ def mpi():
 
 def vote_error(spec: str) -> ValueError:
     """The error of ``vote=True`` with a codec that is not a sign codec."""
-    return ValueError(f"vote: majority vote needs a sign codec ({', '.join(SIGN_CODECS)}), not {spec!r}")
+    return CodecValueError(f"vote: majority vote needs a sign codec ({', '.join(SIGN_CODECS)}), not {spec!r}")
 
 
 class Pending(Protocol):

@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+from codec.errors import CodecValueError
 import codec
 from codec.arrays import wide_dtype
 from transport.errors import raise_failed, status_of
@@ -130,7 +131,7 @@ class GTopK(Framed):
         super().__init__(local, reducer, checksum=False)  # its frame never leaves this rank
         self.spec = codec.format_spec([("gtopk", stages[0][1])] + codec.parse_spec(self.codec.spec)[1:])
         if reducer.vote:
-            raise ValueError("vote: majority vote needs a sign codec, not gtopk")
+            raise CodecValueError("vote: majority vote needs a sign codec, not gtopk")
 
     def start(self, prepared, stats):
         arrays, keys = prepared

@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from codec.errors import CodecValueError
 import codec
 from codec.arrays import first_nonfinite, wide_dtype
 from codec.lowrank.powersgd import STATE_Q, matrix_of, orthogonalize, start_q  # STATE_Q: the stage's own field of the warm-start Q
@@ -56,7 +57,7 @@ class Memory(codec.ErrorFeedback):
     def check_slot(self, slot, where):
         what = "residual" if slot.residual is not None else "dtype"
         if slot.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"{where}: {what}: dtype {slot.dtype}; powersgd keeps float32 (float64 for float64 tensors)")
+            raise CodecValueError(f"{where}: {what}: dtype {slot.dtype}; powersgd keeps float32 (float64 for float64 tensors)")
         if slot.residual is not None and self.codec.passes_nonfinite(slot.shape):  # else ErrorFeedback's check scanned it
             check_finite(slot.residual, f"{where}: residual", "two-round powersgd", "would send it in the next step")
 
@@ -69,13 +70,13 @@ class TwoRound(Scheme):
         super().__init__(codec_or_spec, reducer)
         c = self.codec
         if len(codec.parse_spec(c.spec)) != 1:  # the canonical spec leaves out the implicit value stage
-            raise ValueError(
+            raise CodecValueError(
                 f"codec_or_spec: two-round PowerSGD allreduces P and Q as plain arrays; {c.spec!r} adds stages it cannot apply (use 'powersgd(...)')"
             )
         if reducer.vote:
-            raise ValueError("vote: majority vote needs a sign codec, not powersgd")
+            raise CodecValueError("vote: majority vote needs a sign codec, not powersgd")
         if reducer.bucket_bytes:
-            raise ValueError("bucket_bytes: powersgd compresses each tensor as its own matrix; leave bucket_bytes at 0")
+            raise CodecValueError("bucket_bytes: powersgd compresses each tensor as its own matrix; leave bucket_bytes at 0")
         self.stage = c.transform
         #: per tensor name: residual (without error feedback: none), step, warm-start Q
         self.ef = Memory(c, residuals=reducer.error_feedback)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 import codec
-from codec.errors import CodecError, CorruptFrameError
+from codec.errors import CodecError, CodecValueError, CorruptFrameError
 from codec.fuzzing.findings import MAX_ELEMENTS, MEMORY_FLOOR, Finding, Outcome, _Calls
 from codec.fuzzing.formats import split_frame
 from codec.fuzzing.oracles.common import _check_plain, _same_nan_aware, _same_values
@@ -121,7 +121,7 @@ def _odd_outs(dec):
 
 def _check_odd_outs(data, dec, calls: _Calls) -> None:
     """``out`` arguments a caller might pass by mistake (np.matrix, strided, Fortran order)
-    either raise ValueError/TypeError or give decode's result, and never write outside ``out``."""
+    either raise CodecValueError/TypeError or give decode's result, and never write outside ``out``."""
     if dec.size == 0:
         return
     c = codec.get_codec(codec.inspect(data)["codec"])

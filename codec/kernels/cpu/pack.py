@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
+from codec.errors import CodecValueError
 
 __all__ = ["interleave", "pack_codes", "pack_segments", "put_items", "take_items", "unpack_codes"]
 
@@ -212,7 +213,7 @@ def pack_codes(codes, bits, out):
     ``n % 8`` codes are OR-ed into zeroed tail bytes.
     """
     if not 1 <= bits <= 8 * codes.dtype.itemsize or out.size != (codes.size * bits + 7) // 8:
-        raise ValueError(f"pack_codes: {codes.size} codes of dtype {codes.dtype}, {bits} bits, {out.size} bytes out")
+        raise CodecValueError(f"pack_codes: {codes.size} codes of dtype {codes.dtype}, {bits} bits, {out.size} bytes out")
     _pack(codes.reshape(-1).view(np.uint8), codes.dtype.itemsize, bits, out)
 
 
@@ -311,7 +312,7 @@ def unpack_codes(data, bits, out):
     """Inverse of ``pack_codes``: fill ``out`` (contiguous unsigned ints, ``bits`` <= 8 * itemsize)
     with ``out.size`` codes from the uint8 array ``data``."""
     if not 1 <= bits <= 8 * out.dtype.itemsize or data.size < (out.size * bits + 7) // 8:
-        raise ValueError(f"unpack_codes: {out.size} codes of dtype {out.dtype}, {bits} bits, {data.size} bytes in")
+        raise CodecValueError(f"unpack_codes: {out.size} codes of dtype {out.dtype}, {bits} bits, {data.size} bytes in")
     _unpack(data, bits, out.reshape(-1).view(np.uint8), out.dtype.itemsize)
 
 
@@ -322,7 +323,7 @@ def pack_segments(codes, starts, bits, out, ostarts):
     them alone; the bytes between tensors are left as they are."""
     ends = ostarts + (np.diff(starts) * bits + 7) // 8
     if not 1 <= bits <= 8 * codes.dtype.itemsize or starts.size != ostarts.size + 1 or (ends.size and (ends.max() > out.size or ostarts.min() < 0)):
-        raise ValueError(f"pack_segments: codes of dtype {codes.dtype}, {bits} bits, {starts.size - 1} tensors, {ostarts.size} offsets, {out.size} bytes out")
+        raise CodecValueError(f"pack_segments: codes of dtype {codes.dtype}, {bits} bits, {starts.size - 1} tensors, {ostarts.size} offsets, {out.size} bytes out")
     _pack_segments(codes.reshape(-1).view(np.uint8), codes.dtype.itemsize, starts, bits, out, ostarts)
 
 

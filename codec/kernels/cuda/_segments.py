@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
+from codec.errors import CodecValueError
 from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import MAX_WIDTH, THREADS, block_scan, chunk_sums, compactor, mul
 
@@ -192,7 +193,7 @@ def gaussiank_segments(x, starts, shifts, zs, width, ks, out_starts, out, counts
     """The CPU kernel's ``gaussiank_segments`` (its docstring has the contract): one block per
     segment; every array a device array."""
     if not 0 < width <= MAX_WIDTH:
-        raise ValueError(f"width: expected 1..{MAX_WIDTH} lanes, got {width}")
+        raise CodecValueError(f"width: expected 1..{MAX_WIDTH} lanes, got {width}")
     if starts.size > 1:
         _gaussiank_segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, shifts, zs, width, ks, out_starts, out, counts, bad, _common.SCAN_ITEMS)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
+from codec.errors import CodecValueError
 from codec.kernels.cpu import index as _cpu
 from codec.kernels.cuda._common import launch, per_context, zero
 
@@ -129,7 +130,7 @@ def delta_decode(gaps, n, out):
     if not m:
         return True
     if n >= 1 << 62:
-        raise ValueError(f"n: {n} elements; gaps decode on the device below 2**62")
+        raise CodecValueError(f"n: {n} elements; gaps decode on the device below 2**62")
     if n < 1:
         return False
     k = _stretches(m)

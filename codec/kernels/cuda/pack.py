@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
+from codec.errors import CodecValueError
 from codec.kernels.cpu import pack as _cpu
 from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import launch
@@ -69,7 +70,7 @@ def pack_codes(codes, bits, out):
     of each used) into ``out``, uint8 of exactly ``ceil(n*bits/8)`` bytes, every byte written:
     the CPU kernel's bytes."""
     if not 1 <= bits <= 8 * np.dtype(codes.dtype).itemsize or out.size != (codes.size * bits + 7) // 8:
-        raise ValueError(f"pack_codes: {codes.size} codes of dtype {codes.dtype}, {bits} bits, {out.size} bytes out")
+        raise CodecValueError(f"pack_codes: {codes.size} codes of dtype {codes.dtype}, {bits} bits, {out.size} bytes out")
     if out.size:
         _pack[launch(out.size)](codes.reshape(codes.size).view(np.uint8), np.dtype(codes.dtype).itemsize, bits, codes.size, out)
 
@@ -91,7 +92,7 @@ def pack_segments(codes, starts, bits, out, ostarts):
     s, o = np.asarray(starts if isinstance(starts, np.ndarray) else starts.copy_to_host()), np.asarray(ostarts if isinstance(ostarts, np.ndarray) else ostarts.copy_to_host())
     ends = o + (np.diff(s) * bits + 7) // 8
     if not 1 <= bits <= 8 * np.dtype(codes.dtype).itemsize or s.size != o.size + 1 or (ends.size and (ends.max() > out.size or o.min() < 0)):
-        raise ValueError(f"pack_segments: codes of dtype {codes.dtype}, {bits} bits, {s.size - 1} tensors, {o.size} offsets, {out.size} bytes out")
+        raise CodecValueError(f"pack_segments: codes of dtype {codes.dtype}, {bits} bits, {s.size - 1} tensors, {o.size} offsets, {out.size} bytes out")
     if o.size:
         _pack_segments[o.size, _common.THREADS](codes.reshape(codes.size).view(np.uint8), np.dtype(codes.dtype).itemsize, starts, bits, out, ostarts)
 
@@ -107,7 +108,7 @@ def unpack_codes(data, bits, out):
     """Inverse of ``pack_codes``: fill ``out`` (contiguous unsigned ints, ``bits`` <= 8 *
     itemsize) with ``out.size`` codes from the uint8 array ``data``."""
     if not 1 <= bits <= 8 * np.dtype(out.dtype).itemsize or data.size < (out.size * bits + 7) // 8:
-        raise ValueError(f"unpack_codes: {out.size} codes of dtype {out.dtype}, {bits} bits, {data.size} bytes in")
+        raise CodecValueError(f"unpack_codes: {out.size} codes of dtype {out.dtype}, {bits} bits, {data.size} bytes in")
     if out.size:
         _unpack[launch(out.size)](data, bits, out.reshape(out.size).view(np.uint8), np.dtype(out.dtype).itemsize)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
+from codec.errors import CodecValueError
 from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import MAX_WIDTH, THREADS, chunk_sums, compactor, launch
 from codec.layout import CHUNK
@@ -84,7 +85,7 @@ def candidates(x, r, acc, cut, chunks, buf, vals, counts, bad, sums, shift, widt
     if c1 <= c0:
         return
     if not 0 < width <= MAX_WIDTH:
-        raise ValueError(f"width: expected 1..{MAX_WIDTH} lanes, got {width}")
+        raise CodecValueError(f"width: expected 1..{MAX_WIDTH} lanes, got {width}")
     _candidates[c1 - c0, _common.SCAN_BLOCK](x, r, acc, cut, c0, CHUNK, _common.SCAN_ITEMS, buf.reshape(buf.size), vals.reshape(vals.size), buf.shape[1], counts, bad)
     if sums.shape[0]:
         _chunk_sums[c1 - c0, int(width)](acc if r.size else x, c0, CHUNK, np.float64(shift), sums)

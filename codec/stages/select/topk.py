@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from codec.errors import CodecValueError
 from codec.stages.select.magnitude import MagnitudeSelect, k_of, segment_room, segments_picked
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, ratio
@@ -22,7 +23,7 @@ class TopK(MagnitudeSelect):
 
     def validate(self):
         if self.k is not None and self.ratio != RATIO:
-            raise ValueError("topk: give ratio or k, not both")
+            raise CodecValueError("topk: give ratio or k, not both")
 
     def kept(self, n: int, step: int) -> int:
         if self.k is not None:

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from codec.errors import CodecValueError
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param
 from codec.stage import Transform, register
@@ -147,7 +148,7 @@ class FFT(Transform):
 
         if first_nonfinite(flat) >= 0:
             raise_nonfinite(flat, ctx, self.name)
-        raise ValueError(f"{ctx.name}: the spectrum overflows (|x| too large for the block's FFT or its squared magnitudes); fft needs smaller values")
+        raise CodecValueError(f"{ctx.name}: the spectrum overflows (|x| too large for the block's FFT or its squared magnitudes); fft needs smaller values")
 
     # ------------------------------------------------------------------ decode
     def read(self, reader, ctx):

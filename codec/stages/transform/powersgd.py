@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from codec.errors import CodecValueError
 from codec.params import Param, SEED
 from codec.stage import Transform, register
 from codec.streams import key_hash
@@ -132,26 +133,26 @@ class PowerSGD(Transform):
         clean = {}
         for name, q in state.items():
             if name != STATE_Q:
-                raise ValueError(f"{name}: unknown field; powersgd keeps only {STATE_Q!r}")
+                raise CodecValueError(f"{name}: unknown field; powersgd keeps only {STATE_Q!r}")
             if not self.warm_start:
-                raise ValueError(f"{name}: powersgd(warm_start=false) keeps no Q")
+                raise CodecValueError(f"{name}: powersgd(warm_start=false) keeps no Q")
             plan = self.matrix(shape)
             if plan is None:
-                raise ValueError(f"{name}: a {np.dtype(dtype)}{list(shape)} tensor passes through powersgd uncompressed, so it has no Q")
+                raise CodecValueError(f"{name}: a {np.dtype(dtype)}{list(shape)} tensor passes through powersgd uncompressed, so it has no Q")
             n, m, r = plan
             want = self.domain_dtype(dtype)
             if not isinstance(q, np.ndarray) or isinstance(q, np.ma.MaskedArray):
                 what = "a masked array" if isinstance(q, np.ma.MaskedArray) else type(q).__name__
-                raise ValueError(f"{name}: expected a NumPy array, got {what}")
+                raise CodecValueError(f"{name}: expected a NumPy array, got {what}")
             if q.dtype.kind != "f" or q.dtype.newbyteorder("=") != want or q.shape != (m, r):
-                raise ValueError(
+                raise CodecValueError(
                     f"{name}: expected {want}[{m}, {r}] (m x r for the {n} x {m} matrix view, rank {r}), "
                     f"got {q.dtype}{list(q.shape)}"
                 )
             out = np.empty((m, r), want)
             out[...] = q.view(np.ndarray)
             if not np.isfinite(out).all():
-                raise ValueError(f"{name}: non-finite value in Q; powersgd needs a finite Q")
+                raise CodecValueError(f"{name}: non-finite value in Q; powersgd needs a finite Q")
             clean[name] = out
         return clean
 

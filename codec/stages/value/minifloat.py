@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from codec.errors import CorruptFrameError
+from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.stages.value.quantizer import (
     Dequant,
@@ -292,7 +292,7 @@ class RangeFloat(_MiniFloat):
 
     def validate(self):
         if self.exp_bits is not None and self.exp_bits > self.bits - 1:
-            raise ValueError(f"rangefloat: parameter exp_bits must be <= bits - 1 = {self.bits - 1}, got {self.exp_bits}")
+            raise CodecValueError(f"rangefloat: parameter exp_bits must be <= bits - 1 = {self.bits - 1}, got {self.exp_bits}")
         self.ebits = self.exp_bits if self.exp_bits is not None else min(5, self.bits // 2)
         self.width = self.bits
         self.mant = self.bits - 1 - self.ebits

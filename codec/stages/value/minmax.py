@@ -7,7 +7,7 @@ import functools
 
 import numpy as np
 
-from codec.errors import CorruptFrameError
+from codec.errors import CodecValueError, CorruptFrameError
 from codec.ops import offsets, readonly
 from codec.layout import bucket_groups
 from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, scalars_section
@@ -38,7 +38,7 @@ def _check_spans(lows, highs, ctx) -> None:
         span = highs - lows
     if not np.all(np.isfinite(span)):
         b = int(np.flatnonzero(~np.isfinite(span))[0])
-        raise ValueError(f"{ctx.name}: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
+        raise CodecValueError(f"{ctx.name}: bucket {b} spans more than float64's range (max - min overflows); minmax cannot code it")
 
 
 @register

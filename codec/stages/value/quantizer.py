@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from codec.errors import CorruptFrameError, NonFiniteError
+from codec.errors import CodecValueError, CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
 from codec.ops import offsets, readonly
 from codec.pack import _code_dtype as code_dtype, padding_clear  # noqa: F401  (the narrowest unsigned dtype for a code width)
@@ -350,7 +350,7 @@ def _check_finite(values) -> None:
     """An encoder writes no scalar its decoder would reject (:func:`read_scalars`): a scale
     or norm that overflows float64 (values near its maximum) is a ValueError naming x."""
     if not np.all(np.isfinite(values)):
-        raise ValueError("x: a per-bucket scale (norm, mean or range) overflows float64: the values are too close to float64's maximum to quantize")
+        raise CodecValueError("x: a per-bucket scale (norm, mean or range) overflows float64: the values are too close to float64's maximum to quantize")
 
 
 def scale_section(value: float) -> Section:
