@@ -33,11 +33,31 @@ def _cuda():
     return numba_cuda()
 
 
+_CUDA_READY: list = []  # [None] once Numba's CUDA target has a device (or the simulator), [reason] when it has none
+
+
+def require_cuda(argname: str) -> None:
+    """CodecTypeError naming ``argname`` (an argument that claims to be a device array:
+    ``__cuda_array_interface__``, a CUDA DLPack tensor) when this process cannot run CUDA
+    kernels: numba-cuda is not installed, or it finds no CUDA driver or GPU.  Checked once per
+    process, where a device array enters gradcodec (:func:`check_stages`,
+    :func:`as_device_array`), so the caller never sees Numba's own CudaSupportError."""
+    if not _CUDA_READY:
+        try:
+            cuda = _cuda()
+            _CUDA_READY.append(None if cuda.is_available() else "no CUDA driver or GPU was found")
+        except ImportError as e:
+            _CUDA_READY.append(f"Numba's CUDA target is missing ({e})")
+    if _CUDA_READY[0] is not None:
+        raise CodecTypeError(f"{argname}: a device (CUDA) array, but this process cannot run CUDA kernels: {_CUDA_READY[0]}; pass a host array")
+
+
 def check_stages(stages, argname: str = "x") -> None:
     """TypeError naming ``argname`` unless every stage a device array reaches takes one
     (``Stage.devices``): all of ``stages``, except that behind a select stage the value stage
     codes the kept values, which the selection hands it on the host (a few per cent of the
-    tensor, read back with the positions), so any value stage may follow one."""
+    tensor, read back with the positions), so any value stage may follow one; and unless
+    this process can run CUDA kernels (:func:`require_cuda`)."""
     select = any(s.kind == "select" for s in stages)
     missing = [s.name for s in stages if "cuda" not in s.devices and not (select and s.kind == "value")]
     if missing:
@@ -45,6 +65,7 @@ def check_stages(stages, argname: str = "x") -> None:
             f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
             "(none, fp16, bf16 and the sparsifiers have); pass a host array"
         )
+    require_cuda(argname)
 
 
 def many_on_device(stages, arrays, argname: str = "tensors") -> bool:
@@ -75,6 +96,7 @@ def as_device_array(x, argname: str = "x", write: bool = False):
     non-contiguous array.  ``x`` may be a DLPack capsule or producer on a CUDA device
     (:mod:`codec.dlpack`), then viewed through its ``__cuda_array_interface__``
     description; ``write``: it will be written (a read-only one is a ValueError)."""
+    require_cuda(argname)
     if type(x).__module__.startswith("numba.cuda"):
         arr = x
     elif hasattr(x, "__cuda_array_interface__"):

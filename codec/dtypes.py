@@ -150,19 +150,28 @@ def _materialize(a: np.ndarray, argname: str) -> np.ndarray:
     broadcast to 2**33 elements is 32 GiB)."""
     if a.flags.c_contiguous and a.flags.aligned:
         return a
-    if any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape)):
-        raise CodecValueError(
-            f"{argname}: a broadcast array (zero stride, shape {a.shape}) is not a gradient; "
-            f"pass np.ascontiguousarray({argname}) to encode its {a.size} elements"
-        )
+    refuse_broadcast(a, argname, f"pass np.ascontiguousarray({argname}) to encode its {a.size} elements")
     return a.copy(order="C")  # (ascontiguousarray turns 0-d into 1-d)
 
 
-def owned_float_array(value, where: str) -> np.ndarray:
+def refuse_broadcast(a: np.ndarray, argname: str, hint: str) -> None:
+    """CodecValueError naming ``argname`` when ``a`` is a broadcast array (a zero stride over
+    an extent > 1), before anything of its size is allocated: the one rule for arrays taken
+    in (encode's input, a loaded state's residual and velocity)."""
+    if any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape)):
+        raise CodecValueError(
+            f"{argname}: a broadcast array (zero stride, shape {a.shape}) is not a gradient; {hint}"
+        )
+
+
+def owned_float_array(value, where: str, like=None) -> np.ndarray:
     """A fresh, owned, writeable C-contiguous base-ndarray copy of ``value``, for state loaded
     from a checkpoint: a NumPy array of float16, bfloat16, float32 or float64 in any layout or
-    byte order (a subclass such as ``np.matrix`` is copied as its plain data).  Anything else,
-    a masked array included (its mask would be lost), is a ValueError naming ``where``."""
+    byte order (a subclass such as ``np.matrix`` is copied as its plain data), of the shape
+    and dtype of the array ``like`` (the residual a velocity goes with) when given.  Anything else, a masked array included (its mask would be lost), a
+    broadcast array (zero stride: as :func:`as_float_array` refuses one, so a scalar broadcast
+    to 2**40 elements asks for no 4 TiB copy) or another shape, is a ValueError naming
+    ``where``, raised before the copy is allocated."""
     if isinstance(value, np.ma.MaskedArray):
         raise CodecValueError(f"{where}: a masked array is not accepted (its mask would be lost); pass a plain NumPy array")
     if not isinstance(value, np.ndarray):
@@ -171,6 +180,9 @@ def owned_float_array(value, where: str) -> np.ndarray:
     native = dt.newbyteorder("=") if dt.kind == "f" else dt
     if native not in _BY_DTYPE:
         raise CodecValueError(f"{where}: dtype {dt} is not supported; expected float16, bfloat16, float32 or float64")
+    if like is not None and (value.shape != like.shape or native != like.dtype):
+        raise CodecValueError(f"{where}: expected {like.dtype}{list(like.shape)} like the residual, got {native}{list(value.shape)}")
+    refuse_broadcast(value, where, "a state holds the arrays state_dict() saved, never a view of one value")
     out = np.empty(value.shape, native)
     out[...] = value.view(np.ndarray)
     return out

@@ -290,7 +290,7 @@ def _known_positions(c, mf, only=None, in_runs=None) -> list:
         idx = [i for i in idx if i in in_runs or not secs[i] or secs[i][0].raw_len < pack.DEVICE_SECTION]
     if not idx:
         return none
-    got = _or_alone(c.select.positions_segments, np.frombuffer(mf.payload, np.uint8), [secs[i] for i in idx], [sizes[i] for i in idx])
+    got = _or_alone(c.select.positions_segments, np.frombuffer(mf.payload, np.uint8), [secs[i] for i in idx], [sizes[i] for i in idx], c.value)
     if got is None:
         return none
     for i, pos in zip(idx, got):

@@ -269,7 +269,7 @@ class Codec:
         the frame's positions already read and checked (a many-tensor frame reads them all at
         once: :meth:`codec.stage.Select.positions_segments`); ``device``: the output is a
         device array (``Context.device``: the positions may be read there)."""
-        ctx = Context(fr.shape, fr.dtype, device=device)
+        ctx = Context(fr.shape, fr.dtype, device=device, value=self.value)
         rd = fr.reader()
         if self.transform is not None:
             tpay, vctx = self.transform.read(rd, ctx)

@@ -67,7 +67,9 @@ class Context:
     sign-bit value coding).  ``name`` is what an error about the array calls it: ``x`` for
     ``encode``, ``tensors['w']`` for a tensor of ``encode_many``.  ``kept`` holds the values a
     select stage handed the value stage (what error feedback subtracts, :meth:`Value.decoded`).
-    ``device``: a decode writes a device array, so positions may be read there.
+    ``device``: a decode writes a device array, so positions may be read there.  ``value``:
+    when decoding, the pipeline's value stage (a select stage whose positions are not in the
+    frame bounds their count by what that stage's sections can hold: :meth:`Value.most_values`).
     """
 
     shape: tuple
@@ -83,6 +85,8 @@ class Context:
     #: decoding into a device array: a select stage may read ``positions`` on the device
     #: (:func:`codec.pack.decode_indices` with ``device=True``)
     device: bool = False
+    #: decoding: the value stage that codes the kept values (None: one bit per value at least)
+    value: Any = None
 
     @property
     def n(self) -> int:
@@ -287,10 +291,10 @@ class Select(Stage):
     #: tensor's own step
     sees_gradient: ClassVar[bool] = False
 
-    def positions_segments(self, data, sections, sizes) -> list | None:
+    def positions_segments(self, data, sections, sizes, value=None) -> list | None:
         """Every tensor's positions of a many-tensor frame read at once: ``data`` the raw
         payload (uint8), ``sections[t]`` tensor t's section infos (offsets into ``data``),
-        ``sizes[t]`` its element count.  Returns each tensor's positions, checked as
+        ``sizes[t]`` its element count, ``value`` the codec's value stage (``Context.value``).  Returns each tensor's positions, checked as
         :meth:`positions` checks them, which the pipeline then hands to :meth:`positions` as
         ``known``; or None (the default, or any section that is not what it expects): each
         tensor's positions are then read, and refused, by :meth:`positions` alone."""
@@ -329,6 +333,14 @@ class Value(Stage):
     def write(self, payload, out, mode) -> None:
         """Write the decoded values into the float32/float64 buffer ``out`` (``mode`` SET, ADD
         or SUB)."""
+
+    def most_values(self, bits: int) -> int:
+        """The most values that sections of ``bits`` raw bits in all can code in this stage's
+        format: a bound a reader checks a count it did not read against (``randomk`` draws
+        its positions from a key, so only the values' bits bound their number) before
+        allocating anything of that size.  It must hold for every frame the stage writes; the
+        default assumes one bit per value at least."""
+        return bits
 
     def written(self, payload, count: int, ctx) -> np.ndarray:
         """``count`` decoded values of ``payload`` (what :meth:`read` gave) in a new array of

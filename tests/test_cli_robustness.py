@@ -320,3 +320,76 @@ def test_output_that_is_a_pipe_is_written_not_replaced(capsys, tmp_path):
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert codec.decode(got).tolist() == [0.0, 1.0, 2.0, 3.0]
     assert listing(tmp_path) == ["g.npy", "out.gcf"]
+
+
+# ------------------------------------------------------------------ every frame kind (issue 28)
+def _frame_kinds():
+    """One file of each kind the command line reads, with the tensors it holds (None: it cannot
+    be decoded without the sender's layout)."""
+    rng = np.random.default_rng(28)
+    a, b = rng.standard_normal((4, 5)).astype(np.float32), rng.standard_normal(7).astype(np.float32)
+    c = codec.get_codec("topk(ratio=0.5)+fp16")
+    named = {"w": a, "b": b}
+    return {
+        "v1": (c.encode(a), {"FILE": a}),
+        "container": (pack_frames([("w", c.encode(a)), ("b", c.encode(b))]), named),
+        "v2-table": (c.encode_many(named), named),
+        "v2-unnamed": (c.encode_many([a, b]), {"0": a, "1": b}),
+        "v2-zstd": (codec.get_codec("fp16+zstd").encode_many(named), named),
+        "v2-joint": (codec.get_codec("qsgd(levels=64)").encode_many(named, joint=True), named),
+        "v2-hash": (c.encode_many(named, layout="hash"), None),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_frame_kinds()))
+def test_every_frame_kind_through_info_and_decode(tmp_path, capsys, kind):
+    """``gradcodec info`` on a frame written by encode_many crashed (exit 3, KeyError
+    'elements'): info, info --json and decode read every kind through one function
+    (codec.cli.frames) and never exit 3."""
+    data, tensors = _frame_kinds()[kind]
+    f = tmp_path / "FILE.gcf"
+    f.write_bytes(data)
+    if tensors is None:  # the layout-hash form: only the sender's layout reads it
+        for argv in (("info", f), ("info", f, "--json"), ("decode", f, "-o", tmp_path / "o.npz")):
+            err = fails(capsys, 1, *argv)
+            assert "layout-hash form (2 tensors, layout hash " in err and "codec.Layout" in err
+        assert listing(tmp_path) == ["FILE.gcf"]
+        return
+    rc, out, err = run(capsys, "info", f)
+    assert rc == 0, err
+    for name in tensors:
+        assert (name if kind != "v2-unnamed" else "float32") in out
+    rc, out, err = run(capsys, "info", f, "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    many = kind.startswith("v2")
+    rows = d["tensors"] if kind != "v1" else [d]
+    assert [r["elements"] for r in rows] == [x.size for x in tensors.values()]
+    assert [r["raw_bytes"] for r in rows] == [x.nbytes for x in tensors.values()]
+    if many:
+        assert d["format_version"] == 2 and d["frame_bytes"] == len(data)
+        assert d["joint"] == (kind == "v2-joint") and d["layout"] == "table"
+        assert [t["name"] for t in d["tensors"]] == ([None, None] if kind == "v2-unnamed" else list(tensors))
+    rc, out, err = run(capsys, "decode", f, "-o", tmp_path / "o.npz")
+    assert rc == 0, err
+    back = read_tensors(tmp_path / "o.npz")
+    assert list(back) == list(tensors)
+    want = codec.decode_many(data) if many else ({n: codec.decode(fr) for n, fr in unpack_frames(data)} if kind == "container" else {"FILE": codec.decode(data)})
+    for got, ref in zip(back.values(), want.values() if isinstance(want, dict) else want):
+        np.testing.assert_array_equal(got, ref)
+    if len(tensors) > 1:  # several tensors never go into one .npy
+        err = fails(capsys, 2, "decode", f, "-o", tmp_path / "o.npy")
+        assert "a .npy file holds exactly one" in err
+
+
+def test_a_damaged_many_tensor_frame_is_exit_1(tmp_path, capsys):
+    data, _ = _frame_kinds()["v2-table"]
+    for cut in (9, len(data) // 2, len(data) - 1):
+        f = tmp_path / f"cut{cut}.gcf"
+        f.write_bytes(data[:cut])
+        for argv in (("info", f), ("decode", f, "-o", tmp_path / "o.npz")):
+            assert "gradcodec: error: " + str(f) in fails(capsys, 1, *argv)
+    flipped = bytearray(data)
+    flipped[-3] ^= 0x10
+    (tmp_path / "flip.gcf").write_bytes(bytes(flipped))
+    assert "checksum" in fails(capsys, 1, "decode", tmp_path / "flip.gcf", "-o", tmp_path / "o.npz")

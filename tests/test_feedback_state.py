@@ -730,3 +730,22 @@ def test_check_slot_can_refuse_and_the_state_is_kept():
     blank = Strict.__new__(Strict)
     with pytest.raises(ValueError, match="only float64"):
         blank.__setstate__(ef.state_dict())
+
+
+def test_broadcast_arrays_are_refused_before_the_copy():
+    """A residual of np.broadcast_to(0, (2**40,)) made load_state_dict allocate 4 TiB (a
+    MemoryError; 2**30 elements were accepted as a 4 GiB copy): a state's arrays get encode's
+    rule (no zero stride over an extent > 1), checked before anything of their size exists;
+    a velocity's shape and dtype are checked against the residual before it is copied."""
+    ef, _ = trained("topk(ratio=0.05)", momentum=0.9)
+    state = ef.state_dict()
+    plain = ErrorFeedback("topk(ratio=0.05)", momentum=0.9)
+    huge = np.broadcast_to(np.float32(0), (1 << 40,))
+    refused(plain, with_slot(state, residual=huge), r"state: slot 'w': residual: a broadcast array \(zero stride, shape \(1099511627776,\)\)")
+    refused(plain, with_slot(state, residual=np.broadcast_to(np.float32(1), SHAPE)), r"state: slot 'w': residual: a broadcast array")
+    refused(plain, with_slot(state, velocity=np.broadcast_to(np.float32(1), SHAPE)), r"state: slot 'w': velocity: a broadcast array")
+    refused(plain, with_slot(state, velocity=huge), r"state: slot 'w': velocity: expected float32\[40, 30\] like the residual, got float32\[1099511627776\]")
+    # one element broadcast to one element is an ordinary array: it loads
+    one = ErrorFeedback("topk(ratio=0.05)")
+    one.load_state_dict({"codec": one.codec.get_config(), "slots": [{"key": "s", "residual": np.broadcast_to(np.float32(0.5), (1, 1)), "step": 1}]})
+    assert one.state_dict()["slots"][0]["residual"].tolist() == [[0.5]]

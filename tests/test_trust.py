@@ -293,3 +293,56 @@ def test_keys_with_lone_surrogates(key):
     ef = codec.ErrorFeedback(c)
     ef.encode(_x(), key=key)
     assert ef.step(key) == 1
+
+
+# ------------------------------------------------------------------ a device claim without CUDA (issue 28)
+class _ClaimsCuda:
+    """An object that says it is a CUDA array (``__cuda_array_interface__``) on a machine where
+    no CUDA kernel can run."""
+
+    def __init__(self, n=10):
+        self._host = np.ones(n, np.float32)
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (self._host.ctypes.data, False), "version": 3, "strides": None}
+
+
+def _device_calls():
+    a = np.ones(10, np.float32)
+    fp16 = codec.get_codec("fp16")
+    frame, many = fp16.encode(a), fp16.encode_many({"w": a})
+    return [
+        ("x", lambda: fp16.encode(_ClaimsCuda())),
+        ("x", lambda: codec.ErrorFeedback("topk").encode(_ClaimsCuda(), key="w")),
+        ("tensors['w']", lambda: fp16.encode_many({"w": _ClaimsCuda()})),
+        ("tensors['w']", lambda: codec.ErrorFeedback("fp16").encode_many({"w": _ClaimsCuda()})),
+        ("out", lambda: codec.decode(frame, out=_ClaimsCuda())),
+        ("out", lambda: fp16.decode_add(frame, _ClaimsCuda())),
+        ("out", lambda: codec.decode_many(many, out={"w": _ClaimsCuda()})),
+    ]
+
+
+@pytest.mark.parametrize("missing", ["driver", "numba-cuda"])
+def test_a_device_claim_without_cuda_is_a_type_error_naming_the_argument(monkeypatch, missing):
+    """Numba's CudaSupportError reached the caller from codec/device.py; now every entry point
+    refuses with a CodecTypeError (a TypeError) naming the argument, and says why."""
+    from codec import device
+
+    if missing == "driver":
+        try:
+            import numba.cuda
+        except ImportError:
+            pytest.skip("numba-cuda is not installed")
+        if numba.cuda.is_available():
+            pytest.skip("this machine runs CUDA kernels")
+        why = "no CUDA driver or GPU was found"
+    else:
+        def absent():
+            raise ImportError("CUDA kernels need Numba's CUDA target: pip install numba-cuda (No module named 'numba.cuda')")
+
+        monkeypatch.setattr(device, "_cuda", absent)
+        why = "Numba's CUDA target is missing"
+    monkeypatch.setattr(device, "_CUDA_READY", [])
+    for argname, call in _device_calls():
+        with pytest.raises(codec.CodecError) as info:
+            call()
+        assert isinstance(info.value, TypeError)
+        assert str(info.value).startswith(f"{argname}: a device (CUDA) array, but this process cannot run CUDA kernels: {why}"), str(info.value)

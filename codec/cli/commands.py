@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from codec.cli.errors import EXIT_DATA, EXIT_OK, DataError, UsageError
 from codec.cli.files import (
     check_container_names, check_names, check_out_ext, read_bytes, read_input, refuse_overwrite, user_codec, write_bytes,
@@ -13,14 +11,13 @@ from codec.cli.measure import Stats, measure_all
 from codec.cli.render import (
     ProgressBar, fmt_int, fmt_ratio, name_cell, print_json, show, stats_table, table,
 )
+from codec.errors import CodecError
 
 
 def _encode_one(c, name: str, x):
-    from codec.errors import CodecError
-
     try:
         return c.encode(x)
-    except (ValueError, TypeError, CodecError) as e:
+    except CodecError as e:
         raise DataError(f"tensor {name!r:.200}: {e}") from None
 
 
@@ -73,7 +70,7 @@ def cmd_encode(args) -> int:
                 bar.advance()
         try:
             out = pack_frames(frames)
-        except (ValueError, TypeError) as e:
+        except CodecError as e:
             raise DataError(f"cannot write {args.output}: {e}") from None
         kind = "container"
     write_bytes(args.output, out)
@@ -85,44 +82,20 @@ def cmd_encode(args) -> int:
     return EXIT_OK
 
 
-def _frames_of(path: str, buf) -> tuple[bool, list]:
-    """(is_container, [(name, frame)]) of a frame file; a bare frame is named by the file stem."""
-    from codec.container import is_container, unpack_frames
-
-    from codec.errors import CorruptFrameError
-
-    if is_container(buf):
-        try:
-            return True, unpack_frames(buf)
-        except CorruptFrameError as e:
-            raise DataError(f"{path}: {e}") from None
-    return False, [(os.path.splitext(os.path.basename(path))[0], memoryview(buf))]
-
-
-def _decode_one(name: str, frame, in_container: bool):
-    import codec
-
-    try:
-        return codec.decode(frame)
-    except (ValueError, TypeError, codec.CodecError) as e:
-        raise DataError(f"tensor {name!r:.200}: {e}" if in_container else str(e)) from None
-
-
 def cmd_decode(args) -> int:
+    from codec.cli.frames import read_frame_file
+
     ext = check_out_ext(args.output)
     refuse_overwrite(args.output, args.input)
     buf = read_bytes(args.input)
-    boxed, frames = _frames_of(args.input, buf)
-    if ext == ".npy" and len(frames) != 1:
+    ff = read_frame_file(args.input, buf)
+    if ext == ".npy" and len(ff.tensors) != 1:
+        what = "container" if ff.kind == "container" else "many-tensor frame"
         raise UsageError(
-            f"{args.input} is a container of {len(frames)} tensors; a .npy file holds exactly one, use -o NAME.npz or NAME.safetensors"
+            f"{args.input} is a {what} of {len(ff.tensors)} tensors; a .npy file holds exactly one, use -o NAME.npz or NAME.safetensors"
         )
-    check_names(args.output, [name for name, _ in frames])
-    tensors = {}
-    with ProgressBar(len(frames), "decoding") as bar:
-        for name, frame in frames:
-            tensors[name] = _decode_one(name, frame, boxed)
-            bar.advance()
+    check_names(args.output, ff.names)
+    tensors = ff.decode()
     write_output(args.output, tensors)
     raw = sum(int(x.nbytes) for x in tensors.values())
     print(
@@ -132,34 +105,43 @@ def cmd_decode(args) -> int:
     return EXIT_OK
 
 
-def _inspect(name: str, frame, in_container: bool) -> dict:
-    import codec
-    from codec.dtypes import NAMES
+def _shape_text(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
-    try:
-        d = codec.inspect(frame)
-    except (ValueError, TypeError, codec.CodecError) as e:
-        raise DataError(f"tensor {name!r:.200}: {e}" if in_container else str(e)) from None
-    d["raw_bytes"] = d["elements"] * NAMES[d["dtype"]].itemsize
-    return d
+
+def _sections_table(sections):
+    s = table("sections")
+    for h, j in (("#", "right"), ("kind", "left"), ("encoding", "left"), ("bits", "right"), ("count", "right"),
+                 ("raw bytes", "right"), ("stored bytes", "right")):
+        s.add_column(h, justify=j)
+    for i, sec in enumerate(sections):
+        s.add_row(str(i), sec["kind"], sec["encoding"], str(sec["bits"]), fmt_int(sec["count"]), fmt_int(sec["raw_bytes"]), fmt_int(sec["stored_bytes"]))
+    return s
+
+
+def _fields_table(title: str, rows):
+    t = table(title)
+    t.add_column("field")
+    t.add_column("value", overflow="fold")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
 
 
 def cmd_info(args) -> int:
+    from codec.cli.frames import read_frame_file
+
     buf = read_bytes(args.input)
-    boxed, frames = _frames_of(args.input, buf)
-    infos = [(name, _inspect(name, f, boxed)) for name, f in frames]
-    if not boxed:
-        d = infos[0][1]
-        if args.json:
-            print_json(d)
-            return EXIT_OK
-        t = table(f"{args.input}: gradcodec frame, format version {d['format_version']}")
-        t.add_column("field")
-        t.add_column("value", overflow="fold")
-        for k, v in (
+    ff = read_frame_file(args.input, buf)
+    d = ff.info
+    if args.json:
+        print_json({"container": d, "tensors": [{"name": n, **t} for n, t in ff.tensors]} if ff.kind == "container" else d)
+        return EXIT_OK
+    if ff.kind == "frame":
+        show(_fields_table(f"{args.input}: gradcodec frame, format version {d['format_version']}", (
             ("codec", name_cell(d["codec"])),
             ("dtype", d["dtype"]),
-            ("shape", "(" + ", ".join(map(str, d["shape"])) + ("," if len(d["shape"]) == 1 else "") + ")"),
+            ("shape", _shape_text(d["shape"])),
             ("elements", fmt_int(d["elements"])),
             ("raw bytes", fmt_int(d["raw_bytes"])),
             ("header bytes", fmt_int(d["header_bytes"])),
@@ -167,44 +149,58 @@ def cmd_info(args) -> int:
             ("frame bytes", fmt_int(d["frame_bytes"])),
             ("ratio", fmt_ratio(d["raw_bytes"] / d["frame_bytes"])),
             ("payload checksum", d["payload_checksum"] or "none"),
-        ):
-            t.add_row(k, v)
-        s = table("sections")
-        for h, j in (("#", "right"), ("kind", "left"), ("encoding", "left"), ("bits", "right"), ("count", "right"),
-                     ("raw bytes", "right"), ("stored bytes", "right")):
-            s.add_column(h, justify=j)
-        for i, sec in enumerate(d["sections"]):
-            s.add_row(str(i), sec["kind"], sec["encoding"], str(sec["bits"]), fmt_int(sec["count"]), fmt_int(sec["raw_bytes"]), fmt_int(sec["stored_bytes"]))
-        show(t, s)
+        )), _sections_table(d["sections"]))
         return EXIT_OK
-    frame_total = sum(d["frame_bytes"] for _, d in infos)
-    summary = {
-        "format_version": 1,
-        "count": len(infos),
-        "container_bytes": len(buf),
-        "header_bytes": len(buf) - frame_total,
-        "elements": sum(d["elements"] for _, d in infos),
-        "raw_bytes": sum(d["raw_bytes"] for _, d in infos),
-    }
-    if args.json:
-        print_json({"container": summary, "tensors": [{"name": n, **d} for n, d in infos]})
+    if ff.kind == "many":
+        _show_many(args.input, d)
         return EXIT_OK
+    infos = ff.tensors
     t = table(
         f"{args.input}: gradcodec container, format version 1, {len(infos)} tensor{'s' * (len(infos) != 1)}",
-        caption=f"total bytes include the {fmt_int(summary['header_bytes'])}-byte container header, table and checksums",
+        caption=f"total bytes include the {fmt_int(d['header_bytes'])}-byte container header, table and checksums",
     )
     for h, j in (("name", "left"), ("codec", "left"), ("dtype", "left"), ("shape", "left"), ("elements", "right"),
                  ("raw bytes", "right"), ("frame bytes", "right"), ("ratio", "right")):
         t.add_column(h, justify=j, overflow="fold")
-    for i, (name, d) in enumerate(infos):
+    for i, (name, x) in enumerate(infos):
         t.add_row(
-            name_cell(name), name_cell(d["codec"]), d["dtype"], "x".join(map(str, d["shape"])) or "()", fmt_int(d["elements"]), fmt_int(d["raw_bytes"]),
-            fmt_int(d["frame_bytes"]), fmt_ratio(d["raw_bytes"] / d["frame_bytes"]), end_section=i == len(infos) - 1,
+            name_cell(name), name_cell(x["codec"]), x["dtype"], "x".join(map(str, x["shape"])) or "()", fmt_int(x["elements"]), fmt_int(x["raw_bytes"]),
+            fmt_int(x["frame_bytes"]), fmt_ratio(x["raw_bytes"] / x["frame_bytes"]), end_section=i == len(infos) - 1,
         )
-    ratio = summary["raw_bytes"] / len(buf)
-    t.add_row("TOTAL", "", "", "", fmt_int(summary["elements"]), fmt_int(summary["raw_bytes"]), fmt_int(len(buf)), fmt_ratio(ratio), style="bold")
+    ratio = d["raw_bytes"] / len(buf)
+    t.add_row("TOTAL", "", "", "", fmt_int(d["elements"]), fmt_int(d["raw_bytes"]), fmt_int(len(buf)), fmt_ratio(ratio), style="bold")
     show(t)
     return EXIT_OK
+
+
+def _show_many(path: str, d: dict) -> None:
+    """``info`` of a many-tensor frame: its header, then one row per tensor (a joint frame's
+    sections are its concatenation's, listed once)."""
+    n = len(d["tensors"])
+    head = _fields_table(f"{path}: gradcodec many-tensor frame, format version {d['format_version']}, {n} tensor{'s' * (n != 1)}", (
+        ("codec", name_cell(d["codec"])),
+        ("layout", "in the frame (table)" if d["layout"] == "table" else "by hash"),
+        ("joint", "yes (one coding of the concatenation)" if d["joint"] else "no (each tensor coded as alone)"),
+        ("payload", "one zstd frame" if d["compressed"] else "raw sections"),
+        ("elements", fmt_int(d["elements"])),
+        ("raw bytes", fmt_int(d["raw_bytes"])),
+        ("header bytes", fmt_int(d["header_bytes"])),
+        ("payload bytes", fmt_int(d["payload_bytes"])),
+        ("frame bytes", fmt_int(d["frame_bytes"])),
+        ("ratio", fmt_ratio(d["raw_bytes"] / d["frame_bytes"])),
+        ("payload checksum", d["payload_checksum"] or "none"),
+    ))
+    t = table("tensors", caption=None if d["joint"] else "section bytes: the raw bytes of each tensor's sections (before zstd, when the payload is compressed)")
+    for h, j in (("#", "right"), ("name", "left"), ("dtype", "left"), ("shape", "left"), ("elements", "right"), ("raw bytes", "right"),
+                 ("sections", "right"), ("section bytes", "right")):
+        t.add_column(h, justify=j, overflow="fold")
+    for i, x in enumerate(d["tensors"]):
+        secs = x.get("sections")
+        t.add_row(
+            str(i), "-" if x["name"] is None else name_cell(x["name"]), x["dtype"], "x".join(map(str, x["shape"])) or "()", fmt_int(x["elements"]),
+            fmt_int(x["raw_bytes"]), "-" if secs is None else str(len(secs)), "-" if secs is None else fmt_int(sum(s["raw_bytes"] for s in secs)),
+        )
+    show(head, t, *([_sections_table(d["sections"])] if d["joint"] else []))
 
 
 def cmd_roundtrip(args) -> int:
@@ -281,7 +277,7 @@ def cmd_demo(args) -> int:
         for s in _demo_specs():
             try:
                 codecs.append((s, codec.get_codec(s)))
-            except (ValueError, TypeError, codec.CodecError) as e:
+            except codec.CodecError as e:
                 codecs.append((s, e))
     try:
         grads = sample.load_sample()

@@ -16,7 +16,7 @@ def user_codec(spec: str):
 
     try:
         return codec.get_codec(spec)
-    except (ValueError, TypeError, codec.CodecError) as e:
+    except codec.CodecError as e:
         raise UsageError(str(e)) from None
 
 

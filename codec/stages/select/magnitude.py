@@ -334,8 +334,10 @@ class IndexSelect(Select):
 
     #: select() accepts residual= and out= (Codec.encode_feedback uses it)
     fuses_feedback = True
-    def positions_segments(self, data, sections, sizes):
-        """Every tensor's index section read at once (:func:`codec.pack.decode_index_segments`)."""
+
+    def positions_segments(self, data, sections, sizes, value=None):
+        """Every tensor's index section read at once (:func:`codec.pack.decode_index_segments`;
+        the positions are in the frame, so ``value`` bounds nothing here)."""
         from codec.frame import SectionKind
         from codec.pack import decode_index_segments
 

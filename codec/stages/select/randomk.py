@@ -97,9 +97,10 @@ class RandomK(Select):
         run = SectionRun(keys.reshape(-1).view(np.uint8), np.arange(ks.size + 1, dtype=np.int64) * 24, [SectionKind.INTS] * ks.size, [64] * ks.size, [3] * ks.size)
         return pos, kstarts, kept, run
 
-    def positions_segments(self, data, sections, sizes):
+    def positions_segments(self, data, sections, sizes, value=None):
         """Every tensor's key section read and checked, and its positions drawn in one kernel
-        call; None when a tensor's sections are not a key then values (read alone)."""
+        call; None when a tensor's sections are not a key then values (read alone).
+        ``value``: the value stage (its :meth:`~codec.stage.Value.most_values` bounds k)."""
         from codec.kernels import backend
 
         at = np.empty(len(sizes), np.int64)
@@ -108,7 +109,7 @@ class RandomK(Select):
             if not secs or (secs[0].kind, secs[0].bits, secs[0].count) != (SectionKind.INTS, 64, 3):
                 return None
             at[t] = secs[0].offset
-            room[t] = 8 * sum(s.raw_len for s in secs[1:])  # every kept value needs >= 1 bit
+            room[t] = _most(value, 8 * sum(s.raw_len for s in secs[1:]))
         keys = data[at[:, None] + np.arange(24)].view("<u8")  # (seed, step, khash) per tensor
         memo: dict = {}  # the tensors of a frame share their step: its k, once per size
         ks = np.array([
@@ -133,14 +134,15 @@ class RandomK(Select):
 
     def _checked_k(self, seed: int, step: int, n: int, room: int) -> int:
         """How many positions a frame of ``n`` elements keyed by (seed, step) keeps, after
-        the checks of :meth:`positions` (``room``: the bits of its values sections)."""
+        the checks of :meth:`positions` (``room``: the most values its values sections can
+        code, :meth:`codec.stage.Value.most_values`)."""
         if seed != self.seed:
             raise CorruptFrameError(f"randomk frame records seed {seed}, its codec tag says {self.seed}")
         if step >= 1 << 62:
             raise CorruptFrameError(f"randomk frame records an impossible step {step}")
         k = k_of(self.at("ratio", step), n)
         if k > room:
-            raise CorruptFrameError(f"randomk frame keeps {k} of {n} elements but carries {room} bits of values")
+            raise CorruptFrameError(f"randomk frame keeps {k} of {n} elements but its values sections hold {room} values at most")
         return k
 
     def positions(self, reader, ctx, known=None):
@@ -148,5 +150,11 @@ class RandomK(Select):
         if known is not None:  # read and checked by positions_segments
             return known
         seed, step, khash = (int(v) for v in raw.view("<u8"))
-        k = self._checked_k(seed, step, ctx.n, 8 * sum(s.raw_len for s in reader.remaining()))  # every kept value needs >= 1 bit
+        k = self._checked_k(seed, step, ctx.n, _most(ctx.value, 8 * sum(s.raw_len for s in reader.remaining())))
         return positions(ctx.n, k, seed, khash, step)
+
+
+def _most(value, bits: int) -> int:
+    """The most kept values ``bits`` bits of values sections hold for the value stage ``value``
+    (None: one bit per value at least)."""
+    return bits if value is None else value.most_values(bits)

@@ -133,6 +133,11 @@ class Qsgd(Quantizer):
         sections.extend(self._elias(codes) if self.coding == "elias" else [codes_section(codes, self.code_bits)])
         return lambda: slot.commit(acc)
 
+    def most_values(self, bits: int) -> int:
+        """Elias coding writes one bit at least per bucket (gamma(nnz + 1)), not per value: a
+        bucket of zeros costs one bit; packed codes take ``code_bits`` each."""
+        return bits * self.bucket if self.coding == "elias" else bits
+
     def _chunks(self, n: int) -> tuple[int, int]:
         """Buckets per Elias chunk (the kernels' bucket group) and the number of chunks."""
         _, per, ngroups = bucket_groups(n, self.bucket)
