@@ -218,6 +218,18 @@ def _remember_header(mv, h: Header, lay, tensor_sections, off) -> None:
     _RECENT = ((bytes(mv[:end]), h, lay, tensor_sections, off),) + _RECENT[: _RECENT_MAX - 1]
 
 
+def _names_checked(lay: Layout, *, frame: bool) -> Layout:
+    """``lay``, refused if a name repeats: the one check of every layout the parser meets, the
+    frame's table (corrupt) or the caller's ``layout=`` (a bad argument; a Layout built
+    without its constructor reaches here unchecked).  A dict of the tensors would otherwise
+    hold fewer than the frame (issue 28)."""
+    if not lay.names_unique:
+        if frame:
+            raise CorruptFrameError(f"many-tensor frame: the tensor name {lay.repeated!r} appears twice")
+        raise CodecValueError(f"layout: the tensor name {lay.repeated!r} appears twice; a layout's names must be unique")
+    return lay
+
+
 def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool = True) -> ManyFrame:
     """Validate ``buf`` as a v2 frame; ``layout`` (a :class:`Layout`, or the tensors) is
     required for the layout-hash form and checked against the table form."""
@@ -246,7 +258,7 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
     if h.layout is None:
         if layout is None:
             raise CodecValueError("layout: this many-tensor frame gives its layout by hash; pass layout= (a codec.Layout or the tensors)")
-        lay = as_layout(layout)
+        lay = _names_checked(as_layout(layout), frame=False)
         if len(lay) != h.count or lay.hash != h.stored_hash:
             raise CorruptFrameError(
                 f"many-tensor frame: its layout hash {h.stored_hash.hex()} is not the given layout's "
@@ -255,11 +267,9 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
         if (lay.names is not None) != h.named:
             raise CorruptFrameError("many-tensor frame: the names flag does not match the given layout")
     else:
-        lay = h.layout
-        if not lay.names_unique:
-            raise CorruptFrameError("many-tensor frame: a tensor name appears twice")
+        lay = _names_checked(h.layout, frame=True)
         if layout is not None:
-            want = as_layout(layout)
+            want = _names_checked(as_layout(layout), frame=False)
             if (want.shapes, want.dtypes) != (lay.shapes, lay.dtypes):
                 raise CodecValueError("layout: the frame's tensors (dtype and shape) are not the given layout's")
             if want.names is not None and want.names != lay.names:

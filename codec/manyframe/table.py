@@ -31,6 +31,20 @@ class Layout:
     def __post_init__(self):
         if len(self.shapes) != len(self.dtypes) or (self.names is not None and len(self.names) != len(self.shapes)):
             raise CodecValueError("layout: shapes, dtypes and names must have one entry per tensor")
+        if not self.names_unique:  # a dict of the decoded tensors would silently drop one (issue 28)
+            raise CodecValueError(f"names: {self.repeated!r} appears twice; a layout's tensor names must be unique")
+
+    def __getstate__(self):  # the fields only: never a cached hash, table or check
+        return (self.shapes, self.dtypes, self.names)
+
+    def __setstate__(self, state):
+        """Unpickling checks the fields as the constructor does (a pickle of a Layout made
+        before ``__getstate__`` carries its ``__dict__``, cached values included: only the
+        fields are kept)."""
+        shapes, dtypes, names = (state["shapes"], state["dtypes"], state.get("names")) if isinstance(state, dict) else state
+        for k, v in (("shapes", shapes), ("dtypes", dtypes), ("names", names)):
+            object.__setattr__(self, k, v)
+        self.__post_init__()
 
     @functools.cached_property
     def sizes(self) -> tuple:
@@ -93,8 +107,23 @@ class Layout:
 
     @functools.cached_property
     def names_unique(self) -> bool:
-        """Whether no name appears twice (True without names); computed once."""
-        return self.names is None or len(set(self.names)) == len(self.names)
+        """Whether no name appears twice (True without names); computed once.  A Layout made
+        by its constructor or unpickled always has unique names; :func:`parse_many` checks
+        every layout it meets (one read from a table, or built some other way)."""
+        return self.repeated is None
+
+    @property
+    def repeated(self):
+        """The first name that appears a second time, or None."""
+        seen = set()
+        for name in self.names or ():
+            try:
+                if name in seen:
+                    return name
+                seen.add(name)
+            except TypeError:  # unhashable: not a str
+                raise CodecTypeError(f"names: a name must be a str, got {type(name).__name__}") from None
+        return None
 
     @functools.cached_property
     def hash(self) -> bytes:
@@ -143,8 +172,18 @@ def read_layout(cur: Cursor, count: int, named: bool) -> Layout:
                 _RECENT = (entry,) + tuple(e for e in _RECENT if e is not entry)
             return lay
     shapes, dts, names = read_table(cur, count, named)
-    lay = Layout(tuple(shapes), tuple(dts), None if names is None else tuple(names))
+    lay = _unchecked(tuple(shapes), tuple(dts), None if names is None else tuple(names))
     _RECENT = ((bytes(mv[pos : cur.pos]), named, lay),) + _RECENT[: _RECENT_MAX - 1]
+    return lay
+
+
+def _unchecked(shapes: tuple, dts: tuple, names) -> Layout:
+    """A Layout of a table's fields, one entry each by construction, its names not yet
+    checked: a table whose names repeat is a corrupt frame, which :func:`parse_many` says
+    after the header's CRC (docs/format.md, "Validation order"), not a bad argument."""
+    lay = object.__new__(Layout)
+    for k, v in (("shapes", shapes), ("dtypes", dts), ("names", names)):
+        object.__setattr__(lay, k, v)
     return lay
 
 
