@@ -156,9 +156,9 @@ def _materialize(a: np.ndarray, argname: str) -> np.ndarray:
 
 def refuse_broadcast(a: np.ndarray, argname: str, hint: str) -> None:
     """CodecValueError naming ``argname`` when ``a`` is a broadcast array (a zero stride over
-    an extent > 1), before anything of its size is allocated: the one rule for arrays taken
+    an extent > 1, elements there), before anything of its size is allocated: the one rule for arrays taken
     in (encode's input, a loaded state's residual and velocity)."""
-    if any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape)):
+    if a.size and any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape)):  # (an empty array's strides say nothing)
         raise CodecValueError(
             f"{argname}: a broadcast array (zero stride, shape {a.shape}) is not a gradient; {hint}"
         )

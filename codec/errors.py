@@ -4,9 +4,10 @@ Every exception gradcodec raises on purpose is a :class:`CodecError`; most are a
 ``ValueError`` (or ``TypeError``), so code that only knows NumPy-style errors still catches
 them.  The classes live beside the code that raises them; docs/api.md ("Errors") lists them:
 
-- here: ``CodecValueError``, ``CodecTypeError`` and ``CodecKeyError`` (what a bad argument
-  raises: every ``raise`` of a plain ``ValueError``/``TypeError``/``KeyError`` in gradcodec
-  is one of these), ``CorruptFrameError``, ``UnknownCodecError``, ``NonFiniteError``
+- here: ``CodecValueError``, ``CodecTypeError``, ``CodecKeyError`` and ``CodecIndexError``
+  (what a bad argument raises: gradcodec never raises a plain ``ValueError``, ``TypeError``,
+  ``KeyError`` or ``IndexError`` on purpose; tests/test_errors.py holds the code to that),
+  ``CorruptFrameError``, ``UnknownCodecError``, ``NonFiniteError``
 - ``codec.spec.SpecError``: a spec string that does not parse
 - ``codec.io``: ``UnsupportedFormatError``, ``TensorFileError``, ``TensorNameError``
 - ``transport``: ``MismatchError``, ``RankError``, ``RankTypeError``
@@ -30,6 +31,10 @@ class CodecTypeError(CodecError, TypeError):
     """An argument of the wrong type: an unsupported dtype, a non-array, an array type that
     cannot be read or written (a device array on a machine without CUDA).  The message names
     the argument."""
+
+
+class CodecIndexError(CodecError, IndexError):
+    """A position outside the array it indexes."""
 
 
 class CodecKeyError(CodecError, KeyError):

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from codec.dtypes import bfloat16, on_device
-from codec.errors import CodecTypeError, CodecValueError
+from codec.errors import CodecIndexError, CodecTypeError, CodecValueError
 from codec.kernels import backend
 from codec.modes import SET
 
@@ -261,7 +261,7 @@ def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> 
         raise CodecValueError("out: must be C-contiguous")
     flat = out.reshape(out.size)
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
-        raise IndexError(f"idx: positions must lie in [0, {flat.size})")
+        raise CodecIndexError(f"idx: positions must lie in [0, {flat.size})")
     scatter_checked(values, idx, flat, mode)
 
 

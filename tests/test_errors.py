@@ -26,6 +26,11 @@ NOT_CODEC_ERRORS = {
 #: the built-in bases each public class is caught by (`except ValueError` code keeps working)
 BUILTIN_BASES = {
     "codec.errors.CodecError": set(),
+    "codec.errors.CodecValueError": {ValueError},
+    "codec.errors.CodecTypeError": {TypeError},
+    "codec.errors.CodecKeyError": {KeyError, LookupError},
+    "codec.errors.CodecIndexError": {IndexError, LookupError},
+    "codec.errors.NonFiniteError": {ValueError},
     "codec.errors.CorruptFrameError": {ValueError},
     "codec.errors.UnknownCodecError": {ValueError},
     "codec.spec.SpecError": {ValueError},
@@ -184,3 +189,180 @@ def test_exit_status_of_each_kind_of_error():
     # GRADCODEC_DEBUG asks for the traceback of what reached main unwrapped, not of usage/data/OS errors
     assert [traceback_wanted(e) for e in (UsageError(), DataError(), OSError(), KeyboardInterrupt(), SpecError(), RuntimeError())] == [
         False, False, False, False, True, True]
+
+
+# ------------------------------------------------------------- raises, not only classes (issue 28)
+#: built-in exceptions gradcodec never raises itself: each has a CodecError twin in codec.errors
+PLAIN = {"ValueError", "TypeError", "KeyError", "IndexError"}
+
+
+def test_no_plain_builtin_error_is_raised_on_purpose():
+    """Every ``raise ValueError(...)`` (TypeError, KeyError, IndexError) in codec/ and transport/
+    is a Codec*Error: ``except codec.CodecError`` catches whatever gradcodec refuses."""
+    import ast
+    from pathlib import Path
+
+    root = Path(codec.__file__).resolve().parent.parent
+    found = []
+    for pkg in ("codec", "transport"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                exc = node.exc if isinstance(node, ast.Raise) else node.value if isinstance(node, ast.Return) else None
+                if isinstance(exc, ast.Call):
+                    exc = exc.func
+                if isinstance(exc, ast.Name) and exc.id in PLAIN:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {exc.id}")
+    assert not found, "plain built-in errors raised on purpose:\n" + "\n".join(found)
+
+
+def _refused(call, match=None):
+    """``call()`` raises a CodecError (whatever built-in base it keeps) whose message holds the
+    text ``match``."""
+    import re
+
+    with pytest.raises(CodecError, match=None if match is None else re.escape(match)) as info:
+        call()
+    assert str(info.value).strip(), "an error without a message"
+    return info.value
+
+
+def _bad_values(p):
+    """Values a parameter refuses: out of its bounds, of the wrong type, not a choice."""
+    if p.choices:
+        return ["nope", 1]
+    if p.type is bool:
+        return [2, "maybe"]
+    out = ["x", "nan", "inf", "f(1)" if not p.schedule else "warmup(1,2)"]
+    if p.low is not None:
+        out.append(p.low if p.low_open else p.low - 1)
+    if p.high is not None:
+        out.append(p.high * 2 + 1)
+    if p.type is int:
+        out.append(1.5)
+    return out
+
+
+def _stage_params():
+    from codec.stage import registered
+
+    return [(name, p) for name, cls in sorted(registered().items()) for p in cls.params]
+
+
+@pytest.mark.parametrize("stage,param", [(s, p.name) for s, p in _stage_params()])
+def test_every_parameter_refuses_bad_values_with_a_codec_error(stage, param):
+    """get_codec (a spec and a config dict) and the stage's constructor refuse a bad value of
+    every parameter of every registered stage with a CodecError naming the parameter:
+    ``get_codec("topk(ratio=-1)")`` was a plain ValueError."""
+    from codec.stage import registered
+
+    cls = registered()[stage]
+    (p,) = [q for q in cls.params if q.name == param]
+    for bad in _bad_values(p):
+        _refused(lambda: codec.get_codec(f"{stage}({param}={bad})"), param)
+        if not isinstance(bad, str):
+            _refused(lambda: codec.get_codec({"id": stage, param: bad}), param)
+            _refused(lambda: cls(**{param: bad}), param)
+    _refused(lambda: codec.get_codec({"id": stage, "no_such_parameter": 1}), "no_such_parameter")
+
+
+@pytest.mark.parametrize("spec", ["", "topk(", "topk(ratio=0.1", "topk)", "topk(ratio=0.1)+", "nosuch", "topk(ratio=0.1)+nosuch",
+                                  "fp16+fp16", "zstd+fp16", "topk(ratio=0.1,ratio=0.2)", "topk(0.1)", "fp16(", "a" * 5000])
+def test_the_spec_parser_refuses_with_a_codec_error(spec):
+    _refused(lambda: codec.get_codec(spec))
+
+
+@pytest.mark.parametrize("bad", [None, 3, 1.5, b"fp16", ["fp16"], {"id": 3}, {}])
+def test_get_codec_refuses_what_is_not_a_spec(bad):
+    _refused(lambda: codec.get_codec(bad))
+
+
+def _bad_arrays():
+    x = np.ones((4, 6), np.float32)
+    return [
+        (np.arange(10), "x: dtype int64"),
+        (np.ones(3, np.complex64), "x: dtype complex64"),
+        (np.array(["a"]), "x: dtype <U1"),
+        (np.ma.masked_array(x), "x: masked arrays"),
+        (np.broadcast_to(np.float32(1), (1 << 20,)), "x: a broadcast array"),
+        ("not an array", "x: "),
+        (object(), "x: expected an array-like"),
+        (b"\x00\x00\x80\x3f", "x: a byte buffer has no float dtype"),
+    ]
+
+
+@pytest.mark.parametrize("spec", ["fp16", "topk(ratio=0.25)", "qsgd", "powersgd(rank=1)"])
+def test_encoders_refuse_bad_arrays_with_a_codec_error(spec):
+    """encode, encode_many (as a dict and as a list) and ErrorFeedback refuse bad input with a
+    CodecError naming the argument (``encode(np.arange(10))`` was a plain TypeError)."""
+    c = codec.get_codec(spec)
+    for bad, match in _bad_arrays():
+        _refused(lambda: c.encode(bad), match)
+        _refused(lambda: codec.ErrorFeedback(c).encode(bad, key="w"), match)
+        name = match.replace("x: ", "tensors['w']: ", 1) if match != "x: " else "tensors"
+        _refused(lambda: c.encode_many({"w": bad}), name.split(":")[0])
+        _refused(lambda: codec.ErrorFeedback(c).encode_many({"w": bad}), name.split(":")[0])
+    _refused(lambda: c.encode_many(42), "tensors")
+    _refused(lambda: c.encode_many({"w": np.ones(3, np.float32)}, layout="nope"), "layout")
+    _refused(lambda: c.encode(np.ones(3, np.float32), step=-1), "step")
+    _refused(lambda: c.encode(np.ones(3, np.float32), step=1.5), "step")
+    _refused(lambda: codec.ErrorFeedback(c).encode(np.ones(3, np.float32), key=["a"]), "key: must be hashable, got a list")
+    _refused(lambda: codec.ErrorFeedback(c).residual({}), "key: must be hashable, got a dict")
+    _refused(lambda: codec.ErrorFeedback(c).residual("never seen"), "key: no residual for 'never seen'")
+
+
+def test_error_feedback_options_are_codec_errors():
+    _refused(lambda: codec.ErrorFeedback("topk", momentum=1.5), "momentum")
+    _refused(lambda: codec.ErrorFeedback("topk", momentum="a"), "momentum")
+    _refused(lambda: codec.ErrorFeedback("fp16", residuals="yes"), "residuals")
+    _refused(lambda: codec.ErrorFeedback(42))
+    ef = codec.ErrorFeedback("topk(ratio=0.5)")
+    ef.encode(np.ones(8, np.float32), key="w")
+    _refused(lambda: ef.encode(np.ones(9, np.float32), key="w"), "x: key 'w' was float32[8], now float32[9]")
+    for state, match in [(None, "state"), ({"codec": "fp16", "slots": []}, "codec"), ({"codec": "topk(ratio=0.5)"}, "slots"),
+                         ({"codec": "topk(ratio=0.5)", "slots": [{"key": "w", "residual": np.arange(3), "step": 0}]}, "residual"),
+                         ({"codec": "topk(ratio=0.5)", "slots": [{"key": "w", "residual": np.ones(3, np.float32), "step": -1}]}, "step")]:
+        _refused(lambda: ef.load_state_dict(state), match)
+
+
+def test_decoders_refuse_bad_outs_with_a_codec_error():
+    x = np.ones((4, 6), np.float32)
+    c = codec.get_codec("topk(ratio=0.5)")
+    frame, many = c.encode(x), c.encode_many({"w": x})
+    outs = [
+        (np.zeros(5, np.float32), "out: has 5 elements"),
+        (np.zeros(24, np.float64), "out: dtype float64"),
+        (np.zeros(24, np.int32), "out: dtype int32"),
+        (np.zeros((6, 4), np.float32).T, "out: must be a writeable"),
+        ([0.0] * 24, "out: expected a NumPy array"),
+        (np.ma.masked_array(np.zeros(24, np.float32)), "out: masked arrays"),
+    ]
+    for out, match in outs:
+        _refused(lambda: codec.decode(frame, out=out), match)
+    _refused(lambda: c.decode_add(frame, None), "out")
+    _refused(lambda: c.decode_add(frame, np.zeros(24, np.int64)), "out: dtype int64 cannot accumulate")
+    _refused(lambda: codec.decode_many(many, out={"w": np.zeros(5, np.float32)}), "out")
+    _refused(lambda: codec.decode_many(many, out={"v": np.zeros(24, np.float32)}), "out")
+    _refused(lambda: codec.decode_add_many(many, [np.zeros(24, np.int8)]), "out")
+    for bad in (b"", b"GRAD" * 10, 42, None, "frame"):
+        _refused(lambda: codec.decode(bad))
+        _refused(lambda: codec.decode_many(bad))
+        _refused(lambda: codec.inspect(bad))
+
+
+def test_the_allreducer_refuses_with_codec_errors():
+    pytest.importorskip("mpi4py")
+    from mpi4py import MPI
+
+    from transport import Allreducer
+
+    self = MPI.COMM_SELF
+    _refused(lambda: Allreducer("fp16", self, average="yes"), "average")
+    _refused(lambda: Allreducer("fp16", self, bucket_bytes=-1), "bucket_bytes")
+    _refused(lambda: Allreducer("topk(ratio=-1)", self), "ratio")
+    _refused(lambda: Allreducer("fp16", self, vote=True), "vote")
+    r = Allreducer("fp16", self)
+    _refused(lambda: r.reduce({"w": np.arange(4)}), "dtype int64")
+    _refused(lambda: r.reduce(42))
+    _refused(lambda: r.reduce({"w": np.ones(4, np.float32)}, out={"w": np.ones(3, np.float32)}), "out")
+    _refused(lambda: r.load_state_dict(None), "state")
+    _refused(lambda: r.load_state_dict({"nope": 1}), "nope")

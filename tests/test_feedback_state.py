@@ -749,3 +749,12 @@ def test_broadcast_arrays_are_refused_before_the_copy():
     one = ErrorFeedback("topk(ratio=0.05)")
     one.load_state_dict({"codec": one.codec.get_config(), "slots": [{"key": "s", "residual": np.broadcast_to(np.float32(0.5), (1, 1)), "step": 1}]})
     assert one.state_dict()["slots"][0]["residual"].tolist() == [[0.5]]
+
+
+def test_an_empty_residual_with_zero_strides_loads():
+    """np.empty((3, 0)) may have a zero stride over its extent of 3: no elements, no broadcast
+    (the broadcast rule first refused every state holding one)."""
+    ef = ErrorFeedback("topk(ratio=0.5)")
+    empty = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (3, 0), (0, 4))
+    ef.load_state_dict({"codec": ef.codec.get_config(), "slots": [{"key": "e", "residual": empty, "step": 1}]})
+    assert ef.state_dict()["slots"][0]["residual"].shape == (3, 0)

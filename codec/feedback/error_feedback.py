@@ -138,6 +138,13 @@ class ErrorFeedback:
         finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())()
         return frame
 
+    def _get(self, key):
+        """The slot of ``key``, or None; CodecTypeError naming ``key`` when it is not hashable."""
+        try:
+            return self._slots.get(key)
+        except TypeError:
+            raise CodecTypeError(f"key: must be hashable, got a {type(key).__name__}") from None
+
     def _claim(self, key, arr: np.ndarray, argname: str) -> Slot:
         """The slot ``arr`` is encoded with under ``key`` (:meth:`slot`), after :meth:`check`;
         a new one has its zero residual where ``arr`` lives."""
@@ -149,7 +156,7 @@ class ErrorFeedback:
         know first (a transport, before its collective): the key has steps left, and with
         residuals an array of ``shape`` and ``dtype`` fits the key's residual.  ValueError
         naming ``argname`` otherwise."""
-        slot = self._slots.get(key)
+        slot = self._get(key)
         if slot is None:
             return
         _check_steps(slot)
@@ -266,7 +273,7 @@ class ErrorFeedback:
         device array."""
         dtype = np.dtype(dtype)
         shape = tuple(int(n) for n in shape)
-        slot = self._slots.get(key)
+        slot = self._get(key)
         if slot is not None:
             _check_steps(slot)
         if slot is not None and slot.fits(shape, dtype):
@@ -291,7 +298,10 @@ class ErrorFeedback:
         """The current residual of ``key`` (a read-only view); None without residuals.  A
         residual on the device is returned as the device array itself (device arrays have no
         read-only flag: do not write it)."""
-        r = self._slots[key].residual
+        slot = self._get(key)
+        if slot is None:
+            raise CodecKeyError(f"key: no residual for {key!r}; encode it first")
+        r = slot.residual
         if r is None or on_device(r):
             return r
         r = r.view()
@@ -306,7 +316,7 @@ class ErrorFeedback:
         intends.  ``values`` are rounded once into the residual's dtype."""
         if not self.residuals:
             raise CodecValueError("add_residual: this ErrorFeedback keeps no residuals (residuals=False)")
-        slot = self._slots.get(key)
+        slot = self._get(key)
         if slot is None:
             raise CodecKeyError(f"key: no residual for {key!r}; encode it first")
         from codec.modes import ADD
@@ -328,7 +338,7 @@ class ErrorFeedback:
 
     def step(self, key=None) -> int:
         """How many frames ``key`` has produced."""
-        slot = self._slots.get(key)
+        slot = self._get(key)
         return 0 if slot is None else slot.step
 
     def keys(self) -> list:

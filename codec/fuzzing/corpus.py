@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import codec
 from codec import container as _container
 from codec.fuzzing.formats import dumps_state, join_many, layout_prefix
-from codec.fuzzing.seeds import seed_arrays, seed_specs
+from codec.fuzzing.seeds import seed_arrays, seed_specs, select_value_pairs
 
 
 @dataclass
@@ -106,6 +106,7 @@ def seed_corpus(full: bool = True, specs=None) -> Seeds:
             containers.append((spec, _container.pack_frames([(f"{names[i % len(names)]}{i}", f) for i, f in enumerate(pick)])))
     containers.append(("-", _container.pack_frames([])))
     spec_seeds = [(s, s.encode()) for s in specs]
+    spec_seeds += [(s, s.encode()) for s in select_value_pairs() if s not in specs]
     for s in specs:  # canonical forms too (what frames carry)
         canon = codec.get_codec(s).spec
         if canon != s:

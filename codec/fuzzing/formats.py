@@ -165,13 +165,28 @@ _STATE_GLOBALS = {
     ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
     ("numpy.matrixlib.defmatrix", "matrix"), ("numpy._core.defchararray", "chararray"),
     ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
-    ("builtins", "slice"), ("builtins", "range"),
+    ("builtins", "slice"), ("builtins", "range"), ("numpy", "broadcast_to"),
 }
 
 
+class Broadcast:
+    """A broadcast array in a state pickle: ``np.broadcast_to(value, shape)``, made when the
+    pickle loads (a zero-stride view that costs nothing until something copies it; pickling
+    the view itself would write out every element)."""
+
+    def __init__(self, value, shape):
+        self.value, self.shape = value, tuple(shape)
+
+    def __reduce__(self):
+        import numpy as np
+
+        return (np.broadcast_to, (self.value, self.shape))
+
+
 class _StateUnpickler(pickle.Unpickler):
-    """Unpickles numpy arrays, scalars and dtypes (any ``numpy.dtypes`` class, ml_dtypes types)
-    and plain containers; nothing else (a corpus file must not run code)."""
+    """Unpickles numpy arrays, scalars and dtypes (any ``numpy.dtypes`` class, ml_dtypes types),
+    broadcast views (:class:`Broadcast`) and plain containers; nothing else (a corpus file
+    must not run code)."""
 
     def find_class(self, module, name):
         if (module, name) in _STATE_GLOBALS or module == "numpy.dtypes" or (
@@ -182,7 +197,22 @@ class _StateUnpickler(pickle.Unpickler):
 
 
 def dumps_state(obj) -> bytes:
-    return pickle.dumps(obj, protocol=4)
+    """The state pickle of ``obj``; a broadcast view in it (one a loaded pickle made) is
+    written as its :class:`Broadcast`, never element by element."""
+    return pickle.dumps(_broadcasts_kept(obj), protocol=4)
+
+
+def _broadcasts_kept(obj):
+    import numpy as np
+
+    if isinstance(obj, np.ndarray) and type(obj) is np.ndarray and any(st == 0 and d > 1 for st, d in zip(obj.strides, obj.shape)):
+        base = obj[tuple(slice(0, 1) if st == 0 else slice(None) for st in obj.strides)].copy()
+        return Broadcast(base, obj.shape)
+    if isinstance(obj, dict):
+        return {k: _broadcasts_kept(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(_broadcasts_kept(v) for v in obj)
+    return obj
 
 
 def loads_state(data: bytes):
@@ -192,7 +222,7 @@ def loads_state(data: bytes):
 # ------------------------------------------------------------------ many-tensor frames
 def layout_prefix(layout) -> bytes:
     """A layout as the many target's input carries it: a names flag byte, the tensor count
-    (varint) and the layout table (docs/format.md)."""
+    (varint) and the layout table (docs/format.md); ``layout`` may be a :func:`raw_layout`."""
     from codec.manyframe import put_varint
 
     out = bytearray([layout.names is not None])
@@ -201,7 +231,8 @@ def layout_prefix(layout) -> bytes:
 
 
 def layout_of_prefix(prefix: bytes):
-    """The :class:`codec.Layout` of a :func:`layout_prefix` (CorruptFrameError if it is not one)."""
+    """The :class:`codec.Layout` of a :func:`layout_prefix` (CorruptFrameError if it is not
+    one); one whose names repeat, which the constructor refuses, as a :func:`raw_layout`."""
     from codec.errors import CorruptFrameError
     from codec.manyframe import Cursor, Layout, read_table
 
@@ -213,9 +244,36 @@ def layout_of_prefix(prefix: bytes):
     if count > mv.nbytes:
         raise CorruptFrameError("layout prefix: too many tensors")
     shapes, dts, names = read_table(cur, count, bool(mv[0]))
-    if cur.pos != mv.nbytes or (names is not None and len(set(names)) != len(names)):
-        raise CorruptFrameError("layout prefix: trailing bytes or repeated names")
-    return Layout(tuple(shapes), tuple(dts), None if names is None else tuple(names))
+    if cur.pos != mv.nbytes:
+        raise CorruptFrameError("layout prefix: trailing bytes")
+    names = None if names is None else tuple(names)
+    if names is not None and len(set(names)) != len(names):  # the constructor refuses it: the parser must too
+        return raw_layout(shapes, dts, names)
+    return Layout(tuple(shapes), tuple(dts), names)
+
+
+def raw_layout(shapes, dtypes, names=None):
+    """A :class:`codec.Layout` built without its constructor (so without its checks: repeated
+    names, say), as a layout can reach the parser by another route (``object.__new__``, a
+    subclass, ``copy``): what the many target hands ``decode_many`` to check that the parser
+    checks every layout it meets itself."""
+    from codec.manyframe import Layout
+
+    lay = object.__new__(Layout)
+    for k, v in (("shapes", tuple(tuple(s) for s in shapes)), ("dtypes", tuple(dtypes)), ("names", None if names is None else tuple(names))):
+        object.__setattr__(lay, k, v)
+    return lay
+
+
+def layout_fields(prefix: bytes):
+    """``(shapes, dtypes, names)`` of a :func:`layout_prefix`, or None when it is not one."""
+    from codec.errors import CodecError
+
+    try:
+        lay = layout_of_prefix(prefix)
+    except CodecError:
+        return None
+    return [list(s) for s in lay.shapes], list(lay.dtypes), None if lay.names is None else list(lay.names)
 
 
 def join_many(prefix: bytes, frame: bytes) -> bytes:

@@ -19,6 +19,18 @@ EXTRA_PIPELINES = (
 )
 
 
+def select_value_pairs() -> list[str]:
+    """Every registered select stage behind every registered value stage (and qsgd's Elias
+    coding), the spec target's seeds besides :func:`seed_specs`: the oracle's round trip then
+    checks that each pair's encoder writes only frames its decoder reads (issue 28)."""
+    from codec.stage import registered
+
+    stages = registered()
+    selects = sorted(n for n, c in stages.items() if c.kind == "select")
+    values = sorted(n for n, c in stages.items() if c.kind == "value") + ["qsgd(coding=elias)"]
+    return [f"{s}+{v}" for s in selects for v in values]
+
+
 def seed_specs() -> list[str]:
     """Every registered codec id, then the conformance suite's pipelines
     (``codec.testing.PIPELINES``), then :data:`EXTRA_PIPELINES` (no repeats, in that order)."""

@@ -10,7 +10,7 @@ import numpy as np
 
 import codec
 from codec.dtypes import bfloat16
-from codec.fuzzing.formats import dumps_state, loads_state
+from codec.fuzzing.formats import Broadcast, dumps_state, loads_state
 from codec.fuzzing.mutators.byte_level import byte_mutation, weighted
 from codec.fuzzing.mutators.spec import mutate_spec_text
 from codec.fuzzing.seeds import DTYPES, seed_specs
@@ -55,8 +55,9 @@ def _bad_array_of(rng: random.Random, a):
         return a.tolist()
     if r == 10:
         return rng.choice((None, 1.5, "residual", b"\0\0\0\0", {"a": 1}, (1.0, 2.0), float("nan")))
-    if r == 11:  # a huge array that costs nothing until copied
-        return np.broadcast_to(np.zeros((), a.dtype), rng.choice(((1 << 40,), (1 << 20, 1 << 20), (1 << 59,))))
+    if r == 11:  # a broadcast array (zero stride): huge, costing nothing until copied, or of the key's own shape
+        shape = rng.choice(((1 << 40,), (1 << 20, 1 << 20), (1 << 59,), (1 << 30,), a.shape, a.shape + (1,)))
+        return Broadcast(np.asarray(rng.choice((0.0, 1.5, np.nan)), a.dtype), shape)
     if r == 12:
         b = a.copy()
         if b.size:

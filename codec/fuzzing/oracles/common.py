@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.errors import CodecError
 from codec.fuzzing.findings import Finding
 
 
@@ -58,7 +59,7 @@ def _encode_decoded(calls, what: str, encode, *args, dtype, shape):
     None when ``encode`` refused."""
     import codec
 
-    frame, err = calls.call(what, encode, *args, expect=(ValueError, TypeError))
+    frame, err = calls.call(what, encode, *args, expect=(CodecError,))
     if err is not None:
         _require_message(err, what)
         return None

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 import codec
-from codec.errors import CodecError, CodecValueError, CorruptFrameError
+from codec.errors import CodecError, CorruptFrameError
 from codec.fuzzing.findings import MAX_ELEMENTS, MEMORY_FLOOR, Finding, Outcome, _Calls
 from codec.fuzzing.formats import split_frame
 from codec.fuzzing.oracles.common import _check_plain, _same_nan_aware, _same_values
@@ -35,7 +35,7 @@ def check_frame(data, calls: _Calls, *, extras: bool = True) -> Outcome:
         if dec is not None:
             raise Finding("inspect refused a frame that decode accepted", str(err)[:200])
         return Outcome("rejected", type(err).__name__)
-    sp, serr = calls.call("decode_sparse", codec.decode_sparse, data, expect=(CodecError, ValueError), mem_bound=sparse_bound)
+    sp, serr = calls.call("decode_sparse", codec.decode_sparse, data, expect=(CodecError,), mem_bound=sparse_bound)
     if serr is not None and not isinstance(serr, CodecError) and "not sparse" not in str(serr):
         raise Finding("decode_sparse: ValueError that is not the documented 'not sparse' one", str(serr)[:200])
     if dec is None:
@@ -56,7 +56,7 @@ def check_frame(data, calls: _Calls, *, extras: bool = True) -> Outcome:
         raise Finding("decode(out=) refused a frame decode accepted", f"{type(oerr).__name__}: {oerr}"[:200])
     if res is not out or not _same_nan_aware(out, dec):
         raise Finding("decode(out=) differs from decode")
-    c, cerr = calls.call("get_codec", codec.get_codec, info["codec"], expect=(ValueError, TypeError))
+    c, cerr = calls.call("get_codec", codec.get_codec, info["codec"], expect=(CodecError,))
     if cerr is not None:
         raise Finding("a decodable frame names a spec get_codec refuses", str(cerr)[:200])
     acc = np.zeros(dec.shape, dec.dtype)
@@ -121,7 +121,7 @@ def _odd_outs(dec):
 
 def _check_odd_outs(data, dec, calls: _Calls) -> None:
     """``out`` arguments a caller might pass by mistake (np.matrix, strided, Fortran order)
-    either raise CodecValueError/TypeError or give decode's result, and never write outside ``out``."""
+    either raise a CodecError or give decode's result, and never write outside ``out``."""
     if dec.size == 0:
         return
     c = codec.get_codec(codec.inspect(data)["codec"])
@@ -131,7 +131,7 @@ def _check_odd_outs(data, dec, calls: _Calls) -> None:
             buf[...] = 7
             out[...] = 0
             guard = buf.view(ucode).copy()
-            res, err = calls.call(f"{call}({name})", fn, data, out, expect=(ValueError, TypeError))
+            res, err = calls.call(f"{call}({name})", fn, data, out, expect=(CodecError,))
             changed = buf.view(ucode) != guard
             if np.any(changed & ~mask):
                 raise Finding(f"{call} into a {name} wrote outside it", f"{int(np.sum(changed & ~mask))} elements")

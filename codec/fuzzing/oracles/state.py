@@ -8,6 +8,7 @@ import numpy as np
 
 import codec
 from codec.dtypes import CODES
+from codec.errors import CodecError
 from codec.fuzzing.findings import Finding, Outcome, _Calls
 from codec.fuzzing.formats import loads_state
 from codec.fuzzing.oracles.common import _check_plain, _encode_decoded, _same_nan_aware
@@ -42,11 +43,11 @@ def check_state(data, calls: _Calls) -> Outcome:
     except Exception:  # noqa: BLE001 - not an input the harness can use (a damaged pickle)
         return Outcome("invalid", "unreadable")
     before = _prior_state(ef)
-    _, err = calls.call("load_state_dict", ef.load_state_dict, state, expect=(ValueError, TypeError))
+    _, err = calls.call("load_state_dict", ef.load_state_dict, state, expect=(CodecError,))
     # unpickling an ErrorFeedback reads the same state through __setstate__ (codec and
     # momentum from the state): refused or accepted, with the same kinds of errors
     blank = codec.ErrorFeedback.__new__(codec.ErrorFeedback)
-    _, perr = calls.call("ErrorFeedback.__setstate__", blank.__setstate__, state, expect=(ValueError, TypeError))
+    _, perr = calls.call("ErrorFeedback.__setstate__", blank.__setstate__, state, expect=(CodecError,))
     for e, what in ((err, "load_state_dict"), (perr, "__setstate__")):
         if e is not None and not any(w in str(e) for w in _FIELDS):
             raise Finding(f"{what}: {type(e).__name__} that names no field", str(e)[:200])
