@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from codec.errors import CodecError, CodecTypeError
+from codec.errors import CodecError, CodecTypeError, CodecValueError
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -64,7 +64,8 @@ def _tokens(text: str):
             break
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise SpecError(f"bad spec {text!r}: unexpected {text[pos:].strip()[:20]!r} at position {pos}")
+            rest = text[pos:].lstrip()
+            raise SpecError(f"bad spec {text!r}: unexpected {rest.rstrip()[:20]!r} at position {len(text) - len(rest)}")
         kind = m.lastgroup
         out.append((kind, m.group(kind), m.start(kind)))
         pos = m.end()
@@ -142,7 +143,7 @@ class _Parser:
                 return self.call(text)
             low = text.lower()
             return {"true": True, "false": False, "none": None}.get(low, text)
-        raise SpecError(f"bad spec {self.text!r}: expected a value at position {pos}, found {text or 'the end'!r}")
+        raise SpecError(f"bad spec {self.text!r}: expected a value at position {pos}, found {repr(text) if text else 'the end'}")
 
     def call(self, name):
         tok = self.take("punct", "(")
@@ -208,7 +209,14 @@ def format_value(v) -> str:
     if isinstance(v, Call):
         return str(v)
     if isinstance(v, str):
-        return v if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v) and v.lower() not in ("true", "false", "none", "inf", "nan") else f"'{v}'"
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v) and v.lower() not in ("true", "false", "none", "inf", "nan"):
+            return v
+        # STRING has no escapes: a text holding one kind of quote goes between the other kind
+        if "'" not in v:
+            return f"'{v}'"
+        if '"' not in v:
+            return f'"{v}"'
+        raise CodecValueError(f"cannot put {v!r} in a spec string: it holds both kinds of quote")
     raise CodecTypeError(f"cannot put {v!r} in a spec string")
 
 

@@ -1,11 +1,15 @@
 """Spec strings: grammar, canonical form, and the errors a user sees."""
 
+import math
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import codec
-from codec.spec import Call, format_spec, parse
+from codec.errors import CodecError, CodecTypeError, CodecValueError
+from codec.spec import Call, SpecError, format_spec, format_stage, format_value, parse, parse_value
 
 
 @pytest.mark.parametrize(
@@ -25,23 +29,139 @@ def test_parse(text, want):
 
 
 @pytest.mark.parametrize(
-    "text, fragment",
+    "text, message",
     [
-        ("", "empty"),
-        ("fp16(", "parameter name"),
-        ("fp16+", "stage name"),
-        ("topk(ratio=)", "expected a value at position 11"),
-        ("a(b=1,b=2)", "given twice"),
-        ("fp16 zstd", "'zstd'"),
-        ("fp16(level 3)", "'='"),
-        ("f(x=g(a=1,2))", "positional argument after keyword"),
-        ("fp16#", "'#'"),
+        ("", "empty; expected a stage name such as 'fp16'"),
+        ("fp16(", "expected a parameter name at position 5, found the end"),
+        ("fp16(=3)", "expected a parameter name at position 5, found '='"),
+        ("fp16+", "expected a stage name at position 5, found the end"),
+        ("(fp16)", "expected a stage name at position 0, found '('"),
+        ("topk(ratio=)", "expected a value at position 11, found ')'"),
+        ("topk(ratio=", "expected a value at position 11, found the end"),
+        ("f(x=g(", "expected a value at position 6, found the end"),
+        ("f(x=g(a=", "expected a value at position 8, found the end"),
+        ("f(x=g(1", "expected ',' or ')' at position 7, found the end"),
+        ("fp16(level=3", "expected ',' or ')' at position 12, found the end"),
+        ("fp16(level=3 4)", "expected ',' or ')' at position 13, found '4'"),
+        ("a(b=1,b=2)", "parameter 'b' given twice at position 6"),
+        ("fp16 zstd", "expected '+' or the end at position 5, found 'zstd'"),
+        ("  fp16  zstd", "expected '+' or the end at position 8, found 'zstd'"),
+        ("fp16(level 3)", "expected '=' at position 11, found '3'"),
+        ("fp16(level(3)", "expected '=' at position 10, found '('"),
+        ("f(x=g(a=1,2))", "positional argument after keyword at position 10"),
+        ("fp16#", "unexpected '#' at position 4"),
+        ("a(b=1x)", "unexpected '1x)' at position 4"),
+        # the unexpected text is shown up to 20 characters
+        ("fp16 #abcdefghijklmnopqrstuvwxyz", "unexpected '#abcdefghijklmnopqrs' at position 5"),
     ],
 )
-def test_bad_syntax_names_the_token(text, fragment):
-    with pytest.raises(ValueError, match="bad spec") as e:
+def test_bad_syntax_names_the_token_and_its_position(text, message):
+    with pytest.raises(SpecError, match=f"^{re.escape(f'bad spec {text!r}: {message}')}$"):
         parse(text)
-    assert fragment in str(e.value)
+
+
+def test_blank_spec_is_empty():
+    with pytest.raises(SpecError, match=r"^bad spec '': empty; expected a stage name such as 'fp16'$"):
+        parse("  \t")
+
+
+def test_parse_value_refuses_what_follows_the_value():
+    with pytest.raises(SpecError, match=r"^bad spec '1 2': expected the end of the value at position 2, found '2'$"):
+        parse_value("1 2")
+    with pytest.raises(SpecError, match=r"^bad spec '': expected a value at position 0, found the end$"):
+        parse_value("")
+
+
+def test_spec_errors_are_codec_errors_and_value_errors():
+    with pytest.raises(SpecError) as e:
+        parse("fp16(")
+    assert isinstance(e.value, CodecError) and isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("text, got", [(b"fp16", "bytes"), (None, "NoneType"), (["fp16"], "list")])
+def test_only_text_is_parsed(text, got):
+    with pytest.raises(CodecTypeError, match=f"^spec: expected a string, got {got}$"):
+        parse(text)
+    with pytest.raises(CodecTypeError, match=f"^spec value: expected a string, got {got}$"):
+        parse_value(text)
+
+
+def test_values_have_their_types():
+    (name, p), = parse("a(b=1,c=+2,d=-3,e=1.,f=.5,g=1e3,h=-2.5E-3,i=007,j=TRUE,k=False,l=NONE,m=\"dq\",n=infinity,o=nanny)")
+    assert name == "a"
+    assert p == {"b": 1, "c": 2, "d": -3, "e": 1.0, "f": 0.5, "g": 1000.0, "h": -0.0025, "i": 7,
+                 "j": True, "k": False, "l": None, "m": "dq", "n": "infinity", "o": "nanny"}
+    assert [type(p[k]) for k in "bcdi"] == [int] * 4 and [type(p[k]) for k in "efgh"] == [float] * 4
+    (_, q), = parse("a(i=inf,j=-inf,k=+inf,l=nan,m=-nan)")
+    assert q["i"] == math.inf and q["j"] == -math.inf and q["k"] == math.inf
+    assert math.isnan(q["l"]) and math.isnan(q["m"])
+
+
+def test_parse_value():
+    assert parse_value("0.5") == 0.5 and type(parse_value("3")) is int
+    assert parse_value(" auto ") == "auto"
+    assert parse_value("none") is None and parse_value("True") is True
+    assert parse_value("warmup(0.25,0.001,steps=1000)") == Call("warmup", (0.25, 0.001), (("steps", 1000),))
+
+
+def test_empty_parentheses():
+    assert parse("fp16()") == [("fp16", {})]
+    assert parse("a(b=g())") == [("a", {"b": Call("g")})]
+    assert format_spec(parse("a(b=g())")) == "a(b=g())"
+
+
+def test_canonical_text_of_every_kind_of_value():
+    """The canonical text stored in frames: booleans, none, NaN and the infinities by name,
+    a string as a name when it can be one and quoted when it cannot."""
+    params = {"b": True, "c": False, "d": None, "e": math.nan, "f": math.inf, "g": -math.inf, "h": 3, "i": -7,
+              "j": 0.5, "k": -0.0, "l": 1e-07, "m": "word", "n": "two words", "o": "none", "p": "True", "q": "inf",
+              "r": "NaN", "s": "", "t": "1", "u": "it's", "v": 'say "hi"'}
+    text = format_spec([("a", params), ("zstd", {})])
+    assert text == ("a(b=true,c=false,d=none,e=nan,f=inf,g=-inf,h=3,i=-7,j=0.5,k=-0.0,l=1e-07,m=word,n='two words',"
+                    "o='none',p='True',q='inf',r='NaN',s='',t='1',u=\"it's\",v='say \"hi\"')+zstd")
+    (name, back), zstd = parse(text)
+    assert name == "a" and zstd == ("zstd", {}) and list(back) == list(params)
+    assert math.isnan(back.pop("e")) and math.isnan(params.pop("e"))
+    assert back == params
+    assert all(type(back[k]) is type(params[k]) for k in params)
+    assert format_value(True) == "true" and format_value(False) == "false" and format_value(None) == "none"
+    assert format_value(math.nan) == "nan" and format_value(math.inf) == "inf" and format_value(-math.inf) == "-inf"
+    assert format_value(0) == "0" and format_value(0.0) == "0.0"
+
+
+def test_a_string_holding_both_quotes_has_no_spec_text():
+    """format_value("it's") gave 'it's', which does not parse back: a text with one kind of
+    quote now goes between the other kind, and one with both is refused."""
+    assert parse(format_spec(parse("a(b=\"it's\")"))) == [("a", {"b": "it's"})]
+    both = "a'b" + '"c'
+    with pytest.raises(CodecValueError, match=f"^cannot put {re.escape(repr(both))} in a spec string: it holds both kinds of quote$"):
+        format_value(both)
+
+
+@pytest.mark.parametrize("value, shown", [([1], r"\[1\]"), (1j, r"1j"), (b"x", r"b'x'")])
+def test_values_with_no_spec_text_are_refused(value, shown):
+    with pytest.raises(CodecTypeError, match=f"^cannot put {shown} in a spec string$"):
+        format_value(value)
+
+
+def test_call_text():
+    assert str(Call("warmup", (0.25, 0.001), (("steps", 1000),))) == "warmup(0.25,0.001,steps=1000)"
+    c = Call("f", (True, None, "two words", -math.inf), (("k", Call("g", (1,))), ("m", False)))
+    assert str(c) == format_value(c) == "f(true,none,'two words',-inf,k=g(1),m=false)"
+    assert parse_value(str(c)) == c
+    assert format_stage("fp16", {}) == "fp16" and format_stage("a", {"b": c}) == f"a(b={c})"
+
+
+def test_ten_sibling_call_values():
+    """Sibling calls do not add up to a nesting depth: ten of them, as parameters and as one
+    call's arguments, parse."""
+    text = "s(" + ",".join(f"p{i}=f({i})" for i in range(10)) + ")"
+    want = [("s", {f"p{i}": Call("f", (i,)) for i in range(10)})]
+    assert parse(text) == want and format_spec(want) == text
+    inner = "s(p=f(" + ",".join(f"g({i},k=h({i}))" for i in range(10)) + "))"
+    (_, p), = parse(inner)
+    assert p["p"] == Call("f", tuple(Call("g", (i,), (("k", Call("h", (i,))),)) for i in range(10)))
+    assert format_spec(parse(inner)) == inner
 
 
 def test_unknown_stage_lists_valid_choices():
@@ -106,6 +226,21 @@ def test_call_values_nest_at_most_max_depth():
             parse(f"topk(ratio={deep})")
         with pytest.raises(ValueError):
             codec.get_codec(f"fp16(nonfinite={deep})")
+
+
+def test_call_values_nest_eight_deep():
+    """The depth is counted along one chain of calls: eight deep parses, nine does not, and
+    a call closed before does not count (the message shows the text's first 80 characters)."""
+    assert parse("a(b=" + "f(" * 8 + "1" + ")" * 8 + ")")[0][1]["b"].name == "f"
+    text = "topk(ratio=" + "abcdefghij(" * 9 + "1" + ")" * 10
+    with pytest.raises(SpecError, match=f"^{re.escape(f'bad spec {text[:80]!r}: call values nest more than 8 deep at position 109')}$"):
+        parse(text)
+    # g(1) is closed before the chain of h: h nests eight deep below f, nine in all
+    closed = "a(b=f(g(1)," + "h(" * 7 + "1" + ")" * 7 + "))"
+    assert parse(closed)[0][1]["b"].args[0] == Call("g", (1,))
+    deeper = "a(b=f(g(1)," + "h(" * 8 + "1" + ")" * 8 + "))"
+    with pytest.raises(SpecError, match=r"call values nest more than 8 deep at position 26$"):
+        parse(deeper)
 
 
 def test_schedule_value_beyond_float64_is_a_value_error():
