@@ -262,3 +262,71 @@ def test_supervise_saves_crashing_and_hanging_inputs(monkeypatch, tmp_path):
     assert st.crashes[0]["signal"] == 6 and "Aborted" in st.crashes[0]["stderr_tail"]
     # outcomes of inputs run after a child's last report (it reports once a second) are unknown
     assert st.inputs == 12 and st.outcomes.get("ok", 0) + st.outcomes.get("unreported (child died)", 0) == 10, st.outcomes
+
+
+# ----------------------------------------------------------------------------- issue 28's additions
+def test_oracle_flags_a_plain_builtin_error(monkeypatch):
+    """Every refusal is a CodecError now: a plain ValueError from a parser is a finding."""
+    f = _frame()
+
+    def plain(*a, **k):
+        raise ValueError("from somewhere inside")
+
+    monkeypatch.setattr(codec, "decode", plain)
+    out = fuzzing.check("frame", f)
+    assert out.finding and out.label.startswith("ValueError at")
+
+
+def test_state_pickles_carry_broadcast_views_without_copying():
+    from codec.fuzzing.formats import Broadcast
+
+    huge = np.broadcast_to(np.float32(0.5), (1 << 40,))
+    data = fuzzing.dumps_state({"a": [huge, Broadcast(np.zeros((), np.float16), (3, 1 << 30))]})
+    assert len(data) < 1000  # written as broadcast_to(value, shape), not element by element
+    a, b = fuzzing.loads_state(data)["a"]
+    assert a.shape == (1 << 40,) and a.strides == (0,) and a[123] == 0.5 and b.shape == (3, 1 << 30) and b.dtype == np.float16
+    # a state whose residual is one: refused naming the field, nothing allocated
+    ef = codec.ErrorFeedback("topk")
+    ef.encode(np.ones(10, np.float32), key="w")
+    st = ef.state_dict()
+    st["slots"][0]["residual"] = huge
+    out = fuzzing.check("state", fuzzing.dumps_state({"codec": "topk", "momentum": 0.0, "state": st}))
+    assert out == fuzzing.Outcome("rejected", "CodecValueError")
+
+
+def test_many_layouts_are_edited_as_a_caller_gets_them_wrong():
+    """The many target's layout edits reach the parser's own checks: a repeated name (a
+    Layout the constructor refuses, built another way), dropped names, other shapes."""
+    from codec.fuzzing.formats import join_many, layout_fields, layout_prefix, raw_layout, split_many
+
+    tensors = {f"t{i}": np.ones(i + 1, np.float32) for i in range(3)}
+    frame = codec.get_codec("fp16").encode_many(tensors, layout="hash")
+    seed = join_many(layout_prefix(codec.Layout.of(tensors)), frame)
+    assert fuzzing.check("many", seed).kind == "ok"
+    edits = set()
+    for i in range(300):
+        parts = split_many(fuzzing.mutate("many", random.Random(i), seed, seed))
+        fields = None if parts is None else layout_fields(parts[0])
+        if fields is None:
+            continue
+        shapes, _, names = fields
+        if names is not None and len(set(names)) < len(names):
+            edits.add("repeat")
+        elif names is None:
+            edits.add("names")
+        elif shapes != [[1], [2], [3]]:
+            edits.add("shape")
+    assert {"repeat", "names", "shape"} <= edits, edits
+    # the repeated name, with a frame whose hash matches it: refused, never fewer tensors
+    lay = raw_layout([(1,), (2,), (3,)], [np.dtype(np.float32)] * 3, ("t0", "t1", "t0"))
+    with pytest.raises(codec.CodecError, match="t0"):
+        codec.decode_many(frame, layout=lay)
+
+
+def test_spec_seeds_hold_every_select_value_pair():
+    from codec.fuzzing.seeds import select_value_pairs
+
+    pairs = select_value_pairs()
+    assert "randomk+qsgd(coding=elias)" in pairs and len(pairs) >= 6 * 11
+    spec_seeds = {d.decode() for _, d in fuzzing.seed_corpus(full=False).of("spec")}
+    assert set(pairs) <= spec_seeds

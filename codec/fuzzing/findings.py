@@ -121,7 +121,17 @@ class _Calls:
             raise Finding(_exc_label(name, e), f"in {name}: {e}"[:300]) from None
         dt = time.perf_counter() - t0
         if dt > TIME_BOUND:
-            raise Finding(f"{name}: slower than {TIME_BOUND:g} s", f"{dt:.2f} s")
+            # the first call of a kernel in a process loads it from Numba's cache (or compiles
+            # it): seconds, once (docs/robustness.md, "The first call").  Slow is slow twice.
+            t1 = time.perf_counter()
+            try:
+                fn(*args, **kw)
+            except BaseException as e:  # noqa: BLE001 - the first call's outcome stands; only the time is asked
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+            again = time.perf_counter() - t1
+            if again > TIME_BOUND:
+                raise Finding(f"{name}: slower than {TIME_BOUND:g} s", f"{dt:.2f} s, then {again:.2f} s again")
         if self.track:
             peak = tracemalloc.get_traced_memory()[1] - base
             if peak > mem_bound:
