@@ -382,6 +382,15 @@ def test_every_frame_kind_through_info_and_decode(tmp_path, capsys, kind):
         assert "a .npy file holds exactly one" in err
 
 
+def test_a_many_tensor_frame_inside_a_container_is_exit_1(tmp_path, capsys):
+    """A container holds byte strings (pack_frames takes a v2 frame too): the CLI says so."""
+    data, _ = _frame_kinds()["v2-table"]
+    f = tmp_path / "c.gcf"
+    f.write_bytes(pack_frames([("x", frame()), ("m", data)]))
+    for argv in (("info", f), ("info", f, "--json"), ("decode", f, "-o", tmp_path / "o.npz")):
+        assert "tensor 'm': a many-tensor frame (format v2) inside a container" in fails(capsys, 1, *argv)
+
+
 def test_a_damaged_many_tensor_frame_is_exit_1(tmp_path, capsys):
     data, _ = _frame_kinds()["v2-table"]
     for cut in (9, len(data) // 2, len(data) - 1):

@@ -91,6 +91,7 @@ def _frame(path: str, buf) -> FrameFile:
 def _container(path: str, buf) -> FrameFile:
     import codec
     from codec.container import unpack_frames
+    from codec.manyframe import is_many
 
     try:
         frames = unpack_frames(buf)
@@ -98,6 +99,8 @@ def _container(path: str, buf) -> FrameFile:
         raise _fail(path, None, e) from None
     tensors = []
     for name, frame in frames:
+        if is_many(frame):  # a container holds byte strings: pack_frames took a v2 frame too
+            raise _fail(path, name, "a many-tensor frame (format v2) inside a container; save it as a file of its own to read it here")
         try:
             d = codec.inspect(frame)
         except codec.CodecError as e:
