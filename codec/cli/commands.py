@@ -119,6 +119,19 @@ def _sections_table(sections):
     return s
 
 
+def _size_rows(d: dict) -> tuple:
+    """The rows of a frame's sizes, v1 or v2 (``codec.inspect``'s keys plus ``raw_bytes``)."""
+    return (
+        ("elements", fmt_int(d["elements"])),
+        ("raw bytes", fmt_int(d["raw_bytes"])),
+        ("header bytes", fmt_int(d["header_bytes"])),
+        ("payload bytes", fmt_int(d["payload_bytes"])),
+        ("frame bytes", fmt_int(d["frame_bytes"])),
+        ("ratio", fmt_ratio(d["raw_bytes"] / d["frame_bytes"])),
+        ("payload checksum", d["payload_checksum"] or "none"),
+    )
+
+
 def _fields_table(title: str, rows):
     t = table(title)
     t.add_column("field")
@@ -142,13 +155,7 @@ def cmd_info(args) -> int:
             ("codec", name_cell(d["codec"])),
             ("dtype", d["dtype"]),
             ("shape", _shape_text(d["shape"])),
-            ("elements", fmt_int(d["elements"])),
-            ("raw bytes", fmt_int(d["raw_bytes"])),
-            ("header bytes", fmt_int(d["header_bytes"])),
-            ("payload bytes", fmt_int(d["payload_bytes"])),
-            ("frame bytes", fmt_int(d["frame_bytes"])),
-            ("ratio", fmt_ratio(d["raw_bytes"] / d["frame_bytes"])),
-            ("payload checksum", d["payload_checksum"] or "none"),
+            *_size_rows(d),
         )), _sections_table(d["sections"]))
         return EXIT_OK
     if ff.kind == "many":
@@ -182,13 +189,7 @@ def _show_many(path: str, d: dict) -> None:
         ("layout", "in the frame (table)" if d["layout"] == "table" else "by hash"),
         ("joint", "yes (one coding of the concatenation)" if d["joint"] else "no (each tensor coded as alone)"),
         ("payload", "one zstd frame" if d["compressed"] else "raw sections"),
-        ("elements", fmt_int(d["elements"])),
-        ("raw bytes", fmt_int(d["raw_bytes"])),
-        ("header bytes", fmt_int(d["header_bytes"])),
-        ("payload bytes", fmt_int(d["payload_bytes"])),
-        ("frame bytes", fmt_int(d["frame_bytes"])),
-        ("ratio", fmt_ratio(d["raw_bytes"] / d["frame_bytes"])),
-        ("payload checksum", d["payload_checksum"] or "none"),
+        *_size_rows(d),
     ))
     t = table("tensors", caption=None if d["joint"] else "section bytes: the raw bytes of each tensor's sections (before zstd, when the payload is compressed)")
     for h, j in (("#", "right"), ("name", "left"), ("dtype", "left"), ("shape", "left"), ("elements", "right"), ("raw bytes", "right"),
