@@ -25,11 +25,16 @@ def _code_dtype(bits: int):
     return np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint32 if bits <= 32 else np.uint64
 
 
-def _bits(bits) -> int:
+def _integer(value, name: str) -> int:
+    """``value`` as a Python int (anything ``operator.index`` takes), or a CodecTypeError naming ``name``."""
     try:
-        b = operator.index(bits)
+        return operator.index(value)
     except TypeError:
-        raise CodecTypeError(f"bits: expected an integer, got {type(bits).__name__}") from None
+        raise CodecTypeError(f"{name}: expected an integer, got {type(value).__name__}") from None
+
+
+def _bits(bits) -> int:
+    b = _integer(bits, "bits")
     if not 1 <= b <= 64:
         raise CodecValueError(f"bits: must be within 1..64, got {b}")
     return b
@@ -64,7 +69,7 @@ def unpack_bits(data, bits: int, count: int, dtype=None) -> np.ndarray:
     ``ceil(count*bits/8)`` are ignored.
     """
     bits = _bits(bits)
-    count = operator.index(count)
+    count = _integer(count, "count")
     if count < 0:
         raise CodecValueError(f"count: must be >= 0, got {count}")
     dtype = np.dtype(_code_dtype(bits) if dtype is None else dtype)  # (a dtype object is falsy on NumPy 1.x)
@@ -87,7 +92,7 @@ def encode_indices(idx, n: int) -> Section:
     Ties go to the packed gaps.  The bitmap is only allocated when it is chosen, so a few
     positions in a huge range cost no memory.
     """
-    n = operator.index(n)
+    n = _integer(n, "n")
     if n < 0:
         raise CodecValueError(f"n: must be >= 0, got {n}")
     idx = np.asarray(idx)
@@ -231,7 +236,7 @@ def decode_indices(info, raw, n: int, device: bool = False):
     and its positions returned as a device array, so the section crosses the link instead of
     8 bytes a position.
     """
-    n = operator.index(n)
+    n = _integer(n, "n")
     raw = _as_bytes(raw)
     kind, bits, count = int(info.kind), int(info.bits), int(info.count)
     if kind == SectionKind.INDEX_DELTA:

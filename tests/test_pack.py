@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec.errors import CorruptFrameError
+from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.frame import SectionKind, SectionInfo, raw_length
 from codec.kernels import module
 from codec.ops import readonly
@@ -158,31 +158,39 @@ def test_unpack_accepts_bytes_and_views():
         np.testing.assert_array_equal(got, codes)
     for bits in (1, 8, 9, 16, 17, 32, 33, 64):
         got = unpack_bits(b"", bits, 0)
-        assert got.size == 0 and got.dtype.itemsize * 8 >= bits
+        assert got.size == 0 and got.dtype == code_dtype(bits)  # the narrowest that holds the codes
 
 
-def test_pack_rejects_bad_arguments():
-    with pytest.raises(TypeError):
-        pack_bits(np.arange(4, dtype=np.int32), 4)
-    with pytest.raises(TypeError):
-        pack_bits(np.ones(4, np.float32), 4)
-    with pytest.raises(TypeError):
-        pack_bits(np.ones(4, bool), 1)
-    with pytest.raises(TypeError):
-        pack_bits(np.ones(4, np.uint8), 3.5)
-    for bits in (0, -1, 65, 128):
-        with pytest.raises(ValueError):
-            pack_bits(np.ones(4, np.uint8), bits)
-        with pytest.raises(ValueError):
+def test_pack_refusals_name_their_argument():
+    """Each refusal of pack_bits / unpack_bits by its class and its own message, and the
+    accepted neighbour of each bound (bits 1 and 64: test_pack_small_sizes_every_width)."""
+    u8 = np.ones(4, np.uint8)
+    for codes in (np.arange(4, dtype=np.int32), np.ones(4, np.float32), np.ones(4, bool)):
+        with pytest.raises(CodecTypeError, match=f"^codes: expected an unsigned integer array, got {codes.dtype}$"):
+            pack_bits(codes, 4)
+    with pytest.raises(CodecTypeError, match="^bits: expected an integer, got float$"):
+        pack_bits(u8, 3.5)
+    with pytest.raises(CodecTypeError, match="^bits: expected an integer, got str$"):
+        unpack_bits(b"\0", "3", 1)
+    for bits in (0, -1, 65):
+        with pytest.raises(CodecValueError, match=rf"^bits: must be within 1\.\.64, got {bits}$"):
+            pack_bits(u8, bits)
+        with pytest.raises(CodecValueError, match=rf"^bits: must be within 1\.\.64, got {bits}$"):
             unpack_bits(b"\0" * 64, bits, 4)
-    with pytest.raises(ValueError):
-        unpack_bits(b"\0\0", 9, 2)  # needs 3 bytes
-    with pytest.raises(ValueError):
+    with pytest.raises(CodecValueError, match="^count: must be >= 0, got -1$"):
         unpack_bits(b"\0" * 8, 4, -1)
-    with pytest.raises((TypeError, ValueError)):
-        unpack_bits(b"\0" * 8, 9, 4, np.uint8)  # 9-bit codes do not fit uint8
-    with pytest.raises(TypeError):
+    with pytest.raises(CodecTypeError, match="^count: expected an integer, got float$"):
+        unpack_bits(b"\0" * 8, 4, 2.0)
+    with pytest.raises(CodecTypeError, match="^dtype: expected an unsigned integer dtype, got int32$"):
         unpack_bits(b"\0" * 8, 4, 4, np.int32)
+    for dt in (np.uint8, np.uint16, np.uint32):
+        bits = np.dtype(dt).itemsize * 8
+        with pytest.raises(CodecValueError, match=f"^dtype: {np.dtype(dt)} cannot hold {bits + 1}-bit codes$"):
+            unpack_bits(b"\0" * 40, bits + 1, 4, dt)
+        assert unpack_bits(b"\xff" * 40, bits, 4, dt).tolist() == [2**bits - 1] * 4  # the widest codes it holds
+    with pytest.raises(CodecValueError, match="^data: 2 bytes cannot hold 2 codes of 9 bits$"):
+        unpack_bits(b"\0\0", 9, 2)
+    assert unpack_bits(b"\xff\xff\x03", 9, 2).tolist() == [511, 511]  # exactly ceil(18 / 8) bytes
 
 
 # ---------------------------------------------------------------- index sets
@@ -246,51 +254,107 @@ def test_indices_property(case):
     roundtrip_indices(np.array(sorted(s), np.int64), n)
 
 
-def test_encode_indices_rejects_bad_sets():
-    for idx, n in (([3, 3], 10), ([4, 2], 10), ([-1, 2], 10), ([0, 10], 10), ([12], 10), ([5, 100, 3], 10)):
-        with pytest.raises(ValueError):
-            encode_indices(np.array(idx), n)
+def test_encode_indices_refusals():
+    """Each refusal of encode_indices by its class and its own message, and the accepted edge
+    beside each: no positions of any dtype, the largest uint64 position that is an int64."""
+    with pytest.raises(CodecValueError, match="^n: must be >= 0, got -1$"):
+        encode_indices([], -1)
+    with pytest.raises(CodecTypeError, match="^n: expected an integer, got float$"):
+        encode_indices([1], 5.0)
+    for idx in ([1.0, 2.0], np.array([1, 2], np.float32), [True], [1, 2**70]):
+        with pytest.raises(CodecTypeError, match=f"^idx: expected integer positions, got {np.asarray(idx).dtype}$"):
+            encode_indices(idx, 10)
+    for idx in ([], np.empty(0, np.float32)):  # no positions has no position of the wrong type
+        sec = encode_indices(idx, 5)
+        assert (sec.kind, sec.bits, sec.count, sec.data.size) == (SectionKind.INDEX_DELTA, 1, 0, 0)
+    outside = ([-1, 2], [0, 10], [12], np.array([1, 2**63 + 5], np.uint64), np.array([2**64 - 1], np.uint64))
+    for idx in outside:
+        with pytest.raises(CodecValueError, match=r"^idx: positions must lie in \[0, 10\)$"):
+            encode_indices(idx, 10)
+    for idx in ([3, 3], [4, 2], [5, 100, 3]):
+        with pytest.raises(CodecValueError, match="^idx: positions must be strictly increasing$"):
+            encode_indices(idx, 10)
+    top = encode_indices(np.array([2**63 - 1], np.uint64), 2**63)
+    assert (top.kind, top.bits, top.count, bytes(top.data)) == (SectionKind.INDEX_DELTA, 63, 1, (2**63 - 1).to_bytes(8, "little"))
 
 
 def delta_section(gaps, width):
     return np.frombuffer(pack_bits(np.asarray(gaps, np.uint64), width).tobytes(), np.uint8)
 
 
-def test_decode_indices_rejects_corrupt_sections():
+DELTA, BITMAP = SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP
+
+
+def test_decode_indices_refusals():
+    """Every section no encoder writes is a CorruptFrameError with its own message; the
+    accepted edge beside each bound decodes."""
     n = 100
     ok = delta_section([1, 2, 3], 2)
-    np.testing.assert_array_equal(decode_indices(info_of(SectionKind.INDEX_DELTA, 2, 3), ok, n), [1, 4, 8])
+    beyond = "index section: a position lies beyond the 100 elements"
     bad = [
-        # a position past the end, from the last gap or from the sum of gaps
-        (info_of(SectionKind.INDEX_DELTA, 7, 1), delta_section([100], 7), n),
-        (info_of(SectionKind.INDEX_DELTA, 7, 2), delta_section([60, 39], 7), n),
-        # a width wider than any gap in range(n) can need
-        (info_of(SectionKind.INDEX_DELTA, 8, 1), delta_section([3], 8), n),
-        (info_of(SectionKind.INDEX_DELTA, 64, 1), delta_section([3], 64), n),
-        # more positions than elements
-        (info_of(SectionKind.INDEX_DELTA, 1, 11), delta_section([0] * 11, 1), 10),
-        # padding bits after the last gap are set
-        (info_of(SectionKind.INDEX_DELTA, 2, 3), np.array([ok[0] | 0xC0], np.uint8), n),
-        # truncated / overlong payloads
-        (info_of(SectionKind.INDEX_DELTA, 7, 3), delta_section([1, 2], 7), n),
-        (info_of(SectionKind.INDEX_DELTA, 2, 3), np.concatenate([ok, [0]]).astype(np.uint8), n),
-        # bitmap: wrong element count, padding bits set, wrong length
-        (info_of(SectionKind.INDEX_BITMAP, 1, 99), np.zeros(13, np.uint8), n),
-        (info_of(SectionKind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x10]].astype(np.uint8), n),
-        (info_of(SectionKind.INDEX_BITMAP, 1, n), np.zeros(12, np.uint8), n),
-        (info_of(SectionKind.INDEX_BITMAP, 1, n), np.r_[np.zeros(13), [1]].astype(np.uint8), n),
-        # bitmap items must be one bit each
-        (SectionInfo(int(SectionKind.INDEX_BITMAP), 0, 2, n, 25, 25, 0), np.zeros(25, np.uint8), n),
+        # a position past the end, from the last gap or from the sum of gaps reaching n exactly
+        (info_of(DELTA, 7, 1), delta_section([100], 7), n, beyond),
+        (info_of(DELTA, 7, 2), delta_section([60, 39], 7), n, beyond),
+        # a width of none or wider than any gap in range(n) can need; more positions than elements
+        (info_of(DELTA, 0, 1), np.empty(0, np.uint8), n, "index section: 1 gaps of 0 bits cannot address 100 elements"),
+        (info_of(DELTA, 8, 1), delta_section([3], 8), n, "index section: 1 gaps of 8 bits cannot address 100 elements"),
+        (info_of(DELTA, 64, 1), delta_section([3], 64), n, "index section: 1 gaps of 64 bits cannot address 100 elements"),
+        (info_of(DELTA, 2, 1), delta_section([1], 2), 2, "index section: 1 gaps of 2 bits cannot address 2 elements"),
+        (info_of(DELTA, 1, 11), delta_section([0] * 11, 1), 10, "index section: 11 gaps of 1 bits cannot address 10 elements"),
+        # padding bits after the last gap; truncated and overlong payloads
+        (info_of(DELTA, 2, 3), np.array([ok[0] | 0xC0], np.uint8), n, "index section: padding bits past the last item are set"),
+        (info_of(DELTA, 7, 3), delta_section([1, 2], 7), n, r"index section: 2 bytes for 3 items of 7 bits \(want 3\)"),
+        (info_of(DELTA, 2, 3), np.r_[ok, [0]].astype(np.uint8), n, r"index section: 2 bytes for 3 items of 2 bits \(want 1\)"),
+        # bitmap: a count other than n, items of more than one bit, padding bits set, wrong lengths
+        (info_of(BITMAP, 1, 99), np.zeros(13, np.uint8), n, "index bitmap: 99 items of 1 bits for 100 elements"),
+        (info_of(BITMAP, 2, n), np.zeros(25, np.uint8), n, "index bitmap: 100 items of 2 bits for 100 elements"),
+        (info_of(BITMAP, 1, n), np.r_[np.zeros(12), [0x10]].astype(np.uint8), n, "index bitmap: padding bits past the last item are set"),
+        (info_of(BITMAP, 1, n), np.zeros(12, np.uint8), n, r"index bitmap: 12 bytes for 100 items of 1 bits \(want 13\)"),
+        (info_of(BITMAP, 1, n), np.r_[np.zeros(13), [1]].astype(np.uint8), n, r"index bitmap: 14 bytes for 100 items of 1 bits \(want 13\)"),
         # not an index section at all
-        (info_of(SectionKind.VALUES, 8, 3), np.zeros(3, np.uint8), n),
+        (info_of(SectionKind.VALUES, 8, 3), np.zeros(3, np.uint8), n, "section kind 1 is not an index set"),
+        (info_of(SectionKind.SCALARS, 1, n), np.zeros(13, np.uint8), n, "section kind 4 is not an index set"),
     ]
-    for i, (info, raw, nn) in enumerate(bad):
-        with pytest.raises(CorruptFrameError):
+    for info, raw, nn, message in bad:
+        with pytest.raises(CorruptFrameError, match=f"^{message}$"):
             decode_indices(info, raw, nn)
-            pytest.fail(f"case {i} decoded")
-    # last bitmap bit in range is fine; n % 8 == 0 has no padding
-    np.testing.assert_array_equal(decode_indices(info_of(SectionKind.INDEX_BITMAP, 1, n), np.r_[np.zeros(12), [0x08]].astype(np.uint8), n), [99])
-    np.testing.assert_array_equal(decode_indices(info_of(SectionKind.INDEX_BITMAP, 1, 16), np.array([0, 0x80], np.uint8), 16), [15])
+    with pytest.raises(CodecTypeError, match="^n: expected an integer, got float$"):
+        decode_indices(info_of(DELTA, 2, 3), ok, 100.0)
+    accepted = [
+        (info_of(DELTA, 2, 3), ok, n, [1, 4, 8]),
+        (info_of(DELTA, 1, 0), np.empty(0, np.uint8), 0, []),  # no positions, no bytes
+        (info_of(DELTA, 1, 1), delta_section([0], 1), 1, [0]),  # the one width of n = 1
+        (info_of(DELTA, 4, 1), delta_section([8], 4), 9, [8]),  # the widest gap of n = 9
+        (info_of(DELTA, 7, 2), delta_section([60, 38], 7), n, [60, 99]),  # the sum reaching n - 1
+        (info_of(DELTA, 1, 10), delta_section([0] * 10, 1), 10, list(range(10))),  # as many positions as elements
+        # the last bitmap bit in range; n % 8 == 0 has no padding
+        (info_of(BITMAP, 1, n), np.r_[np.zeros(12), [0x08]].astype(np.uint8), n, [99]),
+        (info_of(BITMAP, 1, 16), np.array([0, 0x80], np.uint8), 16, [15]),
+    ]
+    for info, raw, nn, want in accepted:
+        got = decode_indices(info, raw, nn)
+        assert got.dtype == np.int64 and got.tolist() == want, (info, nn)
+
+
+def test_decode_indices_reads_large_sections_where_asked(monkeypatch):
+    """With ``device=True`` a section of 128 KB (docs/api.md) or more is read where the
+    decode writes, a smaller one on the host; without it, always on the host."""
+    import codec.pack as pack
+
+    assert pack.DEVICE_SECTION == 128 * 1024
+    where = []
+
+    class Host(pack.Memory):  # records the choice, reads on the host (no GPU needed)
+        def __init__(self, device):
+            where.append(device)
+            super().__init__(False)
+
+    monkeypatch.setattr(pack, "Memory", Host)
+    for size, device in ((128 * 1024 - 1, True), (128 * 1024, True), (128 * 1024, False)):
+        raw = np.zeros(size, np.uint8)
+        raw[-1] = 0x80
+        assert decode_indices(info_of(BITMAP, 1, 8 * size), raw, 8 * size, device=device).tolist() == [8 * size - 1]
+    assert where == [False, True, False]
 
 
 # ---------------------------------------------------------------- the pack family, per backend
@@ -322,9 +386,9 @@ def test_index_family_index_sets(backend):
     assert kern.delta_encode(readonly(idx), gaps) == ref_gaps(idx).max()
     np.testing.assert_array_equal(gaps, ref_gaps(idx).astype(np.uint64))
     back = np.empty(idx.size, np.int64)
-    assert kern.delta_decode(readonly(gaps), n, back)
+    assert kern.delta_decode(readonly(gaps), n, back) is True
     np.testing.assert_array_equal(back, idx)
-    assert not kern.delta_decode(readonly(gaps), int(idx[-1]), np.empty(idx.size, np.int64))  # one reaches n
+    assert kern.delta_decode(readonly(gaps), int(idx[-1]), np.empty(idx.size, np.int64)) is False  # one reaches n
     assert kern.delta_encode(readonly(idx[::-1].copy()), np.empty(idx.size, np.uint64)) == -1
     bitmap = np.full(raw_length(n, 1), 0xA5, np.uint8)
     kern.bitmap_encode(readonly(idx), bitmap)
@@ -340,13 +404,57 @@ def test_index_family_index_sets(backend):
     np.testing.assert_array_equal(pos, idx)
 
 
+def test_index_family_bitmap_edges(backend):
+    """Every byte value's set bits (counted per one-byte section, decoded); a chunk count
+    that follows the size exactly; a dense bitmap over chunk ends decoded into an ``out``
+    with guard values after it (nothing written past its end)."""
+    kern = module("index", backend)
+    every = np.arange(256, dtype=np.uint8)
+    begin = np.arange(256, dtype=np.int64)
+    counts = np.empty(256, np.int64)
+    kern.index_counts(readonly(every), begin, begin + 1, readonly(np.ones(256, bool)), np.zeros(256, np.int64), counts)
+    assert counts.tolist() == [bin(v).count("1") for v in range(256)]
+    kern.index_counts(readonly(every), begin, begin + 1, readonly(np.zeros(256, bool)), begin, counts)
+    assert counts.tolist() == begin.tolist()  # packed gaps: the count their section states
+    chunk = module("index", "cpu")._BYTES  # the CPU's chunks, which the CUDA twin keeps
+    for size in (chunk, 2 * chunk, 2 * chunk + 1):
+        assert kern.bitmap_count(readonly(np.zeros(size, np.uint8))).size == -(-size // chunk)
+    # random bytes, then one bit in each of the last 7: the last chunk's share ends 7 slots
+    # after a byte with a bit, where 8 candidate positions would overrun it
+    rng = np.random.default_rng(3)
+    bitmap = np.r_[rng.integers(0, 256, 2 * chunk, dtype=np.uint8), every, [0x10] * 7].astype(np.uint8)
+    want = np.flatnonzero(np.unpackbits(bitmap, bitorder="little"))
+    counts = kern.bitmap_count(readonly(bitmap))
+    assert counts.tolist() == [np.unpackbits(bitmap[c : c + chunk]).sum() for c in range(0, bitmap.size, chunk)]
+    for named in (3, 1):  # every chunk, or the first only: bitmap_decode reads the chunks ``starts`` names
+        starts = np.zeros(named + 1, np.int64)  # a 0 past the starts given: the share ends come from them
+        np.cumsum(counts[: named - 1], out=starts[1:named])
+        m = want.size if named == 3 else int(counts[0])
+        buf = np.full(m + 16, -7, np.int64)  # guard values past ``out``
+        kern.bitmap_decode(readonly(bitmap), starts[:named], buf[:m])
+        np.testing.assert_array_equal(buf[:m], want[:m])
+        assert (buf[m:] == -7).all()
+
+
+def test_index_family_widths(backend):
+    """index_widths: per set the bit length of its largest gap (at least 1), -1 for a set that
+    is not strictly increasing, starts below 0 or reaches its size."""
+    kern = module("index", backend)
+    sets = [([], 5), ([0], 1), ([4], 5), ([3, 8], 9), ([2**40], 2**41), ([2, 2], 5), ([3, 1], 5), ([-1], 5), ([5], 5)]
+    pos = np.array([p for s, _ in sets for p in s], np.int64)
+    starts = np.cumsum([0] + [len(s) for s, _ in sets]).astype(np.int64)
+    widths = np.zeros(len(sets), np.int64)
+    kern.index_widths(readonly(pos), starts, readonly(np.array([n for _, n in sets], np.int64)), widths)
+    assert widths.tolist() == [1, 1, 3, 3, 41, -1, -1, -1, -1]
+
+
 # ---------------------------------------------------------------- index sections of many sets
 def _sets(seed):
     """Position sets over edge sizes and densities: empty, one, sparse, dense (bitmap), all,
     random and heavy-tailed-top-k-like, and the exact delta/bitmap tie."""
     rng = np.random.default_rng(seed)
     out = []
-    for n in (0, 1, 7, 8, 9, 100, 1000, 4099, 65536):
+    for n in (0, 1, 7, 8, 9, 100, 1000, 4097, 65536):
         for density in (0.0, 0.01, 0.1, 0.5, 1.0):
             idx = np.flatnonzero(rng.random(n) < density) if density < 1 else np.arange(n)
             out.append((idx.astype(np.int64), n))
@@ -355,6 +463,8 @@ def _sets(seed):
             x = np.abs(rng.standard_t(2, n))
             out.append((np.sort(np.argsort(-x, kind="stable")[: max(1, n // 20)]).astype(np.int64), n))
     out.append((np.arange(0, 64, 8, dtype=np.int64), 64))  # 8 gaps of 3 bits = 3 bytes against 8: delta
+    out.append((np.r_[np.arange(7), 20].astype(np.int64), 32))  # 4 bytes either way: delta
+    out.append((np.r_[np.arange(8), 20].astype(np.int64), 32))  # 5 bytes against 4: bitmap
     return out
 
 
@@ -401,38 +511,94 @@ def test_index_segments_match_one_set_at_a_time(seed):
 
 
 def test_index_segments_refuse_what_one_set_refuses():
-    """A set that is not increasing is a ValueError; a damaged section (a padding bit, a gap
-    past the end, a width or count no encoder writes) makes decode_index_segments hand the
-    frame back (None) to decode_indices, which raises CorruptFrameError."""
+    """A set that is not increasing or runs past its tensor is a CodecValueError; a section
+    no encoder writes, even one among good ones, makes decode_index_segments hand the frame
+    back (None) to decode_indices, which names the damage (its message) or reads it (a gap
+    beyond the 56 bits of the many-section reader)."""
     from codec.pack import decode_index_segments, encode_index_segments
 
-    with pytest.raises(ValueError, match="idx"):
-        encode_index_segments(np.array([3, 3], np.int64), np.array([0, 2], np.int64), [10])
-    with pytest.raises(ValueError, match="idx"):
-        encode_index_segments(np.array([10], np.int64), np.array([0, 1], np.int64), [10])
+    message = r"^idx: each set's positions must be strictly increasing and lie in \[0, n\)$"
+    for pos, n in (([3, 3], 10), ([10], 10), ([-1], 10)):
+        with pytest.raises(CodecValueError, match=message):
+            encode_index_segments(np.array(pos, np.int64), np.array([0, len(pos)], np.int64), [n])
     sets = [(np.array([1, 5, 9], np.int64), 12), (np.append(np.arange(30), 39).astype(np.int64), 40)]
     pos = np.concatenate([s for s, _ in sets])
     secs = encode_index_segments(pos, np.array([0, 3, 34], np.int64), [12, 40])
-    assert [s.kind for s in secs] == [SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP]
-    data, infos = _payload(secs, np.random.default_rng(5))
-    assert decode_index_segments(data, infos, [12, 40]) is not None
+    assert [(s.kind, s.bits, bytes(s.data)) for s in secs] == [(DELTA, 2, b"\x3d"), (BITMAP, 1, bytes(secs[1].data))]
+    good = SectionInfo(int(BITMAP), 0, 1, 40, 5, 5, 1)
+    head = np.r_[[0], secs[1].data, [0xFF]].astype(np.uint8)  # the bitmap at 1, a set byte after it
+    (back,) = decode_index_segments(head, [good], [40])
+    assert back.tolist() == sets[1][0].tolist()
 
-    def refused(edit_data=None, edit_info=None, sizes=(12, 40)):
-        d, inf = data.copy(), [SectionInfo(**vars(i)) for i in infos]
-        if edit_data:
-            edit_data(d, inf)
-        if edit_info:
-            edit_info(inf)
-        assert decode_index_segments(d, inf, list(sizes)) is None
-        with pytest.raises(CorruptFrameError):
-            for i, n in zip(inf, sizes):
-                decode_indices(i, d[i.offset : i.offset + i.raw_len], n)
+    def refused(message, raw, n, kind=DELTA, bits=2, count=3, raw_len=1, offset=None, trail=b"\xff"):
+        """The section (``raw`` at ``offset``, set bits after it) after a good one is handed
+        back, and decode_indices refuses it by ``message``."""
+        raw = np.frombuffer(bytes(raw), np.uint8)
+        data = np.r_[head, raw, np.frombuffer(trail, np.uint8)].astype(np.uint8)
+        info = SectionInfo(int(kind), 0, bits, count, raw_len, raw_len, head.size if offset is None else offset)
+        assert decode_index_segments(data, [good, info], [40, n]) is None, message
+        with pytest.raises(CorruptFrameError, match=f"^{message}$"):
+            decode_indices(info, data[max(0, info.offset) : info.offset + raw_len], n)
 
-    first = infos[0]
-    refused(edit_data=lambda d, inf: d.__setitem__(first.offset + first.raw_len - 1, d[first.offset + first.raw_len - 1] | 0x80))  # padding
-    refused(edit_data=lambda d, inf: d.__setitem__(first.offset, 0xFF))  # a gap running past 12
-    refused(sizes=(5, 40))  # positions beyond a smaller tensor (and a width it cannot need)
-    refused(edit_info=lambda inf: inf.__setitem__(1, dataclasses.replace(inf[1], count=39)))  # a bitmap's count is its size
+    refused("index section: padding bits past the last item are set", b"\xbd", 12)
+    refused("index section: a position lies beyond the 11 elements", b"\x3f", 11)  # 3, 7, 11
+    refused("index section: a position lies beyond the 5 elements", b"\x3d", 5)  # 1, 5
+    refused("index section: 1 gaps of 2 bits cannot address 2 elements", b"\x01", 2, count=1)  # a width n = 2 cannot need
+    refused("index section: 3 gaps of 0 bits cannot address 12 elements", b"", 12, bits=0, raw_len=0)
+    refused("index section: 13 gaps of 1 bits cannot address 12 elements", b"\0\0", 12, bits=1, count=13, raw_len=2)
+    refused(r"index section: 2 bytes for 3 items of 2 bits \(want 1\)", b"\x3d\0", 12, raw_len=2)  # a length not its count's
+    refused(r"index section: 0 bytes for 3 items of 2 bits \(want 1\)", b"\x3d", 12, offset=-1)
+    refused(r"index section: 0 bytes for 3 items of 2 bits \(want 1\)", b"\x3d", 12, offset=head.size + 1, trail=b"")  # past the data
+    refused("index bitmap: 39 items of 1 bits for 40 elements", bytes(5), 40, kind=BITMAP, bits=1, count=39, raw_len=5)
+    refused("index bitmap: 40 items of 2 bits for 40 elements", bytes(10), 40, kind=BITMAP, bits=2, count=40, raw_len=10)
+    refused("section kind 1 is not an index set", b"\0", 12, kind=SectionKind.VALUES, bits=1, count=5)
+    # gaps of 57 bits are an encoder's (encode_indices of a tensor that large) but past the reader's 56
+    big = SectionInfo(int(DELTA), 0, 57, 1, 8, 8, 0)
+    raw = np.frombuffer((1 << 56).to_bytes(8, "little"), np.uint8)
+    assert decode_index_segments(raw, [big], [1 << 58]) is None
+    assert decode_indices(big, raw, 1 << 58).tolist() == [1 << 56]
+    # a section at offset 0 ending at the data's end is in bounds
+    (only,) = decode_index_segments(head[1:6], [dataclasses.replace(good, offset=0)], [40])
+    assert only.tolist() == sets[1][0].tolist()
+
+
+def test_index_segments_fall_back_past_56_bit_gaps():
+    """index_segments writes the sets whose gaps fit its kernels' 56 bits and returns None
+    when one needs more; encode_index_segments then gives encode_indices' section of every
+    set, both kinds mixed."""
+    from codec.pack import decode_index_segments, encode_index_segments, index_segments
+
+    one = np.array([0, 1], np.int64)
+    run = index_segments(np.array([2**56 - 1], np.int64), one, [2**57])
+    (sec,) = run.sections()
+    assert (sec.kind, sec.bits, sec.count, bytes(sec.data)) == (DELTA, 56, 1, (2**56 - 1).to_bytes(7, "little"))
+    (back,) = decode_index_segments(run.data, [SectionInfo(int(DELTA), 0, 56, 1, 7, 7, 0)], [2**57])  # and reads them
+    assert back.tolist() == [2**56 - 1]
+    assert index_segments(np.array([2**56], np.int64), one, [2**57]) is None
+    sets = [([1, 5, 9], 12), ([3, 2**60], 2**61), (list(range(30)) + [39], 40), ([], 0), ([0], 1), ([2**56], 2**57)]
+    pos = np.array([p for s, _ in sets for p in s], np.int64)
+    starts = np.cumsum([0] + [len(s) for s, _ in sets]).astype(np.int64)
+    assert index_segments(pos, starts, [n for _, n in sets]) is None
+    got = encode_index_segments(pos, starts, [n for _, n in sets])
+    assert [(s.kind, s.bits) for s in got] == [(DELTA, 2), (DELTA, 60), (BITMAP, 1), (DELTA, 1), (DELTA, 1), (DELTA, 57)]
+    for sec, (idx, n) in zip(got, sets):
+        want = encode_indices(idx, n)
+        assert (sec.kind, sec.bits, sec.count, bytes(sec.data)) == (want.kind, want.bits, want.count, bytes(want.data))
+
+
+def test_padding_clear_reads_each_sections_last_byte():
+    """Per section, whether the bits past its last item are clear: its own last byte, never a
+    neighbour's (set bits around it), the first and the last byte of the data included."""
+    from codec.pack import padding_clear
+
+    starts, counts = np.array([0, 1, 2, 4]), np.array([3, 4, 5, 3])  # 2-bit items: 6, 8, 10 and 6 bits
+    clear = np.array([0x3F, 0xFF, 0xFF, 0x03, 0x3F], np.uint8)
+    assert padding_clear(clear, starts, counts, 2).tolist() == [True, True, True, True]
+    dirty = clear | np.array([0x40, 0, 0, 0x04, 0x80], np.uint8)
+    assert padding_clear(dirty, starts, counts, 2).tolist() == [False, True, False, False]
+    assert padding_clear(clear, starts, counts, np.array([2, 2, 2, 1])).tolist() == [True, True, True, False]  # 3 bits
+    empty = np.empty(0, np.uint8)
+    assert padding_clear(empty, np.array([0, 0]), np.array([0, 1]), 3).tolist() == [True, False]
 
 
 # ---------------------------------------------------------------- a many-tensor run's bytes
