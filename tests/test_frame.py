@@ -1,5 +1,6 @@
 """Frame format v1: layout, validation order, limits."""
 
+import re
 import struct
 import tracemalloc
 import zlib
@@ -9,7 +10,28 @@ import numpy as np
 import pytest
 
 import codec
-from codec.frame import FIXED_SIZE, MAGIC, MIN_FRAME, SECTION_SIZE, SectionKind, parse_frame
+from codec.errors import CodecTypeError, CodecValueError
+from codec.frame import (
+    FIXED_SIZE,
+    MAGIC,
+    MAX_ELEMENTS,
+    MIN_FRAME,
+    SECTION_SIZE,
+    Encoding,
+    Frame,
+    Section,
+    SectionInfo,
+    SectionKind,
+    SectionReader,
+    SectionRun,
+    build_frame,
+    check_dims,
+    checksum_name,
+    element_limit,
+    header_length,
+    parse_frame,
+    raw_length,
+)
 
 from support.threads import same_across_threads
 
@@ -301,3 +323,262 @@ def test_payload_late_sections_are_filled_last_and_checksummed_in_place():
         assert b"".join(bytes(r) for r in raw) == out.tobytes(), layout
     with pytest.raises(AssertionError, match="late Section"):
         Section(SectionKind.SCALARS, 8, 3, fill=lambda out, crc=None: crc, fill_crc=True, late=True)
+
+
+# ---- every refusal of parse_frame, with its own message (issue 28) -------------------------
+#
+# The frame of _frame(): fp16 of arange(10) as float32, shape (10,), spec "fp16": the fixed
+# header at 0-11 (version 4, flags 5, dtype 6, ndim 7, sections 8, reserved 9, spec length
+# 10-11), the shape at 12-19, the spec at 20-23, the section entry at 24-51 (kind 24,
+# encoding 25, bits 26-27, count 28-35, raw length 36-43, stored length 44-51), the payload
+# CRC-32C at 52, the header CRC32 at 56, the payload (20 bytes) at 60-79.
+
+HL = 60
+
+
+def _forged(fmt, at, *values, crc=True):
+    b = bytearray(_frame())
+    struct.pack_into(fmt, b, at, *values)
+    if crc:
+        _refresh_crc(b, HL)
+    return bytes(b)
+
+
+def _exactly(message):
+    return f"^{re.escape(message)}$"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: _frame()[:15], "frame is 15 bytes, shorter than the 16-byte minimum header"),
+        (lambda: b"\x89GCX" + bytes(12), r"not a gradcodec frame (magic b'\x89GCX', expected b'\x89GCF')"),
+        (lambda: _forged("<B", 4, 2, crc=False), "this is a many-tensor frame (format v2, from encode_many): decode it with codec.decode_many"),
+        (lambda: _forged("<B", 4, 0, crc=False), "frame format version 0 is not supported (this gradcodec reads versions 1 and 2)"),
+        (lambda: _forged("<B", 4, 3, crc=False), "frame format version 3 is not supported (this gradcodec reads versions 1 and 2)"),
+        (lambda: _forged("<B", 5, 0x03, crc=False), "reserved header bits are set (flags=0x03, reserved=0x00)"),
+        (lambda: _forged("<B", 9, 1, crc=False), "reserved header bits are set (flags=0x02, reserved=0x01)"),
+        (lambda: _forged("<B", 7, 33, crc=False), "header declares ndim=33, spec length 4: beyond the format's limits"),
+        (lambda: _forged("<H", 10, 4097, crc=False), "header declares ndim=1, spec length 4097: beyond the format's limits"),
+        (lambda: _frame()[:59], "frame is 59 bytes, shorter than its 60-byte header"),
+        (lambda: _forged("<B", 30, 7, crc=False), "header checksum mismatch: the header is damaged"),
+        (lambda: _forged("<B", 6, 99), "unknown dtype code 99"),
+        (lambda: _forged("<B", 6, 0), "unknown dtype code 0"),
+        (lambda: _forged("<4s", 20, b"\xff\xfe16"), "spec text is not UTF-8"),
+        (lambda: _forged("<B", 25, 2), "section 0: unknown encoding 2 or item width 16 bits"),
+        (lambda: _forged("<H", 26, 0), "section 0: unknown encoding 0 or item width 0 bits"),
+        (lambda: _forged("<H", 26, 65), "section 0: unknown encoding 0 or item width 65 bits"),
+        (lambda: _forged("<Q", 36, 21), "section 0: raw length 21 does not hold 10 items of 16 bits"),
+        (lambda: _forged("<Q", 36, 19), "section 0: raw length 19 does not hold 10 items of 16 bits"),
+        (lambda: _forged("<QQ", 28, 1000, 2000), "section 0: 2000 raw bytes is more than 10 elements can need"),
+        (lambda: _forged("<Q", 44, 21), "section 0: stored length 21 != raw length 20"),
+        (lambda: _forged("<Q", 44, 19), "section 0: stored length 19 != raw length 20"),
+        (lambda: _frame()[:79], "section 0: 20 bytes declared, only 19 left in the frame"),
+        (lambda: _frame() + b"\0", "frame is 81 bytes but its sections end at byte 80"),
+        (lambda: _frame()[:-1] + bytes([_frame()[-1] ^ 4]), "payload checksum mismatch: the section data is damaged"),
+    ],
+)
+def test_every_refusal_names_its_reason(make, message):
+    with pytest.raises(codec.CorruptFrameError, match=_exactly(message)):
+        parse_frame(make())
+
+
+@pytest.mark.parametrize("bit", [0x04, 0x08, 0x10, 0x20, 0x40, 0x80])
+def test_every_reserved_flag_bit_is_refused(bit):
+    with pytest.raises(codec.CorruptFrameError, match=_exactly(f"reserved header bits are set (flags={bit | 2:#04x}, reserved=0x00)")):
+        parse_frame(_forged("<B", 5, bit | 2, crc=False))
+
+
+def test_the_fields_parse_frame_returns():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for spec, checksum in [("fp16", "crc32c"), ("fp16+crc32", "crc32")]:
+        f = parse_frame(codec.get_codec(spec).encode(x))
+        assert (f.version, f.dtype, f.shape, f.spec, f.n, f.checksum) == (1, np.float32, (2, 3), spec, 6, checksum)
+        assert f.header_len == 12 + 16 + len(spec) + 28 + 8 and bytes(f.buf) == codec.get_codec(spec).encode(x)
+        (s,) = f.sections
+        assert (s.kind, s.kind_name, s.encoding, s.bits, s.count, s.raw_len, s.stored_len, s.offset) == (1, "values", 0, 16, 6, 12, 12, f.header_len)
+        assert f.raw(0).tobytes() == x.astype(np.float16).tobytes()
+    f = parse_frame(codec.get_codec("fp16", checksum=False).encode(x))
+    assert (f.flags, f.checksum, f.header_len) == (0, None, 12 + 16 + 4 + 28 + 4)
+
+
+def test_the_limits_are_inclusive():
+    """What is at a limit parses: 1- and 64-bit items, 16 bytes per element plus 1024, the
+    32 dimensions and the 4096 spec bytes the format allows, 255 sections, a frame that is
+    all header, the frame's exact length."""
+    f = parse_frame(build_frame("x", np.float32, (64,), [Section(SectionKind.INTS, 64, 3, np.arange(3, dtype=np.uint64)),
+                                                         Section(SectionKind.INDEX_BITMAP, 1, 64, np.zeros(8, np.uint8))]))
+    assert [(s.bits, s.raw_len, s.offset) for s in f.sections] == [(64, 24, f.header_len), (1, 8, f.header_len + 24)]
+    assert f.raw(0).view(np.uint64).tolist() == [0, 1, 2] and f.checksum is None
+    for n in (1, 10):  # 16 bytes per element, plus 1024
+        most = 16 * n + 1024
+        assert parse_frame(build_frame("x", np.float32, (n,), [Section(SectionKind.INTS, 8, most, np.zeros(most, np.uint8))])).n == n
+        with pytest.raises(codec.CorruptFrameError, match=_exactly(f"section 0: {most + 1} raw bytes is more than {n} elements can need")):
+            parse_frame(build_frame("x", np.float32, (n,), [Section(SectionKind.INTS, 8, most + 1, np.zeros(most + 1, np.uint8))]))
+    shape = (1,) * 31 + (2,)
+    assert parse_frame(build_frame("x", np.float64, shape, [Section(SectionKind.VALUES, 64, 2, np.ones(2))], checksum="crc32c")).shape == shape
+    assert parse_frame(build_frame("s" * 4096, np.float16, (1,), [])).spec == "s" * 4096
+    many = parse_frame(build_frame("x", np.float32, (1,), [Section(SectionKind.INTS, 8, 1, bytes([i])) for i in range(255)]))
+    assert [bytes(many.raw(i)) for i in (0, 254)] == [b"\x00", b"\xfe"]
+    empty = build_frame("x", np.float32, (0,), [])
+    assert len(empty) == header_length(1, 1, 0, False) == 25
+    assert parse_frame(empty).sections == [] and parse_frame(empty).n == 0
+    f = _frame()
+    assert parse_frame(f, max_elements=10).n == 10
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("frame declares 10 elements, more than the limit of 9")):
+        parse_frame(f, max_elements=9)
+
+
+def test_build_frame_refuses_what_the_format_cannot_hold():
+    with pytest.raises(CodecValueError, match=_exactly("spec is 4097 bytes; the frame format allows 4096")):
+        build_frame("s" * 4097, np.float32, (1,), [])
+    with pytest.raises(CodecValueError, match=_exactly("spec is 4098 bytes; the frame format allows 4096")):
+        build_frame("\u00e9" * 2049, np.float32, (1,), [])  # bytes, not characters
+    with pytest.raises(CodecValueError, match=_exactly("x: 33 dimensions; the frame format allows 32")):
+        build_frame("x", np.float32, (1,) * 33, [])
+    with pytest.raises(CodecValueError, match=_exactly("a frame holds at most 255 sections")):
+        build_frame("x", np.float32, (1,), [Section(SectionKind.INTS, 8, 1, b"\x01")] * 256)
+
+
+def test_empty_shapes_are_bounded_by_their_non_zero_dimensions():
+    """An empty shape such as (2**41, 0) declares no element, but no NumPy array has it."""
+    big = build_frame("x", np.float32, (2**41, 0), [])
+    with pytest.raises(codec.CorruptFrameError,
+                       match=_exactly("frame declares shape (2199023255552, 0): its non-zero dimensions exceed 1099511627776 elements")):
+        parse_frame(big)
+    assert parse_frame(big, max_elements=2**41).shape == (2**41, 0)
+    assert parse_frame(build_frame("x", np.float32, (0, 2**40), [])).n == 0
+    check_dims((3, 0, 5), 14, "x")  # the limit is never below 2**40
+    check_dims((2**21, 0, 2**20), 2**41, "y")
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("y (2097152, 0, 2097152): its non-zero dimensions exceed 2199023255552 elements")):
+        check_dims((2**21, 0, 2**21), 2**41, "y")
+
+
+def test_element_limit():
+    assert element_limit(None) == MAX_ELEMENTS == 2**40
+    assert element_limit(0) == 0 and element_limit(2**60) == 2**60
+    got = element_limit(np.int64(7))
+    assert got == 7 and type(got) is int
+    for bad in (-1, 2**60 + 1, True, False, 1.0, "3", np.float64(2)):
+        with pytest.raises(CodecValueError, match=_exactly(f"max_elements: must be an integer in [0, 2**60], got {bad!r}")):
+            element_limit(bad)
+
+
+def test_small_helpers():
+    assert [raw_length(c, b) for c, b in [(0, 64), (1, 1), (8, 1), (9, 1), (3, 16), (3, 12), (5, 64)]] == [0, 1, 1, 2, 6, 5, 40]
+    assert header_length(2, 4, 1) == 12 + 16 + 4 + 28 + 8 and header_length(2, 4, 1, checksum=False) == 12 + 16 + 4 + 28 + 4
+    assert header_length(0, 0, 3) == 12 + 84 + 8
+    assert [checksum_name(f) for f in (0, 1, 2, 0x80)] == [None, "crc32", "crc32c", None]
+    info = [SectionInfo(k, 0, 8, 1, 1, 1, 0).kind_name for k in (1, 2, 3, 4, 5, 6, 0, 9)]
+    assert info == ["values", "index_bitmap", "index_delta", "scalars", "ints", "factors", "kind0", "kind9"]
+
+
+def test_section_checks_its_bytes():
+    with pytest.raises(AssertionError, match=_exactly("a Section needs exactly one of data and fill")):
+        Section(SectionKind.VALUES, 16, 3)
+    with pytest.raises(AssertionError, match=_exactly("a Section needs exactly one of data and fill")):
+        Section(SectionKind.VALUES, 16, 3, data=bytes(6), fill=lambda out: None)
+    with pytest.raises(AssertionError, match=_exactly("section VALUES: 5 bytes for 3 x 16 bits")):
+        Section(SectionKind.VALUES, 16, 3, data=bytes(5))
+    with pytest.raises(AssertionError, match=_exactly("section SCALARS: 7 bytes for 3 x 16 bits")):
+        Section(SectionKind.SCALARS, 16, 3, data=bytes(7))
+    with pytest.raises(AssertionError, match=_exactly("a late Section is filled, and checksummed by write_payload")):
+        Section(SectionKind.VALUES, 8, 3, data=bytes(3), late=True)
+    s = Section(SectionKind.VALUES, 32, 2, np.array([[1.0], [2.0]], np.float32))
+    assert s.data.dtype == np.uint8 and s.data.shape == (8,) and bytes(s.materialize()) == np.float32([1, 2]).tobytes()
+    filled = Section(SectionKind.VALUES, 12, 3, fill=lambda out: out.__setitem__(slice(None), 7))
+    assert filled.raw_len == 5 and bytes(filled.materialize()) == b"\x07" * 5
+    assert Section(SectionKind.INTS, 8, 2, fill=lambda out: None, late=True).late
+
+
+def test_section_run_views_each_tensors_section():
+    run = SectionRun(np.arange(10, dtype=np.uint8), np.array([0, 3, 10]), [2, 3], [1, 8], [24, 7])
+    a, b = run.sections()
+    assert (a.kind, a.bits, a.count, bytes(a.data)) == (2, 1, 24, bytes([0, 1, 2]))
+    assert (b.kind, b.bits, b.count, bytes(b.data)) == (3, 8, 7, bytes(range(3, 10)))
+
+
+def test_section_reader_checks_each_section_in_order():
+    f = parse_frame(build_frame("x", np.float32, (8,), [Section(SectionKind.INDEX_DELTA, 8, 3, bytes([1, 2, 3])),
+                                                        Section(SectionKind.VALUES, 16, 2, bytes(4))]))
+
+    def refused(message, **take):
+        r = SectionReader(f)
+        with pytest.raises(codec.CorruptFrameError, match=_exactly(message)):
+            r.take(**take)
+        assert r.i == 0
+
+    refused("section 0 (index_delta): codec 'x' expects a values section here", kind=SectionKind.VALUES)
+    refused("section 0 (index_delta): codec 'x' expects a index_bitmap or values section here",
+            kind=(SectionKind.INDEX_BITMAP, SectionKind.VALUES))
+    refused("section 0 (index_delta): 8-bit items, codec expects 16", kind=SectionKind.INDEX_DELTA, bits=16)
+    refused("section 0 (index_delta): 8-bit items, codec expects (4, 16)", kind=SectionKind.INDEX_DELTA, bits=(4, 16))
+    refused("section 0 (index_delta): 3 items, codec expects 4", kind=SectionKind.INDEX_DELTA, count=4)
+    refused("section 0 (index_delta): 3 items, codec expects 2", kind=SectionKind.INDEX_DELTA, count=2)
+    refused("section 0 (index_delta): 3 items, at most 2 possible", kind=SectionKind.INDEX_DELTA, max_count=2)
+    r = f.reader()
+    assert r.remaining() == f.sections
+    info, raw = r.take((SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA), bits=(4, 8), count=3, max_count=3)
+    assert info == f.sections[0] and raw.tolist() == [1, 2, 3] and r.remaining() == f.sections[1:]
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("frame has 1 section(s) that codec 'x' does not use")):
+        r.done()
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("section 1 (values): 2 items, codec expects 3")):
+        r.take(SectionKind.VALUES, count=3)
+    info, raw = r.take(SectionKind.VALUES, bits=16, count=2, max_count=5)
+    assert info == f.sections[1] and raw.tolist() == [0, 0, 0, 0] and r.remaining() == []
+    r.done()
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("frame has 2 sections; codec 'x' needs another section")):
+        r.take(SectionKind.VALUES)
+
+
+def _zstd_frame(compress, payload=bytes(range(20)) * 5):
+    import zstandard
+
+    def compressor(raw):
+        return Encoding.ZSTD, compress(zstandard, bytes(raw))
+
+    return build_frame("x", np.float32, (25,), [Section(SectionKind.VALUES, 32, 25, payload)], compressor=compressor)
+
+
+def test_zstd_sections_are_checked_before_use():
+    ok = parse_frame(_zstd_frame(lambda z, raw: z.ZstdCompressor().compress(raw)))
+    assert ok.sections[0].encoding == Encoding.ZSTD and ok.raw(0).tobytes() == bytes(range(20)) * 5
+    with pytest.raises(codec.CorruptFrameError, match=r"^section 0: bad zstd header: "):
+        parse_frame(_zstd_frame(lambda z, raw: b"not zstd at all"))
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("section 0: zstd declares 99 bytes, header implies 100")):
+        parse_frame(_zstd_frame(lambda z, raw: z.ZstdCompressor().compress(raw[:-1])))
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("section 0: zstd declares 18446744073709551615 bytes, header implies 100")):
+        parse_frame(_zstd_frame(lambda z, raw: z.ZstdCompressor(write_content_size=False).compress(raw)))
+    cut = parse_frame(_zstd_frame(lambda z, raw: z.ZstdCompressor().compress(raw)[:-3]))  # the header is whole
+    with pytest.raises(codec.CorruptFrameError, match=r"^section 0 \(values\): zstd data is damaged: "):
+        cut.raw(0)
+    extra = parse_frame(_zstd_frame(lambda z, raw: z.ZstdCompressor().compress(raw) + b"junk"))  # bytes after the zstd frame
+    with pytest.raises(codec.CorruptFrameError, match=r"^section 0 \(values\): zstd data is damaged: .*4 bytes of unused data"):
+        extra.raw(0)
+
+
+def test_frame_raw_checks_what_zstd_gives():
+    """parse_frame refuses a zstd section whose frame does not declare the raw length; a Frame
+    built without it still gets no fewer bytes than its section says."""
+    import zstandard
+
+    stored = zstandard.ZstdCompressor(write_content_size=False).compress(b"a" * 20)
+    f = Frame(memoryview(stored), 1, 0, np.dtype(np.float32), (30,), "x", [SectionInfo(1, Encoding.ZSTD, 8, 30, 30, len(stored), 0)], 0)
+    with pytest.raises(codec.CorruptFrameError, match=_exactly("section 0 (values): zstd gave 20 bytes, header says 30")):
+        f.raw(0)
+
+
+def test_frame_buffers_of_every_kind():
+    f = _frame()
+    doubled = np.repeat(np.frombuffer(f, np.uint8), 2)
+    for buf in (bytearray(f), memoryview(f), np.frombuffer(f, np.uint8), doubled[::2], memoryview(doubled.tobytes())[::2],
+                memoryview(f).cast("I"), memoryview(np.frombuffer(f, np.uint8).reshape(2, 40))):
+        assert bytes(parse_frame(buf).buf) == f and parse_frame(buf).spec == "fp16"
+        assert parse_frame(buf).raw(0).tobytes() == np.arange(10, dtype=np.float16).tobytes()
+    assert parse_frame(f).buf.obj is f  # a contiguous frame is read where it is, not copied
+    with pytest.raises(CodecTypeError, match=_exactly("frame: expected bytes or a 1-D uint8 array, got an array of float32 with shape (20,)")):
+        parse_frame(np.frombuffer(f, np.float32))
+    with pytest.raises(CodecTypeError, match=_exactly("frame: expected bytes or a 1-D uint8 array, got an array of uint8 with shape (2, 40)")):
+        parse_frame(np.frombuffer(f, np.uint8).reshape(2, 40))
+    with pytest.raises(CodecTypeError, match=_exactly("frame: expected a bytes-like object, got int")):
+        parse_frame(12345)

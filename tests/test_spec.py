@@ -224,7 +224,7 @@ def test_call_values_nest_at_most_max_depth():
         deep = "f(" * depth + "1" + ")" * depth
         with pytest.raises(SpecError, match="nest more than"):
             parse(f"topk(ratio={deep})")
-        with pytest.raises(ValueError):
+        with pytest.raises(SpecError, match=f"call values nest more than {MAX_DEPTH} deep at position "):
             codec.get_codec(f"fp16(nonfinite={deep})")
 
 
