@@ -460,7 +460,10 @@ class Worker:
     def _served(self, args, timeout):
         log = self.dir.parent / f"{self.dir.name}.log"
         try:
-            self.server.stdin.write(json.dumps({"args": ["-x", "-q", "-p", "no:cacheprovider", *args], "timeout": timeout,
+            # the server imported pytest's plugins (hypothesis, pytest_timeout) before pytest could mark them for
+            # assertion rewriting: that warning is the server's, not the run's
+            quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
+            self.server.stdin.write(json.dumps({"args": ["-x", "-q", "-p", "no:cacheprovider", *quiet, *args], "timeout": timeout,
                                                 "log": str(log)}) + "\n")
             self.server.stdin.flush()
             reply = self.server.stdout.readline()
@@ -601,6 +604,10 @@ def coverage_map(worker: Worker, module: str, files: list[str], base: Path):
     return by_line, out, secs
 
 
+class _Nothing(Exception):
+    """No mutant to run (all equivalent, or none left by --survivors): no copy, no baseline."""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (scripts/mutate.py) and docs/robustness.md, 'Mutation testing'.")
@@ -673,7 +680,9 @@ def main(argv=None) -> int:
             print(f"mutate: {a.json} was written for another text of {module}; run without --survivors", file=sys.stderr)
             return 2
         previous = {m["id"]: m for m in prev["mutants"]}
-        mutants = [m for m in mutants if previous.get(m.id, {}).get("result") in ("survived", "not covered", None)]
+        again = ("survived", "not covered", "invalid", None)  # and an equivalent one the table no longer lists
+        mutants = [m for m in mutants if previous.get(m.id, {}).get("result") in again
+                   or (previous[m.id]["result"] == "equivalent" and m.id not in equiv)]
 
     for m in mutants:
         if m.id in equiv:
@@ -697,6 +706,8 @@ def main(argv=None) -> int:
     base = Path(tempfile.mkdtemp(prefix="mutate-"))
     workers: list[Worker] = []
     try:
+        if not todo:
+            raise _Nothing
         jobs = max(1, min(a.jobs, len(todo) or 1))
         workers = [Worker(base, i, module) for i in range(jobs)]
         w0 = workers[0]
@@ -804,6 +815,8 @@ def main(argv=None) -> int:
                 w.kill()
             print("mutate: interrupted", file=sys.stderr)
             return 130
+    except _Nothing:
+        pass
     finally:
         for w in workers:
             w.kill()
