@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import codec
-from codec.errors import CodecValueError, CorruptFrameError
+from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.fuzzing import fix_many_checksums
 from codec.manyframe import Layout, parse_many
 
@@ -34,6 +34,8 @@ def test_layout_refuses_repeated_names():
     with pytest.raises(CodecValueError, match=r"names: 'w' appears twice"):
         Layout.of(list(TWO.values()), names=["w", "w"])
     assert Layout.of(list(TWO.values()), names=["w", "v"]).names == ("w", "v")
+    with pytest.raises(CodecTypeError, match=r"^names: a name must be a str, got list$"):
+        Layout.of(list(TWO.values()), names=["w", ["v"]])
 
 
 def test_unpickled_layout_with_repeated_names_is_refused():
