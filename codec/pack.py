@@ -174,7 +174,7 @@ def decode_index_segments(data, infos, sizes) -> list | None:
     lens = np.fromiter((i.raw_len for i in infos), np.int64, nseg)
     sizes = np.asarray(sizes, np.int64)
     bitmap = kinds == SectionKind.INDEX_BITMAP
-    limit = np.maximum(1, np.array([max(0, int(n) - 1).bit_length() for n in sizes.tolist()], np.int64))
+    limit = np.array([max(1, (int(n) - 1).bit_length()) for n in sizes.tolist()], np.int64)  # decode_indices' bound
     ok = np.where(bitmap, (bits == 1) & (counts == sizes), (kinds == SectionKind.INDEX_DELTA) & (counts <= sizes) & (bits >= 1) & (bits <= np.minimum(limit, 56)))
     ok &= (lens == (counts * bits + 7) // 8) & (starts >= 0) & (starts + lens <= data.size)
     ok &= padding_clear(data, starts, counts, bits)

@@ -354,7 +354,10 @@ def test_decode_indices_reads_large_sections_where_asked(monkeypatch):
         raw = np.zeros(size, np.uint8)
         raw[-1] = 0x80
         assert decode_indices(info_of(BITMAP, 1, 8 * size), raw, 8 * size, device=device).tolist() == [8 * size - 1]
-    assert where == [False, True, False]
+    monkeypatch.setattr(pack, "DEVICE_SECTION", 0)  # as tests/cuda/conftest.py sets it: every section but an empty one
+    assert decode_indices(info_of(DELTA, 1, 0), b"", 0, device=True).tolist() == []
+    assert decode_indices(info_of(BITMAP, 1, 8), b"\x01", 8, device=True).tolist() == [0]
+    assert where == [False, True, False, False, True]
 
 
 # ---------------------------------------------------------------- the pack family, per backend
@@ -419,10 +422,14 @@ def test_index_family_bitmap_edges(backend):
     chunk = module("index", "cpu")._BYTES  # the CPU's chunks, which the CUDA twin keeps
     for size in (chunk, 2 * chunk, 2 * chunk + 1):
         assert kern.bitmap_count(readonly(np.zeros(size, np.uint8))).size == -(-size // chunk)
+    encoded = np.full(2 * chunk + 1, 0xA5, np.uint8)  # a last chunk of one byte, written too
+    kern.bitmap_encode(readonly(np.array([3, 8 * chunk + 5, 16 * chunk + 7], np.int64)), encoded)
+    assert np.flatnonzero(encoded).tolist() == [0, chunk, 2 * chunk] and encoded[[0, chunk, 2 * chunk]].tolist() == [8, 32, 128]
     # random bytes, then one bit in each of the last 7: the last chunk's share ends 7 slots
     # after a byte with a bit, where 8 candidate positions would overrun it
     rng = np.random.default_rng(3)
     bitmap = np.r_[rng.integers(0, 256, 2 * chunk, dtype=np.uint8), every, [0x10] * 7].astype(np.uint8)
+    bitmap[chunk - 1] = 0xFF  # the first chunk ends with a byte that fills its last 8 slots
     want = np.flatnonzero(np.unpackbits(bitmap, bitorder="little"))
     counts = kern.bitmap_count(readonly(bitmap))
     assert counts.tolist() == [np.unpackbits(bitmap[c : c + chunk]).sum() for c in range(0, bitmap.size, chunk)]
@@ -446,6 +453,24 @@ def test_index_family_widths(backend):
     widths = np.zeros(len(sets), np.int64)
     kern.index_widths(readonly(pos), starts, readonly(np.array([n for _, n in sets], np.int64)), widths)
     assert widths.tolist() == [1, 1, 3, 3, 41, -1, -1, -1, -1]
+
+
+def test_index_family_writes_every_byte(backend):
+    """index_write puts each set's section (as encode_indices codes it alone) at its offset,
+    every byte written: bitmaps after gaps and gaps after bitmaps, into an ``out`` of junk."""
+    kern = module("index", backend)
+    dense = np.flatnonzero(np.random.default_rng(4).random(50) < 0.6)
+    sets = [([1, 5, 9], 12), (list(range(30)) + [39], 40), ([0], 1), (dense, 50), (dense + 1, 51), ([], 3), ([7, 60], 64)]
+    secs = [encode_indices(idx, n) for idx, n in sets]
+    assert [s.kind for s in secs] == [DELTA, BITMAP, DELTA, BITMAP, BITMAP, DELTA, DELTA]
+    pos = np.array([p for s, _ in sets for p in s], np.int64)
+    starts = np.cumsum([0] + [len(s) for s, _ in sets]).astype(np.int64)
+    at = np.cumsum([0] + [s.data.size for s in secs]).astype(np.int64)
+    out = np.full(int(at[-1]), 0xA5, np.uint8)
+    bitmap = np.array([s.kind == BITMAP for s in secs])
+    widths = np.array([s.bits if s.kind == DELTA else 1 for s in secs], np.int64)
+    kern.index_write(readonly(pos), starts, readonly(widths), readonly(bitmap), at, out)
+    assert bytes(out) == b"".join(bytes(s.data) for s in secs)
 
 
 # ---------------------------------------------------------------- index sections of many sets
@@ -599,6 +624,9 @@ def test_padding_clear_reads_each_sections_last_byte():
     assert padding_clear(clear, starts, counts, np.array([2, 2, 2, 1])).tolist() == [True, True, True, False]  # 3 bits
     empty = np.empty(0, np.uint8)
     assert padding_clear(empty, np.array([0, 0]), np.array([0, 1]), 3).tolist() == [True, False]
+    # a last byte outside the data reads the nearest one: the first before it, the last past it
+    edges = np.array([0x00, 0xFF, 0x3C], np.uint8)
+    assert padding_clear(edges, np.array([-1, 2]), np.array([1, 11]), 2).tolist() == [True, True]
 
 
 # ---------------------------------------------------------------- a many-tensor run's bytes
