@@ -469,7 +469,8 @@ def test_index_family_writes_every_byte(backend):
     out = np.full(int(at[-1]), 0xA5, np.uint8)
     bitmap = np.array([s.kind == BITMAP for s in secs])
     widths = np.array([s.bits if s.kind == DELTA else 1 for s in secs], np.int64)
-    kern.index_write(readonly(pos), starts, readonly(widths), readonly(bitmap), at, out)
+    offsets = np.r_[at, [0]]  # an entry more than the sets need: set s is addressed by offsets[s] and offsets[s + 1] only
+    kern.index_write(readonly(pos), starts, readonly(widths), readonly(bitmap), offsets, out)
     assert bytes(out) == b"".join(bytes(s.data) for s in secs)
 
 
