@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from codec.errors import CodecError, CodecTypeError, CodecValueError
+from codec.errors import CodecTypeError, CodecValueError
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -52,8 +52,19 @@ class Call:
         return f"{self.name}({','.join(items)})"
 
 
-class SpecError(CodecError, ValueError):
+class SpecError(CodecValueError):
     """A spec string that does not parse (docs/spec.md); a ``ValueError`` too."""
+
+
+#: the longest spec text parsed (characters); a frame's spec field holds 4,096 bytes, and the
+#: parser's time grows with the text (a 500,000-character spec took 1.9 s)
+MAX_TEXT = 65536
+
+
+def _bounded(text: str, what: str) -> str:
+    if len(text) > MAX_TEXT:
+        raise SpecError(f"bad {what} {text[:40]!r}...: {len(text)} characters, more than the {MAX_TEXT} a spec may have")
+    return text
 
 
 def _tokens(text: str):
@@ -76,6 +87,8 @@ def _tokens(text: str):
 #: how deeply call values may nest (a schedule is one level: ``warmup(0.25,0.001,steps=1000)``);
 #: deeper text is refused before the parser, the formatter or a schedule could recurse on it
 MAX_DEPTH = 8
+#: the most digits an integer literal may have (no parameter bound needs more than 20)
+MAX_DIGITS = 1000
 
 
 class _Parser:
@@ -132,6 +145,8 @@ class _Parser:
         if kind == "number":
             self.take()
             if re.fullmatch(r"[+-]?\d+", text):
+                if len(text.lstrip("+-")) > MAX_DIGITS:  # (int() refuses 4,300 digits with a plain ValueError)
+                    raise SpecError(f"bad spec {self.text[:80]!r}: an integer of {len(text.lstrip('+-'))} digits at position {pos}; at most {MAX_DIGITS}")
                 return int(text)
             return float(text)
         if kind == "string":
@@ -175,7 +190,7 @@ def parse(text: str) -> list[tuple[str, dict]]:
     """Parse a spec string into ``[(stage_name, params)]``; raises ValueError on bad syntax."""
     if not isinstance(text, str):
         raise CodecTypeError(f"spec: expected a string, got {type(text).__name__}")
-    if not text.strip():
+    if not _bounded(text, "spec").strip():
         raise SpecError("bad spec '': empty; expected a stage name such as 'fp16'")
     return _Parser(text).spec()
 
@@ -185,7 +200,7 @@ def parse_value(text: str):
     as it would appear after ``name=`` in a spec; raises ValueError on bad syntax."""
     if not isinstance(text, str):
         raise CodecTypeError(f"spec value: expected a string, got {type(text).__name__}")
-    p = _Parser(text)
+    p = _Parser(_bounded(text, "spec value"))
     v = p.value()
     p.take("end", what="the end of the value")
     return v

@@ -19,6 +19,11 @@ import pytest
 HERE = Path(__file__).parent
 SCRIPT = HERE.parent / "scripts" / "cuda_compile_check.py"
 
+#: the simulator run (about 9 minutes alone on a 2-core machine, the fixture's time counted in
+#: the first test's) has its own limits, 900 s for each subprocess: pytest's 600 s default
+#: would cut a run that a busy machine slows by a tenth
+pytestmark = pytest.mark.timeout(2000)
+
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):

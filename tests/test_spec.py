@@ -247,3 +247,25 @@ def test_schedule_value_beyond_float64_is_a_value_error():
     """A schedule point given as a 400-digit integer raised OverflowError; found by the fuzzer."""
     with pytest.raises(ValueError, match="finite"):
         codec.get_codec("topk(ratio=warmup(1" + "0" * 400 + ",0.01,steps=10))")
+
+
+def test_long_texts_and_huge_integers_are_spec_errors():
+    """A 900 KB spec took the parser 10 s (found by the long fuzz run of issue 28) and an
+    integer of 4,300 digits or more raised Python's plain ValueError from int(): a spec holds
+    at most MAX_TEXT characters and an integer at most MAX_DIGITS digits, both SpecErrors."""
+    from codec.spec import MAX_DIGITS, MAX_TEXT, SpecError, parse, parse_value
+
+    assert (MAX_TEXT, MAX_DIGITS) == (65536, 1000)
+    longest = "fp16" + " " * (MAX_TEXT - 4)
+    assert parse(longest) == [("fp16", {})]
+    with pytest.raises(SpecError, match=rf"^bad spec 'fp16 {' ' * 35}'\.\.\.: 65537 characters, more than the 65536 a spec may have$"):
+        parse(longest + " ")
+    with pytest.raises(SpecError, match=r"^bad spec value '1{40}'\.\.\.: 65537 characters"):
+        parse_value("1" * (MAX_TEXT + 1))
+    assert parse_value("9" * MAX_DIGITS) == int("9" * MAX_DIGITS)
+    assert parse_value("-" + "9" * MAX_DIGITS) == -int("9" * MAX_DIGITS)
+    for text in ("9" * (MAX_DIGITS + 1), "+" + "9" * 5000):
+        with pytest.raises(SpecError, match=rf"an integer of {len(text.lstrip('+'))} digits at position 0; at most 1000$"):
+            parse_value(text)
+    with pytest.raises(SpecError, match=r"an integer of 4301 digits at position 11; at most 1000"):
+        codec.get_codec("topk(ratio=" + "1" * 4301 + ")")
