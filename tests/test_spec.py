@@ -269,3 +269,7 @@ def test_long_texts_and_huge_integers_are_spec_errors():
             parse_value(text)
     with pytest.raises(SpecError, match=r"an integer of 4301 digits at position 11; at most 1000"):
         codec.get_codec("topk(ratio=" + "1" * 4301 + ")")
+    text = "topk(ratio=" + "1" * 1001 + ")"
+    with pytest.raises(SpecError) as info:
+        parse(text)
+    assert str(info.value) == f"bad spec {text[:80]!r}: an integer of 1001 digits at position 11; at most 1000"
