@@ -393,6 +393,7 @@ def test_index_family_index_sets(backend):
     np.testing.assert_array_equal(back, idx)
     assert kern.delta_decode(readonly(gaps), int(idx[-1]), np.empty(idx.size, np.int64)) is False  # one reaches n
     assert kern.delta_encode(readonly(idx[::-1].copy()), np.empty(idx.size, np.uint64)) == -1
+    assert kern.delta_encode(readonly(np.arange(5, dtype=np.int64)), np.empty(5, np.uint64)) == 0  # gaps of 0 only
     bitmap = np.full(raw_length(n, 1), 0xA5, np.uint8)
     kern.bitmap_encode(readonly(idx), bitmap)
     m = np.zeros(n, np.uint8)
@@ -460,9 +461,9 @@ def test_index_family_writes_every_byte(backend):
     every byte written: bitmaps after gaps and gaps after bitmaps, into an ``out`` of junk."""
     kern = module("index", backend)
     dense = np.flatnonzero(np.random.default_rng(4).random(50) < 0.6)
-    sets = [([1, 5, 9], 12), (list(range(30)) + [39], 40), ([0], 1), (dense, 50), (dense + 1, 51), ([], 3), ([7, 60], 64)]
+    sets = [([1, 5, 9], 12), (list(range(30)) + [39], 40), ([0], 1), (dense, 50), ([], 3), ([7, 60], 64), (dense + 1, 51)]
     secs = [encode_indices(idx, n) for idx, n in sets]
-    assert [s.kind for s in secs] == [DELTA, BITMAP, DELTA, BITMAP, BITMAP, DELTA, DELTA]
+    assert [s.kind for s in secs] == [DELTA, BITMAP, DELTA, BITMAP, DELTA, DELTA, BITMAP]
     pos = np.array([p for s, _ in sets for p in s], np.int64)
     starts = np.cumsum([0] + [len(s) for s, _ in sets]).astype(np.int64)
     at = np.cumsum([0] + [s.data.size for s in secs]).astype(np.int64)
