@@ -13,6 +13,8 @@ Numba's simulator (no GPU needed), which is how the tests run it.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from codec import dlpack
@@ -33,23 +35,26 @@ def _cuda():
     return numba_cuda()
 
 
-_CUDA_READY: list = []  # [None] once Numba's CUDA target has a device (or the simulator), [reason] when it has none
-
-
 def require_cuda(argname: str) -> None:
     """CodecTypeError naming ``argname`` (an argument that claims to be a device array:
     ``__cuda_array_interface__``, a CUDA DLPack tensor) when this process cannot run CUDA
-    kernels: numba-cuda is not installed, or it finds no CUDA driver or GPU.  Checked once per
-    process, where a device array enters gradcodec (:func:`check_stages`,
-    :func:`as_device_array`), so the caller never sees Numba's own CudaSupportError."""
-    if not _CUDA_READY:
-        try:
-            cuda = _cuda()
-            _CUDA_READY.append(None if cuda.is_available() else "no CUDA driver or GPU was found")
-        except ImportError as e:
-            _CUDA_READY.append(f"Numba's CUDA target is missing ({e})")
-    if _CUDA_READY[0] is not None:
-        raise CodecTypeError(f"{argname}: a device (CUDA) array, but this process cannot run CUDA kernels: {_CUDA_READY[0]}; pass a host array")
+    kernels: numba-cuda is not installed, or it finds no CUDA driver or GPU.  Asked once per
+    process (:func:`_cuda_missing`), where a device array enters gradcodec
+    (:func:`check_stages`, :func:`as_device_array`), so the caller never sees Numba's own
+    CudaSupportError."""
+    why = _cuda_missing()
+    if why is not None:
+        raise CodecTypeError(f"{argname}: a device (CUDA) array, but this process cannot run CUDA kernels: {why}; pass a host array")
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_missing() -> str | None:
+    """Why this process cannot run CUDA kernels, or None when it can (a GPU, or the simulator)."""
+    try:
+        cuda = _cuda()
+    except ImportError as e:
+        return f"Numba's CUDA target is missing ({e})"
+    return None if cuda.is_available() else "no CUDA driver or GPU was found"
 
 
 def check_stages(stages, argname: str = "x") -> None:

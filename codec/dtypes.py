@@ -164,14 +164,14 @@ def refuse_broadcast(a: np.ndarray, argname: str, hint: str) -> None:
         )
 
 
-def owned_float_array(value, where: str, like=None) -> np.ndarray:
+def owned_float_array(value, where: str) -> np.ndarray:
     """A fresh, owned, writeable C-contiguous base-ndarray copy of ``value``, for state loaded
     from a checkpoint: a NumPy array of float16, bfloat16, float32 or float64 in any layout or
-    byte order (a subclass such as ``np.matrix`` is copied as its plain data), of the shape
-    and dtype of the array ``like`` (the residual a velocity goes with) when given.  Anything else, a masked array included (its mask would be lost), a
-    broadcast array (zero stride: as :func:`as_float_array` refuses one, so a scalar broadcast
-    to 2**40 elements asks for no 4 TiB copy) or another shape, is a ValueError naming
-    ``where``, raised before the copy is allocated."""
+    byte order (a subclass such as ``np.matrix`` is copied as its plain data).  Anything
+    else, a masked array included (its mask would be lost), or a broadcast array (zero
+    stride: as :func:`as_float_array` refuses one, so a scalar broadcast to 2**40 elements
+    asks for no 4 TiB copy), is a ValueError naming ``where``, raised before the copy is
+    allocated."""
     if isinstance(value, np.ma.MaskedArray):
         raise CodecValueError(f"{where}: a masked array is not accepted (its mask would be lost); pass a plain NumPy array")
     if not isinstance(value, np.ndarray):
@@ -180,8 +180,6 @@ def owned_float_array(value, where: str, like=None) -> np.ndarray:
     native = dt.newbyteorder("=") if dt.kind == "f" else dt
     if native not in _BY_DTYPE:
         raise CodecValueError(f"{where}: dtype {dt} is not supported; expected float16, bfloat16, float32 or float64")
-    if like is not None and (value.shape != like.shape or native != like.dtype):
-        raise CodecValueError(f"{where}: expected {like.dtype}{list(like.shape)} like the residual, got {native}{list(value.shape)}")
     refuse_broadcast(value, where, "a state holds the arrays state_dict() saved, never a view of one value")
     out = np.empty(value.shape, native)
     out[...] = value.view(np.ndarray)

@@ -4,6 +4,7 @@ written against."""
 
 from __future__ import annotations
 
+import functools
 import tracemalloc
 
 import numpy as np
@@ -340,7 +341,8 @@ def test_a_device_claim_without_cuda_is_a_type_error_naming_the_argument(monkeyp
 
         monkeypatch.setattr(device, "_cuda", absent)
         why = "Numba's CUDA target is missing"
-    monkeypatch.setattr(device, "_CUDA_READY", [])
+    device._cuda_missing.cache_clear()
+    monkeypatch.setattr(device, "_cuda_missing", functools.lru_cache(maxsize=1)(device._cuda_missing.__wrapped__))
     for argname, call in _device_calls():
         with pytest.raises(codec.CodecError) as info:
             call()

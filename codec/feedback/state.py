@@ -189,7 +189,12 @@ def _check_slot(s, i: int, codec: Codec, momentum: float, residuals: bool) -> Sl
     if velocity is not None:
         if not momentum:
             raise CodecValueError(f"{where}: velocity: saved, but momentum is 0 here, which keeps no velocity")
-        velocity = owned_float_array(velocity, f"{where}: velocity", like=residual)  # (checked before the copy)
+        like = f"{where}: velocity: expected {residual.dtype}{list(residual.shape)} like the residual"
+        if isinstance(velocity, np.ndarray) and velocity.shape != residual.shape:  # before anything of its size is copied
+            raise CodecValueError(f"{like}, got {velocity.dtype}{list(velocity.shape)}")
+        velocity = owned_float_array(velocity, f"{where}: velocity")
+        if velocity.dtype != residual.dtype:
+            raise CodecValueError(f"{like}, got {velocity.dtype}{list(velocity.shape)}")
         _check_finite(velocity, f"{where}: velocity", codec)
     return Slot(key, residual, step, _check_stage_state(s.get("state", {}), codec, residual.shape, residual.dtype, where), velocity)
 
