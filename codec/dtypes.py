@@ -154,11 +154,17 @@ def _materialize(a: np.ndarray, argname: str) -> np.ndarray:
     return a.copy(order="C")  # (ascontiguousarray turns 0-d into 1-d)
 
 
+def is_broadcast(a: np.ndarray) -> bool:
+    """Whether ``a`` has a zero stride over an extent > 1 (elements that alias, as
+    ``np.broadcast_to`` makes); an empty array's strides say nothing, so it never is."""
+    return bool(a.size) and any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape))
+
+
 def refuse_broadcast(a: np.ndarray, argname: str, hint: str) -> None:
     """CodecValueError naming ``argname`` when ``a`` is a broadcast array (a zero stride over
     an extent > 1, elements there), before anything of its size is allocated: the one rule for arrays taken
     in (encode's input, a loaded state's residual and velocity)."""
-    if a.size and any(st == 0 and d > 1 for st, d in zip(a.strides, a.shape)):  # (an empty array's strides say nothing)
+    if is_broadcast(a):
         raise CodecValueError(
             f"{argname}: a broadcast array (zero stride, shape {a.shape}) is not a gradient; {hint}"
         )

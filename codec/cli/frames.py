@@ -131,14 +131,15 @@ def _container(path: str, buf) -> FrameFile:
 
 def _many(path: str, buf) -> FrameFile:
     import codec
-    from codec.manyframe import FLAG_LAYOUT_HASH, read_header
-    from codec.manyframe.parse import FIXED_SIZE
+    from codec.manyframe import FLAG_LAYOUT_HASH
+    from codec.manyframe.wire import FIXED
 
+    hashed = len(buf) >= FIXED.size and FIXED.unpack_from(buf)[2] & FLAG_LAYOUT_HASH
     try:
         d = codec.inspect(buf)
     except codec.CodecError as e:
-        if len(buf) > FIXED_SIZE and buf[5] & FLAG_LAYOUT_HASH and not isinstance(e, codec.CorruptFrameError):
-            raise _hash_form(path, buf, read_header) from None
+        if hashed and not isinstance(e, codec.CorruptFrameError):  # a valid header, and no layout to read it with
+            raise _hash_form(path, buf) from None
         raise _fail(path, None, e) from None
     names = [t["name"] if t["name"] is not None else str(i) for i, t in enumerate(d["tensors"])]
     for t in d["tensors"]:
@@ -156,9 +157,11 @@ def _many(path: str, buf) -> FrameFile:
     return FrameFile(path, "many", d, list(zip(names, d["tensors"])), decode)
 
 
-def _hash_form(path: str, buf, read_header) -> DataError:
-    """The line for a layout-hash frame: what its header says, and why it cannot be read alone."""
+def _hash_form(path: str, buf) -> DataError:
+    """The line for a layout-hash frame (its header already validated): what the header says,
+    and why it cannot be read alone."""
     import codec
+    from codec.manyframe import read_header
 
     try:
         h = read_header(memoryview(buf))

@@ -205,7 +205,9 @@ def dumps_state(obj) -> bytes:
 def _broadcasts_kept(obj):
     import numpy as np
 
-    if isinstance(obj, np.ndarray) and type(obj) is np.ndarray and any(st == 0 and d > 1 for st, d in zip(obj.strides, obj.shape)):
+    from codec.dtypes import is_broadcast
+
+    if type(obj) is np.ndarray and is_broadcast(obj):
         base = obj[tuple(slice(0, 1) if st == 0 else slice(None) for st in obj.strides)].copy()
         return Broadcast(base, obj.shape)
     if isinstance(obj, dict):
