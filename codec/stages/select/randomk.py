@@ -109,7 +109,7 @@ class RandomK(Select):
             if not secs or (secs[0].kind, secs[0].bits, secs[0].count) != (SectionKind.INTS, 64, 3):
                 return None
             at[t] = secs[0].offset
-            room[t] = _most(value, 8 * sum(s.raw_len for s in secs[1:]))
+            room[t] = _room(value, secs[1:])
         keys = data[at[:, None] + np.arange(24)].view("<u8")  # (seed, step, khash) per tensor
         memo: dict = {}  # the tensors of a frame share their step: its k, once per size
         ks = np.array([
@@ -150,11 +150,13 @@ class RandomK(Select):
         if known is not None:  # read and checked by positions_segments
             return known
         seed, step, khash = (int(v) for v in raw.view("<u8"))
-        k = self._checked_k(seed, step, ctx.n, _most(ctx.value, 8 * sum(s.raw_len for s in reader.remaining())))
+        k = self._checked_k(seed, step, ctx.n, _room(ctx.value, reader.remaining()))
         return positions(ctx.n, k, seed, khash, step)
 
 
-def _most(value, bits: int) -> int:
-    """The most kept values ``bits`` bits of values sections hold for the value stage ``value``
-    (None: one bit per value at least)."""
+def _room(value, sections) -> int:
+    """The most kept values the values ``sections`` (infos: their raw bytes) can code in the
+    value stage ``value``'s format (:meth:`codec.stage.Value.most_values`; None: one bit per
+    value at least)."""
+    bits = 8 * sum(s.raw_len for s in sections)
     return bits if value is None else value.most_values(bits)
