@@ -58,15 +58,18 @@ def jit(fn=None, **options):
     return wrap if fn is None else wrap(fn)
 
 
-def device_functions(module, names) -> dict:
+def device_functions(module, names, extra=None) -> dict:
     """CUDA device-function twins of the scalar ``@jit`` functions ``names`` of the CPU kernel
     module ``module``, compiled from their Python source: one statement of a rule (a
     rounding, a hash) for both backends.  Each is rebuilt over a copy of the module's globals
     in which every name of ``names`` is its twin, so their calls to each other stay on the
-    device (``rng.stream`` calls ``mix``).  Returns ``{name: device function}``."""
+    device (``rng.stream`` calls ``mix``); ``extra`` (``{name: device function}``) binds more
+    names there: the twins of helpers the module imports from elsewhere.  Returns ``{name:
+    device function}``."""
     import types
 
     ns = dict(vars(module))
+    ns.update(extra or {})
     out = {}
     for name in names:
         f = getattr(module, name).py_func

@@ -27,9 +27,11 @@ def test_device_conformance(spec):
         TAKEN.add(spec)
 
 
-def test_the_codecs_of_this_part_take_device_arrays():
-    """Every codec of the first CUDA part is among those that took them (run after the above)."""
+def test_the_codecs_with_a_device_path_take_device_arrays():
+    """Every codec of the first two CUDA parts (the sparsifiers, the 16-bit floats, every
+    quantizer) is among those that took them (run after the above)."""
     want = {"none", "fp16", "bf16", "topk", "gaussiank", "dgc", "threshold", "randomk", "adacomp"}
+    want |= {"rangefloat", "fp8", "minmax", "qsgd", "terngrad", "sign", "efsign", "onebit"}
     if not TAKEN:
         pytest.skip("run with test_device_conformance")
     assert want <= TAKEN, want - TAKEN

@@ -115,40 +115,40 @@ def elias_decode(data, starts, n, bucket, per, levels, codes, bad):
     """QSGD codes from the chunked Elias streams (``starts``: each chunk's first byte, plus the
     end); ``bad[c]`` = 1 where a chunk's stream is damaged (a count, run or level out of range,
     or bits left over beyond its padding)."""
-    span = per * bucket
     for c in prange(bad.size):
-        lo = c * span
-        hi = min(n, lo + span)
-        pos = U(starts[c]) * U(8)
-        end = U(starts[c + 1]) * U(8)
-        ok = True
-        for b in range(lo, hi, bucket):
-            e = min(hi, b + bucket)
-            nnz, pos = _get_gamma(data, pos, end)
-            if nnz == 0 or nnz - U(1) > U(e - b):
-                ok = False
-                break
-            i = U(b)
-            for _ in range(nnz - U(1)):
-                run, pos = _get_gamma(data, pos, end)
-                if run == 0 or pos >= end:
-                    ok = False
-                    break
-                i += run - U(1)
-                sign = (data[pos >> U(3)] >> np.uint8(pos & U(7))) & np.uint8(1)
-                pos += U(1)
-                level, pos = _get_gamma(data, pos, end)
-                if level == 0 or level > U(levels) or i >= U(e):
-                    ok = False
-                    break
-                codes[i] = (level << U(1)) | U(sign)
-                i += U(1)
-            if not ok:
-                break
-        if ok and end - pos >= U(8):
-            ok = False
-        while ok and pos < end:  # the padding bits must be zero
-            if (data[pos >> U(3)] >> np.uint8(pos & U(7))) & np.uint8(1):
-                ok = False
+        bad[c] = 0 if _decode_chunk(data, starts, n, bucket, per, levels, codes, c) else 1
+
+
+@jit
+def _decode_chunk(data, starts, n, bucket, per, levels, codes, c):
+    """Chunk ``c`` of :func:`elias_decode`; returns whether its stream is whole."""
+    span = per * bucket
+    lo = c * span
+    hi = min(n, lo + span)
+    pos = U(starts[c]) * U(8)
+    end = U(starts[c + 1]) * U(8)
+    for b in range(lo, hi, bucket):
+        e = min(hi, b + bucket)
+        nnz, pos = _get_gamma(data, pos, end)
+        if nnz == 0 or nnz - U(1) > U(e - b):
+            return False
+        i = U(b)
+        for _ in range(nnz - U(1)):
+            run, pos = _get_gamma(data, pos, end)
+            if run == 0 or pos >= end:
+                return False
+            i += run - U(1)
+            sign = (data[pos >> U(3)] >> np.uint8(pos & U(7))) & np.uint8(1)
             pos += U(1)
-        bad[c] = 0 if ok else 1
+            level, pos = _get_gamma(data, pos, end)
+            if level == 0 or level > U(levels) or i >= U(e):
+                return False
+            codes[i] = (level << U(1)) | U(sign)
+            i += U(1)
+    if end - pos >= U(8):
+        return False
+    while pos < end:  # the padding bits must be zero
+        if (data[pos >> U(3)] >> np.uint8(pos & U(7))) & np.uint8(1):
+            return False
+        pos += U(1)
+    return True

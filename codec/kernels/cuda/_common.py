@@ -205,3 +205,111 @@ else:
     def mul32(a, b):
         """float32 ``a * b`` rounded on its own (see :func:`mul`)."""
         return libdevice.fmul_rn(a, b)
+
+
+# ---------------------------------------------------------------------------- host arrays
+def on_dev(a) -> bool:
+    """Whether ``a`` is a device array (:func:`codec.dtypes.on_device`)."""
+    from codec.dtypes import on_device
+
+    return on_device(a)
+
+
+def dev(a):
+    """``a`` where a kernel reads it: itself when it is a device array, else a copy of the
+    (small: tables, offsets, windows, factors) host array moved in.  Never copied back, so a
+    read-only host array is fine (Numba's own transfer of a host argument copies it back)."""
+    return a if on_dev(a) else cuda.to_device(np.ascontiguousarray(a))
+
+
+class Results:
+    """The outputs of a twin call: a device array as it is, a host array (per-unit counts,
+    maxima, norms: a few numbers per block of values, or codes a caller wants on the host)
+    through a device buffer copied into it once the kernels ran (:meth:`done`).
+    ``r = Results(); d = r(host_or_device, zeroed=False); ...; r.done()``."""
+
+    def __init__(self):
+        self._back = []
+
+    def __call__(self, a, zeroed: bool = False):
+        if on_dev(a):
+            if zeroed and a.size:
+                zero[launch(a.size)](a.reshape(a.size))
+            return a
+        d = cuda.device_array(a.shape, a.dtype)
+        if zeroed and a.size:
+            zero[launch(a.size)](d.reshape(d.size))
+        self._back.append((d, a))
+        return d
+
+    def done(self) -> None:
+        for d, a in self._back:
+            if a.size:
+                d.copy_to_host(a)
+        self._back.clear()
+
+
+@jit(device=True)
+def owner(starts, i):
+    """The segment ``t`` with ``starts[t] <= i < starts[t+1]`` (``starts`` non-decreasing,
+    ``starts[0] <= i < starts[-1]``): a binary search, the last of equal starts (empty
+    segments are skipped)."""
+    lo = 0
+    hi = starts.size - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if starts[mid] <= i:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@jit(device=True)
+def block_max(v, tmp):
+    """The largest ``v`` (uint64) over the block's threads, every thread calling it and getting
+    the answer: a tree in shared ``tmp`` (``blockDim.x`` uint64 values)."""
+    t = cuda.threadIdx.x
+    tmp[t] = v
+    cuda.syncthreads()
+    off = 1
+    while off < cuda.blockDim.x:
+        if t % (2 * off) == 0 and t + off < cuda.blockDim.x:
+            tmp[t] = max(tmp[t], tmp[t + off])
+        cuda.syncthreads()
+        off *= 2
+    m = tmp[0]
+    cuda.syncthreads()
+    return m
+
+
+def per_unit(units: int) -> tuple[int, int]:
+    """``(blocks, threads)`` of a launch of one block per work unit (a bucket, a chunk, a
+    window piece): at most ``MAX_BLOCKS`` blocks, each striding over the units by the grid."""
+    return min(max(1, units), MAX_BLOCKS), THREADS
+
+
+def nothing(dtype):
+    """An empty device array of ``dtype`` (kept per context): what a kernel gets for an
+    optional array it was not given (``r``, ``acc``, ``sub``), tested by ``.size``."""
+    return per_context(("nothing", np.dtype(dtype).str), lambda: cuda.device_array(0, dtype))
+
+
+def crc_of(codes, crc: int) -> int:
+    """The CRC-32C of device array ``codes``' bytes continued from ``crc``, formed on the device
+    (``_crc.crc32c``); -1 when none is asked (``crc < 0``)."""
+    if crc < 0:
+        return -1
+    if not codes.size:
+        return int(crc)
+    from codec.kernels.cuda import _crc
+
+    return _crc.crc32c(codes.reshape(codes.size).view(np.uint8), crc)
+
+
+def check_width(width: int) -> None:
+    """CodecValueError unless ``width`` column lanes fit the lane buffers (``MAX_WIDTH``)."""
+    if not 1 <= width <= MAX_WIDTH:
+        from codec.errors import CodecValueError
+
+        raise CodecValueError(f"width: {width} lanes, the CUDA kernels take 1 to {MAX_WIDTH}")

@@ -19,7 +19,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import convert as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import launch, mul, mul32
+from codec.kernels.cuda._common import crc_of, launch, mul, mul32
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
@@ -99,16 +99,6 @@ def _narrow32(x, out, bf16, bad):
     _block_count(k, bad)
 
 
-def _codes_crc(codes, crc):
-    """The CRC-32C of device array ``codes``' bytes continued from ``crc`` (formed on the
-    device: ``_crc.crc32c``), or -1 when none is asked (``crc < 0``)."""
-    if crc < 0:
-        return -1
-    from codec.kernels.cuda import _crc
-
-    return _crc.crc32c(codes.view(np.uint8), crc)
-
-
 @jit
 def _specials(codes, mask, bad):
     """Count the codes whose exponent bits (``mask``) are all set: NaN and inf."""
@@ -134,11 +124,11 @@ def narrow_codes(x, out, bf16, crc):
         if not bf16:
             out.copy_to_device(bits)
             _specials[shape](out, np.uint16(0x7C00), counts[0])
-            return _total(counts), _codes_crc(out, crc)
+            return _total(counts), crc_of(out, crc)
         x = cuda.device_array(x.size, np.float32)
         _decode[shape](bits, x, SET, False)
     (_narrow32 if np.dtype(x.dtype) == np.float32 else _narrow)[shape](x, out, bool(bf16), counts[0])
-    return _total(counts), _codes_crc(out, crc)
+    return _total(counts), crc_of(out, crc)
 
 
 @jit
@@ -223,7 +213,7 @@ def half_feedback(x, r, acc, codes, bf16, crc):
     shape = launch(x.size)
     counts = _counts(shape[0])
     _feedback[shape](x, r, acc, codes, bool(bf16), counts[0])
-    return _total(counts), _codes_crc(codes, crc)
+    return _total(counts), crc_of(codes, crc)
 
 
 @jit

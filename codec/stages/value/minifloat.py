@@ -111,7 +111,7 @@ class _MiniFloat(Quantizer):
 
         if w in (8, 16):  # checksummed as it is written (Section.fill_crc)
             return Section(SectionKind.VALUES, w, n, fill=lambda out, *crc: code_into(out.view(code_dtype(w)), *crc), fill_crc=True)
-        codes = np.empty(n, code_dtype(w))
+        codes = self.codes_buffer(n, code_dtype(w), values)
         code_into(codes)
         return codes_section(codes, w)
 
@@ -153,7 +153,7 @@ class _MiniFloat(Quantizer):
         n = x.size
         block, nblocks, upb, units = self._units(n)
         acc = slot.take_spare()
-        flat, r = acc.reshape(-1), slot.residual.reshape(-1)
+        flat, r = acc.reshape(acc.size), slot.residual.reshape(acc.size)
         if not self.needs_max():
             emin = self.emins(np.zeros(nblocks, np.int64)).astype(np.int64)
             sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, formed=(x, r)))

@@ -59,7 +59,7 @@ class MinMax(Quantizer):
         n = x.size
         nb, _, ngroups = bucket_groups(n, self.bucket)
         lows, highs = np.empty(nb), np.empty(nb)
-        codes = np.empty(n, np.uint8)
+        codes = self.codes_buffer(n, np.uint8, x)
         bad = np.zeros(ngroups, np.int64)
         if n:
             ibits, low, inf = _keys(x)
@@ -136,7 +136,7 @@ class MinMax(Quantizer):
         nb, _, ngroups = bucket_groups(n, self.bucket)
         lows, highs = np.empty(nb), np.empty(nb)
         acc = slot.take_spare()
-        flat = acc.reshape(-1)
+        flat = acc.reshape(acc.size)
 
         def code(codes, crc=None):
             bad = np.zeros(ngroups, np.int64)
@@ -145,7 +145,7 @@ class MinMax(Quantizer):
                 ibits, low, inf = _keys(flat)
                 got = backend("bucket", x).minmax_encode(
                     x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
-                    lows, highs, codes, bad, slot.residual.reshape(-1), flat, -1 if crc is None else crc,
+                    lows, highs, codes, bad, slot.residual.reshape(n), flat, -1 if crc is None else crc,
                 )
             if bad.any():
                 self.raise_nonfinite(flat, ctx)
@@ -159,7 +159,7 @@ class MinMax(Quantizer):
             sections.append(Section(SectionKind.SCALARS, 32, 2 * nb, fill=bounds, late=True))
             sections.append(Section(SectionKind.VALUES, 8, n, fill=code, fill_crc=True))
         else:
-            codes = np.empty(n, np.uint8)
+            codes = self.codes_buffer(n, np.uint8, x)
             code(codes)
             sections.append(scalars_section(np.concatenate([lows, highs])))
             sections.append(codes_section(codes, self.bits))

@@ -59,7 +59,7 @@ class Qsgd(Quantizer):
         n = x.size
         nb, _, ngroups = bucket_groups(n, self.bucket)
         norms = np.empty(nb)
-        codes = np.empty(n, code_dtype(self.code_bits))
+        codes = self.codes_buffer(n, code_dtype(self.code_bits), x)
         bad = np.zeros(ngroups, np.int64)
         if n:
             backend("bucket", x).qsgd_encode(x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad)
@@ -119,13 +119,13 @@ class Qsgd(Quantizer):
         n = x.size
         nb, _, ngroups = bucket_groups(n, self.bucket)
         norms = np.empty(nb)
-        codes = np.empty(n, code_dtype(self.code_bits))
+        codes = self.codes_buffer(n, code_dtype(self.code_bits), x)
         bad = np.zeros(ngroups, np.int64)
         acc = slot.take_spare()
-        flat = acc.reshape(-1)
+        flat = acc.reshape(acc.size)
         if n:
             backend("bucket", x).qsgd_encode(
-                x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad, slot.residual.reshape(-1), flat
+                x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad, slot.residual.reshape(n), flat
             )
         if bad.any():
             self.raise_nonfinite(flat, ctx)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
 from codec.ops import offsets, readonly
@@ -86,15 +87,32 @@ class Dequant:
 
 
 class Quantizer(Value):
-    """Base of the quantizer value stages (docs/codecs.md, "Quantizers")."""
+    """Base of the quantizer value stages (docs/codecs.md, "Quantizers").
+
+    Every quantizer takes device arrays: its kernels' CUDA twins (``quantize``, ``bucket``,
+    ``elias``, ``dequant``) make the same codes on the device, the small per-block numbers
+    (windows, norms, bounds, counts) and the codes cross to the host as the frame's bytes
+    (bit-packed on the device first: :func:`codes_section`)."""
 
     lossless = False
+    devices = frozenset({"cpu", "cuda"})
 
     def encode(self, values, ctx, sections):
         from codec.ops import widen
 
-        x = readonly(np.ascontiguousarray(widen(values)).reshape(-1))
+        if on_device(values):  # (a device array is contiguous: codec.device.as_device_array)
+            x = widen(values).reshape(values.size)
+        else:
+            x = readonly(np.ascontiguousarray(widen(values)).reshape(-1))
         self.quantize(x, ctx, sections)
+
+    @staticmethod
+    def codes_buffer(n: int, dtype, like):
+        """An array of ``n`` codes of ``dtype`` where ``like`` lives (a device array's codes are
+        made, and packed, on the device)."""
+        from codec.device import Memory
+
+        return Memory(on_device(like)).empty(n, dtype)
 
     @abc.abstractmethod
     def quantize(self, x, ctx, sections) -> None:
@@ -135,9 +153,10 @@ class Quantizer(Value):
                 out[mine] = extra[mine]
 
     def raise_nonfinite(self, x, ctx):
+        from codec.device import host_copy
         from codec.ops import first_nonfinite
 
-        raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(x)), self.name)
+        raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(host_copy(x) if on_device(x) else x)), self.name)
 
     @property
     def stochastic(self) -> bool:
@@ -309,9 +328,28 @@ def magnitude_values(top: np.ndarray, dtype) -> tuple[np.ndarray, bool]:
 # ---------------------------------------------------------------------------- sections
 def codes_section(codes: np.ndarray, bits: int) -> Section:
     """``codes`` (uint8/uint16) as a values section of ``bits``-bit items: the bytes themselves
-    at 8 or 16 bits, bit-packed otherwise."""
+    at 8 or 16 bits, bit-packed otherwise.  Device codes are packed on the device and copied
+    once into the frame, their CRC-32C formed there."""
     from codec.pack import pack_bits
 
+    if on_device(codes):
+        from codec import device
+        from codec.kernels import backend
+        from codec.pack import raw_length
+
+        if bits in (8, 16):
+            packed = codes.view(np.uint8)
+        else:
+            packed = device.empty(raw_length(codes.size, bits), np.uint8)
+            if packed.size:
+                backend("pack", codes).pack_codes(codes, bits, packed)
+
+        def fill(out, crc=None):
+            if packed.size:
+                device.to_host(packed, out)
+            return None if crc is None else device.crc32c(packed, crc)
+
+        return Section(SectionKind.VALUES, bits, codes.size, fill=fill, fill_crc=True)
     if bits in (8, 16):
         return Section(SectionKind.VALUES, bits, codes.size, codes.astype(f"<u{bits // 8}", copy=False))
     return Section(SectionKind.VALUES, bits, codes.size, pack_bits(codes, bits))
