@@ -16,6 +16,7 @@ parameter formula on ResNet-18 (CIFAR).
 from __future__ import annotations
 
 import copy
+import os
 import math
 import pickle
 
@@ -504,13 +505,10 @@ def test_orthogonalize_guard(dt):
             p = np.stack([a, a * dt.type(c)], axis=1)
             out = psgd.orthogonalize(p)
             assert np.all(out[:, 1] == 0), (n, c, out[:, 1][:4])
-            assert abs(np.linalg.norm(out[:, 0]) - 1) <= 4 * eps
-    # a zero matrix: zeros (Gram-Schmidt); QR still gives orthonormal columns
-    assert np.all(psgd.orthogonalize(np.zeros((10, 1), dt)) == 0)
-    assert np.all(psgd.orthogonalize(np.zeros((10, 2), dt)) == 0)
-    for r in (3, 8):
-        out = psgd.orthogonalize(np.zeros((10, r), dt))
-        assert np.allclose(out.T @ out, np.eye(r), atol=4 * eps)
+            assert abs(np.linalg.norm(out[:, 0]) - 1) <= 4 * eps * max(1.0, math.sqrt(n) / 8)  # (float64 dot products in index order)
+    # a zero matrix: zeros, at every rank (Gram-Schmidt at every rank, no QR)
+    for r in (1, 2, 3, 8):
+        assert np.all(psgd.orthogonalize(np.zeros((10, r), dt)) == 0)
     # the guard's threshold: 16 eps of the column's norm before (inclusive)
     for t, kept in ((8 * eps, False), (16 * eps, False), (32 * eps, True), (1e3 * eps, True)):
         p = np.zeros((5, 2), dt)
@@ -904,11 +902,36 @@ def test_a_warm_q_with_a_zero_column_is_redrawn():
     x = rng.standard_normal((64, 64)).astype(np.float32)
     frame = codec.get_codec("powersgd").encode_with(x, Context(x.shape, x.dtype, key="k", step=7, state=state))
     fresh = psgd.orthogonalize(psgd.initial_q(64, 2, np.float32, 0, "k", 7))
-    p = psgd.orthogonalize(x @ fresh)
-    assert_same(codec.decode(frame), p @ (x.T @ p).T, "redrawn Q")
+    p = psgd.orthogonalize(psgd.project(x, fresh)[0])
+    assert_same(codec.decode(frame), p @ psgd.back_project(x, p).T, "redrawn Q")
 
 
 @pytest.mark.parametrize("last", [5, 10])
 def test_plan_keep_last_beyond_the_layer_count_keeps_every_layer(last):
     p = plan([(64, 64), (64, 64), (64, 64)], keep_last=last, keep_first=False, min_size=0)
     assert p.factorized() == {}
+
+
+def test_frames_do_not_depend_on_blas_or_numba_threads():
+    """PowerSGD's products run in an order fixed by the shapes (the ``lowrank`` kernels), not
+    by the BLAS: the same frame with one and two BLAS and Numba threads (it differed with
+    ``mat @ q`` of this 1000 x 1000 matrix between one and two OpenBLAS threads)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib, numpy as np, codec\n"
+        "x = np.random.default_rng(5).standard_normal((1000, 1000)).astype(np.float32)\n"
+        "ef = codec.ErrorFeedback('powersgd(rank=4)')\n"
+        "frames = [bytes(ef.encode(x * (1 + s), key='w')) for s in range(2)]\n"
+        "frames.append(bytes(codec.get_codec('powersgd(rank=3)').encode(x.astype(np.float64))))\n"
+        "print(hashlib.sha256(b''.join(frames)).hexdigest())\n"
+    )
+    got = set()
+    for threads in ("1", "2"):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads)
+        run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got.add(run.stdout.strip())
+    assert len(got) == 1, got

@@ -2,7 +2,8 @@
 (docs/codecs.md, "powersgd" and "Pufferfish factorization helpers").
 
 Follows the numbered rules literally, with the same NumPy operations as the codec where the
-result must agree bit for bit (``M @ Q``, Gram-Schmidt, ``M.T @ P``, ``P @ Q.T``), and no
+result must agree bit for bit (``P @ Q.T``; ``M Q``, Gram-Schmidt and ``M^T P`` in their fixed
+orders), and no
 ``codec`` import except the bfloat16 dtype; reference.sparse's once-rounding to 16-bit formats and key hash.
 
 * :func:`matrix_of`, :func:`initial_q`, :func:`orthogonalize`: rules 1-3.
@@ -63,29 +64,58 @@ def initial_q(m: int, r: int, dtype, seed: int, key=None, step: int = 0) -> np.n
 
 
 # ------------------------------------------------------------------ rule 3
+#: column lanes of the product ``M Q`` (codec.layout.LANES)
+LANES = 64
+
+
+def seqsum(a, axis=-1):
+    """The sum along ``axis`` in index order (``np.cumsum`` adds strictly in order; ``np.sum``
+    is pairwise)."""
+    a = np.asarray(a, np.float64)
+    if a.shape[axis] == 0:
+        return np.zeros(np.delete(a.shape, axis if axis >= 0 else a.ndim + axis))
+    return np.take(np.cumsum(a, axis=axis), -1, axis=axis)
+
+
+def project(mat, q) -> np.ndarray:
+    """``P = M Q`` in the fixed order: each ``P[i, c]`` the float64 sum of ``M[i, j] * Q[j, c]``
+    in LANES column lanes (lane ``j % LANES`` adds its terms in order of ``j``; the lanes are
+    added in order, then the tail ``j >= (m // LANES) * LANES`` in order), rounded once to
+    ``M``'s dtype."""
+    n, m = mat.shape
+    m64, q64 = mat.astype(np.float64), q.astype(np.float64)
+    rows = m // LANES
+    full = rows * LANES
+    out = np.empty((n, q.shape[1]))
+    for c in range(q.shape[1]):
+        prod = m64 * q64[:, c]  # (the products, rounded each on its own)
+        lanes = seqsum(prod[:, :full].reshape(n, rows, LANES), axis=1)  # (n, LANES)
+        out[:, c] = seqsum(np.concatenate([np.zeros((n, 1)), lanes, prod[:, full:]], axis=1), axis=1)
+    return out.astype(mat.dtype)
+
+
+def back_project(mat, p) -> np.ndarray:
+    """``Q = M^T P``: each ``Q[j, c]`` the float64 sum of ``M[i, j] * P[i, c]`` in order of
+    ``i``, rounded once to ``M``'s dtype."""
+    prod = mat.astype(np.float64)[:, :, None] * p.astype(np.float64)[:, None, :]  # (n, m, r)
+    return seqsum(np.concatenate([np.zeros((1,) + prod.shape[1:]), prod]), axis=0).astype(mat.dtype)
+
+
 def orthogonalize(p) -> np.ndarray:
-    """A new array: the columns of ``p`` orthonormalised.  Gram-Schmidt (r <= 2, earlier
-    columns removed twice) with the epsilon guard: a column whose norm after removing the earlier columns is 0 or
-    ``<= 16 * eps * (its norm before)`` becomes zero; Householder QR (``numpy.linalg.qr``)
-    for r > 2."""
-    p = np.array(p, copy=True)
-    r = p.shape[1]
-    if r > 2:
-        return np.linalg.qr(p)[0]
-    tiny = 16 * np.finfo(p.dtype).eps
-    for i in range(r):
-        v = p[:, i]
-        before = np.linalg.norm(v)  # sqrt of the dot product of a contiguous copy
+    """A new array: the columns of ``p`` orthonormalised by Gram-Schmidt in float64 (every dot
+    product a sum in index order), the earlier columns removed twice, with the epsilon guard:
+    a column whose norm after removing the earlier columns is 0 or ``<= 16 * eps * (its norm
+    before)`` (eps of ``p``'s dtype) becomes zero; rounded once to ``p``'s dtype."""
+    w = np.array(p, np.float64)
+    tiny = 16 * np.finfo(np.asarray(p).dtype).eps
+    for i in range(w.shape[1]):
+        before = np.sqrt(seqsum(w[:, i] * w[:, i]))
         for _ in range(2):  # the earlier columns removed twice
             for j in range(i):
-                u = p[:, j]
-                v -= u * u.dot(v)
-        norm = np.linalg.norm(v)
-        if norm == 0 or norm <= tiny * before:
-            v[...] = 0
-        else:
-            v /= norm
-    return p
+                w[:, i] -= w[:, j] * seqsum(w[:, j] * w[:, i])
+        norm = np.sqrt(seqsum(w[:, i] * w[:, i]))
+        w[:, i] = 0.0 if norm == 0 or norm <= tiny * before else w[:, i] / norm
+    return w.astype(np.asarray(p).dtype)
 
 
 # ------------------------------------------------------------------ encode / decode
@@ -123,8 +153,8 @@ def encode(x, *, rank=2, warm_start=True, min_compression_rate=2.0, seed=0, key=
         q = orthogonalize(q)
         if not np.all(np.any(q != 0, axis=0)):
             q = orthogonalize(initial_q(m, r, dt, seed, key, step))
-    p = orthogonalize(mat @ q)
-    q = mat.T @ p
+    p = orthogonalize(project(mat, q))
+    q = back_project(mat, p)
     return np.concatenate((p.reshape(-1), q.reshape(-1))), (q if warm_start else None)
 
 

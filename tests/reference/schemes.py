@@ -22,6 +22,7 @@ import codec
 from codec.arrays import round_to
 from codec.lowrank.powersgd import matrix_of, orthogonalize, start_q
 
+from .lowrank import back_project, project  # (the fixed-order products, in NumPy)
 from .transport import BF16, F16, F64, acc_dtype, finish
 
 
@@ -207,11 +208,11 @@ class PowerSGDSim:
                 n, m, r = plan
                 mats = [a.reshape(n, m) for a in accs]
                 q = start_q(mem["q"], m, r, adt, self.seed, name, mem["step"], self.warm)
-                psum = mats[0] @ q
+                psum = project(mats[0], q)
                 for mat in mats[1:]:
-                    psum = psum + mat @ q
+                    psum = psum + project(mat, q)
                 pm = orthogonalize(psum.copy())
-                qs = [mat.T @ pm for mat in mats]
+                qs = [back_project(mat, pm) for mat in mats]
                 if self.ef:
                     mem["res"] = [(mat - pm @ qi.T).reshape(shape) for mat, qi in zip(mats, qs)]
                 qsum = qs[0]

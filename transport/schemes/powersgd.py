@@ -40,7 +40,7 @@ import numpy as np
 from codec.errors import CodecValueError
 import codec
 from codec.arrays import first_nonfinite, wide_dtype
-from codec.lowrank.powersgd import STATE_Q, matrix_of, orthogonalize, start_q  # STATE_Q: the stage's own field of the warm-start Q
+from codec.lowrank.powersgd import STATE_Q, back_project, matrix_of, orthogonalize, project, start_q  # STATE_Q: the stage's own field of the warm-start Q
 from transport.schemes.base import Scheme, Sums, check_finite, finish_sum
 
 __all__ = ["Memory", "STATE_Q", "TwoRound"]
@@ -101,7 +101,7 @@ class TwoRound(Scheme):
             n, m, r = plan
             mat = acc.reshape(n, m)
             q = start_q(slot.state.get(STATE_Q), m, r, dt, st.seed, name, slot.step, st.warm_start)
-            p = mat @ q
+            p, _ = project(mat, q)  # (M is finite: checked above)
             if first_nonfinite(p) >= 0:  # a finite M can overflow
                 check_finite(p, f"tensors[{name!r}]: P = M Q", "powersgd", f"cannot send it (M Q overflows {dt}; |M| up to {float(np.abs(mat).max()):.3g})")
             work.append((slot, mat, plan, p))
@@ -136,7 +136,7 @@ class _TwoRoundPending:
                 continue
             n, m, r = plan
             p = orthogonalize(s.reshape(n, r).copy())
-            q_local = mat.T @ p
+            q_local = back_project(mat, p)
             if slot.residual is not None:  # this rank's M - P Q_local^T, in M's own buffer
                 np.subtract(mat, p @ q_local.T, out=mat)  # M is not read again this step
                 slot.commit(mat.reshape(slot.shape), keep_spare=False)

@@ -74,33 +74,56 @@ def start_q(last, m: int, r: int, dtype, seed: int, key=None, step: int = 0, war
 
 
 def orthogonalize(p: np.ndarray) -> np.ndarray:
-    """Orthonormalise the columns of ``p`` (n x r) in place and return it.
+    """Orthonormalise the columns of ``p`` (n x r, float32 or float64, on the host) in place
+    and return it: Gram-Schmidt on a float64 copy, every dot product a sum in index order, so
+    the result depends on nothing but ``p`` (no BLAS, no thread count, no device: the kernel
+    ``lowrank.orthogonalize``).  The earlier columns are removed twice ("twice is enough":
+    one pass leaves a dependent column's dot-product rounding, which grows with n, along the
+    earlier column, and normalising it would send that column twice).  Epsilon guard: a
+    column whose norm after that is 0 or at most 16 machine epsilons (of ``p``'s dtype) of
+    its norm before becomes zero instead of amplified rounding noise, so ``P P^T`` stays a
+    projection."""
+    from codec.kernels import module
 
-    Gram-Schmidt for ``r <= 2``; Householder QR (``numpy.linalg.qr``) otherwise.  The earlier
-    columns are removed twice ("twice is enough": one pass leaves a dependent column's
-    dot-product rounding, which grows with n, along the earlier column, and normalising it
-    would send that column twice).  Epsilon guard: a column whose norm after that is 0 or at
-    most 16 machine epsilons of its norm before becomes zero instead of amplified rounding
-    noise, so ``P P^T`` stays a projection.
-    """
-    r = p.shape[1]
-    if r > 2:
-        q, _ = np.linalg.qr(p)
-        p[...] = q
-        return p
-    tiny = 16 * np.finfo(p.dtype).eps
-    for i in range(r):
-        col = p[:, i]
-        before = np.linalg.norm(col)
-        for _ in range(2):
-            for j in range(i):
-                col -= p[:, j] * np.dot(p[:, j], col)
-        norm = np.linalg.norm(col)
-        if norm == 0 or norm <= tiny * before:
-            col[...] = 0
-        else:
-            col /= norm
+    wide = np.array(p, np.float64, order="C")
+    module("lowrank").orthogonalize(wide, float(16 * np.finfo(p.dtype).eps))
+    p[...] = wide
     return p
+
+
+def project(mat, q) -> tuple[np.ndarray, int]:
+    """``(M Q, how many entries of M are NaN or inf)``: ``M`` (n x m, float32/float64, on the
+    host or the device), ``Q`` (m x r, host); the product on ``M``'s device in the fixed order
+    of ``lowrank.project`` (lanes of ``codec.layout.LANES``), returned on the host in ``M``'s
+    dtype (it is frame content)."""
+    from codec.kernels import backend
+    from codec.layout import LANES
+
+    n = mat.shape[0]
+    p = np.empty((n, q.shape[1]), mat.dtype)
+    bad = backend("lowrank", mat).project(mat, _put(np.ascontiguousarray(q.T, mat.dtype), mat), p, LANES)
+    return p, int(bad)
+
+
+def back_project(mat, p) -> np.ndarray:
+    """``M^T P`` (m x r, host, ``M``'s dtype) in the fixed order of ``lowrank.back_project``,
+    on ``M``'s device."""
+    from codec.kernels import backend
+
+    q = np.empty((mat.shape[1], p.shape[1]), mat.dtype)
+    backend("lowrank", mat).back_project(mat, _put(np.ascontiguousarray(p, mat.dtype), mat), q)
+    return q
+
+
+def _put(a: np.ndarray, like):
+    """Host array ``a`` where ``like`` lives (a few numbers: ``Q`` or ``P``)."""
+    from codec.dtypes import on_device
+
+    if on_device(like):
+        from codec.device import to_device
+
+        return to_device(a)
+    return a
 
 
 @register
@@ -169,14 +192,17 @@ class PowerSGD(Transform):
             return flat
         n, m, r = plan
         mat = widen(flat).reshape(n, m)
-        dt = mat.dtype
-        if not np.isfinite(mat).all():  # one cheap check: NaN would spread through every value
+        dt = np.dtype(mat.dtype)
+        q = start_q(ctx.state.get(STATE_Q), m, r, dt, self.seed, ctx.key, ctx.step, self.warm_start)
+        p, bad = project(mat, q)
+        if bad:  # counted in the product's pass: NaN would spread through every value
+            from codec.device import host_copy
+            from codec.dtypes import on_device
             from codec.stages.select.magnitude import raise_nonfinite
 
-            raise_nonfinite(flat, ctx, self.name)
-        q = start_q(ctx.state.get(STATE_Q), m, r, dt, self.seed, ctx.key, ctx.step, self.warm_start)
-        p = orthogonalize(mat @ q)
-        q = mat.T @ p
+            raise_nonfinite(host_copy(flat) if on_device(flat) else flat, ctx, self.name)
+        p = orthogonalize(p)
+        q = back_project(mat, p)
         if self.warm_start:
             ctx.state[STATE_Q] = q
         return np.concatenate((p.reshape(-1), q.reshape(-1)))

@@ -1,0 +1,112 @@
+"""PowerSGD's products (Numba CPU) in a summation order fixed by the shapes alone, so a frame
+depends on neither the BLAS nor its thread count nor the device (docs/kernels.md).
+
+* ``project``: ``P = M Q`` (``n x m`` times ``m x r``), each ``P[i, c]`` the float64 sum of
+  ``M[i, j] * Q[j, c]`` in ``width`` column lanes (lane ``j % width`` takes its terms in
+  order, the lanes are added in order, then the tail), as every other lane sum here
+  (``_common.chunk_sums``), rounded once to ``P``'s dtype; the same pass counts the
+  non-finite entries of ``M``.
+* ``back_project``: ``Q = M^T P``, each ``Q[j, c]`` the float64 sum of ``M[i, j] * P[i, c]``
+  over ``i`` in order, rounded once to ``Q``'s dtype; one parallel task per block of
+  ``COLUMNS`` columns, rows streamed in order (each row of ``M`` is read once).
+* ``orthogonalize``: Gram-Schmidt, twice, on a float64 ``P``, every dot product a sum in
+  index order (serial: ``P`` is ``n x r``, a few per cent of ``M`` at most).
+
+Products of float32 values are exact in float64; float64 products are rounded on their own,
+never fused with the sum (the CUDA twin writes them with ``_common.mul``).  A matrix is read
+once per product: at rank <= 8 both are memory-bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec._jit import jit, prange
+from codec.kernels.cpu._common import U
+
+__all__ = ["project", "back_project", "orthogonalize"]
+
+#: columns of ``M`` per parallel task of ``back_project`` (its float64 accumulators: ``r x
+#: COLUMNS``, in cache)
+COLUMNS = 1024
+
+
+@jit(parallel=True)
+def project(m, qt, p, width):
+    """``p[i, c] = sum_j m[i, j] * qt[c, j]`` in ``width`` column lanes (see the module);
+    ``qt`` is ``Q`` transposed (``r x m``, contiguous).  Returns how many entries of ``m``
+    are NaN or infinite."""
+    n, mm = m.shape
+    r = qt.shape[0]
+    rows = mm // width
+    bad = np.zeros(n, np.int64)
+    for i in prange(n):
+        lanes = np.zeros((r, width))
+        k = np.int64(0)
+        for t in range(U(rows)):
+            base = t * U(width)
+            for col in range(U(width)):
+                v = np.float64(m[i, base + col])
+                k += np.int64(not (v - v == 0))
+            for c in range(r):
+                for col in range(U(width)):
+                    lanes[c, col] += np.float64(m[i, base + col]) * np.float64(qt[c, base + col])
+        for j in range(U(rows * width), U(mm)):
+            v = np.float64(m[i, j])
+            k += np.int64(not (v - v == 0))
+        for c in range(r):
+            s = 0.0
+            for col in range(width):
+                s += lanes[c, col]
+            for j in range(U(rows * width), U(mm)):
+                s += np.float64(m[i, j]) * np.float64(qt[c, j])
+            p[i, c] = s
+        bad[i] = k
+    return bad.sum()
+
+
+@jit(parallel=True)
+def back_project(m, p, q):
+    """``q[j, c] = sum_i m[i, j] * p[i, c]``, the terms in order of ``i`` (see the module)."""
+    n, mm = m.shape
+    r = p.shape[1]
+    for ch in prange((mm + COLUMNS - 1) // COLUMNS):
+        lo = ch * COLUMNS
+        hi = min(mm, lo + COLUMNS)
+        acc = np.zeros((r, hi - lo))
+        for i in range(n):
+            for c in range(r):
+                pc = np.float64(p[i, c])
+                for j in range(U(lo), U(hi)):
+                    acc[c, j - U(lo)] += np.float64(m[i, j]) * pc
+        for j in range(lo, hi):
+            for c in range(r):
+                q[j, c] = acc[c, j - lo]
+
+
+@jit
+def _dot(p, a, b):
+    s = 0.0
+    for k in range(p.shape[0]):
+        s += p[k, a] * p[k, b]
+    return s
+
+
+@jit
+def orthogonalize(p, tiny):
+    """Orthonormalise the columns of float64 ``p`` (``n x r``) in place: each column has the
+    earlier ones removed twice ("twice is enough"), then is normalised; a column whose norm
+    is then 0 or at most ``tiny`` times its norm before becomes zero instead of amplified
+    rounding noise."""
+    n, r = p.shape
+    for i in range(r):
+        before = np.sqrt(_dot(p, i, i))
+        for _ in range(2):
+            for j in range(i):
+                d = _dot(p, j, i)
+                for k in range(n):
+                    p[k, i] -= p[k, j] * d
+        norm = np.sqrt(_dot(p, i, i))
+        zero = norm == 0 or norm <= tiny * before
+        for k in range(n):
+            p[k, i] = 0.0 if zero else p[k, i] / norm
