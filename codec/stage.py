@@ -185,8 +185,21 @@ class Transform(Stage):
         """Write the dense piece ``y`` (the domain's float32/float64) into flat ``out`` per
         ``mode``.  A 16-bit frame's values are ``y`` rounded to its ``dtype`` first, so
         ``decode_add`` adds exactly what ``decode`` returns (and rounds once more, into ``out``)."""
+        from codec.dtypes import on_device
         from codec.ops import WIDE, round_to, store
 
+        if dtype not in WIDE and on_device(out):  # rounded to the 16-bit codes on the device, then stored or added from them
+            from codec.device import empty, to_device
+            from codec.kernels import backend
+
+            kern = backend("convert", out)
+            y = y if on_device(y) else to_device(np.ascontiguousarray(y))
+            codes = empty(y.size, np.uint16)
+            bf16 = np.dtype(dtype) != np.float16
+            if y.size:
+                kern.narrow_codes(y, codes, bf16, -1)
+                kern.half_decode(codes, out, mode, bf16)
+            return
         store(y if dtype in WIDE else round_to(y, dtype), out, mode)
 
 

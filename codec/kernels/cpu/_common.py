@@ -127,3 +127,19 @@ def prefetch(typingctx, arr, i):
         return context.get_dummy_value()
 
     return types.void(arr, i), codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """``a * b + c`` rounded once (LLVM's ``llvm.fma``: the fused multiply-add, exact on every
+    target, in hardware where there is one), for three float32 or three float64 values: what a
+    BLAS micro-kernel computes, written down so a result does not depend on the BLAS."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = context.get_value_type(signature.args[0])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), f"llvm.fma.f{a.bitwidth}")
+        return builder.call(fn, args)
+
+    return a(a, b, c), codegen

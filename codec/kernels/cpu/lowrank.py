@@ -11,6 +11,9 @@ depends on neither the BLAS nor its thread count nor the device (docs/kernels.md
   ``COLUMNS`` columns, rows streamed in order (each row of ``M`` is read once).
 * ``orthogonalize``: Gram-Schmidt, twice, on a float64 ``P``, every dot product a sum in
   index order (serial: ``P`` is ``n x r``, a few per cent of ``M`` at most).
+* ``expand``: the decoder's ``P Q^T``, a chain of fused multiply-adds per element in ``P``'s
+  dtype (the order OpenBLAS's FMA kernels take, so frames frozen by earlier versions decode
+  unchanged).
 
 Products of float32 values are exact in float64; float64 products are rounded on their own,
 never fused with the sum (the CUDA twin writes them with ``_common.mul``).  A matrix is read
@@ -22,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U
+from codec.kernels.cpu._common import U, fma
 
-__all__ = ["project", "back_project", "orthogonalize"]
+__all__ = ["project", "back_project", "orthogonalize", "expand"]
 
 #: columns of ``M`` per parallel task of ``back_project`` (its float64 accumulators: ``r x
 #: COLUMNS``, in cache)
@@ -110,3 +113,20 @@ def orthogonalize(p, tiny):
         zero = norm == 0 or norm <= tiny * before
         for k in range(n):
             p[k, i] = 0.0 if zero else p[k, i] / norm
+
+
+@jit(parallel=True)
+def expand(p, q, out):
+    """``out = P Q^T`` (``n x r`` times ``r x m``, ``q`` given as ``m x r``), each element the
+    chain of fused multiply-adds ``fma(p[i, r-1], q[j, r-1], ... fma(p[i, 1], q[j, 1], p[i, 0]
+    * q[j, 0]))`` in ``p``'s dtype: the order a BLAS micro-kernel with FMA instructions
+    (OpenBLAS on AVX2 and AVX-512) takes, so frames frozen with ``P @ Q.T`` decode as they
+    did, now on any machine and device."""
+    n, r = p.shape
+    m = q.shape[0]
+    for i in prange(n):
+        for j in range(m):
+            acc = p[i, 0] * q[j, 0]
+            for c in range(1, r):
+                acc = fma(p[i, c], q[j, c], acc)
+            out[i, j] = acc

@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from codec.errors import CodecValueError
+from codec.modes import SET
 from codec.params import Param, SEED
 from codec.stage import Transform, register
 from codec.streams import key_hash
@@ -215,31 +216,31 @@ class PowerSGD(Transform):
         return (plan, ctx.dtype), ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
-        """``P Q^T`` into ``out``.  The product is one BLAS call over the whole matrix (formed
-        in bands of rows, its elements can differ in the last bit: OpenBLAS's edge kernels
-        depend on where a row falls in its tiling); stored as is into a float32/float64
-        ``out`` of the domain's dtype, rounded straight into a 16-bit ``out`` of the frame's
-        dtype, else formed once in the domain's dtype and rounded or added ``CHUNK``
-        elements at a time, so the 16-bit rounding and the adding need no second dense
-        temporary."""
-        from codec.modes import SET
-        from codec.ops import narrow
+        """``P Q^T`` into ``out``, in the fixed order of ``lowrank.expand`` (a chain of fused
+        multiply-adds per element: what OpenBLAS's kernels computed for earlier versions), on
+        ``out``'s device (``P`` and ``Q`` are moved there: frame content).  Stored as is into a
+        float32/float64 ``out`` of the domain's dtype, else formed once in the domain's dtype
+        where ``out`` lives and rounded to a 16-bit frame's dtype and stored or added
+        ``CHUNK`` elements at a time (:meth:`emit`)."""
+        from codec.device import Memory
+        from codec.dtypes import on_device
+        from codec.kernels import backend
 
         plan, dtype = payload
-        flat = out.reshape(-1)
+        flat = out.reshape(out.size)
         if plan is None:
             _emit_chunked(self, values, flat, mode, dtype)
             return
         n, m, r = plan
-        p, qt = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r).T
+        mem = Memory(on_device(out))
+        p, q = mem.put(np.ascontiguousarray(values[: n * r]).reshape(n, r)), mem.put(np.ascontiguousarray(values[n * r :]).reshape(m, r))
+        kern = backend("lowrank", flat)
         if mode == SET and flat.dtype == values.dtype:
-            np.matmul(p, qt, out=flat.reshape(n, m))
+            kern.expand(p, q, flat.reshape(n, m))
             return
-        y = (p @ qt).reshape(-1)
-        if mode == SET and flat.dtype == np.dtype(dtype) and flat.dtype.itemsize == 2:
-            narrow(y, dtype, out=flat.view(np.uint16))  # emit's rounding, straight into out
-            return
-        _emit_chunked(self, y, flat, mode, dtype)
+        y = mem.empty((n, m), values.dtype)
+        kern.expand(p, q, y)
+        _emit_chunked(self, y.reshape(n * m), flat, mode, dtype)
 
 
 def _emit_chunked(stage, y, out, mode, dtype) -> None:
