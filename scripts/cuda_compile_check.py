@@ -10,13 +10,18 @@ promotions), since the simulator runs the kernels as Python.
 distinct (module, kernel, argument types) it launched: the twins' kernels, and the tests' own
 kernels (which reach device functions no twin kernel calls, as the rng family's).  ``compile`` compiles each of them
 with ``numba.cuda.compile_ptx`` (it needs NVVM and NVRTC: ``pip install nvidia-nvvm
-nvidia-cuda-nvrtc nvidia-cuda-nvcc``) and exits 1 listing every kernel that does not compile.
+nvidia-cuda-nvrtc nvidia-cuda-nvcc``) and exits 1 listing every kernel that does not compile,
+and every kernel of ``codec`` whose PTX holds a fused multiply-add (``fma.rn.f32`` /
+``fma.rn.f64``): NVVM contracts ``a * b + c`` by default, the CPU rounds the product first,
+and every twin promises the CPU's results bit for bit (a twin lists the kernels whose fused
+multiply-adds are their rule in its ``FUSED``: PowerSGD's decode).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import re
 import os
 import subprocess
 import sys
@@ -87,7 +92,10 @@ def compile_all(path: str, cc: tuple[int, int]) -> int:
         try:  # every failure is reported (an unreachable kernel, a type this script cannot name, a compile error)
             kern = getattr(_module(module), name)
             sig = tuple(numba_type(t) for t in args)
-            cuda.compile_ptx(kern.py_func, sig, cc=cc)
+            ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc)
+            fused = sorted(set(re.findall(r"\bfma\.\w+\.f\d+", ptx)))
+            if module.startswith("codec.") and fused and name not in getattr(_module(module), "FUSED", ()):
+                raise ArithmeticError(f"{', '.join(fused)}: a fused multiply-add rounds once where the CPU rounds the product first (write it with _common.mul / mul32)")
         except Exception as e:
             failed.append((module, name, args, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
     print(f"{len(sigs) - len(failed)} of {len(sigs)} kernel signatures compiled for sm_{cc[0]}{cc[1]} in {time.perf_counter() - t0:.1f} s")

@@ -935,3 +935,31 @@ def test_frames_do_not_depend_on_blas_or_numba_threads():
         assert run.returncode == 0, run.stderr[-2000:]
         got.add(run.stdout.strip())
     assert len(got) == 1, got
+
+
+@pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("r", [1, 2, 5])
+def test_expand_is_the_fma_chain(r, dt):
+    """The decoder's ``P Q^T`` (``lowrank.expand``) against exact rational arithmetic: each
+    element ``fma(p[r-1], q[r-1], ... fma(p[1], q[1], p[0] * q[0]))``, every step rounded
+    once (to nearest even) to the dtype."""
+    from fractions import Fraction
+
+    from codec.kernels import module
+
+    rng = np.random.default_rng(r)
+    p, q = rng.standard_normal((4, r)).astype(dt), (rng.standard_normal((6, r)) * 1e-3).astype(dt)
+    out = np.empty((4, 6), dt)
+    module("lowrank").expand(p, q, out)
+
+    def rounded(x):  # the dtype value nearest the Fraction x, ties to even
+        f = dt.type(float(x))
+        cands = [f, np.nextafter(f, dt.type(-np.inf)), np.nextafter(f, dt.type(np.inf))]
+        return min(cands, key=lambda v: (abs(Fraction(float(v)) - x), int(np.array(v).view(f"u{dt.itemsize}")) & 1))
+
+    for i in range(4):
+        for j in range(6):
+            acc = rounded(Fraction(float(p[i, 0])) * Fraction(float(q[j, 0])))
+            for c in range(1, r):
+                acc = rounded(Fraction(float(p[i, c])) * Fraction(float(q[j, c])) + Fraction(float(acc)))
+            assert out[i, j] == acc, (i, j)

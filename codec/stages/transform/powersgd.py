@@ -133,6 +133,9 @@ class PowerSGD(Transform):
 
     name = "powersgd"
     default_value = "none"
+    #: the products run where the gradient lives (the ``lowrank`` twins); ``Q``, ``P`` and its
+    #: orthogonalisation are frame content, on the host
+    devices = frozenset({"cpu", "cuda"})
     params = (
         Param("rank", int, 2, "rank r of the approximation P Q^T (capped at min(n, m))", low=1, high=1 << 20),
         Param("warm_start", bool, True, "start each step's power iteration from the key's last Q"),
