@@ -94,11 +94,40 @@ def span_end(i, hi):
     return min(hi, (i | (SPAN - 1)) + 1)
 
 
+@jit(inline="always")
+def mul(a, b):
+    """``a * b``, rounded on its own before anything adds to it: what every product here is (LLVM
+    contracts nothing without fastmath).  The shared scalar rules write a product whose rounding
+    a result depends on with it, so a CUDA twin compiled from their source binds
+    ``codec.kernels.cuda._common.mul`` (NVVM would fuse it into a following sum)."""
+    return a * b
+
+
+@jit(inline="always")
+def floor(t):
+    """``floor(t)`` of a float64, as a float64.  This, :func:`rint` and :func:`copysign` are
+    the float rules the shared scalar functions call by name, so a CUDA twin compiled from
+    their source binds its own (libdevice's: NumPy's ufuncs do not compile for CUDA)."""
+    return np.floor(t)
+
+
+@jit(inline="always")
+def rint(t):
+    """``t`` rounded to an integer-valued float64, half to even."""
+    return np.rint(t)
+
+
+@jit(inline="always")
+def copysign(a, b):
+    """``|a|`` with ``b``'s sign (float64)."""
+    return np.copysign(a, b)
+
+
 @jit
 def floor_plus(t, u):
     """``floor(t + u)`` for ``t >= 0`` and ``u`` in [0, 1), exactly: ``floor(t) + (frac(t) >= 1 - u)``
     (each step is exact in float64, where ``t + u`` itself may round)."""
-    f = np.floor(t)
+    f = floor(t)
     return f + np.float64(t - f >= 1.0 - u)
 
 

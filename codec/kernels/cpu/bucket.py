@@ -66,11 +66,28 @@ def _norm(x, lo, hi, width):
     top = _absmax(x, lo, hi)
     if top == 0.0:
         return 0.0, k
-    e = np.int64(np.floor(np.log2(top)))
+    e = exponent(top)
     s = 0.0
     for c in range(lo, hi, CHUNK):
         s += _sumsq(x, c, min(hi, c + CHUNK), width, -e)[0]
     return math.ldexp(np.sqrt(s), e), k
+
+
+@jit
+def exponent(v):
+    """``floor(log2(v))`` of a finite float64 ``v > 0``, exactly, from its bits (a libm's
+    ``log2`` may round up to the next integer just below a power of two, and no two libms
+    need agree there)."""
+    b = np.float64(v).view(np.uint64)
+    biased = np.int64(b >> U(52))
+    if biased:
+        return biased - 1023
+    e = np.int64(-1075)  # a subnormal: 2**-1074 times its mantissa
+    m = b & U(0xFFFFFFFFFFFFF)
+    while m:
+        e += 1
+        m >>= U(1)
+    return e
 
 
 @jit

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, floor_plus, form, saturated, span_end
+from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, copysign, floor_plus, form, mul, rint, saturated, span_end
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.kernels.cpu.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
@@ -123,8 +123,8 @@ def _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, rn, u):
     a = abs(vb)
     ab = np.float64(a).view(np.uint64)
     normal = ((ab + rn) >> U(52 - m)) - off
-    t = a * sub_scale
-    sub = U(np.rint(t) if u < 0 else floor_plus(t, u))
+    t = mul(a, sub_scale)
+    sub = U(rint(t) if u < 0 else floor_plus(t, u))
     mag = min(normal if a >= thr else sub, U(maxmag))
     return mag | ((vb.view(np.uint64) >> U(63)) << U(signpos))
 
@@ -137,8 +137,8 @@ def _minifloat_value(c, v, m, signpos, off, step):
     exactly ``lut[c] * 2**emin`` of the decoder's table."""
     mag = U(c) & ((U(1) << U(signpos)) - U(1))
     bits = np.uint64((mag + off) << U(52 - m))
-    a = np.float64(mag) * step if mag < (U(1) << U(m)) else bits.view(np.float64)
-    return np.copysign(a, v)
+    a = mul(np.float64(mag), step) if mag < (U(1) << U(m)) else bits.view(np.float64)
+    return copysign(a, v)
 
 
 @jit(parallel=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit
+from codec.kernels.cpu._common import mul
 from codec.layout import SPAN, SPAN_BITS, TO_UNIT
 
 __all__ = ["mix", "stream", "block_key", "bits32", "uniform"]
@@ -56,4 +57,4 @@ def bits32(key, i):
 @jit
 def uniform(key, i):
     """``bits32(key, i) / 2**32``: uniform on [0, 1), float64 (exact)."""
-    return np.float64(bits32(key, i)) * TO_UNIT
+    return mul(np.float64(bits32(key, i)), TO_UNIT)

@@ -23,7 +23,7 @@ from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, chunk_sums, prefetch, sample_rank
 from codec.layout import CHUNK
 
-__all__ = ["candidates", "gather_rows", "line_sample", "strided_sample", "topk_segments", "dgc_segments", "gaussiank_segments"]
+__all__ = ["candidates", "count_at_least", "gather_rows", "kth_largest", "lane_means", "line_sample", "strided_sample", "topk_segments", "dgc_segments", "gaussiank_segments"]
 
 
 @jit
@@ -125,6 +125,32 @@ def strided_sample(x, r, stride, out):
             out[q] = np.float64(x[at] + r[at])
         else:
             out[q] = np.float64(x[at])
+
+
+@jit(parallel=True)
+def lane_means(x, starts, width, out):
+    """``out[t]`` = the mean of ``x[starts[t]:starts[t+1]]`` (0 for an empty one): its float64
+    sum in ``width`` column lanes per ``CHUNK``-value chunk (``chunk_sums``), chunks added in
+    order, divided by its length.  Gaussian-k's shift (the origin of its variance sums), in
+    an order a CUDA twin reproduces."""
+    for t in prange(out.size):
+        lo, hi = starts[t], starts[t + 1]
+        s = 0.0
+        for c in range(lo, hi, CHUNK):
+            s += chunk_sums(x, c, min(hi, c + CHUNK), 0.0, width)[0]
+        out[t] = s / (hi - lo) if hi > lo else 0.0
+
+
+def kth_largest(sample, k: int) -> float:
+    """The ``k``-th largest of ``|sample|`` (float64, ``1 <= k <= sample.size``): the cut a
+    sample gives (NumPy's partition; the CUDA twin's radix select gives the same value)."""
+    mags = np.abs(np.asarray(sample, np.float64).reshape(-1))
+    return float(np.partition(mags, mags.size - k)[mags.size - k])
+
+
+def count_at_least(sample, cut: float) -> int:
+    """How many of ``|sample|`` are at least ``cut``."""
+    return int(np.count_nonzero(np.abs(np.asarray(sample).reshape(-1)) >= cut))
 
 
 @jit(parallel=True)

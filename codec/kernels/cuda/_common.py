@@ -6,7 +6,9 @@ enough blocks of :data:`THREADS` for one value per thread, at most :data:`MAX_BL
 two blocks per multiprocessor resident on an H100/H200), each thread striding by the grid's
 size.  Results never depend on the launch shape (no kernel sums in thread order; block-wide
 scans and sums run in index order).  Device functions: :func:`block_scan`,
-:func:`chunk_sums`, :func:`compactor` (the compaction loop), :func:`mul` / ``mul32``.
+:func:`chunk_sums`, :func:`compactor` (the compaction loop), :func:`mul` / ``mul32``, the
+float rules the CPU's shared scalar functions call by name (:func:`floor`, :func:`rint`,
+:func:`copysign`: :data:`MATH` binds them when a twin compiles those functions).
 """
 
 from __future__ import annotations
@@ -192,8 +194,36 @@ if _simulated():
 
     mul32 = mul
 
+    @jit(device=True)
+    def floor(t):
+        return np.floor(t)
+
+    @jit(device=True)
+    def rint(t):
+        return np.rint(t)
+
+    @jit(device=True)
+    def copysign(a, b):
+        return np.copysign(a, b)
+
 else:
     from numba.cuda import libdevice
+
+    @jit(device=True)
+    def floor(t):
+        """``floor`` of a float64 as a float64 (the CPU's ``_common.floor``; NumPy's ufuncs do not
+        compile for CUDA)."""
+        return libdevice.floor(t)
+
+    @jit(device=True)
+    def rint(t):
+        """float64 ``t`` rounded to an integer value, half to even (the CPU's ``_common.rint``)."""
+        return libdevice.rint(t)
+
+    @jit(device=True)
+    def copysign(a, b):
+        """``|a|`` with ``b``'s sign, float64 (the CPU's ``_common.copysign``)."""
+        return libdevice.copysign(a, b)
 
     @jit(device=True)
     def mul(a, b):
@@ -313,3 +343,8 @@ def check_width(width: int) -> None:
         from codec.errors import CodecValueError
 
         raise CodecValueError(f"width: {width} lanes, the CUDA kernels take 1 to {MAX_WIDTH}")
+
+
+#: the twins of the CPU ``_common``'s float rules (and its ``mul``: a product rounded on its
+#: own), for ``device_functions(..., extra=MATH)``
+MATH = {"floor": floor, "rint": rint, "copysign": copysign, "mul": mul}

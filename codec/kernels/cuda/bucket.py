@@ -34,7 +34,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import _common as _cpu_common, bucket as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, crc_of, dev, launch, mul, nothing, owner, per_unit
+from codec.kernels.cuda._common import MAX_WIDTH, THREADS, Results, check_width, crc_of, dev, launch, mul, nothing, owner, per_unit, rint
 from codec.kernels.cuda.rng import block_key, uniform
 from codec.layout import CHUNK, group_buckets
 
@@ -42,25 +42,27 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-_shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated"])
-_twins = device_functions(_cpu, ["_key", "_key_value"], extra=_shared)
+_shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated"], extra=_common.MATH)
+_twins = device_functions(_cpu, ["_key", "_key_value", "exponent"], extra={**_common.MATH, **_shared})
 floor_plus, saturated, top_of = _shared["floor_plus"], _shared["saturated"], _shared["top_of"]
-_key, _key_value = _twins["_key"], _twins["_key_value"]
+_key, _key_value, exponent = _twins["_key"], _twins["_key_value"], _twins["exponent"]
 
 U = np.uint64
+#: shared int64 keys of a block's minimum and maximum (min-max's bounds)
+KEYS = 2 * THREADS
 
 
 @jit(device=True)
 def _next32(f, up):
     """The float32 next to finite ``f`` towards +inf (``up``) or -inf, as ``np.nextafter``."""
-    b = np.float32(f).view(np.int32)
+    b = np.int64(np.float32(f).view(np.int32))
     if f == 0:
-        b = np.int32(1) if up else np.int32(-2147483647)  # the smallest subnormal, of that sign
+        b = 1 if up else -2147483647  # the smallest subnormal, of that sign
     elif (f > 0) == up:
-        b += np.int32(1)
+        b += 1
     else:
-        b -= np.int32(1)
-    return b.view(np.float32)
+        b -= 1
+    return np.int32(b).view(np.float32)
 
 
 @jit(device=True)
@@ -86,7 +88,7 @@ def _round(t, stochastic, strm, i):
     """``t >= 0`` rounded to an integer-valued float64: half to even, or ``floor(t + u_i)``."""
     if stochastic:
         return floor_plus(t, uniform(block_key(strm, i), i))
-    return np.rint(t)
+    return rint(t)
 
 
 @jit(device=True)
@@ -186,7 +188,7 @@ def _norm(x, lo, hi, width, lanes, share):
     cuda.syncthreads()
     if top == 0.0:
         return 0.0, k
-    e = np.int64(math.floor(math.log2(top)))
+    e = exponent(top)
     s = 0.0
     for c in range(lo, hi, CHUNK):
         s += _sumsq(x, c, min(hi, c + CHUNK), width, -e, lanes, share)[0]
@@ -218,7 +220,7 @@ def _norm_serial(x, lo, hi):
         top = max(top, abs(np.float64(x[i])))
     if top == 0.0:
         return 0.0, k
-    e = np.int64(math.floor(math.log2(top)))
+    e = exponent(top)
     return math.ldexp(math.sqrt(_sumsq_serial(x, lo, hi, -e)[0]), int(e)), k
 
 
@@ -239,7 +241,7 @@ def _qsgd_bucket(x, lo, hi, origin, s, stochastic, strm, width, codes, sub, lane
     t, step = _me(serial)
     for i in range(lo + t, hi, step):
         v = np.float64(x[i])
-        level = min(_round(abs(v) * scale, stochastic, strm, i - origin), fs)
+        level = min(_round(mul(abs(v), scale), stochastic, strm, i - origin), fs)
         lv = U(level) if level == level else U(0)
         c = (lv << U(1)) | U((v < 0) & (lv > 0))
         codes[i] = c
@@ -367,7 +369,7 @@ def _minmax_bucket(x, ibits, lo, hi, origin, low, inf, is64, levels, stochastic,
     inv = levels / (mx - mn) if mx > mn else 0.0
     width = (mx - mn) / levels
     for i in range(lo + t, hi, step):
-        tt = _round((np.float64(x[i]) - mn) * inv, stochastic, strm, i - origin)
+        tt = _round(mul(np.float64(x[i]) - mn, inv), stochastic, strm, i - origin)
         c = np.int32(min(max(tt, 0.0), np.float64(levels)))
         codes[i] = c
         if sub.size:
@@ -378,7 +380,7 @@ def _minmax_bucket(x, ibits, lo, hi, origin, low, inf, is64, levels, stochastic,
 
 @jit
 def _minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad, per, r, acc, serial):
-    keys = cuda.shared.array(2 * _common.THREADS, np.int64)
+    keys = cuda.shared.array(KEYS, np.int64)
     fused = r.size > 0
     is64 = ibits.itemsize == 8
     n = x.size
@@ -418,7 +420,7 @@ def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, hi
 
 @jit
 def _minmax_encode_segments(x, ibits, low, inf, starts, bstarts, bucket, levels, stochastic, strms, lows, highs, codes, bad, serial):
-    keys = cuda.shared.array(2 * _common.THREADS, np.int64)
+    keys = cuda.shared.array(KEYS, np.int64)
     is64 = ibits.itemsize == 8
     none = x[:0]
     b0, bstep = _buckets(serial)

@@ -21,8 +21,7 @@ import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import dequant as _cpu
-from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import block_max, dev, launch, mul, owner
+from codec.kernels.cuda._common import THREADS, block_max, dev, launch, mul, owner
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
@@ -100,7 +99,7 @@ def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, of
 
 @jit
 def _max_field(data, bits, n, fm, top):
-    tmp = cuda.shared.array(_common.THREADS, np.uint64)
+    tmp = cuda.shared.array(THREADS, np.uint64)
     mask = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
     m = np.uint64(0)
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
@@ -112,7 +111,7 @@ def _max_field(data, bits, n, fm, top):
 
 @jit
 def _max_field_segments(data, dstarts, bits, starts, fm, top):
-    tmp = cuda.shared.array(_common.THREADS, np.uint64)
+    tmp = cuda.shared.array(THREADS, np.uint64)
     mask = (np.uint64(1) << np.uint64(bits)) - np.uint64(1)
     m = np.uint64(0)
     for i in range(cuda.grid(1), starts[starts.size - 1], cuda.gridsize(1)):

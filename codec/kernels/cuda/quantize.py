@@ -28,7 +28,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import _common as _cpu_common, quantize as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, crc_of, nothing, per_unit, block_max, chunk_sums, dev, launch, owner
+from codec.kernels.cuda._common import MAX_WIDTH, THREADS, Results, block_max, check_width, chunk_sums, crc_of, dev, launch, mul, nothing, owner, per_unit
 from codec.kernels.cuda.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
 
@@ -37,8 +37,8 @@ cuda = numba_cuda()
 __all__ = list(_cpu.__all__)
 
 #: the shared rules (``_common``'s) first, then this file's, which call them
-_shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated"])
-_twins = device_functions(_cpu, ["_unit", "_pow2", "_minifloat", "_minifloat_value"], extra=_shared)
+_shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated"], extra=_common.MATH)
+_twins = device_functions(_cpu, ["_unit", "_pow2", "_minifloat", "_minifloat_value"], extra={**_common.MATH, **_shared})
 floor_plus, saturated = _shared["floor_plus"], _shared["saturated"]
 _unit, _pow2, _minifloat, _minifloat_value = (_twins[k] for k in ("_unit", "_pow2", "_minifloat", "_minifloat_value"))
 
@@ -50,7 +50,7 @@ U = np.uint64
 def _absmax_units(bits, block, upb, mask, top, x, r, acc):
     """One block per work unit: ``top[u] = max(bits & mask)`` over the unit; with a non-empty
     ``r``, ``acc = x + r`` is formed first in the same loop (``bits`` then views ``acc``)."""
-    tmp = cuda.shared.array(_common.THREADS, np.uint64)
+    tmp = cuda.shared.array(THREADS, np.uint64)
     form = r.size > 0
     for u in range(cuda.blockIdx.x, top.size, cuda.gridDim.x):
         _, lo, hi = _unit(u, block, upb, bits.size)
@@ -87,7 +87,7 @@ def feedback_absmax_units(x, r, acc, bits, block, upb, mask, top):
 
 @jit
 def _absmax_units_segments(bits, starts, blocks, ustarts, mask, top):
-    tmp = cuda.shared.array(_common.THREADS, np.uint64)
+    tmp = cuda.shared.array(THREADS, np.uint64)
     for g in range(cuda.blockIdx.x, top.size, cuda.gridDim.x):
         t = owner(ustarts, g)
         block = blocks[t]
@@ -123,7 +123,7 @@ def _mini_code(v, e, m, maxmag, signpos, stochastic, strm, i):
     step = _pow2(e - m)
     if stochastic:
         r = bits32(block_key(strm, i), i)
-        c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
+        c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), mul(np.float64(r), TO_UNIT))
     else:
         half = (U(1) << U(51 - m)) - U(1)
         odd0 = U(m == 0)
@@ -144,7 +144,7 @@ def _minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm,
         if form:
             sub[i] = x[i] + r[i]
         k = max(0, -1000 - emin[b])
-        v = np.float64(sub[i] if form else x[i]) * _pow2(k)
+        v = mul(np.float64(sub[i] if form else x[i]), _pow2(k))
         if not (v - v == 0):
             cuda.atomic.add(bad, u, 1)
         c, off, step = _mini_code(v, emin[b] + k, m, maxmag, signpos, stochastic, strm, i)
@@ -186,7 +186,7 @@ def _minifloat_encode_segments(x, starts, blocks, bstarts, emin, m, maxmag, sign
         j = i - starts[t]
         e = emin[bstarts[t] + j // blocks[t]]
         k = max(0, -1000 - e)
-        v = np.float64(x[i]) * _pow2(k)
+        v = mul(np.float64(x[i]), _pow2(k))
         if not (v - v == 0):
             cuda.atomic.add(bad, t, 1)
         c, _, _ = _mini_code(v, e + k, m, maxmag, signpos, stochastic, strms[t], j)
@@ -207,7 +207,7 @@ def minifloat_encode_segments(x, starts, blocks, bstarts, emin, m, maxmag, signp
 # ---------------------------------------------------------------------------- per tensor
 @jit
 def _tensor_moments(x, bits, mask, shift, width, sums, top):
-    tmp = cuda.shared.array(_common.THREADS, np.uint64)
+    tmp = cuda.shared.array(THREADS, np.uint64)
     n = x.size
     for c in range(cuda.blockIdx.x, top.size, cuda.gridDim.x):
         lo = c * CHUNK

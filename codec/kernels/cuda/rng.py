@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from codec._cuda_jit import device_functions
 from codec.kernels.cpu import rng as _cpu
+from codec.kernels.cuda import _common
 
 __all__ = list(_cpu.__all__)
 
-globals().update(device_functions(_cpu, __all__))
+globals().update(device_functions(_cpu, __all__, extra=_common.MATH))

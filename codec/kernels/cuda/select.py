@@ -31,7 +31,7 @@ from codec.layout import CHUNK
 
 cuda = numba_cuda()
 
-__all__ = ["candidates", "dgc_segments", "gather_rows", "gaussiank_segments", "line_sample", "strided_sample", "topk_segments"]
+__all__ = ["candidates", "count_at_least", "dgc_segments", "gather_rows", "gaussiank_segments", "kth_largest", "lane_means", "line_sample", "strided_sample", "topk_segments"]
 
 
 
@@ -142,4 +142,60 @@ def gather_rows(buf, vals, counts, starts, out, vout):
 
 
 # the segmented (many-tensor) kernels live in their own module; they are this family's names
+from codec.kernels.cuda import _segments  # noqa: E402
 from codec.kernels.cuda._segments import dgc_segments, gaussiank_segments, topk_segments  # noqa: E402
+
+
+@jit
+def _kth(x, k, out):
+    key, _ = _segments._kth_key(x, 0, 1, x.size, k)
+    if cuda.threadIdx.x == 0:
+        out[0] = key
+
+
+def kth_largest(sample, k: int) -> float:
+    """The ``k``-th largest of ``|sample|`` (a device array), by one block's radix select over
+    the float64 magnitudes' bits (``_segments._kth_key``): 8 bytes come back, not the sample."""
+    out = cuda.device_array(1, np.uint64)
+    flat = sample.reshape(sample.size)
+    _kth[1, _common.SCAN_BLOCK](flat, k, out)
+    return float(out.copy_to_host().view(np.float64)[0])
+
+
+@jit
+def _count(x, cut, out):
+    k = 0
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        k += abs(np.float64(x[i])) >= cut
+    if k:
+        cuda.atomic.add(out, 0, k)
+
+
+def count_at_least(sample, cut: float) -> int:
+    """How many of ``|sample|`` (a device array) are at least ``cut``: 8 bytes come back."""
+    out = cuda.to_device(np.zeros(1, np.int64))
+    if sample.size:
+        _count[launch(sample.size)](sample.reshape(sample.size), np.float64(cut), out)
+    return int(out.copy_to_host()[0])
+
+
+@jit
+def _lane_means(x, starts, width, out):
+    for t in range(cuda.blockIdx.x, out.size, cuda.gridDim.x):
+        lo, hi = starts[t], starts[t + 1]
+        s = 0.0
+        for c in range(lo, hi, CHUNK):
+            s += chunk_sums(x, c, min(hi, c + CHUNK), 0.0, width)[0]
+        if cuda.threadIdx.x == 0:
+            out[t] = s / (hi - lo) if hi > lo else 0.0
+
+
+def lane_means(x, starts, width, out):
+    """Each segment's mean in the CPU kernel's lanes (one block per segment); ``out`` may be
+    a host array (a number per tensor comes back)."""
+    _common.check_width(width)
+    res = _common.Results()
+    o = res(out)
+    if o.size:
+        _lane_means[_common.per_unit(o.size)](x.reshape(x.size), _common.dev(starts), width, o)
+    res.done()

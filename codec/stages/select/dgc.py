@@ -33,9 +33,9 @@ class DGC(MagnitudeSelect):
         k = k_of(ratio, n)
         m = max(math.ceil(self.sample * n), MIN_SAMPLE)
         stride = 1 if n <= m else n // m
-        sample = mags.acc_sample(stride)  # |acc| at 0, stride, 2*stride, ...
+        sample = mags.acc_sample(stride)  # acc at 0, stride, 2*stride, ... (on acc's device)
         ks = min(max(1, math.ceil(ratio * sample.size)), sample.size)
-        thr = float(np.partition(sample, sample.size - ks)[sample.size - ks])
+        thr = mags.kth(sample, ks)
         upper = math.floor(1.3 * k) + 1  # counts above 1.3k only need to be known as such
         mags.candidates(upper)
         for retry in range(RETRIES + 1):

@@ -54,8 +54,8 @@ class GaussianK(MagnitudeSelect):
         """Every tensor's selection in one kernel call (``gaussiank_segments``: its moments,
         threshold, clamped count and top-k, as :meth:`choose`); the index sections of all of
         them in two more, their values in one gather.  Each tensor's shift (its mean, the
-        variance sums' origin) is NumPy's mean of it, as :class:`Magnitudes` takes it (for a
-        device run, from one host copy of the run: its tensors are small)."""
+        variance sums' origin) is its mean in lanes, as :class:`Magnitudes` takes it
+        (``select.lane_means``, where the run lives: one number per tensor crosses)."""
         import numpy as np
 
         from codec.device import Memory
@@ -81,8 +81,8 @@ class GaussianK(MagnitudeSelect):
             kern.topk_segments(flat, put(starts), put(ks), put(room), pos, bad)
             counts[:] = ks
         else:
-            host = mem.host(flat)
-            shifts = np.array([float(host[a:b].astype(np.float64).mean()) if b > a else 0.0 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
+            shifts = np.zeros(sizes.size)
+            kern.lane_means(flat, starts, LANES, shifts)
             dev_counts = put(counts)
             kern.gaussiank_segments(flat, put(starts), put(shifts), put(zs), LANES, put(ks), put(room), pos, dev_counts, bad)
             counts = mem.host(dev_counts)

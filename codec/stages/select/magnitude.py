@@ -139,9 +139,10 @@ class Magnitudes:
         self._picked = None  # (positions, mask) of the last answer taken from the candidates
 
     # ------------------------------------------------------------------ the pass
-    def acc_sample(self, stride: int, signed: bool = False) -> np.ndarray:
-        """``|acc[::stride]|`` in float64 (formed from ``x`` and the residual before the pass);
-        ``acc[::stride]`` itself with ``signed``."""
+    def acc_sample(self, stride: int):
+        """``acc[::stride]`` in float64 (formed from ``x`` and the residual before the pass),
+        where ``acc`` lives: a device array's sample stays on the device, and cuts are taken
+        from it there (:meth:`kth`, :meth:`count_in_sample`), 8 bytes crossing each."""
         from codec.kernels import backend
 
         if self._r is not None and self.cut is None:
@@ -150,26 +151,40 @@ class Magnitudes:
             x, r = self._src, self._src[:0]
         part = self._mem.empty(-(-self.n // stride), np.float64)
         backend("select", x).strided_sample(x, r, stride, part)
-        part = self._mem.host(part)
-        return part if signed else np.abs(part)
+        return part
 
-    def sample(self) -> np.ndarray:
-        """The sample cuts are chosen from, cached: ``acc_sample(max(1, n // SAMPLE))``, or, where
-        it only guides the pass (no moments are taken) and that stride would read most of
-        ``x``'s cache lines, as many values in runs of one cache line (:meth:`_line_sample`)."""
+    def kth(self, sample, k: int) -> float:
+        """The ``k``-th largest of ``|sample|`` (a sample of this array: host or device)."""
+        from codec.kernels import backend
+
+        return backend("select", sample).kth_largest(sample, k)
+
+    def count_in_sample(self, sample, cut: float) -> int:
+        """How many of ``|sample|`` are at least ``cut``."""
+        from codec.kernels import backend
+
+        return backend("select", sample).count_at_least(sample, cut)
+
+    def sample(self):
+        """The (signed) sample cuts are chosen from, cached, where ``acc`` lives:
+        ``acc_sample(max(1, n // SAMPLE))``, or, where it only guides the pass (no moments
+        are taken) and that stride would read most of ``x``'s cache lines, as many values in
+        runs of one cache line (:meth:`_line_sample`).  With moments (Gaussian-k), the shift
+        of the variance sums is the sample's mean in lanes (``select.lane_means``), taken
+        where the sample lives."""
         if self._sample is None:
             stride = max(1, self.n // SAMPLE)
             if not self._want_sums and stride >= 2:
                 self._sample = self._line_sample(stride)
                 return self._sample
-            signed = self.acc_sample(stride, signed=True)
+            signed = self.acc_sample(stride)
             if self._want_sums and signed.size:  # the shift of the variance sums
-                self._shift = float(signed.mean())
-            self._sample = np.abs(signed)
+                self._shift = _mean(signed)
+            self._sample = signed
         return self._sample
 
-    def _line_sample(self, stride: int) -> np.ndarray:
-        """``|acc|`` of ``n // stride`` values taken ``LINE`` at a time (one 64-byte line of
+    def _line_sample(self, stride: int):
+        """``acc`` at ``n // stride`` values taken ``LINE`` at a time (one 64-byte line of
         float32), the runs spread evenly over the array: the same sample size as the strided
         sample's, from a ``LINE``-th of the cache lines it reads.  The cut it gives changes how
         many candidates the pass collects, never the selection (a short cut is retried)."""
@@ -181,7 +196,7 @@ class Magnitudes:
             backend("select", self._x).line_sample(self._x, self._r, self.n // runs, out)
         else:
             backend("select", self._src).line_sample(self._src, self._src[:0], self.n // runs, out)
-        return self._mem.host(out).reshape(-1)
+        return out.reshape(out.size)
 
     def _scan(self, cut: float) -> None:
         from codec.kernels import backend
@@ -203,7 +218,7 @@ class Magnitudes:
         if nchunk <= 1:
             cap = n
         else:  # room for twice the sample's estimate per chunk; a fuller chunk runs again
-            expect = np.count_nonzero(self.sample() >= cut) * (n / self.sample().size)
+            expect = self.count_in_sample(self.sample(), cut) * (n / self.sample().size)
             cap = int(min(CHUNK, 2 * expect / nchunk + 64))
 
         shift = self._shift if sums.shape[0] else 0.0  # the sample's mean: no cancellation in the variance
@@ -237,10 +252,8 @@ class Magnitudes:
         four binomial standard deviations (exact when the sample is the whole array)."""
         from codec.layout import sample_rank
 
-        mags = self.sample()
-        m = mags.size
-        rank = sample_rank(need, m, self.n)
-        cut = float(np.partition(mags, m - rank)[m - rank])
+        sample = self.sample()
+        cut = self.kth(sample, sample_rank(need, sample.size, self.n))
         return self._tiny if cut == 0 else cut
 
     @property
@@ -302,6 +315,16 @@ class Magnitudes:
         if self._picked is not None and self._picked[0] is idx:
             return self.vals[self._picked[1]].astype(self.acc.dtype, copy=False)  # exact: widened values
         return self._mem.host(self.acc)[idx]  # (a device array: copied; only all-of-it answers get here)
+
+
+def _mean(sample) -> float:
+    """The mean of ``sample`` (host or device) in the kernels' lanes (``select.lane_means``)."""
+    from codec.kernels import backend
+    from codec.layout import LANES
+
+    out = np.zeros(1)
+    backend("select", sample).lane_means(sample, np.array([0, sample.size], np.int64), LANES, out)
+    return float(out[0])
 
 
 def _first(a: np.ndarray, value, count: int, block: int = 1 << 20) -> np.ndarray:
