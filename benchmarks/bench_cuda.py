@@ -1,5 +1,5 @@
-"""The CUDA path on a real GPU: every codec with a CUDA path, on a device array, next to a
-device-to-device copy of the same buffer (the bandwidth limit) in the same run.
+"""The CUDA path on a real GPU: every codec (all but fft, which has no device path), on a device
+array, next to a device-to-device copy of the same buffer (the bandwidth limit) in the same run.
 
     python benchmarks/bench_cuda.py [--n 25000000] [--repeat 20] [--codecs "none;fp16;topk(ratio=0.01);..."] [--markdown]
 
@@ -25,7 +25,11 @@ Rows, for 25M float32 values:
   ``ErrorFeedback.encode``, decode and decode_add through the codec, each as GB/s of the
   input's 100 MB, next to the device-to-device copy and to ``torch.topk(|x|, k=n/100)`` on
   the device (the peer a PyTorch top-k compressor calls; "x torch.topk" above 1 is faster);
-- the peers: torch's cast on the device, and ``torch.topk``;
+- the peers: torch's cast on the device, ``torch.topk``, and powerSGD_hook's compute (its
+  ``M Q``, Gram-Schmidt and ``M^T P`` at rank 4 on the input viewed as a square-ish matrix,
+  without its allreduces) next to ``powersgd(rank=4)``'s encode of the same matrix;
+- every dense codec's rows carry "x copy_ (time)": torch's ``copy_`` of the 25M float32
+  buffer over the row's time, the ratio the targets are stated in;
 - the whole-model step (``--model resnet50``): ResNet-50's 161 parameter shapes as device
   tensors, apart (one allocation each) and as views of one buffer (a framework's gradient
   bucket): ``ErrorFeedback.encode_many`` (DGC with momentum 0.9 too) and
@@ -49,12 +53,22 @@ from harness import bullets, footer, heading, log, machine_info, render  # noqa:
 
 cuda = None  # numba.cuda, set by main (kernels reach their intrinsics through a module global)
 
+#: every registered codec but fft (no device path yet), with the parameters the targets name:
+#: the elementwise and bucketed codes, top-k at 1% and 0.1%, PowerSGD at rank 4 (on the input
+#: viewed as a square-ish matrix)
+EVERY = (
+    "none", "fp16", "bf16", "fp8", "fp8(scale=true)", "rangefloat(bits=8)", "minmax(bits=8)", "minmax(bits=4)",
+    "qsgd", "qsgd(coding=elias)", "terngrad", "sign", "efsign", "onebit",
+    "topk(ratio=0.01)", "topk(ratio=0.001)", "gaussiank(ratio=0.01)", "dgc(ratio=0.01)", "threshold(value=0.01)",
+    "randomk(ratio=0.01)", "adacomp", "powersgd(rank=4)",
+)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=25_000_000)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--codecs", default="none;fp16;bf16;topk(ratio=0.01);gaussiank(ratio=0.01);dgc(ratio=0.01);threshold(value=0.01);randomk(ratio=0.01);adacomp")
+    ap.add_argument("--codecs", default=";".join(EVERY))
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--model", default="resnet50", help="the whole-model step's shapes: resnet50, or none to skip it")
     ap.add_argument("--model-scale", type=int, default=1)
@@ -180,24 +194,43 @@ def main(argv=None):
     d2h_gbs = 4 * n / d2h_s / 1e9
     h2d_s = sync_best(lambda: dst.copy_to_device(pinned[: 4 * n].view(np.float32)))
     h2d_gbs = 4 * n / h2d_s / 1e9
-    link = [["device-to-host copy, pinned (reference)", f"{d2h_s * 1e3:.3f}", f"{d2h_gbs:.1f}", "1.00x"],
-            ["host-to-device copy, pinned (reference)", f"{h2d_s * 1e3:.3f}", f"{h2d_gbs:.1f}", "1.00x"]]
+    link = [["device-to-host copy, pinned (reference)", f"{d2h_s * 1e3:.3f}", f"{d2h_gbs:.1f}", "1.00x", f"{copy_s / d2h_s:.3f}x", ""],
+            ["host-to-device copy, pinned (reference)", f"{h2d_s * 1e3:.3f}", f"{h2d_gbs:.1f}", "1.00x", f"{copy_s / h2d_s:.3f}x", ""]]
     sparse = []
+    rows_m = max(1, int(np.sqrt(n)))  # PowerSGD's matrix: rows_m x (n // rows_m), the input's head
+    matrix = (x[: rows_m * (n // rows_m)].view(rows_m, -1) if torch is not None else dx[: rows_m * (n // rows_m)].reshape(rows_m, n // rows_m))
+    peer_psgd = None
+    if torch is not None:
+        try:
+            from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
+
+            q0 = torch.randn(matrix.shape[1], 4, device=matrix.device)
+
+            def hook_step():  # powerSGD_hook's compute without its allreduces: P = M Q, orthogonalise, Q = M^T P
+                p = torch.matmul(matrix, q0)
+                _orthogonalize(p)
+                return torch.matmul(matrix.t(), p)
+
+            peer_psgd = sync_best(hook_step)
+            row(f"torch powerSGD_hook step, rank 4, {matrix.shape[0]} x {matrix.shape[1]} (peer: its matmuls and Gram-Schmidt)", peer_psgd, 8 * matrix.numel(), copy_gbs)
+        except ImportError:
+            pass
     for spec in [s.strip() for s in args.codecs.split(";") if s.strip()]:
         log(f"{spec} ...")
         c = codec.get_codec(spec)
-        frame = bytes(c.encode(x))
+        xin = matrix if spec.startswith("powersgd") else x
+        frame = bytes(c.encode(xin))
         fb = len(frame)
-        t_new = sync_best(lambda: c.encode(x), max(3, args.repeat // 2))
-        t_pin = sync_best(lambda: c.encode(x, out=pinned))
-        outd = cuda.device_array(n, np.float32)
+        t_new = sync_best(lambda: c.encode(xin), max(3, args.repeat // 2))
+        t_pin = sync_best(lambda: c.encode(xin, out=pinned))
+        outd = cuda.device_array(tuple(xin.shape), np.float32)
         pframe = np.frombuffer(frame, np.uint8)
         hostframe = cuda.pinned_array(fb, np.uint8)
         hostframe[:] = pframe
         t_dec = sync_best(lambda: c.decode(hostframe, out=outd))
         t_add = sync_best(lambda: c.decode_add(hostframe, outd))
         ef = codec.ErrorFeedback(c)
-        t_ef = sync_best(lambda: ef.encode(x, key="g", out=pinned))
+        t_ef = sync_best(lambda: ef.encode(xin, key="g", out=pinned))
         if c.select is not None:  # a sparse frame: its time against the input's bandwidth and torch.topk
             for what, t in (("encode, new frame", t_new), ("ErrorFeedback.encode, out=pinned", t_ef),
                             ("decode into a device array", t_dec), ("decode_add into a device array", t_add)):
@@ -209,13 +242,14 @@ def main(argv=None):
                              (f"{spec} ErrorFeedback.encode, out=pinned", t_ef, d2h_gbs),
                              (f"{spec} decode into a device array", t_dec, h2d_gbs), (f"{spec} decode_add into a device array", t_add, h2d_gbs)):
             g = fb / t / 1e9
-            link.append([what, f"{t * 1e3:.3f}", f"{g:.1f}", f"{g / ref:.2f}x"])
+            peer = f"{peer_psgd / t:.2f}x" if spec.startswith("powersgd") and peer_psgd and "encode" in what else ""
+            link.append([what, f"{t * 1e3:.3f}", f"{g:.1f}", f"{g / ref:.2f}x", f"{copy_s / t:.3f}x", peer])
     print()
     heading(f"CUDA kernels on {n:,} float32, device to device; best of {args.repeat}", md)
     print(render(["what", "ms", "GB/s (read + written)", "x copy"], rows, md))
     print()
     heading("Through the codec: the frame crosses the host link once (GB/s of frame bytes)", md)
-    print(render(["what", "ms", "GB/s (frame bytes)", "x link"], link, md))
+    print(render(["what", "ms", "GB/s (frame bytes)", "x link", "x copy_ (time)", "x powerSGD_hook"], link, md))
     if sparse:
         print()
         heading("Sparsifiers through the codec: GB/s of the input's bytes; x torch.topk: its time over ours (> 1: faster)", md)

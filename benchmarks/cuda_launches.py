@@ -59,7 +59,7 @@ def main():
     views = [bucket[a:b] for a, b in zip(starts, starts[1:])]
     print("| codec | tensors | encode_many | joint | ErrorFeedback.encode_many (3rd step) | with momentum=0.9 | decode_many(out=) | decode_add_many |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for spec in ["fp16", "fp16+zstd", "topk(ratio=0.05)", "dgc(ratio=0.05)", "gaussiank(ratio=0.05)", "adacomp", "randomk(ratio=0.05)"]:
+    for spec in ["fp16", "fp16+zstd", "fp8", "rangefloat(bits=8)", "minmax(bits=4)", "qsgd", "terngrad", "sign", "topk(ratio=0.05)", "dgc(ratio=0.05)", "gaussiank(ratio=0.05)", "adacomp", "randomk(ratio=0.05)"]:
         c = codec.get_codec(spec)
         frame = c.encode_many(host)
         for kind, ts in (("apart", apart), ("bucket", views)):

@@ -13,7 +13,7 @@ import codec
 import codec.pack
 
 SPECS = ["fp16", "none+zstd", "bf16", "topk(ratio=0.1)", "gaussiank(ratio=0.1)", "dgc(ratio=0.1)+fp16", "threshold(value=1.0)",
-         "randomk(ratio=0.2)", "adacomp+zstd"]
+         "randomk(ratio=0.2)", "adacomp+zstd", "rangefloat(bits=5,block=16)", "minmax(bits=3,bucket=16)", "qsgd(bucket=16)+zstd", "powersgd"]
 
 
 def tensors(dtype=np.float32):

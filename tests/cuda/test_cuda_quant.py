@@ -65,7 +65,7 @@ def test_minifloat(n, dtype):
         x = data(kind, n, dtype)
         if kind == "heavy" and n > 3:
             x[3] = np.nan
-        block, upb = 100, 1
+        block, upb = (100, 1) if n > 100 else (3, 1)  # a block per window, or a thread per window (<= 64 values)
         units = -(-n // block)
         bits, mask = bits_of(x)
         (ca, _), (ga, _) = both("absmax_units", "quantize", bits, block, upb, mask, np.zeros(units, bits.dtype))
@@ -80,19 +80,21 @@ def test_minifloat(n, dtype):
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
 def test_minifloat_feedback(dtype):
-    n, block, upb = 257, 257, 1
+    n, upb = 257, 1
+    block = 257 if dtype == np.float32 else 50  # a block per window, or a thread per window
     x, r = data("normal", n, dtype), data("heavy", n, dtype, 1)
     acc = np.zeros(n, dtype)
     bits, mask = bits_of(acc)
     out = []
     for side in (C, G):
         a = cuda.to_device(acc) if side is G else acc.copy()
-        top = np.zeros(1, bits.dtype)
+        units = -(-n // block)
+        top = np.zeros(units, bits.dtype)
         b = a.view(bits.dtype)
         args = (cuda.to_device(x), cuda.to_device(r)) if side is G else (x, r)
         side["quantize"].feedback_absmax_units(*args, a, b, block, upb, mask, top)
-        emin = np.array([-8])
-        codes, bad = np.zeros(n, np.uint8), np.zeros(1, np.int64)
+        emin = np.full(units, -8)
+        codes, bad = np.zeros(n, np.uint8), np.zeros(units, np.int64)
         crc = side["quantize"].minifloat_encode(a, block, upb, emin, 3, 0x7E, 7, True, STRM, codes, bad, a, 5)
         a2 = cuda.to_device(acc) if side is G else acc.copy()
         codes2 = np.zeros(n, np.uint8)

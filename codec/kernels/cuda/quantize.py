@@ -46,22 +46,43 @@ U = np.uint64
 
 
 # ---------------------------------------------------------------------------- maxima
-@jit
-def _absmax_units(bits, block, upb, mask, top, x, r, acc):
-    """One block per work unit: ``top[u] = max(bits & mask)`` over the unit; with a non-empty
-    ``r``, ``acc = x + r`` is formed first in the same loop (``bits`` then views ``acc``)."""
-    tmp = cuda.shared.array(THREADS, np.uint64)
+#: the longest window whose maximum one thread takes (a longer one takes a block, whose
+#: barriers cost more than a short window's loop)
+SERIAL_UNIT = 64
+
+
+@jit(device=True)
+def _unit_max(bits, lo, hi, mask, x, r, acc, serial, tmp):
+    """The largest ``bits & mask`` over ``[lo, hi)`` by the unit's thread (``serial``) or block
+    (every thread gets it); with a non-empty ``r``, ``acc = x + r`` is formed in the same loop."""
     form = r.size > 0
-    for u in range(cuda.blockIdx.x, top.size, cuda.gridDim.x):
+    first, step = (lo, 1) if serial else (lo + cuda.threadIdx.x, cuda.blockDim.x)
+    m = U(0)
+    for i in range(first, hi, step):
+        if form:
+            acc[i] = x[i] + r[i]
+        m = max(m, U(bits[i] & mask))
+    return m if serial else block_max(m, tmp)
+
+
+@jit
+def _absmax_units(bits, block, upb, mask, top, x, r, acc, serial):
+    """``top[u] = max(bits & mask)`` over work unit ``u``, a block per unit (or a thread per
+    unit: ``serial``); with a non-empty ``r``, ``acc = x + r`` is formed first in the same
+    loop (``bits`` then views ``acc``)."""
+    tmp = cuda.shared.array(THREADS, np.uint64)
+    u0, ustep = (cuda.grid(1), cuda.gridsize(1)) if serial else (cuda.blockIdx.x, cuda.gridDim.x)
+    for u in range(u0, top.size, ustep):
         _, lo, hi = _unit(u, block, upb, bits.size)
-        m = U(0)
-        for i in range(lo + cuda.threadIdx.x, hi, cuda.blockDim.x):
-            if form:
-                acc[i] = x[i] + r[i]
-            m = max(m, U(bits[i] & mask))
-        m = block_max(m, tmp)
-        if cuda.threadIdx.x == 0:
+        m = _unit_max(bits, lo, hi, mask, x, r, acc, serial, tmp)
+        if serial or cuda.threadIdx.x == 0:
             top[u] = m
+
+
+def _unit_shape(units: int, block: int):
+    """A thread per unit for windows of at most ``SERIAL_UNIT`` values, else a block per unit."""
+    serial = block <= SERIAL_UNIT
+    return (launch(units) if serial else per_unit(units)), serial
 
 
 def absmax_units(bits, block, upb, mask, top):
@@ -70,7 +91,8 @@ def absmax_units(bits, block, upb, mask, top):
     t = out(top)
     if t.size:
         none = nothing(bits.dtype)
-        _absmax_units[per_unit(t.size)](bits, block, upb, mask, t, none, none, none)
+        shape, serial = _unit_shape(t.size, block)
+        _absmax_units[shape](bits, block, upb, mask, t, none, none, none, serial)
     out.done()
 
 
@@ -79,26 +101,23 @@ def feedback_absmax_units(x, r, acc, bits, block, upb, mask, top):
     out = Results()
     t = out(top)
     if t.size:
-        _absmax_units[per_unit(t.size)](bits, block, upb, mask, t, x, r, acc)
+        shape, serial = _unit_shape(t.size, block)
+        _absmax_units[shape](bits, block, upb, mask, t, x, r, acc, serial)
     out.done()
 
 
-
-
 @jit
-def _absmax_units_segments(bits, starts, blocks, ustarts, mask, top):
+def _absmax_units_segments(bits, starts, blocks, ustarts, mask, top, serial):
     tmp = cuda.shared.array(THREADS, np.uint64)
-    for g in range(cuda.blockIdx.x, top.size, cuda.gridDim.x):
+    none = bits[:0]
+    g0, gstep = (cuda.grid(1), cuda.gridsize(1)) if serial else (cuda.blockIdx.x, cuda.gridDim.x)
+    for g in range(g0, top.size, gstep):
         t = owner(ustarts, g)
         block = blocks[t]
         upb = (block + CHUNK - 1) // CHUNK
         _, lo, hi = _unit(g - ustarts[t], block, upb, starts[t + 1] - starts[t])
-        base = starts[t]
-        m = U(0)
-        for i in range(lo + cuda.threadIdx.x, hi, cuda.blockDim.x):
-            m = max(m, U(bits[base + i] & mask))
-        m = block_max(m, tmp)
-        if cuda.threadIdx.x == 0:
+        m = _unit_max(bits, starts[t] + lo, starts[t] + hi, mask, none, none, none, serial, tmp)
+        if serial or cuda.threadIdx.x == 0:
             top[g] = m
 
 
@@ -107,7 +126,8 @@ def absmax_units_segments(bits, starts, blocks, ustarts, mask, top):
     out = Results()
     t = out(top)
     if t.size:
-        _absmax_units_segments[per_unit(t.size)](bits, dev(starts), dev(blocks), dev(ustarts), mask, t)
+        shape, serial = _unit_shape(t.size, int(np.max(blocks)) if len(blocks) else 0)
+        _absmax_units_segments[shape](bits, dev(starts), dev(blocks), dev(ustarts), mask, t, serial)
     out.done()
 
 

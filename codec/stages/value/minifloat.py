@@ -202,7 +202,7 @@ class _MiniFloat(Quantizer):
             stored = self.windows(amax, x.dtype).astype(np.int64)
         else:
             stored = np.zeros(int(bstarts[-1]), np.int64)
-        codes = np.empty(x.size, code_dtype(self.width))
+        codes = self.codes_buffer(x.size, code_dtype(self.width), x)
         bad = np.zeros(len(ctxs), np.int64)
         emin = self.emins(stored).astype(np.int64)
         kern.minifloat_encode_segments(

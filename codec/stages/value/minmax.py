@@ -84,7 +84,7 @@ class MinMax(Quantizer):
         nb = -(-np.diff(starts) // self.bucket)
         bstarts = offsets(nb)
         lows, highs = np.empty(int(bstarts[-1])), np.empty(int(bstarts[-1]))
-        codes = np.empty(x.size, np.uint8)
+        codes = self.codes_buffer(x.size, np.uint8, x)
         bad = np.zeros(len(ctxs), np.int64)
         ibits, low, inf = _keys(x)
         backend("bucket", x).minmax_encode_segments(

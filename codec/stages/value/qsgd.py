@@ -88,7 +88,7 @@ class Qsgd(Quantizer):
             return None
         bstarts = offsets(-(-np.diff(starts) // self.bucket))
         norms = np.empty(int(bstarts[-1]))
-        codes = np.empty(x.size, code_dtype(self.code_bits))
+        codes = self.codes_buffer(x.size, code_dtype(self.code_bits), x)
         bad = np.zeros(len(ctxs), np.int64)
         backend("bucket", x).qsgd_encode_segments(
             x, starts, bstarts, self.bucket, self.levels, self.stochastic, self.streams(ctxs), LANES, norms, codes, bad

@@ -237,6 +237,15 @@ class Quantizer(Value):
         codes = readonly(codes)
 
         def fill(out):
+            if on_device(codes):  # packed on the device, the section's bytes copied once, then the heads (host numbers) written
+                from codec import device
+
+                packed = device.empty(out.size, np.uint8)
+                pack.pack_segments(codes, starts, bits, packed, cstarts)
+                device.to_host(packed, out)
+                if self.run_head is not None:
+                    backend("pack", out).put_items(head, hstarts, widths, out, ostarts[:-1])
+                return
             if self.run_head is not None:
                 pack.put_items(head, hstarts, widths, out, ostarts[:-1])
             pack.pack_segments(codes, starts, bits, out, cstarts)
