@@ -950,7 +950,7 @@ def test_expand_is_the_fma_chain(r, dt):
     rng = np.random.default_rng(r)
     p, q = rng.standard_normal((4, r)).astype(dt), (rng.standard_normal((6, r)) * 1e-3).astype(dt)
     out = np.empty((4, 6), dt)
-    module("lowrank").expand(p, q, out)
+    module("lowrank").expand(p, np.ascontiguousarray(q.T), out)
 
     def rounded(x):  # the dtype value nearest the Fraction x, ties to even
         f = dt.type(float(x))

@@ -11,8 +11,8 @@ depends on neither the BLAS nor its thread count nor the device (docs/kernels.md
   ``COLUMNS`` columns, rows streamed in order (each row of ``M`` is read once).
 * ``orthogonalize``: Gram-Schmidt, twice, on a float64 ``P``, every dot product a sum in
   index order (serial: ``P`` is ``n x r``, a few per cent of ``M`` at most).
-* ``expand``: the decoder's ``P Q^T``, a chain of fused multiply-adds per element in ``P``'s
-  dtype (the order OpenBLAS's FMA kernels take, so frames frozen by earlier versions decode
+* ``expand``: the decoder's ``P Q^T`` (``Q`` given transposed), a chain of fused
+  multiply-adds per element in ``P``'s dtype (the order OpenBLAS's FMA kernels take, so frames frozen by earlier versions decode
   unchanged).
 
 Products of float32 values are exact in float64; float64 products are rounded on their own,
@@ -34,6 +34,10 @@ __all__ = ["project", "back_project", "orthogonalize", "expand"]
 COLUMNS = 1024
 
 
+#: row chunks of ``project``'s parallel loop (each allocates its lane accumulators once)
+ROW_CHUNKS = 64
+
+
 @jit(parallel=True)
 def project(m, qt, p, width):
     """``p[i, c] = sum_j m[i, j] * qt[c, j]`` in ``width`` column lanes (see the module);
@@ -42,29 +46,32 @@ def project(m, qt, p, width):
     n, mm = m.shape
     r = qt.shape[0]
     rows = mm // width
-    bad = np.zeros(n, np.int64)
-    for i in prange(n):
-        lanes = np.zeros((r, width))
+    nch = min(n, ROW_CHUNKS)
+    bad = np.zeros(max(nch, 1), np.int64)
+    for ch in prange(nch):
+        lanes = np.empty((r, width))
         k = np.int64(0)
-        for t in range(U(rows)):
-            base = t * U(width)
-            for col in range(U(width)):
-                v = np.float64(m[i, base + col])
+        for i in range(ch * n // nch, (ch + 1) * n // nch):
+            lanes[:] = 0.0
+            for t in range(U(rows)):
+                base = t * U(width)
+                for col in range(U(width)):
+                    v = np.float64(m[i, base + col])
+                    k += np.int64(not (v - v == 0))
+                for c in range(r):
+                    for col in range(U(width)):
+                        lanes[c, col] += np.float64(m[i, base + col]) * np.float64(qt[c, base + col])
+            for j in range(U(rows * width), U(mm)):
+                v = np.float64(m[i, j])
                 k += np.int64(not (v - v == 0))
             for c in range(r):
-                for col in range(U(width)):
-                    lanes[c, col] += np.float64(m[i, base + col]) * np.float64(qt[c, base + col])
-        for j in range(U(rows * width), U(mm)):
-            v = np.float64(m[i, j])
-            k += np.int64(not (v - v == 0))
-        for c in range(r):
-            s = 0.0
-            for col in range(width):
-                s += lanes[c, col]
-            for j in range(U(rows * width), U(mm)):
-                s += np.float64(m[i, j]) * np.float64(qt[c, j])
-            p[i, c] = s
-        bad[i] = k
+                s = 0.0
+                for col in range(width):
+                    s += lanes[c, col]
+                for j in range(U(rows * width), U(mm)):
+                    s += np.float64(m[i, j]) * np.float64(qt[c, j])
+                p[i, c] = s
+        bad[ch] = k
     return bad.sum()
 
 
@@ -116,17 +123,21 @@ def orthogonalize(p, tiny):
 
 
 @jit(parallel=True)
-def expand(p, q, out):
-    """``out = P Q^T`` (``n x r`` times ``r x m``, ``q`` given as ``m x r``), each element the
-    chain of fused multiply-adds ``fma(p[i, r-1], q[j, r-1], ... fma(p[i, 1], q[j, 1], p[i, 0]
-    * q[j, 0]))`` in ``p``'s dtype: the order a BLAS micro-kernel with FMA instructions
-    (OpenBLAS on AVX2 and AVX-512) takes, so frames frozen with ``P @ Q.T`` decode as they
-    did, now on any machine and device."""
+def expand(p, qt, out):
+    """``out = P Q^T`` (``n x r`` times ``r x m``, ``qt`` is ``Q`` transposed: ``r x m``,
+    contiguous), each element the chain of fused multiply-adds ``fma(p[i, r-1], q[j, r-1],
+    ... fma(p[i, 1], q[j, 1], p[i, 0] * q[j, 0]))`` in ``p``'s dtype: the order a BLAS
+    micro-kernel with FMA instructions (OpenBLAS on AVX2 and AVX-512) takes, so frames frozen
+    with ``P @ Q.T`` decode as they did, now on any machine and device.  A row is formed as
+    ``r`` passes over it (the first product, then one fused multiply-add per rank), each
+    element's chain in the same order: the passes vectorise, the row stays in cache."""
     n, r = p.shape
-    m = q.shape[0]
+    m = qt.shape[1]
     for i in prange(n):
-        for j in range(m):
-            acc = p[i, 0] * q[j, 0]
-            for c in range(1, r):
-                acc = fma(p[i, c], q[j, c], acc)
-            out[i, j] = acc
+        p0 = p[i, 0]
+        for j in range(U(m)):
+            out[i, j] = p0 * qt[0, j]
+        for c in range(1, r):
+            pc = p[i, c]
+            for j in range(U(m)):
+                out[i, j] = fma(pc, qt[c, j], out[i, j])

@@ -157,19 +157,20 @@ else:
 
 
 @jit
-def _expand(p, q, out):
+def _expand(p, qt, out):
     n, r = p.shape
-    m = q.shape[0]
+    m = qt.shape[1]
     for e in range(cuda.grid(1), n * m, cuda.gridsize(1)):
         i = e // m
         j = e - i * m
-        acc = p[i, 0] * q[j, 0]
+        acc = p[i, 0] * qt[0, j]
         for c in range(1, r):
-            acc = _fma(p[i, c], q[j, c], acc)
+            acc = _fma(p[i, c], qt[c, j], acc)
         out[i, j] = acc
 
 
-def expand(p, q, out):
-    """``out = P Q^T``, each element the CPU kernel's chain of fused multiply-adds."""
+def expand(p, qt, out):
+    """``out = P Q^T`` (``qt``: ``Q`` transposed), each element the CPU kernel's chain of fused
+    multiply-adds (a thread per element: adjacent threads read adjacent columns of ``qt``)."""
     if out.size and p.shape[1]:
-        _expand[launch(out.size)](p if on_dev(p) else cuda.to_device(p), q if on_dev(q) else cuda.to_device(q), out)
+        _expand[launch(out.size)](p if on_dev(p) else cuda.to_device(p), qt if on_dev(qt) else cuda.to_device(qt), out)

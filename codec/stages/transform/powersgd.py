@@ -236,13 +236,14 @@ class PowerSGD(Transform):
             return
         n, m, r = plan
         mem = Memory(on_device(out))
-        p, q = mem.put(np.ascontiguousarray(values[: n * r]).reshape(n, r)), mem.put(np.ascontiguousarray(values[n * r :]).reshape(m, r))
+        p = mem.put(np.ascontiguousarray(values[: n * r]).reshape(n, r))
+        qt = mem.put(np.ascontiguousarray(values[n * r :].reshape(m, r).T))
         kern = backend("lowrank", flat)
         if mode == SET and flat.dtype == values.dtype:
-            kern.expand(p, q, flat.reshape(n, m))
+            kern.expand(p, qt, flat.reshape(n, m))
             return
         y = mem.empty((n, m), values.dtype)
-        kern.expand(p, q, y)
+        kern.expand(p, qt, y)
         _emit_chunked(self, y.reshape(n * m), flat, mode, dtype)
 
 
