@@ -16,8 +16,8 @@ from codec.kernels import module
 from codec.layout import LANES
 from codec.modes import ADD, SET, SUB
 
-G = {f: module(f, "cuda") for f in ("quantize", "bucket", "dequant")}
-C = {f: module(f, "cpu") for f in ("quantize", "bucket", "dequant")}
+G = {f: module(f, "cuda") for f in ("quantize", "bucket", "dequant", "elias")}
+C = {f: module(f, "cpu") for f in ("quantize", "bucket", "dequant", "elias")}
 SIZES = (0, 1, 7, 257)
 KINDS = ("normal", "heavy", "sparse")
 STRM = np.uint64(0x9E3779B97F4A7C15)
@@ -251,3 +251,38 @@ def test_dequantize_segments():
         same(ga[9], ca[9])
     (_, cm), (_, gm) = both("max_field_segments", "dequant", data_, dstarts, bits, starts, 0x1E, 1)
     assert int(cm) == int(gm)
+
+
+def test_elias():
+    """QSGD's Elias-gamma twin: the chunk lengths, the streams and their decode (a damaged
+    stream flagged) equal the CPU's."""
+    rng = np.random.default_rng(4)
+    bucket, per, levels = 8, 3, 7
+    codes = (rng.integers(0, 8, 100) * (rng.random(100) < 0.3) * 2 + rng.integers(0, 2, 100)).astype(np.uint8)
+    codes[(codes >> 1) == 0] = 0  # a zero level has no sign
+    nch = -(-100 // (bucket * per))
+    sizes = []
+    for side in (C, G):
+        s = np.zeros(nch, np.uint64)
+        side["elias"].elias_sizes(cuda.to_device(codes) if side is G else codes, bucket, per, s)
+        sizes.append(s)
+    same(sizes[1], sizes[0])
+    starts = np.concatenate([[0], np.cumsum(sizes[0].astype(np.int64))])
+    streams = []
+    for side in (C, G):
+        out = np.zeros(int(starts[-1]), np.uint8)
+        side["elias"].elias_encode(cuda.to_device(codes) if side is G else codes, bucket, per, starts[:-1], out)
+        streams.append(out)
+    same(streams[1], streams[0])
+    damaged = streams[0].copy()
+    damaged[-1] ^= 0x80
+    for data_ in (streams[0], damaged):
+        got = []
+        for side in (C, G):
+            dec, bad = np.zeros(100, np.uint8), np.zeros(nch, np.int64)
+            side["elias"].elias_decode(data_, starts, 100, bucket, per, levels, dec, bad)
+            got.append((dec, bad))
+        same(got[1][0], got[0][0]), same(got[1][1], got[0][1])
+        assert got[0][1].any() == (data_ is damaged)
+        if data_ is not damaged:
+            same(got[0][0], codes)
