@@ -66,7 +66,7 @@ def _norm(x, lo, hi, width):
     top = _absmax(x, lo, hi)
     if top == 0.0:
         return 0.0, k
-    e = exponent(top)
+    e = _exponent(top)
     s = 0.0
     for c in range(lo, hi, CHUNK):
         s += _sumsq(x, c, min(hi, c + CHUNK), width, -e)[0]
@@ -74,7 +74,7 @@ def _norm(x, lo, hi, width):
 
 
 @jit
-def exponent(v):
+def _exponent(v):
     """``floor(log2(v))`` of a finite float64 ``v > 0``, exactly, from its bits (a libm's
     ``log2`` may round up to the next integer just below a power of two, and no two libms
     need agree there)."""

@@ -43,9 +43,9 @@ cuda = numba_cuda()
 __all__ = list(_cpu.__all__)
 
 _shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated"], extra=_common.MATH)
-_twins = device_functions(_cpu, ["_key", "_key_value", "exponent"], extra={**_common.MATH, **_shared})
+_twins = device_functions(_cpu, ["_key", "_key_value", "_exponent"], extra={**_common.MATH, **_shared})
 floor_plus, saturated, top_of = _shared["floor_plus"], _shared["saturated"], _shared["top_of"]
-_key, _key_value, exponent = _twins["_key"], _twins["_key_value"], _twins["exponent"]
+_key, _key_value, exponent = _twins["_key"], _twins["_key_value"], _twins["_exponent"]
 
 U = np.uint64
 #: shared int64 keys of a block's minimum and maximum (min-max's bounds)
