@@ -94,9 +94,11 @@ def test_a_non_finite_input_is_told_by_the_one_builder(spec, shape):
 def test_powersgd_overflow_in_p_is_a_non_finite_error():
     from codec.errors import NonFiniteError
 
-    x = np.full((20, 16), 3e38, np.float32)  # finite, but M Q overflows float32
+    # finite, but M Q overflows float32: the key's start Q sums to -2.59 ("w"'s to -0.79, whose
+    # M Q fits since the products are summed in float64: lowrank.project)
+    x = np.full((20, 16), 3e38, np.float32)
     with pytest.raises(RankError) as info:
-        Allreducer("powersgd(rank=1)", MPI.COMM_SELF).reduce({"w": x})
+        Allreducer("powersgd(rank=1)", MPI.COMM_SELF).reduce({"b": x})
     cause = info.value.__cause__
     assert isinstance(cause, NonFiniteError) and "P = M Q" in str(cause) and "overflows float32" in str(cause)
 

@@ -325,18 +325,6 @@ def nothing(dtype):
     return per_context(("nothing", np.dtype(dtype).str), lambda: cuda.device_array(0, dtype))
 
 
-def crc_of(codes, crc: int) -> int:
-    """The CRC-32C of device array ``codes``' bytes continued from ``crc``, formed on the device
-    (``_crc.crc32c``); -1 when none is asked (``crc < 0``)."""
-    if crc < 0:
-        return -1
-    if not codes.size:
-        return int(crc)
-    from codec.kernels.cuda import _crc
-
-    return _crc.crc32c(codes.reshape(codes.size).view(np.uint8), crc)
-
-
 def check_width(width: int) -> None:
     """CodecValueError unless ``width`` column lanes fit the lane buffers (``MAX_WIDTH``)."""
     if not 1 <= width <= MAX_WIDTH:

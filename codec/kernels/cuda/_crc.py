@@ -99,3 +99,13 @@ def crc32c(data, crc: int = 0, chunk_bits: int | None = None, group: int | None 
         vals = np.concatenate([vals, crcs[whole:].copy_to_host()])
         lens = np.append(lens, n - whole * chunk)
     return int(_cpu.join(vals, np.uint32(crc), lens))
+
+
+def crc_of(codes, crc: int) -> int:
+    """The CRC-32C of device array ``codes``' bytes continued from ``crc`` (:func:`crc32c`);
+    -1 when none is asked (``crc < 0``): what an encoding twin returns for its codes."""
+    if crc < 0:
+        return -1
+    if not codes.size:
+        return int(crc)
+    return crc32c(codes.reshape(codes.size).view(np.uint8), crc)

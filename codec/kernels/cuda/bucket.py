@@ -34,7 +34,8 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import _common as _cpu_common, bucket as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import MAX_WIDTH, THREADS, Results, check_width, crc_of, dev, launch, mul, nothing, owner, per_unit, rint
+from codec.kernels.cuda._common import MAX_WIDTH, THREADS, Results, check_width, dev, launch, mul, nothing, owner, per_unit, rint
+from codec.kernels.cuda._crc import crc_of
 from codec.kernels.cuda.rng import block_key, uniform
 from codec.layout import CHUNK, group_buckets
 

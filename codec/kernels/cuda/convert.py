@@ -19,7 +19,8 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import convert as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import crc_of, launch, mul, mul32
+from codec.kernels.cuda._common import launch, mul, mul32
+from codec.kernels.cuda._crc import crc_of
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()

@@ -28,7 +28,8 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import _common as _cpu_common, quantize as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import MAX_WIDTH, THREADS, Results, block_max, check_width, chunk_sums, crc_of, dev, launch, mul, nothing, owner, per_unit
+from codec.kernels.cuda._common import MAX_WIDTH, THREADS, Results, block_max, check_width, chunk_sums, dev, launch, mul, nothing, owner, per_unit
+from codec.kernels.cuda._crc import crc_of
 from codec.kernels.cuda.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
 
