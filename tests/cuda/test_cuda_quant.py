@@ -15,23 +15,12 @@ from numba import cuda
 from codec.kernels import module
 from codec.layout import LANES
 from codec.modes import ADD, SET, SUB
+from test_quant_kernels import KINDS, data  # the CPU kernels' test data (normal, heavy-tailed, sparse with -0.0)
 
 G = {f: module(f, "cuda") for f in ("quantize", "bucket", "dequant", "elias")}
 C = {f: module(f, "cpu") for f in ("quantize", "bucket", "dequant", "elias")}
 SIZES = (0, 1, 7, 257)
-KINDS = ("normal", "heavy", "sparse")
 STRM = np.uint64(0x9E3779B97F4A7C15)
-
-
-def data(kind, n, dtype, seed=0):
-    rng = np.random.default_rng([seed, KINDS.index(kind), n])
-    if kind == "normal":
-        x = rng.standard_normal(n)
-    elif kind == "heavy":
-        x = rng.standard_t(2, n) * 1e-3
-    else:
-        x = np.where(rng.random(n) < 0.9, -0.0 * rng.standard_normal(n), rng.standard_normal(n))
-    return x.astype(dtype)
 
 
 def same(a, b):

@@ -223,6 +223,24 @@ def _key_value(k, low, is64):
 
 
 @jit
+def _bounds(kmin, kmax, low, inf, is64):
+    """A bucket's ``(min, max, non-finite)`` from the least and greatest keys of its values:
+    float32 rounded down / up when both fit, else float64; ``(0, 0, 1)`` when a key is NaN
+    or inf (reported through ``bad``).  The CUDA twin compiles this from its source."""
+    nbad = 0
+    if kmax >= inf or kmin < -inf:
+        nbad = 1
+        kmin = kmax = 0
+    mn = _key_value(kmin, low, is64)
+    mx = _key_value(kmax, low, is64)
+    dn = _down32(mn)
+    up = _up32(mx)
+    if dn > -np.inf and up < np.inf:
+        mn, mx = dn, up
+    return mn, mx, nbad
+
+
+@jit
 def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, codes, sub):
     """One bucket of :func:`minmax_encode`: its codes, and ``(min, max, non-finite)``; with
     ``sub`` (not None) each code's value is then subtracted from it (see there; a bucket with
@@ -233,16 +251,7 @@ def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, c
         k = _key(ibits[i], low)
         kmin = min(kmin, k)
         kmax = max(kmax, k)
-    nbad = 0
-    if kmax >= inf or kmin < -inf:
-        nbad = 1  # NaN or inf: reported through bad
-        kmin = kmax = 0
-    mn = _key_value(kmin, low, is64)
-    mx = _key_value(kmax, low, is64)
-    dn = _down32(mn)
-    up = _up32(mx)
-    if dn > -np.inf and up < np.inf:
-        mn, mx = dn, up
+    mn, mx, nbad = _bounds(kmin, kmax, low, inf, is64)
     inv = levels / (mx - mn) if mx > mn else 0.0
     i0 = lo
     while i0 < hi:

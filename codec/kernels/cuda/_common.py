@@ -18,7 +18,8 @@ import types
 
 import numpy as np
 
-from codec._cuda_jit import jit, numba_cuda  # (twins import this module; ``import codec`` never does)
+from codec.dtypes import on_device
+from codec._cuda_jit import device_functions, jit, numba_cuda  # (twins import this module; ``import codec`` never does)
 
 #: the CUDA module: intrinsics are reached through this global, which the simulator swaps
 #: for its own.  Warp-level intrinsics would live here, behind the device functions' names,
@@ -185,26 +186,11 @@ def _simulated() -> bool:
     return bool(config.ENABLE_CUDASIM)
 
 
-if _simulated():
+if _simulated():  # the simulator runs Python: the CPU file's own rules, nothing is contracted
+    from codec.kernels.cpu import _common as _cpu_common
 
-    @jit(device=True)
-    def mul(a, b):
-        """``a * b`` (the simulator runs Python: nothing is contracted)."""
-        return a * b
-
+    mul, floor, rint, copysign = device_functions(_cpu_common, ["mul", "floor", "rint", "copysign"]).values()
     mul32 = mul
-
-    @jit(device=True)
-    def floor(t):
-        return np.floor(t)
-
-    @jit(device=True)
-    def rint(t):
-        return np.rint(t)
-
-    @jit(device=True)
-    def copysign(a, b):
-        return np.copysign(a, b)
 
 else:
     from numba.cuda import libdevice
@@ -238,18 +224,14 @@ else:
 
 
 # ---------------------------------------------------------------------------- host arrays
-def on_dev(a) -> bool:
-    """Whether ``a`` is a device array (:func:`codec.dtypes.on_device`)."""
-    from codec.dtypes import on_device
-
-    return on_device(a)
-
-
 def dev(a):
-    """``a`` where a kernel reads it: itself when it is a device array, else a copy of the
-    (small: tables, offsets, windows, factors) host array moved in.  Never copied back, so a
-    read-only host array is fine (Numba's own transfer of a host argument copies it back)."""
-    return a if on_dev(a) else cuda.to_device(np.ascontiguousarray(a))
+    """``a`` where a kernel reads it (:func:`codec.device.to_device`: itself when it is a
+    device array, else the small host array -- tables, offsets, windows, factors -- moved
+    in).  Never copied back, so a read-only host array is fine (Numba's own transfer of a
+    host argument copies it back)."""
+    from codec.device import to_device
+
+    return to_device(a)
 
 
 class Results:
@@ -262,7 +244,7 @@ class Results:
         self._back = []
 
     def __call__(self, a, zeroed: bool = False):
-        if on_dev(a):
+        if on_device(a):
             if zeroed and a.size:
                 zero[launch(a.size)](a.reshape(a.size))
             return a
@@ -311,6 +293,11 @@ def block_max(v, tmp):
     m = tmp[0]
     cuda.syncthreads()
     return m
+
+
+#: the longest unit (a bucket, a window) a kernel gives one thread rather than a block: a
+#: block's barriers cost more than a short unit's loop
+SERIAL_UNIT = 64
 
 
 def per_unit(units: int) -> tuple[int, int]:

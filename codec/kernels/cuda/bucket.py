@@ -3,7 +3,7 @@ arguments and results, byte for byte.
 
 One block per bucket (grid-stride over buckets beyond MAX_BLOCKS), or one thread per bucket
 for short buckets (QSGD: no longer than the ``width`` lanes, whose sum then is the plain sum
-in index order; min-max: at most ``SERIAL_BUCKET`` values), where a block's barriers would
+in index order; min-max: at most ``_common.SERIAL_UNIT`` values), where a block's barriers would
 cost more than the bucket's loop: under error feedback the bucket's thread or block first
 forms ``acc = x + r`` over it, then takes its statistic and codes it, while it is in cache,
 as the CPU's bucket loop does.
@@ -44,9 +44,7 @@ cuda = numba_cuda()
 __all__ = list(_cpu.__all__)
 
 _shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated"], extra=_common.MATH)
-_twins = device_functions(_cpu, ["_key", "_key_value", "_exponent"], extra={**_common.MATH, **_shared})
-floor_plus, saturated, top_of = _shared["floor_plus"], _shared["saturated"], _shared["top_of"]
-_key, _key_value, exponent = _twins["_key"], _twins["_key_value"], _twins["_exponent"]
+floor_plus, saturated = _shared["floor_plus"], _shared["saturated"]
 
 U = np.uint64
 #: shared int64 keys of a block's minimum and maximum (min-max's bounds)
@@ -82,6 +80,11 @@ def _down32(v):
     if np.float64(f) > v:
         f = _next32(f, False)
     return np.float64(f)
+
+
+#: the CPU file's rules, compiled from their source (``_bounds`` calling the float32 steps above)
+_twins = device_functions(_cpu, ["_key", "_key_value", "_exponent", "_bounds"], extra={**_common.MATH, **_shared, "_up32": _up32, "_down32": _down32})
+_key, _bounds, exponent = _twins["_key"], _twins["_bounds"], _twins["_exponent"]
 
 
 @jit(device=True)
@@ -263,11 +266,9 @@ def _qsgd_encode(x, bucket, s, stochastic, strm, width, norms, codes, bad, per, 
     for b in range(b0, norms.size, bstep):
         lo = b * bucket
         hi = min(n, lo + bucket)
-        if fused:
+        if fused:  # acc = x + r, then coded, left holding acc - decoded (acc is empty otherwise)
             _form(x, r, acc, lo, hi, serial)
-            norm, k = _qsgd_bucket(acc, lo, hi, 0, s, stochastic, strm, width, codes, acc, lanes, share, serial)
-        else:
-            norm, k = _qsgd_bucket(x, lo, hi, 0, s, stochastic, strm, width, codes, acc, lanes, share, serial)
+        norm, k = _qsgd_bucket(acc if fused else x, lo, hi, 0, s, stochastic, strm, width, codes, acc, lanes, share, serial)
         if serial or cuda.threadIdx.x == 0:
             norms[b] = norm
             if k:
@@ -326,11 +327,6 @@ def qsgd_encode_segments(x, starts, bstarts, bucket, s, stochastic, strms, width
     out.done()
 
 
-#: the longest bucket min-max codes with one thread (its bounds need no lanes: a longer one
-#: takes a block, whose barriers cost more than a short bucket's loop)
-SERIAL_BUCKET = 64
-
-
 @jit(device=True)
 def _minmax_bucket(x, ibits, lo, hi, origin, low, inf, is64, levels, stochastic, strm, codes, sub, keys, serial):
     """One bucket of min-max (the CPU's ``_minmax_bucket``) by a block, or by one thread
@@ -357,16 +353,7 @@ def _minmax_bucket(x, ibits, lo, hi, origin, low, inf, is64, levels, stochastic,
         kmin = keys[0]
         kmax = keys[1]
         cuda.syncthreads()
-    nbad = 0
-    if kmax >= inf or kmin < -inf:
-        nbad = 1
-        kmin = kmax = 0
-    mn = _key_value(kmin, low, is64)
-    mx = _key_value(kmax, low, is64)
-    dn = _down32(mn)
-    up = _up32(mx)
-    if dn > -np.inf and up < np.inf:
-        mn, mx = dn, up
+    mn, mx, nbad = _bounds(kmin, kmax, low, inf, is64)
     inv = levels / (mx - mn) if mx > mn else 0.0
     width = (mx - mn) / levels
     for i in range(lo + t, hi, step):
@@ -389,11 +376,9 @@ def _minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, h
     for b in range(b0, lows.size, bstep):
         lo = b * bucket
         hi = min(n, lo + bucket)
-        if fused:
+        if fused:  # as in _qsgd_encode
             _form(x, r, acc, lo, hi, serial)
-            mn, mx, k = _minmax_bucket(acc, ibits, lo, hi, 0, low, inf, is64, levels, stochastic, strm, codes, acc, keys, serial)
-        else:
-            mn, mx, k = _minmax_bucket(x, ibits, lo, hi, 0, low, inf, is64, levels, stochastic, strm, codes, acc, keys, serial)
+        mn, mx, k = _minmax_bucket(acc if fused else x, ibits, lo, hi, 0, low, inf, is64, levels, stochastic, strm, codes, acc, keys, serial)
         if serial or cuda.threadIdx.x == 0:
             lows[b] = mn
             highs[b] = mx
@@ -404,12 +389,12 @@ def _minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, h
 def minmax_encode(x, ibits, low, inf, bucket, levels, stochastic, strm, lows, highs, codes, bad, r=None, acc=None, crc=-1):
     """Min-max: per bucket its bounds and codes (see the CPU kernel); with ``r`` and ``acc`` the
     fused error-feedback step.  Returns the codes' CRC-32C continued from ``crc`` (-1 when
-    ``crc < 0``).  Buckets of at most ``SERIAL_BUCKET`` values are coded a thread each."""
+    ``crc < 0``).  Buckets of at most ``_common.SERIAL_UNIT`` values are coded a thread each."""
     out = Results()
     lw, hg, c, nb = out(lows), out(highs), out(codes), out(bad, zeroed=True)
     if x.size:
         none = nothing(x.dtype)
-        serial = bucket <= SERIAL_BUCKET
+        serial = bucket <= _common.SERIAL_UNIT
         _minmax_encode[_shape(lw.size, serial)](
             x, ibits, np.int64(low), np.int64(inf), bucket, levels, bool(stochastic), U(strm), lw, hg, c, nb, group_buckets(bucket),
             none if r is None else r, none if acc is None else acc, serial,
@@ -442,7 +427,7 @@ def minmax_encode_segments(x, ibits, low, inf, starts, bstarts, bucket, levels, 
     out = Results()
     lw, hg, c, nb = out(lows), out(highs), out(codes), out(bad, zeroed=True)
     if lw.size:
-        serial = bucket <= SERIAL_BUCKET
+        serial = bucket <= _common.SERIAL_UNIT
         _minmax_encode_segments[_shape(lw.size, serial)](
             x, ibits, np.int64(low), np.int64(inf), dev(starts), dev(bstarts), bucket, levels, bool(stochastic), dev(np.asarray(strms, np.uint64)), lw, hg, c, nb, serial
         )

@@ -15,7 +15,8 @@ import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import elias as _cpu
-from codec.kernels.cuda._common import Results, dev, launch, on_dev
+from codec.dtypes import on_device
+from codec.kernels.cuda._common import Results, dev, launch
 
 cuda = numba_cuda()
 
@@ -57,7 +58,7 @@ def elias_encode(codes, bucket, per, starts, out):
     """Write each chunk's Elias stream at byte ``starts[c]`` of ``out`` (zeroed here when it is
     a host array, as a device buffer it stands for; a device ``out`` must come zeroed)."""
     res = Results()
-    o = res(out, zeroed=not on_dev(out))
+    o = res(out, zeroed=not on_device(out))
     if len(starts):
         _encode[launch(len(starts))](codes, bucket, per, dev(starts), o)
     res.done()
@@ -75,7 +76,7 @@ def elias_decode(data, starts, n, bucket, per, levels, codes, bad):
     out = Results()
     c, b = out(codes), out(bad)
     if b.size:
-        if not on_dev(codes):
+        if not on_device(codes):
             c.copy_to_device(codes)
         _decode[launch(b.size)](dev(data), dev(starts), n, bucket, per, levels, c, b)
     out.done()

@@ -24,7 +24,8 @@ import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import lowrank as _cpu
-from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, launch, mul, on_dev, per_unit
+from codec.dtypes import on_device
+from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, dev, launch, mul, per_unit
 
 cuda = numba_cuda()
 
@@ -79,7 +80,7 @@ def project(m, qt, p, width):
     pd = out(p)
     bad = cuda.to_device(np.zeros(1, np.int64))
     if m.shape[0] and qt.shape[0]:
-        _project[per_unit(m.shape[0])](m, qt if on_dev(qt) else cuda.to_device(qt), pd, width, bad)
+        _project[per_unit(m.shape[0])](m, dev(qt), pd, width, bad)
     out.done()
     return int(bad.copy_to_host()[0])
 
@@ -107,13 +108,13 @@ def back_project(m, p, q):
     out = Results()
     qd = out(q)
     if m.shape[1] and p.shape[1]:
-        _back_project[launch(m.shape[1])](m, p if on_dev(p) else cuda.to_device(p), qd)
+        _back_project[launch(m.shape[1])](m, dev(p), qd)
     out.done()
 
 
 def orthogonalize(p, tiny):
     """The CPU kernel's Gram-Schmidt, on the host (``P`` is frame content: see the module)."""
-    if on_dev(p):
+    if on_device(p):
         host = p.copy_to_host()
         _cpu.orthogonalize(host, tiny)
         p.copy_to_device(host)
@@ -173,4 +174,4 @@ def expand(p, qt, out):
     """``out = P Q^T`` (``qt``: ``Q`` transposed), each element the CPU kernel's chain of fused
     multiply-adds (a thread per element: adjacent threads read adjacent columns of ``qt``)."""
     if out.size and p.shape[1]:
-        _expand[launch(out.size)](p if on_dev(p) else cuda.to_device(p), qt if on_dev(qt) else cuda.to_device(qt), out)
+        _expand[launch(out.size)](dev(p), dev(qt), out)

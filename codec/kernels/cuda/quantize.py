@@ -47,11 +47,6 @@ U = np.uint64
 
 
 # ---------------------------------------------------------------------------- maxima
-#: the longest window whose maximum one thread takes (a longer one takes a block, whose
-#: barriers cost more than a short window's loop)
-SERIAL_UNIT = 64
-
-
 @jit(device=True)
 def _unit_max(bits, lo, hi, mask, x, r, acc, serial, tmp):
     """The largest ``bits & mask`` over ``[lo, hi)`` by the unit's thread (``serial``) or block
@@ -81,8 +76,8 @@ def _absmax_units(bits, block, upb, mask, top, x, r, acc, serial):
 
 
 def _unit_shape(units: int, block: int):
-    """A thread per unit for windows of at most ``SERIAL_UNIT`` values, else a block per unit."""
-    serial = block <= SERIAL_UNIT
+    """A thread per unit for windows of at most ``_common.SERIAL_UNIT`` values, else a block per unit."""
+    serial = block <= _common.SERIAL_UNIT
     return (launch(units) if serial else per_unit(units)), serial
 
 
