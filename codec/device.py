@@ -68,7 +68,7 @@ def check_stages(stages, argname: str = "x") -> None:
     if missing:
         raise CodecTypeError(
             f"{argname}: a device (CUDA) array, and {', '.join(missing)} has no CUDA path yet "
-            "(every stage but the fft and powersgd transforms has); pass a host array"
+            "(every stage but the fft transform has); pass a host array"
         )
     require_cuda(argname)
 

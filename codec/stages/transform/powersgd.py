@@ -92,6 +92,14 @@ def orthogonalize(p: np.ndarray) -> np.ndarray:
     return p
 
 
+def _where(mat):
+    """Where ``mat`` lives (:class:`codec.device.Memory`): ``Q`` or ``P`` is put there."""
+    from codec.device import Memory
+    from codec.dtypes import on_device
+
+    return Memory(on_device(mat))
+
+
 def project(mat, q) -> tuple[np.ndarray, int]:
     """``(M Q, how many entries of M are NaN or inf)``: ``M`` (n x m, float32/float64, on the
     host or the device), ``Q`` (m x r, host); the product on ``M``'s device in the fixed order
@@ -102,7 +110,7 @@ def project(mat, q) -> tuple[np.ndarray, int]:
 
     n = mat.shape[0]
     p = np.empty((n, q.shape[1]), mat.dtype)
-    bad = backend("lowrank", mat).project(mat, _put(np.ascontiguousarray(q.T, mat.dtype), mat), p, LANES)
+    bad = backend("lowrank", mat).project(mat, _where(mat).put(np.ascontiguousarray(q.T, mat.dtype)), p, LANES)
     return p, int(bad)
 
 
@@ -112,19 +120,8 @@ def back_project(mat, p) -> np.ndarray:
     from codec.kernels import backend
 
     q = np.empty((mat.shape[1], p.shape[1]), mat.dtype)
-    backend("lowrank", mat).back_project(mat, _put(np.ascontiguousarray(p, mat.dtype), mat), q)
+    backend("lowrank", mat).back_project(mat, _where(mat).put(np.ascontiguousarray(p, mat.dtype)), q)
     return q
-
-
-def _put(a: np.ndarray, like):
-    """Host array ``a`` where ``like`` lives (a few numbers: ``Q`` or ``P``)."""
-    from codec.dtypes import on_device
-
-    if on_device(like):
-        from codec.device import to_device
-
-        return to_device(a)
-    return a
 
 
 @register
@@ -225,8 +222,6 @@ class PowerSGD(Transform):
         float32/float64 ``out`` of the domain's dtype, else formed once in the domain's dtype
         where ``out`` lives and rounded to a 16-bit frame's dtype and stored or added
         ``CHUNK`` elements at a time (:meth:`emit`)."""
-        from codec.device import Memory
-        from codec.dtypes import on_device
         from codec.kernels import backend
 
         plan, dtype = payload
@@ -235,7 +230,7 @@ class PowerSGD(Transform):
             _emit_chunked(self, values, flat, mode, dtype)
             return
         n, m, r = plan
-        mem = Memory(on_device(out))
+        mem = _where(out)
         p = mem.put(np.ascontiguousarray(values[: n * r]).reshape(n, r))
         qt = mem.put(np.ascontiguousarray(values[n * r :].reshape(m, r).T))
         kern = backend("lowrank", flat)
