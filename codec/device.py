@@ -163,7 +163,9 @@ def empty(n: int, dtype):
 
 def to_device(a):
     """``a`` on the device: itself if it is there already, else one host-to-device copy."""
-    return a if on_device(a) else _cuda().to_device(np.ascontiguousarray(a))
+    from codec.kernels.cuda._common import dev
+
+    return dev(a)
 
 
 def to_host(a, out: np.ndarray) -> np.ndarray:

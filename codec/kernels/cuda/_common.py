@@ -225,13 +225,12 @@ else:
 
 # ---------------------------------------------------------------------------- host arrays
 def dev(a):
-    """``a`` where a kernel reads it (:func:`codec.device.to_device`: itself when it is a
-    device array, else the small host array -- tables, offsets, windows, factors -- moved
-    in).  Never copied back, so a read-only host array is fine (Numba's own transfer of a
-    host argument copies it back)."""
-    from codec.device import to_device
-
-    return to_device(a)
+    """``a`` where a kernel reads it: itself when it is a device array, else the host array
+    (tables, offsets, windows, factors) moved in by one host-to-device copy.  Never copied
+    back, so a read-only host array is fine (Numba's own transfer of a host argument copies
+    it back).  :func:`codec.device.to_device` is this function (the kernels never import
+    ``codec.device``: it imports them)."""
+    return a if on_device(a) else numba_cuda().to_device(np.ascontiguousarray(a))
 
 
 class Results:
