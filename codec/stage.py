@@ -56,6 +56,11 @@ class Stage(abc.ABC):
     #: where the arrays this stage codes may live: "cpu", and "cuda" for a stage whose
     #: encode and decode take device arrays (its kernels' CUDA twins, docs/api.md "Device arrays")
     devices: ClassVar[frozenset] = frozenset({"cpu"})
+    #: None when the stage's CUDA path gives the host's frames byte for byte; else the bound on
+    #: how far apart what its device and host frames decode to may be, relative to the input
+    #: (``||a - b||_2 <= tol * ||x||_2``; the fft stage's device FFT rounds otherwise than
+    #: pocketfft: docs/kernels.md, "The FFT on the device")
+    device_tolerance: ClassVar[float | None] = None
 
     def __init_subclass__(cls, **kwargs):
         """A class that sets ``name`` is a concrete stage: it must derive from its kind's base

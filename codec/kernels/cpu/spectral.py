@@ -1,5 +1,6 @@
-"""Spectral kernels (``fft`` stage): magnitudes of rfft coefficients, the per-block top-k, and
-the placement of kept coefficients into a zero spectrum.
+"""Spectral kernels (``fft`` stage): the blocked real FFT and its inverse (scipy's pocketfft),
+magnitudes of rfft coefficients, the per-block top-k, and the placement of kept coefficients
+into a zero spectrum.
 
 A spectrum is passed as its float view: row ``b`` of ``spec`` holds ``c`` complex
 coefficients as ``re, im`` pairs (``spec.shape[1] == 2 * c``).  A coefficient's magnitude is
@@ -14,7 +15,11 @@ import numpy as np
 
 from codec._jit import jit, prange
 
-__all__ = ["block_top", "magnitudes", "place"]
+__all__ = ["block_top", "irfft", "magnitudes", "place", "rfft"]
+
+#: FFT worker threads (scipy.fft ``workers``): every CPU.  Each 1-D transform runs whole on one
+#: thread, so the result does not depend on the count.
+WORKERS = -1
 
 #: a row's magnitudes (float64, >= 0) are binned by the top bits of their bit patterns, which
 #: order like the values: 11 exponent and 4 mantissa bits, 1/16 of a binade per bin
@@ -156,3 +161,22 @@ def place(spec, base, pos, vals):
             j = pos[i] - lo
             spec[b, 2 * j] = vals[2 * i]
             spec[b, 2 * j + 1] = vals[2 * i + 1]
+
+
+def rfft(x):
+    """The real FFT of every row of ``x`` (``rows x L``, float32 or float64): its ``c = L//2 + 1``
+    coefficients as the float view ``rows x 2c`` of ``x``'s dtype (``scipy.fft.rfft``, in
+    float32 for float32 rows).  A new array."""
+    import scipy.fft
+
+    return scipy.fft.rfft(x, axis=1, workers=WORKERS).view(x.dtype)
+
+
+def irfft(spec, length):
+    """The inverse of :func:`rfft`: ``rows x length`` real values of ``spec``'s dtype from the
+    float view ``rows x 2c`` of each row's ``c = length//2 + 1`` coefficients (the imaginary
+    parts of the first, and of the last when ``length`` is even, are ignored).  A new array."""
+    import scipy.fft
+
+    ctype = np.complex128 if spec.dtype == np.float64 else np.complex64
+    return scipy.fft.irfft(spec.view(ctype), n=length, axis=1, workers=WORKERS)

@@ -1,9 +1,13 @@
 """``fft(theta=, block=, keep=)``: FFT-based gradient sparsification (Wang et al., HPDC'20).
 
 The flat array is cut into blocks of ``block`` elements (the last one may be shorter; 0 means
-one block, the whole array); each block goes through a real FFT (``scipy.fft.rfft``, float32
-for 16- and 32-bit input, float64 for float64), and the fraction ``theta`` of its
-coefficients with the smallest magnitude is dropped, per block or over the whole spectrum.
+one block, the whole array); each block goes through a real FFT (the ``spectral`` family's
+``rfft``: scipy's pocketfft on the host, a Numba FFT on the device; float32 for 16- and
+32-bit input, float64 for float64), and the fraction ``theta`` of its coefficients with the
+smallest magnitude is dropped, per block or over the whole spectrum.  A device array's
+spectrum, selection and inverse stay on the device; only the kept coefficients and their
+positions come to the host (docs/kernels.md, "The FFT on the device": its frames are not the
+host's bit for bit, and the tolerance).
 The kept coefficients' ``re, im`` go to the value stage (default ``rangefloat``, 8 bits),
 their positions in the spectrum to the shared index coder.  Decoding scatters them into a
 zero spectrum and inverts each block.  docs/codecs.md has the exact rules.
@@ -20,16 +24,15 @@ from codec.frame import MAX_ELEMENTS
 from codec.params import Param
 from codec.stage import Transform, register
 
-#: FFT worker threads (scipy.fft ``workers``): every CPU.  Each 1-D transform runs whole on one
-#: thread, so the result does not depend on the count.
-WORKERS = -1
-
 #: output elements (and spectrum floats) the inverse transform handles at a time: a chunk of
 #: whole blocks, one block when a block is longer.  Decoding's working memory beside the
 #: coefficients is a few chunks.  Below ``codec._jit.PARALLEL_MIN``, so a chunk's kernels run
 #: serially: one parallel region per chunk cost up to a scheduler slice each on a busy
 #: machine (2**18-element chunks: 0.1 s -> 2 s for 20M elements on 2 loaded cores)
 CHUNK = 1 << 16
+#: the same for a device output: launches, not memory, are what a chunk costs there (one
+#: radix-2 pass is a launch over every row of a chunk)
+DEVICE_CHUNK = 1 << 22
 
 
 class Layout:
@@ -68,6 +71,13 @@ class FFT(Transform):
 
     name = "fft"
     default_value = "rangefloat"
+    #: the transforms, the selection and the inverse run where the gradient lives (the
+    #: ``spectral`` twins); kept coefficients and positions are frame content, on the host
+    devices = frozenset({"cpu", "cuda"})
+    #: a device's frames hold its FFT's coefficients (pocketfft's within a few units of
+    #: rounding, docs/kernels.md), so they decode within this of the host's, relative to the
+    #: input, also where a value stage rounds a coefficient to its other neighbour
+    device_tolerance = 2.0**-10
     params = (
         Param(
             "theta",
@@ -84,21 +94,18 @@ class FFT(Transform):
 
     # ------------------------------------------------------------------ encode
     def forward(self, flat, ctx, sections):
-        import scipy.fft
-
         from codec.kernels import backend
         from codec.ops import readonly, widen
         from codec.pack import encode_indices
 
         x = widen(flat)
-        dt = x.dtype
+        dt = np.dtype(x.dtype)
         lay = Layout(x.size, self.block)
         theta = self.at("theta", ctx.step)
         kern = backend("spectral", x)
-        parts = []  # (first coefficient, spectrum rows as a float view)
+        parts = []  # (first coefficient, spectrum rows as a float view), where x lives
         for start, length, rows, _, base in lay.parts():
-            spec = scipy.fft.rfft(x[start : start + rows * length].reshape(rows, length), axis=1, workers=WORKERS)
-            parts.append((base, readonly(spec.view(dt))))
+            parts.append((base, readonly(kern.rfft(x[start : start + rows * length].reshape(rows, length)))))
         if self.keep == "per_block":
             pos, vals = self._per_block(parts, theta, kern, flat, ctx, dt)
         else:
@@ -124,10 +131,13 @@ class FFT(Transform):
         return np.concatenate(pos or [np.empty(0, np.int64)]), np.concatenate(vals or [np.empty(0, dt)])
 
     def _global(self, parts, lay, theta, kern, flat, ctx, dt):
+        from codec.device import Memory
+        from codec.dtypes import on_device
+        from codec.ops import gather
         from codec.stages.select.magnitude import Magnitudes
 
         total = lay.coefficients
-        mag = np.empty(total, np.float64)
+        mag = Memory(bool(parts) and on_device(parts[0][1])).empty(total, np.float64)
         for base, spec in parts:
             rows, c = spec.shape[0], spec.shape[1] // 2
             bad = np.zeros(rows, np.uint8)
@@ -137,15 +147,19 @@ class FFT(Transform):
         k = total - dropped(theta, total)
         pos = np.arange(total, dtype=np.int64) if k == total else Magnitudes(mag, ctx.domain(total, np.float64), self.name).top(k)
         vals = np.empty((pos.size, 2), dt)
-        for base, spec in parts:  # positions are sorted: each part's are one run (no spectrum copy)
+        for base, spec in parts:  # positions are sorted: each part's are one run (its re, im gathered)
             lo, hi = np.searchsorted(pos, (base, base + spec.size // 2))
-            vals[lo:hi] = spec.reshape(-1, 2)[pos[lo:hi] - base]
+            at = 2 * (pos[lo:hi] - base)
+            vals[lo:hi] = gather(spec.reshape(spec.size), np.stack((at, at + 1), axis=1).reshape(-1)).reshape(-1, 2)
         return pos, vals.reshape(-1)
 
     def _raise_nonfinite(self, flat, ctx):
+        from codec.device import host_copy
+        from codec.dtypes import on_device
         from codec.ops import first_nonfinite
         from codec.stages.select.magnitude import raise_nonfinite
 
+        flat = host_copy(flat) if on_device(flat) else flat
         if first_nonfinite(flat) >= 0:
             raise_nonfinite(flat, ctx, self.name)
         raise CodecValueError(f"{ctx.name}: the spectrum overflows (|x| too large for the block's FFT or its squared magnitudes); fft needs smaller values")
@@ -167,53 +181,56 @@ class FFT(Transform):
         return (lay, pos, ctx.dtype), ctx.domain(2 * k, self.domain_dtype(ctx.dtype))
 
     def inverse(self, payload, values, out, mode):
-        """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements): the
-        working memory is the chunk's spectrum and inverse, not the tensor's.  Every block is
-        still one ``irfft`` of its whole length, so the result is the unchunked one, bit for
-        bit.  When every coefficient is kept (``pos`` None), ``values`` is the spectrum
-        itself and is transformed in place of a copy."""
-        import scipy.fft
-
+        """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements, or
+        ``DEVICE_CHUNK`` into a device array), where ``out`` lives: the working memory is the
+        chunk's spectrum and inverse, not the tensor's.  Every block is still one inverse
+        transform of its whole length, so the result is the unchunked one, bit for bit.  When
+        every coefficient is kept (``pos`` None), ``values`` is the spectrum itself and is
+        transformed in place of a copy (on the host)."""
+        from codec.device import Memory
+        from codec.dtypes import on_device
         from codec.kernels import backend
         from codec.ops import readonly
 
         lay, pos, dtype = payload
-        ctype = np.complex128 if values.dtype == np.float64 else np.complex64
-        kern = backend("spectral", values)
-        flat = out.reshape(-1)
+        device = on_device(out)
+        mem = Memory(device)
+        kern = backend("spectral", out)
+        flat = out.reshape(out.size)
         if pos is not None:
             pos, vals = readonly(pos), readonly(values)
         for start, length, rows, c, base in lay.parts():
-            step = chunk_rows(length, rows)
-            buf = None if pos is None else np.empty((min(step, rows), c), ctype)
+            step = chunk_rows(length, rows, DEVICE_CHUNK if device else CHUNK)
+            buf = None if pos is None else mem.empty((min(step, rows), 2 * c), values.dtype)
             for r0 in range(0, rows, step):
                 r1 = min(rows, r0 + step)
                 lo, hi = base + r0 * c, base + r1 * c
                 if pos is None:
-                    spec = values[2 * lo : 2 * hi].view(ctype).reshape(r1 - r0, c)
+                    spec = mem.put(values[2 * lo : 2 * hi].reshape(r1 - r0, 2 * c))
                 else:
                     spec = buf[: r1 - r0]
                     p0, p1 = np.searchsorted(pos, (lo, hi))
-                    kern.place(spec.view(values.dtype), lo, pos[p0:p1], vals[2 * p0 : 2 * p1])
-                y = scipy.fft.irfft(spec, n=length, axis=1, workers=WORKERS).reshape(-1)
-                emit_chunked(self, y, flat[start + r0 * length : start + r1 * length], mode, dtype)
+                    kern.place(spec, lo, pos[p0:p1], vals[2 * p0 : 2 * p1])
+                y = kern.irfft(readonly(spec), length)
+                emit_chunked(self, y.reshape(y.size), flat[start + r0 * length : start + r1 * length], mode, dtype, DEVICE_CHUNK if device else CHUNK)
                 y = None
 
 
-def chunk_rows(length: int, rows: int) -> int:
-    """Rows of ``length`` elements the inverse transforms at a time: at most ``CHUNK`` output
+def chunk_rows(length: int, rows: int, chunk: int = CHUNK) -> int:
+    """Rows of ``length`` elements the inverse transforms at a time: at most ``chunk`` output
     elements and spectrum floats (``2*(length//2 + 1)`` a row), at least one row.  Each row
-    is one whole ``irfft``; pocketfft's result for a row does not depend on which rows share
-    the call (checked for lengths 1 to 65537, arbitrary row ranges, 1-3 workers)."""
-    return min(max(1, CHUNK // max(length, 2 * (length // 2 + 1))), max(rows, 1))
+    is one whole inverse transform; pocketfft's result for a row does not depend on which
+    rows share the call (checked for lengths 1 to 65537, arbitrary row ranges, 1-3 workers),
+    nor does the device's (a fixed order per row)."""
+    return min(max(1, chunk // max(length, 2 * (length // 2 + 1))), max(rows, 1))
 
 
-def emit_chunked(stage, y, out, mode, dtype) -> None:
-    """``stage.emit`` of flat ``y`` into flat ``out``, ``CHUNK`` elements at a time: rounding
+def emit_chunked(stage, y, out, mode, dtype, chunk: int = CHUNK) -> None:
+    """``stage.emit`` of flat ``y`` into flat ``out``, ``chunk`` elements at a time: rounding
     to a 16-bit dtype and adding are elementwise, so the result is the unchunked one, and the
     temporaries are those of a chunk."""
-    for i in range(0, y.size, CHUNK):
-        stage.emit(y[i : i + CHUNK], out[i : i + CHUNK], mode, dtype)
+    for i in range(0, y.size, chunk):
+        stage.emit(y[i : i + chunk], out[i : i + chunk], mode, dtype)
 
 
 def _keeps_all(info, raw, total: int) -> bool:

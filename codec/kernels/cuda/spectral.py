@@ -1,0 +1,382 @@
+"""CUDA twin of ``codec/kernels/cpu/spectral.py``: the ``fft`` stage on the device.
+
+* ``rfft`` / ``irfft``: a blocked real FFT in Numba (no cuFFT, no CuPy: the simulator runs it
+  and a GPU needs nothing more than Numba).  A row of length ``L`` is a complex transform of
+  length ``L`` (imaginary parts zero; the inverse fills the Hermitian half), a radix-2
+  Stockham FFT when ``L`` is a power of two, else Bluestein's chirp-z through a power-of-two
+  ``M >= 2L - 1``.  Each radix-2 pass is one grid-stride launch over every row's butterflies
+  (ping-pong between two buffers of interleaved ``re, im``); twiddles, chirps and the
+  chirp filter's transform are tables formed on the host in float64 and rounded once to the
+  working dtype (:func:`_table`).  The order of operations is fixed (no atomics, no
+  reductions), so a device's frames do not depend on the launch shape, but they are not the
+  host's: pocketfft (scipy) orders its butterflies otherwise.  docs/kernels.md ("The FFT on
+  the device") gives the measured differences and the tolerance the tests hold.
+* ``magnitudes``: ``re*re + im*im`` in float64 (products rounded on their own, as the CPU
+  kernel's: ``_common.mul``), a thread per coefficient; a row with a NaN or infinite
+  magnitude gets ``bad[row] = 1``.
+* ``block_top``: the magnitudes, then the exact top-k of every row by the ``select`` twin's
+  segmented kernel (``topk_segments``: a radix select and an ordered compaction, ties to the
+  lower index) and a gather of the kept ``re, im``: the CPU kernel's answer for the same
+  spectrum.
+* ``place``: zero the rows, then scatter the kept coefficients (a thread per kept one).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from codec._cuda_jit import jit, numba_cuda
+from codec.kernels.cpu import spectral as _cpu
+from codec.kernels.cuda import _common, _segments
+from codec.kernels.cuda._common import Results, dev, launch, mul, zero
+
+cuda = numba_cuda()
+
+__all__ = list(_cpu.__all__)
+
+#: the kernels whose fused multiply-adds are allowed (scripts/cuda_compile_check.py): the
+#: FFT's frames are not the host's anyway (see the module), and a fused complex product is
+#: one rounding closer to the exact transform
+FUSED = ("_load", "_stage", "_multiply", "_finish", "_finish_real")
+
+
+# ---------------------------------------------------------------------------- tables
+#: tables kept per (context, kind, length, dtype); a bounded cache: a model of many tensors
+#: has as many tail lengths (each table is at most a few times a row)
+TABLES = 32
+_tables = threading.local()
+
+
+def _table(key, make):
+    """``make()`` (a host array) moved to the device once per thread, context and ``key``,
+    the ``TABLES`` most recently used kept."""
+    cache = getattr(_tables, "cache", None)
+    if cache is None:
+        cache = _tables.cache = OrderedDict()
+    ctx = cuda.current_context()
+    full = (id(ctx),) + key
+    got = cache.get(full)
+    if got is None or got[0] is not ctx:
+        got = cache[full] = (ctx, cuda.to_device(make()))
+        while len(cache) > TABLES:
+            cache.popitem(last=False)
+    cache.move_to_end(full)
+    return got[1]
+
+
+def _pairs(z, dtype):
+    """Complex ``z`` (float64 parts) as interleaved ``re, im`` of ``dtype`` (each rounded once)."""
+    out = np.empty(2 * z.size, dtype)
+    out[0::2], out[1::2] = z.real, z.imag
+    return out
+
+
+def _twiddles(m, dtype):
+    """``exp(-2 pi i t / m)`` for ``t < m/2``."""
+    return _table(("twiddles", m, np.dtype(dtype).str), lambda: _pairs(np.exp(-2j * np.pi * np.arange(m // 2) / m), dtype))
+
+
+def _chirp_angles(length):
+    j = np.arange(length, dtype=np.int64)
+    return np.pi * ((j * j) % (2 * length)) / length  # (j*j exact in int64; reduced mod 2L before the float)
+
+
+def _chirp(length, sign, dtype):
+    """``exp(sign * i pi j^2 / L)`` for ``j < L``: Bluestein's chirp of a forward (-1) or
+    inverse (+1) transform."""
+    return _table(("chirp", length, sign, np.dtype(dtype).str), lambda: _pairs(np.exp(sign * 1j * _chirp_angles(length)), dtype))
+
+
+def _filter(length, m, sign, dtype):
+    """The transform (length ``m``) of the chirp's conjugate, wrapped, divided by ``m``: what
+    the padded rows' transforms are multiplied by (the inverse pass then needs no scaling)."""
+
+    def make():
+        b = np.zeros(m, np.complex128)
+        w = np.exp(-sign * 1j * _chirp_angles(length))
+        b[:length] = w
+        b[m - length + 1 :] = w[1:][::-1]
+        return _pairs(np.fft.fft(b) / m, dtype)
+
+    return _table(("filter", length, m, sign, np.dtype(dtype).str), make)
+
+
+def _plan(length):
+    """``(m, bluestein)``: the power-of-two transform length a row of ``length`` runs through."""
+    if length & (length - 1) == 0:
+        return length, False
+    return 1 << (2 * length - 2).bit_length(), True
+
+
+# ---------------------------------------------------------------------------- kernels
+@jit
+def _load(x, length, m, chirp, hermitian, buf):
+    """Row ``r`` of ``buf`` (``m`` complex) from row ``r`` of ``x``: real values (``hermitian``
+    0: ``x`` is ``(rows, L)``) or a half spectrum of ``c`` complex coefficients extended to
+    ``L`` (``hermitian`` 1: ``x[r, L-j]`` conjugated for ``j >= c``; the imaginary parts of
+    the first and the Nyquist coefficient dropped, as pocketfft drops them); times ``chirp[j]`` when
+    there is one; zero from ``L`` to ``m``."""
+    rows = buf.shape[0]
+    c = length // 2 + 1
+    for e in range(cuda.grid(1), rows * m, cuda.gridsize(1)):
+        r = e // m
+        j = e - r * m
+        re = x.dtype.type(0)
+        im = x.dtype.type(0)
+        if j < length:
+            if hermitian == 0:
+                re = x[r, j]
+            elif j < c:
+                re = x[r, 2 * j]
+                if j != 0 and 2 * j != length:  # (the first and the Nyquist coefficient: real)
+                    im = x[r, 2 * j + 1]
+            else:
+                re = x[r, 2 * (length - j)]
+                im = -x[r, 2 * (length - j) + 1]
+            if chirp.size:
+                wr = chirp[2 * j]
+                wi = chirp[2 * j + 1]
+                re, im = re * wr - im * wi, re * wi + im * wr
+        buf[r, 2 * j] = re
+        buf[r, 2 * j + 1] = im
+
+
+@jit
+def _stage(src, dst, m, s, tw, sign):
+    """One radix-2 Stockham pass of length-``m`` transforms of every row: sub-transforms of
+    length ``m / s``; butterfly ``t`` (``p = t // s``, ``q = t % s``) reads ``q + s*p`` and
+    ``q + s*(p + m/(2s))`` and writes ``q + 2sp`` (sum) and ``q + s(2p + 1)`` (difference
+    times ``exp(sign * 2 pi i p s / m)``: the table ``tw``'s, conjugated for ``sign`` 1)."""
+    rows = src.shape[0]
+    half = m // 2
+    span = half // s
+    for e in range(cuda.grid(1), rows * half, cuda.gridsize(1)):
+        r = e // half
+        t = e - r * half
+        p = t // s
+        q = t - p * s
+        a = q + s * p
+        b = a + s * span
+        ar = src[r, 2 * a]
+        ai = src[r, 2 * a + 1]
+        br = src[r, 2 * b]
+        bi = src[r, 2 * b + 1]
+        wr = tw[2 * p * s]
+        wi = -tw[2 * p * s + 1] if sign > 0 else tw[2 * p * s + 1]
+        dr = ar - br
+        di = ai - bi
+        o = q + 2 * s * p
+        dst[r, 2 * o] = ar + br
+        dst[r, 2 * o + 1] = ai + bi
+        dst[r, 2 * (o + s)] = dr * wr - di * wi
+        dst[r, 2 * (o + s) + 1] = dr * wi + di * wr
+
+
+@jit
+def _multiply(buf, f):
+    """Every row of ``buf`` times the filter ``f`` (``m`` complex), elementwise."""
+    rows = buf.shape[0]
+    m = f.size // 2
+    for e in range(cuda.grid(1), rows * m, cuda.gridsize(1)):
+        r = e // m
+        j = e - r * m
+        ar = buf[r, 2 * j]
+        ai = buf[r, 2 * j + 1]
+        fr = f[2 * j]
+        fi = f[2 * j + 1]
+        buf[r, 2 * j] = ar * fr - ai * fi
+        buf[r, 2 * j + 1] = ar * fi + ai * fr
+
+
+@jit
+def _finish(buf, chirp, out):
+    """``out[r, j] = buf[r, j] * chirp[j]`` (or ``buf[r, j]``) for the ``c`` coefficients of
+    each row of ``out`` (interleaved)."""
+    rows = out.shape[0]
+    c = out.shape[1] // 2
+    for e in range(cuda.grid(1), rows * c, cuda.gridsize(1)):
+        r = e // c
+        j = e - r * c
+        re = buf[r, 2 * j]
+        im = buf[r, 2 * j + 1]
+        if chirp.size:
+            wr = chirp[2 * j]
+            wi = chirp[2 * j + 1]
+            re, im = re * wr - im * wi, re * wi + im * wr
+        out[r, 2 * j] = re
+        out[r, 2 * j + 1] = im
+
+
+@jit
+def _finish_real(buf, chirp, scale, out):
+    """``out[r, j] = re(buf[r, j] * chirp[j]) * scale`` (or ``re(buf[r, j]) * scale``)."""
+    rows, length = out.shape
+    for e in range(cuda.grid(1), rows * length, cuda.gridsize(1)):
+        r = e // length
+        j = e - r * length
+        re = buf[r, 2 * j]
+        if chirp.size:
+            re = re * chirp[2 * j] - buf[r, 2 * j + 1] * chirp[2 * j + 1]
+        out[r, j] = re * scale
+
+
+def _transform(buf, other, m, sign, dtype):
+    """Transform every row of ``buf`` (length ``m``, a power of two) through the pair of
+    buffers (``sign`` -1: forward, +1: inverse, unscaled); returns ``(result, spare)``."""
+    if m < 2:
+        return buf, other
+    tw = _twiddles(m, dtype)
+    cfg = launch(buf.shape[0] * (m // 2))
+    s = 1
+    while s < m:
+        _stage[cfg](buf, other, m, s, tw, sign)
+        buf, other = other, buf
+        s *= 2
+    return buf, other
+
+
+def _run(x, rows, length, hermitian, dtype):
+    """The complex transform (forward for real rows, inverse for half spectra) of every row,
+    Bluestein's chirps applied; returns ``(buffer, chirp)``: row ``r``'s result before its last
+    chirp, and that chirp (empty when there is none)."""
+    m, blue = _plan(length)
+    sign = 1 if hermitian else -1
+    none = cuda.device_array(0, dtype)
+    chirp = _chirp(length, sign, dtype) if blue else none
+    buf = cuda.device_array((rows, 2 * m), dtype)
+    other = cuda.device_array((rows, 2 * m), dtype)
+    _load[launch(rows * m)](x, length, m, chirp, hermitian, buf)
+    if not blue:
+        return _transform(buf, other, m, sign, dtype)[0], none
+    buf, other = _transform(buf, other, m, -1, dtype)
+    _multiply[launch(rows * m)](buf, _filter(length, m, sign, dtype))
+    return _transform(buf, other, m, 1, dtype)[0], chirp
+
+
+def rfft(x):
+    """The CPU kernel's ``rfft`` on the device (see the module for the algorithm)."""
+    rows, length = x.shape
+    dtype = np.dtype(x.dtype)
+    c = length // 2 + 1
+    out = cuda.device_array((rows, 2 * c), dtype)
+    if rows and length:
+        buf, chirp = _run(x, rows, length, 0, dtype)
+        _finish[launch(rows * c)](buf, chirp, out)
+    return out
+
+
+def irfft(spec, length):
+    """The CPU kernel's ``irfft`` on the device (see the module for the algorithm)."""
+    rows = spec.shape[0]
+    dtype = np.dtype(spec.dtype)
+    out = cuda.device_array((rows, length), dtype)
+    if rows and length:
+        buf, chirp = _run(spec, rows, length, 1, dtype)
+        _finish_real[launch(rows * length)](buf, chirp, dtype.type(1.0 / length), out)
+    return out
+
+
+@jit
+def _magnitudes(spec, mag, bad):
+    rows = spec.shape[0]
+    c = spec.shape[1] // 2
+    for e in range(cuda.grid(1), rows * c, cuda.gridsize(1)):
+        r = e // c
+        j = e - r * c
+        re = np.float64(spec[r, 2 * j])
+        im = np.float64(spec[r, 2 * j + 1])
+        v = mul(re, re) + mul(im, im)
+        mag[e] = v
+        if v - v != 0:  # inf (an overflowing square too), or NaN
+            bad[r] = 1
+
+
+def magnitudes(spec, mag, bad):
+    """``mag[b*c + j] = |spec[b, j]|**2`` (float64), ``bad[b] = 1`` for a row with NaN/inf
+    (see the CPU kernel); ``mag`` and ``bad`` may be host arrays (copied back)."""
+    out = Results()
+    md, bd = out(mag), out(bad, zeroed=True)  # (the callers pass zeros)
+    if mag.size:
+        _magnitudes[launch(mag.size)](spec, md, bd)
+    out.done()
+
+
+@jit
+def _gather_top(spec, rel, k, base, bad, pos, vals):
+    c = spec.shape[1] // 2
+    for i in range(cuda.grid(1), rel.size, cuda.gridsize(1)):
+        r = i // k
+        if bad[r]:  # (a row with NaN/inf selected nothing: its output is unset, as the CPU's)
+            continue
+        j = rel[i]
+        pos[i] = base + r * c + j
+        vals[2 * i] = spec[r, 2 * j]
+        vals[2 * i + 1] = spec[r, 2 * j + 1]
+
+
+@jit
+def _short_rows(mag, c, k, rel):
+    """The top ``k`` of every row of ``c`` magnitudes (a short row: a thread each), in index
+    order into ``rel``: magnitude ``j`` is kept when fewer than ``k`` beat it (larger, or
+    equal at a lower index).  Rows with NaN or inf are skipped (``_gather_top`` skips them)."""
+    rows = mag.size // c
+    for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+        row = r * c
+        o = r * k
+        for j in range(c):
+            v = mag[row + j]
+            if v - v != 0:
+                break
+            beat = 0
+            for i in range(c):
+                w = mag[row + i]
+                beat += w > v or (w == v and i < j)
+            if beat < k:
+                rel[o] = j
+                o += 1
+
+
+def block_top(spec, k, base, pos, vals, bad):
+    """The CPU kernel's ``block_top``: the ``k`` largest magnitudes of every row, ties to the
+    lower index, in index order (``pos``, ``vals``, ``bad`` may be host arrays: copied back).
+    A row of at most ``SERIAL_UNIT`` coefficients takes a thread, a longer one a block."""
+    rows = spec.shape[0]
+    c = spec.shape[1] // 2
+    out = Results()
+    pd, vd, bd = out(pos), out(vals), out(bad, zeroed=True)  # (the callers pass zeros)
+    if rows and c:
+        mag = cuda.device_array(rows * c, np.float64)
+        _magnitudes[launch(mag.size)](spec, mag, bd)
+        rel = cuda.device_array(rows * k, np.int64)
+        if c <= _common.SERIAL_UNIT:
+            if rel.size:
+                _short_rows[launch(rows)](mag, c, k, rel)
+        else:
+            ones = np.arange(rows + 1, dtype=np.int64)
+            _segments.topk_segments(mag, dev(ones * c), dev(np.full(rows, k, np.int64)), dev(ones * k), rel, bd)
+        if rel.size:
+            _gather_top[launch(rel.size)](spec, rel, k, base, bd, pd, vd)
+    out.done()
+
+
+@jit
+def _place(spec, base, pos, vals):
+    c = spec.shape[1] // 2
+    for i in range(cuda.grid(1), pos.size, cuda.gridsize(1)):
+        q = pos[i] - base
+        r = q // c
+        j = q - r * c
+        spec[r, 2 * j] = vals[2 * i]
+        spec[r, 2 * j + 1] = vals[2 * i + 1]
+
+
+def place(spec, base, pos, vals):
+    """The CPU kernel's ``place``: ``spec`` (a device array) zeroed, then the kept
+    coefficients ``pos``/``vals`` (host or device) scattered into it."""
+    if spec.size:
+        zero[launch(spec.size)](spec.reshape(spec.size))
+    if pos.size:
+        _place[launch(pos.size)](spec, base, dev(pos), dev(vals))
