@@ -50,7 +50,7 @@ def test_every_launched_kernel_compiles_for_a_gpu(simulated):
     _, sigs = simulated
     recorded = json.loads(sigs.read_text())
     families = {module.rsplit(".", 1)[1] for module, _, _ in recorded if module.startswith("codec.")}
-    assert {"convert", "scatter", "select", "_segments", "adacomp", "_crc", "quantize", "bucket", "elias", "dequant", "lowrank"} <= families, families
+    assert {"convert", "scatter", "select", "_segments", "adacomp", "_crc", "quantize", "bucket", "elias", "dequant", "lowrank", "spectral"} <= families, families
     assert any(module.endswith("test_cuda_rng_scatter.py") for module, _, _ in recorded)  # the rng twins' device functions
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     run = subprocess.run([sys.executable, str(SCRIPT), "compile", str(sigs)], cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=900)

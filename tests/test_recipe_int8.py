@@ -10,7 +10,6 @@ with ``codec.testing.write_fixture`` (see :data:`FIXTURE`) and is never regenera
 from __future__ import annotations
 
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,17 +32,11 @@ PACKAGE = "recipe.kernels"
 
 @pytest.fixture(scope="module", autouse=True)
 def int8_registered():
-    """Register the stage (its module's ``@register``: the recipe's one registration line) for
-    this module only; afterwards the registry and the codec cache are as before."""
-    from codec import pipeline, stage
+    """Register the stage for this module only (:func:`recipe.registered`)."""
+    import recipe
 
-    assert "int8" not in stage.registered(), "int8 must not be registered by the library"
-    import recipe.int8  # noqa: F401
-
-    yield
-    stage._REGISTRY.pop("int8", None)
-    pipeline._cached.cache_clear()
-    sys.modules.pop("recipe.int8", None)
+    with recipe.registered():
+        yield
 
 
 # ------------------------------------------------------------------ the NumPy reference

@@ -34,3 +34,13 @@ def _small_blocks(monkeypatch):
         monkeypatch.setattr(_common, "MAX_BLOCKS", 1)
         monkeypatch.setattr(_common, "SCAN_BLOCK", 4)
         monkeypatch.setattr(_common, "SCAN_ITEMS", 128)
+
+
+@pytest.fixture
+def host_only():
+    """The name of a stage without a CUDA path (every codec of the library has one): the
+    recipe's ``int8`` (tests/recipe/), registered while the test runs."""
+    import recipe
+
+    with recipe.registered() as name:
+        yield name

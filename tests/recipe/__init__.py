@@ -17,3 +17,24 @@ a section in docs/codecs.md              docs/adding-a-codec.md, "The int8 examp
 The only difference in the code is where the kernel is looked up:
 ``backend("int8", x, package="recipe.kernels")`` instead of ``backend("int8", x)``.
 """
+
+import contextlib
+import sys
+
+
+@contextlib.contextmanager
+def registered():
+    """The ``int8`` stage registered (its module's ``@register``: the recipe's one registration
+    line) while the block runs; afterwards the registry and the codec cache are as before.
+    What tests/test_recipe_int8.py runs under, and tests/cuda/'s stage without a CUDA path."""
+    from codec import pipeline, stage
+
+    assert "int8" not in stage.registered(), "int8 must not be registered by the library"
+    import recipe.int8  # noqa: F401
+
+    try:
+        yield "int8"
+    finally:
+        stage._REGISTRY.pop("int8", None)
+        pipeline._cached.cache_clear()
+        sys.modules.pop("recipe.int8", None)
