@@ -1,4 +1,4 @@
-"""The CUDA path on a real GPU: every codec (all but fft, which has no device path), on a device
+"""The CUDA path on a real GPU: every codec, on a device
 array, next to a device-to-device copy of the same buffer (the bandwidth limit) in the same run.
 
     python benchmarks/bench_cuda.py [--n 25000000] [--repeat 20] [--codecs "none;fp16;topk(ratio=0.01);..."] [--markdown]
@@ -25,6 +25,9 @@ Rows, for 25M float32 values:
   ``ErrorFeedback.encode``, decode and decode_add through the codec, each as GB/s of the
   input's 100 MB, next to the device-to-device copy and to ``torch.topk(|x|, k=n/100)`` on
   the device (the peer a PyTorch top-k compressor calls; "x torch.topk" above 1 is faster);
+- the ``spectral`` twin's FFT alone: ``rfft`` / ``irfft`` of the input as 4,096-value rows
+  (radix-2 passes) and as 4,097-value rows (Bluestein), next to ``torch.fft`` (cuFFT) on the
+  same rows; ``fft`` and ``fft(keep=global)`` run through the codec with the dense codecs;
 - the peers: torch's cast on the device, ``torch.topk``, and powerSGD_hook's compute (its
   ``M Q``, Gram-Schmidt and ``M^T P`` at rank 4 on the input viewed as a square-ish matrix,
   without its allreduces) next to ``powersgd(rank=4)``'s encode of the same matrix;
@@ -53,14 +56,14 @@ from harness import bullets, footer, heading, log, machine_info, render  # noqa:
 
 cuda = None  # numba.cuda, set by main (kernels reach their intrinsics through a module global)
 
-#: every registered codec but fft (no device path yet), with the parameters the targets name:
-#: the elementwise and bucketed codes, top-k at 1% and 0.1%, PowerSGD at rank 4 (on the input
-#: viewed as a square-ish matrix)
+#: every registered codec, with the parameters the targets name: the elementwise and bucketed
+#: codes, top-k at 1% and 0.1%, PowerSGD at rank 4 (on the input viewed as a square-ish
+#: matrix), fft at its defaults (4,096-value blocks, theta 0.9) and globally
 EVERY = (
     "none", "fp16", "bf16", "fp8", "fp8(scale=true)", "rangefloat(bits=8)", "minmax(bits=8)", "minmax(bits=4)",
     "qsgd", "qsgd(coding=elias)", "terngrad", "sign", "efsign", "onebit",
     "topk(ratio=0.01)", "topk(ratio=0.001)", "gaussiank(ratio=0.01)", "dgc(ratio=0.01)", "threshold(value=0.01)",
-    "randomk(ratio=0.01)", "adacomp", "powersgd(rank=4)",
+    "randomk(ratio=0.01)", "adacomp", "powersgd(rank=4)", "fft", "fft(keep=global)",
 )
 
 
@@ -159,7 +162,18 @@ def main(argv=None):
     for bf16 in (False, True):
         row(f"half_decode {'bf16' if bf16 else 'fp16'} (kernel, SET)", sync_best(lambda: conv.half_decode(codes, out, 0, bf16)), 6 * n, copy_gbs)
         row(f"half_decode {'bf16' if bf16 else 'fp16'} (kernel, ADD)", sync_best(lambda: conv.half_decode(codes, out, 1, bf16)), 10 * n, copy_gbs)
+    spectral = module("spectral", "cuda")
+    rows4k = dx[: n // 4096 * 4096].reshape(n // 4096, 4096)
+    spec4k = spectral.rfft(rows4k)
+    fft_bytes = 4 * rows4k.size + 4 * spec4k.size  # read the rows, write the half spectra
+    row("spectral rfft, 4,096-value rows (kernel: Stockham passes)", sync_best(lambda: spectral.rfft(rows4k)), fft_bytes, copy_gbs)
+    row("spectral irfft, 4,096-value rows (kernel)", sync_best(lambda: spectral.irfft(spec4k, 4096)), fft_bytes, copy_gbs)
+    rows4k1 = dx[: n // 4097 * 4097].reshape(n // 4097, 4097)
+    row("spectral rfft, 4,097-value rows (kernel: Bluestein, m = 16,384)", sync_best(lambda: spectral.rfft(rows4k1)), fft_bytes, copy_gbs)
     if torch is not None:
+        t4k = x[: n // 4096 * 4096].reshape(-1, 4096)
+        row("torch.fft.rfft, 4,096-value rows (peer: cuFFT)", sync_best(lambda: torch.fft.rfft(t4k, dim=1)), fft_bytes, copy_gbs)
+        row("torch.fft.irfft, 4,096-value rows (peer: cuFFT)", sync_best(lambda: torch.fft.irfft(torch.fft.rfft(t4k, dim=1), n=4096, dim=1)), fft_bytes, copy_gbs)
         row("torch x.half() (peer)", sync_best(lambda: x.half()), 6 * n, copy_gbs)
         row("torch x.bfloat16() (peer)", sync_best(lambda: x.bfloat16()), 6 * n, copy_gbs)
         topk_s = sync_best(lambda: torch.topk(x.abs(), max(1, n // 100)), max(3, args.repeat // 4))
