@@ -84,3 +84,24 @@ def backend(request):
     """The name of a kernel backend ("cpu"; later also "cuda"), for
     ``codec.kernels.module(family, backend)``."""
     return request.param
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """tests/test_cuda_simulator.py's tests run last, and the simulator run they check starts
+    now, in a process of its own, beside the rest of the suite
+    (``test_cuda_simulator.start``)."""
+    sim = [i for i in items if i.path.name == "test_cuda_simulator.py"]
+    if sim:
+        items[:] = [i for i in items if i.path.name != "test_cuda_simulator.py"] + sim
+        config.stash[_SIMULATOR] = sim[0].module
+        sim[0].module.start()
+
+
+_SIMULATOR = pytest.StashKey()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The simulator run ended (if the session stopped before its tests) and its folder gone."""
+    module = session.config.stash.get(_SIMULATOR, None)
+    if module is not None:
+        module.stop()

@@ -4,14 +4,17 @@ numba.cuda is first imported, so it cannot share this process.  The same run rec
 argument types of every kernel launch, and every twin kernel is then compiled for a real GPU
 (PTX for sm_90, with NVVM from ``numba-cuda[cu13]``, no GPU needed) with exactly those types:
 what the simulator cannot check (typing, device functions, libdevice calls) is checked here
-(scripts/cuda_compile_check.py)."""
+(scripts/cuda_compile_check.py).  The simulator run starts when collection ends and goes on
+beside the rest of the suite (:func:`start`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,22 +22,57 @@ import pytest
 HERE = Path(__file__).parent
 SCRIPT = HERE.parent / "scripts" / "cuda_compile_check.py"
 
-#: the simulator run (about 9 minutes alone on a 2-core machine, the fixture's time counted in
-#: the first test's) has its own limits, 900 s for each subprocess: pytest's 600 s default
-#: would cut a run that a busy machine slows by a tenth
-pytestmark = pytest.mark.timeout(2000)
+#: the simulator run's limit (about 9 minutes alone on a 2-core machine, longer beside the rest
+#: of the suite): a run that a busy machine slows by half still finishes
+TIMEOUT = 1800
+pytestmark = pytest.mark.timeout(TIMEOUT + 300)
+
+_run: dict = {}
+
+
+def start() -> None:
+    """Start the simulator run of tests/cuda in a process of its own, once: tests/conftest.py
+    calls this when collection ends and moves this module's tests to the end of the session,
+    so the run goes on beside the rest of the suite (it is one Python process: on a 2-core
+    machine the suite's wall time is about the longer of the two, not their sum)."""
+    if _run:
+        return
+    where = Path(tempfile.mkdtemp(prefix="gradcodec-cudasim-"))
+    log = open(where / "output.txt", "w")
+    env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "record", str(where / "signatures.json"), "--", str(HERE / "cuda")],
+        cwd=HERE.parent, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    _run.update(proc=proc, where=where, log=log)
+
+
+def stop() -> None:
+    """End the run if it still goes (a session stopped early) and remove its folder."""
+    if not _run:
+        return
+    proc = _run["proc"]
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    _run["log"].close()
+    shutil.rmtree(_run["where"], ignore_errors=True)
+    _run.clear()
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
+def simulated():
     """The simulator run of tests/cuda: ``(completed process, recorded signatures file)``."""
-    sigs = tmp_path_factory.mktemp("cuda") / "signatures.json"
-    env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning")
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), "record", str(sigs), "--", str(HERE / "cuda")],
-        cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=900,
-    )
-    return run, sigs
+    start()  # (already started unless this module was collected some other way)
+    proc = _run["proc"]
+    try:
+        proc.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    _run["log"].flush()
+    out = (_run["where"] / "output.txt").read_text()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), _run["where"] / "signatures.json"
 
 
 def test_cuda_suite_passes_in_the_simulator(simulated):
@@ -50,7 +88,7 @@ def test_every_launched_kernel_compiles_for_a_gpu(simulated):
     _, sigs = simulated
     recorded = json.loads(sigs.read_text())
     families = {module.rsplit(".", 1)[1] for module, _, _ in recorded if module.startswith("codec.")}
-    assert {"convert", "scatter", "select", "_segments", "adacomp", "_crc", "quantize", "bucket", "elias", "dequant", "lowrank", "spectral"} <= families, families
+    assert {"convert", "scatter", "select", "_segments", "adacomp", "_crc", "quantize", "bucket", "elias", "dequant", "lowrank", "spectral", "randomk"} <= families, families
     assert any(module.endswith("test_cuda_rng_scatter.py") for module, _, _ in recorded)  # the rng twins' device functions
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     run = subprocess.run([sys.executable, str(SCRIPT), "compile", str(sigs)], cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=900)

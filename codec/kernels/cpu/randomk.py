@@ -13,7 +13,7 @@ from codec.kernels.cpu._common import U, chunks
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
-__all__ = ["random_positions", "random_positions_segments"]
+__all__ = ["random_positions", "random_positions_segments", "sorted_positions"]
 
 
 @jit
@@ -70,3 +70,10 @@ def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
             h += 1
         _draw(o, 0, o.size, stream(seeds[s], khashes[s], steps[s]), np.uint64((h + 1) // 2), n)
         o.sort()
+
+
+def sorted_positions(out, seed, khash, step, half, n):
+    """:func:`random_positions`, in increasing order: the kept positions as a frame codes them
+    (the CUDA twin marks them in a bitmap and reads it back in order instead of sorting)."""
+    random_positions(out, seed, khash, step, half, n)
+    out.sort()

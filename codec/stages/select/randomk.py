@@ -16,20 +16,23 @@ from codec.ops import offsets
 __all__ = ["RandomK", "key_hash", "positions"]
 
 
-def positions(n: int, k: int, seed: int, khash: int, step: int) -> np.ndarray:
+def positions(n: int, k: int, seed: int, khash: int, step: int, device: bool = False) -> np.ndarray:
     """The sorted kept positions: images of 0..k-1 under a permutation of [0, n) keyed by
-    (seed, khash, step) (docs/codecs.md, randomk)."""
+    (seed, khash, step) (docs/codecs.md, randomk); ``device``: drawn on the device, a device
+    array (the ``randomk`` twin: the same positions)."""
+    from codec.device import Memory
+
+    mem = Memory(device)
     if k == 0:
-        return np.empty(0, np.int64)
+        return mem.empty(0, np.int64)
     if n == 1:
-        return np.zeros(1, np.int64)
+        return mem.zeros(1, np.int64)
     from codec.kernels import backend
 
     h = max(2, (n - 1).bit_length())
-    out = np.empty(k, np.int64)
+    out = mem.empty(k, np.int64)
     u64 = np.uint64
-    backend("randomk", out).random_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64((h + 1) // 2), n)
-    out.sort()
+    backend("randomk", out).sorted_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64((h + 1) // 2), n)
     return out
 
 
@@ -52,19 +55,20 @@ class RandomK(Select):
         return self.scale
 
     def select(self, values, ctx, sections, residual=None, out=None):
-        """The positions are drawn on the host (they depend on the key, not the data); the
-        values are gathered where ``values`` live (``codec.ops.gather``), so a device array
-        sends only its kept values back."""
+        """The positions are drawn where ``values`` live (they depend on the key, not the
+        data: on the device by the ``randomk`` twin), and the values gathered there
+        (``codec.ops.gather``), so a device array sends only its kept values back."""
+        from codec.dtypes import on_device
         from codec.ops import add, first_nonfinite, gather, round_to
 
         acc = values if residual is None else add(values, residual, out)
         n = acc.size
         khash = key_hash(ctx.key)
-        idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step)
+        idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step, device=on_device(acc))
         kept = gather(acc, idx)
         bad = first_nonfinite(kept)
         if bad >= 0:  # only kept values are looked at (the rest is never read)
-            raise NonFiniteError(ctx.name, ctx.where(idx[bad]), "randomk", "needs finite kept values")
+            raise NonFiniteError(ctx.name, ctx.where(int(idx[bad])), "randomk", "needs finite kept values")
         if self.scale and idx.size:
             kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
         sections.append(Section(SectionKind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
