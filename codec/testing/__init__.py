@@ -33,6 +33,15 @@ def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
 
     return check(codec, arr, steps)
 
+
+def device_tolerance(codec):
+    """:func:`codec.testing.device.device_tolerance`: None when ``codec``'s device frames are
+    the host's byte for byte, else how far their decodes may be apart (relative to the input)."""
+    from codec.testing.device import device_tolerance as tolerance
+
+    return tolerance(codec)
+
+
 __all__ = [
     "sample_arrays",
     "ulp",
@@ -47,6 +56,7 @@ __all__ = [
     "check_error_feedback",
     "check_malformed",
     "check_device",
+    "device_tolerance",
     "check_fixture",
     "check_many_fixture",
     "write_fixture",

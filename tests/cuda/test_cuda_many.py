@@ -55,16 +55,34 @@ def test_float64_tensors_and_a_list():
         assert bytes(c.encode_many(dev)) == bytes(c.encode_many(host)), spec
 
 
-def test_mixed_and_unsupported_inputs_are_refused():
+def test_fft_runs_decode_within_the_tolerance():
+    """A many-tensor fft frame made from device tensors decodes (on the host and into device
+    arrays) within fft's device tolerance of the host frame's decode, tensor by tensor."""
+    from codec.testing import device_tolerance
+
+    host = tensors()
+    dev = {k: cuda.to_device(v) for k, v in host.items()}
+    c = codec.get_codec("fft(theta=0.5,block=16)")
+    tol = device_tolerance(c)
+    want = codec.decode_many(c.encode_many(host))
+    got = codec.decode_many(c.encode_many(dev))
+    out = {k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()}
+    codec.decode_many(c.encode_many(host), out=out)
+    for k, x in host.items():
+        for a in (got[k], out[k].copy_to_host()):
+            assert np.linalg.norm((a - want[k]).astype(np.float64)) <= tol * np.linalg.norm(x.astype(np.float64)), k
+
+
+def test_mixed_and_unsupported_inputs_are_refused(host_only):
     host = tensors()
     mixed = dict(host, bias=cuda.to_device(host["bias"]))
     with pytest.raises(TypeError, match="tensors: mixes device and host arrays"):
         codec.get_codec("fp16").encode_many(mixed)
     dev = {k: cuda.to_device(v) for k, v in host.items()}
-    with pytest.raises(TypeError, match=r"tensors: a device \(CUDA\) array, and fft has no CUDA path"):
-        codec.get_codec("fft").encode_many(dev)
-    frame = codec.get_codec("fft").encode_many(host)
-    with pytest.raises(TypeError, match=r"out: a device \(CUDA\) array, and fft"):
+    with pytest.raises(TypeError, match=r"tensors: a device \(CUDA\) array, and int8 has no CUDA path"):
+        codec.get_codec(host_only).encode_many(dev)
+    frame = codec.get_codec(host_only).encode_many(host)
+    with pytest.raises(TypeError, match=r"out: a device \(CUDA\) array, and int8"):
         codec.decode_many(frame, out={k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()})
     with pytest.raises(ValueError, match=r"out\['bias'\]: has 6 elements"):
         codec.decode_many(codec.get_codec("fp16").encode_many(host), out=dict({k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()}, bias=cuda.device_array(6, np.float32)))
