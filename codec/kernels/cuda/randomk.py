@@ -55,7 +55,7 @@ def _stream(seed, khash, step):
     host: three integer mixes)."""
     from codec.kernels.cpu.rng import stream
 
-    return stream(np.uint64(seed), np.uint64(khash), np.uint64(step))
+    return np.uint64(stream(np.uint64(seed), np.uint64(khash), np.uint64(step)))  # (the jit returns a Python int: a kernel would type it int64)
 
 
 @jit
