@@ -3,7 +3,10 @@ overhead is what a whole-model step pays per launch: about 0.04-0.05 ms each wit
 H200, and a copy call costs about as much), counted in Numba's CUDA simulator, so it runs on
 any machine:
 
-    NUMBA_ENABLE_CUDASIM=1 python benchmarks/cuda_launches.py
+    NUMBA_ENABLE_CUDASIM=1 python benchmarks/cuda_launches.py ["spec" ...]
+
+(the given codecs only; all of them take over an hour in the simulator: a quantizer's
+many-tensor calls are thread-per-value kernels, about a minute a call there)
 
 Eight float32 tensors of 20 to 1,200 values (one CUDA chunk each), as separate device arrays
 and as views of one buffer (a framework's gradient bucket: ``codec.device.span``).  Error
@@ -15,6 +18,7 @@ sparse frame decoded into a device array, its index section read on the host and
 device (the ``index`` twin), with the bytes copied to the device.
 """
 import collections
+import sys
 
 import numpy as np
 from numba import cuda
@@ -59,7 +63,8 @@ def main():
     views = [bucket[a:b] for a, b in zip(starts, starts[1:])]
     print("| codec | tensors | encode_many | joint | ErrorFeedback.encode_many (3rd step) | with momentum=0.9 | decode_many(out=) | decode_add_many |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for spec in ["fp16", "fp16+zstd", "fp8", "rangefloat(bits=8)", "minmax(bits=4)", "qsgd", "terngrad", "sign", "topk(ratio=0.05)", "dgc(ratio=0.05)", "gaussiank(ratio=0.05)", "adacomp", "randomk(ratio=0.05)"]:
+    every = ["fp16", "fp16+zstd", "fp8", "rangefloat(bits=8)", "minmax(bits=4)", "qsgd", "terngrad", "sign", "topk(ratio=0.05)", "dgc(ratio=0.05)", "gaussiank(ratio=0.05)", "adacomp", "randomk(ratio=0.05)", "powersgd", "fft(block=64)"]
+    for spec in sys.argv[1:] or every:
         c = codec.get_codec(spec)
         frame = c.encode_many(host)
         for kind, ts in (("apart", apart), ("bucket", views)):
