@@ -20,15 +20,15 @@ from codec.kernels.cuda._common import Results, dev, launch, owner, zero
 
 cuda = numba_cuda()
 
+__all__ = list(_cpu.__all__)
 
-def offsets(counts):
-    """Where each of ``counts`` starts, then the total (``codec.ops.offsets``; kernels do not
-    import the layers above them)."""
+
+def _offsets(counts):
+    """Where each of ``counts`` starts, then the total: ``codec.ops.offsets``, which a kernel
+    module cannot import (no kernel imports the layers above it)."""
     out = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=out[1:])
     return out
-
-__all__ = list(_cpu.__all__)
 
 _permute = device_functions(_cpu, ["_permute"], extra={"mix": rng.mix, **_common.MATH})["_permute"]
 
@@ -92,7 +92,7 @@ def _read_marked(words, n, out):
     """The set bits of the first ``n`` bits of ``words``, in order, into ``out`` (the index
     twin's bitmap reader: a count per chunk, back to the host, then the positions)."""
     bitmap = words.view(np.uint8)[: (n + 7) // 8]
-    starts = offsets(index.bitmap_count(bitmap)[:-1])
+    starts = _offsets(index.bitmap_count(bitmap)[:-1])
     index.bitmap_decode(bitmap, dev(starts), out)
 
 
@@ -122,7 +122,7 @@ def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
     o = res(out)
     if out.size:
         sizes = np.asarray(sizes, np.int64)
-        starts = offsets(sizes)
+        starts = _offsets(sizes)
         halves = np.array([(max(2, (int(m) - 1).bit_length()) + 1) // 2 for m in sizes.tolist()], np.uint64)
         streams = np.array([_stream(a, b, c) for a, b, c in zip(seeds.tolist(), khashes.tolist(), steps.tolist())], np.uint64)
         total = int(starts[-1])

@@ -31,7 +31,7 @@ import numpy as np
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import spectral as _cpu
 from codec.kernels.cuda import _common, _segments
-from codec.kernels.cuda._common import Results, dev, launch, mul, zero
+from codec.kernels.cuda._common import Results, dev, launch, mul, nothing, zero
 
 cuda = numba_cuda()
 
@@ -112,6 +112,20 @@ def _plan(length):
 
 
 # ---------------------------------------------------------------------------- kernels
+@jit(device=True)
+def _cmul(ar, ai, br, bi):
+    """The complex product ``(ar + i ai)(br + i bi)`` as ``(re, im)``."""
+    return ar * br - ai * bi, ar * bi + ai * br
+
+
+@jit(device=True)
+def _chirped(re, im, chirp, j):
+    """``(re + i im) * chirp[j]``, or the value as it is when there is no chirp."""
+    if chirp.size:
+        return _cmul(re, im, chirp[2 * j], chirp[2 * j + 1])
+    return re, im
+
+
 @jit
 def _load(x, length, m, chirp, hermitian, buf):
     """Row ``r`` of ``buf`` (``m`` complex) from row ``r`` of ``x``: real values (``hermitian``
@@ -136,10 +150,7 @@ def _load(x, length, m, chirp, hermitian, buf):
             else:
                 re = x[r, 2 * (length - j)]
                 im = -x[r, 2 * (length - j) + 1]
-            if chirp.size:
-                wr = chirp[2 * j]
-                wi = chirp[2 * j + 1]
-                re, im = re * wr - im * wi, re * wi + im * wr
+            re, im = _chirped(re, im, chirp, j)
         buf[r, 2 * j] = re
         buf[r, 2 * j + 1] = im
 
@@ -171,8 +182,7 @@ def _stage(src, dst, m, s, tw, sign):
         o = q + 2 * s * p
         dst[r, 2 * o] = ar + br
         dst[r, 2 * o + 1] = ai + bi
-        dst[r, 2 * (o + s)] = dr * wr - di * wi
-        dst[r, 2 * (o + s) + 1] = dr * wi + di * wr
+        dst[r, 2 * (o + s)], dst[r, 2 * (o + s) + 1] = _cmul(dr, di, wr, wi)
 
 
 @jit
@@ -183,12 +193,7 @@ def _multiply(buf, f):
     for e in range(cuda.grid(1), rows * m, cuda.gridsize(1)):
         r = e // m
         j = e - r * m
-        ar = buf[r, 2 * j]
-        ai = buf[r, 2 * j + 1]
-        fr = f[2 * j]
-        fi = f[2 * j + 1]
-        buf[r, 2 * j] = ar * fr - ai * fi
-        buf[r, 2 * j + 1] = ar * fi + ai * fr
+        buf[r, 2 * j], buf[r, 2 * j + 1] = _cmul(buf[r, 2 * j], buf[r, 2 * j + 1], f[2 * j], f[2 * j + 1])
 
 
 @jit
@@ -200,14 +205,7 @@ def _finish(buf, chirp, out):
     for e in range(cuda.grid(1), rows * c, cuda.gridsize(1)):
         r = e // c
         j = e - r * c
-        re = buf[r, 2 * j]
-        im = buf[r, 2 * j + 1]
-        if chirp.size:
-            wr = chirp[2 * j]
-            wi = chirp[2 * j + 1]
-            re, im = re * wr - im * wi, re * wi + im * wr
-        out[r, 2 * j] = re
-        out[r, 2 * j + 1] = im
+        out[r, 2 * j], out[r, 2 * j + 1] = _chirped(buf[r, 2 * j], buf[r, 2 * j + 1], chirp, j)
 
 
 @jit
@@ -217,10 +215,7 @@ def _finish_real(buf, chirp, scale, out):
     for e in range(cuda.grid(1), rows * length, cuda.gridsize(1)):
         r = e // length
         j = e - r * length
-        re = buf[r, 2 * j]
-        if chirp.size:
-            re = re * chirp[2 * j] - buf[r, 2 * j + 1] * chirp[2 * j + 1]
-        out[r, j] = re * scale
+        out[r, j] = _chirped(buf[r, 2 * j], buf[r, 2 * j + 1], chirp, j)[0] * scale
 
 
 def _transform(buf, other, m, sign, dtype):
@@ -244,13 +239,12 @@ def _run(x, rows, length, hermitian, dtype):
     chirp, and that chirp (empty when there is none)."""
     m, blue = _plan(length)
     sign = 1 if hermitian else -1
-    none = cuda.device_array(0, dtype)
-    chirp = _chirp(length, sign, dtype) if blue else none
+    chirp = _chirp(length, sign, dtype) if blue else nothing(dtype)
     buf = cuda.device_array((rows, 2 * m), dtype)
     other = cuda.device_array((rows, 2 * m), dtype)
     _load[launch(rows * m)](x, length, m, chirp, hermitian, buf)
     if not blue:
-        return _transform(buf, other, m, sign, dtype)[0], none
+        return _transform(buf, other, m, sign, dtype)[0], chirp
     buf, other = _transform(buf, other, m, -1, dtype)
     _multiply[launch(rows * m)](buf, _filter(length, m, sign, dtype))
     return _transform(buf, other, m, 1, dtype)[0], chirp

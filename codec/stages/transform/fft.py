@@ -137,7 +137,7 @@ class FFT(Transform):
         from codec.stages.select.magnitude import Magnitudes
 
         total = lay.coefficients
-        mag = Memory(bool(parts) and on_device(parts[0][1])).empty(total, np.float64)
+        mag = Memory(on_device(flat)).empty(total, np.float64)  # (where the spectrum lives)
         for base, spec in parts:
             rows, c = spec.shape[0], spec.shape[1] // 2
             bad = np.zeros(rows, np.uint8)
