@@ -309,3 +309,21 @@ class Memory:
         if self.device:
             return to_device(a)
         return a
+
+    def gather(self, src, idx):
+        """``src[idx]`` (flat ``src``, int64 positions ``idx`` in ``range(src.size)``, both
+        where this memory is) in a new array there: on the device neither comes to the host.
+        16-bit values are gathered as their bits."""
+        if not self.device:
+            return src[idx]
+        from codec.kernels import backend
+
+        bits = np.dtype(src.dtype).itemsize == 2
+        out = empty(idx.size, src.dtype)
+        if idx.size:
+            backend("scatter", src).gather(src.view(np.uint16) if bits else src, idx, out.view(np.uint16) if bits else out)
+        return out
+
+    def arange(self, n: int):
+        """``0, 1, ..., n - 1`` as int64, where this memory is."""
+        return to_device(np.arange(n, dtype=np.int64)) if self.device else np.arange(n, dtype=np.int64)

@@ -241,7 +241,7 @@ def zero_at(a, idx) -> None:
     if idx is None:  # SET at no position: every value zeroed, on the device
         kern.scatter(empty(0, flat.dtype), empty(0, np.int64), flat, SET)
     elif len(idx):
-        kern.put(zeros(len(idx), flat.dtype), to_device(np.ascontiguousarray(idx, np.int64)), flat)
+        kern.put(zeros(len(idx), flat.dtype), to_device(_positions(idx)), flat)
 
 
 def scatter(values: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int) -> None:

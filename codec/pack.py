@@ -15,6 +15,7 @@ import operator
 import numpy as np
 
 from codec.device import Memory
+from codec.dtypes import on_device
 from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.frame import SectionKind, Section, SectionRun, raw_length
 from codec.kernels import backend
@@ -95,6 +96,8 @@ def encode_indices(idx, n: int) -> Section:
     n = _integer(n, "n")
     if n < 0:
         raise CodecValueError(f"n: must be >= 0, got {n}")
+    if on_device(idx):
+        return _encode_indices_device(idx, n)
     idx = np.asarray(idx)
     if idx.size and idx.dtype.kind not in "iu":
         raise CodecTypeError(f"idx: expected integer positions, got {idx.dtype}")
@@ -118,17 +121,48 @@ def encode_indices(idx, n: int) -> Section:
     return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
 
 
+def _encode_indices_device(idx, n: int) -> Section:
+    """:func:`encode_indices` of int64 positions in device memory: the gaps, their packing
+    or the bitmap made by the ``index`` and ``pack`` twins, and only the section's bytes (and
+    three scalars: the last position, the largest gap and the order check) come to the host."""
+    from codec.device import empty, host_copy
+
+    if idx.dtype != np.int64 or idx.ndim != 1:
+        raise CodecTypeError(f"idx: device positions must be 1-D int64, got {idx.dtype}{list(idx.shape)}")
+    k = idx.size
+    if k and int(idx[k - 1 : k].copy_to_host()[0]) >= n:
+        raise CodecValueError(f"idx: positions must lie in [0, {n})")
+    kern = backend("index", idx)
+    gaps = empty(k, np.uint64)
+    big = kern.delta_encode(idx, gaps) if k else 0  # (-1 also for a negative first position)
+    if big < 0:
+        raise CodecValueError("idx: positions must be strictly increasing")
+    width = max(1, int(big).bit_length())
+    if raw_length(k, width) <= raw_length(n, 1):
+        out = empty(raw_length(k, width), np.uint8)
+        if k:
+            backend("pack", gaps).pack_codes(gaps, width, out)
+        return Section(SectionKind.INDEX_DELTA, width, k, host_copy(out))
+    bitmap = empty(raw_length(n, 1), np.uint8)
+    kern.bitmap_encode(idx, bitmap)
+    return Section(SectionKind.INDEX_BITMAP, 1, n, host_copy(bitmap))
+
+
 def index_segments(pos, starts, sizes) -> SectionRun | None:
     """:func:`encode_index_segments` as one :class:`codec.frame.SectionRun`, or None when a set's gaps need
     more than 56 bits (then :func:`encode_indices` codes each set)."""
-    pos = readonly(np.ascontiguousarray(pos, np.int64))
+    mem = Memory(on_device(pos))  # device positions: the sections made there, only their bytes (and a width per set) come back
+    if not mem.device:
+        pos = readonly(np.ascontiguousarray(pos, np.int64))
     starts = readonly(np.ascontiguousarray(starts, np.int64))
     sizes = np.asarray(sizes, np.int64)
     nseg = sizes.size
     counts = np.diff(starts)
     kern = backend("index", pos)
-    widths = np.empty(nseg, np.int64)
-    kern.index_widths(pos, starts, readonly(sizes), widths)
+    dstarts = mem.put(starts)
+    widths = mem.empty(nseg, np.int64)
+    kern.index_widths(pos, dstarts, mem.put(readonly(sizes)), widths)
+    widths = mem.host(widths)
     if (widths < 0).any():
         raise CodecValueError("idx: each set's positions must be strictly increasing and lie in [0, n)")
     if nseg and widths.max() > 56:  # gaps beyond the kernel's 64-bit accumulator
@@ -137,8 +171,10 @@ def index_segments(pos, starts, sizes) -> SectionRun | None:
     bitmap = delta > (sizes + 7) // 8  # ties go to the packed gaps, as encode_indices decides
     nbytes = np.where(bitmap, (sizes + 7) // 8, delta)
     at = offsets(nbytes)
-    out = np.empty(int(at[-1]), np.uint8)
-    kern.index_write(pos, starts, widths, readonly(bitmap), at, out)
+    out = mem.empty(int(at[-1]), np.uint8)
+    if nseg:
+        kern.index_write(pos, dstarts, mem.put(widths), mem.put(readonly(bitmap)), mem.put(at), out)
+    out = mem.host(out)
     kinds = np.where(bitmap, SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA).tolist()
     return SectionRun(out, at, kinds, np.where(bitmap, 1, widths).tolist(), np.where(bitmap, sizes, counts).tolist())
 

@@ -408,6 +408,49 @@ def test_index_family_index_sets(backend):
     np.testing.assert_array_equal(pos, idx)
 
 
+def test_index_family_absolute_positions(backend):
+    """Each set's positions (relative to its tensor) moved to the run: empty sets and tensors
+    included, in place too."""
+    kern = module("index", backend)
+    rng = np.random.default_rng(11)
+    sizes = np.array([0, 1, 7, 0, 1000, 3], np.int64)
+    sets = [np.flatnonzero(rng.random(n) < 0.3).astype(np.int64) for n in sizes.tolist()]
+    pos = np.concatenate(sets)
+    kstarts = np.concatenate([[0], np.cumsum([p.size for p in sets])]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    want = np.concatenate([p + s for p, s in zip(sets, starts[:-1].tolist())])
+    out = np.full(pos.size, -1, np.int64)
+    kern.absolute_positions(readonly(pos), kstarts, starts, out)
+    np.testing.assert_array_equal(out, want)
+    kern.absolute_positions(pos, kstarts, starts, pos)
+    np.testing.assert_array_equal(pos, want)
+
+
+@pytest.mark.parametrize("dtype", (np.float16, np.float32, np.float64))
+def test_pack_family_sign_bits(backend, dtype):
+    """np.signbit of each tensor, packed LSB-first at its own byte offset (several parallel
+    iterations' worth, -0.0 and negative NaN included); bytes between tensors untouched;
+    refusals name the function."""
+    kern = module("pack", backend)
+    rng = np.random.default_rng(5)
+    sizes = (0, 1, 9, 0, BIG)
+    x = rng.standard_t(2, sum(sizes)).astype(dtype)
+    x[:3] = (-0.0, np.nan, -np.nan)
+    words = x.view(f"u{np.dtype(dtype).itemsize}")
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    nbytes = (np.array(sizes) + 7) // 8
+    ostarts = np.concatenate([[0], np.cumsum(nbytes + 8)[:-1]]).astype(np.int64)  # 8 bytes between, as AdaComp's scales
+    out = np.full(int(ostarts[-1] + nbytes[-1]), 0xA5, np.uint8)
+    kern.sign_bits(readonly(words), starts, out, ostarts)
+    for t in range(len(sizes)):
+        ref = np.packbits(np.signbit(x[starts[t] : starts[t + 1]]), bitorder="little")
+        assert out[ostarts[t] : ostarts[t] + nbytes[t]].tobytes() == ref.tobytes(), t
+        if t + 1 < len(sizes):
+            assert (out[ostarts[t] + nbytes[t] : ostarts[t + 1]] == 0xA5).all(), t  # the gap untouched
+    with pytest.raises(CodecValueError, match="sign_bits"):
+        kern.sign_bits(x, starts, out, ostarts)  # floats, not their bits
+
+
 def test_index_family_bitmap_edges(backend):
     """Every byte value's set bits (counted per one-byte section, decoded); a chunk count
     that follows the size exactly; a dense bitmap over chunk ends decoded into an ``out``

@@ -338,6 +338,21 @@ def test_gaussiank_segments_match_numpy(S, kind, dtype, ratio):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_bin_sums_add_as_numpy(A, dtype):
+    """Each tensor's maxima added as ``np.sum(..., dtype=np.float64)`` adds them, bit for bit:
+    sizes 0, 1, 7, a leaf (128), one over it, NumPy's buffer and around it, several buffers;
+    heavy-tailed values over many magnitudes (so the order shows)."""
+    rng = np.random.default_rng(4)
+    sizes = [0, 1, 7, 8, 128, 129, 1000, 8191, 8192, 8193, 3 * 8192 + 77]
+    x = np.abs(rng.standard_t(1, sum(sizes)) * 10.0 ** rng.integers(-8, 8, sum(sizes))).astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    out = np.full(len(sizes), np.nan)
+    A.bin_sums(x, starts, out)
+    want = [np.sum(x[a:b], dtype=np.float64) for a, b in zip(starts[:-1], starts[1:])]
+    assert out.tobytes() == np.array(want).tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
 def test_adacomp_segments_match_numpy(A, kind, dtype):
     """Each segment's sends (its own bin length), values and bin maxima exactly as the

@@ -239,7 +239,7 @@ class ErrorFeedback:
 
         def finish(frame):
             flat_acc = acc.reshape(-1)
-            sent = None if ctx.positions is None else c.value.decoded(ctx.kept, ctx)
+            sent = None if ctx.positions is None or on_device(ctx.kept) else c.value.decoded(ctx.kept, ctx)
             if sent is None:
                 c.subtract(frame(), flat_acc)
             else:  # what the frame decodes to at its positions, without decoding it

@@ -30,7 +30,7 @@ from codec.dtypes import on_device
 from codec.kernels import backend
 from codec.manyframe import parse_many
 from codec.modes import ADD
-from codec.ops import momentum, round_to, zero_at
+from codec.ops import momentum, offsets, round_to, zero_at
 from codec.runs import FEEDBACK_RUNS
 
 
@@ -162,8 +162,7 @@ def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
     for g in done:  # momentum-factor masking: u zeroed where the frame sent values (all: a dense codec)
         if g[0] in velocities:
             sent = [ctxs[i].positions for i in g]
-            starts = np.cumsum([0] + [arrays[i].size for i in g[:-1]])
-            zero_at(velocities[g[0]], None if any(p is None for p in sent) else np.concatenate([p + s for p, s in zip(sent, starts)]))
+            zero_at(velocities[g[0]], None if any(p is None for p in sent) else _in_run(sent, [arrays[i].size for i in g]))
     installs = {i: finishes[i](lambda i=i: mf.tensor(i)) for i in sorted(finishes)}  # every tensor finished first
     for i, slot in enumerate(slots):  # then installed, in tensor order (the order state_dict keeps)
         if i in installs:
@@ -175,3 +174,22 @@ def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
             slot.velocity, slot.velocity_at = velocity
         ef._advance(slot, ctxs[i].state)
     return frame
+
+
+def _in_run(sent, sizes):
+    """The positions ``sent[t]`` (each relative to its tensor, of ``sizes[t]`` elements) as
+    positions in the run of the tensors, where they lie: on a device, one
+    ``absolute_positions`` over them (a run's selection leaves them end to end in one array)."""
+    starts = offsets(sizes)
+    if not any(on_device(p) for p in sent):
+        return np.concatenate([p + s for p, s in zip(sent, starts[:-1].tolist())])
+    from codec.device import concat, span
+
+    mem = Memory(True)
+    kstarts = offsets([p.size for p in sent])
+    whole = span(sent)
+    if whole is None:
+        whole = concat([mem.put(p) for p in sent], mem.empty(int(kstarts[-1]), np.int64))
+    out = mem.empty(whole.size, np.int64)
+    backend("index", whole).absolute_positions(whole, mem.put(kstarts), mem.put(starts), out)
+    return out

@@ -32,6 +32,28 @@ def run(kern, put, dw, r, g, length, per_chunk, nchunk, cap, form):
 
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
+def test_bin_sums_match_the_cpu_kernel(monkeypatch, dtype):
+    """Each tensor's maxima added on the device as np.sum adds them on the host: sizes 0, 1,
+    7, a leaf and one more, and several of NumPy's buffers (made small here: the simulator
+    runs 8,192 values a thread slowly), into a host and a device ``out``."""
+    from codec.kernels.cpu import adacomp as cpu
+
+    monkeypatch.setattr(cpu, "NP_BUFFER", 300)  # (both backends read it at the call)
+    rng = np.random.default_rng(9)
+    sizes = [0, 1, 7, 128, 129, 301, 905]
+    x = np.abs(rng.standard_t(1, sum(sizes)) * 10.0 ** rng.integers(-6, 6, sum(sizes))).astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    want = np.empty(len(sizes))
+    C.bin_sums(x, starts, want)
+    got = np.full(len(sizes), np.nan)
+    G.bin_sums(cuda.to_device(x), starts, got)
+    assert got.tobytes() == want.tobytes()
+    on_device = cuda.to_device(np.zeros(len(sizes)))
+    G.bin_sums(cuda.to_device(x), starts, on_device)
+    assert on_device.copy_to_host().tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("n,length,per_chunk", [(0, 5, 2), (1, 5, 2), (37, 5, 2), (301, 7, 5), (300, 50, 2)])
 @pytest.mark.parametrize("form", (False, True), ids=("g", "r+dw"))
 def test_bins_match_the_cpu_kernel(monkeypatch, n, length, per_chunk, dtype, form):

@@ -148,6 +148,29 @@ def test_many_sets_as_the_cpu():
     short[-1] = pos[-1]  # the last set's last position reaches its (shrunk) size
     K.index_read(out, begin, end, bitmap, w, short, starts, back, flags)
     assert flags.copy_to_host().tolist() == [0] * (sizes.size - 1) + [1]
+    dev_run = index_segments(cuda.to_device(pos), starts, sizes)  # device positions: the same sections, made there
+    assert dev_run.data.tobytes() == run.data.tobytes() and (dev_run.kinds, dev_run.widths, dev_run.counts) == (run.kinds, run.widths, run.counts)
+    tensors = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    absolute = cuda.device_array(pos.size, np.int64)
+    K.absolute_positions(cuda.to_device(pos), starts, tensors, absolute)
+    assert np.array_equal(absolute.copy_to_host(), pos + np.repeat(tensors[:-1], np.diff(starts)))
+
+
+@pytest.mark.parametrize("case", range(len(sets(5))))
+def test_one_set_encoded_on_the_device(case):
+    """codec.pack.encode_indices of device positions: the host's section, byte for byte
+    (gaps packed or the bitmap, whichever the host chooses), and its refusals."""
+    idx, n = sets(5)[case]
+    dev = encode_indices(cuda.to_device(idx), n)
+    host = encode_indices(idx, n)
+    assert (dev.kind, dev.bits, dev.count) == (host.kind, host.bits, host.count)
+    assert bytes(dev.data) == bytes(host.data)
+    if idx.size:
+        with pytest.raises(ValueError, match=r"idx: positions must lie in \[0, "):
+            encode_indices(cuda.to_device(idx), int(idx[-1]))
+    if idx.size > 1:
+        with pytest.raises(ValueError, match="strictly increasing"):
+            encode_indices(cuda.to_device(idx[::-1].copy()), n)
 
 
 @pytest.mark.parametrize("spec", ["topk(ratio=0.02)", "threshold(value=0.3)"])  # gaps; a bitmap

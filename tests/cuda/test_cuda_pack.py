@@ -97,5 +97,32 @@ def test_items_and_interleave():
     assert np.array_equal(out.copy_to_host(), want)
 
 
+@pytest.mark.parametrize("dtype", (np.float16, np.float32, np.float64))
+def test_sign_bits(dtype):
+    """One tensor and a run of edge-sized tensors with gaps between their bytes: the CPU
+    kernel's bytes and np.signbit's (-0.0 and a negative NaN included), guard bytes kept."""
+    rng = np.random.default_rng(3)
+    sizes = (0, 1, 7, 8, 9, 301)
+    x = rng.standard_t(2, sum(sizes)).astype(dtype)
+    x[:3] = (-0.0, np.nan, -np.nan) if x.size >= 3 else x[:3]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    nbytes = (np.array(sizes) + 7) // 8
+    ostarts = np.concatenate([[0], np.cumsum(nbytes + 3)[:-1]]).astype(np.int64) + 2  # 2 guard bytes first, 3 after each
+    words = x.view(f"u{np.dtype(dtype).itemsize}")
+    out = cuda.to_device(np.full(int(ostarts[-1] + nbytes[-1] + 3), 0xA5, np.uint8))
+    K.sign_bits(cuda.to_device(words), cuda.to_device(starts), out, cuda.to_device(ostarts))
+    got = out.copy_to_host()
+    want = np.full(got.size, 0xA5, np.uint8)
+    CPU.sign_bits(words, starts, want, ostarts)
+    assert np.array_equal(got, want)
+    for t in range(len(sizes)):
+        ref = np.packbits(np.signbit(x[starts[t] : starts[t + 1]]), bitorder="little")
+        assert got[ostarts[t] : ostarts[t] + nbytes[t]].tobytes() == ref.tobytes(), t
+    assert (got[:2] == 0xA5).all() and (got[-3:] == 0xA5).all()
+    one = cuda.to_device(np.zeros((x.size + 7) // 8, np.uint8))
+    K.sign_bits(cuda.to_device(words), np.array([0, x.size], np.int64), one, np.zeros(1, np.int64))
+    assert one.copy_to_host().tobytes() == np.packbits(np.signbit(x), bitorder="little").tobytes()
+
+
 def test_twin_defines_the_cpu_contract():
     assert K.__all__ == CPU.__all__ and all(callable(getattr(K, name)) for name in K.__all__)

@@ -172,3 +172,20 @@ def fma(typingctx, a, b, c):
         return builder.call(fn, args)
 
     return a(a, b, c), codegen
+
+
+@jit
+def owner(starts, i):
+    """The last ``t`` with ``starts[t] <= i`` (``starts`` non-decreasing), -1 when none: a
+    binary search.  With ``starts[0] <= i < starts[-1]``, the segment holding ``i`` (the last
+    of equal starts: empty segments are skipped).  The CUDA twins' ``_common.owner`` is this
+    function compiled as a device function."""
+    lo = np.int64(-1)
+    hi = np.int64(starts.size)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if starts[mid] <= i:
+            lo = mid
+        else:
+            hi = mid
+    return lo

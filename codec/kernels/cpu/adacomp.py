@@ -7,6 +7,14 @@ Per bin of ``length`` values: ``gmax = max |g|`` and the positions where ``g != 
 length only, each chunk writing its sends into its own row of a buffer (as the ``select``
 family's ``candidates``: a fuller row is run again alone); ``adacomp_segments`` bins a
 many-tensor run's tensors, one per task.  Results never depend on the thread count.
+
+``bin_sums`` adds each tensor's bin maxima (its scale's numerator) exactly as
+``np.sum(gmax, dtype=np.float64)`` does, so that a device adds them as the host always
+has: NumPy's pairwise summation (leaves of ``PW_BLOCK`` values in eight lanes, halves split
+at multiples of eight), of the whole array for float64 and, for float32, of each buffer of
+``NP_BUFFER`` values that its casting reduction takes, those added in order from 0.  The
+recursion runs on a small explicit stack (``_pairwise``), so the CUDA twin compiles the
+same source.
 """
 
 from __future__ import annotations
@@ -16,7 +24,13 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U
 
-__all__ = ["adacomp_bins", "adacomp_segments", "feedback_adacomp_bins"]
+__all__ = ["adacomp_bins", "adacomp_segments", "bin_sums", "feedback_adacomp_bins"]
+
+#: values NumPy's casting reductions take at a time (its default buffer): ``np.sum`` of a
+#: float32 array in float64 adds the pairwise sums of such blocks in order
+NP_BUFFER = 8192
+#: the stack of :func:`_pairwise`: enough for any array below 2**60 values
+STACK = 64
 
 
 @jit
@@ -187,3 +201,88 @@ def adacomp_segments(x, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
         xs = x[lo : lo + n]
         gm = gmax[bstarts[s] : bstarts[s + 1]]
         counts[s], bad[s] = _bins(xs, None, xs, 0, n, lengths[s], pos[lo : lo + n].reshape((1, n)), vals[lo : lo + n].reshape((1, n)), 0, gm)
+
+
+@jit
+def _leaf(a, lo, n):
+    """NumPy's pairwise sum of ``float64(a[lo:lo+n])`` for ``n <= 128`` (its ``PW_BLOCK``): a
+    plain sum below 8 values, else eight lanes combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the
+    rest in order."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += np.float64(a[lo + i])
+        return res
+    r0, r1, r2, r3 = np.float64(a[lo]), np.float64(a[lo + 1]), np.float64(a[lo + 2]), np.float64(a[lo + 3])
+    r4, r5, r6, r7 = np.float64(a[lo + 4]), np.float64(a[lo + 5]), np.float64(a[lo + 6]), np.float64(a[lo + 7])
+    i = 8
+    whole = n - n % 8
+    while i < whole:
+        r0 += np.float64(a[lo + i])
+        r1 += np.float64(a[lo + i + 1])
+        r2 += np.float64(a[lo + i + 2])
+        r3 += np.float64(a[lo + i + 3])
+        r4 += np.float64(a[lo + i + 4])
+        r5 += np.float64(a[lo + i + 5])
+        r6 += np.float64(a[lo + i + 6])
+        r7 += np.float64(a[lo + i + 7])
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += np.float64(a[lo + i])
+        i += 1
+    return res
+
+
+@jit
+def _pairwise(a, lo, n, los, ns, stage, vals):
+    """NumPy's pairwise sum of ``float64(a[lo:lo+n])``: up to 128 values a leaf (:func:`_leaf`),
+    else the sum of the halves split at ``h = n // 2 - (n // 2) % 8``.  Its recursion walked on
+    the stack ``los``, ``ns``, ``stage`` (``STACK`` entries each; the node's start, length and
+    how many halves are done) with the partial sums on ``vals``."""
+    los[0], ns[0], stage[0] = lo, n, 0
+    top = 1
+    held = 0
+    while top > 0:
+        at, m, st = los[top - 1], ns[top - 1], stage[top - 1]
+        if m <= 128:
+            top -= 1
+            vals[held] = _leaf(a, at, m)
+            held += 1
+        elif st < 2:
+            stage[top - 1] = st + 1
+            h = m // 2
+            h -= h % 8
+            los[top], ns[top], stage[top] = (at, h, 0) if st == 0 else (at + h, m - h, 0)
+            top += 1
+        else:
+            top -= 1
+            held -= 1
+            vals[held - 1] = vals[held - 1] + vals[held]
+    return vals[0]
+
+
+@jit(parallel=True)
+def _bin_sums(gmax, bstarts, block, out):
+    for t in prange(out.size):
+        los, ns, stage = np.empty(STACK, np.int64), np.empty(STACK, np.int64), np.empty(STACK, np.int64)
+        vals = np.empty(STACK, np.float64)
+        lo, hi = bstarts[t], bstarts[t + 1]
+        acc = 0.0
+        for b in range(lo, hi, block):
+            acc += _pairwise(gmax, b, min(block, hi - b), los, ns, stage, vals)
+        out[t] = acc
+
+
+def sum_block(dtype) -> int:
+    """The values :func:`bin_sums` sums pairwise at a time: ``NP_BUFFER`` for float32, all of
+    them (one block) for float64."""
+    return NP_BUFFER if np.dtype(dtype) == np.float32 else 1 << 62
+
+
+def bin_sums(gmax, bstarts, out):
+    """``out[t] = np.sum(gmax[bstarts[t]:bstarts[t+1]], dtype=np.float64)``, bit for bit, for
+    every tensor ``t`` of a run (float32 or float64 ``gmax``; one tensor: ``bstarts = [0,
+    nbins]``).  ``out`` is float64, a value per tensor."""
+    if out.size:
+        _bin_sums(gmax, bstarts, sum_block(gmax.dtype), out)

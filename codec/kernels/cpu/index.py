@@ -6,7 +6,8 @@
 * ``index_widths`` / ``index_write``: the index sections of many position sets at once
   (segments of one array, a many-tensor frame's run of small tensors), each the bytes
   ``pack_bits(gaps, width)`` or ``bitmap_encode`` gives it alone; ``index_counts`` /
-  ``index_read`` read many index sections back at once.
+  ``index_read`` read many index sections back at once; ``absolute_positions`` turns the
+  sets' positions (each relative to its own tensor) into positions in the run.
 
 Chunk boundaries depend on the sizes only, never on the thread count.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "index_write",
     "index_counts",
     "index_read",
+    "absolute_positions",
 ]
 
 
@@ -283,3 +285,13 @@ def index_read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
     for s in prange(widths.size):
         if not _read_section(data, begin[s], end[s], bitmap[s], widths[s], sizes[s], out, out_starts[s], out_starts[s + 1]):
             bad[s] = 1
+
+
+@jit(parallel=True)
+def absolute_positions(pos, kstarts, starts, out):
+    """``out[j] = pos[j] + starts[t]`` for ``j`` in set ``t``'s ``[kstarts[t], kstarts[t+1])``:
+    each set's positions, relative to its own tensor, as positions in the run of tensors
+    (tensor ``t`` from ``starts[t]``).  ``out`` may be ``pos``."""
+    for t in prange(kstarts.size - 1):
+        for j in range(kstarts[t], kstarts[t + 1]):
+            out[j] = pos[j] + starts[t]

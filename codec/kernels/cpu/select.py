@@ -149,8 +149,8 @@ def kth_largest(sample, k: int) -> float:
 
 
 def count_at_least(sample, cut: float) -> int:
-    """How many of ``|sample|`` are at least ``cut``."""
-    return int(np.count_nonzero(np.abs(np.asarray(sample).reshape(-1)) >= cut))
+    """How many of ``|sample|`` are at least ``cut``, compared in float64."""
+    return int(np.count_nonzero(np.abs(np.asarray(sample, np.float64).reshape(-1)) >= cut))
 
 
 @jit(parallel=True)

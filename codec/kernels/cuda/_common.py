@@ -20,6 +20,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 from codec._cuda_jit import device_functions, jit, numba_cuda  # (twins import this module; ``import codec`` never does)
+from codec.kernels.cpu import _common as _cpu_common
 
 #: the CUDA module: intrinsics are reached through this global, which the simulator swaps
 #: for its own.  Warp-level intrinsics would live here, behind the device functions' names,
@@ -187,8 +188,6 @@ def _simulated() -> bool:
 
 
 if _simulated():  # the simulator runs Python: the CPU file's own rules, nothing is contracted
-    from codec.kernels.cpu import _common as _cpu_common
-
     mul, floor, rint, copysign = device_functions(_cpu_common, ["mul", "floor", "rint", "copysign"]).values()
     mul32 = mul
 
@@ -260,20 +259,9 @@ class Results:
         self._back.clear()
 
 
-@jit(device=True)
-def owner(starts, i):
-    """The segment ``t`` with ``starts[t] <= i < starts[t+1]`` (``starts`` non-decreasing,
-    ``starts[0] <= i < starts[-1]``): a binary search, the last of equal starts (empty
-    segments are skipped)."""
-    lo = 0
-    hi = starts.size - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if starts[mid] <= i:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+#: the segment ``t`` with ``starts[t] <= i < starts[t+1]``: the CPU's ``_common.owner`` (a
+#: binary search), compiled as a device function
+owner = device_functions(_cpu_common, ["owner"])["owner"]
 
 
 @jit(device=True)

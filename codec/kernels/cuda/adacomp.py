@@ -13,19 +13,28 @@ or inf counts it, and the stage raises.  ``_common.SCAN_BLOCK`` and ``SCAN_ITEMS
 when a call is
 made (the simulator tests take small blocks).  ``adacomp_segments`` runs the same block
 over each segment (one block per tensor of a run), with the segment's own bin length.
+
+``bin_sums`` runs the CPU's own NumPy-order summation (``_pairwise``, compiled again as a
+device function): one block per tensor, a thread per block of ``NP_BUFFER`` maxima (its
+pairwise sum), then thread 0 adding those in order, as NumPy does: a float per tensor
+comes back, not its bins' maxima.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from codec._cuda_jit import jit, numba_cuda
+from codec._cuda_jit import device_functions, jit, numba_cuda
+from codec.kernels.cpu import adacomp as _cpu
 from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import THREADS, compactor
 
 cuda = numba_cuda()
 
-__all__ = ["adacomp_bins", "adacomp_segments", "feedback_adacomp_bins"]
+__all__ = ["adacomp_bins", "adacomp_segments", "bin_sums", "feedback_adacomp_bins"]
+
+_pairwise = device_functions(_cpu, ["_leaf", "_pairwise"])["_pairwise"]
+STACK = _cpu.STACK  # (a global int: a constant to the compiler, as local arrays' sizes must be)
 
 
 
@@ -123,3 +132,37 @@ def adacomp_bins(dw, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax)
 def feedback_adacomp_bins(dw, r, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):
     """:func:`adacomp_bins` with ``g = r + dw`` written in the same pass."""
     _launch(dw, r, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax)
+
+
+@jit
+def _bin_sums(gmax, bstarts, pstarts, block, parts, out):
+    t = cuda.blockIdx.x
+    los = cuda.local.array(STACK, np.int64)
+    ns = cuda.local.array(STACK, np.int64)
+    stage = cuda.local.array(STACK, np.int64)
+    vals = cuda.local.array(STACK, np.float64)
+    lo, hi = bstarts[t], bstarts[t + 1]
+    for j in range(cuda.threadIdx.x, pstarts[t + 1] - pstarts[t], cuda.blockDim.x):
+        b = lo + j * block
+        parts[pstarts[t] + j] = _pairwise(gmax, b, min(block, hi - b), los, ns, stage, vals)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        acc = 0.0
+        for j in range(pstarts[t], pstarts[t + 1]):
+            acc += parts[j]
+        out[t] = acc
+
+
+def bin_sums(gmax, bstarts, out):
+    """The CPU kernel's ``bin_sums`` (``np.sum(..., dtype=np.float64)`` of each tensor's
+    maxima, bit for bit); ``bstarts`` a host array, ``out`` host or device."""
+    bstarts = np.asarray(bstarts, np.int64)
+    if not out.size:
+        return
+    block = _cpu.sum_block(gmax.dtype)
+    pstarts = np.concatenate([[0], np.cumsum(-(-np.diff(bstarts) // block))]).astype(np.int64)
+    res = _common.Results()
+    o = res(out)
+    parts = cuda.device_array(max(1, int(pstarts[-1])), np.float64)
+    _bin_sums[out.size, THREADS](gmax, _common.dev(bstarts), _common.dev(pstarts), block, parts, o)
+    res.done()

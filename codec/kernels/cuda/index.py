@@ -36,7 +36,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.errors import CodecValueError
 from codec.kernels.cpu import index as _cpu
-from codec.kernels.cuda._common import launch, per_context, zero
+from codec.kernels.cuda._common import launch, owner, per_context, zero
 
 cuda = numba_cuda()
 
@@ -281,3 +281,17 @@ def index_read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
     1`` when one reaches ``sizes[s]`` (the CPU kernel's contract)."""
     if widths.size:
         _read[launch(widths.size)](data, begin, end, bitmap, widths, sizes, out_starts, out, bad)
+
+
+# ---------------------------------------------------------------- many sets: a thread per position
+@jit
+def _absolute(pos, kstarts, starts, out):
+    for j in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[j] = pos[j] + starts[owner(kstarts, j)]
+
+
+def absolute_positions(pos, kstarts, starts, out):
+    """The CPU kernel's ``absolute_positions``: a thread per position, its set found by a
+    binary search of ``kstarts``."""
+    if out.size:
+        _absolute[launch(out.size)](pos, kstarts, starts, out)

@@ -9,6 +9,7 @@ with one statement of the rule.  The parallel shape differs, the bytes do not:
   codes that overlap it: no byte is shared between threads, so no atomics, and every byte
   is written (the CPU's zeroed tail included).  ``pack_segments``: one block per tensor,
   its threads over the tensor's bytes.
+* ``sign_bits``: one thread per output byte, the CPU's ``_sign_out``.
 * ``unpack_codes``: one thread per code, reading the (at most nine) bytes it spans.
 * ``put_items`` / ``take_items`` / ``interleave``: one block per tensor, its threads over
   the tensor's items or bytes.
@@ -31,7 +32,8 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_item_bits", "_code_at"])
+_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_item_bits", "_code_at", "_sign_byte", "_sign_out"], {"owner": _common.owner})
+_sign_out = _twins["_sign_out"]
 _mask, _get, _put, _item, _item_bits, _code_at = (_twins[k] for k in ("_mask", "_get", "_put", "_item", "_item_bits", "_code_at"))
 
 
@@ -159,3 +161,20 @@ def interleave(first, fstarts, second, sstarts, out):
     likewise): a sparse run's index sections and value codes, each tensor's two in turn."""
     if fstarts.size > 1:
         _interleave[fstarts.size - 1, _common.THREADS](first, fstarts, second, sstarts, out)
+
+
+@jit
+def _sign_bits(words, starts, ostarts, top, out):
+    for b in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        ok, v = _sign_out(words, starts, ostarts, top, b)
+        if ok:
+            out[b] = v
+
+
+def sign_bits(words, starts, out, ostarts):
+    """The CPU's ``sign_bits``: a thread per output byte, its tensor found by the CPU's own
+    binary search (``_sign_out``); ``starts`` and ``ostarts`` device or host arrays."""
+    if np.dtype(words.dtype).kind != "u" or starts.size != ostarts.size + 1:
+        raise CodecValueError(f"sign_bits: words of dtype {words.dtype}, {starts.size - 1} tensors, {ostarts.size} offsets")
+    if out.size and ostarts.size:
+        _sign_bits[launch(out.size)](words.reshape(words.size), starts, ostarts, np.uint64(8 * np.dtype(words.dtype).itemsize - 1), out)

@@ -17,6 +17,11 @@ from codec.stage import Value, register
 CONV_BIN, FC_BIN = 50, 500
 
 
+def _words(values):
+    """``values``' bits as unsigned words (where they live): what ``pack.sign_bits`` reads."""
+    return values.reshape(values.size).view(f"u{np.dtype(values.dtype).itemsize}")
+
+
 class SignScale(Value):
     """AdaComp's own value coding: one sign bit per kept value (1 = negative) and the scale."""
 
@@ -24,11 +29,14 @@ class SignScale(Value):
     lossless = False
 
     def encode(self, values, ctx, sections):
-        from codec.pack import pack_bits
+        from codec.device import host_copy
+        from codec.kernels import backend
 
         sections.append(Section(SectionKind.SCALARS, 64, 1, np.array([ctx.hints["scale"]], "<f8")))
-        signs = np.signbit(values).view(np.uint8)
-        sections.append(Section(SectionKind.VALUES, 1, values.size, pack_bits(signs, 1)))
+        mem = Memory(on_device(values))  # device values: the sign bits made there, only they come back
+        bits = mem.empty((values.size + 7) // 8, np.uint8)
+        backend("pack", bits).sign_bits(_words(values), mem.put(np.array([0, values.size], np.int64)), bits, mem.put(np.zeros(1, np.int64)))
+        sections.append(Section(SectionKind.VALUES, 1, values.size, host_copy(bits) if mem.device else bits))
 
     def read(self, reader, ctx, count):
         from codec.pack import unpack_bits
@@ -61,13 +69,16 @@ class SignScale(Value):
         from codec.kernels import backend
         from codec.manyframe import Entry
 
+        mem = Memory(on_device(values))  # device values: the bytes made there, only they come back
         ks = np.diff(kstarts)
         starts = offsets(8 + (ks + 7) // 8)
-        data = np.empty(int(starts[-1]), np.uint8)
+        data = mem.empty(int(starts[-1]), np.uint8)
         kern = backend("pack", data)
+        put = mem.put
         scales = np.array([c.hints["scale"] for c in ctxs], np.float64)
-        kern.put_items(scales, np.arange(ks.size + 1, dtype=np.int64), np.full(ks.size, 8, np.int64), data, starts[:-1])
-        kern.pack_segments(np.signbit(values).view(np.uint8), kstarts, 1, data, starts[:-1] + 8)
+        kern.put_items(put(scales), put(np.arange(ks.size + 1, dtype=np.int64)), put(np.full(ks.size, 8, np.int64)), data, put(starts[:-1]))
+        kern.sign_bits(_words(values), put(np.ascontiguousarray(kstarts, np.int64)), data, put(starts[:-1] + 8))
+        data = mem.host(data)
         table = [[Entry(SectionKind.SCALARS, 64, 1), Entry(SectionKind.VALUES, 1, k)] for k in ks.tolist()]
         return table, Section(SectionKind.VALUES, 8, data.size, data), starts
 
@@ -121,7 +132,7 @@ class AdaComp(IndexSelect):
         dw = readonly(widen(values))
         kg = g if form else readonly(widen(g))
         kern = backend("adacomp", dw)
-        mem = Memory(on_device(dw))  # a device array: the bins run in the CUDA twin, the sends come back
+        mem = Memory(on_device(dw))  # a device array: the bins run in the CUDA twin, the sends stay there
         gmax = mem.empty(nbins, kg.dtype)
         bad = mem.zeros(nchunk, np.int64)
 
@@ -136,10 +147,14 @@ class AdaComp(IndexSelect):
         idx, sent = collect(run, nchunk, cap, kg.dtype, mem.device) if n else (np.empty(0, np.int64), np.empty(0, kg.dtype))
         if mem.host(bad).any():
             raise_nonfinite(g, ctx, self.name)
-        scale = np.sum(mem.host(gmax), dtype=np.float64) / nbins if nbins else 0.0
+        total = np.zeros(1)
+        kern.bin_sums(gmax, np.array([0, nbins], np.int64), total)  # np.sum's order, where gmax lives: 8 bytes come back
+        scale = total[0] / nbins if nbins else 0.0
         ctx.hints["scale"] = float(round_to(scale, values.dtype))  # exact in every output dtype
         sections.append(encode_indices(idx, n))
-        return idx, sent.astype(g.dtype, copy=False)  # a 16-bit g's exact widening, narrowed back
+        if sent.dtype != g.dtype:  # a 16-bit g's exact widening: narrowed back (on a device, gathered from g)
+            sent = mem.gather(g.reshape(n), idx) if mem.device else sent.astype(g.dtype)
+        return idx, sent
 
     def select_segments(self, flat, starts, ctxs):
         """Every tensor's bins in one kernel call (``adacomp_segments``), its scale from its
@@ -150,7 +165,7 @@ class AdaComp(IndexSelect):
         sizes = np.diff(starts)
         lengths = np.array([self.length(c.shape) for c in ctxs], np.int64)
         bstarts = offsets(-(-sizes // lengths))
-        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the finds copied back
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the finds stay there
         gmax = mem.empty(int(bstarts[-1]), flat.dtype)
         room, pos, counts, bad = segment_room(sizes)  # (only each tensor's first sends are written)
         pos, counts, bad = mem.put(pos), mem.put(counts), mem.put(bad)
@@ -158,9 +173,11 @@ class AdaComp(IndexSelect):
         backend("adacomp", flat).adacomp_segments(flat, mem.put(starts), mem.put(lengths), mem.put(bstarts), pos, vals, counts, bad, gmax)
         if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
-        counts, gmax = mem.host(counts), mem.host(gmax)  # (the finds stay where they are: segments_picked gathers them)
-        b = bstarts.tolist()
-        scales = [np.sum(gmax[b[t] : b[t + 1]], dtype=np.float64) / (b[t + 1] - b[t]) if b[t + 1] > b[t] else 0.0 for t in range(sizes.size)]
-        for ctx, scale in zip(ctxs, round_to(np.array(scales, np.float64), flat.dtype).tolist()):
+        counts = mem.host(counts)  # (the finds stay where they are: segments_picked gathers them)
+        sums = np.zeros(sizes.size)
+        backend("adacomp", flat).bin_sums(gmax, bstarts, sums)  # each tensor's maxima added in np.sum's order, where they live
+        nbins = np.diff(bstarts)
+        scales = np.divide(sums, nbins, out=np.zeros(sizes.size), where=nbins > 0)
+        for ctx, scale in zip(ctxs, round_to(scales, flat.dtype).tolist()):
             ctx.hints["scale"] = scale  # exact in every output dtype
         return segments_picked(flat, starts, room, pos, counts, vals)

@@ -65,7 +65,7 @@ class DGC(MagnitudeSelect):
         drawn = -(-sizes // strides)
         picks = np.minimum(np.maximum(1, np.ceil(ratios * drawn)), drawn).astype(np.int64)
         room, pos, counts, bad = segment_room(np.minimum(sizes, np.floor(1.3 * ks).astype(np.int64) + 1))
-        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions copied back
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions stay there
         put = mem.put
         pos, counts, bad = put(pos), put(counts), put(bad)
         backend("select", flat).dgc_segments(flat, put(starts), put(ks), put(strides), put(picks), RETRIES, put(room), pos, counts, bad)

@@ -47,7 +47,7 @@ class GaussianK(MagnitudeSelect):
         # t >= cut: every element above t is a candidate.  t < cut: the candidates all lie
         # above t, and they are either >= hi of them (the clamp gives hi) or every non-zero
         # element (the cut fell back to the smallest subnormal, so t is 0)
-        count = int((mags.mag > t).sum()) if t >= mags.cut else mags.idx.size
+        count = mags.count_candidates(t, strict=True) if t >= mags.cut else mags.idx.size
         return mags.top(min(max(count, lo), hi, mags.n))
 
     def select_segments(self, flat, starts, ctxs):
@@ -73,7 +73,7 @@ class GaussianK(MagnitudeSelect):
         else:
             memo: dict = {}
             zs = np.array([memo[r] if r in memo else memo.setdefault(r, _z(r)) for r in ratios])
-        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions copied back
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions stay there
         room, pos, counts, bad = segment_room(np.minimum(sizes, ks if self.exact else 4 * ks // 3))
         pos, bad, put = mem.put(pos), mem.put(bad), mem.put
         kern = backend("select", flat)

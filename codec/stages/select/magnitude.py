@@ -33,13 +33,14 @@ def k_of(ratio: float, n: int) -> int:
 
 def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
     """Positions found by a chunked kernel, in increasing order (and their values when
-    ``vdtype`` is given), as host arrays.
+    ``vdtype`` is given), where the kernel's buffers live.
 
     ``run(chunks, buf, vals, counts)`` fills row ``c - chunks[0]`` of ``buf`` (and ``vals``) with
     chunk ``c``'s first ``buf.shape[1]`` finds and ``counts[c]`` with how many it found.  A
     chunk that found more than ``cap`` runs again alone into a row of the exact size.
     ``device``: the buffers are device arrays (the kernel is the CUDA twin); the rows are
-    gathered there and only the finds, and the counts, are copied back.
+    gathered there and stay there: only the counts (8 bytes per chunk of ``CHUNK`` values)
+    come to the host.
     """
     from codec.kernels import backend
 
@@ -53,21 +54,28 @@ def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
     found = mem.host(counts)
     if nchunk == 1 and found[0] <= cap:  # one chunk (a small tensor): its row is the answer
         m = int(found[0])
-        return mem.host(buf[0, :m]), (mem.host(vals[0, :m]) if want else None)
+        return buf[0, :m], (vals[0, :m] if want else None)
     starts = offsets(found[:-1])
     total = int(found.sum())
     out = mem.empty(total, np.int64)
     vout = mem.empty(total if want else 0, vdt)
     backend("select", buf).gather_rows(buf, vals, mem.put(np.minimum(found, cap)), mem.put(starts), out, vout)
-    out, vout = mem.host(out), (mem.host(vout) if want else None)
     for c in np.flatnonzero(found > cap):  # rare: an overfull chunk runs again into an exact row
         m, s = int(found[c]), int(starts[c])
         row, vrow = mem.empty((1, m), np.int64), mem.empty((1, m) if want else (0, 0), vdt)
         run(np.array([c, c + 1], np.int64), row, vrow, counts)
-        out[s : s + m] = mem.host(row)[0]
+        _place(out[s : s + m], row[0], mem.device)
         if want:
-            vout[s : s + m] = mem.host(vrow)[0]
-    return out, vout
+            _place(vout[s : s + m], vrow[0], mem.device)
+    return out, (vout if want else None)
+
+
+def _place(dst, src, device: bool) -> None:
+    """``dst[...] = src`` (host arrays, or device arrays copied on the device)."""
+    if device:
+        dst.copy_to_device(src)
+    else:
+        dst[...] = src
 
 
 def segment_room(caps):
@@ -84,17 +92,27 @@ def segments_picked(flat, starts, room, pos, counts, values=None):
     ``flat`` host or device arrays, ``room`` and ``counts`` host ones): the positions packed,
     their starts, the kept values (``values`` at the finds' places, else gathered from
     ``flat``) and every tensor's index section at once; None when the index coder cannot
-    take them at once (each tensor then selects alone)."""
-    from codec.ops import gather
+    take them at once (each tensor then selects alone).  Device finds stay on the device:
+    the positions and values there, the index sections' bytes come back."""
+    from codec.kernels import backend
     from codec.pack import index_segments
 
+    mem = Memory(on_device(pos))
     kstarts = offsets(counts)
-    at = np.arange(int(kstarts[-1])) + np.repeat(room[:-1] - kstarts[:-1], counts)
-    picked = gather(pos, at)  # (host or device finds: the picked ones come back)
+    total = int(kstarts[-1])
+    if np.array_equal(room[:-1], kstarts[:-1]):  # every tensor filled its room (top-k): the finds are packed already
+        at, picked = None, pos[:total]
+    else:
+        at = mem.put(np.arange(total) + np.repeat(room[:-1] - kstarts[:-1], counts))
+        picked = mem.gather(pos, at)
     index = index_segments(picked, kstarts, np.diff(starts))
     if index is None:
         return None
-    return picked, kstarts, gather(values, at) if values is not None else gather(flat, picked + np.repeat(starts[:-1], counts)), index
+    if values is not None:
+        return picked, kstarts, values[:total] if at is None else mem.gather(values, at), index
+    where = mem.empty(picked.size, np.int64)  # the kept values' positions in the run
+    backend("index", picked).absolute_positions(picked, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
+    return picked, kstarts, mem.gather(flat, where), index
 
 
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
@@ -238,7 +256,6 @@ class Magnitudes:
             self.std = math.sqrt(max(0.0, q - s * s))
         self.cut = cut
         self.idx, self.vals = idx, vals
-        self.mag = np.abs(vals.astype(np.float64))
 
     def _ensure(self, cut: float) -> None:
         """Candidates at or above ``cut`` (a value of the source dtype, > 0)."""
@@ -262,11 +279,14 @@ class Magnitudes:
         return float(np.finfo(self._src.dtype).smallest_subnormal)
 
     # ------------------------------------------------------------------ exact answers
+    # Every answer is a count (8 bytes from a device) or the top of the candidates, found by
+    # the ``select`` family's ``topk_segments`` where the candidates live: on a device the
+    # positions and values stay there, and the index and value stages code them there.
     def candidates(self, need: int) -> None:
         """Make sure the candidates hold at least ``need`` elements (or every non-zero).
         ``need = 0`` just runs the pass (forms ``acc``, checks it is finite)."""
         if self.n == 0:
-            self.idx, self.mag, self.cut = np.empty(0, np.int64), np.empty(0), math.inf
+            self.idx, self.cut = np.empty(0, np.int64), math.inf
             self.vals = np.empty(0, self._src.dtype)
             self.mean = self.std = 0.0
             return
@@ -275,46 +295,73 @@ class Magnitudes:
         if self.idx.size < need and self.cut > self._tiny:
             self._scan(self._tiny)
 
+    def count_candidates(self, t: float, strict: bool = False) -> int:
+        """How many candidates have ``|acc_i| >= t`` (``> t`` when ``strict``): every element
+        that does when ``t`` is at least :attr:`cut`."""
+        from codec.kernels import backend
+
+        if not self.idx.size:
+            return 0
+        if strict:
+            t = float(np.nextafter(t, math.inf))  # |v| > t exactly when |v| >= the next float64
+        return backend("select", self.vals).count_at_least(self.vals, t)
+
     def count_at_least(self, t: float) -> int:
         """``#{i : |acc_i| >= t}`` exactly."""
         if t <= 0:
             self.candidates(0)
             return self.n
         self._ensure(_round_down(t, self._src.dtype, self._tiny))
-        return int(np.count_nonzero(self.mag >= t))
+        return self.count_candidates(t)
 
-    def at_least(self, t: float, strict: bool = False) -> np.ndarray:
-        """Sorted positions with ``|acc_i| >= t`` (``> t`` when ``strict``)."""
+    def at_least(self, t: float, strict: bool = False):
+        """Sorted positions with ``|acc_i| >= t`` (``> t`` when ``strict``): the top of the
+        candidates, as many as reach ``t`` (no tie crosses ``t``)."""
         if t <= 0 and not strict:
-            return np.arange(self.n, dtype=np.int64)
+            self.candidates(0)
+            idx = self._mem.arange(self.n)
+            self._picked = (idx, None)
+            return idx
         self._ensure(_round_down(t, self._src.dtype, self._tiny) if t > 0 else self._tiny)
-        return self._pick(self.mag > t if strict else self.mag >= t)
+        return self.top(self.count_candidates(t, strict))
 
-    def top(self, k: int) -> np.ndarray:
-        """Sorted positions of the ``k`` largest magnitudes, ties to the lower index."""
+    def top(self, k: int):
+        """Sorted positions of the ``k`` largest magnitudes, ties to the lower index (int64,
+        where ``acc`` lives)."""
         if k <= 0:
             return np.empty(0, np.int64)
         self.candidates(k)
-        m = self.idx.size
-        if m < k:  # fewer non-zeros than k: the zeros with the lowest indices make up the rest
-            zeros = np.flatnonzero(self._mem.host(self._src) == 0)[: k - m]  # (a device array: copied)
-            return np.union1d(self.idx, zeros)
-        kth = np.partition(self.mag, m - k)[m - k]
-        keep = self.mag > kth
-        keep[_first(self.mag, kth, k - int(np.count_nonzero(keep)))] = True  # ties: the lowest indices
-        return self._pick(keep)
-
-    def _pick(self, mask) -> np.ndarray:
-        idx = self.idx[mask]
-        self._picked = (idx, mask)
+        if self.idx.size < k:  # fewer non-zeros than k: every non-zero and the first zeros, from the whole array
+            idx = self._top_of(self._src, k)
+            self._picked = (idx, None)
+            return idx
+        sel = self._top_of(self.vals, k)
+        idx = self._mem.gather(self.idx, sel)
+        self._picked = (idx, sel)
         return idx
 
-    def values(self, idx) -> np.ndarray:
-        """``acc[idx]``: from the candidates when ``idx`` is the last answer (no gather from the
-        large array), else gathered."""
-        if self._picked is not None and self._picked[0] is idx:
-            return self.vals[self._picked[1]].astype(self.acc.dtype, copy=False)  # exact: widened values
-        return self._mem.host(self.acc)[idx]  # (a device array: copied; only all-of-it answers get here)
+    def _top_of(self, values, k: int):
+        """Sorted positions in ``values`` of its ``k`` largest magnitudes (``topk_segments`` of
+        one segment: a radix select and an ordered compaction on a device)."""
+        from codec.kernels import backend
+
+        mem = self._mem
+        out, bad = mem.empty(k, np.int64), mem.zeros(1, np.int64)  # (finite: the pass checked)
+        spans = mem.put(np.array([0, values.size], np.int64))
+        backend("select", values).topk_segments(values, spans, mem.put(np.array([k], np.int64)), spans[:1], out, bad)
+        return out
+
+    def values(self, idx):
+        """``acc[idx]``, where ``acc`` lives: from the candidates when ``idx`` is the last
+        answer taken from them (no gather from the large array), else gathered from ``acc``."""
+        mem = self._mem
+        if self._picked is not None and self._picked[0] is idx and self._picked[1] is not None:
+            sel = self._picked[1]
+            if not mem.device:
+                return self.vals[sel].astype(self.acc.dtype, copy=False)  # exact: widened values
+            if self.vals.dtype == self.acc.dtype:
+                return mem.gather(self.vals, sel)
+        return mem.gather(self.acc.reshape(self.acc.size), idx)
 
 
 def _mean(sample) -> float:
@@ -325,19 +372,6 @@ def _mean(sample) -> float:
     out = np.zeros(1)
     backend("select", sample).lane_means(sample, np.array([0, sample.size], np.int64), LANES, out)
     return float(out[0])
-
-
-def _first(a: np.ndarray, value, count: int, block: int = 1 << 20) -> np.ndarray:
-    """The first ``count`` positions where ``a == value``, scanning in blocks (with many ties,
-    e.g. a constant array, a full ``flatnonzero`` would list them all)."""
-    found = []
-    for lo in range(0, a.size, block):
-        if count <= 0:
-            break
-        hit = np.flatnonzero(a[lo : lo + block] == value)[:count] + lo
-        found.append(hit)
-        count -= hit.size
-    return np.concatenate(found) if found else np.empty(0, np.int64)
 
 
 def _round_down(t: float, dtype, tiny: float) -> float:

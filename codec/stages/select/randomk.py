@@ -36,6 +36,15 @@ def positions(n: int, k: int, seed: int, khash: int, step: int, device: bool = F
     return out
 
 
+def _finite(kept) -> bool:
+    """Whether ``kept`` (host or device) holds no NaN or inf: every magnitude is at least 0 (a
+    NaN's is not) and none reaches inf, two counts where the values live (8 bytes each)."""
+    from codec.kernels import backend
+
+    count = backend("select", kept).count_at_least
+    return not kept.size or (count(kept, 0.0) == kept.size and count(kept, np.inf) == 0)
+
+
 @register
 class RandomK(Select):
     """k uniformly random positions from (seed, key, step); positions regenerated, not sent."""
@@ -56,8 +65,10 @@ class RandomK(Select):
 
     def select(self, values, ctx, sections, residual=None, out=None):
         """The positions are drawn where ``values`` live (they depend on the key, not the
-        data: on the device by the ``randomk`` twin), and the values gathered there
-        (``codec.ops.gather``), so a device array sends only its kept values back."""
+        data: on the device by the ``randomk`` twin), and the values gathered there; they stay
+        there for the value stage (scaled ones are rounded on the host), so a device array
+        sends back only what the value stage codes."""
+        from codec.device import Memory, host_copy
         from codec.dtypes import on_device
         from codec.ops import add, first_nonfinite, gather, round_to
 
@@ -65,9 +76,10 @@ class RandomK(Select):
         n = acc.size
         khash = key_hash(ctx.key)
         idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step, device=on_device(acc))
-        kept = gather(acc, idx)
-        bad = first_nonfinite(kept)
-        if bad >= 0:  # only kept values are looked at (the rest is never read)
+        device = on_device(acc) and not self.scale  # (scaled values are rounded on the host)
+        kept = Memory(device).gather(acc.reshape(n), idx) if device else gather(acc, idx)
+        if not _finite(kept):  # only kept values are looked at (the rest is never read)
+            bad = first_nonfinite(host_copy(kept) if device else kept)
             raise NonFiniteError(ctx.name, ctx.where(int(idx[bad])), "randomk", "needs finite kept values")
         if self.scale and idx.size:
             kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
@@ -77,6 +89,8 @@ class RandomK(Select):
     def select_segments(self, flat, starts, ctxs):
         """Every tensor's positions drawn in one kernel call (``random_positions_segments``),
         its key section written into one buffer, the kept values gathered at once."""
+        from codec.device import Memory
+        from codec.dtypes import on_device
         from codec.frame import SectionRun
         from codec.kernels import backend
         from codec.ops import gather, round_to
@@ -86,12 +100,15 @@ class RandomK(Select):
         ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
         khashes = np.array([key_hash(c.key) for c in ctxs], np.uint64)
         kstarts = offsets(ks)
-        pos = np.empty(int(kstarts[-1]), np.int64)
+        mem = Memory(on_device(flat) and not self.scale)  # drawn and gathered where the run lives (scaled values: on the host)
+        pos = mem.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
         seeds = np.full(ks.size, self.seed, np.uint64)
-        backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)  # (on the host: keyed, not read)
-        kept = gather(flat, pos + np.repeat(starts[:-1], ks))  # (a device run's kept values come back)
-        if not np.isfinite(kept).all():
+        backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)
+        where = mem.empty(pos.size, np.int64)
+        backend("index", pos).absolute_positions(pos, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
+        kept = mem.gather(flat, where) if mem.device else gather(flat, where)
+        if not _finite(kept):
             return None  # select() raises the error naming the tensor and position
         if self.scale and kept.size:
             factor = np.repeat([n / k if k else 0.0 for n, k in zip(sizes.tolist(), ks.tolist())], ks)

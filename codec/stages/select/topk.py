@@ -46,7 +46,7 @@ class TopK(MagnitudeSelect):
         sizes = np.diff(starts)
         ks = np.array([self.kept(int(n), c.step) for n, c in zip(sizes, ctxs)], np.int64)  # (at most n)
         room, pos, counts, bad = segment_room(ks)
-        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions copied back
+        mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions stay there
         pos, bad = mem.put(pos), mem.put(bad)
         backend("select", flat).topk_segments(flat, mem.put(starts), mem.put(ks), mem.put(room), pos, bad)
         if mem.host(bad).any():

@@ -72,7 +72,8 @@ class FFT(Transform):
     name = "fft"
     default_value = "rangefloat"
     #: the transforms, the selection and the inverse run where the gradient lives (the
-    #: ``spectral`` twins); kept coefficients and positions are frame content, on the host
+    #: ``spectral`` twins); per block, the kept coefficients and positions stay there for the
+    #: index and value stages (``keep="global"`` gathers them on the host)
     devices = frozenset({"cpu", "cuda"})
     #: a device's frames hold its FFT's coefficients (pocketfft's within a few units of
     #: rounding, docs/kernels.md), so they decode within this of the host's, relative to the
@@ -114,20 +115,29 @@ class FFT(Transform):
         return vals
 
     def _per_block(self, parts, theta, kern, flat, ctx, dt):
+        """Every block's kept coefficients (``block_top``), where the spectrum lives: a
+        device's positions and values stay there for the index and value stages, only the
+        blocks' non-finite flags (a byte per block) come back."""
+        from codec.device import Memory, concat
+        from codec.dtypes import on_device
+
+        mem = Memory(on_device(flat))
         pos, vals = [], []
         for base, spec in parts:
             rows, c = spec.shape[0], spec.shape[1] // 2
             k = c - dropped(theta, c)
-            p = np.empty(rows * k, np.int64)
-            v = np.empty(2 * rows * k, spec.dtype)
-            bad = np.zeros(rows, np.uint8)
+            p = mem.empty(rows * k, np.int64)
+            v = mem.empty(2 * rows * k, spec.dtype)
+            bad = mem.zeros(rows, np.uint8)
             kern.block_top(spec, k, base, p, v, bad)
-            if bad.any():
+            if mem.host(bad).any():
                 self._raise_nonfinite(flat, ctx)
             pos.append(p)
             vals.append(v)
         if len(pos) == 1:
             return pos[0], vals[0]
+        if mem.device:
+            return concat(pos, mem.empty(sum(p.size for p in pos), np.int64)), concat(vals, mem.empty(sum(v.size for v in vals), dt))
         return np.concatenate(pos or [np.empty(0, np.int64)]), np.concatenate(vals or [np.empty(0, dt)])
 
     def _global(self, parts, lay, theta, kern, flat, ctx, dt):
@@ -137,7 +147,8 @@ class FFT(Transform):
         from codec.stages.select.magnitude import Magnitudes
 
         total = lay.coefficients
-        mag = Memory(on_device(flat)).empty(total, np.float64)  # (where the spectrum lives)
+        mem = Memory(on_device(flat))
+        mag = mem.empty(total, np.float64)  # (where the spectrum lives)
         for base, spec in parts:
             rows, c = spec.shape[0], spec.shape[1] // 2
             bad = np.zeros(rows, np.uint8)
@@ -145,7 +156,7 @@ class FFT(Transform):
             if bad.any():
                 self._raise_nonfinite(flat, ctx)
         k = total - dropped(theta, total)
-        pos = np.arange(total, dtype=np.int64) if k == total else Magnitudes(mag, ctx.domain(total, np.float64), self.name).top(k)
+        pos = np.arange(total, dtype=np.int64) if k == total else mem.host(Magnitudes(mag, ctx.domain(total, np.float64), self.name).top(k))
         vals = np.empty((pos.size, 2), dt)
         for base, spec in parts:  # positions are sorted: each part's are one run (its re, im gathered)
             lo, hi = np.searchsorted(pos, (base, base + spec.size // 2))
