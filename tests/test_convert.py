@@ -491,6 +491,24 @@ def test_narrow_refuses_an_out_it_cannot_write_whole():
 
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
+def test_scale_kernel_matches_numpy(dtype, backend):
+    """``convert.scale``: each segment's values times its factor in float64, rounded once to
+    the output's dtype, as NumPy's ``x.astype(np.float64) * f`` then ``astype``; segments of
+    sizes 0, 1, 7 and over a parallel chunk, heavy tails, signed zeros, a factor of 0."""
+    rng = np.random.default_rng(8)
+    sizes = [0, 1, 7, 3 * (1 << 16) + 5]
+    n = sum(sizes)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    x[:2] = (-0.0, 0.0)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    factors = np.array([3.0, 1 / 3, 0.0, 1000 / 7])
+    out = np.full(n, np.nan, dtype)
+    module("convert", backend).scale(x, starts, factors, out)
+    want = (x.astype(np.float64) * np.repeat(factors, sizes)).astype(dtype)
+    assert out.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("n", [0, 1, 7, 3 * (1 << 16) + 5])
 def test_momentum_kernel_matches_numpy(n, dtype, backend):
     """``out = u * m + x``: NumPy's product rounded to the dtype, then its sum (never one fused

@@ -209,7 +209,7 @@ def test_torch_cuda_dlpack_capsules_and_buckets():
 
 
 #: the sparsifiers, one tensor or a run of them: their positions and values stay on the device
-PICKED = ("topk(ratio=0.1)", "topk(ratio=0.1)+fp16", "gaussiank(ratio=0.1)", "dgc(ratio=0.1)", "threshold(value=1.5)", "randomk(ratio=0.1)", "adacomp", "adacomp(bin=50)", "fft(theta=0.9)")
+PICKED = ("topk(ratio=0.1)", "topk(ratio=0.1)+fp16", "gaussiank(ratio=0.1)", "dgc(ratio=0.1)", "threshold(value=1.5)", "randomk(ratio=0.1)", "randomk(ratio=0.1,scale=true)", "adacomp", "adacomp(bin=50)", "fft(theta=0.9)", "fft(theta=0.9,keep=global)")
 
 
 def copies(monkeypatch, d):

@@ -216,6 +216,23 @@ def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16, thr
         same_values(acc.copy_to_host(), cpu_acc)
 
 
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+def test_scale_kernel_matches_numpy(dtype):
+    """The convert twin's ``scale``: each segment's factor found per value, the float64 product
+    rounded once to ``out``'s dtype: NumPy's and the CPU kernel's bits."""
+    rng = np.random.default_rng(2)
+    sizes = [0, 1, 7, 0, 301]
+    n = sum(sizes)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    factors = np.array([3.0, 1 / 3, 0.0, 5.0, 1000 / 7])
+    out = cuda.device_array(n, dtype)
+    K.scale(cuda.to_device(x), starts, factors, out)
+    cpu = np.empty(n, dtype)
+    CPU.scale(x, starts, factors, cpu)
+    assert out.copy_to_host().tobytes() == cpu.tobytes() == (x.astype(np.float64) * np.repeat(factors, sizes)).astype(dtype).tobytes()
+
+
 @pytest.mark.parametrize("dtype", (np.float16, np.float32, np.float64))
 def test_momentum_kernel_matches_numpy(dtype):
     """The convert twin's ``momentum``: the product rounded before the sum, never fused (float16

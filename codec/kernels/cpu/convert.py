@@ -32,6 +32,7 @@ __all__ = [
     "combine_odd",
     "half_combine",
     "half_feedback",
+    "scale",
 ]
 
 
@@ -345,3 +346,15 @@ def half_feedback(x, r, acc, codes, bf16, crc):
         if sums.size:
             crc_piece(sums, lens, c, codes, lo, hi)
     return bad.sum(), joined(sums, lens, crc)
+
+
+@jit(parallel=True)
+def scale(x, starts, factors, out):
+    """``out[i] = float64(x[i]) * factors[t]`` for ``i`` in segment ``t`` (``starts``: one
+    tensor ``[0, n]``, or a run's), rounded once to ``out``'s dtype (float32 or float64): the
+    product NumPy's ``x.astype(np.float64) * factor`` gives, then its cast (random-k's
+    unbiased values, ``scale=true``)."""
+    for t in prange(starts.size - 1):
+        f = factors[t]
+        for i in range(starts[t], starts[t + 1]):
+            out[i] = np.float64(x[i]) * f

@@ -19,7 +19,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import convert as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import launch, mul, mul32
+from codec.kernels.cuda._common import launch, mul, mul32, owner
 from codec.kernels.cuda._crc import crc_of
 from codec.modes import SET, SUB
 
@@ -246,3 +246,16 @@ def momentum(u, m, x, out):
     if x.size:
         dt = np.dtype(x.dtype)
         (_momentum64 if dt == np.float64 else _momentum16 if dt == np.float16 else _momentum32)[launch(x.size)](u, m, x, out)
+
+
+@jit
+def _scale(x, starts, factors, out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = mul(np.float64(x[i]), factors[owner(starts, i)])
+
+
+def scale(x, starts, factors, out):
+    """The CPU kernel's ``scale``: a thread per value, its segment's factor found by a binary
+    search of ``starts`` (host or device arrays)."""
+    if out.size:
+        _scale[launch(out.size)](x, _common.dev(starts), _common.dev(factors), out)

@@ -36,6 +36,28 @@ def positions(n: int, k: int, seed: int, khash: int, step: int, device: bool = F
     return out
 
 
+def _scaled(kept, starts, factors, dtype, mem):
+    """``kept`` times its tensor's ``n/k`` (``factors``, per segment of ``starts``), the float64
+    product rounded once to ``dtype`` (``convert.scale``; 16-bit through float64 and the
+    ``convert`` family's rounding), where ``kept`` lives."""
+    from codec.kernels import backend
+    from codec.ops import HALF, WIDE, round_to, widen
+
+    kern = backend("convert", kept)
+    args = (mem.put(np.ascontiguousarray(starts, np.int64)), mem.put(np.asarray(factors, np.float64)))
+    if np.dtype(dtype) in WIDE:
+        out = mem.empty(kept.size, dtype)
+        kern.scale(kept, *args, out)
+        return out
+    wide = mem.empty(kept.size, np.float64)
+    kern.scale(widen(kept), *args, wide)
+    if not mem.device:
+        return round_to(wide, dtype)
+    codes = mem.empty(kept.size, np.uint16)
+    kern.narrow_codes(wide, codes, np.dtype(dtype) != HALF, -1)
+    return codes.view(dtype)
+
+
 def _finite(kept) -> bool:
     """Whether ``kept`` (host or device) holds no NaN or inf: every magnitude is at least 0 (a
     NaN's is not) and none reaches inf, two counts where the values live (8 bytes each)."""
@@ -66,23 +88,23 @@ class RandomK(Select):
     def select(self, values, ctx, sections, residual=None, out=None):
         """The positions are drawn where ``values`` live (they depend on the key, not the
         data: on the device by the ``randomk`` twin), and the values gathered there; they stay
-        there for the value stage (scaled ones are rounded on the host), so a device array
-        sends back only what the value stage codes."""
-        from codec.device import Memory, host_copy
+        there for the value stage (scaled there too), so a device array sends back only what
+        the value stage codes."""
+        from codec.device import Memory
         from codec.dtypes import on_device
-        from codec.ops import add, first_nonfinite, gather, round_to
+        from codec.ops import add, first_nonfinite, gather
 
         acc = values if residual is None else add(values, residual, out)
         n = acc.size
         khash = key_hash(ctx.key)
         idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step, device=on_device(acc))
-        device = on_device(acc) and not self.scale  # (scaled values are rounded on the host)
-        kept = Memory(device).gather(acc.reshape(n), idx) if device else gather(acc, idx)
+        mem = Memory(on_device(acc))
+        kept = mem.gather(acc.reshape(n), idx) if mem.device else gather(acc, idx)
         if not _finite(kept):  # only kept values are looked at (the rest is never read)
-            bad = first_nonfinite(host_copy(kept) if device else kept)
+            bad = first_nonfinite(mem.host(kept))
             raise NonFiniteError(ctx.name, ctx.where(int(idx[bad])), "randomk", "needs finite kept values")
         if self.scale and idx.size:
-            kept = round_to(kept.astype(np.float64) * (n / idx.size), acc.dtype)
+            kept = _scaled(kept, np.array([0, idx.size], np.int64), np.array([n / idx.size]), acc.dtype, mem)
         sections.append(Section(SectionKind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
         return idx, kept
 
@@ -93,14 +115,14 @@ class RandomK(Select):
         from codec.dtypes import on_device
         from codec.frame import SectionRun
         from codec.kernels import backend
-        from codec.ops import gather, round_to
+        from codec.ops import gather
 
         sizes = np.diff(starts)
         steps = [c.step for c in ctxs]
         ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
         khashes = np.array([key_hash(c.key) for c in ctxs], np.uint64)
         kstarts = offsets(ks)
-        mem = Memory(on_device(flat) and not self.scale)  # drawn and gathered where the run lives (scaled values: on the host)
+        mem = Memory(on_device(flat))  # drawn, gathered and scaled where the run lives
         pos = mem.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
         seeds = np.full(ks.size, self.seed, np.uint64)
@@ -111,8 +133,8 @@ class RandomK(Select):
         if not _finite(kept):
             return None  # select() raises the error naming the tensor and position
         if self.scale and kept.size:
-            factor = np.repeat([n / k if k else 0.0 for n, k in zip(sizes.tolist(), ks.tolist())], ks)
-            kept = round_to(kept.astype(np.float64) * factor, flat.dtype)
+            factors = np.array([n / k if k else 0.0 for n, k in zip(sizes.tolist(), ks.tolist())])
+            kept = _scaled(kept, kstarts, factors, flat.dtype, mem)
         keys = np.empty((ks.size, 3), "<u8")
         keys[:, 0], keys[:, 1], keys[:, 2] = self.seed, steps, khashes
         run = SectionRun(keys.reshape(-1).view(np.uint8), np.arange(ks.size + 1, dtype=np.int64) * 24, [SectionKind.INTS] * ks.size, [64] * ks.size, [3] * ks.size)

@@ -141,9 +141,11 @@ class FFT(Transform):
         return np.concatenate(pos or [np.empty(0, np.int64)]), np.concatenate(vals or [np.empty(0, dt)])
 
     def _global(self, parts, lay, theta, kern, flat, ctx, dt):
-        from codec.device import Memory
+        """The top of the whole spectrum's magnitudes (:class:`Magnitudes`), where it lives:
+        the kept coefficients are gathered as complex pairs from the spectrum in coefficient
+        order (its parts end to end), so on a device the positions and values stay there."""
+        from codec.device import Memory, concat
         from codec.dtypes import on_device
-        from codec.ops import gather
         from codec.stages.select.magnitude import Magnitudes
 
         total = lay.coefficients
@@ -151,18 +153,21 @@ class FFT(Transform):
         mag = mem.empty(total, np.float64)  # (where the spectrum lives)
         for base, spec in parts:
             rows, c = spec.shape[0], spec.shape[1] // 2
-            bad = np.zeros(rows, np.uint8)
+            bad = mem.zeros(rows, np.uint8)
             kern.magnitudes(spec, mag[base : base + rows * c], bad)
-            if bad.any():
+            if mem.host(bad).any():
                 self._raise_nonfinite(flat, ctx)
         k = total - dropped(theta, total)
-        pos = np.arange(total, dtype=np.int64) if k == total else mem.host(Magnitudes(mag, ctx.domain(total, np.float64), self.name).top(k))
-        vals = np.empty((pos.size, 2), dt)
-        for base, spec in parts:  # positions are sorted: each part's are one run (its re, im gathered)
-            lo, hi = np.searchsorted(pos, (base, base + spec.size // 2))
-            at = 2 * (pos[lo:hi] - base)
-            vals[lo:hi] = gather(spec.reshape(spec.size), np.stack((at, at + 1), axis=1).reshape(-1)).reshape(-1, 2)
-        return pos, vals.reshape(-1)
+        pos = mem.arange(total) if k == total else Magnitudes(mag, ctx.domain(total, np.float64), self.name).top(k)
+        flats = [spec.reshape(spec.size) for _, spec in parts]
+        if len(flats) == 1:
+            whole = flats[0]
+        elif mem.device:
+            whole = concat(flats, mem.empty(2 * total, dt))
+        else:
+            whole = np.concatenate(flats) if flats else np.empty(0, dt)
+        pairs = np.complex64 if dt == np.float32 else np.complex128  # (re, im) as one item
+        return pos, mem.gather(whole.view(pairs), pos).view(dt)
 
     def _raise_nonfinite(self, flat, ctx):
         from codec.device import host_copy
