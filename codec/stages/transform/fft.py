@@ -5,9 +5,9 @@ one block, the whole array); each block goes through a real FFT (the ``spectral`
 ``rfft``: scipy's pocketfft on the host, a Numba FFT on the device; float32 for 16- and
 32-bit input, float64 for float64), and the fraction ``theta`` of its coefficients with the
 smallest magnitude is dropped, per block or over the whole spectrum.  A device array's
-spectrum, selection and inverse stay on the device; only the kept coefficients and their
-positions come to the host (docs/kernels.md, "The FFT on the device": its frames are not the
-host's bit for bit, and the tolerance).
+spectrum, selection, kept coefficients and inverse stay on the device; the index and value
+stages code the kept ones there and only their sections come to the host (docs/kernels.md,
+"The FFT on the device": its frames are not the host's bit for bit, and the tolerance).
 The kept coefficients' ``re, im`` go to the value stage (default ``rangefloat``, 8 bits),
 their positions in the spectrum to the shared index coder.  Decoding scatters them into a
 zero spectrum and inverts each block.  docs/codecs.md has the exact rules.
