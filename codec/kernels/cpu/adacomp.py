@@ -274,7 +274,7 @@ def _bin_sums(gmax, bstarts, block, out):
         out[t] = acc
 
 
-def sum_block(dtype) -> int:
+def _sum_block(dtype) -> int:
     """The values :func:`bin_sums` sums pairwise at a time: ``NP_BUFFER`` for float32, all of
     them (one block) for float64."""
     return NP_BUFFER if np.dtype(dtype) == np.float32 else 1 << 62
@@ -285,4 +285,4 @@ def bin_sums(gmax, bstarts, out):
     every tensor ``t`` of a run (float32 or float64 ``gmax``; one tensor: ``bstarts = [0,
     nbins]``).  ``out`` is float64, a value per tensor."""
     if out.size:
-        _bin_sums(gmax, bstarts, sum_block(gmax.dtype), out)
+        _bin_sums(gmax, bstarts, _sum_block(gmax.dtype), out)

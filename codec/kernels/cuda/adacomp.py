@@ -159,7 +159,7 @@ def bin_sums(gmax, bstarts, out):
     bstarts = np.asarray(bstarts, np.int64)
     if not out.size:
         return
-    block = _cpu.sum_block(gmax.dtype)
+    block = _cpu._sum_block(gmax.dtype)
     pstarts = np.concatenate([[0], np.cumsum(-(-np.diff(bstarts) // block))]).astype(np.int64)
     res = _common.Results()
     o = res(out)
