@@ -22,7 +22,7 @@ from codec.framebuffer import frame_out
 from codec.manyframe import VERSION, Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import WIDE, scatter_checked, scratch, store, wide_dtype
-from codec.runs import RUNS, SEGMENT_ELEMENTS, RunShape, elementwise_sections, runs, segment_runs, select_runs, value_runs
+from codec.runs import RUNS, SEGMENT_ELEMENTS, RunShape, elementwise_sections, runs, segment_runs, select_runs, transform_runs, value_runs
 from codec.stage import Context, check_step
 
 
@@ -125,7 +125,9 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | 
     coded = {}
     if c.select is not None:
         coded = select_runs(c, arrays, ctxs, out, shape, flats)
-    elif c.transform is None:
+    elif c.transform is not None:
+        coded = transform_runs(c, arrays, ctxs, out, shape, flats)
+    else:
         coded = value_runs(c, arrays, ctxs, out, shape, flats)
     ran = {i for i, secs in enumerate(out) if secs is not None}
     for i in range(len(arrays)):

@@ -7,7 +7,8 @@ most ``RunShape.each`` elements each, SEGMENT_ELEMENTS together), concatenated i
 reused buffer (:func:`concatenated`), and coded by one kernel call of the stage that offers
 it: an elementwise value stage (:func:`elementwise_sections`), a quantizer's
 ``Value.encode_run`` (:func:`value_runs`), a select stage's ``select_segments`` and the value
-stage's ``encode_kept`` (:func:`select_runs`).  Either way the frame holds exactly the bytes
+stage's ``encode_kept`` (:func:`select_runs`), a transform stage's ``forward_segments`` and the
+value stage's ``encode_kept`` (:func:`transform_runs`).  Either way the frame holds exactly the bytes
 that coding each tensor alone gives.
 """
 
@@ -168,16 +169,44 @@ def select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None
         o = kstarts.tolist()
         for t, ctx in enumerate(members):  # what Codec.selected records
             ctx.positions, ctx.kept = pos[o[t] : o[t + 1]], values[o[t] : o[t + 1]]
-        kept = c.value.encode_kept(values, kstarts, members)
-        if kept is not None:
-            table, piece = _sparse_piece(index, *kept)
-            for i, entries in zip(g, table):
-                out[i] = entries
-            coded[g[0]] = (len(g) - 1, _exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
-            continue
-        for i, ctx, sec in zip(g, members, index.sections()):
-            out[i] = c.selected(ctx, ctx.positions, ctx.kept, [sec])
+        _kept(c, g, arrays, ctxs, members, values, kstarts, index, out, coded)
     return coded
+
+
+def transform_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:
+    """Code every run of small float32/float64 tensors that the transform stage transforms
+    at once (:meth:`codec.stage.Transform.forward_segments`: fft), as :func:`select_runs`
+    does: the run's coefficients are coded at once when the value stage can
+    (:meth:`codec.stage.Value.encode_kept`), else each tensor's on its own."""
+    groups = segment_runs([(a.size, a.dtype) for a in arrays], shape)
+    coded = {}
+    for g, flat in zip(groups, concatenated(arrays, groups, flats)):
+        got = c.transform.forward_segments(flat, offsets([arrays[i].size for i in g]), [ctxs[i] for i in g])
+        if got is None:
+            continue
+        vstarts, values, index = got
+        vctxs = [ctxs[i].domain(int(n), values.dtype) for i, n in zip(g, np.diff(vstarts).tolist())]
+        _kept(c, g, arrays, ctxs, vctxs, values, vstarts, index, out, coded)
+    return coded
+
+
+def _kept(c, g, arrays, ctxs, vctxs, values, vstarts, index, out, coded) -> None:
+    """A sparse run's table entries (``out[i]``) and payload piece (``coded``): tensor t of
+    the run ``g`` has the first section ``index``'s t-th and the values
+    ``values[vstarts[t]:vstarts[t+1]]`` (the value stage's context ``vctxs[t]``), coded at
+    once when the value stage can (:meth:`codec.stage.Value.encode_kept`), else one by one."""
+    kept = c.value.encode_kept(values, vstarts, vctxs)
+    if kept is not None:
+        table, piece = _sparse_piece(index, *kept)
+        for i, entries in zip(g, table):
+            out[i] = entries
+        coded[g[0]] = (len(g) - 1, _exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
+        return
+    o = vstarts.tolist()
+    for t, (i, vctx, sec) in enumerate(zip(g, vctxs, index.sections())):
+        secs = [sec]
+        c.value.encode(values[o[t] : o[t + 1]], vctx, secs)
+        out[i] = secs
 
 
 def _sparse_piece(index, table, vsec, vstarts):

@@ -166,6 +166,17 @@ class Transform(Stage):
         ``ctx.domain(values.size, values.dtype)``), appending the transform's own sections
         (e.g. the positions of the kept coefficients) first."""
 
+    def forward_segments(self, flat, starts, ctxs):
+        """:meth:`forward` for many small tensors at once (a many-tensor frame's run, as
+        :meth:`Select.select_segments`): ``flat`` holds them concatenated (float32 or
+        float64), tensor ``i`` is ``flat[starts[i]:starts[i + 1]]`` with context ``ctxs[i]``.
+        Returns ``(vstarts, values, index)``: tensor i's coefficients to code are
+        ``values[vstarts[i]:vstarts[i+1]]`` and ``index`` (a :class:`codec.frame.SectionRun`)
+        holds its transform section, exactly as :meth:`forward` gives them for that tensor
+        alone (a transform with one section of its own); or None (the default, and whenever
+        a tensor needs :meth:`forward`'s own handling, its error) to run each alone."""
+        return None
+
     @abc.abstractmethod
     def read(self, reader, ctx):
         """Check and read the transform's sections, allocating nothing of the dense size;
@@ -335,11 +346,18 @@ class Value(Stage):
         :class:`codec.manyframe.Entry`, and one :class:`codec.frame.Section` whose bytes
         ``starts[t]:starts[t+1]`` are exactly what :meth:`encode` writes for tensor t; or
         None to code each tensor's on its own.  The default codes an elementwise stage's
-        values as one array (the codes of the concatenation are the tensors' codes)."""
+        values as one array (the codes of the concatenation are the tensors' codes), and
+        another's as a run of them (:meth:`encode_run`, when the stage has one)."""
+        from codec.frame import raw_length
         from codec.manyframe import Entry
+        from codec.ops import offsets
 
-        if not self.elementwise:
-            return None
+        if not self.elementwise:  # a quantizer's run of the kept values (its tensors' codes end to end)
+            got = self.encode_run(values, kstarts, ctxs)
+            if got is None:
+                return None
+            table, piece = got
+            return table, piece, offsets([sum(raw_length(e.count, e.bits) for e in entries) for entries in table])
         secs: list = []
         self.encode(values, Context(values.shape, values.dtype, name="tensors"), secs)
         (sec,) = secs

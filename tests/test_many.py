@@ -503,6 +503,35 @@ def test_segmented_selection_gives_the_frame_of_one_call_per_tensor(spec, dtype)
             assert np.array_equal(got[k], codec.decode(c.encode(x, step=step))), k
 
 
+@pytest.mark.parametrize("spec", ["fft(block=16)", "fft(theta=0.5,block=7,keep=global)+none", "fft(theta=warmup(0.9,0.5,steps=4),block=0)+fp16", "fft(theta=0,block=8)+qsgd"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_transform_runs_give_the_frame_of_one_call_per_tensor(spec, dtype, monkeypatch):
+    """fft's runs (every block of a run transformed and selected at once, the value stage's
+    codes of the run at once where it can): the frame of one call per tensor, at every step
+    of a schedule; a NaN is raised by its tensor, as its own encode names it."""
+    from codec import runs
+
+    c = codec.get_codec(spec)
+    rng = np.random.default_rng(13)
+    sizes = [7, 0, 1, 300, 64, 9, 2, 500]
+    ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-6, 3)).astype(dtype) for i, n in enumerate(sizes)}
+    ts["w4"][:] = 0  # all ties
+    ts["w3"] = ts["w3"].reshape(3, 100)
+    ran, kept = [], runs._kept
+    monkeypatch.setattr(runs, "_kept", lambda c, g, *a: ran.append(len(g)) or kept(c, g, *a))
+    for step in (0, 5):
+        many = c.encode_many(ts, step=step)
+        sections = [c.sections(a.reshape(-1), codec.stage.Context(a.shape, a.dtype, step=step)) for a in ts.values()]
+        assert many == c.frame_many(sections, Layout.of(ts)), step
+    assert ran == [len(ts), len(ts)]  # one run a call
+    ts["w5"][4] = np.nan
+    with pytest.raises(NonFiniteError) as alone:
+        c.encode(ts["w5"], step=2)
+    with pytest.raises(NonFiniteError) as many:
+        c.encode_many(ts, step=2)
+    assert str(many.value) == str(alone.value).replace("x:", "tensors['w5']:", 1)
+
+
 @pytest.mark.parametrize(
     "spec",
     [

@@ -664,6 +664,47 @@ def test_place_kernel(K, dtype, threads):
     assert not out.any()
 
 
+#: rows of several lengths in one call (``in at, length, rows, in step, out at, out step``):
+#: powers of two and others, a one-value row, rows spaced apart in and out
+ROW_PARTS = ((3, 16, 4, 16, 0, 18), (70, 37, 2, 40, 80, 40), (200, 1, 3, 1, 200, 2), (210, 12, 1, 12, 300, 14), (230, 8, 2, 9, 320, 10))
+
+
+def check_rows(K, dtype, parts=ROW_PARTS):
+    """``rfft_rows`` and ``irfft_rows`` of ``K`` write each part's rows exactly as ``K.rfft``
+    and ``K.irfft`` of the part alone give them, and nothing between the rows."""
+    from codec.device import host_copy, to_device
+    from codec.dtypes import on_device
+
+    rng = np.random.default_rng(15)
+    inv_size = max(p[0] + p[2] * p[3] for p in parts)
+    fwd_size = max(p[4] + p[2] * p[5] for p in parts)
+    x = rng.standard_t(3, inv_size).astype(dtype)
+    spec = rng.standard_normal(fwd_size).astype(dtype)
+    put = to_device if K.__name__.endswith("cuda.spectral") else (lambda a: a)
+    for hermitian in (0, 1):
+        src = spec if hermitian else x
+        # the inverse reads half spectra at the forward's in positions: a part's rows as 2c floats from in at
+        use = [(o, n, r, so, i, si) for i, n, r, si, o, so in parts] if hermitian else list(parts)
+        out = put(np.full(inv_size if hermitian else fwd_size, np.nan, dtype))
+        (K.irfft_rows if hermitian else K.rfft_rows)(put(src), np.array(use, np.int64), out)
+        got = host_copy(out) if on_device(out) else out
+        want = np.full(got.size, np.nan, dtype)
+        for i0, length, rows, istep, o0, ostep in use:
+            c = length // 2 + 1
+            width = 2 * c if hermitian else length
+            block = np.stack([src[i0 + r * istep : i0 + r * istep + width] for r in range(rows)])
+            done = K.irfft(put(block), length) if hermitian else K.rfft(put(block))
+            done = host_copy(done) if on_device(done) else done
+            for r in range(rows):
+                want[o0 + r * ostep : o0 + r * ostep + done.shape[1]] = done[r]
+        assert_same(got, want, f"{'irfft' if hermitian else 'rfft'}_rows")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_rows_kernels(K, dtype):
+    check_rows(K, dtype)
+
+
 def test_frame_does_not_depend_on_thread_count(threads):
     """The whole encode at the parallel size (spectrum >= PARALLEL_MIN) with 1 and 2 threads."""
     from codec._jit import PARALLEL_MIN

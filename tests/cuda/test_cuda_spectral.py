@@ -5,6 +5,8 @@
   ("The FFT on the device"): per row, ``||got - want||_2 <= bound(L, dtype) * ||want||_2``,
   an all-zero row exactly zero.  Lengths: 1, powers of two, odd and even others (Bluestein),
   float32 and float64, normal, heavy-tailed and zero rows.
+* ``rfft_rows`` / ``irfft_rows`` (rows of several lengths, one launch): each part as ``rfft``
+  / ``irfft`` of it alone, bit for bit.
 * ``magnitudes``, ``block_top`` and ``place`` against the CPU kernels for the same spectrum,
   bit for bit (ties at every cut, k = 0 and k = c, NaN and infinite rows flagged); the CPU
   kernels are checked against NumPy references in tests/test_spectral.py.
@@ -18,7 +20,7 @@ import scipy.fft
 from numba import cuda
 
 from codec.kernels import module
-from test_spectral import _block_top, _kernel_rows
+from test_spectral import ROW_PARTS, _block_top, _kernel_rows, check_rows
 
 G, C = module("spectral", "cuda"), module("spectral", "cpu")
 
@@ -48,8 +50,10 @@ def within(got: np.ndarray, want: np.ndarray, tol: float, what: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64), ids=("f32", "f64"))
-@pytest.mark.parametrize("length", (1, 2, 8, 3, 12, 37))
-def test_transforms_within_the_bound(length, dtype):
+@pytest.mark.parametrize("length,row_m", [(n, G.ROW_M) for n in (1, 2, 8, 3, 12, 37)] + [(8, 0), (37, 0)], ids=lambda v: str(v) if v else "pass-per-launch")
+def test_transforms_within_the_bound(length, row_m, dtype, monkeypatch):
+    """One launch per transform (rows up to ``ROW_M``), and a launch per pass (``ROW_M`` 0)."""
+    monkeypatch.setattr(G, "ROW_M", row_m)
     x = rows_of(3, length, dtype, seed=1)
     c = length // 2 + 1
     got = G.rfft(cuda.to_device(x)).copy_to_host()
@@ -68,6 +72,17 @@ def test_transforms_within_the_bound(length, dtype):
     assert back.dtype == dtype and back.shape == (3, length)
     within(back.astype(np.float64), scipy.fft.irfft(half.astype(np.float64).view(np.complex128), n=length, axis=1), tol, f"irfft of {length}")
     assert np.array_equal(C.rfft(x), scipy.fft.rfft(x, axis=1).view(dtype))  # the CPU family's is scipy's
+
+
+@pytest.mark.parametrize("row_m", (G.ROW_M, 8), ids=("one-launch", "long-rows"))
+def test_rows_of_several_lengths_at_once(row_m, monkeypatch):
+    """``rfft_rows``/``irfft_rows``: every part's rows as ``rfft``/``irfft`` of the part alone
+    give them, bit for bit, in one launch (and, with ``ROW_M`` 8, the rows beyond it through
+    the launch-per-pass path, beside the others)."""
+    parts = ROW_PARTS if row_m == G.ROW_M else tuple(p for p in ROW_PARTS if p[3] == p[1])  # (a long row's part lies end to end)
+    monkeypatch.setattr(G, "ROW_M", row_m)
+    check_rows(G, np.float32, parts)
+    check_rows(G, np.float64, parts[:3])
 
 
 def test_no_rows():

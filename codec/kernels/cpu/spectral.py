@@ -15,7 +15,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 
-__all__ = ["block_top", "irfft", "magnitudes", "place", "rfft"]
+__all__ = ["block_top", "irfft", "irfft_rows", "magnitudes", "place", "rfft", "rfft_rows"]
 
 #: FFT worker threads (scipy.fft ``workers``): every CPU.  Each 1-D transform runs whole on one
 #: thread, so the result does not depend on the count.
@@ -180,3 +180,26 @@ def irfft(spec, length):
 
     ctype = np.complex128 if spec.dtype == np.float64 else np.complex64
     return scipy.fft.irfft(spec.view(ctype), n=length, axis=1, workers=WORKERS)
+
+
+def rfft_rows(x, parts, out):
+    """:func:`rfft` of rows of flat ``x`` into flat ``out``, several lengths at once (a run of
+    tensors' blocks): ``parts`` (int64, one row per part) ``in at, length, rows, in step, out
+    at, out step``: row ``r`` of a part is ``x[in at + r*in step :][:length]`` and its
+    ``2*(length//2 + 1)`` floats go to ``out[out at + r*out step :]``.  Each row's result is
+    :func:`rfft`'s for it (pocketfft's answer for a row does not depend on the rows beside
+    it, see ``codec.stages.transform.fft.chunk_rows``)."""
+    for i0, length, rows, istep, o0, ostep in np.asarray(parts, np.int64).reshape(-1, 6).tolist():
+        if rows and length:
+            got = rfft(np.lib.stride_tricks.as_strided(x[i0:], (rows, length), (istep * x.itemsize, x.itemsize)))
+            np.lib.stride_tricks.as_strided(out[o0:], got.shape, (ostep * out.itemsize, out.itemsize))[...] = got
+
+
+def irfft_rows(spec, parts, out):
+    """:func:`irfft` of rows of flat ``spec`` into flat ``out``, as :func:`rfft_rows` (``in
+    at`` and ``in step`` count ``spec``'s floats, ``out at`` and ``out step`` ``out``'s)."""
+    for i0, length, rows, istep, o0, ostep in np.asarray(parts, np.int64).reshape(-1, 6).tolist():
+        if rows and length:
+            c = length // 2 + 1
+            got = irfft(np.ascontiguousarray(np.lib.stride_tricks.as_strided(spec[i0:], (rows, 2 * c), (istep * spec.itemsize, spec.itemsize))), length)
+            np.lib.stride_tricks.as_strided(out[o0:], got.shape, (ostep * out.itemsize, out.itemsize))[...] = got

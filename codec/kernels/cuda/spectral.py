@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 
@@ -250,27 +251,222 @@ def _run(x, rows, length, hermitian, dtype):
     return _transform(buf, other, m, 1, dtype)[0], chirp
 
 
+# ---------------------------------------------------------------------------- one launch
+#: the longest power-of-two transform a row runs in one launch (:func:`_rows`: a block per
+#: row, its passes one after another with a barrier between them); a row needing a longer one
+#: (a tensor coded as one long block) takes a launch per pass over every row (:func:`_run`)
+ROW_M = 1 << 16
+
+
+@functools.lru_cache(maxsize=256)
+def _row_tables(length, sign, dtype):
+    """The host tables of a row of ``length`` (``sign`` -1: forward, +1: inverse), end to
+    end: ``(floats, m, twiddles at, chirp at or -1, filter at or -1)``; the values are those
+    of :func:`_twiddles`, :func:`_chirp` and :func:`_filter`."""
+    m, blue = _plan(length)
+    parts = [_pairs(np.exp(-2j * np.pi * np.arange(m // 2) / m), dtype)]
+    if blue:
+        parts.append(_pairs(np.exp(sign * 1j * _chirp_angles(length)), dtype))
+        b = np.zeros(m, np.complex128)
+        w = np.exp(-sign * 1j * _chirp_angles(length))
+        b[:length] = w
+        b[m - length + 1 :] = w[1:][::-1]
+        parts.append(_pairs(np.fft.fft(b) / m, dtype))
+    at = np.concatenate([[0], np.cumsum([q.size for q in parts])]).tolist()
+    return np.concatenate(parts), m, at[0], at[1] if blue else -1, at[2] if blue else -1
+
+
+def _described(parts, sign, dtype):
+    """``(desc, tables, floats)`` of the rows ``parts`` (``(in at, length, rows, in step, out
+    at, out step)`` each): per row ``in at, length, out at, buffer at, m, twiddles at, chirp
+    at, filter at`` (int64, on the device), the tables every length needs end to end (on the
+    device), and the floats each of the two work buffers holds.  Kept per ``parts``
+    (:func:`_table`, one device array): a model's step meets the same rows every time."""
+    dtype = np.dtype(dtype)
+    nrows = sum(p[2] for p in parts)
+    floats = sum(2 * _plan(p[1])[0] * p[2] for p in parts)
+
+    def make():
+        tabs, where, rows, buf, base = [], {}, [], 0, 0
+        for i0, length, count, istep, o0, ostep in parts:
+            if length not in where:
+                t, m, tw, ch, fl = _row_tables(length, sign, dtype)
+                where[length] = (m, base + tw, base + ch if ch >= 0 else -1, base + fl if fl >= 0 else -1)
+                tabs.append(t)
+                base += t.size
+            m, tw, ch, fl = where[length]
+            for r in range(count):
+                rows.append((i0 + r * istep, length, o0 + r * ostep, buf, m, tw, ch, fl))
+                buf += 2 * m
+        desc = np.array(rows, np.int64).reshape(-1)
+        return np.concatenate([desc.view(np.uint8)] + [t.view(np.uint8) for t in tabs])
+
+    raw = _table(("rows", parts, sign, dtype.str), make)
+    return raw[: 64 * nrows].view(np.int64).reshape(nrows, 8), raw[64 * nrows :].view(dtype), floats
+
+
+@jit(device=True)
+def _pass(src, dst, b0, m, s, tables, tw, sign):
+    """One radix-2 Stockham pass of the row at ``b0`` (:func:`_stage`'s butterflies), strided
+    over the block's threads."""
+    half = m // 2
+    span = half // s
+    for t in range(cuda.threadIdx.x, half, cuda.blockDim.x):
+        p = t // s
+        q = t - p * s
+        a = b0 + 2 * (q + s * p)
+        b = a + 2 * s * span
+        ar = src[a]
+        ai = src[a + 1]
+        br = src[b]
+        bi = src[b + 1]
+        wr = tables[tw + 2 * p * s]
+        wi = -tables[tw + 2 * p * s + 1] if sign > 0 else tables[tw + 2 * p * s + 1]
+        dr = ar - br
+        di = ai - bi
+        o = b0 + 2 * (q + 2 * s * p)
+        dst[o] = ar + br
+        dst[o + 1] = ai + bi
+        dst[o + 2 * s], dst[o + 2 * s + 1] = _cmul(dr, di, wr, wi)
+
+
+@jit(device=True)
+def _passes(buf, other, b0, m, tables, tw, sign, flip):
+    """Every pass of a length-``m`` transform of the row at ``b0``, starting in ``buf``
+    (``flip`` 0) or ``other`` (1); returns where the result is (0 or 1)."""
+    s = 1
+    while s < m:
+        if flip == 0:
+            _pass(buf, other, b0, m, s, tables, tw, sign)
+        else:
+            _pass(other, buf, b0, m, s, tables, tw, sign)
+        cuda.syncthreads()
+        flip = 1 - flip
+        s *= 2
+    return flip
+
+
+@jit
+def _rows(x, desc, tables, hermitian, buf, other, out):
+    """Every row of ``desc`` (see :func:`_described`) transformed whole by one block: the
+    operations of :func:`_load`, :func:`_stage`, :func:`_multiply` and :func:`_finish` /
+    :func:`_finish_real` on the row, in their order (the same results).  ``x`` and ``out``
+    are flat: real rows in and half spectra out (``hermitian`` 0), or the reverse (1)."""
+    t0 = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    zero_ = x.dtype.type(0)
+    for r in range(cuda.blockIdx.x, desc.shape[0], cuda.gridDim.x):
+        i0 = desc[r, 0]
+        length = desc[r, 1]
+        o0 = desc[r, 2]
+        b0 = desc[r, 3]
+        m = desc[r, 4]
+        tw = desc[r, 5]
+        ch = desc[r, 6]
+        fl = desc[r, 7]
+        c = length // 2 + 1
+        for j in range(t0, m, nt):
+            re = zero_
+            im = zero_
+            if j < length:
+                if hermitian == 0:
+                    re = x[i0 + j]
+                elif j < c:
+                    re = x[i0 + 2 * j]
+                    if j != 0 and 2 * j != length:  # (the first and the Nyquist coefficient: real)
+                        im = x[i0 + 2 * j + 1]
+                else:
+                    re = x[i0 + 2 * (length - j)]
+                    im = -x[i0 + 2 * (length - j) + 1]
+                if ch >= 0:
+                    re, im = _cmul(re, im, tables[ch + 2 * j], tables[ch + 2 * j + 1])
+            buf[b0 + 2 * j] = re
+            buf[b0 + 2 * j + 1] = im
+        cuda.syncthreads()
+        if ch < 0:
+            flip = _passes(buf, other, b0, m, tables, tw, 1 if hermitian else -1, 0)
+        else:
+            flip = _passes(buf, other, b0, m, tables, tw, -1, 0)
+            src = buf if flip == 0 else other
+            for j in range(t0, m, nt):
+                src[b0 + 2 * j], src[b0 + 2 * j + 1] = _cmul(src[b0 + 2 * j], src[b0 + 2 * j + 1], tables[fl + 2 * j], tables[fl + 2 * j + 1])
+            cuda.syncthreads()
+            flip = _passes(buf, other, b0, m, tables, tw, 1, flip)
+        src = buf if flip == 0 else other
+        if hermitian == 0:
+            for j in range(t0, c, nt):
+                re = src[b0 + 2 * j]
+                im = src[b0 + 2 * j + 1]
+                if ch >= 0:
+                    re, im = _cmul(re, im, tables[ch + 2 * j], tables[ch + 2 * j + 1])
+                out[o0 + 2 * j] = re
+                out[o0 + 2 * j + 1] = im
+        else:
+            scale = x.dtype.type(1.0 / length)
+            for j in range(t0, length, nt):
+                re = src[b0 + 2 * j]
+                if ch >= 0:
+                    re = _cmul(re, src[b0 + 2 * j + 1], tables[ch + 2 * j], tables[ch + 2 * j + 1])[0]
+                out[o0 + j] = re * scale
+        cuda.syncthreads()  # (the block's next row may reuse nothing, but its threads start together)
+
+
+def _rows_transform(x, out, parts, hermitian):
+    """Transform the rows ``parts`` (``(in at, length, rows, in step, out at, out step)``) of
+    flat ``x`` into flat ``out``: real rows to half spectra (``hermitian`` 0: ``2*(length//2
+    + 1)`` floats a row) or half spectra to real rows (1).  The rows of at most
+    :data:`ROW_M` take one launch together; a longer part's rows take :func:`_run`'s
+    launches."""
+    dtype = np.dtype(x.dtype)
+    parts = tuple(tuple(int(v) for v in p) for p in parts if p[1] and p[2])
+    for i0, length, rows, istep, o0, ostep in (p for p in parts if _plan(p[1])[0] > ROW_M):
+        c = length // 2 + 1
+        if rows > 1 and (istep, ostep) != ((2 * c, length) if hermitian else (length, 2 * c)):
+            raise ValueError("parts: a row longer than ROW_M must lie end to end with its part's others")
+        width = 2 * c if hermitian else length
+        buf, chirp = _run(x[i0 : i0 + rows * width].reshape(rows, width), rows, length, hermitian, dtype)
+        dst = out[o0 : o0 + rows * (length if hermitian else 2 * c)].reshape(rows, -1)
+        if hermitian:
+            _finish_real[launch(rows * length)](buf, chirp, dtype.type(1.0 / length), dst)
+        else:
+            _finish[launch(rows * c)](buf, chirp, dst)
+    parts = tuple(p for p in parts if _plan(p[1])[0] <= ROW_M)
+    desc, tables, floats = _described(parts, 1 if hermitian else -1, dtype)
+    if desc.shape[0]:
+        buf = cuda.device_array(floats, dtype)
+        other = cuda.device_array(floats, dtype)
+        blocks = min(desc.shape[0], _common.MAX_BLOCKS * 16)
+        _rows[blocks, _common.SCAN_BLOCK](x, desc, tables, hermitian, buf, other, out)
+
+
 def rfft(x):
     """The CPU kernel's ``rfft`` on the device (see the module for the algorithm)."""
     rows, length = x.shape
-    dtype = np.dtype(x.dtype)
     c = length // 2 + 1
-    out = cuda.device_array((rows, 2 * c), dtype)
-    if rows and length:
-        buf, chirp = _run(x, rows, length, 0, dtype)
-        _finish[launch(rows * c)](buf, chirp, out)
+    out = cuda.device_array((rows, 2 * c), x.dtype)
+    _rows_transform(x.reshape(x.size), out.reshape(out.size), ((0, length, rows, length, 0, 2 * c),), 0)
     return out
 
 
 def irfft(spec, length):
     """The CPU kernel's ``irfft`` on the device (see the module for the algorithm)."""
     rows = spec.shape[0]
-    dtype = np.dtype(spec.dtype)
-    out = cuda.device_array((rows, length), dtype)
-    if rows and length:
-        buf, chirp = _run(spec, rows, length, 1, dtype)
-        _finish_real[launch(rows * length)](buf, chirp, dtype.type(1.0 / length), out)
+    c = length // 2 + 1
+    out = cuda.device_array((rows, length), spec.dtype)
+    _rows_transform(spec.reshape(spec.size), out.reshape(out.size), ((0, length, rows, 2 * c, 0, length),), 1)
     return out
+
+
+def rfft_rows(x, parts, out):
+    """The CPU kernel's ``rfft_rows`` on the device: every row of at most :data:`ROW_M` in
+    one launch (``parts`` a host array)."""
+    _rows_transform(x, out, np.asarray(parts, np.int64).reshape(-1, 6).tolist(), 0)
+
+
+def irfft_rows(spec, parts, out):
+    """The CPU kernel's ``irfft_rows`` on the device (see :func:`rfft_rows`)."""
+    _rows_transform(spec, out, np.asarray(parts, np.int64).reshape(-1, 6).tolist(), 1)
+
 
 
 @jit

@@ -114,6 +114,67 @@ class FFT(Transform):
         sections.append(encode_indices(pos, lay.coefficients))
         return vals
 
+    def forward_segments(self, flat, starts, ctxs):
+        """:meth:`forward` of a run of tensors at once, where they live: every block of every
+        tensor transformed together (``rfft_rows``: on a device, one launch for rows of up to
+        ``ROW_M``), the kept coefficients of every block (``per_block``) or tensor
+        (``global``) chosen by one ``topk_segments`` over the run's magnitudes (the same
+        exact top-k as ``block_top`` and :class:`Magnitudes`: ties to the lower index), one
+        gather of their ``re, im`` and the run's index sections (``index_segments``).  None
+        (each tensor alone, which raises its error) when a block holds a NaN or inf."""
+        from codec.device import Memory
+        from codec.dtypes import on_device
+        from codec.kernels import backend
+        from codec.ops import offsets, readonly, widen
+        from codec.pack import index_segments
+
+        x = widen(flat)
+        dt = np.dtype(x.dtype)
+        mem = Memory(on_device(flat))
+        lays = [Layout(n, self.block) for n in np.diff(starts).tolist()]
+        cbase = offsets([lay.coefficients for lay in lays]).tolist()  # each tensor's first coefficient in the run's spectrum
+        total = cbase[-1]
+        parts, segs, rel, ks, rows = [], [], [], [], []  # the transform's rows; the selection's segments: start, start in its tensor, k
+        for t, (lay, ctx) in enumerate(zip(lays, ctxs)):
+            theta = self.at("theta", ctx.step)
+            for start, length, count, c, base in lay.parts():
+                parts.append((int(starts[t]) + start, length, count, length, 2 * (cbase[t] + base), 2 * c))
+                if self.keep == "per_block":
+                    first = base + c * np.arange(count, dtype=np.int64)
+                    segs.append(cbase[t] + first)
+                    rel.append(first)
+                    ks.append(np.full(count, c - dropped(theta, c), np.int64))
+            rows.append(sum(p[2] for p in lay.parts()) if self.keep == "per_block" else 1)
+            if self.keep == "global":
+                segs.append(np.array([cbase[t]], np.int64))
+                rel.append(np.zeros(1, np.int64))
+                ks.append(np.array([lay.coefficients - dropped(theta, lay.coefficients)], np.int64))
+        segs, rel, ks = (np.concatenate(a) if a else np.empty(0, np.int64) for a in (segs, rel, ks))
+        kern = backend("spectral", x)
+        spectrum = mem.empty(2 * total, dt)
+        kern.rfft_rows(x, np.array(parts, np.int64).reshape(-1, 6), spectrum)
+        mag = mem.empty(total, np.float64)
+        if total:
+            kern.magnitudes(spectrum.reshape(1, 2 * total), mag, mem.zeros(1, np.uint8))
+        kstarts = offsets(ks)
+        found = mem.empty(int(kstarts[-1]), np.int64)
+        bad = mem.zeros(segs.size, np.uint8)
+        dk = mem.put(kstarts)
+        backend("select", mag).topk_segments(mag, mem.put(np.append(segs, total)), mem.put(ks), dk, found, bad)
+        if mem.host(bad).any():
+            return None
+        index_kern = backend("index", found)
+        pos = mem.empty(found.size, np.int64)  # each tensor's coefficient positions
+        index_kern.absolute_positions(found, dk, mem.put(rel), pos)
+        index_kern.absolute_positions(found, dk, mem.put(segs), found)  # (now the run spectrum's)
+        pairs = np.complex64 if dt == np.float32 else np.complex128  # (re, im) as one item
+        values = mem.gather(readonly(spectrum).view(pairs), found).view(dt)
+        tstarts = kstarts[offsets(rows)]
+        index = index_segments(pos, tstarts, [lay.coefficients for lay in lays])
+        if index is None:
+            return None
+        return 2 * tstarts, values, index
+
     def _per_block(self, parts, theta, kern, flat, ctx, dt):
         """Every block's kept coefficients (``block_top``), where the spectrum lives: a
         device's positions and values stay there for the index and value stages, only the
