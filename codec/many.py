@@ -195,9 +195,10 @@ def _read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) -
     known = _known_positions(c, mf, only, {i for g in segs if len(g) > 1 for i in g} if device and c.select is not None else None)
     value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
     sparse_runs = any(k is not None for k in known)  # every tensor's positions (of only) read at once
+    transform_runs = c.transform is not None and c.transform.segmented and isinstance(mf.payload, memoryview)
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes))
-    elif value_runs or sparse_runs:  # a zstd payload is decompressed section by section as the stages read it
+    elif value_runs or sparse_runs or transform_runs:  # a zstd payload is decompressed section by section as the stages read it
         alone = set(range(len(mf))) - {i for g in segs for i in g}
         groups = sorted(segs + [[i] for i in alone])
     else:
@@ -213,6 +214,8 @@ def _read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) -
             job = None
         elif sparse_runs:
             job = _sparse_run_job(c, mf, g, known)
+        elif transform_runs:
+            job = _transform_run_job(c, mf, g)
         else:
             job = _run_job(c, mf, g, value_runs)
         if job is None:  # alone, or a run whose tensors are not what the run expects
@@ -267,6 +270,32 @@ def _sparse_run_job(c, mf, run, known):
     ctx = Context((int(lay.starts[run[-1] + 1] - lay.starts[run[0]]),), lay.dtypes[run[0]], name="tensors")
     ctx.positions = np.concatenate([known[i] for i in run]) + np.repeat(lay.starts[run] - lay.starts[run[0]], ks)
     return run, ctx, payload
+
+
+def _transform_run_job(c, mf, run):
+    """The job of a run of a transform's frame read at once: the transform's sections
+    (:attr:`codec.stage.Transform.segmented`'s ``read_segments``) and the value stage's
+    (as :func:`_sparse_run_job` reads them), so that one inverse writes the run's
+    concatenation; None (each tensor read alone) when it cannot."""
+    lay = mf.layout
+    secs = [mf.tensor_sections[i] for i in run]
+    if any(not s for s in secs):
+        return None
+    data, dtype = np.frombuffer(mf.payload, np.uint8), lay.dtypes[run[0]]
+    got = _or_alone(c.transform.read_segments, data, [s[0] for s in secs], [lay.sizes[i] for i in run], dtype)
+    if got is None:
+        return None
+    tpay, counts = got
+    vdtype = c.transform.domain_dtype(dtype)
+    vctx = Context((sum(counts),), vdtype, name="tensors")
+    if c.value.elementwise:
+        fr = _values_frame(mf, [s[1:] for s in secs], counts, vdtype)
+        vpay = None if fr is None else _or_alone(_read_values, c.value, fr, vdtype)
+    else:
+        vpay = _or_alone(c.value.read_kept, data, [s[1:] for s in secs], counts, vdtype)
+    if vpay is None:
+        return None
+    return run, Context((int(lay.starts[run[-1] + 1] - lay.starts[run[0]]),), dtype, name="tensors"), (tpay, vctx, vpay)
 
 
 def _read_values(value, fr, dtype):

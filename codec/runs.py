@@ -124,8 +124,9 @@ def feedback_runs(c, arrays) -> list[list[int]]:
     a select or quantizer stage; an elementwise codec's runs (:func:`runs`) for device
     arrays only (on the host its fused per-tensor step, one pass, is faster than a run's
     three; on the device a tensor's step costs launches and copies of its own).  None for a
-    select stage that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)."""
-    if c.transform is not None or (c.select is not None and c.select.sees_gradient):
+    select stage that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)
+    and a transform that is not :attr:`codec.stage.Transform.segmented`."""
+    if (c.transform is not None and not c.transform.segmented) or (c.select is not None and c.select.sees_gradient):
         return []
     sizes = [(a.size, a.dtype) for a in arrays]
     if c.elementwise:

@@ -159,6 +159,11 @@ class Transform(Stage):
     lossless = False
     #: the value stage a spec without one gets: a registered name, or a Value class of its own
     default_value: ClassVar[str | type] = "none"
+    #: the stage codes a many-tensor frame's runs at once: it defines
+    #: :meth:`forward_segments` and ``read_segments(data, sections, sizes, dtype)`` (the
+    #: inverse: ``(payload, counts)`` that :meth:`inverse` writes a run's concatenation
+    #: from, and each tensor's value count), so error feedback's runs take their step together
+    segmented: ClassVar[bool] = False
 
     @abc.abstractmethod
     def forward(self, flat, ctx, sections) -> np.ndarray:
@@ -369,8 +374,11 @@ class Value(Stage):
         :meth:`write` decodes into the run's kept values (``dtype`` the frame's), after
         :meth:`read`'s checks; None (the default) when a tensor's sections are not what the
         run expects.  An elementwise stage needs none: the many-tensor decoder reads its
-        run's values sections as one section (``codec.many``)."""
-        return None
+        run's values sections as one section (``codec.many``); another reads them as a run
+        of its own (:meth:`read_run`, when it has one)."""
+        if self.elementwise:
+            return None
+        return self.read_run(data, sections, counts, dtype)
 
     def read_run(self, data, infos, sizes, dtype):
         """The inverse of :meth:`encode_run`: from the raw payload ``data`` (uint8) and, per

@@ -508,7 +508,10 @@ def test_segmented_selection_gives_the_frame_of_one_call_per_tensor(spec, dtype)
 def test_transform_runs_give_the_frame_of_one_call_per_tensor(spec, dtype, monkeypatch):
     """fft's runs (every block of a run transformed and selected at once, the value stage's
     codes of the run at once where it can): the frame of one call per tensor, at every step
-    of a schedule; a NaN is raised by its tensor, as its own encode names it."""
+    of a schedule, read back at once (one inverse for the run) into what each tensor's own
+    frame decodes to, added into accumulators of every dtype as each adds; a NaN is raised
+    by its tensor, as its own encode names it."""
+    from codec import many as manymod
     from codec import runs
 
     c = codec.get_codec(spec)
@@ -524,6 +527,24 @@ def test_transform_runs_give_the_frame_of_one_call_per_tensor(spec, dtype, monke
         sections = [c.sections(a.reshape(-1), codec.stage.Context(a.shape, a.dtype, step=step)) for a in ts.values()]
         assert many == c.frame_many(sections, Layout.of(ts)), step
     assert ran == [len(ts), len(ts)]  # one run a call
+    read = []
+    job = manymod._transform_run_job
+    monkeypatch.setattr(manymod, "_transform_run_job", lambda *a: read.append(job(*a)) or read[-1])
+    singles = {k: c.encode(x, step=5) for k, x in ts.items()}
+    got = codec.decode_many(many)
+    outs = {k: np.full(x.shape, np.nan, x.dtype) for k, x in ts.items()}
+    codec.decode_many(many, out=outs)
+    for k, f in singles.items():
+        assert got[k].tobytes() == codec.decode(f).tobytes() == outs[k].tobytes(), k
+    for acc_dtype in (np.float32, np.float16, bfloat16):
+        acc = {k: np.where(np.arange(x.size) % 3 == 0, -0.0, 1 / 3).astype(acc_dtype).reshape(x.shape) for k, x in ts.items()}
+        want = {k: a.copy() for k, a in acc.items()}
+        codec.decode_add_many(many, acc, subtract=True)
+        for k, f in singles.items():
+            c.decode_add(f, want[k], subtract=True)
+            assert acc[k].tobytes() == want[k].tobytes(), (acc_dtype, k)
+    # every decode read the run at once (but a float64 rangefloat run with an all-zero tensor: its exponent window needs the tensor's own table)
+    assert len(read) == 5 and (all(j is not None for j in read) or (dtype == np.float64 and c.value.name == "rangefloat"))
     ts["w5"][4] = np.nan
     with pytest.raises(NonFiniteError) as alone:
         c.encode(ts["w5"], step=2)
@@ -738,7 +759,8 @@ def test_forged_randomk_runs_are_refused():
 
 @pytest.mark.parametrize(
     "spec", ["qsgd", "minmax(bits=4,rounding=stochastic)", "rangefloat(bits=8)", "topk(ratio=0.05)", "topk(ratio=0.05)+fp16", "dgc(ratio=0.05)",
-             "gaussiank(ratio=0.05)", "randomk(ratio=0.1,scale=True)", "adacomp", "topk(ratio=0.1)+qsgd", "qsgd+zstd"]
+             "gaussiank(ratio=0.05)", "randomk(ratio=0.1,scale=True)", "adacomp", "topk(ratio=0.1)+qsgd", "qsgd+zstd",
+             "fft(block=64)", "fft(theta=0.5,block=100,keep=global)+fp16"]
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from codec.errors import CodecValueError
+from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param
 from codec.stage import Transform, register
@@ -75,6 +75,9 @@ class FFT(Transform):
     #: ``spectral`` twins); per block, the kept coefficients and positions stay there for the
     #: index and value stages (``keep="global"`` gathers them on the host)
     devices = frozenset({"cpu", "cuda"})
+    #: a many-tensor frame's runs are transformed at once (:meth:`forward_segments`,
+    #: :meth:`read_segments`)
+    segmented = True
     #: a device's frames hold its FFT's coefficients (pocketfft's within a few units of
     #: rounding, docs/kernels.md), so they decode within this of the host's, relative to the
     #: input, also where a value stage rounds a coefficient to its other neighbour
@@ -257,6 +260,30 @@ class FFT(Transform):
                 pos = None
         return (lay, pos, ctx.dtype), ctx.domain(2 * k, self.domain_dtype(ctx.dtype))
 
+    def read_segments(self, data, sections, sizes, dtype):
+        """:meth:`read` of a run's tensors at once (the inverse of :meth:`forward_segments`):
+        ``data`` the raw payload (uint8), ``sections[t]`` tensor t's index section (its
+        info, an offset into ``data``), ``sizes[t]`` its element count.  Returns ``(payload,
+        counts)``: a :class:`RunSpectrum` that :meth:`inverse` writes the run's
+        concatenation from, and per tensor the number of values its value sections hold
+        (``re, im`` of each kept coefficient); every section checked as :meth:`read` checks it
+        (CorruptFrameError)."""
+        from codec.frame import SectionKind
+        from codec.ops import offsets
+        from codec.pack import decode_indices
+
+        lays = [Layout(int(n), self.block) for n in sizes]
+        cbase = offsets([lay.coefficients for lay in lays]).tolist()
+        pos, counts = [], []
+        for info, lay, base in zip(sections, lays, cbase):
+            if info.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP):
+                raise CorruptFrameError(f"section {info.kind}: fft expects an index section")
+            raw = data[info.offset : info.offset + info.raw_len]
+            p = np.arange(lay.coefficients, dtype=np.int64) if _keeps_all(info, raw, lay.coefficients) else decode_indices(info, raw, lay.coefficients)
+            pos.append(p + base)
+            counts.append(2 * p.size)
+        return RunSpectrum(lays, offsets(sizes).tolist(), cbase, np.concatenate(pos) if pos else np.empty(0, np.int64), np.dtype(dtype)), counts
+
     def inverse(self, payload, values, out, mode):
         """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements, or
         ``DEVICE_CHUNK`` into a device array), where ``out`` lives: the working memory is the
@@ -269,6 +296,9 @@ class FFT(Transform):
         from codec.kernels import backend
         from codec.ops import readonly
 
+        if isinstance(payload, RunSpectrum):
+            payload.inverse(self, values, out, mode)
+            return
         lay, pos, dtype = payload
         device = on_device(out)
         mem = Memory(device)
@@ -291,6 +321,37 @@ class FFT(Transform):
                 y = kern.irfft(readonly(spec), length)
                 emit_chunked(self, y.reshape(y.size), flat[start + r0 * length : start + r1 * length], mode, dtype, DEVICE_CHUNK if device else CHUNK)
                 y = None
+
+
+class RunSpectrum:
+    """What :meth:`FFT.read_segments` reads of a run of tensors: their layouts, first
+    elements and first coefficients in the run's spectrum, the kept positions in it (sorted,
+    checked) and the frame's dtype."""
+
+    def __init__(self, lays, starts, cbase, pos, dtype):
+        self.lays, self.starts, self.cbase, self.pos, self.dtype = lays, starts, cbase, pos, dtype
+
+    def inverse(self, stage, values, out, mode):
+        """The run's concatenation into flat ``out`` (``stage.emit``, ``mode``): the kept
+        coefficients placed in the run's zero spectrum (``place`` over it as one row), every
+        block of every tensor inverted together (``irfft_rows``: on a device one launch for
+        rows of up to ``ROW_M``).  A block's inverse is that of its tensor alone, bit for bit."""
+        from codec.device import Memory
+        from codec.dtypes import on_device
+        from codec.kernels import backend
+        from codec.ops import readonly
+
+        mem = Memory(on_device(out))
+        kern = backend("spectral", out)
+        total = self.cbase[-1]
+        dt = values.dtype
+        spectrum = mem.empty((1, 2 * total), dt)
+        if total:
+            kern.place(spectrum, 0, readonly(self.pos), readonly(values))
+        parts = [(2 * (cb + base), length, rows, 2 * c, s + start, length) for lay, s, cb in zip(self.lays, self.starts, self.cbase) for start, length, rows, c, base in lay.parts()]
+        y = mem.empty(self.starts[-1], dt)
+        kern.irfft_rows(readonly(spectrum.reshape(2 * total)), np.array(parts, np.int64).reshape(-1, 6), y)
+        emit_chunked(stage, y, out.reshape(out.size), mode, self.dtype, DEVICE_CHUNK if mem.device else CHUNK)
 
 
 def chunk_rows(length: int, rows: int, chunk: int = CHUNK) -> int:
