@@ -164,6 +164,34 @@ def test_error_feedback_runs_on_the_device_take_one_step_per_run(spec, momentum,
     assert sum(launches.values()) == counts[0], dict(launches)
 
 
+def test_fft_runs_take_one_step_on_the_device(launches):
+    """fft's error-feedback run on the device (every block of the run transformed, selected
+    and inverted at once): frames and residuals bit for bit each tensor's own device step,
+    within fft's device tolerance of the host's, and as many launches for 12 tensors as for 8."""
+    from codec.testing import device_tolerance
+
+    spec = "fft(theta=0.5,block=16)"
+    together, alone, on_host = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    tol = device_tolerance(codec.get_codec(spec))
+    rng = np.random.default_rng(12)
+    sizes = [7, 0, 130, 1, 64, 9, 33, 2, 40, 17, 5, 21]
+    counts = []
+    for step in range(2):
+        host = {f"w{i}": (rng.standard_t(2, n)).astype(np.float32) for i, n in enumerate(sizes)}
+        dev = {k: cuda.to_device(v) for k, v in host.items()}
+        launches.clear()
+        got = codec.decode_many(together.encode_many(dev))
+        counts.append(sum(launches.values()))
+        want = codec.decode_many(on_host.encode_many(host))
+        for k, x in host.items():
+            assert got[k].tobytes() == codec.decode(alone.encode(dev[k], key=k)).tobytes(), (step, k)
+            assert np.array_equal(together.residual(k).copy_to_host(), alone.residual(k).copy_to_host()), (step, k)
+            assert np.linalg.norm(got[k] - want[k]) <= tol * (step + 2) * np.linalg.norm(x), (step, k)
+    launches.clear()
+    codec.ErrorFeedback(spec).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes[:8]])
+    assert sum(launches.values()) == counts[0] == counts[1] <= 20, (counts, dict(launches))
+
+
 @pytest.mark.parametrize("joint", (False, True), ids=("per-tensor", "joint"))
 def test_loaded_host_residuals_follow_many_device_tensors(joint):
     """A state saved (host arrays) and loaded carries on with device tensors in encode_many:

@@ -41,13 +41,15 @@ __all__ = list(_cpu.__all__)
 #: the kernels whose fused multiply-adds are allowed (scripts/cuda_compile_check.py): the
 #: FFT's frames are not the host's anyway (see the module), and a fused complex product is
 #: one rounding closer to the exact transform
-FUSED = ("_load", "_stage", "_multiply", "_finish", "_finish_real")
+FUSED = ("_load", "_stage", "_multiply", "_finish", "_finish_real", "_rows")
 
 
 # ---------------------------------------------------------------------------- tables
-#: tables kept per (context, kind, length, dtype); a bounded cache: a model of many tensors
-#: has as many tail lengths (each table is at most a few times a row)
-TABLES = 32
+#: tables kept per (context, kind, length, dtype), and row layouts (:func:`_described`: one
+#: per shape of a tensor coded alone and per run, each way); a bounded cache: a model's step
+#: meets a few hundred (ResNet-50's 161 tensors: about as many forward and inverse), each at
+#: most 64 bytes a row beside the tables, which are a few times a row
+TABLES = 512
 _tables = threading.local()
 
 
