@@ -107,13 +107,14 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
 
 
-def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | None = None):
+def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | None = None, gradients: dict | None = None):
     """The sections of every tensor (``ctxs[i]`` its context: key, step, state, the name
     errors give it), with the runs an elementwise value stage, a segmented select stage or a
     value stage's :meth:`codec.stage.Value.encode_run` codes at once; ``alone(i)`` gives the
     sections of a tensor no run codes (default: ``c.sections`` of it); ``shape``: the select
     and quantizer runs'; ``flats``: the runs whose concatenation the caller formed
-    (``{first index: flat}``).  Device arrays (all of them) take the same runs: a select
+    (``{first index: flat}``); ``gradients``: the runs' gradients, for a select stage that
+    sees them (:func:`codec.runs.select_runs`).  Device arrays (all of them) take the same runs: a select
     stage without a segmented twin declines its runs, whose tensors then select alone.
     Returns ``(sections, pieces, ran)`` (``pieces`` for
     ``Codec.frame_many``; ``ran``: the indices of the tensors runs coded)."""
@@ -124,7 +125,7 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | 
     out = [None] * len(arrays)
     coded = {}
     if c.select is not None:
-        coded = select_runs(c, arrays, ctxs, out, shape, flats)
+        coded = select_runs(c, arrays, ctxs, out, shape, flats, gradients)
     elif c.transform is not None:
         coded = transform_runs(c, arrays, ctxs, out, shape, flats)
     else:

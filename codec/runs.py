@@ -124,9 +124,10 @@ def feedback_runs(c, arrays) -> list[list[int]]:
     a select or quantizer stage; an elementwise codec's runs (:func:`runs`) for device
     arrays only (on the host its fused per-tensor step, one pass, is faster than a run's
     three; on the device a tensor's step costs launches and copies of its own).  None for a
-    select stage that sees the gradient itself (:attr:`codec.stage.Select.sees_gradient`)
-    and a transform that is not :attr:`codec.stage.Transform.segmented`."""
-    if (c.transform is not None and not c.transform.segmented) or (c.select is not None and c.select.sees_gradient):
+    transform that is not :attr:`codec.stage.Transform.segmented`.  A select stage that sees
+    the gradient itself (:attr:`codec.stage.Select.sees_gradient`) is handed the run's
+    gradients beside ``acc`` (:func:`select_runs`' ``gradients``)."""
+    if c.transform is not None and not c.transform.segmented:
         return []
     sizes = [(a.size, a.dtype) for a in arrays]
     if c.elementwise:
@@ -152,18 +153,24 @@ def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None 
     return coded
 
 
-def select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:
+def select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None, gradients: dict | None = None) -> dict:
     """Code every run of small float32/float64 tensors that the select stage selects in at
     once (:meth:`codec.stage.Select.select_segments`), as :func:`value_runs` does: with an
     elementwise value stage, the run's kept values are coded at once too and the run is one
     payload piece (``{first index: (members after the first, piece)}``); else each tensor's
     values are coded on their own (``out[i]`` its sections).  The others stay None.
-    ``flats``: runs already concatenated (:func:`concatenated`)."""
+    ``flats``: runs already concatenated (:func:`concatenated`); ``gradients``: under error
+    feedback, for a stage that :attr:`codec.stage.Select.sees_gradient`, each run's gradients
+    concatenated (``{first index: flat}``; the run's ``flat`` is ``acc``)."""
     groups = segment_runs([(a.size, a.dtype) for a in arrays], shape)
     coded = {}
     for g, flat in zip(groups, concatenated(arrays, groups, flats)):
         members = [ctxs[i] for i in g]
-        picked = c.select.select_segments(flat, offsets([arrays[i].size for i in g]), members)
+        starts = offsets([arrays[i].size for i in g])
+        if gradients:
+            picked = c.select.select_segments(flat, starts, members, gradient=gradients[g[0]])
+        else:
+            picked = c.select.select_segments(flat, starts, members)
         if picked is None:
             continue
         pos, kstarts, values, index = picked

@@ -246,7 +246,7 @@ class Select(Stage):
         """``(positions, kept_values)``: sorted flat int64 positions and the values to code,
         appending the index sections.  ``residual``/``out`` only with :attr:`fuses_feedback`."""
 
-    def select_segments(self, flat, starts, ctxs):
+    def select_segments(self, flat, starts, ctxs, gradient=None):
         """:meth:`select` for many small tensors at once (a many-tensor frame's run):
         ``flat`` holds them concatenated (float32 or float64), tensor ``i`` is
         ``flat[starts[i]:starts[i + 1]]`` with context ``ctxs[i]``.  Returns ``(positions,
@@ -256,13 +256,15 @@ class Select(Stage):
         section, or random-k's key), all exactly as
         :meth:`select` would give them for that tensor alone; or None (the default) to let the
         pipeline call :meth:`select` per tensor; also None when a tensor needs
-        :meth:`select`'s own handling (its error on a NaN)."""
+        :meth:`select`'s own handling (its error on a NaN).  ``gradient`` (a stage that
+        :attr:`sees_gradient`, under error feedback): the run's gradients concatenated as
+        ``flat`` is, ``flat`` being ``acc = gradient + residual``."""
         return None
 
     #: under error feedback the selection depends on the new gradient as well as on ``acc = x
     #: + residual`` (AdaComp's ``|G + dW|``), so it is not the selection of ``acc`` alone:
-    #: error feedback's many-tensor runs, which code ``acc``, leave such a stage to each
-    #: tensor's own step
+    #: error feedback's many-tensor runs hand such a stage the run's gradients too
+    #: (:meth:`select_segments`' ``gradient``)
     sees_gradient: ClassVar[bool] = False
 
     def positions_segments(self, data, sections, sizes, value=None) -> list | None:

@@ -760,7 +760,7 @@ def test_forged_randomk_runs_are_refused():
 @pytest.mark.parametrize(
     "spec", ["qsgd", "minmax(bits=4,rounding=stochastic)", "rangefloat(bits=8)", "topk(ratio=0.05)", "topk(ratio=0.05)+fp16", "dgc(ratio=0.05)",
              "gaussiank(ratio=0.05)", "randomk(ratio=0.1,scale=True)", "adacomp", "topk(ratio=0.1)+qsgd", "qsgd+zstd",
-             "fft(block=64)", "fft(theta=0.5,block=100,keep=global)+fp16"]
+             "fft(block=64)", "fft(theta=0.5,block=100,keep=global)+fp16", "adacomp(bin=7)+fp16"]
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
@@ -786,11 +786,9 @@ def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
         for k, x in ts.items():
             assert got[k].tobytes() == codec.decode(alone.encode(x, key=k)).tobytes(), (step, k)
         assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step  # residuals, steps, stage state
-        if spec != "adacomp":
-            banks.append(id(together._slots["w0"].at[0]))
-    assert ran == ([] if spec == "adacomp" else [18, 18, 18])  # per step two runs (10 tensors, 8 tensors); AdaComp none
-    if spec != "adacomp":  # the third step writes acc into the first step's buffer (now the spares'): nothing allocated
-        assert banks[2] == banks[0] != banks[1], banks
+        banks.append(id(together._slots["w0"].at[0]))
+    assert ran == [18, 18, 18]  # per step two runs (10 tensors, 8 tensors)
+    assert banks[2] == banks[0] != banks[1], banks  # the third step writes acc into the first step's buffer (now the spares'): nothing allocated
 
 
 @pytest.mark.parametrize("spec", ["randomk(ratio=0.1)", "qsgd", "minmax(rounding=stochastic)", "fp8(rounding=stochastic)"])

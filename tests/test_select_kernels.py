@@ -356,7 +356,7 @@ def test_bin_sums_add_as_numpy(A, dtype):
 @pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
 def test_adacomp_segments_match_numpy(A, kind, dtype):
     """Each segment's sends (its own bin length), values and bin maxima exactly as the
-    reference AdaComp gives them for that tensor alone."""
+    reference AdaComp gives them for that tensor alone, without and with a residual."""
     from reference.sparse import adacomp
 
     sizes = [0, 1, 7, 50, 501, 999, 4097, CHUNK]
@@ -373,21 +373,26 @@ def test_adacomp_segments_match_numpy(A, kind, dtype):
     flat = np.concatenate(parts)
     pos, vals = np.full(flat.size, -1, np.int64), np.zeros(flat.size, dtype)
     counts, bad = np.full(sizes.size, -1, np.int64), np.full(sizes.size, -1, np.int64)
-    gmax = np.full(int(bstarts[-1]), np.nan, dtype)
-    A.adacomp_segments(flat, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
-    assert not bad.any()
-    for t, p in enumerate(parts):
-        want, _, _ = adacomp(p, None, int(lengths[t]), value="none")
-        got = pos[starts[t] : starts[t] + counts[t]]
-        assert np.array_equal(got, want), (p.size, int(lengths[t]))
-        assert np.array_equal(vals[starts[t] : starts[t] + counts[t]], p[got])
-        if p.size:
-            want_max = np.abs(np.concatenate([p, np.zeros(-p.size % lengths[t], dtype)])).reshape(-1, lengths[t]).max(1)
-            assert np.array_equal(gmax[bstarts[t] : bstarts[t + 1]], want_max)
+    residuals = [data(kind, p.size, dtype, seed=50 + i) for i, p in enumerate(parts)]
+    for feedback in (False, True):  # g = dw alone, and g = r + dw (error feedback's acc) beside its dw
+        g = np.concatenate([np.add(r, p, dtype=dtype) for r, p in zip(residuals, parts)]) if feedback else flat
+        gmax = np.full(int(bstarts[-1]), np.nan, dtype)
+        A.adacomp_segments(flat, g, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
+        assert not bad.any()
+        for t, p in enumerate(parts):
+            want, _, _ = adacomp(p, residuals[t] if feedback else None, int(lengths[t]), value="none")
+            got = pos[starts[t] : starts[t] + counts[t]]
+            gt = g[starts[t] : starts[t + 1]]
+            assert np.array_equal(got, want), (feedback, p.size, int(lengths[t]))
+            assert np.array_equal(vals[starts[t] : starts[t] + counts[t]], gt[got])
+            if p.size:
+                want_max = np.abs(np.concatenate([gt, np.zeros(-p.size % lengths[t], dtype)])).reshape(-1, lengths[t]).max(1)
+                assert np.array_equal(gmax[bstarts[t] : bstarts[t + 1]], want_max)
     nan = data(kind, 20, dtype)
     nan[5] = np.nan
     counts[:] = bad[:] = 0
-    A.adacomp_segments(np.concatenate([parts[3], nan]), np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
+    both = np.concatenate([parts[3], nan])
+    A.adacomp_segments(both, both, np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
     assert bad[0] == 0 and bad[1] == 1
 
 

@@ -113,8 +113,9 @@ def test_adacomp_nonfinite_on_the_device_names_the_position():
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
 def test_segments_match_the_cpu_kernel(monkeypatch, dtype):
-    """Segments of 0 to 120 values with their own bin lengths, one holding a NaN: the same
-    maxima, sends (relative positions and values), counts and NaN/inf counts."""
+    """Segments of 0 to 120 values with their own bin lengths, one holding a NaN, tested
+    against a gradient of their own: the same maxima, sends (relative positions and values),
+    counts and NaN/inf counts."""
     monkeypatch.setattr(_common, "SCAN_ITEMS", 3)
     rng = np.random.default_rng(3)
     sizes = [0, 1, 17, 120, 33, 8]
@@ -122,12 +123,13 @@ def test_segments_match_the_cpu_kernel(monkeypatch, dtype):
     x = (rng.standard_t(2, sum(sizes)) * 10.0 ** rng.integers(-3, 3, sum(sizes))).astype(dtype)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     x[starts[4] + 2] = np.nan
+    dw = (x + rng.standard_normal(x.size)).astype(dtype)  # (g = x beside a gradient of its own: error feedback's test)
     bstarts = np.concatenate([[0], np.cumsum(-(-np.array(sizes) // lengths))]).astype(np.int64)
     res = {}
     for name, kern, put in (("cpu", C, np.asarray), ("cuda", G, cuda.to_device)):
         arrs = [put(np.full(x.size, -1, np.int64)), put(np.zeros(x.size, dtype)), put(np.zeros(len(sizes), np.int64)),
                 put(np.zeros(len(sizes), np.int64)), put(np.zeros(bstarts[-1], dtype))]
-        kern.adacomp_segments(put(x), put(starts), put(lengths), put(bstarts), *arrs)
+        kern.adacomp_segments(put(dw), put(x), put(starts), put(lengths), put(bstarts), *arrs)
         res[name] = [a if isinstance(a, np.ndarray) else a.copy_to_host() for a in arrs]
     pos, vals, counts, bad, gmax = res["cpu"]
     assert np.array_equal(res["cuda"][2], counts) and np.array_equal(res["cuda"][3], bad) and bad.tolist() == [0, 0, 0, 0, 1, 0]

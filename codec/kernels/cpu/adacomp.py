@@ -188,19 +188,20 @@ def _bins(dw, r, g, lo, hi, length, buf, vals, row, gmax):
 
 
 @jit(parallel=True)
-def adacomp_segments(x, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
-    """:func:`adacomp_bins` of many small tensors at once (no error feedback: ``g = dw = x``):
-    segment ``s`` is ``x[starts[s]:starts[s+1]]`` in bins of ``lengths[s]`` values, its bins'
-    maxima go to ``gmax[bstarts[s]:bstarts[s+1]]``, its sends' positions (from the segment's
-    start) and values to ``pos`` and ``vals`` from ``starts[s]`` (room for every value), their
-    number to ``counts[s]`` and its NaN/inf count to ``bad[s]``; each exactly as the tensor
-    alone."""
+def adacomp_segments(dw, g, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
+    """:func:`adacomp_bins` of many small tensors at once: segment ``s`` is
+    ``g[starts[s]:starts[s+1]]`` (and its gradient the same slice of ``dw``: ``g = dw``
+    without error feedback, ``g = r + dw`` formed by the caller under it) in bins of
+    ``lengths[s]`` values, its bins' maxima go to ``gmax[bstarts[s]:bstarts[s+1]]``, its
+    sends' positions (from the segment's start) and values to ``pos`` and ``vals`` from
+    ``starts[s]`` (room for every value), their number to ``counts[s]`` and its NaN/inf count
+    to ``bad[s]``; each exactly as the tensor alone."""
     for s in prange(starts.size - 1):
         lo = starts[s]
         n = starts[s + 1] - lo
-        xs = x[lo : lo + n]
+        gs = g[lo : lo + n]
         gm = gmax[bstarts[s] : bstarts[s + 1]]
-        counts[s], bad[s] = _bins(xs, None, xs, 0, n, lengths[s], pos[lo : lo + n].reshape((1, n)), vals[lo : lo + n].reshape((1, n)), 0, gm)
+        counts[s], bad[s] = _bins(dw[lo : lo + n], None, gs, 0, n, lengths[s], pos[lo : lo + n].reshape((1, n)), vals[lo : lo + n].reshape((1, n)), 0, gm)
 
 
 @jit

@@ -98,23 +98,23 @@ def _bins(dw, r, g, length, per_chunk, c0, items, buf, vals, cap, counts, bad, g
 
 
 @jit
-def _segments(x, starts, lengths, bstarts, items, pos, vals, counts, bad, gmax):
+def _segments(dw, g, starts, lengths, bstarts, items, pos, vals, counts, bad, gmax):
     s = cuda.blockIdx.x
     lo = starts[s]
     hi = starts[s + 1]
-    _bin_maxima(x, x[:0], x, lo, hi, lengths[s], gmax, bstarts[s])
+    _bin_maxima(dw, dw[:0], g, lo, hi, lengths[s], gmax, bstarts[s])
     tmp = cuda.shared.array(THREADS, np.int64)
-    found, nbad = _compact((x, x, gmax, lengths[s], lo, bstarts[s]), lo, hi, items, lo, hi - lo, lo, pos, vals, tmp)
+    found, nbad = _compact((g, dw, gmax, lengths[s], lo, bstarts[s]), lo, hi, items, lo, hi - lo, lo, pos, vals, tmp)
     if cuda.threadIdx.x == 0:
         counts[s] = found
         bad[s] = nbad
 
 
-def adacomp_segments(x, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
+def adacomp_segments(dw, g, starts, lengths, bstarts, pos, vals, counts, bad, gmax):
     """The CPU kernel's ``adacomp_segments`` (its docstring has the contract): one block per
     segment; every array a device array."""
     if starts.size > 1:
-        _segments[starts.size - 1, _common.SCAN_BLOCK](x, starts, lengths, bstarts, _common.SCAN_ITEMS, pos, vals, counts, bad, gmax)
+        _segments[starts.size - 1, _common.SCAN_BLOCK](dw, g, starts, lengths, bstarts, _common.SCAN_ITEMS, pos, vals, counts, bad, gmax)
 
 
 def _launch(dw, r, g, length, per_chunk, chunks, buf, vals, counts, bad, gmax):

@@ -106,7 +106,7 @@ class AdaComp(IndexSelect):
     name = "adacomp"
     default_value = SignScale
     devices = frozenset({"cpu", "cuda"})  # the bins run in the adacomp family's CUDA twin
-    sees_gradient = True  # |G + dW| >= max |G|: dW on its own, not only G
+    sees_gradient = True  # |G + dW| >= max |G|: dW on its own, not only G (select_segments takes gradient=)
     params = (Param("bin", int, None, f"bin length L; auto = {CONV_BIN} if ndim >= 3 else {FC_BIN}", low=1, high=MAX_ELEMENTS, auto=True),)
 
     def length(self, shape) -> int:
@@ -156,9 +156,11 @@ class AdaComp(IndexSelect):
             sent = mem.gather(g.reshape(n), idx) if mem.device else sent.astype(g.dtype)
         return idx, sent
 
-    def select_segments(self, flat, starts, ctxs):
+    def select_segments(self, flat, starts, ctxs, gradient=None):
         """Every tensor's bins in one kernel call (``adacomp_segments``), its scale from its
-        bins' maxima as :meth:`select` takes it, the index sections of all of them in two more."""
+        bins' maxima as :meth:`select` takes it, the index sections of all of them in two more.
+        ``gradient``: under error feedback, the run's gradients (``flat`` is ``acc =
+        gradient + residual``), which the test ``|G + dW| >= max |G|`` reads."""
         from codec.kernels import backend
         from codec.ops import round_to
 
@@ -170,7 +172,8 @@ class AdaComp(IndexSelect):
         room, pos, counts, bad = segment_room(sizes)  # (only each tensor's first sends are written)
         pos, counts, bad = mem.put(pos), mem.put(counts), mem.put(bad)
         vals = mem.empty(flat.size, flat.dtype)
-        backend("adacomp", flat).adacomp_segments(flat, mem.put(starts), mem.put(lengths), mem.put(bstarts), pos, vals, counts, bad, gmax)
+        dw = flat if gradient is None else readonly(gradient)
+        backend("adacomp", flat).adacomp_segments(dw, readonly(flat), mem.put(starts), mem.put(lengths), mem.put(bstarts), pos, vals, counts, bad, gmax)
         if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
         counts = mem.host(counts)  # (the finds stay where they are: segments_picked gathers them)
