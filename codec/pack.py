@@ -91,61 +91,54 @@ def encode_indices(idx, n: int) -> Section:
     """Code sorted unique positions ``idx`` (< n) as the smaller of a bitmap and packed gaps.
 
     Ties go to the packed gaps.  The bitmap is only allocated when it is chosen, so a few
-    positions in a huge range cost no memory.
+    positions in a huge range cost no memory.  Positions in device memory (1-D int64) are
+    coded there by the ``index`` and ``pack`` twins: only the section's bytes and three
+    scalars (the last position, the largest gap and the order check) come to the host.
     """
     n = _integer(n, "n")
     if n < 0:
         raise CodecValueError(f"n: must be >= 0, got {n}")
-    if on_device(idx):
-        return _encode_indices_device(idx, n)
+    mem = Memory(on_device(idx))
+    idx = _positions_below(idx, n, mem)
+    k = idx.size
+    kern = backend("index", idx)
+    gaps = mem.empty(k, np.uint64)
+    big = kern.delta_encode(idx, gaps) if k else 0  # (-1 also for a negative first position)
+    if big < 0:
+        raise CodecValueError("idx: positions must be strictly increasing")
+    width = max(1, int(big).bit_length())
+    if raw_length(k, width) <= raw_length(n, 1):
+        if not mem.device:
+            return Section(SectionKind.INDEX_DELTA, width, k, pack_bits(gaps, width))
+        out = mem.empty(raw_length(k, width), np.uint8)
+        if k:
+            backend("pack", gaps).pack_codes(gaps, width, out)
+        return Section(SectionKind.INDEX_DELTA, width, k, mem.host(out))
+    bitmap = mem.empty(raw_length(n, 1), np.uint8)  # the kernel writes every byte
+    kern.bitmap_encode(idx, bitmap)
+    return Section(SectionKind.INDEX_BITMAP, 1, n, mem.host(bitmap))
+
+
+def _positions_below(idx, n: int, mem):
+    """``idx`` as the int64 positions :func:`encode_indices` codes (read-only on the host),
+    after the checks that need no pass over them: integers, 1-D on a device, the first at
+    least 0 (on the host) and the last below ``n`` (the order and the rest are checked as
+    the gaps are formed)."""
+    if mem.device:
+        if idx.dtype != np.int64 or idx.ndim != 1:
+            raise CodecTypeError(f"idx: device positions must be 1-D int64, got {idx.dtype}{list(idx.shape)}")
+        if idx.size and int(mem.host(idx[idx.size - 1 :])[0]) >= n:
+            raise CodecValueError(f"idx: positions must lie in [0, {n})")
+        return idx
     idx = np.asarray(idx)
     if idx.size and idx.dtype.kind not in "iu":
         raise CodecTypeError(f"idx: expected integer positions, got {idx.dtype}")
     if idx.dtype.kind == "u" and idx.size and idx.max() > np.iinfo(np.int64).max:
         raise CodecValueError(f"idx: positions must lie in [0, {n})")
     idx = np.ascontiguousarray(idx, dtype=np.int64).reshape(-1)
-    k = idx.size
-    if k and (idx[0] < 0 or idx[-1] >= n):
+    if idx.size and (idx[0] < 0 or idx[-1] >= n):
         raise CodecValueError(f"idx: positions must lie in [0, {n})")
-    kern = backend("index", idx)
-    gaps = np.empty(k, np.uint64)
-    idx = readonly(idx)
-    big = kern.delta_encode(idx, gaps) if k else 0
-    if big < 0:
-        raise CodecValueError("idx: positions must be strictly increasing")
-    width = max(1, int(big).bit_length())
-    if raw_length(k, width) <= raw_length(n, 1):
-        return Section(SectionKind.INDEX_DELTA, width, k, pack_bits(gaps, width))
-    bitmap = np.empty(raw_length(n, 1), np.uint8)  # the kernel writes every byte
-    kern.bitmap_encode(idx, bitmap)
-    return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
-
-
-def _encode_indices_device(idx, n: int) -> Section:
-    """:func:`encode_indices` of int64 positions in device memory: the gaps, their packing
-    or the bitmap made by the ``index`` and ``pack`` twins, and only the section's bytes (and
-    three scalars: the last position, the largest gap and the order check) come to the host."""
-    from codec.device import empty, host_copy
-
-    if idx.dtype != np.int64 or idx.ndim != 1:
-        raise CodecTypeError(f"idx: device positions must be 1-D int64, got {idx.dtype}{list(idx.shape)}")
-    k = idx.size
-    if k and int(idx[k - 1 : k].copy_to_host()[0]) >= n:
-        raise CodecValueError(f"idx: positions must lie in [0, {n})")
-    kern = backend("index", idx)
-    gaps = empty(k, np.uint64)
-    big = kern.delta_encode(idx, gaps) if k else 0  # (-1 also for a negative first position)
-    if big < 0:
-        raise CodecValueError("idx: positions must be strictly increasing")
-    width = max(1, int(big).bit_length())
-    if raw_length(k, width) <= raw_length(n, 1):
-        out = empty(raw_length(k, width), np.uint8)
-        if k:
-            backend("pack", gaps).pack_codes(gaps, width, out)
-        return Section(SectionKind.INDEX_DELTA, width, k, host_copy(out))
-    bitmap = empty(raw_length(n, 1), np.uint8)
-    kern.bitmap_encode(idx, bitmap)
-    return Section(SectionKind.INDEX_BITMAP, 1, n, host_copy(bitmap))
+    return readonly(idx)
 
 
 def index_segments(pos, starts, sizes) -> SectionRun | None:

@@ -129,8 +129,10 @@ def launches(monkeypatch):
 #: (spec, momentum, launches a run's step may take).  A sparsifier's include making its
 #: index sections on the device (widths, bytes) and gathering its values there; DGC's add
 #: the momentum and its masking; random-k's, the draw (a bitmap marked, counted and read
-#: back in order) and the check that the kept values are finite (two counts).
-RUN_STEPS = [("topk(ratio=0.1)+fp16", 0, 8), ("dgc(ratio=0.1)", 0.9, 11), ("randomk(ratio=0.2)", 0, 14), ("fp16", 0, 6), ("bf16+zstd", 0.5, 8)]
+#: back in order) and the check that the kept values are finite (two counts); AdaComp's, its
+#: gradients' concatenation beside ``acc``, its scales' sums and its sign bits.
+RUN_STEPS = [("topk(ratio=0.1)+fp16", 0, 8), ("dgc(ratio=0.1)", 0.9, 11), ("randomk(ratio=0.2)", 0, 14), ("fp16", 0, 6), ("bf16+zstd", 0.5, 8),
+             ("adacomp", 0.9, 13)]
 
 
 @pytest.mark.parametrize("spec,momentum,budget", RUN_STEPS)

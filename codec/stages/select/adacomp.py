@@ -29,14 +29,13 @@ class SignScale(Value):
     lossless = False
 
     def encode(self, values, ctx, sections):
-        from codec.device import host_copy
         from codec.kernels import backend
 
         sections.append(Section(SectionKind.SCALARS, 64, 1, np.array([ctx.hints["scale"]], "<f8")))
         mem = Memory(on_device(values))  # device values: the sign bits made there, only they come back
         bits = mem.empty((values.size + 7) // 8, np.uint8)
         backend("pack", bits).sign_bits(_words(values), mem.put(np.array([0, values.size], np.int64)), bits, mem.put(np.zeros(1, np.int64)))
-        sections.append(Section(SectionKind.VALUES, 1, values.size, host_copy(bits) if mem.device else bits))
+        sections.append(Section(SectionKind.VALUES, 1, values.size, mem.host(bits)))
 
     def read(self, reader, ctx, count):
         from codec.pack import unpack_bits
