@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from codec import dlpack
-from codec.dtypes import on_device
+from codec.dtypes import on_device, readonly
 from codec.errors import CodecTypeError, CodecValueError
 
 __all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "spans", "to_device", "to_host", "zeros"]
@@ -311,15 +311,16 @@ class Memory:
         return a
 
     def gather(self, src, idx):
-        """``src[idx]`` (flat ``src``, int64 positions ``idx`` in ``range(src.size)``, both
-        where this memory is) in a new array there: on the device neither comes to the host.
-        16-bit values are gathered as their bits."""
-        if not self.device:
-            return src[idx]
+        """``src[idx]`` (flat ``src``, integer positions ``idx`` in ``range(src.size)``, both
+        where this memory is; on the device int64) in a new array there, by the ``scatter``
+        family's ``gather``: on the device neither comes to the host.  16-bit values are
+        gathered as their bits."""
         from codec.kernels import backend
 
+        if not self.device:
+            src, idx = readonly(src), readonly(np.ascontiguousarray(idx, np.int64).reshape(-1))
         bits = np.dtype(src.dtype).itemsize == 2
-        out = empty(idx.size, src.dtype)
+        out = self.empty(idx.size, src.dtype)
         if idx.size:
             backend("scatter", src).gather(src.view(np.uint16) if bits else src, idx, out.view(np.uint16) if bits else out)
         return out

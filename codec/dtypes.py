@@ -211,3 +211,14 @@ def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out") -
     if not plain.flags.c_contiguous or not plain.flags.writeable or not plain.flags.aligned:
         raise CodecValueError(f"{argname}: must be a writeable, aligned, C-contiguous array")
     return plain.reshape(-1)
+
+
+def readonly(a):
+    """A read-only view of ``a``.  Kernels get every input read-only (as frame sections are), so
+    each compiles one signature per dtype instead of one per dtype and writability.  A device
+    array is returned as it is (it has no read-only flag).  (``codec.ops.readonly``; here so
+    that :mod:`codec.device` can take it without importing :mod:`codec.ops`.)"""
+    if isinstance(a, np.ndarray) and a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from codec.dtypes import bfloat16, on_device
+from codec.dtypes import bfloat16, on_device, readonly  # noqa: F401  (readonly: re-exported, the kernels' callers take it from here)
 from codec.errors import CodecIndexError, CodecTypeError, CodecValueError
 from codec.kernels import backend
 from codec.modes import SET
@@ -46,16 +46,6 @@ def offsets(counts) -> np.ndarray:
     out = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=out[1:])
     return out
-
-
-def readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a``.  Kernels get every input read-only (as frame sections are), so
-    each compiles one signature per dtype instead of one per dtype and writability.  A device
-    array is returned as it is (it has no read-only flag)."""
-    if isinstance(a, np.ndarray) and a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
 
 
 def first_nonfinite(x: np.ndarray, block: int = 1 << 16) -> int:
@@ -273,18 +263,12 @@ def _positions(idx):
 
 def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """``src[idx]`` of flat ``src`` (host or device) at positions in ``range(src.size)``, as a
-    host array: on the device the positions go there and only the gathered values come back."""
-    if not on_device(src):
-        idx = readonly(np.ascontiguousarray(idx, np.int64))
-        out = np.empty(idx.size, src.dtype)
-        bits = src.dtype in (HALF, bfloat16)  # 16-bit floats (no Numba type): their bits are gathered
-        backend("scatter", src).gather(readonly(src.view(np.uint16) if bits else src), idx, out.view(np.uint16) if bits else out)
-        return out
-    from codec.device import empty, host_copy, to_device
+    host array: on the device the positions go there and only the gathered values come back
+    (:meth:`codec.device.Memory.gather`, the ``scatter`` family's ``gather``)."""
+    from codec.device import Memory
 
-    out = empty(idx.size, src.dtype)
-    backend("scatter", src).gather(src, to_device(_positions(idx)), out)
-    return host_copy(out)
+    mem = Memory(on_device(src))
+    return mem.host(mem.gather(src, mem.put(_positions(idx)) if mem.device else idx))
 
 
 def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode: int) -> None:

@@ -286,9 +286,11 @@ class Codec:
         """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per ``mode``)."""
         from codec.ops import WIDE, scatter_checked, store, wide_dtype
 
-        if self.transform is not None:  # coefficients in the domain's dtype, then the inverse
+        if self.transform is not None:  # coefficients in the domain's dtype, where out lives (the codes cross, not the values), then the inverse
+            from codec.device import Memory
+
             tpay, vctx, vpay = payload
-            values = np.empty(vctx.n, self.transform.domain_dtype(vctx.dtype))
+            values = Memory(on_device(out)).empty(vctx.n, self.transform.domain_dtype(vctx.dtype))
             self.value.write(vpay, values, SET)
             self.transform.inverse(tpay, values, out, mode)
         elif out.dtype not in WIDE:  # kernels work on float32/float64; 16-bit outputs go through one

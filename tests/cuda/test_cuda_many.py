@@ -179,7 +179,7 @@ def test_fft_runs_take_one_step_on_the_device(launches):
     sizes = [7, 0, 130, 1, 64, 9, 33, 2, 40, 17, 5, 21]
     counts = []
     for step in range(2):
-        host = {f"w{i}": (rng.standard_t(2, n)).astype(np.float32) for i, n in enumerate(sizes)}
+        host = {f"w{i}": (rng.standard_t(2, n)).astype(np.float32) for i, n in enumerate(sizes[:8])}
         dev = {k: cuda.to_device(v) for k, v in host.items()}
         launches.clear()
         got = codec.decode_many(together.encode_many(dev))
@@ -190,7 +190,7 @@ def test_fft_runs_take_one_step_on_the_device(launches):
             assert np.array_equal(together.residual(k).copy_to_host(), alone.residual(k).copy_to_host()), (step, k)
             assert np.linalg.norm(got[k] - want[k]) <= tol * (step + 2) * np.linalg.norm(x), (step, k)
     launches.clear()
-    codec.ErrorFeedback(spec).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes[:8]])
+    codec.ErrorFeedback(spec).encode_many([cuda.to_device(rng.standard_normal(n).astype(np.float32)) for n in sizes])
     assert sum(launches.values()) == counts[0] == counts[1] <= 20, (counts, dict(launches))
 
 

@@ -5,7 +5,10 @@ each tensor selected exactly as the CPU kernel selects it.
 The exact top-k of a tensor is a radix select (:func:`_kth_key`: the k-th magnitude from
 eight 8-bit digits of the float64 magnitude's bits, each digit a histogram in shared memory)
 then an ordered compaction keeping the values above it and the first ties
-(:func:`_topk_block`).  Gaussian-k adds its lane sums, moments and clamped count before the
+(:func:`_topk_block`); a segment of at most ``_common.SERIAL_UNIT`` values is selected by
+one thread of its block with no barrier (:func:`_short_top`: each value kept when fewer than
+k beat it), the same answer (an fft run's blocks of a few coefficients each: a block's
+barriers cost more than their loop).  Gaussian-k adds its lane sums, moments and clamped count before the
 top-k; DGC its sampled threshold (the same radix select over the strided sample) and the
 adaptation loop, thread 0 deciding and the block following.  Comparisons run on float64
 magnitudes, as the CPU kernel's do (its comparisons in the data's dtype are exact
@@ -137,12 +140,38 @@ def _opened(x, lo, hi, s, counts, bad, tmp):
     return _finite(x, lo, hi, s, bad, tmp) and hi > lo
 
 
+@jit(device=True)
+def _short_top(x, lo, hi, k, out, o, bad, s):
+    """:func:`_topk_block` of a short segment by one thread, with no barrier: value ``j`` is
+    kept when fewer than ``k`` beat it (a larger key, or an equal one at a lower index), in
+    index order; a NaN or inf sets ``bad[s]`` and writes nothing.  The same answer."""
+    for i in range(lo, hi):
+        v = x[i]
+        if v - v != 0:
+            bad[s] = 1
+            return
+    w = o
+    for j in range(lo, hi):
+        kj = _key(x[j])
+        beat = 0
+        for i in range(lo, hi):
+            ki = _key(x[i])
+            beat += ki > kj or (ki == kj and i < j)
+        if beat < k:
+            out[w] = j - lo
+            w += 1
+
+
 @jit
 def _topk_segments(x, starts, ks, out_starts, out, bad, items):
     s = cuda.blockIdx.x
-    tmp = cuda.shared.array(THREADS, np.int64)
     lo = starts[s]
     hi = starts[s + 1]
+    if hi - lo <= _common.SERIAL_UNIT:  # a short segment (a block's barriers cost more than its loop): one thread
+        if cuda.threadIdx.x == 0:
+            _short_top(x, lo, hi, ks[s], out, out_starts[s], bad, s)
+        return
+    tmp = cuda.shared.array(THREADS, np.int64)
     if _finite(x, lo, hi, s, bad, tmp):  # (the same answer for every thread)
         _topk_block(x, lo, hi, ks[s], out, out_starts[s], items, tmp)
 

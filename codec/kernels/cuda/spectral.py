@@ -30,6 +30,7 @@ from collections import OrderedDict
 import numpy as np
 
 from codec._cuda_jit import jit, numba_cuda
+from codec.errors import CodecValueError
 from codec.kernels.cpu import spectral as _cpu
 from codec.kernels.cuda import _common, _segments
 from codec.kernels.cuda._common import Results, dev, launch, mul, nothing, zero
@@ -424,7 +425,7 @@ def _rows_transform(x, out, parts, hermitian):
     for i0, length, rows, istep, o0, ostep in (p for p in parts if _plan(p[1])[0] > ROW_M):
         c = length // 2 + 1
         if rows > 1 and (istep, ostep) != ((2 * c, length) if hermitian else (length, 2 * c)):
-            raise ValueError("parts: a row longer than ROW_M must lie end to end with its part's others")
+            raise CodecValueError("parts: a row longer than ROW_M must lie end to end with its part's others")
         width = 2 * c if hermitian else length
         buf, chirp = _run(x[i0 : i0 + rows * width].reshape(rows, width), rows, length, hermitian, dtype)
         dst = out[o0 : o0 + rows * (length if hermitian else 2 * c)].reshape(rows, -1)

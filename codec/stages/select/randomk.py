@@ -59,10 +59,14 @@ def _scaled(kept, starts, factors, dtype, mem):
 
 
 def _finite(kept) -> bool:
-    """Whether ``kept`` (host or device) holds no NaN or inf: every magnitude is at least 0 (a
-    NaN's is not) and none reaches inf, two counts where the values live (8 bytes each)."""
+    """Whether ``kept`` (host or device) holds no NaN or inf: one pass on the host; on a
+    device, every magnitude is at least 0 (a NaN's is not) and none reaches inf, two counts
+    where the values live (8 bytes each come back)."""
+    from codec.dtypes import on_device
     from codec.kernels import backend
 
+    if not on_device(kept):
+        return bool(np.isfinite(kept).all())
     count = backend("select", kept).count_at_least
     return not kept.size or (count(kept, 0.0) == kept.size and count(kept, np.inf) == 0)
 
@@ -92,14 +96,14 @@ class RandomK(Select):
         the value stage codes."""
         from codec.device import Memory
         from codec.dtypes import on_device
-        from codec.ops import add, first_nonfinite, gather
+        from codec.ops import add, first_nonfinite
 
         acc = values if residual is None else add(values, residual, out)
         n = acc.size
         khash = key_hash(ctx.key)
         idx = positions(n, k_of(self.at("ratio", ctx.step), n), self.seed, khash, ctx.step, device=on_device(acc))
         mem = Memory(on_device(acc))
-        kept = mem.gather(acc.reshape(n), idx) if mem.device else gather(acc, idx)
+        kept = mem.gather(acc.reshape(n), idx)
         if not _finite(kept):  # only kept values are looked at (the rest is never read)
             bad = first_nonfinite(mem.host(kept))
             raise NonFiniteError(ctx.name, ctx.where(int(idx[bad])), "randomk", "needs finite kept values")
@@ -115,7 +119,6 @@ class RandomK(Select):
         from codec.dtypes import on_device
         from codec.frame import SectionRun
         from codec.kernels import backend
-        from codec.ops import gather
 
         sizes = np.diff(starts)
         steps = [c.step for c in ctxs]
@@ -129,7 +132,7 @@ class RandomK(Select):
         backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)
         where = mem.empty(pos.size, np.int64)
         backend("index", pos).absolute_positions(pos, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
-        kept = mem.gather(flat, where) if mem.device else gather(flat, where)
+        kept = mem.gather(flat, where)
         if not _finite(kept):
             return None  # select() raises the error naming the tensor and position
         if self.scale and kept.size:

@@ -218,7 +218,7 @@ class PowerSGD(Transform):
     def inverse(self, payload, values, out, mode):
         """``P Q^T`` into ``out``, in the fixed order of ``lowrank.expand`` (a chain of fused
         multiply-adds per element: what OpenBLAS's kernels computed for earlier versions), on
-        ``out``'s device (``P`` and ``Q`` are moved there: frame content).  Stored as is into a
+        ``out``'s device (``P`` and ``Q``, frame content, laid out on the host and moved there).  Stored as is into a
         float32/float64 ``out`` of the domain's dtype, else formed once in the domain's dtype
         where ``out`` lives and rounded to a 16-bit frame's dtype and stored or added
         ``CHUNK`` elements at a time (:meth:`emit`)."""
@@ -231,6 +231,7 @@ class PowerSGD(Transform):
             return
         n, m, r = plan
         mem = _where(out)
+        values = mem.host(values)  # (P and Q^T laid out on the host: r(n + m) values, frame content)
         p = mem.put(np.ascontiguousarray(values[: n * r]).reshape(n, r))
         qt = mem.put(np.ascontiguousarray(values[n * r :].reshape(m, r).T))
         kern = backend("lowrank", flat)
