@@ -50,6 +50,16 @@ def bucket_groups(n, bucket):
     return nb, per, (nb + per - 1) // per
 
 
+def feistel_half(n):
+    """The bit width of each half of the Feistel permutation random-k draws positions in ``[0,
+    n)`` with: half of ``h = max(2, bit_length(n - 1))``, rounded up (1 for ``n <= 4``), so
+    the permutation's domain ``[0, 4**half)`` covers ``[0, n)``."""
+    h = 2
+    while (1 << h) < n:
+        h += 1
+    return (h + 1) // 2
+
+
 def sample_rank(need, m, n):
     """How many of a sample's ``m`` largest magnitudes (out of ``n`` elements) a sparsifier's
     cut must leave above it so that, very likely, at least ``need`` of the ``n`` elements are:

@@ -30,6 +30,8 @@ TRIT_CHUNK = 65535
 group_buckets = jit(layout.group_buckets)
 #: :func:`codec.layout.chunks` compiled for the kernels: how many CHUNK-value chunks
 chunks = jit(layout.chunks)
+#: :func:`codec.layout.feistel_half` compiled for the kernels (random-k's runs)
+feistel_half = jit(layout.feistel_half)
 #: :func:`codec.layout.sample_rank` compiled for the kernels (the sparsifiers' sampled cut)
 sample_rank = jit(layout.sample_rank)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, chunks
+from codec.kernels.cpu._common import U, chunks, feistel_half
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
 __all__ = ["random_positions", "random_positions_segments", "sorted_positions"]
+
 
 
 @jit
@@ -65,10 +66,7 @@ def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
         if n == 1:
             o[0] = 0
             continue
-        h = 2
-        while (np.int64(1) << h) < n:  # max(2, bit_length(n - 1))
-            h += 1
-        _draw(o, 0, o.size, stream(seeds[s], khashes[s], steps[s]), np.uint64((h + 1) // 2), n)
+        _draw(o, 0, o.size, stream(seeds[s], khashes[s], steps[s]), np.uint64(feistel_half(n)), n)
         o.sort()
 
 

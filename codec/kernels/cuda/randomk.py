@@ -17,6 +17,7 @@ from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import randomk as _cpu
 from codec.kernels.cuda import _common, index, rng
 from codec.kernels.cuda._common import Results, dev, launch, owner, zero
+from codec.layout import feistel_half
 
 cuda = numba_cuda()
 
@@ -123,7 +124,7 @@ def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
     if out.size:
         sizes = np.asarray(sizes, np.int64)
         starts = _offsets(sizes)
-        halves = np.array([(max(2, (int(m) - 1).bit_length()) + 1) // 2 for m in sizes.tolist()], np.uint64)
+        halves = np.array([feistel_half(m) for m in sizes.tolist()], np.uint64)
         streams = np.array([_stream(a, b, c) for a, b, c in zip(seeds.tolist(), khashes.tolist(), steps.tolist())], np.uint64)
         total = int(starts[-1])
         words = _bitmap(total)

@@ -29,10 +29,11 @@ def positions(n: int, k: int, seed: int, khash: int, step: int, device: bool = F
         return mem.zeros(1, np.int64)
     from codec.kernels import backend
 
-    h = max(2, (n - 1).bit_length())
+    from codec.layout import feistel_half
+
     out = mem.empty(k, np.int64)
     u64 = np.uint64
-    backend("randomk", out).sorted_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64((h + 1) // 2), n)
+    backend("randomk", out).sorted_positions(out, u64(seed), u64(khash), u64(step % (1 << 64)), u64(feistel_half(n)), n)
     return out
 
 
