@@ -511,7 +511,7 @@ def test_transform_runs_give_the_frame_of_one_call_per_tensor(spec, dtype, monke
     of a schedule, read back at once (one inverse for the run) into what each tensor's own
     frame decodes to, added into accumulators of every dtype as each adds; a NaN is raised
     by its tensor, as its own encode names it."""
-    from codec import many as manymod
+    from codec import readruns
     from codec import runs
 
     c = codec.get_codec(spec)
@@ -528,8 +528,8 @@ def test_transform_runs_give_the_frame_of_one_call_per_tensor(spec, dtype, monke
         assert many == c.frame_many(sections, Layout.of(ts)), step
     assert ran == [len(ts), len(ts)]  # one run a call
     read = []
-    job = manymod._transform_run_job
-    monkeypatch.setattr(manymod, "_transform_run_job", lambda *a: read.append(job(*a)) or read[-1])
+    job = readruns._transform_run_job
+    monkeypatch.setattr(readruns, "_transform_run_job", lambda *a: read.append(job(*a)) or read[-1])
     singles = {k: c.encode(x, step=5) for k, x in ts.items()}
     got = codec.decode_many(many)
     outs = {k: np.full(x.shape, np.nan, x.dtype) for k, x in ts.items()}
@@ -566,15 +566,15 @@ def test_sparse_runs_decode_as_each_tensor_alone(spec, dtype, monkeypatch):
     one values section and scattered per tensor: decode_many (new arrays, or into out),
     decode_add_many (accumulators of every dtype, -0.0 entries included) and
     decode_sparse_many give bit for bit what each tensor's own frame gives."""
-    from codec import many
+    from codec import readruns
 
     c = codec.get_codec(spec)
     ts = quant_model(dtype, seed=21)
     ts["w8"] = ts["w8"] / (1e300 if dtype == np.float64 else 1)  # (gaussiank's variance overflows there)
     frame = c.encode_many(ts)
     used = []
-    real = many._sparse_run_job
-    monkeypatch.setattr(many, "_sparse_run_job", lambda *a: used.append(1) or real(*a))
+    real = readruns._sparse_run_job
+    monkeypatch.setattr(readruns, "_sparse_run_job", lambda *a: used.append(1) or real(*a))
     singles = {k: c.encode(x) for k, x in ts.items()}
     got = codec.decode_many(frame)
     outs = {k: np.full(x.shape, np.nan, x.dtype) for k, x in ts.items()}

@@ -76,18 +76,6 @@ def run_velocity(xs, slots, m, device: bool):
     return u
 
 
-def joined(xs, device: bool):
-    """The run's tensors ``xs`` as one flat array: where they lie when they are views of one
-    buffer end to end (:func:`codec.device.span`), else a new concatenation."""
-    n, dtype = sum(x.size for x in xs), xs[0].dtype
-    if device:
-        from codec.device import span as lying_end_to_end
-
-        whole = lying_end_to_end(xs)
-        return whole if whole is not None else concat(xs, Memory(True).empty(n, dtype))
-    return np.concatenate([x.reshape(-1) for x in xs]) if xs else np.empty(0, dtype)
-
-
 def run_acc(xs, slots, device: bool):
     """``acc = x + residual`` of a run's tensors ``xs`` (one dtype) and their slots, in one
     flat buffer: the spares' when they are one (:func:`span`), else a new one.  Returns
@@ -133,15 +121,15 @@ def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
         for g in groups:
             xs = [arrays[i] for i in g]
             velocities[g[0]] = run_velocity(xs, [slots[i] for i in g], round_to(ef.momentum, xs[0].dtype)[()], device)
-    places, gradients = {}, {}  # gradients: a select stage that sees them gets each run's (AdaComp's dW)
+    sees = c.select is not None and c.select.sees_gradient  # the stage is handed each run's gradients (AdaComp's dW)
+    places, gradients = {}, {}
     for g in groups:
         xs = [arrays[i] for i in g]
         if g[0] in velocities:  # the run's u in place of its gradients, each tensor's slice
             u, at = velocities[g[0]], np.cumsum([0] + [x.size for x in xs])
             xs = [u[a:b] for a, b in zip(at, at[1:])]
-            gradients[g[0]] = u
-        elif c.select is not None and c.select.sees_gradient:
-            gradients[g[0]] = joined(xs, device)
+        if sees:
+            gradients[g[0]] = velocities[g[0]] if g[0] in velocities else many.joined(xs)
         places[g[0]] = run_acc(xs, [slots[i] for i in g], device)
     flats = {}
     for g in groups:
@@ -159,8 +147,7 @@ def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
         for i in g:
             inputs[i] = flats[g[0]][at : at + arrays[i].size].reshape(arrays[i].shape)
             at += arrays[i].size
-    sections, pieces, ran = many.sections(c, inputs, ctxs, alone, shape=FEEDBACK_RUNS, flats=flats,
-                                          gradients=gradients if c.select is not None and c.select.sees_gradient else None)
+    sections, pieces, ran = many.sections(c, inputs, ctxs, alone, shape=FEEDBACK_RUNS, flats=flats, gradients=gradients or None)
     frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
     mf = parse_many(frame, layout=lay, verify_payload=False)
     done = [g for g in groups if g[0] in ran]

@@ -6,9 +6,9 @@ The exact top-k of a tensor is a radix select (:func:`_kth_key`: the k-th magnit
 eight 8-bit digits of the float64 magnitude's bits, each digit a histogram in shared memory)
 then an ordered compaction keeping the values above it and the first ties
 (:func:`_topk_block`); a segment of at most ``_common.SERIAL_UNIT`` values is selected by
-one thread of its block with no barrier (:func:`_short_top`: each value kept when fewer than
-k beat it), the same answer (an fft run's blocks of a few coefficients each: a block's
-barriers cost more than their loop).  Gaussian-k adds its lane sums, moments and clamped count before the
+one thread of its block with no barrier (:func:`short_top`: each value kept when fewer than
+k beat it; the ``spectral`` twin's short rows too), the same answer (an fft run's blocks of
+a few coefficients each: a block's barriers cost more than their loop).  Gaussian-k adds its lane sums, moments and clamped count before the
 top-k; DGC its sampled threshold (the same radix select over the strided sample) and the
 adaptation loop, thread 0 deciding and the block following.  Comparisons run on float64
 magnitudes, as the CPU kernel's do (its comparisons in the data's dtype are exact
@@ -141,8 +141,9 @@ def _opened(x, lo, hi, s, counts, bad, tmp):
 
 
 @jit(device=True)
-def _short_top(x, lo, hi, k, out, o, bad, s):
-    """:func:`_topk_block` of a short segment by one thread, with no barrier: value ``j`` is
+def short_top(x, lo, hi, k, out, o, bad, s):
+    """:func:`_topk_block` of a short segment by one thread, with no barrier (also the
+    ``spectral`` twin's short rows): value ``j`` is
     kept when fewer than ``k`` beat it (a larger key, or an equal one at a lower index), in
     index order; a NaN or inf sets ``bad[s]`` and writes nothing.  The same answer."""
     for i in range(lo, hi):
@@ -169,7 +170,7 @@ def _topk_segments(x, starts, ks, out_starts, out, bad, items):
     hi = starts[s + 1]
     if hi - lo <= _common.SERIAL_UNIT:  # a short segment (a block's barriers cost more than its loop): one thread
         if cuda.threadIdx.x == 0:
-            _short_top(x, lo, hi, ks[s], out, out_starts[s], bad, s)
+            short_top(x, lo, hi, ks[s], out, out_starts[s], bad, s)
         return
     tmp = cuda.shared.array(THREADS, np.int64)
     if _finite(x, lo, hi, s, bad, tmp):  # (the same answer for every thread)

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from codec.errors import CodecValueError, CorruptFrameError
+from codec.errors import CodecValueError
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param
 from codec.stage import Transform, register
@@ -134,28 +134,28 @@ class FFT(Transform):
         x = widen(flat)
         dt = np.dtype(x.dtype)
         mem = Memory(on_device(flat))
-        lays = [Layout(n, self.block) for n in np.diff(starts).tolist()]
-        cbase = offsets([lay.coefficients for lay in lays]).tolist()  # each tensor's first coefficient in the run's spectrum
-        total = cbase[-1]
-        parts, segs, rel, ks, rows = [], [], [], [], []  # the transform's rows; the selection's segments: start, start in its tensor, k
-        for t, (lay, ctx) in enumerate(zip(lays, ctxs)):
+        run = RunLayout(np.diff(starts).tolist(), self.block)
+        total = run.cbase[-1]
+        segs, rel, ks, rows = [], [], [], []  # the selection's segments: start in the run's spectrum, start in its tensor, k
+        for t, (lay, ctx) in enumerate(zip(run.lays, ctxs)):
             theta = self.at("theta", ctx.step)
-            for start, length, count, c, base in lay.parts():
-                parts.append((int(starts[t]) + start, length, count, length, 2 * (cbase[t] + base), 2 * c))
-                if self.keep == "per_block":
-                    first = base + c * np.arange(count, dtype=np.int64)
-                    segs.append(cbase[t] + first)
-                    rel.append(first)
-                    ks.append(np.full(count, c - dropped(theta, c), np.int64))
-            rows.append(sum(p[2] for p in lay.parts()) if self.keep == "per_block" else 1)
             if self.keep == "global":
-                segs.append(np.array([cbase[t]], np.int64))
-                rel.append(np.zeros(1, np.int64))
-                ks.append(np.array([lay.coefficients - dropped(theta, lay.coefficients)], np.int64))
-        segs, rel, ks = (np.concatenate(a) if a else np.empty(0, np.int64) for a in (segs, rel, ks))
+                segs.append([run.cbase[t]])
+                rel.append([0])
+                ks.append([lay.coefficients - dropped(theta, lay.coefficients)])
+                rows.append(1)
+                continue
+            rows.append(0)
+            for _, _, count, c, base in lay.parts():
+                first = base + c * np.arange(count, dtype=np.int64)
+                segs.append(run.cbase[t] + first)
+                rel.append(first)
+                ks.append(np.full(count, c - dropped(theta, c), np.int64))
+                rows[-1] += count
+        segs, rel, ks = (np.concatenate(a).astype(np.int64) if a else np.empty(0, np.int64) for a in (segs, rel, ks))
         kern = backend("spectral", x)
         spectrum = mem.empty(2 * total, dt)
-        kern.rfft_rows(x, np.array(parts, np.int64).reshape(-1, 6), spectrum)
+        kern.rfft_rows(x, run.parts(forward=True), spectrum)
         mag = mem.empty(total, np.float64)
         if total:
             kern.magnitudes(spectrum.reshape(1, 2 * total), mag, mem.zeros(1, np.uint8))
@@ -173,7 +173,7 @@ class FFT(Transform):
         pairs = np.complex64 if dt == np.float32 else np.complex128  # (re, im) as one item
         values = mem.gather(readonly(spectrum).view(pairs), found).view(dt)
         tstarts = kstarts[offsets(rows)]
-        index = index_segments(pos, tstarts, [lay.coefficients for lay in lays])
+        index = index_segments(pos, tstarts, [lay.coefficients for lay in run.lays])
         if index is None:
             return None
         return 2 * tstarts, values, index
@@ -247,17 +247,10 @@ class FFT(Transform):
     # ------------------------------------------------------------------ decode
     def read(self, reader, ctx):
         from codec.frame import SectionKind
-        from codec.pack import decode_indices
 
         lay = Layout(ctx.n, self.block)
-        info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP))
-        if _keeps_all(info, raw, lay.coefficients):
-            pos, k = None, lay.coefficients
-        else:
-            pos = decode_indices(info, raw, lay.coefficients)
-            k = pos.size
-            if k == lay.coefficients:  # sorted, unique, in range: every position
-                pos = None
+        pos = _kept_positions(*reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP)), lay.coefficients)
+        k = lay.coefficients if pos is None else pos.size
         return (lay, pos, ctx.dtype), ctx.domain(2 * k, self.domain_dtype(ctx.dtype))
 
     def read_segments(self, data, sections, sizes, dtype):
@@ -268,21 +261,14 @@ class FFT(Transform):
         concatenation from, and per tensor the number of values its value sections hold
         (``re, im`` of each kept coefficient); every section checked as :meth:`read` checks it
         (CorruptFrameError)."""
-        from codec.frame import SectionKind
-        from codec.ops import offsets
-        from codec.pack import decode_indices
-
-        lays = [Layout(int(n), self.block) for n in sizes]
-        cbase = offsets([lay.coefficients for lay in lays]).tolist()
+        run = RunLayout(sizes, self.block)
         pos, counts = [], []
-        for info, lay, base in zip(sections, lays, cbase):
-            if info.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP):
-                raise CorruptFrameError(f"section {info.kind}: fft expects an index section")
-            raw = data[info.offset : info.offset + info.raw_len]
-            p = np.arange(lay.coefficients, dtype=np.int64) if _keeps_all(info, raw, lay.coefficients) else decode_indices(info, raw, lay.coefficients)
+        for info, lay, base in zip(sections, run.lays, run.cbase):
+            p = _kept_positions(info, data[info.offset : info.offset + info.raw_len], lay.coefficients)
+            p = np.arange(lay.coefficients, dtype=np.int64) if p is None else p
             pos.append(p + base)
             counts.append(2 * p.size)
-        return RunSpectrum(lays, offsets(sizes).tolist(), cbase, np.concatenate(pos) if pos else np.empty(0, np.int64), np.dtype(dtype)), counts
+        return RunSpectrum(run, np.concatenate(pos) if pos else np.empty(0, np.int64), np.dtype(dtype)), counts
 
     def inverse(self, payload, values, out, mode):
         """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements, or
@@ -323,13 +309,35 @@ class FFT(Transform):
                 y = None
 
 
-class RunSpectrum:
-    """What :meth:`FFT.read_segments` reads of a run of tensors: their layouts, first
-    elements and first coefficients in the run's spectrum, the kept positions in it (sorted,
-    checked) and the frame's dtype."""
+class RunLayout:
+    """A run of tensors of ``sizes`` elements in fft blocks of ``block``: each tensor's
+    :class:`Layout` (``lays``), first element in the run (``starts``) and first coefficient
+    in the run's spectrum (``cbase``; the last entry: the run's coefficients)."""
 
-    def __init__(self, lays, starts, cbase, pos, dtype):
-        self.lays, self.starts, self.cbase, self.pos, self.dtype = lays, starts, cbase, pos, dtype
+    def __init__(self, sizes, block: int):
+        from codec.ops import offsets
+
+        self.lays = [Layout(int(n), block) for n in sizes]
+        self.starts = offsets([int(n) for n in sizes]).tolist()
+        self.cbase = offsets([lay.coefficients for lay in self.lays]).tolist()
+
+    def parts(self, forward: bool) -> np.ndarray:
+        """The run's rows as ``rfft_rows`` (``forward``) or ``irfft_rows`` take them: every
+        tensor's full blocks, then its tail, between the run's elements and its spectrum."""
+        rows = []
+        for lay, s, cb in zip(self.lays, self.starts, self.cbase):
+            for start, length, count, c, base in lay.parts():
+                elements, coefficients = (s + start, length), (2 * (cb + base), 2 * c)
+                rows.append((elements[0], length, count, elements[1], *coefficients) if forward else (coefficients[0], length, count, coefficients[1], *elements))
+        return np.array(rows, np.int64).reshape(-1, 6)
+
+
+class RunSpectrum:
+    """What :meth:`FFT.read_segments` reads of a run of tensors: its :class:`RunLayout`, the
+    kept positions in the run's spectrum (sorted, checked) and the frame's dtype."""
+
+    def __init__(self, run: RunLayout, pos, dtype):
+        self.run, self.pos, self.dtype = run, pos, dtype
 
     def inverse(self, stage, values, out, mode):
         """The run's concatenation into flat ``out`` (``stage.emit``, ``mode``): the kept
@@ -343,14 +351,12 @@ class RunSpectrum:
 
         mem = Memory(on_device(out))
         kern = backend("spectral", out)
-        total = self.cbase[-1]
-        dt = values.dtype
-        spectrum = mem.empty((1, 2 * total), dt)
+        total = self.run.cbase[-1]
+        spectrum = mem.empty((1, 2 * total), values.dtype)
         if total:
             kern.place(spectrum, 0, readonly(self.pos), readonly(values))
-        parts = [(2 * (cb + base), length, rows, 2 * c, s + start, length) for lay, s, cb in zip(self.lays, self.starts, self.cbase) for start, length, rows, c, base in lay.parts()]
-        y = mem.empty(self.starts[-1], dt)
-        kern.irfft_rows(readonly(spectrum.reshape(2 * total)), np.array(parts, np.int64).reshape(-1, 6), y)
+        y = mem.empty(self.run.starts[-1], values.dtype)
+        kern.irfft_rows(readonly(spectrum.reshape(2 * total)), self.run.parts(forward=False), y)
         emit_chunked(stage, y, out.reshape(out.size), mode, self.dtype, DEVICE_CHUNK if mem.device else CHUNK)
 
 
@@ -369,6 +375,17 @@ def emit_chunked(stage, y, out, mode, dtype, chunk: int = CHUNK) -> None:
     temporaries are those of a chunk."""
     for i in range(0, y.size, chunk):
         stage.emit(y[i : i + chunk], out[i : i + chunk], mode, dtype)
+
+
+def _kept_positions(info, raw, total: int):
+    """The kept positions an index section holds (sorted, unique, in ``range(total)``:
+    ``decode_indices`` checks them, CorruptFrameError), or None when it keeps all ``total``."""
+    from codec.pack import decode_indices
+
+    if _keeps_all(info, raw, total):
+        return None
+    pos = decode_indices(info, raw, total)
+    return None if pos.size == total else pos
 
 
 def _keeps_all(info, raw, total: int) -> bool:
