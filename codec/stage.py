@@ -159,10 +159,8 @@ class Transform(Stage):
     lossless = False
     #: the value stage a spec without one gets: a registered name, or a Value class of its own
     default_value: ClassVar[str | type] = "none"
-    #: the stage codes a many-tensor frame's runs at once: it defines
-    #: :meth:`forward_segments` and ``read_segments(data, sections, sizes, dtype)`` (the
-    #: inverse: ``(payload, counts)`` that :meth:`inverse` writes a run's concatenation
-    #: from, and each tensor's value count), so error feedback's runs take their step together
+    #: the stage codes a many-tensor frame's runs at once (:meth:`forward_segments`,
+    #: :meth:`read_segments`), so error feedback's runs take their step together
     segmented: ClassVar[bool] = False
 
     @abc.abstractmethod
@@ -181,6 +179,15 @@ class Transform(Stage):
         alone (a transform with one section of its own); or None (the default, and whenever
         a tensor needs :meth:`forward`'s own handling, its error) to run each alone."""
         return None
+
+    def read_segments(self, data, sections, sizes, dtype):
+        """:meth:`read` of a run's tensors at once (a :attr:`segmented` stage's inverse of
+        :meth:`forward_segments`): ``data`` the raw payload (uint8), ``sections[t]`` tensor
+        t's transform section (its info, an offset into ``data``), ``sizes[t]`` its element
+        count, ``dtype`` the frame's.  Returns ``(payload, counts)``: what :meth:`inverse`
+        writes the run's concatenation from, and per tensor the number of values its value
+        sections hold; every section checked as :meth:`read` checks it (CorruptFrameError)."""
+        raise NotImplementedError(f"{self.name} does not read runs (segmented is False)")
 
     @abc.abstractmethod
     def read(self, reader, ctx):
