@@ -60,6 +60,13 @@ class Context:
     def n(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def codes_on_device(self) -> bool:
+        """A dense value stage reads its codes where a device frame holds them
+        (:meth:`codec.frame.SectionReader.take` with ``device=True``): the decode writes a
+        device array and no select stage ran (kept values are decoded on the host)."""
+        return self.device and self.positions is None
+
     def domain(self, count: int, dtype) -> "Context":
         """The context of a transform's output (``count`` coefficients of ``dtype``): what the
         value stage after a transform sees.  Key, step, state and hints are shared."""

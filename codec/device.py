@@ -21,7 +21,7 @@ from codec import dlpack
 from codec.dtypes import on_device, readonly
 from codec.errors import CodecTypeError, CodecValueError
 
-__all__ = ["add", "as_device_array", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "empty", "Memory", "host_copy", "many_on_device", "span", "spans", "to_device", "to_host", "zeros"]
+__all__ = ["add", "as_device_array", "as_device_bytes", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "deliver", "empty", "Memory", "host_copy", "many_on_device", "put_bytes", "span", "spans", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have: float16 (a 16-bit input selects from, and adds in, its
 #: exact float32 widening, as the host does), float32, float64.  bfloat16 is refused: the
@@ -120,6 +120,59 @@ def as_device_array(x, argname: str = "x", write: bool = False):
     if not arr.is_c_contiguous():
         raise CodecValueError(f"{argname}: a device array must be C-contiguous")
     return arr
+
+
+def as_device_bytes(buf, argname: str = "out", write: bool = False):
+    """A flat Numba device-array view of the device byte buffer ``buf`` (a uint8 device array,
+    a torch CUDA uint8 tensor, any ``__cuda_array_interface__`` of one-byte items, a CUDA
+    DLPack tensor), no copy: where a device frame is written or read.  TypeError naming
+    ``argname`` for items of another width; ValueError for a non-contiguous buffer, or a
+    read-only one that will be written (``write``)."""
+    require_cuda(argname)
+    if type(buf).__module__.startswith("numba.cuda"):
+        arr = buf
+    elif hasattr(buf, "__cuda_array_interface__"):
+        if write and buf.__cuda_array_interface__["data"][1]:
+            raise CodecValueError(f"{argname}: a read-only device buffer (its __cuda_array_interface__ says so)")
+        arr = _cuda().as_cuda_array(buf)
+    else:
+        cap = dlpack.capsule(buf)
+        desc = dlpack.interface(cap, argname)
+        if write and desc["data"][1]:
+            raise CodecValueError(f"{argname}: a read-only DLPack tensor")
+        arr = _view(desc, cap)
+    if np.dtype(arr.dtype).itemsize != 1:
+        raise CodecTypeError(f"{argname}: a device frame buffer holds bytes (uint8); got a device array of {np.dtype(arr.dtype)}")
+    if not arr.is_c_contiguous():
+        raise CodecValueError(f"{argname}: a device frame buffer must be C-contiguous")
+    return arr.reshape(arr.size).view(np.uint8)
+
+
+def deliver(codes, out) -> None:
+    """Device array ``codes``' bytes into ``out``, a frame's section (a host uint8 array: one
+    device-to-host copy; a device one: one device copy, or nothing when ``codes`` is ``out``'s
+    own memory, a kernel having written the frame in place)."""
+    if not codes.size:
+        return
+    if not on_device(out):
+        to_host(codes, out)
+        return
+    dst = out.reshape(out.size).view(np.uint8)
+    src = codes.reshape(codes.size).view(np.uint8)
+    if _address(src) != _address(dst):
+        dst.copy_to_device(src)
+
+
+def put_bytes(data, out) -> None:
+    """Host bytes ``data`` (any bytes-like, exactly ``out``'s length) into ``out``, a uint8
+    array on the host or the device (one host-to-device copy)."""
+    src = np.frombuffer(data, np.uint8, out.size) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    if not out.size:
+        return
+    if on_device(out):
+        out.copy_to_device(np.ascontiguousarray(src))
+    else:
+        out[:] = src
 
 
 def check_dtype(dtype, argname: str) -> None:

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from codec import checksum, dtypes
+from codec.dtypes import on_device
 from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.framebuffer import frame_bytes
 from codec.payload import materialized, write_payload
@@ -83,7 +84,7 @@ class Section:
     """A section as a stage produces it: ``count`` items of ``bits`` bits.
 
     Either ``data`` holds the raw bytes (any contiguous array or bytes-like, exactly
-    ``ceil(count*bits/8)`` bytes), or ``fill(out)`` writes them into ``out``, a uint8 view
+    ``ceil(count*bits/8)`` bytes, or a device array of them), or ``fill(out)`` writes them into ``out``, a uint8 view
     of the final frame: a dense stage then writes its codes once, straight into the frame.
     ``fill`` may raise (e.g. on a NaN); the half-built frame is discarded.
 
@@ -95,6 +96,11 @@ class Section:
     a later section's fill finds these bytes (min-max's fused error-feedback step finds its
     buckets' bounds in the pass that writes the codes).  The count and width are known
     before, as always; only the bytes wait.
+
+    ``device``: ``fill(out)`` writes ``out`` where it lives, host or device (a stage coding a
+    device array: its kernel writes a device frame's section in place, or its codes cross
+    once to a host frame).  Any other fill of a device frame writes a host buffer that is
+    then copied up (:func:`codec.payload.write_payload`).
     """
 
     kind: int
@@ -104,6 +110,7 @@ class Section:
     fill: Callable[..., int | None] | None = None
     fill_crc: bool = False
     late: bool = False
+    device: bool = False
 
     def __post_init__(self):
         if (self.data is None) == (self.fill is None):
@@ -111,6 +118,11 @@ class Section:
         if self.late and (self.fill is None or self.fill_crc):
             raise AssertionError("a late Section is filled, and checksummed by write_payload")
         if self.data is None:
+            return
+        if on_device(self.data):  # codes a stage made on the device: moved once, to wherever the frame is written
+            got = self.data.nbytes
+            if got != self.raw_len:
+                raise AssertionError(f"section {SectionKind(self.kind).name}: {got} device bytes for {self.count} x {self.bits} bits")
             return
         if isinstance(self.data, np.ndarray):  # any dtype (bfloat16 has no buffer format) as bytes
             self.data = self.data.reshape(-1).view(np.uint8)
@@ -128,6 +140,10 @@ class Section:
             buf = np.empty(self.raw_len, np.uint8)
             self.fill(buf)
             return memoryview(buf)
+        if on_device(self.data):
+            from codec.device import to_host
+
+            return memoryview(to_host(self.data, np.empty(self.raw_len, np.uint8)))
         return memoryview(self.data).cast("B")
 
 
@@ -209,11 +225,25 @@ def build_frame(spec: str, dtype, shape, sections, *, compressor=None, checksum:
     # compressed sections are written as the bytes they are stored as (the checksum covers those)
     pieces = sections if compressor is None else [Section(s.kind, 8, size, data=data) for s, (_, data, size) in zip(sections, stored)]
     crc = write_payload(out[header_len:], pieces, checksum == "crc32c")
-    if flag:
-        head += _CRC.pack(payload_crc(out[header_len:]) if crc is None else crc)
-    head += _CRC.pack(zlib.crc32(head))
-    out[:header_len] = np.frombuffer(head, np.uint8)
+    close_header(head, out, header_len, flag, payload_crc, crc)
     return frame
+
+
+def close_header(head: bytearray, out, header_len: int, flag: int, payload_crc, crc) -> None:
+    """Finish a frame whose payload ``out[header_len:]`` is written (both formats): append the
+    payload checksum (``crc``, or ``payload_crc`` of the payload when None; nothing without
+    ``flag``) and the header's CRC32 to ``head``, and write ``head`` at the start of ``out``,
+    host or device.  A device payload's zlib CRC32 (the ``crc32`` stage; the default CRC-32C is
+    formed on the device) is the one case that reads the payload back to the host."""
+    from codec.device import host_copy, put_bytes
+
+    if flag:
+        if crc is None:
+            payload = out[header_len:]
+            crc = payload_crc(host_copy(payload) if on_device(payload) else payload)
+        head += _CRC.pack(crc)
+    head += _CRC.pack(zlib.crc32(head))
+    put_bytes(head, out[:header_len])
 
 
 @dataclass
@@ -238,9 +268,12 @@ class Frame:
         """The payload checksum the frame carries (``"crc32c"``, ``"crc32"``) or None."""
         return checksum_name(self.flags)
 
-    def raw(self, i: int) -> np.ndarray:
-        """Raw (decompressed) bytes of section ``i`` as a uint8 array."""
+    def raw(self, i: int, device: bool = False) -> np.ndarray:
+        """Raw (decompressed) bytes of section ``i`` as a uint8 array; with ``device``, a device
+        frame's (:class:`codec.devframe.DevicePayload`) as a device view, no copy."""
         s = self.sections[i]
+        if device and hasattr(self.buf, "device"):
+            return self.buf.device(s.offset, s.offset + s.stored_len)
         stored = self.buf[s.offset : s.offset + s.stored_len]
         if s.encoding == Encoding.RAW:
             return np.frombuffer(stored, np.uint8)
@@ -265,9 +298,10 @@ class SectionReader:
         self.frame = frame
         self.i = 0
 
-    def take(self, kind, bits=None, count=None, max_count=None) -> tuple[SectionInfo, np.ndarray]:
+    def take(self, kind, bits=None, count=None, max_count=None, device: bool = False) -> tuple[SectionInfo, np.ndarray]:
         """The next section, which must have ``kind`` (a SectionKind or tuple of them; ``bits``/``count`` if
-        given): returns (info, raw bytes)."""
+        given): returns (info, raw bytes).  ``device``: the stage reads the bytes on the device
+        (the output is a device array), so a device frame's stay there (a device view)."""
         f = self.frame
         if self.i >= len(f.sections):
             raise CorruptFrameError(f"frame has {len(f.sections)} sections; codec {f.spec!r} needs another section")
@@ -282,7 +316,7 @@ class SectionReader:
             raise CorruptFrameError(f"{self._where(s)}: {s.count} items, codec expects {count}")
         if max_count is not None and s.count > max_count:
             raise CorruptFrameError(f"{self._where(s)}: {s.count} items, at most {max_count} possible")
-        data = f.raw(self.i)
+        data = f.raw(self.i, device)
         self.i += 1
         return s, data
 
@@ -352,9 +386,49 @@ def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = 
 
     ``verify_payload=False`` skips the payload checksum (one pass over the payload) and
     nothing else: only for a frame this process has just built and still holds, as the
-    error-feedback step's subtraction of its own frame (``Codec.subtract``)."""
+    error-feedback step's subtraction of its own frame (``Codec.subtract``).
+
+    ``buf`` may be a device frame (a uint8 device array): only its header crosses to the
+    host, its checksum is verified on the device (:mod:`codec.devframe`)."""
+    if on_device(buf):
+        from codec.devframe import parse_device
+
+        return parse_device(buf, max_elements, verify_payload, many=False)
     mv = _as_buffer(buf)
-    size = mv.nbytes
+    fr = parse_header(mv, mv.nbytes, max_elements)
+    if verify_payload:
+        check_payload(mv, fr.flags, fr.header_len - 2 * _CRC.size, fr.header_len)
+    check_zstd(mv, fr.sections)
+    return fr
+
+
+def check_zstd(mv, sections) -> None:
+    """Every zstd section's declared content size against the raw length its header implies
+    (CorruptFrameError), before anything is decompressed."""
+    if any(s.encoding == Encoding.ZSTD for s in sections):
+        import zstandard
+
+        for i, s in enumerate(sections):
+            if s.encoding != Encoding.ZSTD:
+                continue
+            try:
+                params = zstandard.get_frame_parameters(mv[s.offset : s.offset + s.stored_len])
+            except zstandard.ZstdError as e:
+                raise CorruptFrameError(f"section {i}: bad zstd header: {e}") from None
+            if params.content_size != s.raw_len:
+                raise CorruptFrameError(f"section {i}: zstd declares {params.content_size} bytes, header implies {s.raw_len}")
+
+
+def fixed_header_length(fixed) -> int:
+    """The header length a v1 frame's fixed 12 bytes ``fixed`` declare (nothing checked)."""
+    _, _, flags, _, ndim, nsec, _, spec_len = _FIXED.unpack_from(fixed, 0)
+    return header_length(ndim, spec_len, nsec, bool(flags & _PAYLOAD_FLAGS))
+
+
+def parse_header(mv, size: int, max_elements: int | None = None) -> Frame:
+    """Every check of :func:`parse_frame` but the payload's (its checksum, its zstd headers)
+    on ``mv``, which holds at least the header of a frame of ``size`` bytes (a device
+    frame's header, copied to the host); the Frame's ``buf`` is ``mv``."""
     if size < MIN_FRAME:
         raise CorruptFrameError(f"frame is {size} bytes, shorter than the {MIN_FRAME}-byte minimum header")
     magic, version, flags, dcode, ndim, nsec, reserved, spec_len = _FIXED.unpack_from(mv, 0)
@@ -409,18 +483,4 @@ def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = 
     if n > limit:
         raise CorruptFrameError(f"frame declares {n} elements, more than the limit of {limit}")
     check_dims(shape, limit, "frame declares shape")
-    if verify_payload:
-        check_payload(mv, flags, pos - _CRC.size, header_len)
-    if any(s.encoding == Encoding.ZSTD for s in sections):
-        import zstandard
-
-        for i, s in enumerate(sections):
-            if s.encoding != Encoding.ZSTD:
-                continue
-            try:
-                params = zstandard.get_frame_parameters(mv[s.offset : s.offset + s.stored_len])
-            except zstandard.ZstdError as e:
-                raise CorruptFrameError(f"section {i}: bad zstd header: {e}") from None
-            if params.content_size != s.raw_len:
-                raise CorruptFrameError(f"section {i}: zstd declares {params.content_size} bytes, header implies {s.raw_len}")
     return Frame(mv, version, flags, dtypes.dtype_of(dcode), tuple(int(d) for d in shape), spec, sections, header_len)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.errors import CodecTypeError, CodecValueError
 
 __all__ = ["new_bytes", "frame_out", "frame_bytes"]
@@ -67,9 +68,19 @@ def frame_out(out, inputs=()):
     overwrite what it is coding).  ``out`` may also be a callable ``size -> buffer`` (a pool,
     a growing send buffer): it is then called once the frame's size is known, before
     anything is written, and what it returns is checked the same way.  None stays None (a
-    new frame)."""
+    new frame).  A device byte buffer (a uint8 device array, a CUDA uint8 tensor) becomes
+    its flat Numba device view: the frame is then written on the device (a device frame,
+    docs/api.md), header and checksum included."""
     if out is None:
         return None
+    if on_device(out):  # a device frame (codec.device.as_device_bytes): the inputs it may overlap are device arrays too
+        from codec.device import as_device_bytes
+
+        buf = as_device_bytes(out, "out", write=True)
+        for x in inputs:
+            if buf.size and on_device(x) and x.size and _overlap(buf, x):
+                raise CodecValueError("out: the buffer overlaps an input array")
+        return buf
     if callable(out) and not isinstance(out, (bytearray, memoryview, np.ndarray)):
         return lambda size: frame_out(out(size), inputs)
     try:
@@ -82,7 +93,7 @@ def frame_out(out, inputs=()):
         raise CodecValueError("out: the buffer must be C-contiguous")
     buf = np.frombuffer(mv.cast("B"), np.uint8) if mv.nbytes else np.empty(0, np.uint8)
     for x in inputs:
-        if buf.size and np.may_share_memory(buf, x):
+        if buf.size and not on_device(x) and np.may_share_memory(buf, x):
             raise CodecValueError("out: the buffer overlaps an input array")
     return buf
 
@@ -98,4 +109,14 @@ def frame_bytes(size: int, out):
         out = out(size)
     if out.size < size:
         raise CodecValueError(f"out: the frame needs {size} bytes, the buffer holds {out.size}")
+    if on_device(out):  # a device frame: the result is the device array of exactly its bytes
+        return out[:size], out[:size]
     return memoryview(out[:size]), out[:size]
+
+
+def _overlap(buf, x) -> bool:
+    """Whether device arrays ``buf`` and ``x`` share any byte."""
+    from codec.device import _address
+
+    a, b = _address(buf), _address(x)
+    return a < b + x.nbytes and b < a + buf.nbytes

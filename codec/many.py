@@ -98,7 +98,7 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     dev = many_on_device(c.stages, arrays)
     step = check_step(step)
     lay = Layout.of(arrays, names)
-    dest = frame_out(out, () if dev else arrays)
+    dest = frame_out(out, arrays)
     if joint:
         flat = joined(arrays)
         secs = c.sections(flat, Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors"))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.dtypes import on_device
+
 __all__ = ["materialized", "write_payload"]
 
 
@@ -26,6 +28,8 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
     :func:`codec.checksum.combine`.  Both frame formats write their payload here."""
     from codec.checksum import combine, crc32c as crc_of
 
+    if on_device(out):
+        return _write_device(out, pieces, crc32c)
     stretches = []  # per late piece, the (crc, length) of the stretch before it
     late = []
     crc, start, pending, pos = 0, 0, 0, 0
@@ -39,7 +43,12 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
             crc, start = 0, pos + size
             pending = start
         elif s.data is not None:
-            dst[:] = np.frombuffer(s.data, np.uint8, size)
+            if on_device(s.data):
+                from codec.device import deliver
+
+                deliver(s.data, dst)
+            else:
+                dst[:] = np.frombuffer(s.data, np.uint8, size)
         elif crc32c and s.fill_crc:
             if pending < pos:
                 crc = crc_of(out[pending:pos], crc)
@@ -59,6 +68,46 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
     for (c, size), (_, dst) in zip(stretches, late):
         total = combine(combine(total, c, size), crc_of(dst), dst.size)
     return combine(total, crc, pos - start)
+
+
+def _write_device(out, pieces, crc32c: bool) -> int | None:
+    """:func:`write_payload` into a device frame's payload ``out`` (a uint8 device array).
+
+    A piece made on the device (``Section.device``) fills its slice of ``out`` there; a
+    piece of host bytes (scalars, seeds, a sparse run's small sections) is copied up, and a
+    host fill writes a host buffer copied up once.  The checksum is then one parallel
+    CRC-32C pass over the payload on the device (``codec/kernels/cuda/_crc.py``), so none of
+    the payload crosses to the host."""
+    from codec import device
+
+    late, pos = [], 0
+    for s in pieces:
+        dst = out[pos : pos + s.raw_len]
+        pos += s.raw_len
+        if s.late:
+            late.append((s, dst))
+        else:
+            _fill_device(s, dst)
+    for s, dst in late:
+        _fill_device(s, dst)
+    return device.crc32c(out, 0) if crc32c else None
+
+
+def _fill_device(s, dst) -> None:
+    """One piece's bytes into ``dst``, its slice of a device payload."""
+    from codec import device
+
+    if s.data is not None:
+        if on_device(s.data):
+            device.deliver(s.data, dst)
+        else:
+            device.put_bytes(s.data, dst)
+    elif s.device:
+        s.fill(dst)
+    else:
+        host = np.empty(dst.size, np.uint8)
+        s.fill(host)
+        device.put_bytes(host, dst)
 
 
 def materialized(sections) -> list:

@@ -87,7 +87,7 @@ class Codec:
         (nothing is written) or the buffer overlaps ``x``.  ``out`` may also be a callable
         ``size -> buffer``, asked once for the frame's exact size (a pool of buffers)."""
         arr = self.input(x, dtype)
-        dest = frame_out(out, () if on_device(arr) else (arr,))
+        dest = frame_out(out, (arr,))
         return self.encode_with(arr, Context(tuple(arr.shape), np.dtype(arr.dtype), key=key, step=check_step(step)), out=dest)
 
     def input(self, x, dtype=None, argname: str = "x"):

@@ -269,4 +269,4 @@ def _exact_errors(c, piece, members):
                     sec.materialize()
             raise
 
-    return Section(piece.kind, piece.bits, piece.count, fill=fill, fill_crc=piece.fill_crc, late=piece.late)
+    return Section(piece.kind, piece.bits, piece.count, fill=fill, fill_crc=piece.fill_crc, late=piece.late, device=piece.device)

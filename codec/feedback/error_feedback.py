@@ -65,7 +65,7 @@ class ErrorFeedback:
         as after :meth:`load_state_dict`), and the frame is the host's, byte for byte."""
         arr = self.codec.input(x, dtype, "x")  # a device array: viewed, its stages checked
         device = on_device(arr)
-        dest = frame_out(out, () if device else (arr,))
+        dest = frame_out(out, (arr,))
         slot = self._claim(key, arr, "x")
         slot.follow(device)
         sections, finish = self._begin(arr, slot)
@@ -91,7 +91,7 @@ class ErrorFeedback:
             return self._encode_joint(tensors, keys, layout, out)
         names, arrays = many_inputs(tensors, device=True)
         dev = many_on_device(self.codec.stages, arrays)
-        dest = frame_out(out, () if dev else arrays)
+        dest = frame_out(out, arrays)
         if keys is None:
             keys = list(names) if names is not None else list(range(len(arrays)))
         keys = many_keys(keys, len(arrays))
@@ -128,7 +128,7 @@ class ErrorFeedback:
 
     def _encode_joint(self, tensors, key, layout: str, out) -> bytes:
         names, arrays = many_inputs(tensors, device=True)
-        dest = frame_out(out, () if many_on_device(self.codec.stages, arrays) else arrays)
+        dest = frame_out(out, arrays)
         lay = Layout.of(arrays, names)
         flat = joined(arrays)
         slot = self._claim(hashable_key(key), flat, "tensors")

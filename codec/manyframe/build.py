@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from codec.errors import CodecValueError
-from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, raw_length
+from codec.device import put_bytes
+from codec.frame import _CRC, CHECKSUMS, MAGIC, MAX_SPEC, Encoding, close_header, raw_length
 from codec.payload import write_payload
 from codec.framebuffer import frame_bytes
 from codec.manyframe.table import Layout
@@ -111,11 +111,8 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     if stored is None:
         crc = write_payload(out[header_len:], pieces, checksum == "crc32c")
     else:
-        out[header_len:] = stored
+        put_bytes(stored, out[header_len:])
     FIXED.pack_into(head, 0, MAGIC, VERSION, flags, 0)
-    if flag:
-        head += _CRC.pack(payload_crc(out[header_len:]) if crc is None else crc)
-    head += _CRC.pack(zlib.crc32(head))
-    out[:header_len] = np.frombuffer(head, np.uint8)
+    close_header(head, out, header_len, flag, payload_crc, crc)
     return frame
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import (
     _CRC,
@@ -232,9 +233,27 @@ def _names_checked(lay: Layout, *, frame: bool) -> Layout:
 
 def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool = True) -> ManyFrame:
     """Validate ``buf`` as a v2 frame; ``layout`` (a :class:`Layout`, or the tensors) is
-    required for the layout-hash form and checked against the table form."""
+    required for the layout-hash form and checked against the table form.  ``buf`` may be a
+    device frame (a uint8 device array): only its header crosses to the host
+    (:mod:`codec.devframe`)."""
+    if on_device(buf):
+        from codec.devframe import parse_device
+
+        return parse_device(buf, max_elements, verify_payload, many=True, layout=layout)
     mv = _as_buffer(buf)
-    size = mv.nbytes
+    mf, raw_total = parse_many_header(mv, mv.nbytes, layout, max_elements)
+    if verify_payload:
+        check_payload(mv, mf.flags, mf.header_len - 2 * _CRC.size, mf.header_len)
+    payload = mv[mf.header_len :]
+    mf.payload = payload if raw_total is None else ZstdPayload(payload, raw_total)  # a zstd payload is decompressed section by section as the stages read them
+    return mf
+
+
+def parse_many_header(mv, size: int, layout=None, max_elements: int | None = None) -> tuple[ManyFrame, int | None]:
+    """Every check of :func:`parse_many` but the payload's, on ``mv``, which holds at least
+    the header of a v2 frame of ``size`` bytes (a device frame's header, copied to the host):
+    the frame (its ``payload`` still None) and the raw length of a zstd payload (None when
+    the payload is stored raw)."""
     if size < FIXED_SIZE + _CRC.size:
         raise CorruptFrameError(f"frame is {size} bytes, shorter than the {FIXED_SIZE + _CRC.size}-byte minimum many-tensor header")
     magic, version, flags, reserved = FIXED.unpack_from(mv, 0)
@@ -297,9 +316,4 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
             raise CorruptFrameError(f"frame is {size} bytes but its sections end at byte {h.header_len + off}")
     elif off != h.raw_total:
         raise CorruptFrameError(f"many-tensor frame: the sections add up to {off} bytes, the header says {h.raw_total}")
-    if verify_payload:
-        check_payload(mv, flags, h.crc_at - _CRC.size, h.header_len)
-    payload = mv[h.header_len:]
-    if h.raw_total is not None:  # decompressed section by section as the stages read them
-        payload = ZstdPayload(payload, h.raw_total)
-    return ManyFrame(spec, flags, lay, h.header_len, payload, stored_len, tensor_sections)
+    return ManyFrame(spec, flags, lay, h.header_len, None, stored_len, tensor_sections), h.raw_total

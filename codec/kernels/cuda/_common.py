@@ -229,7 +229,13 @@ def dev(a):
     back, so a read-only host array is fine (Numba's own transfer of a host argument copies
     it back).  :func:`codec.device.to_device` is this function (the kernels never import
     ``codec.device``: it imports them)."""
-    return a if on_device(a) else numba_cuda().to_device(np.ascontiguousarray(a))
+    if on_device(a):
+        if aligned(a):
+            return a
+        d = numba_cuda().device_array(a.shape, a.dtype)  # a misaligned view of a device frame: its bytes, aligned
+        d.reshape(d.size).view(np.uint8).copy_to_device(a.reshape(a.size).view(np.uint8))
+        return d
+    return numba_cuda().to_device(np.ascontiguousarray(a))
 
 
 class Results:
@@ -242,7 +248,7 @@ class Results:
         self._back = []
 
     def __call__(self, a, zeroed: bool = False):
-        if on_device(a):
+        if on_device(a) and aligned(a):
             if zeroed and a.size:
                 zero[launch(a.size)](a.reshape(a.size))
             return a
@@ -254,9 +260,24 @@ class Results:
 
     def done(self) -> None:
         for d, a in self._back:
-            if a.size:
+            if not a.size:
+                continue
+            if on_device(a):  # a device view on no multiple of its item size (a section of a device frame): its bytes
+                a.reshape(a.size).view(np.uint8).copy_to_device(d.reshape(d.size).view(np.uint8))
+            else:
                 d.copy_to_host(a)
         self._back.clear()
+
+
+def aligned(a) -> bool:
+    """Whether device array ``a`` starts on a multiple of its item size: a section of a device
+    frame may start at any byte, and a kernel's wider stores and loads need their alignment
+    (:class:`Results` writes a misaligned output through an aligned buffer; a misaligned input
+    is read through :func:`dev`'s aligned copy)."""
+    if not a.size:
+        return True
+    at = a._ary.__array_interface__["data"][0] if hasattr(a, "_ary") else a.__cuda_array_interface__["data"][0]
+    return at % np.dtype(a.dtype).itemsize == 0
 
 
 #: the segment ``t`` with ``starts[t] <= i < starts[t+1]``: the CPU's ``_common.owner`` (a

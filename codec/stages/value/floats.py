@@ -19,19 +19,11 @@ class Exact(Value):
     devices = frozenset({"cpu", "cuda"})
 
     def encode(self, values, ctx, sections):
-        if on_device(values):  # the frame's one copy to the host, its CRC-32C formed on the device
-            from codec.device import crc32c, to_host
-
-            def fill(out, crc=None):
-                to_host(values, out)
-                return None if crc is None else crc32c(values, crc)
-
-            sections.append(Section(SectionKind.VALUES, np.dtype(values.dtype).itemsize * 8, values.size, fill=fill, fill_crc=True))
-            return
-        sections.append(Section(SectionKind.VALUES, values.dtype.itemsize * 8, values.size, values))
+        # device values are the section's bytes as they are: copied once to wherever the frame is written
+        sections.append(Section(SectionKind.VALUES, np.dtype(values.dtype).itemsize * 8, values.size, values))
 
     def read(self, reader, ctx, count):
-        _, raw = reader.take(SectionKind.VALUES, bits=ctx.dtype.itemsize * 8, count=count)
+        _, raw = reader.take(SectionKind.VALUES, bits=ctx.dtype.itemsize * 8, count=count, device=ctx.codes_on_device)
         return raw.view(ctx.dtype)
 
     def write(self, values, out, mode):
@@ -98,7 +90,8 @@ class _Half(Value):
     def _kernel_section(self, n, ctx, code, named, device: bool) -> Section:
         """The values section of ``n`` codes that ``code(codes, crc)`` writes, returning ``(non-finite
         count, crc)`` as the ``convert`` kernels do: straight into the frame, or with ``device``
-        into a device buffer copied once into it (the kernel forming the CRC-32C there).  A
+        into a device buffer copied once into a host frame (the kernel forming the CRC-32C
+        there), or straight into a device frame.  A
         non-finite count under ``nonfinite=raise`` is the error naming the first NaN/inf of
         ``named()`` (host values)."""
 
@@ -106,15 +99,15 @@ class _Half(Value):
             from codec import device as dev
             from codec.ops import continued
 
-            codes = dev.empty(n, np.uint16) if device else out.view(np.uint16)
+            codes = dev.empty(n, np.uint16) if device and not on_device(out) else out.view(np.uint16)
             bad, got = code(codes, -1 if crc is None else crc)
             if bad and self.nonfinite == "raise":
                 self._raise_nonfinite(named(), ctx)
             if device:
-                dev.to_host(codes, out)
+                dev.deliver(codes, out)
             return continued(out, crc, got)
 
-        return Section(SectionKind.VALUES, 16, n, fill=fill, fill_crc=True)
+        return Section(SectionKind.VALUES, 16, n, fill=fill, fill_crc=True, device=device)
 
     def _raise_nonfinite(self, values, ctx):
         from codec.ops import first_nonfinite
@@ -122,7 +115,7 @@ class _Half(Value):
         raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(values)), self.name, f"is lossy, pass {self.name}(nonfinite=keep) to send NaN/inf anyway")
 
     def read(self, reader, ctx, count):
-        _, raw = reader.take(SectionKind.VALUES, bits=16, count=count)
+        _, raw = reader.take(SectionKind.VALUES, bits=16, count=count, device=ctx.codes_on_device)
         return raw.view(np.uint16)
 
     def decoded(self, values, ctx):

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.stages.value.quantizer import (
@@ -110,7 +111,7 @@ class _MiniFloat(Quantizer):
             return continued(codes, crc, got)
 
         if w in (8, 16):  # checksummed as it is written (Section.fill_crc)
-            return Section(SectionKind.VALUES, w, n, fill=lambda out, *crc: code_into(out.view(code_dtype(w)), *crc), fill_crc=True)
+            return Section(SectionKind.VALUES, w, n, fill=lambda out, *crc: code_into(out.view(code_dtype(w)), *crc), fill_crc=True, device=on_device(values))
         codes = self.codes_buffer(n, code_dtype(w), values)
         code_into(codes)
         return codes_section(codes, w)
@@ -233,7 +234,7 @@ class _MiniFloat(Quantizer):
         n = count
         block, nblocks, _, _ = self._units(n)
         stored = self.read_windows(reader, ctx, nblocks)
-        data = read_codes(reader, self.width, n, self.code_limit())
+        data = read_codes(reader, self.width, n, self.code_limit(), device=ctx.codes_on_device)
         lut, scale, rescue = _exact_factors(magnitudes(self.mant, self.width), self.emins(stored).astype(np.int64))
         return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype, rescue=rescue)
 

@@ -7,6 +7,7 @@ import functools
 
 import numpy as np
 
+from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.ops import offsets, readonly
 from codec.layout import bucket_groups
@@ -154,10 +155,10 @@ class MinMax(Quantizer):
 
         if self.bits == 8 and x.dtype == np.float32:  # float32 bounds: float32 scalars
             def bounds(out):  # the one writer of a scalars section, filled once the pass found them
-                out[:] = np.frombuffer(scalars_section(np.concatenate([lows, highs])).data, np.uint8)
+                out[:] = np.frombuffer(scalars_section(np.concatenate([lows, highs])).data, np.uint8)  # (a device frame's: through a host buffer)
 
             sections.append(Section(SectionKind.SCALARS, 32, 2 * nb, fill=bounds, late=True))
-            sections.append(Section(SectionKind.VALUES, 8, n, fill=code, fill_crc=True))
+            sections.append(Section(SectionKind.VALUES, 8, n, fill=code, fill_crc=True, device=on_device(x)))
         else:
             codes = self.codes_buffer(n, np.uint8, x)
             code(codes)
@@ -172,5 +173,5 @@ class MinMax(Quantizer):
         if np.any(lows > highs):
             raise CorruptFrameError("minmax frame: a bucket's minimum exceeds its maximum")
         levels = (1 << self.bits) - 1
-        data = read_codes(reader, self.bits, count)
+        data = read_codes(reader, self.bits, count, device=ctx.codes_on_device)
         return Dequant(data, self.bits, count, _codes(self.bits), self.bucket, (highs - lows) / levels, lows, ctx.dtype, lut_top=float(levels))

@@ -7,6 +7,8 @@ import functools
 
 import numpy as np
 
+from codec.device import Memory
+from codec.dtypes import on_device
 from codec.errors import CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section
 from codec.ops import offsets, readonly
@@ -155,7 +157,7 @@ class Qsgd(Quantizer):
         if nchunk:
             kern.elias_sizes(codes, self.bucket, per, sizes)
         starts = offsets(sizes)
-        out = np.zeros(int(starts[-1]), np.uint8)
+        out = Memory(on_device(codes)).zeros(int(starts[-1]), np.uint8)  # (device codes stay there until the frame is written)
         if nchunk:
             kern.elias_encode(codes, self.bucket, per, starts[:-1], out)
         return [Section(SectionKind.INTS, 64, nchunk, sizes.astype("<u8")), Section(SectionKind.VALUES, 8, out.size, out)]
@@ -169,7 +171,7 @@ class Qsgd(Quantizer):
         if self.coding == "elias":
             data, w = self._read_elias(reader, count), 8 * np.dtype(code_dtype(w)).itemsize
         else:
-            data = read_codes(reader, w, count, self.code_limit())
+            data = read_codes(reader, w, count, self.code_limit(), device=ctx.codes_on_device)
         return Dequant(data, w, count, _levels(s, w), self.bucket, norms, np.empty(0), ctx.dtype, lut_top=1.0)
 
     def _read_elias(self, reader, count):

@@ -237,12 +237,12 @@ class Quantizer(Value):
         codes = readonly(codes)
 
         def fill(out):
-            if on_device(codes):  # packed on the device, the section's bytes copied once, then the heads (host numbers) written
+            if on_device(codes):  # packed on the device (into a device frame, or copied once into a host one), then the heads (host numbers) written
                 from codec import device
 
-                packed = device.empty(out.size, np.uint8)
+                packed = out if on_device(out) else device.empty(out.size, np.uint8)
                 pack.pack_segments(codes, starts, bits, packed, cstarts)
-                device.to_host(packed, out)
+                device.deliver(packed, out)
                 if self.run_head is not None:
                     backend("pack", out).put_items(head, hstarts, widths, out, ostarts[:-1])
                 return
@@ -254,7 +254,7 @@ class Quantizer(Value):
             [Entry(self.run_head, 8 * int(w), int(h)), Entry(SectionKind.VALUES, bits, int(n))] if self.run_head is not None else [Entry(SectionKind.VALUES, bits, int(n))]
             for w, h, n in zip(widths.tolist(), nh.tolist(), sizes.tolist())
         ]
-        return table, Section(SectionKind.VALUES, 8, int(ostarts[-1]), fill=fill)
+        return table, Section(SectionKind.VALUES, 8, int(ostarts[-1]), fill=fill, device=on_device(codes))
 
     def read_run(self, data, infos, sizes, dtype):
         from codec.kernels import backend
@@ -338,7 +338,7 @@ def magnitude_values(top: np.ndarray, dtype) -> tuple[np.ndarray, bool]:
 def codes_section(codes: np.ndarray, bits: int) -> Section:
     """``codes`` (uint8/uint16) as a values section of ``bits``-bit items: the bytes themselves
     at 8 or 16 bits, bit-packed otherwise.  Device codes are packed on the device and copied
-    once into the frame, their CRC-32C formed there."""
+    once to wherever the frame is written."""
     from codec.pack import pack_bits
 
     if on_device(codes):
@@ -352,26 +352,21 @@ def codes_section(codes: np.ndarray, bits: int) -> Section:
             packed = device.empty(raw_length(codes.size, bits), np.uint8)
             if packed.size:
                 backend("pack", codes).pack_codes(codes, bits, packed)
-
-        def fill(out, crc=None):
-            if packed.size:
-                device.to_host(packed, out)
-            return None if crc is None else device.crc32c(packed, crc)
-
-        return Section(SectionKind.VALUES, bits, codes.size, fill=fill, fill_crc=True)
+        return Section(SectionKind.VALUES, bits, codes.size, packed)
     if bits in (8, 16):
         return Section(SectionKind.VALUES, bits, codes.size, codes.astype(f"<u{bits // 8}", copy=False))
     return Section(SectionKind.VALUES, bits, codes.size, pack_bits(codes, bits))
 
 
-def read_codes(reader, bits: int, count: int, limit=None) -> np.ndarray:
+def read_codes(reader, bits: int, count: int, limit=None, device: bool = False) -> np.ndarray:
     """The raw bytes of a values section of ``count`` codes of ``bits`` bits (LSB-first).  Set
     padding bits, or with ``limit = (fmask, fshift, largest)`` a code whose field
     ``(code & fmask) >> fshift`` exceeds ``largest`` (no encoder writes it), raise
-    CorruptFrameError."""
+    CorruptFrameError.  ``device`` (``Context.codes_on_device``): a device frame's codes stay
+    on the device, checked there."""
     from codec.pack import _check_payload
 
-    _, raw = reader.take(SectionKind.VALUES, bits=bits, count=count)
+    _, raw = reader.take(SectionKind.VALUES, bits=bits, count=count, device=device)
     _check_payload(raw, count, bits, "values section")
     if limit is not None and count and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
         from codec.kernels import backend

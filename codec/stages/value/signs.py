@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.device import Memory
+from codec.dtypes import on_device
 from codec.frame import SectionKind, Section
 from codec.stages.value.quantizer import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_section, scale_section, sequential_sum
 from codec.params import Param
@@ -20,7 +22,7 @@ class _Bits(Quantizer):
 
         n = x.size
         nchunk = chunks(n)
-        out = np.empty(-(-n // 8), np.uint8)
+        out = Memory(on_device(x)).empty(-(-n // 8), np.uint8)  # (device codes stay there until the frame is written)
         sums, nneg, bad = np.zeros((nchunk, 3)), np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
         if n:
             backend("quantize", x).sign_encode(x, out, LANES, sums, nneg, bad)
@@ -31,7 +33,7 @@ class _Bits(Quantizer):
 
     def read(self, reader, ctx, count):
         lut = self.read_levels(reader, ctx)
-        data = read_codes(reader, 1, count)
+        data = read_codes(reader, 1, count, device=ctx.codes_on_device)
         return Dequant(data, 1, count, lut, count, np.ones(1), np.empty(0), ctx.dtype)
 
 

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from codec.device import Memory
+from codec.dtypes import on_device
 from codec.errors import CorruptFrameError
 from codec.frame import SectionKind, Section
 from codec.stages.value.quantizer import (
@@ -61,7 +63,7 @@ class TernGrad(Quantizer):
                 clip = self.clip * sigma
         top = min(float(amax.max(initial=0.0)), clip)
         s = round_up_to(top, ctx.dtype) if top > 0 else 0.0
-        out = np.empty(trit_bytes(n), np.uint8)
+        out = Memory(on_device(x)).empty(trit_bytes(n), np.uint8)  # (device codes stay there until the frame is written)
         if n:
             kern.terngrad_encode(x, clip, s, self.stream(ctx), out)
         sections.append(scale_section(s))
@@ -72,7 +74,7 @@ class TernGrad(Quantizer):
         if s < 0:
             raise CorruptFrameError(f"terngrad frame: scale {s} is negative")
         nbytes = trit_bytes(count)
-        data = read_codes(reader, 8, nbytes, (0xFF, 0, TRIT_BYTES - 1))
+        data = read_codes(reader, 8, nbytes, (0xFF, 0, TRIT_BYTES - 1), device=ctx.codes_on_device)
         if nbytes and int(data[-1]) >= 3 ** (count - 5 * (nbytes - 1)):
             raise CorruptFrameError("terngrad frame: the last byte holds trits past the last value")
         return Dequant(data, 8, count, np.array([0.0, 1.0, -1.0]), max(1, count), np.array([s]), np.empty(0), ctx.dtype, trits=True)
