@@ -269,15 +269,17 @@ class Results:
         self._back.clear()
 
 
+def address(a) -> int:
+    """The device address of device array ``a``'s first element (the simulator's: a host address)."""
+    return a._ary.__array_interface__["data"][0] if hasattr(a, "_ary") else a.__cuda_array_interface__["data"][0]
+
+
 def aligned(a) -> bool:
     """Whether device array ``a`` starts on a multiple of its item size: a section of a device
     frame may start at any byte, and a kernel's wider stores and loads need their alignment
     (:class:`Results` writes a misaligned output through an aligned buffer; a misaligned input
     is read through :func:`dev`'s aligned copy)."""
-    if not a.size:
-        return True
-    at = a._ary.__array_interface__["data"][0] if hasattr(a, "_ary") else a.__cuda_array_interface__["data"][0]
-    return at % np.dtype(a.dtype).itemsize == 0
+    return not a.size or address(a) % np.dtype(a.dtype).itemsize == 0
 
 
 #: the segment ``t`` with ``starts[t] <= i < starts[t+1]``: the CPU's ``_common.owner`` (a
