@@ -21,9 +21,12 @@ __all__ = ["check_device", "device_tolerance"]
 
 def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
     """``arr`` (float16, float32 or float64) through a device array gives what it gives on the host:
-    the same frame byte for byte (``encode``, with and without ``out=``), the same array from
-    ``decode(out=)``, ``decode(like=)`` and ``decode_add`` into device arrays, and under
-    ``ErrorFeedback`` the same frames and residuals step by step, the residual on the device.
+    the same frame byte for byte (``encode``, with and without ``out=``), also written on the
+    device (``out=`` a device buffer, from the device array and from the host one); the same
+    array from ``decode(out=)``, ``decode(like=)`` and ``decode_add`` into device arrays, and
+    from the host frame held on the device (decoded to the host, into a device array,
+    ``decode_add``); and under ``ErrorFeedback`` the same frames and residuals step by step
+    (odd steps write a device frame, which the step reads back), the residual on the device.
     A codec with a stage whose device frames are not the host's (:func:`device_tolerance`:
     the fft stage) is held to its tolerance instead: device frames decode within it of the
     host's, decodes into device arrays and residuals likewise.  A codec with a stage that has no CUDA path must refuse the device array with a TypeError
@@ -52,7 +55,16 @@ def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
         check(c.decode(frame), c.decode(host), f"{c}: the frame of a device array")
     buf = np.zeros(len(frame) + 3, np.uint8)
     assert bytes(c.encode(d, out=buf)) == bytes(frame), f"{c}: encode(device array, out=) gave another frame"
+    dbuf = cuda.device_array(len(frame) + 3, np.uint8)
+    dframe = c.encode(d, out=dbuf)
+    assert len(dframe) == len(frame) and bytes(dframe.copy_to_host()) == bytes(frame), f"{c}: a device frame differs from the host frame of the device array"
+    assert bytes(c.encode(arr, out=dbuf).copy_to_host()) == bytes(host), f"{c}: a host array's device frame differs from its host frame"
     want = c.decode(host)
+    held = cuda.to_device(np.frombuffer(host, np.uint8))  # the host's frame, held on the device
+    check(c.decode(held), want, f"{c}: decode of a device frame")
+    out = cuda.device_array(arr.shape, arr.dtype)
+    c.decode(held, out=out)
+    check(out.copy_to_host(), want, f"{c}: decode of a device frame into a device array")
     out = cuda.device_array(arr.shape, arr.dtype)
     assert c.decode(host, out=out) is out, f"{c}: decode(out=device array) must return out"
     check(out.copy_to_host(), want, f"{c}: decode into a device array")
@@ -62,10 +74,14 @@ def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
     acc = cuda.to_device(base)
     c.decode_add(host, acc, subtract=True)
     check(acc.copy_to_host(), c.decode_add(host, base.copy(), subtract=True), f"{c}: decode_add into a device array", base)
+    c.decode_add(held, acc)
+    check(acc.copy_to_host(), c.decode_add(host, c.decode_add(host, base.copy(), subtract=True)), f"{c}: decode_add of a device frame", base)
     on_dev, on_host = _codec.ErrorFeedback(c), _codec.ErrorFeedback(c)
     for step in range(steps):
         x = (arr * (1 + 0.25 * step)).astype(arr.dtype)
-        f_dev, f_host = on_dev.encode(cuda.to_device(x), key="t"), on_host.encode(x, key="t")
+        f_dev, f_host = on_dev.encode(cuda.to_device(x), key="t", out=(lambda size: cuda.device_array(size, np.uint8)) if step % 2 else None), on_host.encode(x, key="t")
+        if step % 2:  # odd steps write a device frame (the step reads it back to subtract it)
+            f_dev = f_dev.copy_to_host()
         if tol is None:
             assert bytes(f_dev) == bytes(f_host), f"{c}: error feedback step {step}: the device frame differs"
         else:

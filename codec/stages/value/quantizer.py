@@ -9,6 +9,7 @@ for value ``i`` of block ``b``, computed in float64 and rounded once to the arra
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -137,6 +138,10 @@ class Quantizer(Value):
         from codec.kernels import backend
 
         kern = backend("dequant", out)
+        if on_device(p.data) and not on_device(out):  # a device frame's codes decoded through a host buffer (a 16-bit frame's float64 values): they cross once
+            from codec.device import host_copy
+
+            p = dataclasses.replace(p, data=host_copy(p.data))
         if p.starts is not None:
             args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
             kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, out, mode)
