@@ -391,14 +391,32 @@ def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = 
     ``buf`` may be a device frame (a uint8 device array): only its header crosses to the
     host, its checksum is verified on the device (:mod:`codec.devframe`)."""
     if on_device(buf):
-        from codec.devframe import parse_device
-
-        return parse_device(buf, max_elements, verify_payload, many=False)
+        return _parse_device(buf, max_elements, verify_payload)
     mv = _as_buffer(buf)
     fr = parse_header(mv, mv.nbytes, max_elements)
     if verify_payload:
         check_payload(mv, fr.flags, fr.header_len - 2 * _CRC.size, fr.header_len)
     check_zstd(mv, fr.sections)
+    return fr
+
+
+def _parse_device(buf, max_elements, verify_payload: bool) -> Frame:
+    """:func:`parse_frame` of a device frame: its header copied to the host and parsed there,
+    its CRC-32C verified on the device, its sections read through a
+    :class:`codec.devframe.DevicePayload` (zstd sections and a zlib CRC32: the whole frame
+    read on the host)."""
+    from codec import devframe
+
+    data = devframe.device_frame(buf)
+    head = devframe.head(data, MIN_FRAME)
+    if data.size >= MIN_FRAME:
+        head = devframe.head(data, fixed_header_length(head))
+    fr = parse_header(head, data.size, max_elements)
+    if checksum_name(fr.flags) == "crc32" or any(s.encoding != Encoding.RAW for s in fr.sections):
+        return parse_frame(devframe.on_host(data), max_elements=max_elements, verify_payload=verify_payload)
+    if verify_payload and fr.flags & FLAG_PAYLOAD_CRC32C:
+        devframe.check_payload(data, fr.header_len, _CRC.unpack_from(head, fr.header_len - 2 * _CRC.size)[0])
+    fr.buf = devframe.DevicePayload(data)
     return fr
 
 

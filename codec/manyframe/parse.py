@@ -237,15 +237,40 @@ def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payl
     device frame (a uint8 device array): only its header crosses to the host
     (:mod:`codec.devframe`)."""
     if on_device(buf):
-        from codec.devframe import parse_device
-
-        return parse_device(buf, max_elements, verify_payload, many=True, layout=layout)
+        return _parse_device(buf, layout, max_elements, verify_payload)
     mv = _as_buffer(buf)
     mf, raw_total = parse_many_header(mv, mv.nbytes, layout, max_elements)
     if verify_payload:
         check_payload(mv, mf.flags, mf.header_len - 2 * _CRC.size, mf.header_len)
     payload = mv[mf.header_len :]
     mf.payload = payload if raw_total is None else ZstdPayload(payload, raw_total)  # a zstd payload is decompressed section by section as the stages read them
+    return mf
+
+
+def _parse_device(buf, layout, max_elements, verify_payload: bool) -> ManyFrame:
+    """:func:`parse_many` of a device frame: its header copied to the host (again, larger,
+    when it reaches past :data:`codec.devframe.FIRST_COPY` bytes) and parsed there, its
+    CRC-32C verified on the device, its tensors read through a
+    :class:`codec.devframe.DevicePayload` (a zstd payload or a zlib CRC32: the whole frame
+    read on the host)."""
+    from codec import devframe
+
+    data = devframe.device_frame(buf)
+    want = devframe.FIRST_COPY
+    while True:
+        head = devframe.head(data, want)
+        try:
+            mf, raw_total = parse_many_header(head, data.size, layout, max_elements)
+            break
+        except CorruptFrameError:
+            if head.nbytes == data.size:
+                raise
+            want *= 4  # the header may reach past the bytes copied: copy more and read it again
+    if raw_total is not None or mf.checksum == "crc32":
+        return parse_many(devframe.on_host(data), layout=layout, max_elements=max_elements, verify_payload=verify_payload)
+    if verify_payload and mf.checksum == "crc32c":
+        devframe.check_payload(data, mf.header_len, _CRC.unpack_from(head, mf.header_len - 2 * _CRC.size)[0])
+    mf.payload = devframe.DevicePayload(data, mf.header_len)
     return mf
 
 
