@@ -22,8 +22,8 @@ from codec.errors import CorruptFrameError
 __all__ = ["DevicePayload", "check_payload", "device_frame", "head", "on_host"]
 
 #: the first header bytes a v2 parse copies (a v1 header's length is in its first 12 bytes);
-#: a longer v2 header (a table of many named tensors) is copied again, 4x larger each time
-FIRST_COPY = 4096
+#: a longer v2 header (a table of many named tensors: about 40 bytes a tensor) is copied again, 4x larger each time
+FIRST_COPY = 256
 
 
 class DevicePayload:

@@ -21,7 +21,7 @@ from codec import dlpack
 from codec.dtypes import on_device, readonly
 from codec.errors import CodecTypeError, CodecValueError
 
-__all__ = ["add", "as_device_array", "as_device_bytes", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "deliver", "empty", "Memory", "host_copy", "many_on_device", "put_bytes", "span", "spans", "to_device", "to_host", "zeros"]
+__all__ = ["add", "address", "clear", "as_device_array", "as_device_bytes", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "deliver", "empty", "Memory", "host_copy", "many_on_device", "put_bytes", "span", "spans", "to_device", "to_host", "zeros"]
 
 #: the dtypes device arrays may have: float16 (a 16-bit input selects from, and adds in, its
 #: exact float32 widening, as the host does), float32, float64.  bfloat16 is refused: the
@@ -159,7 +159,7 @@ def deliver(codes, out) -> None:
         return
     dst = out.reshape(out.size).view(np.uint8)
     src = codes.reshape(codes.size).view(np.uint8)
-    if _address(src) != _address(dst):
+    if address(src) != address(dst):
         dst.copy_to_device(src)
 
 
@@ -235,6 +235,16 @@ def zeros(shape, dtype):
     return _cuda().to_device(np.zeros(shape, np.dtype(dtype)))
 
 
+def clear(a):
+    """Device array ``a`` set to zeros by a kernel on the device (nothing crosses the link: an
+    allreduce's accumulators, of a model's size); returns ``a``."""
+    from codec.kernels.cuda._common import launch, zero
+
+    if a.size:
+        zero[launch(a.size)](a.reshape(a.size))
+    return a
+
+
 def add(x, r, out):
     """``out = x + r`` elementwise on the device, in their dtype (the error-feedback sum)."""
     from codec.kernels import backend
@@ -268,7 +278,7 @@ def span(arrays):
     full = [a for a in arrays if a.size]
     if len(full) < 2 or len({np.dtype(a.dtype) for a in full}) > 1 or not all(a.is_c_contiguous() for a in full):
         return None
-    at = [_address(a) for a in full]
+    at = [address(a) for a in full]
     if any(p + a.nbytes != q for a, p, q in zip(full, at, at[1:])):
         return None
     n = sum(a.size for a in full)
@@ -289,7 +299,7 @@ def spans(groups, arrays) -> dict:
     return out
 
 
-def _address(a) -> int:
+def address(a) -> int:
     """The device address of device array ``a``'s first element."""
     if hasattr(a, "_ary"):  # the simulator's
         return a._ary.__array_interface__["data"][0]

@@ -116,7 +116,7 @@ def frame_bytes(size: int, out):
 
 def _overlap(buf, x) -> bool:
     """Whether device arrays ``buf`` and ``x`` share any byte."""
-    from codec.device import _address
+    from codec.device import address
 
-    a, b = _address(buf), _address(x)
+    a, b = address(buf), address(x)
     return a < b + x.nbytes and b < a + buf.nbytes

@@ -56,7 +56,7 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) ->
         elif transform_runs:
             job = _transform_run_job(c, mf, g)
         else:
-            job = _run_job(c, mf, g, value_runs)
+            job = _run_job(c, mf, g, value_runs, device)
         if job is None:  # alone, or a run whose tensors are not what the run expects
             jobs += [([i], *c._read(mf.tensor(i), known[i], device)) for i in g]
         else:
@@ -66,14 +66,15 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) ->
     return jobs
 
 
-def _run_job(c, mf, run, value_runs):
+def _run_job(c, mf, run, value_runs, device: bool = False):
     """The job ``(run, ctx, payload)`` of a run of tensors read at once, or None (each is read
-    alone): an elementwise codec's one section over the run (:func:`_values_frame`), or what the
-    value stage's :meth:`codec.stage.Value.read_run` reads."""
+    alone): an elementwise codec's one section over the run (:func:`_values_frame`; with
+    ``device``, a device frame's codes stay there), or what the value stage's
+    :meth:`codec.stage.Value.read_run` reads."""
     lay = mf.layout
     if not value_runs:
         fr = _values_frame(mf, [mf.tensor_sections[i] for i in run], [lay.sizes[i] for i in run], lay.dtypes[run[0]])
-        return None if fr is None else (run, *c._read(fr))
+        return None if fr is None else (run, *c._read(fr, device=device))
     sizes = [lay.sizes[i] for i in run]
     dtype = lay.dtypes[run[0]]
     payload = _or_alone(c.value.read_run, np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i] for i in run], sizes, dtype)

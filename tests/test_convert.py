@@ -522,3 +522,18 @@ def test_momentum_kernel_matches_numpy(n, dtype, backend):
     out = np.full(n, np.nan, dtype)
     module("convert", backend).momentum(u, m, x, out)
     assert out.tobytes() == np.add(np.multiply(u, m, dtype=dtype), x, dtype=dtype).tobytes()
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("n", [0, 1, 7, 3 * (1 << 16) + 5])
+def test_divide_kernel_matches_numpy(n, dtype, backend):
+    """``convert.divide``: NumPy's ``np.divide`` by a rank count in the array's dtype (3: not a
+    power of two, so a product by ``1/3`` would differ), across parallel chunks; heavy tails,
+    signed zeros, inf and NaN."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    if n > 4:
+        x[:4] = (-0.0, np.inf, np.nan, np.finfo(dtype).tiny)
+    out = np.full(n, 7, dtype)
+    module("convert", backend).divide(x, dtype(3), out)
+    assert out.tobytes() == np.divide(x, dtype(3)).tobytes()

@@ -33,7 +33,7 @@ import numpy as np
 from codec import threads
 from codec.arrays import as_float_array, on_device
 from codec.errors import CodecTypeError, CodecValueError
-from transport import staging
+from transport import device as devices
 from transport.errors import NO_DESC, OK, MismatchError, raise_failed, status_of
 from transport.schemes import scheme_for
 from transport.schemes.base import mpi
@@ -118,9 +118,11 @@ class Allreducer:
     consecutive tensors of one dtype are fused into flat buckets of up to that many bytes,
     each coded as one tensor (fewer, larger frames: less per-frame overhead; a sparsifier then
     selects over the bucket, as DDP's bucket hooks do).  Device arrays
-    (``__cuda_array_interface__``) are staged through host memory (transport/staging.py).
-    ``cuda_aware`` is deprecated and does nothing (a DeprecationWarning; it goes in the next
-    release): no scheme passes device buffers to MPI.  ``checksum`` (default False): frames
+    (``__cuda_array_interface__``: CuPy, torch CUDA tensors, Numba) are coded on the device
+    and only their frames cross to the host (transport/device.py; docs/transport.md, "Device
+    arrays"); the results are device arrays.  ``cuda_aware`` is deprecated and does nothing
+    (a DeprecationWarning; it goes in the next release): whether the MPI library takes
+    device buffers is asked of the library.  ``checksum`` (default False): frames
     carry the codec's payload CRC-32C; MPI already guarantees the integrity of what it
     delivers, so the transport leaves it out (a ``crc32`` stage in the spec still adds its own).
     Every rank must construct its Allreducer with the same arguments.
@@ -145,7 +147,7 @@ class Allreducer:
                 raise CodecTypeError(f"{name}: expected True or False, got {v!r}")
         if cuda_aware is not _UNSET:
             warnings.warn(
-                "Allreducer(cuda_aware=...) is deprecated and does nothing: device arrays are staged through host memory; "
+                "Allreducer(cuda_aware=...) is deprecated and does nothing: whether MPI takes device buffers is asked of the library; "
                 "it will be removed in the next release",
                 DeprecationWarning,
                 stacklevel=2,
@@ -177,7 +179,8 @@ class Allreducer:
         shapes and dtypes, in the same order.
 
         ``out``: the arrays to write the result into, with the structure, shapes and dtypes
-        of ``tensors`` (host NumPy arrays, writeable, C-contiguous), e.g. the gradients
+        of ``tensors`` (writeable, C-contiguous: host NumPy arrays for host tensors, device
+        arrays for device tensors), e.g. the gradients
         themselves (``reduce(grads, out=grads)``): no result is allocated, and ``out`` is
         returned.  An input may be its own output: no scheme reads an input after
         ``ireduce`` returns.  If a step fails after its first collective, ``out`` may hold
@@ -200,7 +203,7 @@ class Allreducer:
         stats = Stats()
         layout = desc = prepared = failed = None
         try:
-            layout = _Layout(tensors, self.bucket_bytes)
+            layout = _Layout(tensors, self.bucket_bytes, self.scheme.devices)
             layout.set_out(out)
             desc = self.describe(layout)
             prepared = self.scheme.prepare(layout.sent, layout.sent_keys)
@@ -300,12 +303,16 @@ class Allreducer:
 
 # ---------------------------------------------------------------------- structure
 class _Layout:
-    """A dict or list of tensors as (keys, host arrays) and back; with ``bucket_bytes``, the
+    """A dict or list of tensors as (keys, arrays) and back; with ``bucket_bytes``, the
     tensors are sent as buckets (``sent``, ``sent_keys``): runs of consecutive tensors of one
     dtype concatenated flat up to that many bytes (a larger tensor is a bucket of its own,
-    unchanged).  A bucket of several tensors is keyed ``"first..last"`` by its tensors' names."""
+    unchanged).  A bucket of several tensors is keyed ``"first..last"`` by its tensors' names.
 
-    def __init__(self, tensors, bucket_bytes: int = 0):
+    Device tensors (all of them or none) stay on the device when the scheme codes them there
+    (``device_path``: ``Scheme.devices``); for a scheme without a device path they are
+    copied to the host and their results copied back (``staged``)."""
+
+    def __init__(self, tensors, bucket_bytes: int = 0, device_path: bool = False):
         if isinstance(tensors, dict):
             self.kind, self.keys = "dict", list(tensors)
             items = list(tensors.values())
@@ -315,7 +322,17 @@ class _Layout:
         else:
             raise CodecTypeError(f"tensors: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
         self.devices = [on_device(x) for x in items]  # the codec's one device-array test
-        self.arrays = [_plain(as_float_array(staging.to_host(x) if d else x, argname=f"tensors[{k!r}]")) for k, x, d in zip(self.keys, items, self.devices)]
+        if any(self.devices) and not all(self.devices):
+            raise CodecTypeError("tensors: mixes device and host arrays; pass all of one kind")
+        self.device = bool(items) and all(self.devices) and device_path
+        self.staged = any(self.devices) and not device_path
+        if self.device:
+            from codec.device import as_device_array
+
+            self.arrays = [as_device_array(x, f"tensors[{k!r}]") for k, x in zip(self.keys, items)]
+        else:
+            host = devices.host_copies(items) if self.staged else items
+            self.arrays = [_plain(as_float_array(x, argname=f"tensors[{k!r}]")) for k, x in zip(self.keys, host)]
         self.groups = _buckets(self.arrays, bucket_bytes) if bucket_bytes else [[i] for i in range(len(self.arrays))]
         self.sent, self.sent_keys = [], []
         for g in self.groups:
@@ -323,8 +340,16 @@ class _Layout:
                 self.sent.append(self.arrays[g[0]])
                 self.sent_keys.append(self.keys[g[0]])
             else:
-                self.sent.append(np.concatenate([self.arrays[i].reshape(-1) for i in g]))
+                self.sent.append(self._joined([self.arrays[i] for i in g]))
                 self.sent_keys.append(f"{self.keys[g[0]]}..{self.keys[g[-1]]}")
+
+    def _joined(self, arrays):
+        """A bucket: its tensors concatenated flat (on the device for device tensors)."""
+        if not self.device:
+            return np.concatenate([a.reshape(-1) for a in arrays])
+        from codec.device import concat, empty
+
+        return concat([a.reshape(a.size) for a in arrays], empty(sum(a.size for a in arrays), arrays[0].dtype))
 
     def set_out(self, out) -> None:
         """Check ``out`` (None, or arrays with the inputs' structure, shapes and dtypes) and
@@ -343,14 +368,28 @@ class _Layout:
             outs = list(out)
         for k, a, o, dev in zip(self.keys, self.arrays, outs, self.devices):
             where = f"out[{k!r}]"
+            if self.device:
+                if not on_device(o):
+                    raise CodecTypeError(f"{where}: device tensors are reduced into device arrays, got {type(o).__name__}")
+                from codec.device import as_device_array
+
+                d = as_device_array(o, where, write=True)
+                if tuple(d.shape) != tuple(a.shape) or np.dtype(d.dtype) != np.dtype(a.dtype):
+                    raise CodecValueError(f"{where}: {np.dtype(d.dtype)}{list(d.shape)}, the tensor is {np.dtype(a.dtype)}{list(a.shape)}")
+                continue
             if dev or on_device(o):
-                raise CodecTypeError(f"{where}: out= takes host NumPy arrays; device tensors are returned as new arrays")
+                raise CodecTypeError(f"{where}: out= takes host NumPy arrays here; {'device tensors of this scheme are returned as new device arrays' if dev else 'the tensors are host arrays'}")
             if type(o) is not np.ndarray:
                 raise CodecTypeError(f"{where}: expected a NumPy array, got {type(o).__name__}")
             if o.shape != a.shape or o.dtype != a.dtype:
                 raise CodecValueError(f"{where}: {o.dtype}{list(o.shape)}, the tensor is {a.dtype}{list(a.shape)}")
             if not (o.flags.c_contiguous and o.flags.writeable and o.flags.aligned):
                 raise CodecValueError(f"{where}: must be a writeable, aligned, C-contiguous array")
+        if self.device:
+            from codec.device import as_device_array
+
+            outs = [as_device_array(o, "out", write=True) for o in outs]
+        self.outs = outs
         for j, g in enumerate(self.groups):
             if len(g) == 1:
                 self.targets[j] = outs[g[0]]
@@ -359,13 +398,16 @@ class _Layout:
         """The step's result in the input's structure: views of the sent results, or ``out``
         (a bucket's result copied into its tensors' arrays)."""
         if self.out is not None:
-            outs = [self.out[k] for k in self.keys] if self.kind == "dict" else list(self.out)
             for g, r in zip(self.groups, sent):
                 if len(g) > 1:  # a bucket: its result is one array, copied into the callers'
                     at = 0
                     for i in g:
                         n = self.arrays[i].size
-                        outs[i].reshape(-1)[...] = r[at : at + n]
+                        if self.device:
+                            if n:
+                                self.outs[i].reshape(n).copy_to_device(r[at : at + n])
+                        else:
+                            self.outs[i].reshape(-1)[...] = r[at : at + n]
                         at += n
             return self.out
         arrays = [None] * len(self.arrays)
@@ -375,7 +417,10 @@ class _Layout:
                 a = self.arrays[i]
                 arrays[i] = r if len(g) == 1 else r[at : at + a.size].reshape(a.shape)
                 at += a.size
-        arrays = [staging.to_device(a) if d else a for a, d in zip(arrays, self.devices)]
+        if self.staged:
+            from codec.device import to_device
+
+            arrays = [to_device(a) for a in arrays]
         if self.kind == "dict":
             return dict(zip(self.keys, arrays))
         return arrays if self.kind == "list" else tuple(arrays)

@@ -23,28 +23,21 @@ import sys
 import numba
 import pytest
 
+from support import cudasim
+
 #: the interpreter's thread switch interval in the simulator.  Its block manager polls its
 #: threads in a loop that never sleeps, so a thread that waits (a barrier, a lock in a device
 #: function's call) gets the interpreter back only when the poller's slice ends: 5 ms by
 #: default.  Measured: a decode_add of 3,000 values into float16 (one ``_half_combine``
-#: launch, 32 threads) took 119-125 s at 5 ms, 0.35 s at 0.5 ms.
-SWITCH_INTERVAL = 5e-4
+#: launch, 32 threads) took 119-125 s at 5 ms, 0.35 s at 0.5 ms (tests/support/cudasim.py).
+SWITCH_INTERVAL = cudasim.SWITCH_INTERVAL
 if numba.config.ENABLE_CUDASIM:
     sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch):
-    import codec.pack
-
-    monkeypatch.setattr(codec.pack, "DEVICE_SECTION", 0)  # every index section a device decode meets: read there
-    if numba.config.ENABLE_CUDASIM:
-        from codec.kernels.cuda import _common
-
-        monkeypatch.setattr(_common, "THREADS", 32)
-        monkeypatch.setattr(_common, "MAX_BLOCKS", 1)
-        monkeypatch.setattr(_common, "SCAN_BLOCK", 4)
-        monkeypatch.setattr(_common, "SCAN_ITEMS", 128)
+    cudasim.apply(monkeypatch.setattr)  # (the shapes the scripts launched from here take too)
 
 
 @pytest.fixture

@@ -246,3 +246,17 @@ def test_momentum_kernel_matches_numpy(dtype):
     out = cuda.device_array(n, dtype)
     K.momentum(cuda.to_device(u), dtype(0.9), cuda.to_device(x), out)
     assert out.copy_to_host().tobytes() == np.add(np.multiply(u, dtype(0.9), dtype=dtype), x, dtype=dtype).tobytes()
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("n", [0, 1, 7, 301])
+def test_divide_kernel_matches_numpy(n, dtype):
+    """The convert twin's ``divide``: NumPy's ``np.divide`` in the dtype, bit for bit (heavy
+    tails, signed zeros, inf, NaN, a subnormal quotient)."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    if n > 4:
+        x[:4] = (-0.0, np.inf, np.nan, np.finfo(dtype).tiny)
+    out = cuda.device_array(n, dtype)
+    K.divide(cuda.to_device(x), dtype(3), out)
+    assert out.copy_to_host().tobytes() == np.divide(x, dtype(3)).tobytes()

@@ -26,9 +26,12 @@ import numpy as np
 
 import codec
 from codec.arrays import scatter_add, wide_dtype
+from codec.dtypes import on_device
+from codec.errors import CodecTypeError
 from codec.frame import raw_length
 from codec.manyframe import read_header
 from codec.ops import offsets
+from transport import device as devices
 from transport.errors import raise_failed
 from transport.schemes.base import SIGN_CODECS, Scheme, check_finite, finish_sum, vote_error
 
@@ -47,10 +50,12 @@ class Framed(Scheme):
 
     def prepare(self, arrays, keys):
         """Checks every input before the first collective, changing nothing: finite where the
-        codec needs it, and what the ErrorFeedback's encode would refuse (steps left, the shape
-        and dtype of an existing residual)."""
+        codec needs it (a device tensor's NaN/inf is found by the encode itself, which the
+        sizes' exchange then reports to every rank: its values never come to the host), and
+        what the ErrorFeedback's encode would refuse (steps left, the shape and dtype of an
+        existing residual)."""
         for a, k in zip(arrays, keys):
-            if not self.codec.passes_nonfinite(a.shape):  # the codec would raise on NaN/inf
+            if not on_device(a) and not self.codec.passes_nonfinite(a.shape):  # the codec would raise on NaN/inf
                 check_finite(a, f"tensors[{k!r}]", self.spec)
             self.ef.check(self.key(k), a.shape, a.dtype, f"tensors[{k!r}]")
         return arrays, keys
@@ -67,8 +72,9 @@ class Framed(Scheme):
     def wire(frame) -> list[int]:
         """Each tensor's share of ``frame`` (this rank's own): its sections' bytes, with the
         header (and any compression of the payload) shared in proportion to them, adding up
-        to the frame.  Read from the header alone: nothing is decompressed."""
-        h = read_header(memoryview(frame))
+        to the frame.  Read from the header alone: nothing is decompressed (of a device
+        frame, only the header crosses)."""
+        h = _header(frame)
         raw = [sum(raw_length(c, bits) for (_, bits), c in zip(pat, counts)) for pat, counts in h.per_tensor]
         total = sum(raw)
         if not total:
@@ -78,81 +84,106 @@ class Framed(Scheme):
 
 class Allgather(Framed):
     """Any codec: one frame per rank, sizes by Allgather, bytes by Allgatherv, every rank's
-    frame added in rank order.  ``vote``: sign codecs only; the result is the sign of the sum."""
+    frame added in rank order.  ``vote``: sign codecs only; the result is the sign of the sum.
+
+    Device tensors are coded into a device frame (error feedback reads it back there); the
+    frames travel from and into device buffers when MPI is CUDA-aware, else through pinned
+    host buffers: this rank's frame copied down once, the others' frames read from where
+    they arrived (their codes cross once, up), this rank's own from the device.  The ranks'
+    frames are added into device accumulators and the sum finished there (transport/device.py)."""
+
+    devices = True
 
     def __init__(self, codec_or_spec, reducer):
         super().__init__(codec_or_spec, reducer)
-        self.buffers = _Buffers()  # what its steps send from and receive into, kept across steps
+        self.buffers = devices.Buffers()  # what its steps send from and receive into, kept across steps
+        self.pinned = self.on_device = None  # the same for device tensors: transport/device.py's pools, made on the first such step
         if reducer.vote and codec.parse_spec(self.spec)[0][0] not in SIGN_CODECS:
             raise vote_error(self.spec)
+
+    def prepare(self, arrays, keys):
+        if self.reducer.vote and any(on_device(a) for a in arrays):
+            raise CodecTypeError("tensors: the majority vote (vote=True) takes host arrays; device tensors are summed (vote=False)")
+        return super().prepare(arrays, keys)
+
+    def _pools(self, device: bool):
+        """``(where this rank's frame is written, where the frames travel)``: host buffers for
+        host tensors; for device tensors a device buffer, travelling as it is when MPI is
+        CUDA-aware, else through pinned host buffers (transport/device.py)."""
+        if not device:
+            return self.buffers, self.buffers
+        if self.on_device is None:
+            self.on_device = devices.OnDevice()
+            self.pinned = self.on_device if devices.cuda_aware() else devices.Pinned()
+        return self.on_device, self.pinned
 
     def start(self, prepared, stats):
         arrays, keys = prepared
         comm = self.reducer.comm
+        pool, wire_pool = self._pools(bool(arrays) and on_device(arrays[0]))
         held = []  # the step's buffers (its frame, the ranks' frames), handed back when it finishes
+        sent = []  # and those of wire_pool, when it is another
         try:
-            frame = self.encode(arrays, keys, out=self.buffers.holder(held))
+            frame = self.encode(arrays, keys, out=pool.holder(held))
             failed = None
         except Exception as e:  # told to every rank through the sizes, so none is left waiting
             frame, failed = b"", e
-        msg = np.frombuffer(frame, np.uint8)
+        own = None  # this rank's device frame, read from the device when it is staged
+        if not on_device(frame):
+            msg = np.frombuffer(frame, np.uint8)
+        elif wire_pool is pool:
+            msg = frame
+        else:  # staged: copied down once into a pinned buffer
+            sent.append(wire_pool.take(frame.size))
+            own, msg = frame, sent[-1][: frame.size]
+            if frame.size:
+                frame.copy_to_host(msg)
         t = time.perf_counter()
         sizes = np.empty(self.reducer.size, np.int64)
         comm.Allgather(np.array([-1 if failed else msg.size], np.int64), sizes)
         if (sizes < 0).any():  # an encode failure the checks before the step did not foresee
-            self.buffers.give(held)  # the step ends here: nothing refers to its buffers
+            pool.give(held)  # the step ends here: nothing refers to its buffers
             raise_failed(comm, failed, "encoding its tensors")
         displs = offsets(sizes[:-1])
         total = int(sizes.sum())
-        held.append(self.buffers.take(total))
-        recv = held[-1][:total]
+        sent.append(wire_pool.take(total))
+        recv = sent[-1][:total]
         req = comm.Iallgatherv(msg, [recv, (sizes.tolist(), displs.tolist())])
         stats.communicate_s += time.perf_counter() - t
         stats.bytes_sent = int(msg.size)
         stats.bytes_received = total - int(msg.size)
-        wire = self.wire(frame)  # while the frames travel
-        return _AllgatherPending(self, arrays, recv, sizes, displs, req, wire, held)
+        wire = self.wire(frame if own is None else msg)  # while the frames travel (a staged frame's header read from its host copy)
+        gives = [(pool, held)] if wire_pool is pool else [(pool, held), (wire_pool, sent)]
+        if wire_pool is pool:
+            held += sent
+        return _AllgatherPending(self, arrays, recv, sizes, displs, req, wire, gives, own)
 
 
-class _Buffers:
-    """Byte buffers kept from step to step for the frames a step sends and receives, so a
-    step does not page-fault a fresh frame and a fresh receive buffer (for fp16 on ResNet-50
-    at 4 ranks, 51 + 204 MB per rank: ~12 ms of first touches).  A step takes what it needs
-    and gives it back when it finishes, decoded or failed (nothing decoded refers to them);
-    steps in flight at once hold different buffers.  The ``KEEP`` most recently given are
-    kept, so a buffer of a one-off large step is not held for good."""
+def _header(frame):
+    """The v2 header of this rank's ``frame`` (host bytes, or a device frame's first bytes
+    copied, more while it reaches past them)."""
+    if not on_device(frame):
+        return read_header(memoryview(frame))
+    from codec import devframe
 
-    KEEP = 4
-
-    def __init__(self):
-        self.free: list = []
-
-    def take(self, size: int) -> np.ndarray:
-        """A uint8 buffer of at least ``size`` bytes: the smallest free one that fits and is
-        not more than 4x too large (a receive buffer stays for the next receive), else a new
-        one with a quarter to spare (a sparse frame's size varies from step to step)."""
-        fits = [i for i, b in enumerate(self.free) if size <= b.size <= 4 * size + (1 << 20)]
-        if fits:
-            return self.free.pop(min(fits, key=lambda i: self.free[i].size))
-        return np.empty(size + size // 4 + 4096, np.uint8)
-
-    def holder(self, held: list):
-        """An ``out=`` allocator for ``encode``: takes a buffer of the asked size into ``held``."""
-
-        def alloc(size):
-            held.append(self.take(size))
-            return held[-1]
-
-        return alloc
-
-    def give(self, bufs) -> None:
-        self.free = (self.free + list(bufs))[-self.KEEP :]
+    want = devframe.FIRST_COPY
+    while True:
+        head = devframe.head(frame, want)
+        try:
+            return read_header(head)
+        except codec.CorruptFrameError:
+            if head.nbytes == frame.size:
+                raise
+            want *= 4
 
 
 class _AllgatherPending:
-    def __init__(self, scheme, arrays, recv, sizes, displs, req, wire, held):
+    """``gives``: ``(pool, buffers)`` to hand back when the step ends; ``own``: this rank's
+    device frame, read in place of its copy in ``recv`` (None: read every frame from ``recv``)."""
+
+    def __init__(self, scheme, arrays, recv, sizes, displs, req, wire, gives, own=None):
         self.scheme, self.arrays, self.recv, self.sizes, self.displs, self.req = scheme, arrays, recv, sizes, displs, req
-        self.wire, self.held = wire, held
+        self.wire, self.gives, self.own = wire, gives, own
 
     def test(self):
         return self.req.Test()
@@ -161,8 +192,9 @@ class _AllgatherPending:
         try:
             return self._finish(stats, out)
         finally:  # decoded or failed: the frames are no longer read
-            self.scheme.buffers.give(self.held)
-            self.recv, self.held = None, []
+            for pool, bufs in self.gives:
+                pool.give(bufs)
+            self.recv, self.gives, self.own = None, [], None
 
     def _finish(self, stats, out):
         self.req.Wait()
@@ -171,6 +203,10 @@ class _AllgatherPending:
         c = self.scheme.codec
         lay = codec.Layout.of(self.arrays)  # what the frames' hash stands for (the names are the config check's)
         frames = [self.recv[d : d + s] for d, s in zip(self.displs.tolist(), self.sizes.tolist())]
+        if self.own is not None:
+            frames[red.rank] = self.own
+        if self.arrays and on_device(self.arrays[0]):
+            return self._finish_device(frames, lay, stats, out, t)
         # one accumulator per tensor: the caller's array when it has the accumulator dtype
         accs = []
         for a, o in zip(self.arrays, out):
@@ -197,6 +233,26 @@ class _AllgatherPending:
                 res.append(v if o is None else _put(o, v))
             else:
                 res.append(finish_sum(acc, a.dtype, red.size, red.average, tch, out=o))
+        stats.decode_s = time.perf_counter() - t
+        return res
+
+
+    def _finish_device(self, frames, lay, stats, out, t):
+        """Every rank's frame added in rank order into device accumulators (the caller's
+        array when it has the accumulator dtype), the sum finished on the device: the host's
+        bits (a sparse frame's values are added at its positions, in rank order, as the
+        host's scatter-add does)."""
+        red, c = self.scheme.reducer, self.scheme.codec
+        accs = []
+        for a, o in zip(self.arrays, out):
+            wide = wide_dtype(a.dtype)
+            if o is not None and np.dtype(o.dtype) == wide:
+                accs.append(devices.clear(o))
+            else:
+                accs.append(devices.zeros(a.shape, wide))
+        for r, f in enumerate(frames):
+            _from_rank(r, c.decode_add_many, f, accs, layout=lay)
+        res = [devices.finish_on_device(acc, a.dtype, red.size, red.average, out=o) for a, acc, o in zip(self.arrays, accs, out)]
         stats.decode_s = time.perf_counter() - t
         return res
 

@@ -18,6 +18,7 @@ import numpy as np
 
 import codec
 from codec.arrays import first_nonfinite, round_into, round_to, wide_dtype
+from codec.dtypes import on_device
 from codec.errors import CodecValueError, NonFiniteError
 
 __all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_sum", "mpi", "vote_error"]
@@ -74,9 +75,13 @@ class Scheme:
     whose head names it (the default scheme then runs it).
 
     ``ef``: the scheme's per-tensor memory, a ``codec.ErrorFeedback`` (None: the scheme keeps
-    none, as ``none``'s MPI Allreduce); :meth:`prepare` reads it and never changes it."""
+    none, as ``none``'s MPI Allreduce); :meth:`prepare` reads it and never changes it.
+
+    ``devices``: the scheme takes device tensors as they are (its arrays, and ``out``, are
+    then device arrays: transport/device.py); else the Allreducer hands it host copies."""
 
     ef = None
+    devices = False
 
     def __init__(self, codec_or_spec, reducer, checksum: bool | None = None):
         """``checksum``: whether the scheme's frames carry their payload CRC-32C (default: the
@@ -155,11 +160,19 @@ class Sums:
             self.groups.setdefault(wide_dtype(a.dtype), []).append(i)
 
     def start(self, parts, stats) -> "Sums":
+        """Post the sums of ``parts`` (host arrays; or device arrays, gathered on the device
+        for a CUDA-aware MPI, else into pinned host memory: transport/device.py)."""
+        from transport import device
+
         MPI = mpi()
         self.sizes = [p.size for p in parts]
         self.bufs, self.reqs = {}, []
+        on_dev = bool(parts) and on_device(parts[0])
         for dt, idx in self.groups.items():
-            buf = np.concatenate([parts[i].reshape(-1) for i in idx], dtype=dt)
+            if on_dev:
+                buf = device.gathered([parts[i] for i in idx], dt, device.cuda_aware())
+            else:
+                buf = np.concatenate([parts[i].reshape(-1) for i in idx], dtype=dt)
             self.bufs[dt] = buf
             self.reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf))
             stats.bytes_sent += buf.nbytes

@@ -33,6 +33,7 @@ __all__ = [
     "half_combine",
     "half_feedback",
     "scale",
+    "divide",
 ]
 
 
@@ -358,3 +359,14 @@ def scale(x, starts, factors, out):
         f = factors[t]
         for i in range(starts[t], starts[t + 1]):
             out[i] = np.float64(x[i]) * f
+
+
+@jit(parallel=True)
+def divide(x, d, out):
+    """``out = x / d`` elementwise in ``x``'s dtype (float32 or float64; ``d`` a scalar of it),
+    correctly rounded: NumPy's ``np.divide(x, x.dtype.type(d))`` (an allreduce's average)."""
+    n = x.size
+    for c in prange(chunks(n)):
+        lo = c * CHUNK
+        for i in range(lo, min(n, lo + CHUNK)):
+            out[i] = x[i] / d

@@ -56,12 +56,14 @@ def zero(out):
 
 
 _kept = threading.local()
+_SIMULATED = object()
 
 
 def per_context(key, make):
     """``make()``'s value (device buffers, constants moved to the device), made once per
-    thread and CUDA context and kept under ``key``: a kernel call allocates nothing."""
-    ctx = cuda.current_context()
+    thread and CUDA context and kept under ``key``: a kernel call allocates nothing.  (The
+    simulator makes a new context object at every call: its one context is ``_SIMULATED``.)"""
+    ctx = _SIMULATED if _simulated() else cuda.current_context()
     cache = getattr(_kept, "cache", None)
     if cache is None:
         cache = _kept.cache = {}
@@ -267,6 +269,27 @@ class Results:
             else:
                 d.copy_to_host(a)
         self._back.clear()
+
+
+#: the most host tables :func:`constant` keeps on the device, per context
+CONSTANTS = 64
+
+
+def constant(a):
+    """Small host array ``a`` (a quantizer's lookup table: the same few hundred bytes every
+    call) on the device, moved once per context and content and kept (the :data:`CONSTANTS`
+    latest): a decode then moves its codes, not its tables.  A device array is itself."""
+    if on_device(a):
+        return a
+    a = np.ascontiguousarray(a)
+    kept = per_context("constants", dict)
+    key = (a.dtype.str, a.shape, a.tobytes())
+    got = kept.get(key)
+    if got is None:
+        if len(kept) >= CONSTANTS:
+            kept.pop(next(iter(kept)))
+        got = kept[key] = numba_cuda().to_device(a)
+    return got
 
 
 def address(a) -> int:

@@ -259,3 +259,16 @@ def scale(x, starts, factors, out):
     search of ``starts`` (host or device arrays)."""
     if out.size:
         _scale[launch(out.size)](x, _common.dev(starts), _common.dev(factors), out)
+
+
+@jit
+def _divide(x, d, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = x[i] / d
+
+
+def divide(x, d, out):
+    """The CPU kernel's ``divide``: ``out = x / d`` in ``x``'s dtype, a division (IEEE, correctly
+    rounded on the device as on the host), never a product by ``1 / d``."""
+    if x.size:
+        _divide[launch(x.size)](x, np.dtype(x.dtype).type(d), out)

@@ -21,7 +21,7 @@ import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import dequant as _cpu
-from codec.kernels.cuda._common import THREADS, block_max, dev, launch, mul, owner
+from codec.kernels.cuda._common import THREADS, block_max, constant, dev, launch, mul, owner
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
@@ -71,7 +71,7 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
     """``out[i] (=|+=|-=) lut[code_i] * a[b] (+ off[b])``, value ``i`` in block ``b = i //
     block``, each value rounded once to ``out``'s dtype (see the CPU kernel)."""
     if n:
-        _dequantize[launch(n)](dev(data), bits, n, dev(lut), block, dev(a), dev(off), out, mode)
+        _dequantize[launch(n)](dev(data), bits, n, constant(lut), block, dev(a), dev(off), out, mode)
 
 
 @jit
@@ -94,7 +94,7 @@ def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, of
     from byte ``dstarts[t]`` of ``data`` into ``out[starts[t]:starts[t+1]]``."""
     n = int(starts[-1]) if len(starts) else 0
     if n:
-        _dequantize_segments[launch(n)](dev(data), dev(dstarts), bits, dev(starts), dev(lut), dev(blocks), dev(a), dev(astarts), dev(off), out, mode)
+        _dequantize_segments[launch(n)](dev(data), dev(dstarts), bits, dev(starts), constant(lut), dev(blocks), dev(a), dev(astarts), dev(off), out, mode)
 
 
 @jit

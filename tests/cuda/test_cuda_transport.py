@@ -1,0 +1,49 @@
+"""The transport with device tensors (transport/device.py), in the simulator: the cases of
+tests/mpi_device.py on ``COMM_SELF`` in this process, and launched under ``mpiexec -n 2``
+(every case, the bytes crossing between host and device counted) and ``-n 4`` (the device
+results equal the host's bit for bit)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import numba
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/: reference, support, the script
+
+import mpi_device  # noqa: E402
+from support.mpi import launch  # noqa: E402
+
+SCRIPT = HERE.parent / "mpi_device.py"
+#: the cases each launch runs (each rank pays the simulator's start; 4 ranks share 2 cores)
+PLAN = {2: ["codecs", "out", "crossing"], 4: ["codecs"]}
+
+pytestmark = pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="the launched ranks run the simulator (a GPU run: bench_cuda.py)")
+
+
+@pytest.mark.parametrize("case", ["codecs", "out"])
+def test_self(case):
+    from mpi4py import MPI
+
+    failures = mpi_device.run_case(MPI.COMM_SELF, case)
+    assert not failures, "\n".join(failures)
+
+
+@functools.lru_cache(maxsize=None)
+def launched(p: int):
+    run = launch(SCRIPT, p, *PLAN[p], timeout=600, env={"NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "")})
+    if run.hung:
+        pytest.fail(run.report(["did not finish in 600 s (hung)"], tail=4000))
+    return run
+
+
+@pytest.mark.parametrize("p,case", [(p, c) for p, cases in PLAN.items() for c in cases], ids=lambda v: f"np{v}" if isinstance(v, int) else v)
+def test_launched(p, case):
+    run = launched(p)
+    problems = run.problems(case)
+    assert not problems, run.report(problems)
