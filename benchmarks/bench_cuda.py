@@ -33,6 +33,14 @@ Rows, for 25M float32 values:
   without its allreduces) next to ``powersgd(rank=4)``'s encode of the same matrix;
 - every dense codec's rows carry "x copy_ (time)": torch's ``copy_`` of the 25M float32
   buffer over the row's time, the ratio the targets are stated in;
+- ``device CRC-32C``: the region kernel alone on 50 MB lying on no multiple of 8 (as a
+  frame's payload does), in four shapes, and the byte-serial chunks it replaced;
+- frames on the device: every codec's ``encode(x, out=device buffer)`` (header and CRC-32C
+  included) and ``ErrorFeedback.encode`` into it, and ``decode`` of that device frame into a
+  device array, each against torch's ``copy_`` (and fp16's against ``x.half()``);
+- the transport (``--transport-ranks 2``): one ``Allreducer.reduce`` of device gradients on
+  two ranks sharing the GPU, for fp16, top-k and ``none``, with the bytes that crossed host
+  and device (benchmarks/bench_cuda_transport.py, under mpiexec);
 - the whole-model step (``--model resnet50``): ResNet-50's 161 parameter shapes as device
   tensors, apart (one allocation each) and as views of one buffer (a framework's gradient
   bucket): ``ErrorFeedback.encode_many`` (DGC with momentum 0.9 too) and
@@ -76,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--model", default="resnet50", help="the whole-model step's shapes: resnet50, or none to skip it")
     ap.add_argument("--model-scale", type=int, default=1)
     ap.add_argument("--model-codecs", default="fp16;topk(ratio=0.01);dgc(ratio=0.01)")
+    ap.add_argument("--transport-ranks", type=int, default=2, help="ranks of the transport step with device gradients (benchmarks/bench_cuda_transport.py under mpiexec); 0 skips it")
     args = ap.parse_args(argv)
     global cuda  # a module global: the simulator swaps the one its kernels reach
     from numba import cuda
@@ -150,10 +159,13 @@ def main(argv=None):
     rows.append(["  of which: reading the per-block counts back", f"{sync_best(lambda: conv._total(counts)) * 1e3:.3f}", "", ""])
     from codec.kernels.cuda import _crc
 
-    for bits, group in ((_crc.CHUNK_BITS, _crc.GROUP), (8, 256), (6, 1024), (12, 16)):
-        t = sync_best(lambda: _crc.crc32c(codes.view(np.uint8), 0, bits, group))
-        what = "the default" if (bits, group) == (_crc.CHUNK_BITS, _crc.GROUP) else "another shape"
-        rows.append([f"CRC-32C of the {2 * n / 1e6:.0f} MB of codes on the device, {1 << bits} B chunks, {group} per group ({what})", f"{t * 1e3:.3f}", f"{2 * n / t / 1e9:.0f}", ""])
+    payload = codes.view(np.uint8)[3:]  # as a frame's payload lies: on no multiple of 8
+    for threads, per in ((_crc.REGION_THREADS, _crc.REGION_WORDS), (128, 64), (512, 16), (256, 128)):
+        t = sync_best(lambda: _crc.crc32c(payload, 0, threads=threads, per=per))
+        what = "the default" if (threads, per) == (_crc.REGION_THREADS, _crc.REGION_WORDS) else "another shape"
+        rows.append([f"device CRC-32C of {payload.size / 1e6:.0f} MB (a frame's payload), regions of {threads} threads x {per} words ({what})", f"{t * 1e3:.3f}", f"{payload.size / t / 1e9:.0f}", f"{payload.size / t / copy_gbs / 1e9 * 2:.2f}x"])
+    t = sync_best(lambda: _crc._pieces(payload, _crc.CHUNK_BITS, _crc.GROUP))
+    rows.append(["device CRC-32C of the same, byte-serial 1 KiB chunks (the kernel before 2026-11-29)", f"{t * 1e3:.3f}", f"{payload.size / t / 1e9:.0f}", ""])
     for bf16 in (False, True):
         row(f"narrow_codes {'bf16' if bf16 else 'fp16'} (kernel)", sync_best(lambda: conv.narrow_codes(dx, codes, bf16, -1)), 6 * n, copy_gbs)
     for bf16 in (False, True):
@@ -211,6 +223,9 @@ def main(argv=None):
     link = [["device-to-host copy, pinned (reference)", f"{d2h_s * 1e3:.3f}", f"{d2h_gbs:.1f}", "1.00x", f"{copy_s / d2h_s:.3f}x", ""],
             ["host-to-device copy, pinned (reference)", f"{h2d_s * 1e3:.3f}", f"{h2d_gbs:.1f}", "1.00x", f"{copy_s / h2d_s:.3f}x", ""]]
     sparse = []
+    on_device = []  # per codec: encode into a device frame, CRC included, and decode from it
+    devbuf = cuda.device_array(16 * n + (1 << 20), np.uint8)
+    half_s = sync_best(lambda: x.half()) if torch is not None else None
     rows_m = max(1, int(np.sqrt(n)))  # PowerSGD's matrix: rows_m x (n // rows_m), the input's head
     matrix = (x[: rows_m * (n // rows_m)].view(rows_m, -1) if torch is not None else dx[: rows_m * (n // rows_m)].reshape(rows_m, n // rows_m))
     peer_psgd = None
@@ -245,6 +260,12 @@ def main(argv=None):
         t_add = sync_best(lambda: c.decode_add(hostframe, outd))
         ef = codec.ErrorFeedback(c)
         t_ef = sync_best(lambda: ef.encode(xin, key="g", out=pinned))
+        dframe = c.encode(xin, out=devbuf)  # the frame written on the device, header and CRC-32C included
+        t_dev = sync_best(lambda: c.encode(xin, out=devbuf))
+        t_devdec = sync_best(lambda: c.decode(dframe, out=outd))
+        t_devef = sync_best(lambda: ef.encode(xin, key="g", out=devbuf))
+        on_device.append([spec, f"{fb / 1e6:.2f}", f"{t_dev * 1e3:.3f}", f"{copy_s / t_dev:.2f}x", f"{half_s / t_dev:.2f}x" if half_s and spec == "fp16" else "",
+                          f"{t_devef * 1e3:.3f}", f"{t_devdec * 1e3:.3f}", f"{copy_s / t_devdec:.2f}x"])
         if c.select is not None:  # a sparse frame: its time against the input's bandwidth and torch.topk
             for what, t in (("encode, new frame", t_new), ("ErrorFeedback.encode, out=pinned", t_ef),
                             ("decode into a device array", t_dec), ("decode_add into a device array", t_add)):
@@ -268,10 +289,38 @@ def main(argv=None):
         print()
         heading("Sparsifiers through the codec: GB/s of the input's bytes; x torch.topk: its time over ours (> 1: faster)", md)
         print(render(["what", "ms", "frame MB", "GB/s (input)", "x copy", "x torch.topk"], sparse, md))
+    print()
+    heading("Frames on the device: encode(x, out=device buffer), header and CRC-32C included; decode(device frame, out=device array); x copy_: torch copy_'s time over ours", md)
+    print(render(["codec", "frame MB", "encode ms", "x copy_", "x torch half()", "ErrorFeedback.encode ms", "decode ms", "x copy_"], on_device, md))
+    if args.transport_ranks:
+        print()
+        transport_step(args, md)
     if args.model != "none":
         print()
         model_step(args, md, sync_best)
-    footer(["encode forms the frame's CRC-32C on the device and copies the frame's bytes to the host once; decode checks the CRC on the host, copies the codes to the device and runs the kernel"], t_run, [], md)
+    footer(["encode forms the frame's CRC-32C on the device and copies the frame's bytes to the host once; decode checks the CRC on the host, copies the codes to the device and runs the kernel",
+            "a device frame is written, checksummed and read on the device: only its header crosses the link"], t_run, [], md)
+
+
+def transport_step(args, md):
+    """One ``Allreducer.reduce`` step of device gradients on ``--transport-ranks`` ranks sharing
+    this GPU (benchmarks/bench_cuda_transport.py under mpiexec): its time and the bytes that
+    crossed between host and device, against a dense device-to-host-to-device step."""
+    import shutil
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if mpiexec is None:
+        log("no mpiexec: the transport step is skipped")
+        return
+    cmd = [mpiexec, "-n", str(args.transport_ranks), sys.executable, "-m", "mpi4py", os.path.join(here, "bench_cuda_transport.py"), "--n", str(args.n), "--repeat", str(max(3, args.repeat // 4))]
+    if md:
+        cmd.append("--markdown")
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(got.stdout, end="")
+    if got.returncode:
+        log(f"the transport step failed ({got.returncode}): {got.stderr[-2000:]}")
 
 
 def model_step(args, md, sync_best):
