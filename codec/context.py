@@ -62,10 +62,11 @@ class Context:
 
     @property
     def codes_on_device(self) -> bool:
-        """A dense value stage reads its codes where a device frame holds them
+        """A value stage reads its codes where a device frame holds them
         (:meth:`codec.frame.SectionReader.take` with ``device=True``): the decode writes a
-        device array and no select stage ran (kept values are decoded on the host)."""
-        return self.device and self.positions is None
+        device array (a select stage's kept values are then decoded there too:
+        :meth:`codec.stage.Value.written`)."""
+        return self.device
 
     def domain(self, count: int, dtype) -> "Context":
         """The context of a transform's output (``count`` coefficients of ``dtype``): what the

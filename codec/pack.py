@@ -92,8 +92,9 @@ def encode_indices(idx, n: int) -> Section:
 
     Ties go to the packed gaps.  The bitmap is only allocated when it is chosen, so a few
     positions in a huge range cost no memory.  Positions in device memory (1-D int64) are
-    coded there by the ``index`` and ``pack`` twins: only the section's bytes and three
-    scalars (the last position, the largest gap and the order check) come to the host.
+    coded there by the ``index`` and ``pack`` twins, the section's bytes left there (a
+    device array, moved once to wherever the frame is written): only three scalars (the
+    last position, the largest gap and the order check) come to the host.
     """
     n = _integer(n, "n")
     if n < 0:
@@ -113,10 +114,10 @@ def encode_indices(idx, n: int) -> Section:
         out = mem.empty(raw_length(k, width), np.uint8)
         if k:
             backend("pack", gaps).pack_codes(gaps, width, out)
-        return Section(SectionKind.INDEX_DELTA, width, k, mem.host(out))
+        return Section(SectionKind.INDEX_DELTA, width, k, out)  # (device bytes: moved once, to wherever the frame is)
     bitmap = mem.empty(raw_length(n, 1), np.uint8)  # the kernel writes every byte
     kern.bitmap_encode(idx, bitmap)
-    return Section(SectionKind.INDEX_BITMAP, 1, n, mem.host(bitmap))
+    return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
 
 
 def _positions_below(idx, n: int, mem):
@@ -263,10 +264,11 @@ def decode_indices(info, raw, n: int, device: bool = False):
     writes a device array; a section of at least :data:`DEVICE_SECTION` bytes is then read
     on the device (its bytes copied there, the ``index`` family's CUDA twin reading them)
     and its positions returned as a device array, so the section crosses the link instead of
-    8 bytes a position.
+    8 bytes a position; a section of a device frame (``raw`` a device array) is read there
+    whatever its size.
     """
     n = _integer(n, "n")
-    raw = _as_bytes(raw)
+    raw = raw if on_device(raw) else _as_bytes(raw)  # (a device frame's section, read on the device)
     kind, bits, count = int(info.kind), int(info.bits), int(info.count)
     if kind == SectionKind.INDEX_DELTA:
         if count > n or not 1 <= bits <= max(1, (n - 1).bit_length()):
@@ -278,7 +280,7 @@ def decode_indices(info, raw, n: int, device: bool = False):
         _check_payload(raw, n, 1, "index bitmap")
     else:
         raise CorruptFrameError(f"section kind {kind} is not an index set")
-    mem = Memory(device and raw.size >= DEVICE_SECTION and raw.size > 0)
+    mem = Memory(device and raw.size > 0 and (on_device(raw) or raw.size >= DEVICE_SECTION))
     raw = mem.put(readonly(raw))
     kern = backend("index", raw)
     if kind == SectionKind.INDEX_DELTA:

@@ -153,7 +153,7 @@ class Codec:
         """``flat -= decode(fr)`` in place, rounded once (a sparse frame touches only its
         positions); ``fr`` is a parsed frame (:func:`codec.frame.parse_frame`, or a tensor of
         a many-tensor frame) that this codec made."""
-        ctx, payload = self._read(fr)
+        ctx, payload = self._read(fr, device=on_device(flat))  # (a device frame's codes, positions and values read there)
         self._write(ctx, payload, flat, SUB)
 
     # ---------------------------------------------------------------- many tensors

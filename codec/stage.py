@@ -328,10 +328,11 @@ class Value(Stage):
     def written(self, payload, count: int, ctx) -> np.ndarray:
         """``count`` decoded values of ``payload`` (what :meth:`read` gave) in a new array of
         the accumulator dtype of ``ctx.dtype`` (float32; float64 for float64): exact."""
+        from codec.device import Memory
         from codec.modes import SET
         from codec.ops import wide_dtype
 
-        out = np.empty(count, wide_dtype(ctx.dtype))
+        out = Memory(ctx.device).empty(count, wide_dtype(ctx.dtype))  # (decoding into a device array: there)
         self.write(payload, out, SET)
         return out
 

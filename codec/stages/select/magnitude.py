@@ -407,7 +407,7 @@ class IndexSelect(Select):
         from codec.frame import SectionKind
         from codec.pack import decode_indices
 
-        info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP))
+        info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP), device=ctx.device and known is None)
         return known if known is not None else decode_indices(info, raw, ctx.n, device=ctx.device)
 
 
