@@ -28,7 +28,7 @@ from transport import Allreducer
 #: float64 (device arrays have no bfloat16), a 2-D one, an empty one
 LAYOUT = (("w", (30, 7), F32), ("h", (40,), F16), ("void", (0,), F32), ("d", (3, 5), F64))
 #: a codec of each scheme with a device path, dense and sparse, and one of each staged scheme
-SPECS = ("fp16", "topk(ratio=0.2)", "minmax(bits=4,bucket=16)", "none", "powersgd(rank=1)")
+SPECS = ("fp16", "topk(ratio=0.2)", "minmax(bits=4,bucket=16)", "none", "gtopk(ratio=0.2)", "powersgd(rank=1)")
 
 
 def _device(tensors: dict) -> dict:
@@ -93,7 +93,7 @@ def case_crossing(comm, ck):
         moved.append(np.asarray(ary).nbytes)
         return real_to(ary, *a, **k)
 
-    for spec in ("fp16", "minmax(bits=8)", "topk(ratio=0.05)", "none"):
+    for spec in ("fp16", "minmax(bits=8)", "topk(ratio=0.05)", "gtopk(ratio=0.05)", "none"):
         red = Allreducer(spec, comm)
         x = _device(make_inputs(9, ck.rank, 0, big))
         red.reduce(x)  # a first step (residuals and warm buffers made)

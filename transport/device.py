@@ -14,9 +14,10 @@ one rounding, the host's bits).  Between them the frames travel:
   once, host to device).
 
 ``none`` (MPI Allreduce) sends the dense tensors themselves, so they are its frames: they
-cross once each way (:func:`gathered`), or not at all with a CUDA-aware MPI.  Schemes that
-have no device path yet (gTop-k, two-round PowerSGD) still take host copies of device
-tensors (:func:`host_copies`) and return device copies of their results.
+cross once each way (:func:`gathered`), or not at all with a CUDA-aware MPI.  gTop-k selects
+on the device and merges its pairs on the host (they are its messages).  The two-round
+PowerSGD has no device path yet: it takes host copies of device tensors
+(:func:`host_copies`) and returns device copies of its results.
 
 Every scheme's buffers come from one pool protocol (:class:`Buffers`: host memory; its
 :class:`Pinned` and :class:`OnDevice` kinds), kept from step to step.

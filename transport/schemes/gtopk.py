@@ -38,6 +38,10 @@ import numpy as np
 from codec.errors import CodecValueError
 import codec
 from codec.arrays import wide_dtype
+from codec.device import empty
+from codec.dtypes import on_device
+from codec.modes import SET
+from codec.ops import scatter
 from transport.errors import raise_failed, status_of
 from transport.schemes.allgather import Framed
 from transport.schemes.base import finish_sum, mpi
@@ -123,7 +127,11 @@ class _Pairs:
 
 class GTopK(Framed):
     """``gtopk(ratio=... | k=...)[+value stage][+zstd]``: local top-k with error feedback, then
-    the merge tree of :func:`schedule`."""
+    the merge tree of :func:`schedule`.  Device tensors are selected on the device (their
+    residuals live there); the pairs cross once, down, and the global pairs once, up, into
+    the device results (zeroed there by the scatter)."""
+
+    devices = True
 
     def __init__(self, spec, reducer):
         stages = codec.parse_spec(spec)
@@ -219,12 +227,14 @@ class _TreePending:
         t1 = time.perf_counter()
         res_all = []
         for a, key, (lpos, lval), (gpos, gval), o in zip(self.arrays, self.keys, self.local, sets, out):
-            if o is None:
-                res = np.zeros(a.shape, a.dtype)
+            if on_device(a):  # the global pairs' one copy up; the rest of the result zeroed there
+                res = empty(a.shape, a.dtype) if o is None else o
+                scatter(finish_sum(gval, a.dtype, red.size, red.average), gpos, res, SET)
             else:
-                res = o
-                res.fill(0)
-            res.reshape(-1)[gpos] = finish_sum(gval, a.dtype, red.size, red.average)
+                res = np.zeros(a.shape, a.dtype) if o is None else o
+                if o is not None:
+                    res.fill(0)
+                res.reshape(-1)[gpos] = finish_sum(gval, a.dtype, red.size, red.average)
             res_all.append(res)
             if self.scheme.ef.residuals and lpos.size:
                 missed = ~np.isin(lpos, gpos, assume_unique=True)
