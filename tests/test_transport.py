@@ -279,8 +279,9 @@ def test_allgather_steps_reuse_their_buffers(spec):
     assert len(kept) == 2  # the frame's and the receive buffer, given back
     xa, xb = make_inputs(25, 0, 2, SMALL), make_inputs(25, 0, 3, SMALL)
     ha, hb = red.ireduce({k: v.copy() for k, v in xa.items()}), red.ireduce({k: v.copy() for k, v in xb.items()})
-    assert ha._pending.held is not hb._pending.held and not {id(b) for b in ha._pending.held} & {id(b) for b in hb._pending.held}
-    assert {id(b) for b in ha._pending.held} == kept  # the first step in flight took the kept ones
+    held_a, held_b = ({id(b) for _, bufs in h._pending.gives for b in bufs} for h in (ha, hb))  # a step's buffers, per pool
+    assert held_a and held_b and not held_a & held_b
+    assert held_a == kept  # the first step in flight took the kept ones
     results += [(ha.wait(), ref.step([xa])), (hb.wait(), ref.step([xb]))]
     for got, want in results:
         assert_same(got, want)
