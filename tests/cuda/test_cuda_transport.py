@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numba
@@ -34,9 +35,20 @@ def test_self(case):
     assert not failures, "\n".join(failures)
 
 
+@functools.lru_cache(maxsize=1)
+def _cache_dir() -> str:
+    """The launched ranks' own Numba cache, shared by the launches only.  Numba's cache is not
+    safe for processes that compile different signatures of one function at once (two
+    writers can give one cache file number to two signatures, and a reader then loads the
+    other's code): this process's test suite, and the host suite beside it in CI, compile
+    other signatures while the ranks start."""
+    return tempfile.mkdtemp(prefix="gradcodec-ranks-numba-")
+
+
 @functools.lru_cache(maxsize=None)
 def launched(p: int):
-    run = launch(SCRIPT, p, *PLAN[p], timeout=600, env={"NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "")})
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", ""), "NUMBA_CACHE_DIR": _cache_dir()}
+    run = launch(SCRIPT, p, *PLAN[p], timeout=600, env=env)
     if run.hung:
         pytest.fail(run.report(["did not finish in 600 s (hung)"], tail=4000))
     return run
