@@ -101,19 +101,7 @@ def as_device_array(x, argname: str = "x", write: bool = False):
     non-contiguous array.  ``x`` may be a DLPack capsule or producer on a CUDA device
     (:mod:`codec.dlpack`), then viewed through its ``__cuda_array_interface__``
     description; ``write``: it will be written (a read-only one is a ValueError)."""
-    require_cuda(argname)
-    if type(x).__module__.startswith("numba.cuda"):
-        arr = x
-    elif hasattr(x, "__cuda_array_interface__"):
-        if write and x.__cuda_array_interface__["data"][1]:
-            raise CodecValueError(f"{argname}: a read-only device array (its __cuda_array_interface__ says so); decoding writes it")
-        arr = _cuda().as_cuda_array(x)
-    else:  # a DLPack capsule or producer on a CUDA device (codec.dtypes.on_device)
-        cap = dlpack.capsule(x)
-        desc = dlpack.interface(cap, argname)
-        if write and desc["data"][1]:
-            raise CodecValueError(f"{argname}: a read-only DLPack tensor; decoding writes it")
-        arr = _view(desc, cap)
+    arr = _viewed(x, argname, write)
     dt = np.dtype(arr.dtype)
     if dt not in DTYPES:
         raise CodecTypeError(f"{argname}: a device array of dtype {dt}; device arrays must be float16, float32 or float64")
@@ -128,19 +116,7 @@ def as_device_bytes(buf, argname: str = "out", write: bool = False):
     DLPack tensor), no copy: where a device frame is written or read.  TypeError naming
     ``argname`` for items of another width; ValueError for a non-contiguous buffer, or a
     read-only one that will be written (``write``)."""
-    require_cuda(argname)
-    if type(buf).__module__.startswith("numba.cuda"):
-        arr = buf
-    elif hasattr(buf, "__cuda_array_interface__"):
-        if write and buf.__cuda_array_interface__["data"][1]:
-            raise CodecValueError(f"{argname}: a read-only device buffer (its __cuda_array_interface__ says so)")
-        arr = _cuda().as_cuda_array(buf)
-    else:
-        cap = dlpack.capsule(buf)
-        desc = dlpack.interface(cap, argname)
-        if write and desc["data"][1]:
-            raise CodecValueError(f"{argname}: a read-only DLPack tensor")
-        arr = _view(desc, cap)
+    arr = _viewed(buf, argname, write)
     if np.dtype(arr.dtype).itemsize != 1:
         raise CodecTypeError(f"{argname}: a device frame buffer holds bytes (uint8); got a device array of {np.dtype(arr.dtype)}")
     if not arr.is_c_contiguous():
@@ -173,6 +149,24 @@ def put_bytes(data, out) -> None:
         out.copy_to_device(np.ascontiguousarray(src))
     else:
         out[:] = src
+
+
+def _viewed(x, argname: str, write: bool):
+    """Device array ``x`` (Numba's, ``__cuda_array_interface__``, a CUDA DLPack capsule or
+    producer) as a Numba device array over its memory, no copy; ValueError naming
+    ``argname`` when it is read-only and will be written (``write``)."""
+    require_cuda(argname)
+    if type(x).__module__.startswith("numba.cuda"):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        if write and x.__cuda_array_interface__["data"][1]:
+            raise CodecValueError(f"{argname}: a read-only device array (its __cuda_array_interface__ says so); it would be written")
+        return _cuda().as_cuda_array(x)
+    cap = dlpack.capsule(x)  # a DLPack capsule or producer on a CUDA device (codec.dtypes.on_device)
+    desc = dlpack.interface(cap, argname)
+    if write and desc["data"][1]:
+        raise CodecValueError(f"{argname}: a read-only DLPack tensor; it would be written")
+    return _view(desc, cap)
 
 
 def check_dtype(dtype, argname: str) -> None:
