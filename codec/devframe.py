@@ -19,7 +19,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError
 
-__all__ = ["DevicePayload", "check_payload", "device_frame", "head", "on_host"]
+__all__ = ["DevicePayload", "check_payload", "device_frame", "head", "head_read", "on_host"]
 
 #: the first header bytes a v2 parse copies (a v1 header's length is in its first 12 bytes);
 #: a longer v2 header (a table of many named tensors: about 40 bytes a tensor) is copied again, 4x larger each time
@@ -67,6 +67,22 @@ def head(data, size: int) -> memoryview:
     if out.size:
         data[: out.size].copy_to_host(out)
     return memoryview(out)
+
+
+def head_read(data, read):
+    """``read(head)`` of device frame ``data``'s first bytes, copied :data:`FIRST_COPY` at a
+    time and 4x more while ``read`` finds them too few (a v2 header has no length up front:
+    ``read`` raises CorruptFrameError); the last error when the whole frame is copied.
+    Returns ``(read's result, the host bytes it read)``."""
+    want = FIRST_COPY
+    while True:
+        got = head(data, want)
+        try:
+            return read(got), got
+        except CorruptFrameError:
+            if got.nbytes == data.size:
+                raise
+            want *= 4
 
 
 def check_payload(data, header_len: int, stored: int) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 
-__all__ = ["Buffers", "OnDevice", "Pinned", "clear", "cuda_aware", "finish_on_device", "gathered", "host_copies", "zeros"]
+__all__ = ["Buffers", "OnDevice", "Pinned", "cuda_aware", "finish_on_device", "gathered", "host_copies"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,20 +130,6 @@ class OnDevice(Buffers):
         from codec.device import empty
 
         return empty(size, np.uint8)
-
-
-def clear(a):
-    """Device array ``a`` zeroed on the device; returns it."""
-    from codec.device import clear as device_clear
-
-    return device_clear(a)
-
-
-def zeros(shape, dtype):
-    """A device array of zeros (an accumulator), zeroed on the device."""
-    from codec.device import clear, empty
-
-    return clear(empty(shape, dtype))
 
 
 def finish_on_device(acc, dtype, size: int, average: bool, out=None):

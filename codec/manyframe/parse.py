@@ -256,16 +256,7 @@ def _parse_device(buf, layout, max_elements, verify_payload: bool) -> ManyFrame:
     from codec import devframe
 
     data = devframe.device_frame(buf)
-    want = devframe.FIRST_COPY
-    while True:
-        head = devframe.head(data, want)
-        try:
-            mf, raw_total = parse_many_header(head, data.size, layout, max_elements)
-            break
-        except CorruptFrameError:
-            if head.nbytes == data.size:
-                raise
-            want *= 4  # the header may reach past the bytes copied: copy more and read it again
+    (mf, raw_total), head = devframe.head_read(data, lambda h: parse_many_header(h, data.size, layout, max_elements))
     if raw_total is not None or mf.checksum == "crc32":
         return parse_many(devframe.on_host(data), layout=layout, max_elements=max_elements, verify_payload=verify_payload)
     if verify_payload and mf.checksum == "crc32c":

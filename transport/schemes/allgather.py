@@ -26,6 +26,7 @@ import numpy as np
 
 import codec
 from codec.arrays import scatter_add, wide_dtype
+from codec.device import clear, empty
 from codec.dtypes import on_device
 from codec.errors import CodecTypeError
 from codec.frame import raw_length
@@ -166,15 +167,7 @@ def _header(frame):
         return read_header(memoryview(frame))
     from codec import devframe
 
-    want = devframe.FIRST_COPY
-    while True:
-        head = devframe.head(frame, want)
-        try:
-            return read_header(head)
-        except codec.CorruptFrameError:
-            if head.nbytes == frame.size:
-                raise
-            want *= 4
+    return devframe.head_read(frame, read_header)[0]
 
 
 class _AllgatherPending:
@@ -247,9 +240,9 @@ class _AllgatherPending:
         for a, o in zip(self.arrays, out):
             wide = wide_dtype(a.dtype)
             if o is not None and np.dtype(o.dtype) == wide:
-                accs.append(devices.clear(o))
+                accs.append(clear(o))
             else:
-                accs.append(devices.zeros(a.shape, wide))
+                accs.append(clear(empty(a.shape, wide)))
         for r, f in enumerate(frames):
             _from_rank(r, c.decode_add_many, f, accs, layout=lay)
         res = [devices.finish_on_device(acc, a.dtype, red.size, red.average, out=o) for a, acc, o in zip(self.arrays, accs, out)]
