@@ -8,7 +8,7 @@ import codec
 
 MPI = pytest.importorskip("mpi4py.MPI")
 from transport import Allreducer  # noqa: E402
-from transport.allreduce import _buckets  # noqa: E402
+from transport.layout import _buckets  # noqa: E402
 
 
 def _tensors():
@@ -64,7 +64,7 @@ def test_bucket_bytes_is_checked():
 def test_bucket_bytes_is_part_of_the_config_check():
     a = Allreducer("topk", MPI.COMM_SELF, bucket_bytes=0)
     b = Allreducer("topk", MPI.COMM_SELF, bucket_bytes=1 << 20)
-    from transport.allreduce import _Layout
+    from transport.layout import Layout as _Layout
 
     lay = _Layout(_tensors())
     assert a.describe(lay) != b.describe(lay)

@@ -14,7 +14,8 @@ without MPI.
 
 Layout: allreduce.py (Allreducer, Handle, Stats), errors.py (MismatchError, RankError,
 RankTypeError, the status codes), schemes/ (one module per scheme, the table; a rank's
-message is one many-tensor frame, codec/manyframe/), device.py (device arrays),
+message is one many-tensor frame, codec/manyframe/), layout.py (the input's structure),
+device.py (device arrays),
 costmodel.py, bench.py.
 """
 
