@@ -43,9 +43,9 @@ def _same(ck, got: dict, want: dict, label: str) -> bool:
     return all(ck.same(got[k], want[k], f"{label}: {k}") for k in want)
 
 
-def case_codecs(comm, ck):
+def case_codecs(comm, ck, specs=SPECS):
     """Each spec, two steps: the device results are the host's."""
-    for spec in SPECS:
+    for spec in specs:
         on_host, on_dev = Allreducer(spec, comm), Allreducer(spec, comm)
         for step in range(2):
             x = make_inputs(7, ck.rank, step, LAYOUT)
@@ -113,7 +113,13 @@ def case_crossing(comm, ck):
             print(f"crossing {spec} ranks={ck.size}: {sum(moved)} bytes for frames of {frames} bytes, tensors {dense}", flush=True)
 
 
-CASES = {"codecs": case_codecs, "out": case_out, "crossing": case_crossing}
+def case_schemes(comm, ck):
+    """:func:`case_codecs` for one codec of each scheme with a device path (the 4-rank launch:
+    gTop-k's tree folds and exchanges)."""
+    case_codecs(comm, ck, ("fp16", "topk(ratio=0.2)", "none", "gtopk(ratio=0.2)"))
+
+
+CASES = {"codecs": case_codecs, "schemes": case_schemes, "out": case_out, "crossing": case_crossing}
 
 
 def run_case(comm, name: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The transport with device tensors (transport/device.py), in the simulator: the cases of
 tests/mpi_device.py on ``COMM_SELF`` in this process, and launched under ``mpiexec -n 2``
 (every case, the bytes crossing between host and device counted) and ``-n 4`` (the device
-results equal the host's bit for bit)."""
+results of a codec of each scheme equal the host's bit for bit)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from support.mpi import launch  # noqa: E402
 
 SCRIPT = HERE.parent / "mpi_device.py"
 #: the cases each launch runs (each rank pays the simulator's start; 4 ranks share 2 cores)
-PLAN = {2: ["codecs", "out", "crossing"], 4: ["codecs"]}
+PLAN = {2: ["codecs", "out", "crossing"], 4: ["schemes"]}
 
 pytestmark = pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="the launched ranks run the simulator (a GPU run: bench_cuda.py)")
 
