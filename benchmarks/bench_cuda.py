@@ -224,7 +224,6 @@ def main(argv=None):
             ["host-to-device copy, pinned (reference)", f"{h2d_s * 1e3:.3f}", f"{h2d_gbs:.1f}", "1.00x", f"{copy_s / h2d_s:.3f}x", ""]]
     sparse = []
     on_device = []  # per codec: encode into a device frame, CRC included, and decode from it
-    devbuf = cuda.device_array(16 * n + (1 << 20), np.uint8)
     half_s = sync_best(lambda: x.half()) if torch is not None else None
     rows_m = max(1, int(np.sqrt(n)))  # PowerSGD's matrix: rows_m x (n // rows_m), the input's head
     matrix = (x[: rows_m * (n // rows_m)].view(rows_m, -1) if torch is not None else dx[: rows_m * (n // rows_m)].reshape(rows_m, n // rows_m))
@@ -260,6 +259,7 @@ def main(argv=None):
         t_add = sync_best(lambda: c.decode_add(hostframe, outd))
         ef = codec.ErrorFeedback(c)
         t_ef = sync_best(lambda: ef.encode(xin, key="g", out=pinned))
+        devbuf = cuda.device_array(c.max_frame_bytes(xin), np.uint8)  # allocated once from the bound, as a training loop would
         dframe = c.encode(xin, out=devbuf)  # the frame written on the device, header and CRC-32C included
         t_dev = sync_best(lambda: c.encode(xin, out=devbuf))
         t_devdec = sync_best(lambda: c.decode(dframe, out=outd))

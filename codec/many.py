@@ -95,7 +95,7 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     from codec.device import many_on_device
 
     names, arrays = many_inputs(tensors, device=True)
-    dev = many_on_device(c.stages, arrays)
+    many_on_device(c.stages, arrays)  # (device arrays: every stage must take them, else TypeError naming the tensor)
     step = check_step(step)
     lay = Layout.of(arrays, names)
     dest = frame_out(out, arrays)

@@ -120,6 +120,37 @@ def encode_indices(idx, n: int) -> Section:
     return Section(SectionKind.INDEX_BITMAP, 1, n, bitmap)
 
 
+def index_bound(most: int, n: int, least: int | None = None, gap: int | None = None) -> int:
+    """The most raw bytes :func:`encode_indices` writes for positions in ``range(n)``, whatever
+    they are, when there are between ``least`` and ``most`` of them (``least`` defaults to
+    ``most``: exactly that many; ``most`` is capped at ``n``).  A select or transform
+    stage's :meth:`~codec.stage.Select.bound` of its index section (always one section).
+
+    The section is the smaller of the bitmap, ``raw_length(n, 1)``, and ``j`` gaps packed at
+    the width of the largest gap (``max(1, bit_length)``; gaps are minus one, the first
+    being the first position itself: :func:`codec.kernels.cpu.index.delta_encode`).  ``j``
+    positions' gaps add up to at most ``n - j`` (the last position is below ``n``), and all
+    of it can be one gap (the last ``j`` positions), so the worst width of ``j`` positions is
+    that of ``n - j``; ``gap``: the largest gap the caller's positions can have, when it is
+    less (fft's blocks).  The packed size ``j * width(n - j)`` is not monotone in ``j`` (the
+    width falls by a bit as ``n - j`` crosses a power of two), so the largest over ``[least,
+    most]`` is taken: at ``most``, or at the last ``j`` before a width falls.  Without
+    ``gap`` it is exact: some ``j`` positions in the range reach it."""
+    n = int(n)
+    most = min(int(most), n)
+    least = most if least is None else max(0, min(int(least), most))
+    if most <= 0:
+        return 0
+    if gap is not None:
+        return min(raw_length(n, 1), raw_length(most, max(1, int(gap).bit_length())))
+    worst = raw_length(most, max(1, (n - most).bit_length()))
+    for b in range((n - most).bit_length() + 1, n.bit_length() + 1):  # j = n - 2**(b-1): the largest j of width b
+        j = n - (1 << (b - 1))
+        if least <= j < most:
+            worst = max(worst, raw_length(j, b))
+    return min(raw_length(n, 1), worst)
+
+
 def _positions_below(idx, n: int, mem):
     """``idx`` as the int64 positions :func:`encode_indices` codes (read-only on the host),
     after the checks that need no pass over them: integers, 1-D on a device, the first at

@@ -100,6 +100,28 @@ class Codec:
 
         return as_input(self.stages, x, dtype, argname)
 
+    def max_frame_bytes(self, x, *, dtype=None, step: int = 0) -> int:
+        """The most bytes :meth:`encode` can write for an array of ``x``'s shape and dtype at
+        ``step``, whatever its values: allocate an ``out=`` buffer (host or device) once from
+        it and reuse it every step.  ``x`` is read for its shape and dtype only (an array, a
+        device array, or what :meth:`encode` takes with ``dtype``).  Exact for the dense
+        codecs; for a sparsifier whose count depends on the data (threshold, DGC) it allows
+        every element.  A scheduled parameter (a ratio that decays) changes it with ``step``.
+        :mod:`codec.bounds` says how it is formed."""
+        from codec.bounds import described, frame_bound
+
+        shape, dt = described(x, dtype)
+        return frame_bound(self, shape, dt, step)
+
+    def max_frame_bytes_many(self, tensors, *, step: int = 0, layout: str = "table", joint: bool = False) -> int:
+        """The most bytes :meth:`encode_many` can write for ``tensors`` (a dict name -> array,
+        a list of arrays, read for their shapes and dtypes only, or a
+        :class:`codec.manyframe.Layout`) with the same ``step``, ``layout`` and ``joint``;
+        as :meth:`max_frame_bytes`."""
+        from codec.bounds import described_many, many_bound
+
+        return many_bound(self, described_many(tensors), step, layout, joint)
+
     # ---------------------------------------------------------------- pipeline primitives
     # What encode and decode are made of, for codec.feedback.ErrorFeedback (which owns the
     # error-feedback step) and for callers holding a Context (per-key stage state).  ``arr``

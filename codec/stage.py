@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -41,6 +42,25 @@ from codec.spec import Call
 KINDS = ("transform", "select", "value", "bytes")
 
 _REGISTRY: dict[str, type["Stage"]] = {}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The most one stage's sections can take for one array, known before encoding it: what
+    :meth:`codec.Codec.max_frame_bytes` adds up (a buffer allocated once from it holds
+    every frame of that array's shape and dtype, whatever the values).
+
+    ``sections``: the most sections the stage appends; ``nbytes``: the most raw bytes of them
+    in all (a section's raw length is ``ceil(count * bits / 8)``); ``values`` (a select or
+    transform stage only): the value stage's context at its largest, ``values.n`` values of
+    ``values.dtype`` (what :meth:`Value.bound` is then asked about)."""
+
+    sections: int
+    nbytes: int
+    values: Context | None = None
+
+    def __add__(self, other: "Bound") -> "Bound":
+        return Bound(self.sections + other.sections, self.nbytes + other.nbytes)
 
 
 class Stage(abc.ABC):
@@ -195,6 +215,12 @@ class Transform(Stage):
         returns ``(payload, vctx)``, ``vctx`` being the value stage's context (count, dtype)."""
 
     @abc.abstractmethod
+    def bound(self, ctx) -> Bound:
+        """The most the transform's own sections take for an array of ``ctx.shape`` and
+        ``ctx.dtype`` at ``ctx.step``, and (``values``) the value stage's context at its
+        largest: the most coefficients :meth:`forward` hands on, and their dtype."""
+
+    @abc.abstractmethod
     def inverse(self, payload, values, out, mode) -> None:
         """Write the dense array for ``values`` (the decoded coefficients, float32/float64)
         into flat ``out`` through :meth:`emit` (``mode`` SET, ADD or SUB; any float dtype,
@@ -284,6 +310,13 @@ class Select(Stage):
         return None
 
     @abc.abstractmethod
+    def bound(self, ctx) -> Bound:
+        """The most the stage's own sections (its positions, a key) take for an array of
+        ``ctx.shape`` and ``ctx.dtype`` at ``ctx.step``, whatever its values, and
+        (``values``) the value stage's context at its largest: the most values it can keep
+        (``ctx.domain(k, ctx.dtype)``)."""
+
+    @abc.abstractmethod
     def positions(self, reader, ctx, known=None) -> np.ndarray:
         """Check and read the position sections of a frame: the sorted flat positions, each in
         ``range(ctx.n)`` and unique (decoding scatters them unchecked).  ``known``: what
@@ -316,6 +349,12 @@ class Value(Stage):
     def write(self, payload, out, mode) -> None:
         """Write the decoded values into the float32/float64 buffer ``out`` (``mode`` SET, ADD
         or SUB)."""
+
+    @abc.abstractmethod
+    def bound(self, ctx) -> Bound:
+        """The most the sections coding ``ctx.n`` values of ``ctx.dtype`` take at
+        ``ctx.step``, whatever the values (the array itself, or what a select or transform
+        stage hands on: its :attr:`Bound.values`)."""
 
     def most_values(self, bits: int) -> int:
         """The most values that sections of ``bits`` raw bits in all can code in this stage's

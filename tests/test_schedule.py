@@ -11,7 +11,7 @@ import codec
 from codec import schedule, testing
 from codec.schedule import Schedule, build, exp, linear, step, warmup
 from codec.spec import Call, parse, parse_value
-from codec.stage import _REGISTRY, Param, Select, register
+from codec.stage import _REGISTRY, Bound, Param, Select, register
 
 
 # ---------------------------------------------------------------- a test-only stage
@@ -32,6 +32,13 @@ class _SchedProbe(Select):
         idx = np.flatnonzero(np.abs(widen(values)) >= self.at("value", ctx.step))
         sections.append(encode_indices(idx, values.size))
         return idx, values[idx]
+
+    def bound(self, ctx):
+        """Any count of the n elements may reach the threshold: one index section of at most
+        the bitmap's bytes, and up to n values of the array's dtype."""
+        from codec.pack import index_bound
+
+        return Bound(1, index_bound(ctx.n, ctx.n, least=0), ctx.domain(ctx.n, ctx.dtype))
 
     def positions(self, reader, ctx):
         from codec.frame import SectionKind

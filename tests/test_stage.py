@@ -13,7 +13,12 @@ from codec.stage import KINDS, Bytes, Select, Stage, Transform, Value, register,
 
 @pytest.mark.parametrize(
     "base, hooks",
-    [(Transform, {"forward", "read", "inverse"}), (Select, {"select", "positions"}), (Value, {"encode", "read", "write"}), (Bytes, {"frame_options"})],
+    [
+        (Transform, {"forward", "read", "inverse", "bound"}),
+        (Select, {"select", "positions", "bound"}),
+        (Value, {"encode", "read", "write", "bound"}),
+        (Bytes, {"frame_options"}),
+    ],
 )
 def test_a_stage_missing_a_required_hook_fails_when_defined(base, hooks):
     assert set(base.__abstractmethods__) == hooks and base.kind in KINDS
@@ -27,7 +32,7 @@ def test_a_stage_missing_a_required_hook_fails_when_defined(base, hooks):
 def test_an_abstract_helper_base_may_leave_hooks_open_but_its_stages_may_not():
     from codec.stages.value.quantizer import Quantizer
 
-    with pytest.raises(TypeError, match="does not define quantize, read"):
+    with pytest.raises(TypeError, match="does not define bound, quantize, read"):
         type("NoQuantize", (Quantizer,), {"name": "_nq"})
 
 

@@ -39,6 +39,8 @@ def check_encode_decode(codec, arr: np.ndarray) -> bytes:
     c = _get(codec)
     frame = c.encode(arr)
     assert isinstance(frame, bytes), f"{c}: encode must return bytes, got {type(frame).__name__}"
+    bound = c.max_frame_bytes(arr)
+    assert len(frame) <= bound, f"{c}: a {len(frame)}-byte frame, above max_frame_bytes ({bound})"
     raw = arr.reshape(-1).view(np.uint8).tobytes() if arr.dtype == bfloat16 else arr.tobytes()
     flat = _codec.decode(c.encode(arr.reshape(-1)))  # a raw buffer is a 1-D array (AdaComp's bins depend on ndim)
     for other in (bytes(raw), bytearray(raw), memoryview(raw)):
@@ -167,6 +169,8 @@ def check_error_feedback(codec, arr: np.ndarray, steps: int = 3, seed: int = 2) 
         old = ef.residual("k").copy() if step else np.zeros_like(arr)
         acc = np.add(x, old, dtype=arr.dtype)
         frame = ef.encode(x, key="k")
+        bound = c.max_frame_bytes(x, step=step)
+        assert len(frame) <= bound, f"{c}: step {step}: a {len(frame)}-byte frame, above max_frame_bytes ({bound})"
         dec = _codec.decode(frame)
         new = ef.residual("k")
         total = dec.astype(np.float64) + new.astype(np.float64)

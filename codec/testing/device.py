@@ -22,7 +22,8 @@ __all__ = ["check_device", "device_tolerance"]
 def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
     """``arr`` (float16, float32 or float64) through a device array gives what it gives on the host:
     the same frame byte for byte (``encode``, with and without ``out=``), also written on the
-    device (``out=`` a device buffer, from the device array and from the host one); the same
+    device (``out=`` a device buffer of ``max_frame_bytes``, from the device array and from
+    the host one); the same
     array from ``decode(out=)``, ``decode(like=)`` and ``decode_add`` into device arrays, and
     from the host frame held on the device (decoded to the host, into a device array,
     ``decode_add``); and under ``ErrorFeedback`` the same frames and residuals step by step
@@ -55,7 +56,7 @@ def check_device(codec, arr: np.ndarray, steps: int = 2) -> bool:
         check(c.decode(frame), c.decode(host), f"{c}: the frame of a device array")
     buf = np.zeros(len(frame) + 3, np.uint8)
     assert bytes(c.encode(d, out=buf)) == bytes(frame), f"{c}: encode(device array, out=) gave another frame"
-    dbuf = cuda.device_array(len(frame) + 3, np.uint8)
+    dbuf = cuda.device_array(c.max_frame_bytes(d), np.uint8)  # (allocated from the bound, read off the device array)
     dframe = c.encode(d, out=dbuf)
     assert len(dframe) == len(frame) and bytes(dframe.copy_to_host()) == bytes(frame), f"{c}: a device frame differs from the host frame of the device array"
     assert bytes(c.encode(arr, out=dbuf).copy_to_host()) == bytes(host), f"{c}: a host array's device frame differs from its host frame"

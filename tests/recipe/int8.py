@@ -19,7 +19,7 @@ import numpy as np
 
 from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
-from codec.stage import Value, register
+from codec.stage import Bound, Value, register
 
 PACKAGE = "recipe.kernels"  # in the library: leave package= out (codec.kernels)
 TOP = 127
@@ -56,6 +56,10 @@ class Int8(Value):
             kern.quantize(x, scale, codes)
         sections.append(Section(SectionKind.SCALARS, 64, 1, np.array([scale], "<f8")))
         sections.append(Section(SectionKind.VALUES, 8, codes.size, codes))
+
+    def bound(self, ctx):
+        """Always the float64 scale and one byte per value, whatever the values: exact."""
+        return Bound(2, 8 + ctx.n)
 
     def read(self, reader, ctx, count):
         from codec.kernels import backend

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.frame import MAX_ELEMENTS, SectionKind, Section
+from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.ops import offsets, readonly
 from codec.dtypes import on_device
 from codec.device import Memory
 from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite, segment_room, segments_picked
 from codec.params import Param
-from codec.stage import Value, register
+from codec.stage import Bound, Value, register
 
 #: the paper's bin lengths: convolutions (ndim >= 3) and everything else
 CONV_BIN, FC_BIN = 50, 500
@@ -36,6 +36,11 @@ class SignScale(Value):
         bits = mem.empty((values.size + 7) // 8, np.uint8)
         backend("pack", bits).sign_bits(_words(values), mem.put(np.array([0, values.size], np.int64)), bits, mem.put(np.zeros(1, np.int64)))
         sections.append(Section(SectionKind.VALUES, 1, values.size, mem.host(bits)))
+
+    def bound(self, ctx):
+        """Always two sections, whatever the values: the float64 scale (8 bytes) and one sign
+        bit per value, ``ceil(n/8)`` bytes: exact."""
+        return Bound(2, 8 + raw_length(ctx.n, 1))
 
     def read(self, reader, ctx, count):
         from codec.pack import unpack_bits
@@ -110,6 +115,12 @@ class AdaComp(IndexSelect):
 
     def length(self, shape) -> int:
         return self.bin if self.bin is not None else (CONV_BIN if len(shape) >= 3 else FC_BIN)
+
+    def kept_range(self, n, step):
+        """Data-dependent, from none (all zeros: ``g_i != 0`` is required) to all ``n`` (a bin of
+        equal non-zero magnitudes sends every element: ``|2 g| >= max |g|``): the bound is the
+        bitmap, ``ceil(n/8)`` bytes, which a tensor sending every element reaches."""
+        return 0, n
 
     def select(self, values, ctx, sections, residual=None, out=None):
         from codec.kernels import backend

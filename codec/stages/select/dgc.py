@@ -25,6 +25,14 @@ class DGC(MagnitudeSelect):
         Param("sample", float, 0.01, "sampled fraction, in (0, 1]", low=0.0, low_open=True, high=1.0),
     )
 
+    def kept_range(self, n, step):
+        """Up to ``min(n, floor(1.3 k))``: :meth:`choose` (and ``dgc_segments``) keeps the
+        exact top-k when more than ``1.3 k`` reach the threshold, else every one that does
+        (all ``n`` for a threshold of 0: all-zero samples, when ``n <= 1.3 k``); the count is
+        the data's, down to 0 after the last retry (in practice at least one)."""
+        k = k_of(self.at("ratio", step), n)
+        return 0, min(n, math.floor(1.3 * k))
+
     def choose(self, mags, ctx):
         n = mags.n
         if n == 0:

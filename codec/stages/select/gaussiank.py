@@ -36,6 +36,16 @@ class GaussianK(MagnitudeSelect):
         Param("exact", bool, False, "keep exactly k elements (then equal to topk)"),
     )
 
+    def kept_range(self, n, step):
+        """``exact``: k.  Else the clamp of :meth:`choose` (and ``gaussiank_segments``):
+        ``min(max(count, lo), hi, n)`` with ``lo <= k <= n``, so from ``lo`` to ``min(hi, n)``
+        whatever the threshold counts (:func:`bounds`)."""
+        k = k_of(self.at("ratio", step), n)
+        if self.exact:
+            return k, k
+        lo, hi = bounds(k)
+        return lo, min(hi, n)
+
     def choose(self, mags, ctx):
         ratio = self.at("ratio", ctx.step)
         k = k_of(ratio, mags.n)

@@ -10,6 +10,7 @@ runs again on the formed ``acc``: the result never depends on the sample, only t
 
 from __future__ import annotations
 
+import abc
 import math
 
 import numpy as np
@@ -18,7 +19,7 @@ from codec.device import Memory
 from codec.dtypes import on_device
 from codec.errors import NonFiniteError
 from codec.ops import offsets, readonly
-from codec.stage import Select
+from codec.stage import Bound, Select
 
 #: elements sampled to choose a cut (all of them below this size)
 SAMPLE = 1 << 16
@@ -387,10 +388,28 @@ class IndexSelect(Select):
     """A select stage whose positions travel through the shared index coder (codec.pack).
 
     ``select`` may take ``residual`` and ``out``: it then selects from ``acc = values +
-    residual``, written into ``out`` (error feedback, fused with the selection pass)."""
+    residual``, written into ``out`` (error feedback, fused with the selection pass).  A
+    subclass says how many positions it keeps (:meth:`kept_range`), which gives :meth:`bound`."""
 
     #: select() accepts residual= and out= (Codec.encode_feedback uses it)
     fuses_feedback = True
+
+    @abc.abstractmethod
+    def kept_range(self, n: int, step: int) -> tuple[int, int]:
+        """``(least, most)``: the fewest and the most positions :meth:`select` keeps of ``n``
+        elements at ``step``, whatever their values (``most`` at most ``n``)."""
+
+    def bound(self, ctx) -> Bound:
+        """One index section, at most the worst :func:`codec.pack.encode_indices` gives for
+        any set of between ``least`` and ``most`` positions (:meth:`kept_range`): the kept
+        positions are such a set whatever the values, and values large at the worst
+        positions (the last ones) make the stages keep them, so the bound is reached where the
+        count is fixed (topk, randomk aside).  The value stage then codes at most ``most``
+        values of the array's dtype (``acc``'s values, in its dtype)."""
+        from codec.pack import index_bound
+
+        least, most = self.kept_range(ctx.n, ctx.step)
+        return Bound(1, index_bound(most, ctx.n, least), ctx.domain(most, ctx.dtype))
 
     def positions_segments(self, data, sections, sizes, value=None):
         """Every tensor's index section read at once (:func:`codec.pack.decode_index_segments`;

@@ -9,7 +9,7 @@ from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
 from codec.stages.select.magnitude import k_of
 from codec.params import SEED, Param, ratio
-from codec.stage import Select, register
+from codec.stage import Bound, Select, register
 from codec.streams import key_hash
 from codec.ops import offsets
 
@@ -89,6 +89,12 @@ class RandomK(Select):
     def scales_values(self) -> bool:
         """Kept values are sent multiplied by n/k (so the residual there is rounded, not 0)."""
         return self.scale
+
+    def bound(self, ctx):
+        """Exact: the one key section, ``(seed, step, key hash)`` as three 64-bit INTS (24
+        bytes), and ``k_of(ratio at the step, n)`` values of the array's dtype (scaled ones
+        too), whatever the values."""
+        return Bound(1, 24, ctx.domain(k_of(self.at("ratio", ctx.step), ctx.n), ctx.dtype))
 
     def select(self, values, ctx, sections, residual=None, out=None):
         """The positions are drawn where ``values`` live (they depend on the key, not the

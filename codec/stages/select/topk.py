@@ -30,6 +30,11 @@ class TopK(MagnitudeSelect):
             return min(self.k, n)
         return k_of(self.at("ratio", step), n)
 
+    def kept_range(self, n, step):
+        """Exactly :meth:`kept` positions, whatever the values (ties too): the bound is exact."""
+        k = self.kept(n, step)
+        return k, k
+
     def choose(self, mags, ctx):
         return mags.top(self.kept(mags.n, ctx.step))
 

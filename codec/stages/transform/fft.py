@@ -22,7 +22,7 @@ import numpy as np
 from codec.errors import CodecValueError
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param
-from codec.stage import Transform, register
+from codec.stage import Bound, Transform, register
 
 #: output elements (and spectrum floats) the inverse transform handles at a time: a chunk of
 #: whole blocks, one block when a block is longer.  Decoding's working memory beside the
@@ -97,6 +97,28 @@ class FFT(Transform):
     )
 
     # ------------------------------------------------------------------ encode
+    def bound(self, ctx):
+        """One index section over the spectrum's coefficients and ``2 K`` values (``re, im``
+        of each kept coefficient) of the domain's dtype (float64 for float64 input, else
+        float32), ``K`` being exactly what :meth:`forward` keeps whatever the values: every
+        block's ``c - floor(theta c)`` (``per_block``), or ``total - floor(theta total)``
+        (``global``).  Only the index section's width depends on the data: its largest gap is
+        at most ``total - K`` (global: all of the dropped ones between two kept), and per block
+        the free coefficients of two neighbouring blocks (:func:`_largest_gap`)."""
+        from codec.pack import index_bound
+
+        lay = Layout(ctx.n, self.block)
+        theta = self.at("theta", ctx.step)
+        total = lay.coefficients
+        if self.keep == "global":
+            k = total - dropped(theta, total)
+            nbytes = index_bound(k, total)
+        else:
+            kept = [(rows, c, c - dropped(theta, c)) for _, _, rows, c, _ in lay.parts()]
+            k = sum(rows * kc for rows, _, kc in kept)
+            nbytes = index_bound(k, total, gap=_largest_gap(kept))
+        return Bound(1, nbytes, ctx.domain(2 * k, self.domain_dtype(ctx.dtype)))
+
     def forward(self, flat, ctx, sections):
         from codec.kernels import backend
         from codec.ops import readonly, widen
@@ -375,6 +397,25 @@ def emit_chunked(stage, y, out, mode, dtype, chunk: int = CHUNK) -> None:
     temporaries are those of a chunk."""
     for i in range(0, y.size, chunk):
         stage.emit(y[i : i + chunk], out[i : i + chunk], mode, dtype)
+
+
+def _largest_gap(kept) -> int:
+    """The largest gap (:func:`codec.pack.encode_indices`' gaps-minus-one, the first counted
+    from 0) that per-block positions can have: ``kept`` lists the spectrum's groups of blocks
+    in order, ``(rows, c, kc)``: ``rows`` blocks of ``c`` coefficients keeping ``kc`` each.
+    A block keeping ``kc`` leaves ``s = c - kc`` free, before its first kept coefficient or
+    after its last, so a gap spans at most ``s`` of one block, the free ``s`` of the next
+    and any blocks between that keep nothing (``theta = 1``); every such gap occurs for some
+    spectrum (a block's first ``kc`` kept, the next one's last)."""
+    best = run = 0  # run: the most free coefficients since the last kept one (or the start)
+    for rows, c, kc in kept:
+        if kc == 0:
+            run += rows * c
+            continue
+        s = c - kc
+        best = max(best, run + s, 2 * s if rows > 1 else 0)
+        run = s
+    return best
 
 
 def _kept_positions(info, raw, total: int):

@@ -24,7 +24,7 @@ import numpy as np
 from codec.errors import CodecValueError
 from codec.modes import SET
 from codec.params import Param, SEED
-from codec.stage import Transform, register
+from codec.stage import Bound, Transform, register
 from codec.streams import key_hash
 
 #: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
@@ -116,12 +116,32 @@ def project(mat, q) -> tuple[np.ndarray, int]:
 
 def back_project(mat, p) -> np.ndarray:
     """``M^T P`` (m x r, host, ``M``'s dtype) in the fixed order of ``lowrank.back_project``,
-    on ``M``'s device."""
+    on ``M``'s device (``P``: a host array, put there, or already there)."""
     from codec.kernels import backend
 
     q = np.empty((mat.shape[1], p.shape[1]), mat.dtype)
-    backend("lowrank", mat).back_project(mat, _where(mat).put(np.ascontiguousarray(p, mat.dtype)), q)
+    backend("lowrank", mat).back_project(mat, _there(mat, p), q)
     return q
+
+
+def _there(where, a):
+    """``a`` (a host array, or a device array already in place) where ``where`` lives, in
+    ``where``'s dtype and C order."""
+    from codec.dtypes import on_device
+
+    return a if on_device(a) else _where(where).put(np.ascontiguousarray(a, where.dtype))
+
+
+def expand(p, q, out) -> None:
+    """``out = P Q^T`` (``out``: n x m, ``P``'s dtype, host or device) in the fixed order of
+    ``lowrank.expand`` (a chain of fused multiply-adds per element), on ``out``'s device:
+    ``P`` (n x r; a host array, put there, or already there) and ``Q`` (m x r, a host array,
+    put there transposed).  The decode of a frame's P and Q, and the two-round transport's
+    ``P Q^T`` (its residual and its result): the same bits on the host and the device."""
+    from codec.kernels import backend
+
+    if out.size:
+        backend("lowrank", out).expand(_there(out, p), _there(out, q.T), out)
 
 
 @register
@@ -185,6 +205,15 @@ class PowerSGD(Transform):
         the value stage."""
         return self.matrix(shape) is None
 
+    def bound(self, ctx):
+        """No sections of its own; the value stage codes ``r (n + m)`` coefficients of the
+        domain's dtype (P then Q), or the tensor itself where it passes through."""
+        plan = self.matrix(ctx.shape)
+        if plan is None:
+            return Bound(0, 0, ctx.domain(ctx.n, ctx.dtype))
+        n, m, r = plan
+        return Bound(0, 0, ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype)))
+
     def forward(self, flat, ctx, sections):
         from codec.ops import widen
 
@@ -222,8 +251,6 @@ class PowerSGD(Transform):
         float32/float64 ``out`` of the domain's dtype, else formed once in the domain's dtype
         where ``out`` lives and rounded to a 16-bit frame's dtype and stored or added
         ``CHUNK`` elements at a time (:meth:`emit`)."""
-        from codec.kernels import backend
-
         plan, dtype = payload
         flat = out.reshape(out.size)
         if plan is None:
@@ -231,15 +258,13 @@ class PowerSGD(Transform):
             return
         n, m, r = plan
         mem = _where(out)
-        values = mem.host(values)  # (P and Q^T laid out on the host: r(n + m) values, frame content)
-        p = mem.put(np.ascontiguousarray(values[: n * r]).reshape(n, r))
-        qt = mem.put(np.ascontiguousarray(values[n * r :].reshape(m, r).T))
-        kern = backend("lowrank", flat)
+        values = mem.host(values)  # (P and Q laid out on the host: r(n + m) values, frame content)
+        p, q = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
         if mode == SET and flat.dtype == values.dtype:
-            kern.expand(p, qt, flat.reshape(n, m))
+            expand(p, q, flat.reshape(n, m))
             return
         y = mem.empty((n, m), values.dtype)
-        kern.expand(p, qt, y)
+        expand(p, q, y)
         _emit_chunked(self, y.reshape(n * m), flat, mode, dtype)
 
 

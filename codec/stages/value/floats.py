@@ -6,9 +6,9 @@ import numpy as np
 
 from codec.dtypes import bfloat16, on_device
 from codec.errors import NonFiniteError
-from codec.frame import SectionKind, Section
+from codec.frame import SectionKind, Section, raw_length
 from codec.params import NONFINITE
-from codec.stage import Value, register
+from codec.stage import Bound, Value, register
 
 @register
 class Exact(Value):
@@ -21,6 +21,10 @@ class Exact(Value):
     def encode(self, values, ctx, sections):
         # device values are the section's bytes as they are: copied once to wherever the frame is written
         sections.append(Section(SectionKind.VALUES, np.dtype(values.dtype).itemsize * 8, values.size, values))
+
+    def bound(self, ctx):
+        """One values section of the values' own bytes, whatever they are: exact."""
+        return Bound(1, raw_length(ctx.n, ctx.dtype.itemsize * 8))
 
     def read(self, reader, ctx, count):
         _, raw = reader.take(SectionKind.VALUES, bits=ctx.dtype.itemsize * 8, count=count, device=ctx.codes_on_device)
@@ -113,6 +117,10 @@ class _Half(Value):
         from codec.ops import first_nonfinite
 
         raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(values)), self.name, f"is lossy, pass {self.name}(nonfinite=keep) to send NaN/inf anyway")
+
+    def bound(self, ctx):
+        """One values section of 16-bit codes, whatever the values (NaN/inf kept or refused): exact."""
+        return Bound(1, raw_length(ctx.n, 16))
 
     def read(self, reader, ctx, count):
         _, raw = reader.take(SectionKind.VALUES, bits=16, count=count, device=ctx.codes_on_device)

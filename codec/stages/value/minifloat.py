@@ -13,7 +13,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
-from codec.frame import MAX_ELEMENTS, SectionKind, Section
+from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.stages.value.quantizer import (
     Dequant,
     Quantizer,
@@ -27,7 +27,7 @@ from codec.stages.value.quantizer import (
     read_ints,
 )
 from codec.params import Param, SEED, rounding
-from codec.stage import register
+from codec.stage import Bound, register
 from codec.ops import offsets
 
 
@@ -170,6 +170,15 @@ class _MiniFloat(Quantizer):
         sections.append(ints_section(stored))
         sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, sub=flat))
         return lambda: slot.commit(acc)
+
+    def bound(self, ctx):
+        """What every encode writes, whatever the values: the int16 per window where the
+        windows are the data's (:meth:`needs_max`), then ``width``-bit codes: exact."""
+        n = ctx.n
+        codes = raw_length(n, self.width)
+        if not self.needs_max():
+            return Bound(1, codes)
+        return Bound(2, 2 * self._units(n)[1] + codes)
 
     @property
     def run_head(self):

@@ -11,10 +11,10 @@ from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.ops import offsets, readonly
 from codec.layout import bucket_groups
-from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, scalars_section
-from codec.frame import MAX_ELEMENTS, Section, SectionKind
+from codec.stages.value.quantizer import Dequant, Quantizer, codes_section, read_codes, read_scalars, scalars_bytes, scalars_section, top_of
+from codec.frame import MAX_ELEMENTS, Section, SectionKind, raw_length
 from codec.params import Param, SEED, rounding
-from codec.stage import register
+from codec.stage import Bound, register
 
 
 @functools.lru_cache(maxsize=16)
@@ -73,6 +73,13 @@ class MinMax(Quantizer):
         _check_spans(lows, highs, ctx)
         sections.append(scalars_section(np.concatenate([lows, highs])))
         sections.append(codes_section(codes, self.bits))
+
+    def bound(self, ctx):
+        """Always the bounds section (2 per bucket) and ``bits``-bit codes.  The bounds are the
+        values' own min and max: float32 items for 16-bit and float32 values (exact), float64
+        items allowed for float64 values (what a value beyond float32's range takes)."""
+        nb = -(-ctx.n // self.bucket)
+        return Bound(2, scalars_bytes(2 * nb, top_of(ctx.dtype)) + raw_length(ctx.n, self.bits))
 
     run_head = SectionKind.SCALARS
 

@@ -4,13 +4,14 @@ per-bucket L2 norm and ``levels`` levels per sign (docs/codecs.md)."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from codec.device import Memory
 from codec.dtypes import on_device
 from codec.errors import CorruptFrameError
-from codec.frame import MAX_ELEMENTS, SectionKind, Section
+from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.ops import offsets, readonly
 from codec.stages.value.quantizer import (
     Dequant,
@@ -19,11 +20,13 @@ from codec.stages.value.quantizer import (
     codes_section,
     read_codes,
     read_scalars,
+    scalars_bytes,
     scalars_section,
+    top_of,
 )
 from codec.layout import bucket_groups
 from codec.params import Param, SEED, rounding
-from codec.stage import register
+from codec.stage import Bound, register
 
 
 @functools.lru_cache(maxsize=64)
@@ -35,6 +38,58 @@ def _levels(s: int, w: int) -> np.ndarray:
     lut = np.where(negative == 1, -(level / s), level / s)
     lut.flags.writeable = False
     return lut
+
+
+def _steps(chains: int, budget: int, cost, top: int | None = None) -> int:
+    """The most steps ``chains`` chains can take within ``budget`` when step ``j`` (1, 2, ...,
+    ``top``) of a chain costs ``cost(j)``, non-decreasing in ``j``: the cheapest steps first."""
+    total, j = 0, 1
+    while chains and (top is None or j <= top):
+        c = cost(j)
+        t = min(chains, budget // c)
+        total, budget = total + t, budget - t * c
+        if t < chains:  # every further step costs at least c > what is left
+            break
+        j += 1
+    return total
+
+
+def _budget(x: int) -> int:
+    """An integer at least ``x (1 + 2^-20)``: the slack for the rounding of the norm and of
+    ``|v| s / norm`` (relative errors below ``2^-28`` even for float64 sums of ``2^40`` squares)."""
+    return x + (x >> 20) + 1
+
+
+def _elias_bits(m: int, s: int, stochastic: bool) -> int:
+    """The most bits of the run-length Elias-gamma code of one bucket of ``m`` values over
+    ``s`` levels (``kernels/cpu/elias.py``; ``gamma(v)`` takes ``2 bitlen(v) - 1`` bits).
+
+    A bucket of ``k`` non-zero levels ``l_i``, ``r_i`` zeros before each (``sum r_i <= m - k``:
+    trailing zeros are not written) takes ``gamma(k + 1)``, then per non-zero ``gamma(r_i +
+    1)``, its sign bit and ``gamma(l_i)``: ``2 bitlen(k+1) - 1 + 3k + 2 sum(bitlen(r_i+1) - 1)
+    + 2 sum(bitlen(l_i) - 1)``.  A run's 2 bits more (``bitlen`` from ``j`` to ``j + 1``) cost
+    ``2^(j-1)`` more zeros.  A level rounds ``t_i = |v_i| s / norm``, ``sum t_i^2 <= s^2 (1 +
+    2^-20)`` (the norm rounded up, or float64's: off by far less than 2^-20): stochastically
+    to ``l_i < t_i + 1``, so ``sum (l_i - 1)^2`` is within that budget; to nearest, ``l_i <=
+    t_i + 1/2``, so ``sum (2 l_i - 1)^2 <= 4 s^2 (1 + 2^-20)``.  The cheapest level of bit
+    length ``j + 1`` is ``2^j``, so a level's 2 bits more cost the difference of its weights
+    at ``2^j`` and ``2^(j-1)``.  Both costs rise with ``j``: the cheapest steps first take the
+    most (:func:`_steps`).  One more non-zero adds 3 bits and costs at most one run step (2
+    bits) and, to nearest, one level step (at least 8 of the budget, so 8 more non-zeros lose
+    at most one): the most is at ``k = m`` (stochastic), or within 7 of the most non-zeros
+    the nearest budget allows."""
+    top = int(s).bit_length() - 1  # level steps: bit lengths 1 .. bitlen(s)
+    if stochastic:
+        levels = _steps(m, _budget(s * s), lambda j: ((1 << j) - 1) ** 2 - ((1 << (j - 1)) - 1) ** 2, top)
+        return 2 * (m + 1).bit_length() - 1 + 3 * m + 2 * levels
+    budget = _budget(4 * s * s)
+
+    def bits(k):  # k non-zeros, each of weight 1 at level 1
+        levels = _steps(k, budget - k, lambda j: ((2 << j) - 1) ** 2 - ((1 << j) - 1) ** 2, top)
+        return 2 * (k + 1).bit_length() - 1 + 3 * k + 2 * levels + 2 * _steps(k, m - k, lambda j: 1 << (j - 1))
+
+    most = min(m, budget)
+    return max(bits(k) for k in range(max(0, most - 7), most + 1))
 
 
 @register
@@ -72,6 +127,26 @@ class Qsgd(Quantizer):
             sections.extend(self._elias(codes))
         else:
             sections.append(codes_section(codes, self.code_bits))
+
+    def bound(self, ctx):
+        """The norms (one per bucket), then packed codes (exact) or the Elias chunks' lengths
+        and streams (:func:`_elias_bits` per bucket, each chunk padded to bytes).  A norm of
+        ``m >= 2`` values may exceed float32 (``max|v| sqrt(m)``: float32, bfloat16, float64
+        values): float64 items then; a single value's norm is itself."""
+        n, bucket = ctx.n, self.bucket
+        nb = -(-n // bucket)
+        m = min(bucket, n)
+        most = top_of(ctx.dtype) * (math.sqrt(m) * (1 + 2.0**-20) if m > 1 else 1.0)
+        norms = scalars_bytes(nb, most)
+        if self.coding != "elias":
+            return Bound(2, norms + raw_length(n, self.code_bits))
+        per, nchunk = self._chunks(n)
+        if not nchunk:
+            return Bound(3, norms)
+        full = _elias_bits(bucket, self.levels, self.stochastic)
+        last = (nb - 1 - (nchunk - 1) * per) * full + _elias_bits(n - (nb - 1) * bucket, self.levels, self.stochastic)
+        stream = (nchunk - 1) * (-(-per * full // 8)) + -(-last // 8)
+        return Bound(3, norms + 8 * nchunk + stream)
 
     run_head = SectionKind.SCALARS
 

@@ -393,6 +393,13 @@ def scalars_section(values: np.ndarray) -> Section:
     return Section(SectionKind.SCALARS, 32, values.size, values.astype("<f4"))
 
 
+def scalars_bytes(count: int, most: float) -> int:
+    """The most bytes of a :func:`scalars_section` of ``count`` values none of whose
+    magnitudes exceeds ``most`` (``math.inf`` when nothing bounds them): float32 items when
+    ``most`` fits float32, float64 items otherwise (the section's width is its largest value's)."""
+    return count * (4 if most <= F32_MAX else 8)
+
+
 def _check_finite(values) -> None:
     """An encoder writes no scalar its decoder would reject (:func:`read_scalars`): a scale
     or norm that overflows float64 (values near its maximum) is a ValueError naming x."""

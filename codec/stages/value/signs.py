@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from codec.device import Memory
 from codec.dtypes import on_device
-from codec.frame import SectionKind, Section
-from codec.stages.value.quantizer import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_section, scale_section, sequential_sum
+from codec.frame import SectionKind, Section, raw_length
+from codec.stages.value.quantizer import F32_MAX, Dequant, Quantizer, read_codes, read_scalars, scalars_bytes, scalars_section, scale_section, sequential_sum, top_of
 from codec.params import Param
-from codec.stage import register
+from codec.stage import Bound, register
 
 
 class _Bits(Quantizer):
@@ -31,6 +33,10 @@ class _Bits(Quantizer):
         self.add_levels(sections, n, [sequential_sum(sums[:, j]) for j in range(3)], int(nneg.sum()), ctx.dtype)
         sections.append(Section(SectionKind.VALUES, 1, n, out))
 
+    def bound(self, ctx):
+        """The reconstruction values' sections (:meth:`levels_bound`), then one bit per value."""
+        return self.levels_bound(ctx) + Bound(1, raw_length(ctx.n, 1))
+
     def read(self, reader, ctx, count):
         lut = self.read_levels(reader, ctx)
         data = read_codes(reader, 1, count, device=ctx.codes_on_device)
@@ -49,6 +55,10 @@ class Sign(_Bits):
             from codec.ops import round_to
 
             sections.append(scale_section(float(round_to(np.float64(sums[0] / n if n else 0.0), dtype))))
+
+    def levels_bound(self, ctx):
+        """scale=l1: one float64 scale; none: nothing (exact)."""
+        return Bound(1, 8) if self.scale == "l1" else Bound(0, 0)
 
     def read_levels(self, reader, ctx):
         a = read_scalars(reader, 1, bits=64)[0] if self.scale == "l1" else 1.0
@@ -77,6 +87,14 @@ class OneBit(_Bits):
         means = np.array([sums[2] / npos if npos else 0.0, sums[1] / nneg if nneg else 0.0])
         fits = np.abs(means).max(initial=0.0) <= F32_MAX
         sections.append(scalars_section(means.astype(np.float32).astype(np.float64) if fits else means))
+
+    def levels_bound(self, ctx):
+        """The two means, float32 items when they fit: a mean of ``n < 2**29`` values of at
+        most float32's maximum never exceeds it (a float64 partial sum of ``c`` of them is at
+        most ``c * F32_MAX``, exact there, and rounding is monotone); ``n = 0`` gives means of 0.
+        Exact but for float64 values or ``n >= 2**29``, allowed float64 items."""
+        n = ctx.n
+        return Bound(1, scalars_bytes(2, 0.0 if not n else top_of(ctx.dtype) if n < 1 << 29 else math.inf))
 
     def read_levels(self, reader, ctx):
         return read_scalars(reader, 2)

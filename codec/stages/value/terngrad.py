@@ -23,7 +23,7 @@ from codec.stages.value.quantizer import (
     sequential_sum,
 )
 from codec.params import Param, SEED
-from codec.stage import register
+from codec.stage import Bound, register
 
 #: 3**5: a byte holds five trits, so byte values 243..255 never occur
 TRIT_BYTES = 243
@@ -68,6 +68,10 @@ class TernGrad(Quantizer):
             kern.terngrad_encode(x, clip, s, self.stream(ctx), out)
         sections.append(scale_section(s))
         sections.append(Section(SectionKind.VALUES, 8, out.size, out))
+
+    def bound(self, ctx):
+        """Always the float64 scale and five trits per byte, whatever the values: exact."""
+        return Bound(2, 8 + trit_bytes(ctx.n))
 
     def read(self, reader, ctx, count):
         s = float(read_scalars(reader, 1, bits=64)[0])
