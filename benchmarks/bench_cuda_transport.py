@@ -29,7 +29,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=25_000_000)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--specs", default="fp16;topk(ratio=0.01);none")
+    ap.add_argument("--specs", default="fp16;topk(ratio=0.01);none;powersgd(rank=4)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     from mpi4py import MPI
@@ -41,8 +41,9 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(rank)
-    a = int(args.n * 0.8)
-    grads = {"w": cuda.to_device(rng.standard_normal(a).astype(np.float32)), "b": cuda.to_device(rng.standard_normal(args.n - a).astype(np.float32))}
+    rows_w = max(1, int(np.sqrt(args.n * 0.8)))  # a weight matrix (PowerSGD's P and Q) and a 1-D rest
+    a = rows_w * int(args.n * 0.8 / rows_w)
+    grads = {"w": cuda.to_device(rng.standard_normal((rows_w, a // rows_w)).astype(np.float32)), "b": cuda.to_device(rng.standard_normal(args.n - a).astype(np.float32))}
     dense = sum(g.nbytes for g in grads.values())
 
     def best(fn):
@@ -57,7 +58,7 @@ def main(argv=None):
             times.append(comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
         return min(times)
 
-    pinned = {k: cuda.pinned_array(g.size, np.float32) for k, g in grads.items()}
+    pinned = {k: cuda.pinned_array(g.shape, np.float32) for k, g in grads.items()}
 
     def staged():  # the dense step a staging transport takes: down, MPI Allreduce, up
         for k, g in grads.items():

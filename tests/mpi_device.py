@@ -57,9 +57,10 @@ def case_codecs(comm, ck, specs=SPECS):
 
 
 def case_out(comm, ck):
-    """``out=`` device arrays (the gradients themselves), and buckets of several tensors."""
-    for spec in ("fp16", "topk(ratio=0.2)", "none"):
-        for bucket in (0, 1 << 12):
+    """``out=`` device arrays (the gradients themselves), and buckets of several tensors
+    (not for powersgd, which codes each matrix alone)."""
+    for spec in ("fp16", "topk(ratio=0.2)", "none", "powersgd(rank=2)"):
+        for bucket in (0,) if spec.startswith("powersgd") else (0, 1 << 12):
             on_host, on_dev = Allreducer(spec, comm, bucket_bytes=bucket), Allreducer(spec, comm, bucket_bytes=bucket)
             x = make_inputs(8, ck.rank, 0, LAYOUT)
             want = on_host.reduce(x)
@@ -93,7 +94,7 @@ def case_crossing(comm, ck):
         moved.append(np.asarray(ary).nbytes)
         return real_to(ary, *a, **k)
 
-    for spec in ("fp16", "minmax(bits=8)", "topk(ratio=0.05)", "gtopk(ratio=0.05)", "none"):
+    for spec in ("fp16", "minmax(bits=8)", "topk(ratio=0.05)", "gtopk(ratio=0.05)", "none", "powersgd(rank=1)"):
         red = Allreducer(spec, comm)
         x = _device(make_inputs(9, ck.rank, 0, big))
         red.reduce(x)  # a first step (residuals and warm buffers made)

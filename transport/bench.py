@@ -18,7 +18,7 @@ headers included; for gTop-k every round's sends, for PowerSGD both rounds), ave
 ranks; ``x smaller`` is dense bytes over that.  ``speedup`` is the dense Allreduce's step
 time over the codec's, both measured in this run.  The cores are divided among the ranks that
 share a node: gradcodec's kernels by its thread budget (codec/threads.py; run with
-``GRADCODEC_THREADS=off`` to see the machine without it), NumPy's BLAS (PowerSGD's products)
+``GRADCODEC_THREADS=off`` to see the machine without it), NumPy's BLAS
 by the BLAS thread variables, which default here to cores // ranks per node (from the
 launcher's environment), at least 1.
 

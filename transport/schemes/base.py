@@ -21,7 +21,7 @@ from codec.arrays import first_nonfinite, round_into, round_to, wide_dtype
 from codec.dtypes import on_device
 from codec.errors import CodecValueError, NonFiniteError
 
-__all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_sum", "mpi", "vote_error"]
+__all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_device", "finish_sum", "mpi", "vote_error"]
 
 #: codecs whose reduction may be a majority vote (sign of the sum of signs)
 SIGN_CODECS = ("sign", "efsign", "onebit")
@@ -137,6 +137,24 @@ def finish_sum(acc: np.ndarray, dtype, size: int, average: bool, touched=None, o
     if out is None:
         return acc if acc.dtype == dtype else round_to(acc, dtype)
     round_into(acc.reshape(-1), out.reshape(-1))
+    return out
+
+
+def finish_device(s, a, red, out=None):
+    """A device tensor ``a``'s sum ``s`` (its slice of a summed buffer) finished as
+    :func:`finish_sum` finishes it: on the device when the buffer is there (a CUDA-aware
+    MPI), else on the host and copied up once into ``out`` (the caller's device array) or a
+    new device array.  ``red``: the Allreducer (``size``, ``average``)."""
+    from codec.device import to_device
+    from transport import device
+
+    if on_device(s):
+        return device.finish_on_device(s.reshape(a.shape), a.dtype, red.size, red.average, out=out)
+    res = finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape)
+    if out is None:
+        return to_device(np.ascontiguousarray(res))
+    if res.size:
+        out.reshape(res.size).copy_to_device(np.ascontiguousarray(res).reshape(-1))
     return out
 
 

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from codec.dtypes import on_device
-from transport import device as devices
-from transport.schemes.base import Scheme, Sums, finish_sum, vote_error
+from transport.schemes.base import Scheme, Sums, finish_device, finish_sum, vote_error
 
 __all__ = ["Dense"]
 
@@ -54,27 +51,10 @@ class _DensePending:
         t = time.perf_counter()
         red = self.scheme.reducer
         if self.arrays and on_device(self.arrays[0]):
-            res = [_on_device(s, a, red, o) for a, s, o in zip(self.arrays, summed, out)]
+            res = [finish_device(s, a, red, o) for a, s, o in zip(self.arrays, summed, out)]
             stats.decode_s = time.perf_counter() - t
             return res
         # views of the reduced buffers (rounded copies for 16-bit tensors), or the caller's arrays
         res = [finish_sum(s, a.dtype, red.size, red.average, out=o).reshape(a.shape) for a, s, o in zip(self.arrays, summed, out)]
         stats.decode_s = time.perf_counter() - t
         return res
-
-
-def _on_device(s, a, red, o):
-    """A device tensor's sum ``s`` (its slice of the summed buffer) finished: on the device
-    when the buffer is there (a CUDA-aware MPI), else on the host and copied up once into
-    ``o`` or a new device array."""
-    from codec.device import to_device
-
-    if on_device(s):
-        acc = s.reshape(a.shape)
-        return devices.finish_on_device(acc, a.dtype, red.size, red.average, out=o)
-    res = finish_sum(s, a.dtype, red.size, red.average).reshape(a.shape)
-    if o is None:
-        return to_device(np.ascontiguousarray(res))
-    if res.size:
-        o.reshape(res.size).copy_to_device(np.ascontiguousarray(res).reshape(-1))
-    return o

@@ -29,6 +29,13 @@ whose shape or dtype changes starts over (a new slot; without error feedback its
 on).  ``prepare`` reads the slots (``ErrorFeedback.slot``), ``start`` stores them
 (``ErrorFeedback.keep``), ``finish`` installs the new residual (``Slot.commit``), the new Q
 and the next step.
+
+Device tensors (``devices``): ``M``, the residual, ``Q_local = M^T P`` and ``P Q^T`` are
+formed where the tensor lives (the ``lowrank`` twins; ``P Q^T`` by ``lowrank.expand``, the
+fixed order the codec decodes with, on the host too, so both give the same bits); the
+orthogonalisation is host code, so ``P`` comes down and ``P`` and ``Q`` go up: only the
+rounds' messages cross, and a passed-through tensor (sent dense) comes down whole and its
+sum goes up once.
 """
 
 from __future__ import annotations
@@ -37,11 +44,16 @@ import time
 
 import numpy as np
 
-from codec.errors import CodecValueError
 import codec
 from codec.arrays import first_nonfinite, wide_dtype
-from codec.lowrank.powersgd import STATE_Q, back_project, matrix_of, orthogonalize, project, start_q  # STATE_Q: the stage's own field of the warm-start Q
-from transport.schemes.base import Scheme, Sums, check_finite, finish_sum
+from codec.device import Memory as _Memory, add, clear, host_copy
+from codec.dtypes import on_device
+from codec.errors import CodecValueError
+from codec.lowrank.powersgd import STATE_Q, back_project, expand, matrix_of, orthogonalize, project, start_q  # STATE_Q: the stage's own field of the warm-start Q
+from codec.modes import SUB
+from codec.ops import store, widen
+from transport.device import finish_on_device
+from transport.schemes.base import Scheme, Sums, check_finite, finish_device, finish_sum
 
 __all__ = ["Memory", "STATE_Q", "TwoRound"]
 
@@ -64,7 +76,11 @@ class Memory(codec.ErrorFeedback):
 
 class TwoRound(Scheme):
     """``powersgd(...)`` as the two-round allreduce; no value or bytes stage (P and Q travel
-    as MPI Allreduce buffers in float32, float64 for float64 tensors)."""
+    as MPI Allreduce buffers in float32, float64 for float64 tensors).  Device tensors stay
+    on the device (``M``, the residual, ``P Q^T`` into ``out``); P and Q are formed on the host,
+    where the orthogonalisation runs, so they are what crosses."""
+
+    devices = True
 
     def __init__(self, codec_or_spec, reducer):
         super().__init__(codec_or_spec, reducer)
@@ -85,25 +101,33 @@ class TwoRound(Scheme):
         """Everything before round 1, on this rank alone: ``M = x + residual``, its check
         (finite), the starting Q and ``P = M Q`` (finite too: a finite M can overflow), so a
         rank whose input cannot go through fails in the config check, with every other
-        rank, before anything is sent.  Nothing is stored."""
+        rank, before anything is sent.  Nothing is stored.  A device tensor's ``M`` (and its
+        residual) stay on the device: only ``P`` comes down (a passed-through tensor, sent
+        dense, comes down whole)."""
         st = self.stage
         work, wire = [], []
         for a, name in zip(arrays, keys):
             dt = wide_dtype(a.dtype)
-            slot = self.ef.slot(name, a.shape, dt)  # stored, or new and not stored yet
-            acc = a.astype(dt) if slot.residual is None else np.add(a, slot.residual, dtype=dt)  # a new buffer
-            check_finite(acc, f"tensors[{name!r}]", "powersgd")
+            dev = on_device(a)
+            slot = self.ef.slot(name, a.shape, dt, device=dev)  # stored, or new and not stored yet
+            slot.follow(dev)  # (a stored residual moves where the gradient is, once)
+            acc = _summed(a, slot.residual, dt)  # a new buffer, where a lives
             plan = matrix_of(a.shape, st.rank, st.min_compression_rate)
-            if plan is None:
-                work.append((slot, acc, None, acc))
-                wire.append(acc.nbytes)
+            if plan is None:  # sent dense in round 1, from the host
+                part = host_copy(acc) if dev else acc
+                check_finite(part, f"tensors[{name!r}]", "powersgd")
+                work.append((slot, acc, None, part))
+                wire.append(part.nbytes)
                 continue
             n, m, r = plan
             mat = acc.reshape(n, m)
             q = start_q(slot.state.get(STATE_Q), m, r, dt, st.seed, name, slot.step, st.warm_start)
-            p, _ = project(mat, q)  # (M is finite: checked above)
+            p, bad = project(mat, q)  # (NaN and inf in M counted in the product's pass)
+            if bad:
+                check_finite(host_copy(acc) if dev else acc, f"tensors[{name!r}]", "powersgd")
             if first_nonfinite(p) >= 0:  # a finite M can overflow
-                check_finite(p, f"tensors[{name!r}]: P = M Q", "powersgd", f"cannot send it (M Q overflows {dt}; |M| up to {float(np.abs(mat).max()):.3g})")
+                big = float(np.abs(host_copy(mat) if dev else mat).max())
+                check_finite(p, f"tensors[{name!r}]: P = M Q", "powersgd", f"cannot send it (M Q overflows {dt}; |M| up to {big:.3g})")
             work.append((slot, mat, plan, p))
             wire.append((n + m) * r * dt.itemsize)
         return arrays, keys, work, wire
@@ -135,10 +159,12 @@ class _TwoRoundPending:
                 qs.append(np.empty(0, s.dtype))
                 continue
             n, m, r = plan
-            p = orthogonalize(s.reshape(n, r).copy())
+            p = _mem(mat).put(orthogonalize(s.reshape(n, r).copy()))  # (put on the device once, for the three products)
             q_local = back_project(mat, p)
             if slot.residual is not None:  # this rank's M - P Q_local^T, in M's own buffer
-                np.subtract(mat, p @ q_local.T, out=mat)  # M is not read again this step
+                y = _mem(mat).empty((n, m), mat.dtype)
+                expand(p, q_local, y)
+                store(y.reshape(y.size), mat.reshape(mat.size), SUB)  # M is not read again this step
                 slot.commit(mat.reshape(slot.shape), keep_spare=False)
             ps.append(p)
             qs.append(q_local.reshape(-1))
@@ -148,20 +174,53 @@ class _TwoRoundPending:
         res = []
         warm = self.scheme.stage.warm_start
         for a, (slot, mat, plan, _), s, p, qq, o in zip(self.arrays, self.work, summed, ps, qsum, out):
+            dev = on_device(a)
             if plan is None:  # a view of round 1's buffer, as with none (or the caller's array)
-                res.append(finish_sum(s, a.dtype, red.size, red.average, out=o).reshape(a.shape))
-                if slot.residual is not None and slot.residual.any():  # sent whole: nothing left over
-                    slot.commit(np.zeros_like(slot.residual), keep_spare=False)  # (zero after one step)
+                res.append(finish_device(s, a, red, o) if dev else finish_sum(s, a.dtype, red.size, red.average, out=o).reshape(a.shape))
+                if slot.residual is not None:  # sent whole: nothing left over
+                    _cleared(slot)
             else:
                 n, m, r = plan
                 qm = qq.reshape(m, r).copy()
-                if o is not None and o.dtype == p.dtype:  # P Q^T straight into the caller's array
-                    np.matmul(p, qm.T, out=o.reshape(n, m))
-                    res.append(finish_sum(o, a.dtype, red.size, red.average, out=o).reshape(a.shape))
+                into = o is not None and o.dtype == p.dtype  # P Q^T straight into the caller's array
+                y = o if into else _mem(a).empty(a.size, p.dtype)
+                expand(p, qm, y.reshape(n, m))
+                if dev:
+                    res.append(finish_on_device(y.reshape(a.shape), a.dtype, red.size, red.average, out=o))
                 else:
-                    res.append(finish_sum(p @ qm.T, a.dtype, red.size, red.average, out=o).reshape(a.shape))
+                    res.append(finish_sum(y.reshape(a.shape), a.dtype, red.size, red.average, out=o).reshape(a.shape))
                 if warm:  # the next step's start (without warm_start, Q is drawn afresh)
                     slot.state[STATE_Q] = qm
             slot.step += 1
         stats.decode_s = work_s + time.perf_counter() - c1
         return res
+
+
+def _summed(a, residual, dt):
+    """``M = a + residual`` in the accumulator dtype ``dt`` (``a`` widened exactly, the sum
+    rounded once), a new buffer where ``a`` lives; ``a`` itself widened into a new buffer
+    without a residual."""
+    if not on_device(a):
+        return a.astype(dt) if residual is None else np.add(a, residual, dtype=dt)
+    x = widen(a)
+    if residual is None and x is not a:
+        return x
+    acc = _mem(a).empty(a.shape, dt)
+    if residual is None:
+        acc.copy_to_device(a)
+    else:
+        add(x, residual, acc)
+    return acc
+
+
+def _mem(a):
+    """Allocations where ``a`` lives (:class:`codec.device.Memory`)."""
+    return _Memory(on_device(a))
+
+
+def _cleared(slot) -> None:
+    """A passed-through tensor's residual after a step: zero (it was sent whole)."""
+    if on_device(slot.residual):
+        clear(slot.residual)
+    elif slot.residual.any():  # (zero after one step: not written again)
+        slot.commit(np.zeros_like(slot.residual), keep_spare=False)
