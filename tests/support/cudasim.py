@@ -29,5 +29,43 @@ def apply(setattr_=setattr) -> None:
     """Apply :func:`settings` with ``setattr_`` (pytest's ``monkeypatch.setattr`` in a test)."""
     if numba.config.ENABLE_CUDASIM:
         sys.setswitchinterval(SWITCH_INTERVAL)
+        lock_shared_arrays()
     for module, name, value in settings():
         setattr_(module, name, value)
+
+
+def lock_shared_arrays() -> None:
+    """Make the simulator's ``cuda.shared.array`` atomic.  numba-cuda's simulator gives a
+    block's threads one array per source line (``FakeCUDAShared.array``), found in a dict or
+    made and stored there without a lock: two threads that reach a line's first call
+    together each make their own, and the block no longer shares that array.  With the
+    short switch interval above it happened in CI (2026-11-30): the device FFT's top-k
+    (``_topk_block``'s scans) wrote too few positions and ``_gather_top`` read an unwritten
+    one.  Here the lookup and the store are one step under a lock, keyed as numba-cuda keys
+    it (the calling line's file and number, read off the caller's frame); shape 0 (dynamic
+    shared memory, one buffer for all) and alignment go to numba-cuda's own method."""
+    import threading
+
+    import numpy as np
+    from numba.cuda.simulator import kernelapi
+
+    cls = kernelapi.FakeCUDAShared
+    if getattr(cls, "_gradcodec_locked", False):
+        return
+    real, lock = cls.array, threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return real(self, shape, dtype, alignment)
+        if isinstance(dtype, kernelapi.types.Type):  # (numba-cuda's own types, as its method converts them)
+            dtype = kernelapi.numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    cls.array = array
+    cls._gradcodec_locked = True
