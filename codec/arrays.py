@@ -10,7 +10,9 @@ dtypes, rounding, finiteness and sparse sums, so a transport computes the same b
 * :func:`first_nonfinite` — flat position of the first NaN/inf, or -1 (no full-size temporary);
 * :func:`scatter_add` — ``out[positions] += values``, each element rounded once, as
   ``decode_add`` of a sparse frame does;
-* :func:`on_device` — True for arrays in GPU memory (``__cuda_array_interface__``).
+* :func:`on_device` — True for arrays in GPU memory (``__cuda_array_interface__``);
+* :func:`is_torch`, :func:`torch_view` — a torch tensor, and a CPU one's NumPy view to write
+  into (bfloat16 included), as decoding's ``out=`` takes it.
 
 Importing this module imports no Numba kernel: kernels load on the first call that needs one.
 """
@@ -19,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.dtypes import as_float_array, on_device
+from codec.dtypes import as_float_array, is_torch, on_device, torch_view
 from codec.modes import ADD, SET
 from codec.ops import first_nonfinite, round_to, scatter, store, wide_dtype
 
-__all__ = ["as_float_array", "first_nonfinite", "on_device", "round_into", "round_to", "scatter_add", "wide_dtype"]
+__all__ = ["as_float_array", "first_nonfinite", "is_torch", "on_device", "round_into", "round_to", "scatter_add", "torch_view", "wide_dtype"]
 
 
 def round_into(src: np.ndarray, out: np.ndarray) -> None:

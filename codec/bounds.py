@@ -53,25 +53,17 @@ def described(x, dtype=None, argname: str = "x") -> tuple:
     return a.shape, a.dtype
 
 
-def described_many(tensors, argname: str = "tensors"):
-    """The :class:`codec.manyframe.Layout` of ``tensors`` (a dict name -> array or a list of
-    arrays, as ``encode_many`` takes them; each through :func:`described`), or ``tensors``
-    itself when it is a Layout."""
-    from codec.errors import CodecTypeError
+def described_many(tensors, argname: str = "tensors", skip_missing: bool = False):
+    """The :class:`codec.manyframe.Layout` of ``tensors`` (what ``encode_many`` takes:
+    :func:`codec.many.many_items`; each through :func:`described`), or ``tensors`` itself
+    when it is a Layout."""
+    from codec.many import many_items
     from codec.manyframe import Layout
 
     if isinstance(tensors, Layout):
         return tensors
-    if isinstance(tensors, dict):
-        for k in tensors:
-            if not isinstance(k, str):
-                raise CodecTypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
-        names, pairs = tuple(tensors), [(v, f"{argname}[{k!r}]") for k, v in tensors.items()]
-    elif isinstance(tensors, (list, tuple)):
-        names, pairs = None, [(v, f"{argname}[{i}]") for i, v in enumerate(tensors)]
-    else:
-        raise CodecTypeError(f"{argname}: expected a dict of name -> array, a list of arrays or a Layout, got {type(tensors).__name__}")
-    got = [described(v, None, w) for v, w in pairs]
+    names, values = many_items(tensors, argname, skip_missing)
+    got = [described(v, None, f"{argname}[{k!r}]") for k, v in zip(names if names is not None else range(len(values)), values)]
     return Layout(tuple(s for s, _ in got), tuple(d for _, d in got), names)
 
 

@@ -18,10 +18,11 @@ __all__ = ["decode", "decode_add_many", "decode_many", "decode_sparse", "decode_
 def decode(frame, out=None, *, max_elements=None, like=None):
     """Decode any gradcodec frame with nothing but the frame (the codec is read from its header).
 
-    ``out``: an array to fill (host, or device for the codecs with a CUDA path); else a new
-    array: a NumPy array, or with ``like`` a device array (a torch CUDA tensor, a CuPy array,
-    a Numba device array) a new array on the device of the same kind (docs/api.md, "Device
-    arrays")."""
+    ``out``: an array to fill (a NumPy array or a CPU torch tensor, bfloat16 included; or a
+    device array for the codecs with a CUDA path), written without a copy; else a new array:
+    a NumPy array, or with ``like`` a new array of ``like``'s kind: a CPU torch tensor, or on
+    the device for a device array (a torch CUDA tensor, a CuPy array, a Numba device array;
+    docs/api.md, "Device arrays")."""
     fr = parse_frame(frame, max_elements=max_elements)
     return codec_of(fr).decode_frame(fr, out, like=like)
 
@@ -37,7 +38,7 @@ def decode_sparse(frame, *, max_elements=None):
     return codec_of(fr).decode_sparse_frame(fr)
 
 
-def decode_many(frame, out=None, *, layout=None, max_elements=None):
+def decode_many(frame, out=None, *, layout=None, max_elements=None, like=None):
     """Decode a many-tensor frame (:meth:`Codec.encode_many`) with nothing but the frame: a
     dict name -> array when the frame names its tensors, else a list; or fill ``out`` (a dict
     or list of arrays of the frame's dtypes and sizes) and return it.
@@ -45,9 +46,10 @@ def decode_many(frame, out=None, *, layout=None, max_elements=None):
     ``layout`` (a :class:`codec.Layout`, or the tensors to read it off) is required for a
     frame in the layout-hash form and checked against a frame's table otherwise;
     ``max_elements`` bounds the sum of the tensors' element counts.  Every section of every
-    tensor is checked before any output is allocated."""
+    tensor is checked before any output is allocated.  ``like``: the new arrays are of its
+    kind, as for :func:`decode` (CPU torch tensors; device arrays on its device)."""
     mf = parse_many(frame, layout=layout, max_elements=max_elements)
-    return many.decode(codec_of(mf), mf, out)
+    return many.decode(codec_of(mf), mf, out, like=like)
 
 
 def decode_sparse_many(frame, *, layout=None, max_elements=None) -> list:

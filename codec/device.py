@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from codec import dlpack
-from codec.dtypes import on_device, readonly
+from codec.dtypes import is_torch, on_device, readonly
 from codec.errors import CodecTypeError, CodecValueError
 
 __all__ = ["add", "address", "clear", "as_device_array", "as_device_bytes", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "deliver", "empty", "Memory", "host_copy", "many_on_device", "put_bytes", "span", "spans", "to_device", "to_host", "zeros"]
@@ -158,6 +158,8 @@ def _viewed(x, argname: str, write: bool):
     require_cuda(argname)
     if type(x).__module__.startswith("numba.cuda"):
         return x
+    if is_torch(x) and str(x.dtype) == "torch.bfloat16":  # (torch gives bfloat16 no __cuda_array_interface__)
+        raise CodecTypeError(f"{argname}: a bfloat16 CUDA tensor; device arrays are float16, float32 or float64 (docs/api.md, 'Device arrays')")
     if hasattr(x, "__cuda_array_interface__"):
         if write and x.__cuda_array_interface__["data"][1]:
             raise CodecValueError(f"{argname}: a read-only device array (its __cuda_array_interface__ says so); it would be written")

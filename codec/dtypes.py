@@ -58,6 +58,38 @@ def on_device(*arrays) -> bool:
     return False
 
 
+def is_torch(x) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch: only a loaded torch made one)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def torch_view(t, argname: str = "out") -> np.ndarray:
+    """The NumPy array over a CPU torch tensor's memory (no copy) that decoding writes: a
+    ``torch.bfloat16`` tensor as ``ml_dtypes.bfloat16`` (through its int16 view); detached,
+    so a parameter's ``.grad`` or the parameter itself is written in place.  CodecValueError
+    naming ``argname`` for a tensor that is not contiguous (its elements are not one run of
+    memory to write)."""
+    torch = sys.modules["torch"]
+    if not t.is_contiguous():
+        raise CodecValueError(f"{argname}: a non-contiguous torch tensor (strides {tuple(t.stride())}); pass a contiguous one")
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(bfloat16).reshape(tuple(t.shape))
+    return t.numpy()
+
+
+def host_like(arr: np.ndarray, like):
+    """Host array ``arr`` as the kind of array ``like`` is, without a copy: a CPU torch tensor
+    (bfloat16 included) for a torch ``like``, else ``arr`` itself."""
+    if not is_torch(like):
+        return arr
+    torch = sys.modules["torch"]
+    if arr.dtype == bfloat16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
 def _from_torch(x):
     torch = sys.modules["torch"]
     if x.device.type != "cpu":
@@ -195,10 +227,12 @@ def owned_float_array(value, where: str) -> np.ndarray:
 def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out") -> np.ndarray:
     """The flat base-ndarray view of ``out`` that decoding writes: a writeable, aligned,
     C-contiguous NumPy array (a subclass is written through a base view; masked arrays are
-    refused) with ``n`` elements (``shape`` for the message) and ``dtype`` (any supported
+    refused) or a contiguous CPU torch tensor (:func:`torch_view`) with ``n`` elements (``shape`` for the message) and ``dtype`` (any supported
     dtype when adding); TypeError/ValueError naming ``argname`` otherwise."""
     if out is None:
         raise CodecTypeError(f"{argname}: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
+    if is_torch(out):  # a CPU tensor: written through its NumPy view (device tensors go to codec.device)
+        out = torch_view(out, argname)
     if not isinstance(out, np.ndarray):
         raise CodecTypeError(f"{argname}: expected a NumPy array, got {type(out).__name__}")
     plain = base_view(out, argname)

@@ -16,7 +16,7 @@ import numpy as np
 
 from codec.readruns import read_jobs
 from codec.device import Memory, spans as device_spans
-from codec.dtypes import as_float_array, checked_out, on_device
+from codec.dtypes import as_float_array, checked_out, host_like, on_device
 from codec.errors import CodecTypeError, CodecValueError
 from codec.framebuffer import frame_out
 from codec.manyframe import Layout
@@ -27,10 +27,49 @@ from codec.stage import Context, check_step
 
 
 # -------------------------------------------------------------------- inputs
-def many_inputs(tensors, argname: str = "tensors", device: bool = False):
-    """``(names, arrays)`` of a dict name -> array (names a tuple of str) or a sequence of
-    arrays (names None); each array through :func:`codec.dtypes.as_float_array`, or with
-    ``device`` a device array viewed (:func:`codec.device.as_device_array`)."""
+def many_items(tensors, argname: str = "tensors", skip_missing: bool = False) -> tuple:
+    """``(names, values)`` of what ``encode_many`` takes, values as given: a dict name ->
+    array; any iterable of ``(name, array)`` pairs (``((n, p.grad) for n, p in
+    model.named_parameters())``), as a dict in its order (a name twice is a ValueError); or a
+    sequence of arrays (names None).  ``skip_missing``: a None value (a parameter without a
+    gradient) is left out; else it is a TypeError naming it."""
+    if isinstance(tensors, dict):
+        pairs = list(tensors.items())
+    elif isinstance(tensors, (list, tuple)) or (hasattr(tensors, "__iter__") and not hasattr(tensors, "shape") and not isinstance(tensors, (str, bytes, bytearray, memoryview))):
+        items = list(tensors)
+        if not items and not isinstance(tensors, (list, tuple)):
+            return (), []  # (no pairs: a model without parameters)
+        if not (items and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in items)):
+            if not isinstance(tensors, (list, tuple)):
+                raise CodecTypeError(f"{argname}: an iterable must give (name, array) pairs; got {type(items[0]).__name__ if items else 'nothing'}")
+            kept = [(i, v) for i, v in enumerate(items) if not (skip_missing and v is None)]
+            for i, v in kept:
+                if v is None:
+                    raise CodecTypeError(f"{argname}[{i}]: None (a parameter without a gradient?); pass skip_missing=True to leave such tensors out")
+            return None, [v for _, v in kept]
+        pairs = items
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise CodecValueError(f"{argname}: the name {k!r} appears twice")
+            seen.add(k)
+    else:
+        raise CodecTypeError(f"{argname}: expected a dict of name -> array, (name, array) pairs or a list of arrays, got {type(tensors).__name__}")
+    for k, v in pairs:
+        if not isinstance(k, str):
+            raise CodecTypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
+        if v is None and not skip_missing:
+            raise CodecTypeError(f"{argname}[{k!r}]: None (a parameter without a gradient?); pass skip_missing=True to leave such tensors out")
+    pairs = [(k, v) for k, v in pairs if v is not None]
+    return tuple(k for k, _ in pairs), [v for _, v in pairs]
+
+
+def many_inputs(tensors, argname: str = "tensors", device: bool = False, skip_missing: bool = False):
+    """``(names, arrays)`` of :func:`many_items` (names a tuple of str, or None for a
+    sequence); each array through :func:`codec.dtypes.as_float_array`, or with ``device`` a
+    device array viewed (:func:`codec.device.as_device_array`)."""
+    names, values = many_items(tensors, argname, skip_missing)
+
     def one(v, name):
         if device and on_device(v):
             from codec.device import as_device_array
@@ -38,14 +77,7 @@ def many_inputs(tensors, argname: str = "tensors", device: bool = False):
             return as_device_array(v, name)
         return as_float_array(v, None, name)
 
-    if isinstance(tensors, dict):
-        for k in tensors:
-            if not isinstance(k, str):
-                raise CodecTypeError(f"{argname}: names must be str, got {type(k).__name__} {k!r}")
-        return tuple(tensors), [one(v, f"{argname}[{k!r}]") for k, v in tensors.items()]
-    if isinstance(tensors, (list, tuple)):
-        return None, [one(v, f"{argname}[{i}]") for i, v in enumerate(tensors)]
-    raise CodecTypeError(f"{argname}: expected a dict of name -> array or a list of arrays, got {type(tensors).__name__}")
+    return names, [one(v, f"{argname}[{k!r}]") for k, v in zip(names if names is not None else range(len(values)), values)]
 
 
 def joined(arrays) -> np.ndarray:
@@ -90,11 +122,11 @@ def hashable_key(key):
 
 
 # -------------------------------------------------------------------- encoding
-def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None) -> bytes:
+def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None, skip_missing: bool = False) -> bytes:
     """``c.encode_many(tensors, ...)`` (:meth:`codec.Codec.encode_many`)."""
     from codec.device import many_on_device
 
-    names, arrays = many_inputs(tensors, device=True)
+    names, arrays = many_inputs(tensors, device=True, skip_missing=skip_missing)
     many_on_device(c.stages, arrays)  # (device arrays: every stage must take them, else TypeError naming the tensor)
     step = check_step(step)
     lay = Layout.of(arrays, names)
@@ -196,17 +228,26 @@ def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False) -> np.ndar
     return whole
 
 
-def decode(c, mf, out=None):
-    """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded."""
+def decode(c, mf, out=None, like=None):
+    """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded
+    (new arrays of ``like``'s kind without ``out``: on its device for a device array)."""
+    from codec import device
+
     targets = _targets(c, mf, out, add=False)
-    jobs = read_jobs(c, mf, device=on_device(*targets))
-    spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
     lay = mf.layout
+    dev = on_device(*targets) or (out is None and on_device(like))
+    if dev and out is None:  # new device arrays: the stages and dtypes checked first
+        device.check_stages(c.stages, "like")
+        for dt in set(lay.dtypes):
+            device.check_dtype(dt, "like")
+    mem = Memory(dev)
+    jobs = read_jobs(c, mf, device=dev)
+    spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
     results = [None] * len(mf)
     for idx, ctx, payload in jobs:
         if len(idx) == 1 and not mf.joint:
             i = idx[0]
-            target = targets[i] if targets[i] is not None else np.empty(lay.sizes[i], lay.dtypes[i])
+            target = targets[i] if targets[i] is not None else mem.empty(lay.sizes[i], lay.dtypes[i])
             c._write(ctx, payload, target, SET)
             results[i] = target.reshape(lay.shapes[i])
         elif len(idx) > 1 and idx[0] in spans:  # device outputs end to end: the job written at once
@@ -218,7 +259,6 @@ def decode(c, mf, out=None):
                 scatter_checked(vals, pos, targets[i], SET)  # positions the stage checked
                 results[i] = targets[i]
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
-            dev = out is not None and on_device(targets[idx[0]])
             whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None, device=dev)
             for i in idx:
                 at = lay.starts[i] - lay.starts[idx[0]]
@@ -232,6 +272,8 @@ def decode(c, mf, out=None):
                 results[i] = part.reshape(lay.shapes[i])
     if out is not None:
         return out
+    if like is not None:
+        results = [device.as_like(r, like) if dev else host_like(r, like) for r in results]
     return results if lay.names is None else dict(zip(lay.names, results))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from codec import spec as specmod
 from codec import many
-from codec.dtypes import as_float_array, checked_out, on_device
+from codec.dtypes import as_float_array, checked_out, host_like, on_device
 from codec.errors import CodecError, CodecTypeError, CodecValueError, CorruptFrameError, UnknownCodecError
 from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
 from codec.framebuffer import frame_out
@@ -113,14 +113,15 @@ class Codec:
         shape, dt = described(x, dtype)
         return frame_bound(self, shape, dt, step)
 
-    def max_frame_bytes_many(self, tensors, *, step: int = 0, layout: str = "table", joint: bool = False) -> int:
+    def max_frame_bytes_many(self, tensors, *, step: int = 0, layout: str = "table", joint: bool = False, skip_missing: bool = False) -> int:
         """The most bytes :meth:`encode_many` can write for ``tensors`` (a dict name -> array,
-        a list of arrays, read for their shapes and dtypes only, or a
-        :class:`codec.manyframe.Layout`) with the same ``step``, ``layout`` and ``joint``;
+        pairs or a list of arrays, read for their shapes and dtypes only, or a
+        :class:`codec.manyframe.Layout`) with the same ``step``, ``layout``, ``joint`` and
+        ``skip_missing``;
         as :meth:`max_frame_bytes`."""
         from codec.bounds import described_many, many_bound
 
-        return many_bound(self, described_many(tensors), step, layout, joint)
+        return many_bound(self, described_many(tensors, skip_missing=skip_missing), step, layout, joint)
 
     # ---------------------------------------------------------------- pipeline primitives
     # What encode and decode are made of, for codec.feedback.ErrorFeedback (which owns the
@@ -179,9 +180,12 @@ class Codec:
         self._write(ctx, payload, flat, SUB)
 
     # ---------------------------------------------------------------- many tensors
-    def encode_many(self, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None) -> bytes:
-        """One frame (format v2) holding every tensor of ``tensors``: a dict name -> array (the
-        names are kept, and decoding gives a dict back) or a sequence of arrays.
+    def encode_many(self, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None, skip_missing: bool = False) -> bytes:
+        """One frame (format v2) holding every tensor of ``tensors``: a dict name -> array or
+        any iterable of ``(name, array)`` pairs (the names are kept, and decoding gives a dict
+        back: ``((n, p.grad) for n, p in model.named_parameters())``), or a sequence of
+        arrays.  ``skip_missing=True`` leaves out the tensors that are None (parameters
+        without a gradient); else a None is a TypeError naming it.
 
         Each tensor is coded exactly as :meth:`encode` would code it alone (top-k's k, a
         quantizer's buckets, PowerSGD's matrices and the random streams are per tensor):
@@ -196,16 +200,16 @@ class Codec:
         and decodes to them.  How the work runs: :mod:`codec.many`.
 
         ``out``: a buffer to write the frame into, as for :meth:`encode`."""
-        return many.encode(self, tensors, keys=keys, step=step, layout=layout, joint=joint, out=out)
+        return many.encode(self, tensors, keys=keys, step=step, layout=layout, joint=joint, out=out, skip_missing=skip_missing)
 
     @property
     def elementwise(self) -> bool:
         """A value stage alone whose codes are elementwise (:attr:`codec.stage.Value.elementwise`)."""
         return self.transform is None and self.select is None and self.value.elementwise
 
-    def decode_many(self, frame, out=None, *, layout=None, max_elements=None):
+    def decode_many(self, frame, out=None, *, layout=None, max_elements=None, like=None):
         """:func:`codec.decode_many`, checking that the frame was made by this codec."""
-        return many.decode(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements)), out)
+        return many.decode(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements)), out, like=like)
 
     def decode_sparse_many(self, frame, *, layout=None, max_elements=None) -> list:
         """:func:`codec.decode_sparse_many`, checking that the frame was made by this codec."""
@@ -217,9 +221,10 @@ class Codec:
 
     # ---------------------------------------------------------------- decode
     def decode(self, frame, out=None, *, max_elements=None, like=None):
-        """Decode ``frame`` into a new array (or into ``out``, which must match size and dtype);
-        ``like`` a device array: the new array is on the device, of ``like``'s kind
-        (:func:`codec.decode`)."""
+        """Decode ``frame`` into a new array (or into ``out``, which must match size and dtype:
+        a NumPy array, a CPU or CUDA torch tensor, any device array); ``like`` a device array:
+        the new array is on the device, of ``like``'s kind; a CPU torch tensor: a new CPU
+        tensor (:func:`codec.decode`)."""
         return self.decode_frame(self._same(parse_frame(frame, max_elements=max_elements)), out, like=like)
 
     def decode_add(self, frame, out, *, subtract: bool = False):
@@ -252,7 +257,7 @@ class Codec:
         self._write(ctx, payload, target, SET)
         if out is not None:
             return out
-        return device.as_like(target.reshape(fr.shape), like) if on_dev else target.reshape(fr.shape)
+        return device.as_like(target.reshape(fr.shape), like) if on_dev else host_like(target.reshape(fr.shape), like)
 
     def decode_add_frame(self, fr, out, subtract: bool = False):
         """``out += decode(fr)`` (``-=`` with ``subtract``), returning ``out``."""

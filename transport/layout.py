@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.arrays import as_float_array, on_device
+from codec.arrays import as_float_array, is_torch, on_device, torch_view
 from codec.errors import CodecTypeError, CodecValueError
 from transport import device as devices
 
@@ -78,7 +78,7 @@ class Layout:
             if not isinstance(out, (list, tuple)) or len(out) != len(self.keys):
                 raise CodecValueError(f"out: expected a list of {len(self.keys)} arrays, one per tensor")
             outs = list(out)
-        for k, a, o, dev in zip(self.keys, self.arrays, outs, self.devices):
+        for i, (k, a, o, dev) in enumerate(zip(self.keys, self.arrays, outs, self.devices)):
             where = f"out[{k!r}]"
             if self.device:
                 if not on_device(o):
@@ -91,6 +91,8 @@ class Layout:
                 continue
             if dev or on_device(o):
                 raise CodecTypeError(f"{where}: out= takes host NumPy arrays here; {'device tensors of this scheme are returned as new device arrays' if dev else 'the tensors are host arrays'}")
+            if is_torch(o):  # a CPU tensor: written through its NumPy view
+                o = outs[i] = torch_view(o, where)
             if type(o) is not np.ndarray:
                 raise CodecTypeError(f"{where}: expected a NumPy array, got {type(o).__name__}")
             if o.shape != a.shape or o.dtype != a.dtype:

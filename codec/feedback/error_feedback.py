@@ -73,12 +73,13 @@ class ErrorFeedback:
         finish(lambda: parse_frame(frame, verify_payload=False))()
         return frame
 
-    def encode_many(self, tensors, keys=None, *, layout: str = "table", joint: bool = False, out=None) -> bytes:
+    def encode_many(self, tensors, keys=None, *, layout: str = "table", joint: bool = False, out=None, skip_missing: bool = False) -> bytes:
         """One many-tensor frame (:meth:`codec.Codec.encode_many`) of every tensor plus its
         key's residual, each tensor's step exactly what :meth:`encode` would do with it.
 
-        ``tensors``: a dict name -> array or a sequence of arrays; ``keys`` default to the
-        names (a dict) or the positions 0, 1, ... (a sequence).  Every tensor is checked
+        ``tensors``: a dict name -> array, (name, array) pairs or a sequence of arrays, and
+        ``skip_missing`` (leave out None values), as :meth:`codec.Codec.encode_many` takes
+        them; ``keys`` default to the names or the positions 0, 1, ... (a sequence).  Every tensor is checked
         before anything changes, and on any error no residual or step changes.
 
         ``joint=True``: the whole-model variant (:meth:`codec.Codec.encode_many`): the flat
@@ -88,8 +89,8 @@ class ErrorFeedback:
 
         ``out``: a buffer to write the frame into, as for :meth:`encode`."""
         if joint:
-            return self._encode_joint(tensors, keys, layout, out)
-        names, arrays = many_inputs(tensors, device=True)
+            return self._encode_joint(tensors, keys, layout, out, skip_missing)
+        names, arrays = many_inputs(tensors, device=True, skip_missing=skip_missing)
         dev = many_on_device(self.codec.stages, arrays)
         dest = frame_out(out, arrays)
         if keys is None:
@@ -126,8 +127,8 @@ class ErrorFeedback:
             install()
         return frame
 
-    def _encode_joint(self, tensors, key, layout: str, out) -> bytes:
-        names, arrays = many_inputs(tensors, device=True)
+    def _encode_joint(self, tensors, key, layout: str, out, skip_missing: bool) -> bytes:
+        names, arrays = many_inputs(tensors, device=True, skip_missing=skip_missing)
         dest = frame_out(out, arrays)
         lay = Layout.of(arrays, names)
         flat = joined(arrays)

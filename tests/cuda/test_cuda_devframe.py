@@ -43,7 +43,7 @@ def test_many_tensor_device_frames_are_the_hosts(spec, form):
     joint = form == "joint"
     layout = "hash" if form == "hash" else "table"
     want = c.encode_many(host, step=2, layout=layout, joint=joint)
-    buf = cuda.device_array(len(want) + 9, np.uint8)
+    buf = cuda.device_array(c.max_frame_bytes_many(host, step=2, layout=layout, joint=joint), np.uint8)  # (the bound, from the tensors)
     for src in (dev, host):  # device tensors, and host ones written into a device frame
         frame = c.encode_many(src, step=2, layout=layout, joint=joint, out=buf)
         assert len(frame) == len(want) and frame.copy_to_host().tobytes() == bytes(want), src is dev
@@ -53,6 +53,7 @@ def test_many_tensor_device_frames_are_the_hosts(spec, form):
     got = codec.decode_many(held, layout=lay)
     outs = {k: cuda.device_array(v.shape, v.dtype) for k, v in host.items()}
     codec.decode_many(held, out=outs, layout=lay)
+    liked = codec.decode_many(want, layout=lay, like=next(iter(dev.values())))  # new device arrays
     base = {k: np.random.default_rng(9).standard_normal(v.shape) for k, v in host.items()}
     acc = {k: cuda.to_device(v) for k, v in base.items()}
     codec.decode_add_many(held, acc, layout=lay, subtract=True)
@@ -60,6 +61,7 @@ def test_many_tensor_device_frames_are_the_hosts(spec, form):
     for k in host:
         assert np.array_equal(got[k], decoded[k]), k
         assert np.array_equal(outs[k].copy_to_host(), decoded[k]), k
+        assert not isinstance(liked[k], np.ndarray) and np.array_equal(liked[k].copy_to_host(), decoded[k]), k
         assert np.array_equal(acc[k].copy_to_host(), base[k]), k
 
 
