@@ -36,6 +36,7 @@ from transport.layout import Layout
 from transport.errors import NO_DESC, OK, MismatchError, raise_failed, status_of
 from transport.schemes import scheme_for
 from transport.schemes.base import mpi
+from transport.torchdist import is_process_group
 
 __all__ = ["Allreducer", "Handle", "Stats"]
 
@@ -107,7 +108,8 @@ class Allreducer:
     ``codec_or_spec``: a spec string, config dict or ``codec.Codec``; ``"none"`` runs MPI
     Allreduce, ``"gtopk(ratio=...)"`` the gTop-k tree, ``"powersgd(...)"`` the two-round
     PowerSGD; anything else the allgather scheme.  ``comm``: an mpi4py communicator (default
-    ``COMM_WORLD``).  ``average``: divide the sum by the number of ranks, once, at the end.
+    ``COMM_WORLD``), or a ``torch.distributed`` process group (gloo: CPU tensors; through
+    :class:`transport.torchdist.TorchComm`, which a caller may also pass itself).  ``average``: divide the sum by the number of ranks, once, at the end.
     ``error_feedback``: keep per-tensor residuals (``ErrorFeedback``) so what a frame drops is
     sent later.  ``vote``: for sign codecs, the result is the sign of the sum of signs
     (signSGD with majority vote: -1, 0 or +1; ``average`` does not apply).
@@ -151,6 +153,10 @@ class Allreducer:
                 DeprecationWarning,
                 stacklevel=2,
             )
+        if comm is not None and is_process_group(comm):  # a torch.distributed group: through the adapter
+            from transport.torchdist import TorchComm
+
+            comm = TorchComm(comm)
         self.comm = mpi().COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.average, self.error_feedback, self.vote = bool(average), bool(error_feedback), bool(vote)
@@ -320,7 +326,7 @@ def _mismatch_message(descs) -> str:
 def node_ranks(comm) -> int:
     """How many ranks of ``comm`` share this rank's node (a shared-memory split: collective),
     for the thread budget (codec/threads.py); the launcher's variables count the rest."""
-    node = comm.Split_type(mpi().COMM_TYPE_SHARED)
+    node = comm.Split_type(mpi(comm).COMM_TYPE_SHARED)
     try:
         return node.Get_size()
     finally:

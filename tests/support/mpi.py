@@ -41,7 +41,7 @@ from reference.transport import digest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["Checks", "same_state", "say", "run_case", "main", "Launch", "launch", "mpiexec", "ROOT"]
+__all__ = ["Checks", "same_state", "say", "run_case", "main", "Launch", "launch", "mpiexec", "ROOT", "TORCH_ENV", "torch_comm"]
 
 
 # ====================================================================== in a rank
@@ -133,8 +133,10 @@ def main(cases: dict, argv, *, every=None, checks=Checks, run=None, abort=True, 
     calling ``comm.Abort(1)``."""
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    world = comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    if os.environ.get(TORCH_ENV):  # the cases on torch.distributed (gloo), the ranks found by MPI
+        comm = torch_comm(world)
     every = list(cases) if every is None else list(every)
     names = [c for a in argv for c in (every if a == "all" else [a])] or every
     unknown = [c for c in names if c not in cases]
@@ -152,15 +154,42 @@ def main(cases: dict, argv, *, every=None, checks=Checks, run=None, abort=True, 
             if not abort:
                 raise
             say(f"ERROR {name} rank {rank}/{size}:\n{traceback.format_exc()}")
-            comm.Abort(1)
+            world.Abort(1)
             return 1
-        comm.Barrier()
+        world.Barrier()
         for f in failures:
             say(f"FAIL {name} rank {rank}/{size}: {f}")
         if not failures:
             say(f"OK {name} rank {rank}/{size} {time.perf_counter() - t:.2f}s")
         bad += len(failures)
     return 1 if bad else 0
+
+
+#: set (to anything) to run a script's cases on torch.distributed instead of MPI (:func:`main`)
+TORCH_ENV = "GRADCODEC_TORCH_COMM"
+
+
+def torch_comm(world, rank: int | None = None, size: int | None = None):
+    """A :class:`transport.torchdist.TorchComm` over a gloo group of ``world``'s ranks (an
+    mpi4py communicator: rank 0 picks a free port and tells the others), or, with ``world``
+    None, of ``size`` 1 in this process (a ``HashStore``): the same cases on torch.distributed."""
+    import socket
+
+    import torch.distributed as dist
+
+    from transport.torchdist import TorchComm
+
+    if world is None:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return TorchComm()
+    port = None
+    if world.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = world.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size())
+    return TorchComm()
 
 
 # ====================================================================== in pytest

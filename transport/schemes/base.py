@@ -27,10 +27,15 @@ __all__ = ["Pending", "SIGN_CODECS", "Scheme", "Sums", "check_finite", "finish_d
 SIGN_CODECS = ("sign", "efsign", "onebit")
 
 
-def mpi():
-    """``mpi4py.MPI``, imported on first use and never at module level: importing it
-    initialises MPI, and ``import transport`` (the cost model, the message fuzzer, a reducer
-    built on a communicator the caller made) must work where mpi4py is absent or unwanted."""
+def mpi(comm=None):
+    """The MPI names a scheme uses with ``comm``: a communicator's own (``comm.MPI``: the
+    torch.distributed adapter, transport/torchdist.py), else ``mpi4py.MPI``, imported on
+    first use and never at module level: importing it initialises MPI, and ``import
+    transport`` (the cost model, the message fuzzer, a reducer on torch.distributed) must
+    work where mpi4py is absent or unwanted."""
+    own = getattr(comm, "MPI", None)
+    if own is not None:
+        return own
     from mpi4py import MPI
 
     return MPI
@@ -182,7 +187,7 @@ class Sums:
         for a CUDA-aware MPI, else into pinned host memory: transport/device.py)."""
         from transport import device
 
-        MPI = mpi()
+        MPI = mpi(self.comm)
         self.sizes = [p.size for p in parts]
         self.bufs, self.reqs = {}, []
         on_dev = bool(parts) and on_device(parts[0])
@@ -198,11 +203,11 @@ class Sums:
         return self
 
     def test(self) -> bool:
-        return mpi().Request.Testall(self.reqs)
+        return mpi(self.comm).Request.Testall(self.reqs)
 
     def wait(self) -> list[np.ndarray]:
         """The summed parts, flat, in the order they were given (views of the buffers)."""
-        mpi().Request.Waitall(self.reqs)
+        mpi(self.comm).Request.Waitall(self.reqs)
         out = [None] * len(self.sizes)
         for dt, idx in self.groups.items():
             at = 0

@@ -168,7 +168,7 @@ class _TreePending:
     def _recv(self, comm, peer, known: bool):
         """A message from ``peer``: the full size when this rank knows it, else probed (a rank
         that could not encode does not know ``k``)."""
-        MPI = mpi()
+        MPI = mpi(comm)
         if known:
             buf = np.empty(HEADER + self.pairs.nbytes, np.uint8)
             st = MPI.Status()
@@ -182,9 +182,9 @@ class _TreePending:
         return buf[: st.Get_count(MPI.BYTE)]
 
     def finish(self, stats, out):
-        MPI = mpi()
         red = self.scheme.reducer
         comm = red.comm
+        MPI = mpi(comm)
         known = self.pairs is not None
         ks = self.pairs.ks if known else None
         sets = None if self.local is None else list(self.local)
