@@ -79,7 +79,9 @@ def fuzz_loop(target: str, *, seconds: float = 60.0, iterations: int | None = No
               report_every: float = 1.0, log=None, deadline: float | None = None) -> Stats:
     """The mutation loop: input ``i`` is a deterministic mutation (seed, i) of a seed input
     (the first ``len(seeds)`` inputs are the seeds themselves); runs until ``seconds`` pass
-    or input ``iterations`` is reached (counting from 0; this run starts at ``start``)."""
+    or input ``iterations`` is reached (counting from 0; this run starts at ``start``), and
+    always runs its first input: CI once saw a child whose start-up (the seed corpus, the
+    first compilations) took its whole share on a loaded machine and ran none."""
     if memory not in MEMORY_MODES:
         raise CodecValueError(f"memory: one of {MEMORY_MODES}, got {memory!r}")
     seeds = seed_corpus(full=full_seeds).of(target)
@@ -104,7 +106,7 @@ def fuzz_loop(target: str, *, seconds: float = 60.0, iterations: int | None = No
         if iterations is not None and i >= iterations:
             break
         now = time.perf_counter()
-        if now - t0 >= seconds:
+        if now - t0 >= seconds and i > start:  # (at least one input: a start-up that used the budget up, on a busy machine, still runs one)
             break
         rng = random.Random((seed << 40) ^ i)
         label, data = seeds[rng.randrange(len(seeds))] if i >= len(seeds) else seeds[i]
