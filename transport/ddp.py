@@ -4,7 +4,10 @@
     >>> state = GradcodecState(None, "topk(ratio=0.01)+fp16", model=model)  # doctest: +SKIP
     >>> ddp.register_comm_hook(state, gradcodec_hook)
 
-Each bucket is reduced by a :class:`transport.Allreducer` over the state's process group
+``fp16`` and ``bf16`` alone are summed as they are: the bucket cast to that dtype (with
+per-parameter error feedback of what the cast drops) and one ``all_reduce``, as PyTorch's
+``fp16_compress_hook`` does.  Any other spec's bucket is reduced by a
+:class:`transport.Allreducer` over the state's process group
 (:class:`transport.torchdist.TorchComm`), so every scheme of the MPI transport comes along:
 the allgather of one many-tensor frame a rank (any codec), the dense allreduce (``none``),
 the gTop-k tree and the two-round PowerSGD.  Per-parameter semantics: the bucket's
@@ -54,6 +57,10 @@ class GradcodecState:
         if flat and head == "powersgd":
             raise CodecValueError("flat: powersgd compresses each parameter as its own matrix; a flat bucket has no matrix shape (leave flat=False)")
         self.spec, self.process_group = spec, process_group
+        #: "fp16" or "bf16" for a spec of that stage alone: the bucket is cast and summed by
+        #: all_reduce in that dtype (as PyTorch's fp16_compress_hook), not framed
+        self.summed = head if codec.parse_spec(spec) == [(head, {})] and head in ("fp16", "bf16") else None
+        self.residuals: dict = {}  # the summed path's error feedback: key -> float32 residual
         self.error_feedback, self.start_iter, self.flat = error_feedback, start_iter, flat
         self.iter = 0
         self.names = {} if model is None else {id(p): n for n, p in model.named_parameters()}
@@ -62,7 +69,7 @@ class GradcodecState:
         self._saved = None  # a restored reducer's state, loaded when the reducer is made
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized() and self.summed is None:
             self.spec = self.reducer.spec  # (made now: an unknown codec or option fails here, on every rank alike)
 
     # ------------------------------------------------------------------ the reducer
@@ -93,7 +100,8 @@ class GradcodecState:
         iteration, the keys in the order met and the reducer's memory (its ``state_dict``)."""
         reducer = self._reducer.state_dict() if self._reducer is not None else self._saved
         return {"spec": self.spec, "error_feedback": self.error_feedback, "start_iter": self.start_iter, "flat": self.flat,
-                "iter": self.iter, "keys_met": len(self.seen), "reducer": reducer}
+                "iter": self.iter, "keys_met": len(self.seen), "reducer": reducer,
+                "residuals": {k: v.numpy().copy() for k, v in self.residuals.items()}}
 
     def __setstate__(self, state):
         """Restore :meth:`__getstate__`'s dict; the process group becomes the default group
@@ -101,6 +109,10 @@ class GradcodecState:
         :meth:`bind` (a restored state keys unnamed parameters in the order met again)."""
         self.__init__(None, state["spec"], error_feedback=state["error_feedback"], start_iter=state["start_iter"], flat=state["flat"])
         self.iter = state["iter"]
+        if state.get("residuals"):
+            import torch
+
+            self.residuals = {k: torch.from_numpy(v) for k, v in state["residuals"].items()}
         if state["reducer"] is not None and self._reducer is not None:  # (made already: a process group is up)
             self._reducer.load_state_dict(state["reducer"])
         else:
@@ -126,6 +138,8 @@ def gradcodec_hook(state: GradcodecState, bucket):
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         _advance(state, bucket)
         return fut.then(lambda f: f.value()[0].div_(size))
+    if state.summed is not None:
+        return _summed(state, bucket)
     params = bucket.parameters()
     if state.flat:
         tensors = {"..".join((state.key(params[0]), state.key(params[-1]))): buf}
@@ -136,6 +150,44 @@ def gradcodec_hook(state: GradcodecState, bucket):
     fut = torch.futures.Future()
     fut.set_result(buf)
     return fut
+
+
+def _summed(state, bucket):
+    """``fp16`` / ``bf16`` alone: every gradient (plus its residual, with error feedback)
+    cast to the 16-bit dtype and divided by the world size there, the bucket's codes summed by
+    one ``all_reduce`` in that dtype and cast back into the buffer: PyTorch's
+    ``fp16_compress_hook`` / ``bf16_compress_hook``, with per-parameter error feedback
+    (the residual is what the cast dropped, in float32)."""
+    import torch
+    import torch.distributed as dist
+
+    half = torch.float16 if state.summed == "fp16" else torch.bfloat16
+    group = state.process_group
+    size = dist.get_world_size(group)
+    buf = bucket.buffer()
+    codes = torch.empty(buf.numel(), dtype=half)
+    at = 0
+    for p, g in zip(bucket.parameters(), bucket.gradients()):
+        flat, n = g.reshape(-1), g.numel()
+        if state.error_feedback:
+            key = state.key(p)
+            r = state.residuals.get(key)
+            acc = flat.to(torch.float32) + r if r is not None and r.numel() == n else flat.to(torch.float32)
+            c = acc.to(half)
+            state.residuals[key] = acc - c.to(torch.float32)
+        else:
+            c = flat.to(half)
+        codes[at : at + n] = c
+        at += n
+    codes.div_(size)
+    fut = dist.all_reduce(codes, group=group, async_op=True).get_future()
+    _advance(state, bucket)
+
+    def back(f):
+        buf.copy_(f.value()[0])
+        return buf
+
+    return fut.then(back)
 
 
 def _advance(state, bucket) -> None:
