@@ -33,12 +33,18 @@ def _free_port() -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _launch(p: int, timeout: float = 300) -> tuple:
-    """Start ``p`` processes of the script; ``(exit codes, output)`` (None codes: killed at the timeout)."""
+def _launch(p: int) -> tuple:
+    """The cases of ``LAUNCHES[p]`` in one job of ``p`` processes (run once)."""
+    return _run(p, tuple(LAUNCHES[p]))
+
+
+def _run(p: int, cases: tuple, env: dict | None = None, timeout: float = 300) -> tuple:
+    """Start ``p`` processes of the script running ``cases``; ``(exit codes, output)`` (None
+    codes: killed at the timeout)."""
     port = _free_port()
-    base = dict(os.environ, **ONE_THREAD, WORLD_SIZE=str(p), MASTER_PORT=str(port))
+    base = dict(os.environ, **ONE_THREAD, **(env or {}), WORLD_SIZE=str(p), MASTER_PORT=str(port))
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), *LAUNCHES[p]], env=dict(base, RANK=str(r)), stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), *cases], env=dict(base, RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(p)]
     end, codes, out = time.monotonic() + timeout, [], []
     for proc in procs:
@@ -52,6 +58,14 @@ def _launch(p: int, timeout: float = 300) -> tuple:
             codes.append(None)
         out.append(text)
     return tuple(codes), "\n".join(out)
+
+
+def test_a_checkpoint_restored_in_new_processes(tmp_path):
+    """One job saves (model, optimizer, hook state and the next steps' gradients), a second job
+    of new processes restores and must reproduce those gradients bit for bit."""
+    for case in ("save", "restore"):
+        codes, out = _run(2, (case,), {"GRADCODEC_CKPT_DIR": str(tmp_path)})
+        assert codes == (0, 0) and all(f"OK {case} rank {r}/2" in out for r in range(2)), f"{case}: exit codes {codes}\n{out[-4000:]}"
 
 
 @pytest.mark.parametrize("p,case", [(p, c) for p, cases in LAUNCHES.items() for c in cases])

@@ -16,6 +16,8 @@ Cases:
 * ``train``: 60 steps of a regression with top-k(10%) + error feedback: the loss halves.
 * ``checkpoint``: model, optimizer and hook state saved after 2 steps (the state pickled) and
   restored into new objects: the next steps' gradients are those of the run that went on.
+* ``save`` then ``restore`` (two launches, ``GRADCODEC_CKPT_DIR``): the same across processes:
+  ``torch.save`` of the checkpoint in one job, ``torch.load`` in a new one.
 """
 
 from __future__ import annotations
@@ -195,7 +197,52 @@ def _checkpoint(ck, spec):
         opt2.step()
 
 
-CASES = {"hook": case_hook, "warmup": case_warmup, "train": case_train, "checkpoint": case_checkpoint}
+def _ckpt(rank: int) -> str:
+    return os.path.join(os.environ["GRADCODEC_CKPT_DIR"], f"ckpt.{rank}.pt")
+
+
+def case_save(ck):
+    """The first half of a restore in new processes: 2 steps, then model, optimizer and hook
+    state saved (``torch.save``, one file per rank) with the gradients of the 2 steps that
+    follow in this run, for ``restore`` to match."""
+    model = model_of(5)
+    ddp = ddp_of(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state = GradcodecState(None, "topk(ratio=0.1)+fp16", model=model)
+    ddp.register_comm_hook(state, gradcodec_hook)
+    for i in range(2):
+        step(ddp, ck.rank, i)
+        opt.step()
+    box = {"model": model.state_dict(), "opt": opt.state_dict(), "hook": state}
+    torch.save(box, _ckpt(ck.rank) + ".tmp")
+    went_on = []
+    for i in range(2, 4):
+        step(ddp, ck.rank, i)
+        went_on.append({k: v.numpy() for k, v in grads_of(model).items()})
+        opt.step()
+    torch.save(went_on, _ckpt(ck.rank) + ".grads")
+    os.replace(_ckpt(ck.rank) + ".tmp", _ckpt(ck.rank))
+
+
+def case_restore(ck):
+    """The second half, in new processes: the checkpoint loaded into a new model, optimizer
+    and DDP, the hook's state bound to the model: the next 2 steps' gradients are the saved
+    run's, bit for bit."""
+    box = torch.load(_ckpt(ck.rank), weights_only=False)
+    went_on = torch.load(_ckpt(ck.rank) + ".grads", weights_only=False)
+    model = model_of(6)  # (other weights: the checkpoint's replace them)
+    model.load_state_dict(box["model"])
+    ddp = ddp_of(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt.load_state_dict(box["opt"])
+    ddp.register_comm_hook(box["hook"].bind(model), gradcodec_hook)
+    for j, i in enumerate(range(2, 4)):
+        step(ddp, ck.rank, i)
+        ck.same(grads_of(model), went_on[j], f"step {i} in new processes")
+        opt.step()
+
+
+CASES = {"hook": case_hook, "warmup": case_warmup, "train": case_train, "checkpoint": case_checkpoint, "save": case_save, "restore": case_restore}
 
 
 def main(argv) -> int:
