@@ -91,13 +91,9 @@ def host_like(arr: np.ndarray, like):
 
 
 def _from_torch(x):
-    torch = sys.modules["torch"]
     if x.device.type != "cpu":
         raise CodecTypeError(f"x: a torch tensor on {x.device} must be moved to the CPU first (device arrays are taken through __cuda_array_interface__)")
-    x = x.detach()
-    if x.dtype == torch.bfloat16:
-        return x.contiguous().view(torch.int16).numpy().view(bfloat16).reshape(tuple(x.shape))
-    return x.numpy()
+    return torch_view(x.contiguous(), "x")  # (a strided tensor is copied once here, as as_float_array would copy it)
 
 
 def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
