@@ -1,5 +1,6 @@
 """The DDP communication hook (transport/ddp.py) on gloo: tests/torch_ddp.py in 2 and 4
-processes spawned from here (a timeout kills them), and the state's checks in this process."""
+processes spawned from here (a timeout kills them), on NCCL where a GPU is (skipped
+otherwise), and the state's checks in this process."""
 
 from __future__ import annotations
 
@@ -74,6 +75,17 @@ def test_hook_on_gloo(p, case):
     oks = {r for r in range(p) if f"OK {case} rank {r}/{p}" in out}
     problems = [ln for ln in out.splitlines() if ln.startswith((f"FAIL {case} ", "ERROR"))]
     assert oks == set(range(p)) and not problems, f"exit codes {codes}; " + "\n".join(problems[:30]) + "\n---\n" + out[-4000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not torch.distributed.is_nccl_available(), reason="NCCL needs a CUDA GPU")
+def test_hook_on_nccl():
+    """The hook's device path (frames on the GPU, NCCL's collectives): one process a GPU, up to
+    two (a job of one on a machine of one GPU still runs every device path)."""
+    p = min(2, torch.cuda.device_count())
+    codes, out = _run(p, ("hook", "train"), {"GRADCODEC_DDP_BACKEND": "nccl"})
+    for case in ("hook", "train"):
+        oks = {r for r in range(p) if f"OK {case} rank {r}/{p}" in out}
+        assert oks == set(range(p)), f"{case}: exit codes {codes}\n{out[-4000:]}"
 
 
 def test_the_state_refuses_inconsistent_arguments():

@@ -17,7 +17,7 @@ pytest.importorskip("mpi4py")
 
 import mpi_schemes  # noqa: E402
 import mpi_transport  # noqa: E402
-from support.mpi import TORCH_ENV, launch, torch_comm  # noqa: E402
+from support.mpi import TORCH_BACKEND_ENV, TORCH_ENV, launch, torch_comm  # noqa: E402
 
 import transport  # noqa: E402
 from transport.torchdist import TorchComm, is_process_group  # noqa: E402
@@ -83,3 +83,16 @@ def test_variable_frames_cost_the_padding(group_of_one):
     recv = np.zeros(7, np.uint8)
     comm.Iallgatherv(msg, [recv, ([7], [0])]).Wait()
     assert np.array_equal(recv, msg)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not torch.distributed.is_nccl_available(), reason="NCCL needs a CUDA GPU")
+def test_device_cases_on_nccl():
+    """tests/mpi_device.py's cases (device tensors, every scheme, against the host's bits) on
+    NCCL, frames on the GPU: one rank a GPU, up to two."""
+    import mpi_device
+
+    p = min(2, torch.cuda.device_count())
+    cases = ["codecs", "out", "schemes"]
+    run = launch(mpi_device.__file__, p, *cases, timeout=600, env={TORCH_ENV: "1", TORCH_BACKEND_ENV: "nccl"})
+    problems = [x for c in cases for x in run.problems(c)]
+    assert not problems, run.report(problems)

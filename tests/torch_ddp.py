@@ -16,6 +16,9 @@ Cases:
 * ``train``: 60 steps of a regression with top-k(10%) + error feedback: the loss halves.
 * ``checkpoint``: model, optimizer and hook state saved after 2 steps (the state pickled) and
   restored into new objects: the next steps' gradients are those of the run that went on.
+* ``hook`` and ``train`` also run on NCCL (``GRADCODEC_DDP_BACKEND=nccl``, models on each
+  rank's GPU): the hook's device path against an ``Allreducer`` of host copies over a gloo
+  group beside it.
 * ``save`` then ``restore`` (two launches, ``GRADCODEC_CKPT_DIR``): the same across processes:
   ``torch.save`` of the checkpoint in one job, ``torch.load`` in a new one.
 """
@@ -39,23 +42,32 @@ from transport.ddp import GradcodecState, gradcodec_hook
 SPECS = ("topk(ratio=0.1)", "minmax(bits=4,rounding=nearest)", "fp16", "powersgd(rank=2,min_compression_rate=0)", "gtopk(ratio=0.2)", "none")
 
 
+#: where the models live: the CPU on gloo; on NCCL (GRADCODEC_DDP_BACKEND=nccl) this rank's GPU
+DEVICE = torch.device("cpu")
+#: the group the references reduce host copies over (the default group on gloo, a gloo group beside NCCL)
+HOST_GROUP = None
+
+
 def model_of(seed: int = 0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    return net.to(DEVICE)
 
 
 def ddp_of(model):
-    return DDP(model, bucket_cap_mb=0.0005)  # (buckets of a few hundred bytes: several buckets, several parameters each)
+    ids = None if DEVICE.type == "cpu" else [DEVICE]
+    return DDP(model, bucket_cap_mb=0.0005, device_ids=ids)  # (buckets of a few hundred bytes: several buckets, several parameters each)
 
 
 def batch(rank: int, step: int):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(16, 12, generator=g)
-    return x, x[:, :3] * 2.0 - x[:, 3:6]
+    return x.to(DEVICE), (x[:, :3] * 2.0 - x[:, 3:6]).to(DEVICE)
 
 
 def grads_of(model) -> dict:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    """Host copies of ``model``'s gradients."""
+    return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
 class Case:
@@ -93,7 +105,7 @@ def case_hook(ck):
         ddp = ddp_of(model)
         ddp.register_comm_hook(GradcodecState(None, spec, model=model), gradcodec_hook)
         plain = model_of()  # the same weights, no DDP: this rank's raw gradients
-        red = Allreducer(spec, comm=dist.group.WORLD)
+        red = Allreducer(spec, comm=HOST_GROUP)  # (host copies: on NCCL, the device path against the host's)
         for i in range(3):
             with torch.no_grad():
                 for p, q in zip(plain.parameters(), model.parameters()):
@@ -246,8 +258,15 @@ CASES = {"hook": case_hook, "warmup": case_warmup, "train": case_train, "checkpo
 
 
 def main(argv) -> int:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    global DEVICE, HOST_GROUP
+    backend = os.environ.get("GRADCODEC_DDP_BACKEND", "gloo")
+    rank = int(os.environ["RANK"])
+    if backend == "nccl":
+        DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
     rank, size = dist.get_rank(), dist.get_world_size()
+    HOST_GROUP = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
     bad = 0
     for name in argv or list(CASES):
         ck = Case(name)

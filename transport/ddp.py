@@ -101,7 +101,7 @@ class GradcodecState:
         reducer = self._reducer.state_dict() if self._reducer is not None else self._saved
         return {"spec": self.spec, "error_feedback": self.error_feedback, "start_iter": self.start_iter, "flat": self.flat,
                 "iter": self.iter, "keys_met": len(self.seen), "reducer": reducer,
-                "residuals": {k: v.numpy().copy() for k, v in self.residuals.items()}}
+                "residuals": {k: v.cpu().numpy().copy() for k, v in self.residuals.items()}}
 
     def __setstate__(self, state):
         """Restore :meth:`__getstate__`'s dict; the process group becomes the default group
@@ -165,13 +165,15 @@ def _summed(state, bucket):
     group = state.process_group
     size = dist.get_world_size(group)
     buf = bucket.buffer()
-    codes = torch.empty(buf.numel(), dtype=half)
+    codes = torch.empty(buf.numel(), dtype=half, device=buf.device)
     at = 0
     for p, g in zip(bucket.parameters(), bucket.gradients()):
         flat, n = g.reshape(-1), g.numel()
         if state.error_feedback:
             key = state.key(p)
             r = state.residuals.get(key)
+            if r is not None and r.device != g.device:  # (restored from a checkpoint: host memory)
+                r = r.to(g.device)
             acc = flat.to(torch.float32) + r if r is not None and r.numel() == n else flat.to(torch.float32)
             c = acc.to(half)
             state.residuals[key] = acc - c.to(torch.float32)

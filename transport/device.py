@@ -34,13 +34,19 @@ from codec.dtypes import on_device
 __all__ = ["Buffers", "OnDevice", "Pinned", "cuda_aware", "finish_on_device", "gathered", "host_copies"]
 
 
+def cuda_aware(comm=None) -> bool:
+    """Whether ``comm`` takes device buffers as they are.  A communicator that says so itself
+    (``device_buffers``: :class:`transport.torchdist.TorchComm`, True on NCCL) is asked;
+    otherwise the MPI library: mpi4py's ``MPI.Query_cuda_support()`` where it has it, else
+    the library's own ``MPIX_Query_cuda_support`` (MPICH, Open MPI), found among the
+    libraries this process loaded; False when neither answers, and always under Numba's CUDA
+    simulator (its "device" memory is host memory MPI must not be told about)."""
+    told = getattr(comm, "device_buffers", None)
+    return bool(told) if told is not None else _mpi_cuda_aware()
+
+
 @functools.lru_cache(maxsize=1)
-def cuda_aware() -> bool:
-    """Whether the MPI library takes device buffers: mpi4py's ``MPI.Query_cuda_support()``
-    where it has it, else the library's own ``MPIX_Query_cuda_support`` (MPICH, Open MPI),
-    found among the libraries this process loaded; False when neither answers, and always
-    under Numba's CUDA simulator (its "device" memory is host memory MPI must not be told
-    about)."""
+def _mpi_cuda_aware() -> bool:
     from numba import config
 
     if config.ENABLE_CUDASIM:

@@ -41,7 +41,7 @@ from reference.transport import digest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["Checks", "same_state", "say", "run_case", "main", "Launch", "launch", "mpiexec", "ROOT", "TORCH_ENV", "torch_comm"]
+__all__ = ["Checks", "same_state", "say", "run_case", "main", "Launch", "launch", "mpiexec", "ROOT", "TORCH_ENV", "TORCH_BACKEND_ENV", "torch_comm"]
 
 
 # ====================================================================== in a rank
@@ -135,7 +135,7 @@ def main(cases: dict, argv, *, every=None, checks=Checks, run=None, abort=True, 
 
     world = comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    if os.environ.get(TORCH_ENV):  # the cases on torch.distributed (gloo), the ranks found by MPI
+    if os.environ.get(TORCH_ENV):  # the cases on torch.distributed (gloo or NCCL), the ranks found by MPI
         comm = torch_comm(world)
     every = list(cases) if every is None else list(every)
     names = [c for a in argv for c in (every if a == "all" else [a])] or every
@@ -167,12 +167,16 @@ def main(cases: dict, argv, *, every=None, checks=Checks, run=None, abort=True, 
 
 #: set (to anything) to run a script's cases on torch.distributed instead of MPI (:func:`main`)
 TORCH_ENV = "GRADCODEC_TORCH_COMM"
+#: which torch.distributed backend those cases run on (gloo unless this says nccl)
+TORCH_BACKEND_ENV = "GRADCODEC_TORCH_BACKEND"
 
 
 def torch_comm(world, rank: int | None = None, size: int | None = None):
     """A :class:`transport.torchdist.TorchComm` over a gloo group of ``world``'s ranks (an
     mpi4py communicator: rank 0 picks a free port and tells the others), or, with ``world``
-    None, of ``size`` 1 in this process (a ``HashStore``): the same cases on torch.distributed."""
+    None, of ``size`` 1 in this process (a ``HashStore``): the same cases on torch.distributed.
+    With ``GRADCODEC_TORCH_BACKEND=nccl`` (a GPU run) the group is NCCL's, each rank on its
+    GPU (torch's and Numba's current device alike)."""
     import socket
 
     import torch.distributed as dist
@@ -182,13 +186,21 @@ def torch_comm(world, rank: int | None = None, size: int | None = None):
     if world is None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return TorchComm()
+    backend = os.environ.get(TORCH_BACKEND_ENV, "gloo")
+    if backend == "nccl":
+        import torch
+        from numba import cuda
+
+        gpu = world.Get_rank() % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        cuda.select_device(gpu)
     port = None
     if world.Get_rank() == 0:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     port = world.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size())
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size())
     return TorchComm()
 
 

@@ -115,7 +115,7 @@ class Allgather(Framed):
             return self.buffers, self.buffers
         if self.on_device is None:
             self.on_device = devices.OnDevice()
-            self.pinned = self.on_device if devices.cuda_aware() else devices.Pinned()
+            self.pinned = self.on_device if devices.cuda_aware(self.reducer.comm) else devices.Pinned()
         return self.on_device, self.pinned
 
     def start(self, prepared, stats):

@@ -193,7 +193,7 @@ class Sums:
         on_dev = bool(parts) and on_device(parts[0])
         for dt, idx in self.groups.items():
             if on_dev:
-                buf = device.gathered([parts[i] for i in idx], dt, device.cuda_aware())
+                buf = device.gathered([parts[i] for i in idx], dt, device.cuda_aware(self.comm))
             else:
                 buf = np.concatenate([parts[i].reshape(-1) for i in idx], dtype=dt)
             self.bufs[dt] = buf
