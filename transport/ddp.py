@@ -60,7 +60,8 @@ class GradcodecState:
         #: "fp16" or "bf16" for a spec of that stage alone: the bucket is cast and summed by
         #: all_reduce in that dtype (as PyTorch's fp16_compress_hook), not framed
         self.summed = head if codec.parse_spec(spec) == [(head, {})] and head in ("fp16", "bf16") else None
-        self.residuals: dict = {}  # the summed path's error feedback: key -> float32 residual
+        self.residuals: dict = {}  # the summed path's error feedback: key -> float32 residual (a slice of a bucket's flat one)
+        self.flats: dict = {}  # the parameters' keys of a bucket -> that bucket's flat residual
         self.error_feedback, self.start_iter, self.flat = error_feedback, start_iter, flat
         self.iter = 0
         self.names = {} if model is None else {id(p): n for n, p in model.named_parameters()}
@@ -153,11 +154,12 @@ def gradcodec_hook(state: GradcodecState, bucket):
 
 
 def _summed(state, bucket):
-    """``fp16`` / ``bf16`` alone: every gradient (plus its residual, with error feedback)
-    cast to the 16-bit dtype and divided by the world size there, the bucket's codes summed by
-    one ``all_reduce`` in that dtype and cast back into the buffer: PyTorch's
-    ``fp16_compress_hook`` / ``bf16_compress_hook``, with per-parameter error feedback
-    (the residual is what the cast dropped, in float32)."""
+    """``fp16`` / ``bf16`` alone: the bucket (plus its residual, with error feedback) cast to
+    the 16-bit dtype and divided by the world size there, summed by one ``all_reduce`` in
+    that dtype and cast back into the buffer: PyTorch's ``fp16_compress_hook`` /
+    ``bf16_compress_hook``, with per-parameter error feedback (the residual is what the cast
+    dropped, in float32).  A cast is elementwise, so the bucket is cast whole: three passes
+    over it with error feedback (add the residual, cast, subtract the codes), one without."""
     import torch
     import torch.distributed as dist
 
@@ -165,22 +167,13 @@ def _summed(state, bucket):
     group = state.process_group
     size = dist.get_world_size(group)
     buf = bucket.buffer()
-    codes = torch.empty(buf.numel(), dtype=half, device=buf.device)
-    at = 0
-    for p, g in zip(bucket.parameters(), bucket.gradients()):
-        flat, n = g.reshape(-1), g.numel()
-        if state.error_feedback:
-            key = state.key(p)
-            r = state.residuals.get(key)
-            if r is not None and r.device != g.device:  # (restored from a checkpoint: host memory)
-                r = r.to(g.device)
-            acc = flat.to(torch.float32) + r if r is not None and r.numel() == n else flat.to(torch.float32)
-            c = acc.to(half)
-            state.residuals[key] = acc - c.to(torch.float32)
-        else:
-            c = flat.to(half)
-        codes[at : at + n] = c
-        at += n
+    if state.error_feedback:
+        r = _residual(state, bucket)
+        r.add_(buf)  # (residual + gradient, in float32)
+        codes = r.to(half)
+        r.sub_(codes)  # what the cast dropped
+    else:
+        codes = buf.to(half)
     codes.div_(size)
     fut = dist.all_reduce(codes, group=group, async_op=True).get_future()
     _advance(state, bucket)
@@ -190,6 +183,34 @@ def _summed(state, bucket):
         return buf
 
     return fut.then(back)
+
+
+def _residual(state, bucket):
+    """The bucket's residual: one flat float32 tensor on the bucket's device, laid out as the
+    bucket, whose slices are ``state.residuals[key]`` of its parameters.  Made when a bucket
+    of these parameters is first met (DDP rebuilds its buckets after the first iteration):
+    each parameter's residual so far (from an earlier bucket, or a restored checkpoint) is
+    copied into its slice."""
+    import torch
+
+    keys = tuple(state.key(p) for p in bucket.parameters())
+    flat = state.flats.get(keys)
+    if flat is not None:
+        return flat
+    buf = bucket.buffer()
+    flat = torch.zeros(buf.numel(), dtype=torch.float32, device=buf.device)
+    at = 0
+    for key, g in zip(keys, bucket.gradients()):
+        n = g.numel()
+        old = state.residuals.get(key)
+        if old is not None and old.numel() == n:
+            flat[at : at + n].copy_(old.reshape(-1))
+        state.residuals[key] = flat[at : at + n]
+        at += n
+    mine = set(keys)
+    state.flats = {k: v for k, v in state.flats.items() if mine.isdisjoint(k)}  # (a rebuilt bucket's old residual: gone)
+    state.flats[keys] = flat
+    return flat
 
 
 def _advance(state, bucket) -> None:
