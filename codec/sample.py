@@ -8,7 +8,8 @@ that is checked against finite differences before training, by::
 
     python scripts/make_sample.py
 
-(seed 1234; the script is deterministic and rewrites the file byte for byte).
+(seed 1234; the script is deterministic on one NumPy build; another build's BLAS rounds the
+matrix products differently, about 1e-6 relative, so the committed files are the reference).
 
 Model (35,434 parameters; PyTorch-style shapes):
 
@@ -35,6 +36,11 @@ one float32.  Gradients shrink by about two orders of magnitude from step 0 to t
 step, and are heavy-tailed (the fc weight gradients have kurtosis well above 3, with many
 exact zeros from dead ReLU units).
 
+``codec/data/steps.npz`` (:func:`load_steps`) holds the same tensors at eight consecutive
+steps of that run, 110 to 117 (early in the second quarter of training, momentum
+established): what a codec does over a sequence of steps under error feedback, for
+``gradcodec demo`` and ``gradcodec roundtrip --steps``.
+
 >>> from codec.sample import load_sample
 >>> grads = load_sample()
 >>> grads["step0000/conv2.weight"].shape
@@ -47,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_sample", "sample_path"]
+__all__ = ["load_sample", "load_steps", "sample_path"]
 
 _FILENAME = "sample.npz"
 
@@ -61,3 +67,15 @@ def load_sample() -> dict[str, np.ndarray]:
     """All gradients of the sample, ``{"stepNNNN/layer.param": float32 array}``, in stored order."""
     with np.load(sample_path(), allow_pickle=False) as z:
         return {name: np.asarray(z[name], dtype=np.float32) for name in z.files}
+
+
+def load_steps() -> list[dict[str, np.ndarray]]:
+    """The eight consecutive steps of ``steps.npz``, in order: one ``{"layer.param": float32
+    array}`` a step (the same names and shapes as the sample's)."""
+    path = sample_path().with_name("steps.npz")
+    steps: dict[str, dict] = {}
+    with np.load(path, allow_pickle=False) as z:
+        for name in z.files:
+            step, param = name.split("/", 1)
+            steps.setdefault(step, {})[param] = np.asarray(z[name], dtype=np.float32)
+    return [steps[k] for k in sorted(steps)]

@@ -2,8 +2,8 @@
 
 Usage (from the repository root)::
 
-    python scripts/make_sample.py            # writes codec/data/sample.npz
-    python scripts/make_sample.py --out X.npz
+    python scripts/make_sample.py            # writes codec/data/sample.npz and steps.npz
+    python scripts/make_sample.py --out X.npz --steps-out Y.npz
 
 Everything is plain NumPy (hand-written forward and backward passes), seeded, and runs
 offline: ``sklearn.datasets.load_digits`` ships with scikit-learn.
@@ -22,6 +22,10 @@ float64 on a tiny batch (relative error < 1e-4 for every parameter tensor).
 The saved tensors are the float32 mini-batch gradients (batch 64, mean loss over the
 batch, no weight decay) of every parameter, taken at a few optimizer steps *before* the
 update of that step is applied.  Keys look like ``step0000/conv1.weight``.
+
+``steps.npz`` holds the same for a run of consecutive steps (``TRAJECTORY``), for what a codec
+does over a sequence of steps under error feedback (``gradcodec demo``, ``roundtrip
+--steps``).  Recording them reads no random numbers, so ``sample.npz`` is unchanged by it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ EPOCHS = 20
 LR = 0.05
 MOMENTUM = 0.9
 HIDDEN = 128
+#: the consecutive steps of steps.npz (mid-training: the second quarter's first steps)
+TRAJECTORY = range(110, 118)
 PARAM_ORDER = (
     "conv1.weight",
     "conv1.bias",
@@ -247,6 +253,7 @@ def main(argv=None) -> int:
     root = Path(__file__).resolve().parent.parent
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=root / "codec" / "data" / "sample.npz")
+    ap.add_argument("--steps-out", type=Path, default=root / "codec" / "data" / "steps.npz")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -266,6 +273,7 @@ def main(argv=None) -> int:
     total = EPOCHS * steps_per_epoch
     record = sorted({0, 20, total // 2, total - 1})
     saved: dict[str, np.ndarray] = {}
+    trajectory: dict[str, np.ndarray] = {}
 
     step = 0
     for epoch in range(EPOCHS):
@@ -281,6 +289,9 @@ def main(argv=None) -> int:
                     g = grads[k].astype(np.float32)
                     assert np.isfinite(g).all()
                     saved[f"step{step:04d}/{k}"] = g
+            if step in TRAJECTORY:
+                for k in PARAM_ORDER:
+                    trajectory[f"step{step:04d}/{k}"] = grads[k].astype(np.float32)
             for k in PARAM_ORDER:
                 vel[k] = MOMENTUM * vel[k] - LR * grads[k]
                 p[k] += vel[k]
@@ -294,6 +305,8 @@ def main(argv=None) -> int:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **saved)
+    np.savez_compressed(args.steps_out, **trajectory)
+    print(f"wrote {args.steps_out} ({args.steps_out.stat().st_size} bytes, steps {TRAJECTORY.start}..{TRAJECTORY.stop - 1})")
     print(f"recorded steps {record} of {total}")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {len(saved)} tensors)")
     for k, v in saved.items():

@@ -235,23 +235,31 @@ def test_roundtrip_table(capsys, tmp_path):
 
 # ------------------------------------------------------------------ demo
 def test_demo_default_set(capsys, small_sample):
+    """Every registered codec heads a row, grouped by family; each row has the one-step and
+    the 8-step numbers; the table carries the legend."""
     rc, out, _ = run(capsys, "demo", "--json", "--repeat", "1")
     assert rc == 0
     d = json.loads(out)
-    names = [r["name"] for r in d["rows"]]
-    specs = [codec.get_codec(c["id"]).spec for c in codec.list_codecs()] + ["fp16+zstd", "bf16+zstd"]
-    for s in specs:
-        assert s in names
-    assert any(n.startswith("threshold(value=") and n.endswith("+fp16+zstd") for n in names)
+    rows = d["rows"]
+    heads = {codec.parse_spec(r["name"])[0][0] for r in rows} | {s[0] for r in rows for s in codec.parse_spec(r["name"])}
+    assert {c["id"] for c in codec.list_codecs()} <= heads
+    assert [r["family"] for r in rows][:3] == ["lossless"] * 3 and len({r["family"] for r in rows}) >= 6
+    assert "threshold" not in [r["name"] for r in rows]  # (its default keeps everything: shown at a value)
     total_bytes = sum(x.nbytes for x in small_sample.values())
-    for r in d["rows"]:
+    for r in rows:
         assert "error" not in r, r
         assert r["tensors"] == len(small_sample) and r["bytes_in"] == total_bytes
         if r["lossless"]:
-            assert r["rel_l2_error"] == 0
-    assert d["sample"]["bytes"] == total_bytes
+            assert r["rel_l2_error"] == 0 and r["steps_error_ef"] == 0 == r["steps_error"]
+        else:
+            assert 0 < r["steps_error_ef"] and 0 < r["steps_error"]
+    by = {r["name"]: r for r in rows}
+    assert by["topk"]["steps_error_ef"] < by["topk"]["steps_error"] < 1  # error feedback catches up on what top-k dropped
+    assert by["sign"]["direction_only"] and not by["efsign"]["direction_only"]
+    assert d["sample"]["bytes"] == total_bytes and d["sample"]["steps"] == 8
     rc, out, _ = run(capsys, "demo", "--repeat", "1")
-    assert rc == 0 and "gradcodec demo" in out and "fp16+zstd" in out
+    assert rc == 0 and "gradcodec demo" in out and "fp16+zstd" in out and "sparsifiers" in out and "8 steps, EF" in out
+    assert "error feedback" in out and "direction only" in out
 
 
 def test_demo_codecs_option(capsys, small_sample):
@@ -392,3 +400,40 @@ def test_progress_bar_on_a_terminal(capsys, monkeypatch, tmp_path):
     out = capsys.readouterr().out
     assert "container" in out and "TOTAL" in out
     assert "encoding with fp16" in err.getvalue()  # the (transient) bar went to stderr, not stdout
+
+
+def test_progress_off_a_terminal_and_the_compile_notice(capsys, monkeypatch, tmp_path):
+    """Piped, progress is a plain stderr line (here after every item: EVERY = 0); and a
+    compilation longer than ``after`` says so once, from Numba's compile event."""
+    from numba import njit
+
+    from codec.cli import render
+
+    monkeypatch.setattr(render.ProgressBar, "EVERY", 0.0)
+    write_tensors(tmp_path / "in.npz", tensors())
+    assert main(["roundtrip", "fp16", str(tmp_path / "in.npz"), "--repeat", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "round trip with fp16: 1/6 done" in err and "Traceback" not in err
+    said = []
+    with render.compile_notice(said.append, after=0.0):
+        njit(lambda v: v + 1)(1)  # (a fresh function: compiled here, not loaded from a cache)
+        njit(lambda v: v + 2)(1)
+    assert said == [render.compile_notice.NOTICE]
+
+
+def test_roundtrip_steps(capsys, tmp_path):
+    """--steps: a file of stepNNNN/ names is coded step by step; error feedback tracks the sum
+    of the steps better than coding each alone; a file without steps is given N times."""
+    rng = np.random.default_rng(3)
+    steps = {f"step{s:04d}/{k}": rng.standard_normal(n).astype(np.float32) for s in (7, 12, 30) for k, n in (("w", 300), ("b", 20))}
+    write_tensors(tmp_path / "steps.npz", steps)
+    rc, out, _ = run(capsys, "roundtrip", "topk(ratio=0.1)", tmp_path / "steps.npz", "--steps", "3", "--json", "--repeat", "1")
+    got = json.loads(out)["steps"]
+    assert rc == 0 and got["count"] == 3 and 0 < got["error_ef"] < got["error"] < 1
+    from codec.cli.commands import as_steps
+
+    assert [sorted(s) for s in as_steps(steps, 2)] == [["b", "w"], ["b", "w"]] and as_steps(steps, 2)[1]["w"] is steps["step0012/w"]
+    flat = {"w": steps["step0007/w"]}
+    assert as_steps(flat, 3) == [flat] * 3
+    rc, out, _ = run(capsys, "roundtrip", "fp16", tmp_path / "steps.npz", "--steps", "2", "--repeat", "1")
+    assert rc == 0 and "over 2 steps" in out and "with error feedback" in out

@@ -23,7 +23,7 @@ container's UTF-8 and length limits) is refused before any work.
 Numba kernel); rich, the codec stages' kernels and the file readers are imported by the
 commands that need them.
 
-Modules: ``parser`` (argparse), ``commands`` (one function per subcommand), ``files``
+Modules: ``parser`` (argparse), ``commands`` (one function per subcommand; ``demo`` the demo's), ``files``
 (reading inputs, writing outputs, the checks before any work), ``measure`` (sizes, errors and
 timings of a round trip), ``render`` (tables, JSON, progress bar), ``errors`` (exit statuses,
 UsageError, DataError, the exception table); this one holds :func:`main`.
@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import sys
 
-from codec.cli.commands import DEMO_PIPELINES
+from codec.cli.demo import FAMILIES
 from codec.cli.errors import (
     EXIT_DATA, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUS, EXIT_USAGE, PROG, DataError, UsageError, exit_status,
     traceback_wanted,
@@ -42,8 +42,8 @@ from codec.cli.errors import (
 from codec.cli.parser import build_parser
 
 __all__ = [
-    "DEMO_PIPELINES", "EXIT_DATA", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_STATUS", "EXIT_USAGE", "PROG",
-    "DataError", "UsageError", "build_parser", "exit_status", "main",
+    "EXIT_DATA", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_STATUS", "EXIT_USAGE", "PROG",
+    "FAMILIES", "DataError", "UsageError", "build_parser", "exit_status", "main",
 ]
 
 

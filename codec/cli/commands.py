@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from codec.cli.errors import EXIT_DATA, EXIT_OK, DataError, UsageError
+from codec.cli.errors import EXIT_OK, DataError, UsageError
 from codec.cli.files import (
     check_container_names, check_names, check_out_ext, read_bytes, read_input, refuse_overwrite, user_codec, write_bytes,
     write_output,
 )
-from codec.cli.measure import Stats, measure_all
+from codec.cli.measure import Stats, measure_all, track
 from codec.cli.render import (
-    ProgressBar, fmt_int, fmt_ratio, name_cell, print_json, show, stats_table, table,
+    ProgressBar, fmt_int, fmt_ratio, fmt_sci, name_cell, print_json, show, stats_table, table,
 )
 from codec.errors import CodecError
 
@@ -210,6 +210,11 @@ def cmd_roundtrip(args) -> int:
     rows, total = [], Stats()
     with ProgressBar(len(tensors), f"round trip with {c.spec}") as bar:
         stats = measure_all(c, tensors, args.repeat, bar.advance)
+        steps = None
+        if args.steps:
+            sequence = as_steps(tensors, args.steps)
+            ef, plain = track(c, sequence, feedback=True), track(c, sequence, feedback=False)
+            steps = {"count": len(sequence), "error_ef": ef[0], "cosine_ef": ef[1], "error": plain[0], "cosine": plain[1]}
     for name, st in zip(tensors, stats):
         total.add(st)
         row = st.row(name)
@@ -217,7 +222,8 @@ def cmd_roundtrip(args) -> int:
         rows.append(row)
     tot = total.row("TOTAL")
     if args.json:
-        print_json({"codec": c.spec, "lossless": c.lossless, "input": args.input, "rows": rows, "total": tot})
+        print_json({"codec": c.spec, "lossless": c.lossless, "input": args.input, "rows": rows, "total": tot,
+                    **({"steps": steps} if steps else {})})
         return EXIT_OK
     if rows:
         rows[-1]["_before_total"] = True
@@ -226,100 +232,24 @@ def cmd_roundtrip(args) -> int:
     caption = "bytes out: whole frames, headers included; ratio = bytes in / bytes out; speeds: raw bytes / best of " \
               f"{args.repeat} timed round{'s' * (args.repeat != 1)} over all tensors, after one untimed warm-up"
     show(stats_table(title, rows + [tot], "tensor", caption))
+    if steps:
+        print(
+            f"over {steps['count']} steps, the sum of the decoded steps against the true sum (||sum y - sum x|| / ||sum x||): "
+            f"{fmt_sci(steps['error_ef'])} with error feedback, {fmt_sci(steps['error'])} without"
+        )
     return EXIT_OK
 
 
-#: pipelines the demo runs after one default spec per registered codec id
-DEMO_PIPELINES = (
-    "fp16+zstd",
-    "bf16+zstd",
-    "threshold(value=0.001)+fp16+zstd",
-    "topk(ratio=0.001)+fp16+zstd",
-    "gaussiank(ratio=0.05)+bf16",
-    "adacomp+zstd",
-    "qsgd+zstd",
-    "topk(ratio=0.01)+rangefloat",
-)
+def as_steps(tensors: dict, n: int) -> list:
+    """The consecutive steps of ``roundtrip --steps N``: when every name is ``stepNNNN/...``
+    (the bundled sample's names), the file's steps in order, the first ``n`` of them, each
+    ``{rest of the name: tensor}``; otherwise the file's tensors as ``n`` steps alike."""
+    import re
 
-
-def spec_list(text: str) -> list[str]:
-    """Split ``a,b(x=1,y=2),c`` on the commas outside parentheses."""
-    out, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "," and depth == 0:
-            out.append("".join(cur).strip())
-            cur = []
-            continue
-        depth += ch == "("
-        depth -= ch == ")"
-        cur.append(ch)
-    out.append("".join(cur).strip())
-    specs = [s for s in out if s]
-    if not specs:
-        raise UsageError("--codecs: expected a comma-separated list of specs, e.g. 'fp16,zstd'")
-    return specs
-
-
-def _demo_specs() -> list[str]:
-    import codec
-
-    return [c["id"] for c in codec.list_codecs()] + list(DEMO_PIPELINES)
-
-
-def cmd_demo(args) -> int:
-    import codec
-    from codec import sample
-
-    if args.codecs is not None:
-        specs = spec_list(args.codecs)
-        codecs = [(s, user_codec(s)) for s in specs]  # a bad user spec is a usage error, before any work
-    else:
-        codecs = []
-        for s in _demo_specs():
-            try:
-                codecs.append((s, codec.get_codec(s)))
-            except codec.CodecError as e:
-                codecs.append((s, e))
-    try:
-        grads = sample.load_sample()
-    except OSError as e:
-        raise DataError(f"cannot load the bundled sample: {e}") from None
-    n_el = sum(int(x.size) for x in grads.values())
-    n_b = sum(int(x.nbytes) for x in grads.values())
-    dtypes = sorted({str(x.dtype) for x in grads.values()})
-    rows, failed = [], 0
-    with ProgressBar(len(codecs) * len(grads), "demo") as bar:
-        for label, c in codecs:
-            if isinstance(c, Exception):
-                rows.append({"name": label, "error": str(c)})
-                failed += 1
-                continue
-            total = Stats()
-            try:
-                for st in measure_all(c, grads, args.repeat, lambda: bar.advance(f"demo: {c.spec}")):
-                    total.add(st)
-            except DataError as e:
-                rows.append({"name": c.spec, "error": str(e)})
-                failed += 1
-                continue
-            row = total.row(c.spec)
-            row["lossless"] = c.lossless
-            rows.append(row)
-    about = (
-        f"{len(grads)} {'/'.join(dtypes)} gradient tensors ({fmt_int(n_el)} elements, {fmt_int(n_b)} bytes) "
-        "of a small CNN trained on scikit-learn digits, 4 training steps (codec.sample)"
-    )
-    if args.json:
-        print_json({"sample": {"tensors": len(grads), "elements": n_el, "bytes": n_b, "about": about}, "rows": rows})
-    else:
-        for r in rows:
-            if "lossless" in r:
-                r["lossless"] = "yes" if r["lossless"] else "no"
-        caption = (
-            "one TOTAL row per codec over all tensors: bytes out = whole frames, headers included; ratio = bytes in / "
-            f"bytes out; rel L2 err = ||y-x||/||x|| and cosine over the concatenation; speeds = raw bytes / best of "
-            f"{args.repeat} timed round{'s' * (args.repeat != 1)} over all tensors, after one untimed warm-up"
-        )
-        show(stats_table(f"gradcodec demo: {about}", rows, "codec", caption, extra=[("lossless", "center", "lossless")]))
-    return EXIT_DATA if failed else EXIT_OK
-
+    found = [re.match(r"(step\d+)/(.+)", name, re.S) for name in tensors]
+    if not tensors or not all(found):
+        return [tensors] * n
+    steps: dict = {}
+    for m, x in zip(found, tensors.values()):
+        steps.setdefault(m.group(1), {})[m.group(2)] = x
+    return [steps[k] for k in sorted(steps, key=lambda k: int(k[4:]))][:n]

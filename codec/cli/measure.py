@@ -114,3 +114,37 @@ def measure_all(c, tensors: dict, repeat: int, step=None) -> list:
             gc.enable()
     return [s for _, _, s in done]
 
+
+
+def track(c, steps: list, *, feedback: bool) -> tuple[float, float]:
+    """How well the sum of decoded steps tracks the true sum: ``steps`` (consecutive steps,
+    each ``{name: gradient}``) encoded and decoded in order with codec ``c``, under
+    :class:`codec.ErrorFeedback` when ``feedback`` (what a step drops is added to the next),
+    else each step alone at its step number.  Returns ``(||sum y - sum x|| / ||sum x||,
+    cosine(sum y, sum x))`` over every tensor, in float64.  A tensor the codec refuses raises
+    DataError naming it and the step."""
+    import math
+
+    import numpy as np
+
+    import codec
+
+    ef = codec.ErrorFeedback(c) if feedback else None
+    want: dict = {}
+    got: dict = {}
+    for i, step in enumerate(steps):
+        for name, x in step.items():
+            try:
+                frame = ef.encode(x, key=name) if ef is not None else c.encode(x, key=name, step=i)
+                y = codec.decode(frame)
+            except codec.CodecError as e:
+                raise DataError(f"tensor {name!r:.200} at step {i}: {e}") from None
+            want[name] = want.get(name, 0.0) + np.asarray(x, np.float64).reshape(-1)
+            got[name] = got.get(name, 0.0) + np.asarray(y, np.float64).reshape(-1)
+    sxx = sum(float(np.dot(v, v)) for v in want.values())
+    syy = sum(float(np.dot(v, v)) for v in got.values())
+    sxy = sum(float(np.dot(want[k], got[k])) for k in want)
+    sse = sum(float(np.dot(got[k] - want[k], got[k] - want[k])) for k in want)
+    rel = math.sqrt(sse / sxx) if sxx > 0 else (0.0 if sse == 0 else math.inf)
+    cos = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else (1.0 if sxx == syy == 0 else 0.0)
+    return rel, cos

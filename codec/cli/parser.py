@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from codec.cli import commands
+from codec.cli import commands, demo
 from codec.cli.errors import PROG, UsageError
 
 
@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("input", metavar="INPUT", help="tensor file: .npy, .npz or .safetensors")
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.add_argument("--repeat", type=positive_int, default=3, metavar="N", help="timed rounds over all tensors, best time per tensor kept (default 3)")
+    sp.add_argument("--steps", type=positive_int, metavar="N",
+                    help="also code N consecutive steps (a file of stepNNNN/NAME tensors: its steps in order; else the file N times) "
+                         "and report how the sum of the decoded steps tracks the true sum, with error feedback and without")
     sp.set_defaults(func=commands.cmd_roundtrip)
 
     sp = sub.add_parser(
@@ -88,5 +91,5 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.add_argument("--codecs", metavar="SPEC,SPEC...", help="comma-separated specs to run instead of the default set")
     sp.add_argument("--repeat", type=positive_int, default=3, metavar="N", help="timed rounds over all tensors, best time per tensor kept (default 3)")
-    sp.set_defaults(func=commands.cmd_demo)
+    sp.set_defaults(func=demo.cmd_demo)
     return p

@@ -60,11 +60,21 @@ def show(*renderables) -> None:
 
 
 class ProgressBar:
-    """A rich progress bar on stderr for multi-item work, shown only on a terminal."""
+    """Progress of multi-item work on stderr: a rich bar on a terminal; off one (a pipe, a
+    file, CI) a plain line when an item starts after ``EVERY`` seconds without one.  Either
+    way, one line says so when Numba compiles kernels for more than a second (the first run
+    on a cold cache: :func:`compile_notice`).  ``describe(text)`` names the item under way,
+    ``advance()`` counts one done."""
+
+    EVERY = 10.0
 
     def __init__(self, total: int, label: str):
-        self.bar = None
-        if total > 1 and hasattr(sys.stderr, "isatty") and sys.stderr.isatty():
+        import time
+
+        self.bar, self.total, self.label, self.done, self.now = None, total, label, 0, None
+        self.t0 = self.last = time.monotonic()
+        self.plain = total > 1 and not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+        if total > 1 and not self.plain:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
@@ -72,19 +82,109 @@ class ProgressBar:
                 console=make_console(stderr=True), transient=True,
             )
             self.task = self.bar.add_task(label, total=total)
+        self.notice = compile_notice(self.say) if total > 1 else None
+
+    def say(self, line: str) -> None:
+        """One line on stderr, above the bar when one is drawn."""
+        if self.bar is not None:
+            self.bar.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def __enter__(self):
         if self.bar is not None:
             self.bar.__enter__()
+        if self.notice is not None:
+            self.notice.__enter__()
         return self
 
+    def describe(self, text: str) -> None:
+        """The item under way is ``text``."""
+        self.now = text
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+        else:
+            self._line()
+
     def advance(self, description: str | None = None):
+        """One item done (``description``: the next under way)."""
+        self.done += 1
+        self.now = description or self.now
         if self.bar is not None:
             self.bar.update(self.task, advance=1, **({"description": description} if description else {}))
+        else:
+            self._line()
+
+    def _line(self) -> None:
+        """Off a terminal: where the work is, at most every ``EVERY`` seconds."""
+        import time
+
+        if self.plain and time.monotonic() - self.last >= self.EVERY:
+            self.last = time.monotonic()
+            now = f"; now {self.now}" if self.now else ""
+            self.say(f"{self.label}: {self.done}/{self.total} done, {self.last - self.t0:.0f} s{now}")
 
     def __exit__(self, *exc):
+        if self.notice is not None:
+            self.notice.__exit__(*exc)
         if self.bar is not None:
             self.bar.__exit__(*exc)
+        return False
+
+
+class compile_notice:
+    """While entered, ``say(NOTICE)`` once if Numba spends more than ``after`` seconds in one
+    compilation (a cold cache: loading a cached kernel takes milliseconds), from a timer
+    started by Numba's ``numba:compile`` event.  Numba is imported on entering (the commands
+    that show progress run kernels anyway)."""
+
+    NOTICE = "compiling kernels (first run only: Numba caches them, later runs start in about a second) ..."
+
+    def __init__(self, say, after: float = 1.0):
+        self.say, self.after, self.said, self.timer, self.depth = say, after, False, None, 0
+
+    def __enter__(self):
+        from numba.core import event
+
+        listener = self
+
+        class _Listener(event.Listener):
+            def on_start(self, ev):
+                listener._start()
+
+            def on_end(self, ev):
+                listener._end()
+
+        self._listener = _Listener()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def _start(self) -> None:
+        import threading
+
+        self.depth += 1
+        if self.depth == 1 and not self.said:
+            self.timer = threading.Timer(self.after, self._fire)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _end(self) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0 and self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fire(self) -> None:
+        if not self.said:
+            self.said = True
+            self.say(self.NOTICE)
+
+    def __exit__(self, *exc):
+        from numba.core import event
+
+        event.unregister("numba:compile", self._listener)
+        if self.timer is not None:
+            self.timer.cancel()
         return False
 
 
