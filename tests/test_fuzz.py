@@ -1,7 +1,7 @@
 """The fuzzers of docs/robustness.md: the regression corpus, a bounded mutation run, and
 checks that the mutators and the oracle do their job.
 
-GRADCODEC_FUZZ_SECONDS sets the bounded run's budget over all targets (default 60 s; 0 skips it).
+GRADCODEC_FUZZ_SECONDS sets the bounded run's budget over all targets (default 30 s; 0 skips it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from codec import fuzzing
 from codec.errors import CorruptFrameError
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
-BUDGET = float(os.environ.get("GRADCODEC_FUZZ_SECONDS", "60"))
+BUDGET = float(os.environ.get("GRADCODEC_FUZZ_SECONDS", "30"))
 #: share of the bounded run per target (the frame parser is the one most exposed)
 SHARES = {"frame": 0.4, "container": 0.15, "many": 0.15, "spec": 0.15, "state": 0.15}
 
