@@ -119,3 +119,18 @@ def test_fresh_copies(sample):
     k = next(iter(a))
     a[k][...] = 0
     assert np.any(b[k] != 0)
+
+
+def test_the_consecutive_steps(sample):
+    """steps.npz: 8 steps of the same 8 tensors (the sample's names and shapes), finite, each
+    step its own gradient (consecutive steps differ but point much the same way: momentum
+    training, so their cosine is well above that of steps far apart)."""
+    from codec.sample import load_steps
+
+    steps = load_steps()
+    names = {k.split("/", 1)[1]: a.shape for k, a in sample.items() if k.startswith("step0000/")}
+    assert len(steps) == 8 and all({k: a.shape for k, a in s.items()} == names for s in steps)
+    assert all(a.dtype == np.float32 and np.isfinite(a).all() for s in steps for a in s.values())
+    flat = [np.concatenate([s[k].ravel() for k in names]).astype(np.float64) for s in steps]
+    cos = [float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in zip(flat, flat[1:])]
+    assert all(0.0 < c < 0.999 for c in cos), cos

@@ -31,10 +31,11 @@ LEGEND = (
     "one step: cosine of the decoded gradient with the true one (1 = the same direction) and rel L2 err = ||y-x|| / ||x||.",
     "8 steps: the sum of 8 consecutive decoded steps against the true sum, ||sum y - sum x|| / ||sum x||, with error feedback "
     "(codec.ErrorFeedback: what a step drops is added to the next; how these codecs are meant to train) and without.",
-    "A sparsifier or a 1-bit code loses most of one step by design (0.5-0.9 is normal); under error feedback its 8-step error "
-    "falls as the dropped parts catch up, and training converges (docs/codecs.md). A lossless codec shows 0 everywhere.",
+    "A sparsifier or a 1-bit code loses most of one step by design (0.5-0.9 is normal): under error feedback what it drops "
+    "is sent in later steps, so its 8-step error is lower, and falls further over more steps. A lossless codec shows 0.",
     "* direction only: sign decodes to +-1 (signSGD: the learning rate carries the scale), so its errors are measured after "
-    "the best scale, sqrt(1 - cosine^2); sign(scale=l1) and efsign decode with a scale.",
+    "the best scale, sqrt(1 - cosine^2); unscaled signs pile up in an error-feedback residual: under error feedback use "
+    "efsign (or sign(scale=l1)), which decodes with a scale.",
     "threshold is shown at value=0.001: its default, value=0, keeps every element (pick the threshold for your gradients' scale).",
 )
 
