@@ -437,3 +437,18 @@ def test_roundtrip_steps(capsys, tmp_path):
     assert as_steps(flat, 3) == [flat] * 3
     rc, out, _ = run(capsys, "roundtrip", "fp16", tmp_path / "steps.npz", "--steps", "2", "--repeat", "1")
     assert rc == 0 and "over 2 steps" in out and "with error feedback" in out
+
+
+def test_encode_many_writes_the_v2_frame_python_writes(capsys, tmp_path):
+    """encode --many: one many-tensor frame, the bytes of Codec.encode_many, decoded back by
+    name; --many and --container exclude each other."""
+    t = {k: v for k, v in tensors().items()}
+    write_tensors(tmp_path / "in.npz", t)
+    rc, out, _ = run(capsys, "encode", "topk(ratio=0.5)+fp16", tmp_path / "in.npz", "-o", tmp_path / "m.gcf", "--many")
+    assert rc == 0 and "many-tensor frame, 6 tensors" in out
+    frame = (tmp_path / "m.gcf").read_bytes()
+    assert frame == bytes(codec.get_codec("topk(ratio=0.5)+fp16").encode_many(read_tensors(tmp_path / "in.npz")))
+    assert run(capsys, "decode", tmp_path / "m.gcf", "-o", tmp_path / "back.npz")[0] == 0
+    back = read_tensors(tmp_path / "back.npz")
+    assert list(back) == list(t) and all(back[k].shape == t[k].shape and back[k].dtype == t[k].dtype for k in t)
+    fails(capsys, 2, "encode", "fp16", tmp_path / "in.npz", "-o", tmp_path / "x", "--many", "--container")

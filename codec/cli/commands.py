@@ -57,7 +57,13 @@ def cmd_encode(args) -> int:
     refuse_overwrite(args.output, args.input)
     tensors = read_input(args.input)
     bytes_in = sum(int(x.nbytes) for x in tensors.values())
-    if len(tensors) == 1 and not args.container:
+    if args.many:
+        try:
+            out = bytes(c.encode_many(tensors))
+        except CodecError as e:
+            raise DataError(f"cannot encode {args.input} as one frame: {e}") from None
+        kind = "many-tensor frame"
+    elif len(tensors) == 1 and not args.container:
         ((name, x),) = tensors.items()
         out = _encode_one(c, name, x)
         kind = "frame"

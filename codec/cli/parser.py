@@ -50,12 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser(
         "encode", help="encode a tensor file into a frame (one tensor) or a container (several)",
-        description="Encode every tensor of INPUT with SPEC.  One tensor gives a single frame, several a container of named frames.",
+        description="Encode every tensor of INPUT with SPEC.  One tensor gives a single frame, several a container of named frames; "
+                    "--many writes the whole file as one many-tensor frame (format v2).",
     )
     sp.add_argument("spec", metavar="SPEC", help="codec spec, e.g. 'fp16+zstd' or 'threshold(value=0.001)+fp16+zstd'")
     sp.add_argument("input", metavar="INPUT", help="tensor file: .npy, .npz or .safetensors")
     sp.add_argument("-o", "--output", metavar="OUT", required=True, help="output file (any name; .gcf/.gcc by convention)")
-    sp.add_argument("--container", action="store_true", help="write a container even for a single tensor (keeps its name)")
+    how = sp.add_mutually_exclusive_group()
+    how.add_argument("--container", action="store_true", help="write a container even for a single tensor (keeps its name)")
+    how.add_argument("--many", action="store_true",
+                     help="write one many-tensor frame (format v2, as Codec.encode_many: one header for the whole file, names kept)")
     sp.set_defaults(func=commands.cmd_encode)
 
     sp = sub.add_parser(
