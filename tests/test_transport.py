@@ -309,6 +309,30 @@ def test_options_must_be_bool(name, bad):
 
 
 @needs_mpi
+def test_momentum_is_dgc_momentum_correction_on_every_rank():
+    """momentum=m: each rank's frames are ErrorFeedback(momentum=m)'s (on one rank, the
+    average is that rank's decoded frame), step after step, and the state carries the
+    velocity; schemes without it, or without error feedback, refuse it with why."""
+    import codec
+
+    rng = np.random.default_rng(5)
+    red = reducer("dgc(ratio=0.1)", momentum=0.9)
+    ef = codec.ErrorFeedback("dgc(ratio=0.1)", momentum=0.9)
+    for step in range(3):
+        g = rng.standard_normal((20, 30)).astype(np.float32)
+        got = red.reduce({"w": g})["w"]
+        want = codec.decode(ef.encode(g, key=("w", 0)))
+        assert got.tobytes() == want.tobytes(), step
+    assert red.state_dict()["feedback"]["momentum"] == 0.9
+    for spec, opts in (("none", {}), ("powersgd(rank=2)", {}), ("gtopk(ratio=0.1)", {}), ("topk(ratio=0.1)", {"error_feedback": False})):
+        with pytest.raises(ValueError, match="momentum: DGC's momentum correction"):
+            reducer(spec, momentum=0.9, **opts)
+    for bad in (1.0, -0.1, "0.9", True):
+        with pytest.raises(ValueError, match=r"momentum: expected a number in \[0, 1\)"):
+            reducer("topk(ratio=0.1)", momentum=bad)
+
+
+@needs_mpi
 def test_vote_needs_a_sign_codec():
     for spec in ("topk(ratio=0.01)", "fp16", "none", "qsgd(levels=4)"):
         with pytest.raises(ValueError, match="vote"):

@@ -126,6 +126,9 @@ class Allreducer:
     device buffers is asked of the library.  ``checksum`` (default False): frames
     carry the codec's payload CRC-32C; MPI already guarantees the integrity of what it
     delivers, so the transport leaves it out (a ``crc32`` stage in the spec still adds its own).
+    ``momentum`` (default 0): Deep Gradient Compression's momentum correction with
+    momentum-factor masking, ``ErrorFeedback(momentum=)`` on every rank (the allgather of
+    frames with error feedback only; the optimizer then runs without momentum of its own).
     Every rank must construct its Allreducer with the same arguments.
     """
 
@@ -141,6 +144,7 @@ class Allreducer:
         cuda_aware=_UNSET,
         bucket_bytes: int = 0,
         checksum: bool = False,
+        momentum: float = 0.0,
     ):
         flags = (("average", average), ("error_feedback", error_feedback), ("vote", vote), ("rank_streams", rank_streams), ("cuda_aware", cuda_aware), ("checksum", checksum))
         for name, v in flags:
@@ -165,8 +169,16 @@ class Allreducer:
             raise CodecValueError(f"bucket_bytes: expected an integer >= 0 (0: one frame per tensor), got {bucket_bytes!r}")
         self.bucket_bytes = int(bucket_bytes)
         self.checksum = bool(checksum)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating)) or not 0.0 <= momentum < 1.0:
+            raise CodecValueError(f"momentum: expected a number in [0, 1) (DGC's momentum correction; 0: none), got {momentum!r}")
+        self.momentum = float(momentum)
         #: how a step moves: transport.schemes.SCHEMES[head of the spec], or the allgather
         self.scheme = scheme_for(codec_or_spec, self)
+        if self.momentum and not (self.scheme.takes_momentum and self.error_feedback):
+            raise CodecValueError(
+                f"momentum: DGC's momentum correction runs in the error feedback of the allgather of frames; {self.scheme.spec!r} "
+                f"{'runs another scheme' if not self.scheme.takes_momentum else 'has error_feedback=False'} (leave momentum=0 and use the optimizer's momentum)"
+            )
         #: the last call's numbers; ``totals`` sums every call's
         self.stats = Stats()
         self.totals = Stats()
@@ -234,7 +246,7 @@ class Allreducer:
         """What every rank must agree on for a step (compared by hash before each step)."""
         return {
             "scheme": self.scheme.spec,
-            "options": [self.average, self.error_feedback, self.vote, self.rank_streams, self.bucket_bytes],
+            "options": [self.average, self.error_feedback, self.vote, self.rank_streams, self.bucket_bytes, self.momentum],
             "ranks": self.size,
             "tensors": [[str(k), list(a.shape), a.dtype.name] for k, a in zip(layout.keys, layout.arrays)],
             "structure": layout.kind,

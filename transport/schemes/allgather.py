@@ -47,7 +47,8 @@ class Framed(Scheme):
     def __init__(self, codec_or_spec, reducer, checksum: bool | None = None):
         super().__init__(codec_or_spec, reducer, checksum)
         c = self.codec
-        self.ef = codec.ErrorFeedback(c, residuals=reducer.error_feedback and not c.lossless)
+        momentum = reducer.momentum if self.takes_momentum else 0.0
+        self.ef = codec.ErrorFeedback(c, residuals=reducer.error_feedback and not c.lossless, momentum=momentum)
 
     def prepare(self, arrays, keys):
         """Checks every input before the first collective, changing nothing: finite where the
@@ -94,6 +95,7 @@ class Allgather(Framed):
     frames are added into device accumulators and the sum finished there (transport/device.py)."""
 
     devices = True
+    takes_momentum = True
 
     def __init__(self, codec_or_spec, reducer):
         super().__init__(codec_or_spec, reducer)

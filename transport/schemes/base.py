@@ -87,6 +87,8 @@ class Scheme:
 
     ef = None
     devices = False
+    #: whether the scheme runs DGC's momentum correction (``Allreducer(momentum=)``) in its ErrorFeedback
+    takes_momentum = False
 
     def __init__(self, codec_or_spec, reducer, checksum: bool | None = None):
         """``checksum``: whether the scheme's frames carry their payload CRC-32C (default: the
