@@ -1,0 +1,135 @@
+"""One model's training runs, data-parallel over the ranks of an MPI job through gradcodec's
+transport (``transport.Allreducer``): every configuration of ``--configs`` for every seed of
+``--seeds``, in one job.  scripts/reproduce.py launches it (docs/evidence.md):
+
+    mpiexec -n 4 python -m mpi4py examples/reproduce/worker.py --model cnn --steps 300 \
+        --seeds 0,1,2 --configs dense,topk-1%,... --out results/cnn.json
+
+Each step: every rank computes the gradients of its shard of the global batch, the
+Allreducer averages them over the ranks (compressed frames on the wire, error feedback on),
+written into the gradients in place, and the optimizer steps (SGD, momentum 0.9; for DGC's
+recipe the momentum is the transport's momentum correction instead).  Rank 0 writes, per
+run: the test metric every ``--eval-every`` steps and at the end, the training loss (the
+ranks' mean) every 10 steps, the bytes each rank sent a step (the frames, headers included:
+``Allreducer.stats.bytes_sent``) and the frame bytes per layer type, and the time a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from models import MODELS, Data, layer_type, make, metric  # noqa: E402
+
+from transport import Allreducer  # noqa: E402
+
+#: the configurations: (spec, options); "momentum" is DGC's momentum correction (the
+#: optimizer then has none), "factorized" Pufferfish's low-rank model (its gradients dense)
+CONFIGS = {
+    "dense": ("none", {}),
+    "topk-1%": ("topk(ratio=0.01)", {}),
+    "topk-0.1%": ("topk(ratio=0.001)", {}),
+    "dgc-0.1%": ("dgc(ratio=warmup(0.25,0.001,steps={warm},every={every}))", {"momentum": 0.9}),
+    "gaussiank-1%": ("gaussiank(ratio=0.01)", {}),
+    "adacomp": ("adacomp", {}),
+    "fft-0.99": ("fft(theta=0.99)", {}),
+    "fft-0.99-diminishing": ("fft(theta=exp(0.99,0.8,steps={steps}))", {}),
+    "rangefloat-8": ("rangefloat(bits=8)", {}),
+    "powersgd-2": ("powersgd(rank=2)", {}),
+    "qsgd": ("qsgd", {}),
+    "terngrad": ("terngrad", {}),
+    "pufferfish": ("none", {"factorized": True}),
+    "fp16": ("fp16", {}),
+    "efsign": ("efsign", {}),
+    "randomk-1%": ("randomk(ratio=0.01)", {}),
+    "minmax-4": ("minmax(bits=4)", {}),
+}
+
+
+def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: int) -> dict:
+    spec, opts = CONFIGS[config]
+    every = max(1, steps // 16)
+    spec = spec.format(steps=steps, warm=4 * every, every=every)
+    torch.manual_seed(seed)
+    data = Data(model_name, comm.rank, comm.size, seed)
+    model = make(model_name, factorized=opts.get("factorized", False), vocab=getattr(data, "vocab", 0))
+    kinds = layer_type(model)
+    names = [n for n, _ in model.named_parameters()]
+    reducer = Allreducer(spec, comm, momentum=opts.get("momentum", 0.0))
+    momentum = 0.0 if opts.get("momentum") else 0.9
+    opt = torch.optim.SGD(model.parameters(), lr=MODELS[model_name]["lr"], momentum=momentum)
+    lossf = torch.nn.functional.cross_entropy
+    curve, evals, sent, times, kind_bytes = [], [], [], [], {}
+    for step in range(steps):
+        t0 = time.perf_counter()
+        x, y = data.batch()
+        opt.zero_grad(set_to_none=False)
+        out = model(x)
+        loss = lossf(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss.backward()
+        if model_name == "lstm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # (each rank its own gradient: the usual LSTM recipe)
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        reducer.reduce(grads, out=grads)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        st = reducer.stats
+        sent.append(st.bytes_sent)
+        for n in names:
+            k = kinds[n]
+            kind_bytes.setdefault(k, [0, 0])
+            kind_bytes[k][0] += st.tensors[n]["wire_bytes"]
+            kind_bytes[k][1] += st.tensors[n]["dense_bytes"]
+        if step % 10 == 0 or step == steps - 1:
+            curve.append((step, comm.allreduce(float(loss.detach())) / comm.size))
+        if eval_every and (step + 1) % eval_every == 0 and step != steps - 1:
+            evals.append((step + 1, metric(model_name, model, data)))
+    evals.append((steps, metric(model_name, model, data)))
+    return {
+        "model": model_name, "metric_name": MODELS[model_name]["metric"], "config": config, "spec": reducer.spec, "momentum": reducer.momentum, "seed": seed, "steps": steps,
+        "ranks": comm.size, "params": sum(p.numel() for p in model.parameters()),
+        "metric": evals[-1][1], "evals": evals, "loss": curve,
+        "bytes_sent_per_step": float(np.mean(sent)), "dense_bytes_per_step": float(sum(p.numel() * 4 for p in model.parameters())),
+        "bytes_by_layer_type": {k: {"wire": w / steps, "dense": d / steps} for k, (w, d) in kind_bytes.items()},
+        "step_ms": float(np.median(times) * 1e3),
+        "reduce_ms": float((reducer.totals.encode_s + reducer.totals.communicate_s + reducer.totals.decode_s) / steps * 1e3),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: at the end only)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    results = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for config in args.configs.split(","):
+            t = time.perf_counter()
+            r = run(comm, args.model, config, seed, args.steps, args.eval_every)
+            r["seconds"] = time.perf_counter() - t
+            results.append(r)
+            if comm.rank == 0:
+                print(f"{args.model} {config:22s} seed {seed}: {MODELS[args.model]['metric']} {r['metric']:.4f}, "
+                      f"{r['bytes_sent_per_step'] / 1e3:.1f} kB/step/rank, {r['step_ms']:.1f} ms/step, {r['seconds']:.0f} s", flush=True)
+                with open(args.out, "w") as f:  # (after every run: a long job's results so far survive it)
+                    json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
