@@ -4,6 +4,7 @@
     python scripts/reproduce.py run --set full        # every configuration, 3 models, 3 seeds (~45 min on 2 cores)
     python scripts/reproduce.py run --set reduced     # the claims' configurations, 1 seed, shorter runs (~5 min)
     python scripts/reproduce.py report                # results/*.json -> docs/img/*.png, tables on stdout
+    python scripts/reproduce.py costs                 # docs/choosing.md's cost-model table
 
 ``run`` launches one MPI job of 4 ranks a model (``mpiexec -n 4 python -m mpi4py
 examples/reproduce/worker.py``), every configuration and seed in it, and writes
@@ -213,6 +214,34 @@ def cmd_report(args) -> int:
     return 0
 
 
+#: models of the cost table: name -> dense float32 gradient bytes
+COST_MODELS = {"the CNN here (0.29 MB)": 287_016, "ResNet-18 (45 MB)": 44_695_848, "ResNet-50 (102 MB)": 102_228_128,
+               "BERT-base (438 MB)": 438_000_000}
+#: a rank's bytes a step as a fraction of the dense bytes, measured on ResNet-18's frames
+#: (docs/benchmarks.md, "The DDP hook against PyTorch's hooks": 409,483 and 619,640 of 44,695,848)
+COST_FRACTIONS = {"topk": 409_483 / 44_695_848, "powersgd": 619_640 / 44_695_848}
+
+
+def cmd_costs(args) -> int:
+    """docs/choosing.md's table: the communication of one step by the alpha-beta model
+    (transport.costmodel), dense against fp16, top-k(1%)+fp16 and PowerSGD rank 4."""
+    from transport.costmodel import LINKS, Link, ring_allgather, ring_allreduce
+
+    def ms(s: float) -> str:
+        return f"{s * 1e3:.2f}" if s < 0.1 else f"{s * 1e3:.0f}"
+
+    print("| model | link | ranks | dense | fp16 | top-k 1% + fp16 | PowerSGD rank 4 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, d in COST_MODELS.items():
+        for lname, bw, alpha in LINKS:
+            link = Link(alpha, bw)
+            for p in (8, 64):
+                row = (ring_allreduce(p, d, link), ring_allreduce(p, d / 2, link), ring_allgather(p, d * COST_FRACTIONS["topk"], link),
+                       ring_allreduce(p, d * COST_FRACTIONS["powersgd"], link))
+                print(f"| {name} | {lname} | {p} | " + " | ".join(ms(t) for t in row) + " |")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -230,6 +259,8 @@ def main(argv=None) -> int:
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--no-plots", action="store_true")
     sp.set_defaults(func=cmd_report)
+    sp = sub.add_parser("costs", help="docs/choosing.md's table: one step's communication by the cost model (ms)")
+    sp.set_defaults(func=cmd_costs)
     args = ap.parse_args(argv)
     return args.func(args)
 
