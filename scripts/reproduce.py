@@ -137,6 +137,14 @@ def plots(runs: list, table: dict, img: Path) -> list:
 
     img.mkdir(parents=True, exist_ok=True)
     written = []
+
+    def save(fig, path: Path) -> Path:
+        """``fig`` into ``path``, saying how it was made (the runs' JSON: 4 ranks, MPI transport)."""
+        fig.text(0.01, 0.01, "made by: python scripts/reproduce.py report (4 MPI ranks, gradcodec's Allreducer)", fontsize=6)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
     for m, rows in table.items():
         metric = next(iter(rows.values()))["metric_name"]
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -147,11 +155,7 @@ def plots(runs: list, table: dict, img: Path) -> list:
         ax.set_xlabel("bytes a rank sends a step (frames, headers included; log)")
         ax.set_ylabel(metric)
         ax.set_title(f"{m}: {metric} against bytes on the wire (mean ± std over seeds)")
-        fig.text(0.01, 0.01, "scripts/reproduce.py report (4 ranks, MPI transport)", fontsize=6)
-        fig.tight_layout()
-        written.append(img / f"evidence-{m}-bytes.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        written.append(save(fig, img / f"evidence-{m}-bytes.png"))
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         curves: dict = {}
@@ -167,11 +171,7 @@ def plots(runs: list, table: dict, img: Path) -> list:
         ax.set_ylabel("training loss (ranks' mean, seeds' mean; log)")
         ax.set_title(f"{m}: training loss against uncompressed (black)")
         ax.legend(fontsize=6, ncol=2)
-        fig.text(0.01, 0.01, "scripts/reproduce.py report", fontsize=6)
-        fig.tight_layout()
-        written.append(img / f"evidence-{m}-loss.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        written.append(save(fig, img / f"evidence-{m}-loss.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels, bars = [], {}
@@ -190,11 +190,7 @@ def plots(runs: list, table: dict, img: Path) -> list:
     ax.set_ylabel("dense bytes / frame bytes (log)")
     ax.set_title("compression per layer type (per-tensor frame bytes)")
     ax.legend(fontsize=7)
-    fig.text(0.01, 0.01, "scripts/reproduce.py report", fontsize=6)
-    fig.tight_layout()
-    written.append(img / "evidence-layer-types.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    written.append(save(fig, img / "evidence-layer-types.png"))
     return written
 
 
