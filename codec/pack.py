@@ -280,7 +280,7 @@ def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:
 
 #: the smallest index section (bytes) that a decode into a device array reads on the device:
 #: the twin costs four or five launches and one scalar read back (about 0.2 ms with Numba,
-#: docs/benchmarks.md), the host about 1 ns a position to read gaps plus the int64
+#: docs/benchmarks-log.md), the host about 1 ns a position to read gaps plus the int64
 #: positions' copy; from 128 KB (about 95K positions of 11-bit gaps, a bitmap of a million
 #: elements) the device is the cheaper, by that estimate
 DEVICE_SECTION = 1 << 17

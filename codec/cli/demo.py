@@ -15,7 +15,7 @@ from codec.cli.render import ProgressBar, fmt_cos, fmt_gbps, fmt_int, fmt_ratio,
 #: here is shown under "other" at its default, so none is left out
 FAMILIES = (
     ("lossless", ("none", "none+crc32", "none+zstd")),
-    ("16- and 8-bit floats", ("fp16", "bf16", "fp16+zstd", "bf16+zstd", "rangefloat", "fp8")),
+    ("16- and 8-bit floats", ("fp16", "bf16", "fp16+zstd", "bf16+zstd", "rangefloat", "fp8", "fp8(scale=true)")),
     ("quantizers", ("minmax", "qsgd", "qsgd+zstd", "terngrad")),
     ("sign (one bit a value)", ("sign", "efsign", "onebit")),
     ("sparsifiers", (
@@ -37,6 +37,8 @@ LEGEND = (
     "the best scale, sqrt(1 - cosine^2); unscaled signs pile up in an error-feedback residual: under error feedback use "
     "efsign (or sign(scale=l1)), which decodes with a scale.",
     "threshold is shown at value=0.001: its default, value=0, keeps every element (pick the threshold for your gradients' scale).",
+    "fp8 without a scale (its default, the OCP format as it is) flushes |x| < 2^-9 (e4m3) to zero: late in training most "
+    "gradients are that small (at the sample's last step it zeroes 99.97% of them), so send gradients with fp8(scale=true).",
 )
 
 
