@@ -3,6 +3,7 @@
     pip install -e ".[reproduce]"                     # torch, scikit-learn, mnist1d, matplotlib, MPI
     python scripts/reproduce.py run --set full        # every configuration, 3 models, 3 seeds (~45 min on 2 cores)
     python scripts/reproduce.py run --set reduced     # the claims' configurations, 1 seed, shorter runs (~5 min)
+    python scripts/reproduce.py run --set ddp         # the CNN through PyTorch's DDP and gradcodec's hook (~3 min)
     python scripts/reproduce.py report                # results/*.json -> docs/img/*.png, tables on stdout
     python scripts/reproduce.py costs                 # docs/choosing.md's cost-model table
 
@@ -37,6 +38,9 @@ SETS = {
     "full": {"configs": CLAIMS + DEFAULTS, "seeds": "0,1,2", "scale": 1.0, "models": ["cnn", "mlp", "lstm"], "ranks": 4},
     "reduced": {"configs": CLAIMS, "seeds": "0", "scale": 0.25, "models": ["cnn", "mlp", "lstm"], "ranks": 4},
     "smoke": {"configs": ["dense", "topk-1%", "pufferfish"], "seeds": "0", "scale": 0.04, "models": ["cnn"], "ranks": 2},
+    # the same training through PyTorch's DDP with gradcodec's communication hook (gloo)
+    "ddp": {"configs": ["dense", "topk-1%", "powersgd-2", "adacomp", "fp16"], "seeds": "0,1,2", "scale": 1.0, "models": ["cnn"],
+            "ranks": 4, "transport": "ddp"},
 }
 
 
@@ -60,7 +64,8 @@ def cmd_run(args) -> int:
             cfgs = configs
         steps = max(8, int(STEPS[m] * s["scale"]))
         cmd = [mpiexec(), "-n", str(s["ranks"]), sys.executable, "-m", "mpi4py", str(WORKER), "--model", m, "--steps", str(steps),
-               "--seeds", s["seeds"], "--configs", cfgs, "--eval-every", str(max(1, steps // 6)), "--out", str(out / f"{m}.json")]
+               "--seeds", s["seeds"], "--configs", cfgs, "--eval-every", str(max(1, steps // 6)), "--out", str(out / f"{m}.json"),
+               "--transport", s.get("transport", "mpi")]
         print("$", " ".join(cmd), flush=True)
         t = time.perf_counter()
         rc = subprocess.call(cmd, env=env, timeout=args.timeout)

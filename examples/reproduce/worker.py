@@ -6,7 +6,8 @@ transport (``transport.Allreducer``): every configuration of ``--configs`` for e
         --seeds 0,1,2 --configs dense,topk-1%,... --out results/cnn.json
 
 Each step: every rank computes the gradients of its shard of the global batch, the
-Allreducer averages them over the ranks (compressed frames on the wire, error feedback on),
+Allreducer (or, with ``--transport ddp``, DistributedDataParallel on gloo with gradcodec's
+communication hook) averages them over the ranks (compressed frames on the wire, error feedback on),
 written into the gradients in place, and the optimizer steps (SGD, momentum 0.9; for DGC's
 recipe the momentum is the transport's momentum correction instead).  Rank 0 writes, per
 run: the test metric every ``--eval-every`` steps and at the end, the training loss (the
@@ -55,8 +56,50 @@ CONFIGS = {
 }
 
 
-def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: int) -> dict:
+def process_group(comm) -> None:
+    """A gloo process group of the MPI job's ranks (rank 0 picks a free port and tells the
+    others), for ``--transport ddp``."""
+    import socket
+
+    import torch.distributed as dist
+
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+
+
+class Hooked:
+    """``--transport ddp``: the model in DistributedDataParallel with gradcodec's
+    communication hook (transport/ddp.py), its bytes read off the hook's reducer."""
+
+    def __init__(self, model, spec: str):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from transport.ddp import GradcodecState, gradcodec_hook
+
+        self.ddp = DDP(model)
+        self.state = GradcodecState(None, spec, model=model)
+        self.ddp.register_comm_hook(self.state, gradcodec_hook)
+        self.dense = sum(p.numel() for p in model.parameters())
+        self.before = 0
+
+    def sent(self) -> int:
+        """The bytes this rank sent in the last step."""
+        if self.state.summed is not None:  # fp16/bf16 alone: one all_reduce of 2-byte codes
+            return 2 * self.dense
+        now = self.state.reducer.totals.bytes_sent
+        out, self.before = now - self.before, now
+        return out
+
+
+def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: int, transport: str = "mpi") -> dict:
     spec, opts = CONFIGS[config]
+    if transport == "ddp" and opts.get("momentum"):
+        raise SystemExit(f"{config}: DGC's momentum correction runs in Allreducer(momentum=); the DDP hook has no momentum option")
     every = max(1, steps // 16)
     spec = spec.format(steps=steps, warm=4 * every, every=every)
     torch.manual_seed(seed)
@@ -64,7 +107,9 @@ def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: i
     model = make(model_name, factorized=opts.get("factorized", False), vocab=getattr(data, "vocab", 0))
     kinds = layer_type(model)
     names = [n for n, _ in model.named_parameters()]
-    reducer = Allreducer(spec, comm, momentum=opts.get("momentum", 0.0))
+    hooked = Hooked(model, spec) if transport == "ddp" else None
+    reducer = None if hooked else Allreducer(spec, comm, momentum=opts.get("momentum", 0.0))
+    net = hooked.ddp if hooked else model
     momentum = 0.0 if opts.get("momentum") else 0.9
     opt = torch.optim.SGD(model.parameters(), lr=MODELS[model_name]["lr"], momentum=momentum)
     lossf = torch.nn.functional.cross_entropy
@@ -73,36 +118,52 @@ def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: i
         t0 = time.perf_counter()
         x, y = data.batch()
         opt.zero_grad(set_to_none=False)
-        out = model(x)
+        out = net(x)
         loss = lossf(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        loss.backward()
-        if model_name == "lstm":
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # (each rank its own gradient: the usual LSTM recipe)
-        grads = {n: p.grad for n, p in model.named_parameters()}
-        reducer.reduce(grads, out=grads)
+        loss.backward()  # (under DDP the hook reduces the gradients here)
+        if hooked and model_name == "lstm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # (the averaged gradient: clipped after the hook)
+        if reducer is not None:
+            if model_name == "lstm":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # (each rank its own gradient: the usual LSTM recipe)
+            grads = {n: p.grad for n, p in model.named_parameters()}
+            reducer.reduce(grads, out=grads)
         opt.step()
         times.append(time.perf_counter() - t0)
-        st = reducer.stats
-        sent.append(st.bytes_sent)
-        for n in names:
-            k = kinds[n]
-            kind_bytes.setdefault(k, [0, 0])
-            kind_bytes[k][0] += st.tensors[n]["wire_bytes"]
-            kind_bytes[k][1] += st.tensors[n]["dense_bytes"]
+        if hooked:
+            sent.append(hooked.sent())
+        else:
+            st = reducer.stats
+            sent.append(st.bytes_sent)
+            for n in names:
+                k = kinds[n]
+                kind_bytes.setdefault(k, [0, 0])
+                kind_bytes[k][0] += st.tensors[n]["wire_bytes"]
+                kind_bytes[k][1] += st.tensors[n]["dense_bytes"]
         if step % 10 == 0 or step == steps - 1:
             curve.append((step, comm.allreduce(float(loss.detach())) / comm.size))
         if eval_every and (step + 1) % eval_every == 0 and step != steps - 1:
             evals.append((step + 1, metric(model_name, model, data)))
     evals.append((steps, metric(model_name, model, data)))
     return {
-        "model": model_name, "metric_name": MODELS[model_name]["metric"], "config": config, "spec": reducer.spec, "momentum": reducer.momentum, "seed": seed, "steps": steps,
+        "model": model_name, "metric_name": MODELS[model_name]["metric"], "config": config, "transport": transport,
+        "spec": hooked.state.spec if hooked else reducer.spec, "momentum": opts.get("momentum", 0.0), "seed": seed, "steps": steps,
         "ranks": comm.size, "params": sum(p.numel() for p in model.parameters()),
         "metric": evals[-1][1], "evals": evals, "loss": curve,
         "bytes_sent_per_step": float(np.mean(sent)), "dense_bytes_per_step": float(sum(p.numel() * 4 for p in model.parameters())),
         "bytes_by_layer_type": {k: {"wire": w / steps, "dense": d / steps} for k, (w, d) in kind_bytes.items()},
         "step_ms": float(np.median(times) * 1e3),
-        "reduce_ms": float((reducer.totals.encode_s + reducer.totals.communicate_s + reducer.totals.decode_s) / steps * 1e3),
+        "reduce_ms": _reduce_ms(reducer if reducer is not None else hooked.state._reducer, steps),
     }
+
+
+def _reduce_ms(reducer, steps: int) -> float:
+    """The reducer's encode, communication and decode time a step (nan without a reducer:
+    the hook's fp16/bf16 cast path)."""
+    if reducer is None:
+        return float("nan")
+    t = reducer.totals
+    return float((t.encode_s + t.communicate_s + t.decode_s) / steps * 1e3)
 
 
 def main(argv=None) -> int:
@@ -112,15 +173,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: at the end only)")
+    ap.add_argument("--transport", choices=["mpi", "ddp"], default="mpi",
+                    help="mpi: transport.Allreducer over MPI; ddp: DistributedDataParallel on gloo with gradcodec's hook")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
+    if args.transport == "ddp":
+        process_group(comm)
     results = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for config in args.configs.split(","):
             t = time.perf_counter()
-            r = run(comm, args.model, config, seed, args.steps, args.eval_every)
+            r = run(comm, args.model, config, seed, args.steps, args.eval_every, args.transport)
             r["seconds"] = time.perf_counter() - t
             results.append(r)
             if comm.rank == 0:
