@@ -1,11 +1,11 @@
 """The ``gradcodec`` command line (docs/cli.md).
 
     gradcodec list [--json]                        registered codecs and their parameters
-    gradcodec encode SPEC INPUT -o OUT             tensors -> a frame (one) or a container (several)
+    gradcodec encode SPEC INPUT -o OUT [--many]    tensors -> a frame (one), a container (several) or one v2 frame
     gradcodec decode FRAMEFILE -o OUT              frame or container -> .npy / .npz / .safetensors
     gradcodec info FRAMEFILE [--json]              the header(s), nothing decoded
-    gradcodec roundtrip SPEC INPUT [--json]        ratio, error and speed per tensor
-    gradcodec demo [--json] [--codecs SPEC,...]    every codec on the bundled gradient sample
+    gradcodec roundtrip SPEC INPUT [--steps N]     ratio, error and speed per tensor; N steps under error feedback
+    gradcodec demo [--json] [--codecs SPEC,...]    every codec on the bundled gradient sample, by family
 
 Exit status: 0 success; 1 bad data (missing, unreadable or corrupt file, a tensor name the
 output cannot hold, data a codec refuses, not enough memory); 2 usage (bad arguments, bad
