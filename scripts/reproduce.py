@@ -5,6 +5,7 @@
     python scripts/reproduce.py run --set reduced     # the claims' configurations, 1 seed, shorter runs (~5 min)
     python scripts/reproduce.py run --set ddp         # the CNN through PyTorch's DDP and gradcodec's hook (~3 min)
     python scripts/reproduce.py report                # results/*.json -> docs/img/*.png, tables on stdout
+    python scripts/reproduce.py report --write docs/evidence.md   # the tables into the page, between its markers
     python scripts/reproduce.py costs                 # docs/choosing.md's cost-model table
 
 ``run`` launches one MPI job of 4 ranks a model (``mpiexec -n 4 python -m mpi4py
@@ -199,6 +200,17 @@ def plots(runs: list, table: dict, img: Path) -> list:
     return written
 
 
+def write_between(path: Path, name: str, text: str) -> None:
+    """Replace what stands between ``<!-- BEGIN name ... -->`` and ``<!-- END name -->`` in
+    ``path`` (docs/evidence.md) with ``text``."""
+    doc = path.read_text()
+    begin, end = doc.find(f"<!-- BEGIN {name}"), doc.find(f"<!-- END {name} -->")
+    if begin < 0 or end < begin:
+        raise SystemExit(f"{path} has no '<!-- BEGIN {name} ... -->' ... '<!-- END {name} -->' markers to write the {name} tables between")
+    begin = doc.index("-->", begin) + 3
+    path.write_text(doc[:begin] + "\n" + text.strip() + "\n" + doc[end:])
+
+
 def cmd_report(args) -> int:
     runs = load(Path(args.out) / args.set)
     if not runs:
@@ -207,6 +219,9 @@ def cmd_report(args) -> int:
     table = summarize(runs)
     if args.json:
         print(json.dumps(table, indent=1))
+    elif args.write:
+        write_between(Path(args.write), args.set, markdown(table))
+        print(f"wrote the {args.set} tables into {args.write}", file=sys.stderr)
     else:
         print(markdown(table))
     if not args.no_plots:
@@ -258,6 +273,7 @@ def main(argv=None) -> int:
     sp.add_argument("--out", default=str(ROOT / "results"))
     sp.add_argument("--img", default=str(ROOT / "docs" / "img"))
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--write", metavar="DOC", help="write the tables between the set's BEGIN/END markers of DOC (docs/evidence.md)")
     sp.add_argument("--no-plots", action="store_true")
     sp.set_defaults(func=cmd_report)
     sp = sub.add_parser("costs", help="docs/choosing.md's table: one step's communication by the cost model (ms)")
