@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "examples" / "reproduce" / "worker.py"
 
+#: the models in the order the report shows them
+ORDER = ["cnn", "mlp", "lstm"]
 #: steps a run, per model (full set); the reduced set runs a quarter of them
 STEPS = {"cnn": 300, "mlp": 600, "lstm": 400}
 #: the configurations each claim needs (the reduced set), and the rest (each codec at its default)
@@ -93,7 +95,7 @@ def summarize(runs: list) -> dict:
     for r in runs:
         out.setdefault(r["model"], {}).setdefault(r["config"], []).append(r)
     table = {}
-    for m, by in out.items():
+    for m, by in sorted(out.items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER)):
         table[m] = {}
         for c, rs in by.items():
             vals = np.array([r["metric"] for r in rs])
@@ -154,9 +156,9 @@ def plots(runs: list, table: dict, img: Path) -> list:
     for m, rows in table.items():
         metric = next(iter(rows.values()))["metric_name"]
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for c, r in rows.items():
+        for i, (c, r) in enumerate(rows.items()):
             ax.errorbar(r["bytes"], r["mean"], yerr=r["std"], fmt="o", capsize=3)
-            ax.annotate(c, (r["bytes"], r["mean"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(c, (r["bytes"], r["mean"]), fontsize=6, xytext=(3, 4 + 7 * (i % 3)), textcoords="offset points")  # (staggered: neighbours overlap less)
         ax.set_xscale("log")
         ax.set_xlabel("bytes a rank sends a step (frames, headers included; log)")
         ax.set_ylabel(metric)
@@ -168,10 +170,11 @@ def plots(runs: list, table: dict, img: Path) -> list:
         for r in runs:
             if r["model"] == m:
                 curves.setdefault(r["config"], []).append(r["loss"])
-        for c, cs in curves.items():
+        for i, (c, cs) in enumerate(curves.items()):
             steps = [s for s, _ in cs[0]]
             mean = np.mean([[v for _, v in curve] for curve in cs], axis=0)
-            ax.plot(steps, mean, label=c, lw=2.2 if c == "dense" else 1.0, color="black" if c == "dense" else None)
+            ax.plot(steps, mean, label=c, lw=2.2 if c == "dense" else 1.0, color="black" if c == "dense" else None,
+                    linestyle=("-", "--", ":")[i // 10 % 3])  # (ten colours a cycle: the line style tells the cycles apart)
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (ranks' mean, seeds' mean; log)")
