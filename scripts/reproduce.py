@@ -1,7 +1,7 @@
 """The training reproductions of docs/evidence.md: run them, then make their tables and plots.
 
     pip install -e ".[reproduce]"                     # torch, scikit-learn, mnist1d, matplotlib, MPI
-    python scripts/reproduce.py run --set full        # every configuration, 3 models, 3 seeds (~45 min on 2 cores)
+    python scripts/reproduce.py run --set full        # every configuration, 3 models, 3 seeds (37 minutes on 2 cores)
     python scripts/reproduce.py run --set reduced     # the claims' configurations, 1 seed, shorter runs (~5 min)
     python scripts/reproduce.py run --set ddp         # the CNN through PyTorch's DDP and gradcodec's hook (~3 min)
     python scripts/reproduce.py report                # results/*.json -> docs/img/*.png, tables on stdout
