@@ -2,7 +2,8 @@
 in one scratch directory, and every line the docs show under it must appear in what it
 printed, in that order (a line ``...`` skips any lines; a line with ``...`` in it matches a
 printed line that starts with the text before the ``...``, e.g. a table row whose speeds
-are left out; runs of blanks compare equal).  The README's Python example runs as it is written.
+are left out; runs of blanks compare equal).  The README's Python example runs as it is
+written, and so do docs/api.md's Python blocks, given the arrays they name.
 
 Commands that start with ``gradcodec`` and use no shell syntax run in this process
 (``codec.cli.main``); the rest run in bash with this interpreter's directory first on PATH."""
@@ -135,3 +136,39 @@ def test_the_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     start, lines, _ = next(b for b in blocks(ROOT / "README.md") if b[2] == "python")
     exec(compile("\n".join(lines), f"README.md:{start}", "exec"), {})
     assert capsys.readouterr().out.strip()
+
+
+#: what docs/api.md's Python blocks take as given (their arguments), by block
+API_GIVEN = [
+    """
+import numpy as np
+x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+buf = bytearray(1 << 16)
+acc = np.zeros_like(x)
+gw, gb = x, x[0].copy()
+grads = {"w": gw.copy(), "b": gb.copy()}
+accs = {"w": np.zeros_like(gw), "b": np.zeros_like(gb)}
+key, values = "layer1.weight", np.ones(x.shape, np.float32)
+""",
+    "import codec\nstages = codec.parse_spec('topk(ratio=0.01)+fp16')\n",
+    """
+import numpy as np, zarr
+from codec.storage.zarr3 import GradcodecZarr
+store = zarr.storage.MemoryStore()
+grads = np.random.default_rng(1).standard_normal((1000, 512)).astype(np.float32)
+""",
+]
+
+
+def test_the_api_md_python_blocks_run(tmp_path, monkeypatch):
+    """docs/api.md's Python blocks run as written, given the arrays they name (API_GIVEN)."""
+    import pytest
+
+    pytest.importorskip("zarr")
+    monkeypatch.chdir(tmp_path)
+    found = [(start, lines) for start, lines, lang in blocks(ROOT / "docs" / "api.md") if lang == "python"]
+    assert len(found) == len(API_GIVEN), "docs/api.md's Python blocks changed: give each its arrays in API_GIVEN"
+    for (start, lines), given in zip(found, API_GIVEN):
+        ns: dict = {}
+        exec(given, ns)
+        exec(compile("\n".join(lines), f"docs/api.md:{start}", "exec"), ns)

@@ -3,5 +3,5 @@
 (:mod:`codec.storage.zarr3`, an array-to-bytes codec named ``gradcodec``).  Both are
 registered through entry points (pyproject.toml: ``numcodecs.codecs``, ``zarr.codecs``), so
 the libraries find them in a fresh process; each module imports its library, and nothing
-here is imported by ``import codec``.  numcodecs and zarr are optional (``pip install
-"gradcodec[storage]"``).  docs/api.md, "numcodecs and zarr"."""
+here is imported by ``import codec``.  numcodecs and zarr are optional (``pip install -e
+".[storage]"``).  docs/api.md, "numcodecs and zarr"."""
