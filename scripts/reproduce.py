@@ -2,8 +2,8 @@
 
     pip install -e ".[reproduce]"                     # torch, scikit-learn, mnist1d, matplotlib, MPI
     python scripts/reproduce.py run --set full        # every configuration, 3 models, 3 seeds (37 minutes on 2 cores)
-    python scripts/reproduce.py run --set reduced     # the claims' configurations, 1 seed, shorter runs (~5 min)
-    python scripts/reproduce.py run --set ddp         # the CNN through PyTorch's DDP and gradcodec's hook (~3 min)
+    python scripts/reproduce.py run --set reduced     # the claims' configurations, 1 seed, shorter runs (4 minutes)
+    python scripts/reproduce.py run --set ddp         # the CNN through PyTorch's DDP and gradcodec's hook (2 minutes)
     python scripts/reproduce.py report                # results/*.json -> docs/img/*.png, tables on stdout
     python scripts/reproduce.py report --write docs/evidence.md   # the tables into the page, between its markers
     python scripts/reproduce.py costs                 # docs/choosing.md's cost-model table
