@@ -12,7 +12,8 @@ each process takes its share of the cores it may run on::
   Numba's pool (``NUMBA_NUM_THREADS``, which a user may set as before);
 * ranks on this node: the largest of what the launcher says (MPICH and Intel MPI
   ``MPI_LOCALNRANKS``, Open MPI ``OMPI_COMM_WORLD_LOCAL_SIZE``, MVAPICH2
-  ``MV2_COMM_WORLD_LOCAL_SIZE``, PMIx ``PMIX_LOCAL_SIZE``) and what a transport reports with
+  ``MV2_COMM_WORLD_LOCAL_SIZE``, PMIx ``PMIX_LOCAL_SIZE``, torchrun ``LOCAL_WORLD_SIZE``) and
+  what a transport reports with
   :func:`set_local_ranks` (``transport.Allreducer`` reports its communicator's shared-memory
   split), else 1;
 * idle kernel threads spin only briefly before they sleep (``GOMP_SPINCOUNT=10000`` spin
@@ -45,7 +46,7 @@ __all__ = ["ENV", "LAUNCHER_VARS", "SPINCOUNT", "budget", "local_ranks", "prepar
 #: the one setting: a thread count, or "off"
 ENV = "GRADCODEC_THREADS"
 #: launcher variables that count the ranks on this node
-LAUNCHER_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE")
+LAUNCHER_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
 
 _reported = 1  # the most ranks a transport has reported on this node
 _cached: int | None = None  # budget(), recomputed after set_local_ranks
