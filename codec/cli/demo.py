@@ -83,8 +83,7 @@ def cmd_demo(args) -> int:
     from codec import sample
 
     if args.codecs is not None:
-        wanted = [(None, s) for s in spec_list(args.codecs)]
-        codecs = [(fam, s, user_codec(s)) for fam, s in wanted]  # a bad user spec is a usage error, before any work
+        codecs = [(None, s, user_codec(s)) for s in spec_list(args.codecs)]  # a bad user spec is a usage error, before any work
     else:
         codecs = []
         for fam, s in demo_rows():
