@@ -1,7 +1,7 @@
 """The training reproductions of docs/evidence.md: run them, then make their tables and plots.
 
     pip install -e ".[reproduce]"                     # torch, scikit-learn, mnist1d, matplotlib, MPI
-    python scripts/reproduce.py run --set full        # every configuration, 3 models, 3 seeds (37 minutes on 2 cores)
+    python scripts/reproduce.py run --set full        # every configuration, 3 models, 3 seeds (about 40 minutes on 2 cores)
     python scripts/reproduce.py run --set reduced     # the claims' configurations, 1 seed, shorter runs (4 minutes)
     python scripts/reproduce.py run --set ddp         # the CNN through PyTorch's DDP and gradcodec's hook (2 minutes)
     python scripts/reproduce.py report                # results/*.json -> docs/img/*.png, tables on stdout
@@ -10,7 +10,8 @@
 
 ``run`` launches one MPI job of 4 ranks a model (``mpiexec -n 4 python -m mpi4py
 examples/reproduce/worker.py``), every configuration and seed in it, and writes
-``results/<set>/<model>.json``.  ``report`` reads them, writes the figures into docs/img/
+``results/<set>/<model>.json`` (``--tag T``: ``<model>-T.json``, beside the others: ``report``
+reads every JSON file of the set).  ``report`` reads them, writes the figures into docs/img/
 (``--img``) and prints the Markdown tables docs/evidence.md holds: per model and
 configuration, the test metric's mean and spread over the seeds against uncompressed, the
 bytes a rank sends a step, the compression of each layer type, and the time a step.
@@ -35,7 +36,7 @@ ORDER = ["cnn", "mlp", "lstm"]
 STEPS = {"cnn": 300, "mlp": 600, "lstm": 400}
 #: the configurations each claim needs (the reduced set), and the rest (each codec at its default)
 CLAIMS = ["dense", "topk-1%", "topk-0.1%", "dgc-0.1%", "gaussiank-1%", "adacomp", "fft-0.99", "fft-0.99-diminishing",
-          "rangefloat-8", "powersgd-2", "qsgd", "terngrad", "pufferfish"]
+          "rangefloat-8", "powersgd-2", "powersgd-2-warm", "qsgd", "terngrad", "pufferfish", "pufferfish-warm"]
 DEFAULTS = ["fp16", "efsign", "randomk-1%", "minmax-4"]
 SETS = {
     "full": {"configs": CLAIMS + DEFAULTS, "seeds": "0,1,2", "scale": 1.0, "models": ["cnn", "mlp", "lstm"], "ranks": 4},
@@ -61,13 +62,14 @@ def cmd_run(args) -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     for m in models:
-        if m == "lstm" and "pufferfish" in configs:
-            cfgs = ",".join(c for c in configs.split(",") if c != "pufferfish")  # (the LSTM stays dense)
+        if m == "lstm":
+            cfgs = ",".join(c for c in configs.split(",") if not c.startswith("pufferfish"))  # (the LSTM stays dense)
         else:
             cfgs = configs
         steps = max(8, int(STEPS[m] * s["scale"]))
         cmd = [mpiexec(), "-n", str(s["ranks"]), sys.executable, "-m", "mpi4py", str(WORKER), "--model", m, "--steps", str(steps),
-               "--seeds", s["seeds"], "--configs", cfgs, "--eval-every", str(max(1, steps // 6)), "--out", str(out / f"{m}.json"),
+               "--seeds", s["seeds"], "--configs", cfgs, "--eval-every", str(max(1, steps // 6)),
+               "--out", str(out / (f"{m}-{args.tag}.json" if args.tag else f"{m}.json")),
                "--transport", s.get("transport", "mpi")]
         print("$", " ".join(cmd), flush=True)
         t = time.perf_counter()
@@ -81,7 +83,7 @@ def cmd_run(args) -> int:
 # ---------------------------------------------------------------------------------- report
 def load(path: Path) -> list:
     runs = []
-    for f in sorted(path.glob("*.json")):
+    for f in sorted(path.glob("*.json"), key=lambda f: (f.stem.split("-")[0], "-" in f.stem, f.stem)):  # (a model's tagged runs after its main ones)
         runs += json.loads(f.read_text())
     return runs
 
@@ -105,7 +107,7 @@ def summarize(runs: list) -> dict:
                 d = np.mean([r["bytes_by_layer_type"][k]["dense"] for r in rs])
                 kinds[k] = d / w if w else float("inf")
             table[m][c] = {
-                "spec": rs[0]["spec"], "momentum": rs[0]["momentum"], "seeds": len(rs), "mean": float(vals.mean()),
+                "spec": rs[0]["spec"], "momentum": rs[0]["momentum"], "dense_first": rs[0].get("dense_first", 0), "seeds": len(rs), "mean": float(vals.mean()),
                 "std": float(vals.std(ddof=1)) if len(vals) > 1 else 0.0, "params": rs[0]["params"],
                 "bytes": float(np.mean([r["bytes_sent_per_step"] for r in rs])), "dense_bytes": rs[0]["dense_bytes_per_step"],
                 "kinds": kinds, "step_ms": float(np.median([r["step_ms"] for r in rs])), "steps": rs[0]["steps"],
@@ -125,7 +127,8 @@ def markdown(table: dict) -> str:
                   "x per layer type (frames) | ms a step |", "|---|---|---|---|---|---|---|---|"]
         for c, r in rows.items():
             delta = "" if base is None or c == "dense" else f"{r['mean'] - base['mean']:+.4f}"
-            spec = r["spec"] + (f", momentum={r['momentum']}" if r["momentum"] else "") + (f", {r['params']:,} params" if c == "pufferfish" else "")
+            spec = (r["spec"] + (f", momentum={r['momentum']}" if r["momentum"] else "") + (f", {r['params']:,} params" if base and r["params"] != base["params"] else "")
+                    + (f", dense for the first {r['dense_first']} steps" if r["dense_first"] else ""))
             kinds = ", ".join(f"{k} {v:,.0f}x" if v >= 10 else f"{k} {v:.2f}x" for k, v in sorted(r["kinds"].items()))
             lines.append(f"| {c} | `{spec}` | {r['mean']:.4f} ± {r['std']:.4f} | {delta} | {r['bytes']:,.0f} | "
                          f"{(base or r)['bytes'] / r['bytes']:,.1f} | {kinds} | {r['step_ms']:.1f} |")
@@ -270,6 +273,7 @@ def main(argv=None) -> int:
     sp.add_argument("--configs", help="comma-separated configurations (examples/reproduce/worker.py CONFIGS)")
     sp.add_argument("--out", default=str(ROOT / "results"))
     sp.add_argument("--timeout", type=float, default=4 * 3600)
+    sp.add_argument("--tag", help="write <model>-TAG.json (configurations added to a set's results)")
     sp.set_defaults(func=cmd_run)
     sp = sub.add_parser("report", help="tables and plots from the results")
     sp.add_argument("--set", choices=sorted(SETS), default="full")

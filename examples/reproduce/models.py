@@ -10,7 +10,8 @@ ships offline in a registry package, nothing downloaded:
   is better).
 
 ``make(name, factorized=False)`` builds a model (``factorized``: Pufferfish's low-rank layers,
-chosen by ``codec.lowrank.plan``); ``Data(name, rank, size, seed)`` serves each rank its shard
+chosen by ``codec.lowrank.plan``), ``factorize_from(model, name)`` switches a trained dense
+model to them (Pufferfish's vanilla warm-up); ``Data(name, rank, size, seed)`` serves each rank its shard
 of every global batch; ``layer_type(model)`` maps each parameter to ``conv``, ``fc`` or
 ``recurrent`` (embedding and LSTM) for the bytes-per-layer-type tables.
 """
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "Data", "layer_type", "make", "metric"]
+__all__ = ["MODELS", "Data", "factorize_from", "layer_type", "make", "metric"]
 
 #: per model: the global batch, the optimizer's learning rate, whether the metric is higher-better
 MODELS = {
@@ -165,6 +166,26 @@ def make(name: str, factorized: bool = False, vocab: int = 0) -> nn.Module:
         else:
             mods.append(nn.Flatten())
     return nn.Sequential(*mods)
+
+
+@torch.no_grad()
+def factorize_from(model: nn.Module, name: str) -> nn.Module:
+    """Pufferfish's switch after its vanilla warm-up: the factorized model of ``name`` whose
+    low-rank layers start from the truncated SVD of ``model``'s trained weights
+    (``codec.lowrank.factorize``, at the ranks ``make(factorized=True)`` chose); every other
+    parameter is copied."""
+    from codec.lowrank import factorize
+
+    out = make(name, factorized=True)
+    for dense, fact in zip(model, out):
+        if isinstance(fact, (LowRankLinear, LowRankConv)):
+            f = factorize(dense.weight.numpy(), rank=fact[0].weight.shape[0])
+            fact[0].weight.copy_(torch.from_numpy(f.first))
+            fact[1].weight.copy_(torch.from_numpy(f.second).reshape(fact[1].weight.shape))
+            fact[1].bias.copy_(dense.bias)
+        else:
+            fact.load_state_dict(dense.state_dict())
+    return out
 
 
 def layer_type(model: nn.Module) -> dict:

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from models import MODELS, Data, layer_type, make, metric  # noqa: E402
+from models import MODELS, Data, factorize_from, layer_type, make, metric  # noqa: E402
 
 from transport import Allreducer  # noqa: E402
 
@@ -46,9 +46,11 @@ CONFIGS = {
     "fft-0.99-diminishing": ("fft(theta=exp(0.99,0.8,steps={steps}))", {}),
     "rangefloat-8": ("rangefloat(bits=8)", {}),
     "powersgd-2": ("powersgd(rank=2)", {}),
+    "powersgd-2-warm": ("powersgd(rank=2)", {"dense_first": 0.1}),  # (the paper's dense warm-up: the first 10% of the steps uncompressed)
     "qsgd": ("qsgd", {}),
     "terngrad": ("terngrad", {}),
     "pufferfish": ("none", {"factorized": True}),
+    "pufferfish-warm": ("none", {"factorized": True, "vanilla_first": 0.1}),  # (Pufferfish's recipe: the full model first, then its SVD)
     "fp16": ("fp16", {}),
     "efsign": ("efsign", {}),
     "randomk-1%": ("randomk(ratio=0.01)", {}),
@@ -98,23 +100,31 @@ class Hooked:
 
 def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: int, transport: str = "mpi") -> dict:
     spec, opts = CONFIGS[config]
-    if transport == "ddp" and opts.get("momentum"):
-        raise SystemExit(f"{config}: DGC's momentum correction runs in Allreducer(momentum=); the DDP hook has no momentum option")
+    if transport == "ddp" and (opts.get("momentum") or opts.get("vanilla_first") or opts.get("dense_first")):
+        raise SystemExit(f"{config}: its recipe (momentum correction, a warm-up) runs through the Allreducer here, not the DDP hook")
     every = max(1, steps // 16)
     spec = spec.format(steps=steps, warm=4 * every, every=every)
     torch.manual_seed(seed)
     data = Data(model_name, comm.rank, comm.size, seed)
-    model = make(model_name, factorized=opts.get("factorized", False), vocab=getattr(data, "vocab", 0))
+    vanilla = int(opts.get("vanilla_first", 0.0) * steps)  # steps of the full model before Pufferfish factorizes it
+    model = make(model_name, factorized=opts.get("factorized", False) and not vanilla, vocab=getattr(data, "vocab", 0))
     kinds = layer_type(model)
     names = [n for n, _ in model.named_parameters()]
     hooked = Hooked(model, spec) if transport == "ddp" else None
     reducer = None if hooked else Allreducer(spec, comm, momentum=opts.get("momentum", 0.0))
+    warm = int(opts.get("dense_first", 0.0) * steps)  # steps reduced dense before the codec takes over
+    dense = Allreducer("none", comm) if warm else None
     net = hooked.ddp if hooked else model
     momentum = 0.0 if opts.get("momentum") else 0.9
     opt = torch.optim.SGD(model.parameters(), lr=MODELS[model_name]["lr"], momentum=momentum)
     lossf = torch.nn.functional.cross_entropy
     curve, evals, sent, times, kind_bytes = [], [], [], [], {}
     for step in range(steps):
+        if vanilla and step == vanilla:
+            model = factorize_from(model, model_name)
+            kinds, names = layer_type(model), [n for n, _ in model.named_parameters()]
+            opt = torch.optim.SGD(model.parameters(), lr=MODELS[model_name]["lr"], momentum=momentum)
+            net = model
         t0 = time.perf_counter()
         x, y = data.batch()
         opt.zero_grad(set_to_none=False)
@@ -127,13 +137,13 @@ def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: i
             if model_name == "lstm":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # (each rank its own gradient: the usual LSTM recipe)
             grads = {n: p.grad for n, p in model.named_parameters()}
-            reducer.reduce(grads, out=grads)
+            (dense if step < warm else reducer).reduce(grads, out=grads)
         opt.step()
         times.append(time.perf_counter() - t0)
         if hooked:
             sent.append(hooked.sent())
         else:
-            st = reducer.stats
+            st = (dense if step < warm else reducer).stats
             sent.append(st.bytes_sent)
             for n in names:
                 k = kinds[n]
@@ -147,7 +157,7 @@ def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: i
     evals.append((steps, metric(model_name, model, data)))
     return {
         "model": model_name, "metric_name": MODELS[model_name]["metric"], "config": config, "transport": transport,
-        "spec": hooked.state.spec if hooked else reducer.spec, "momentum": opts.get("momentum", 0.0), "seed": seed, "steps": steps,
+        "spec": hooked.state.spec if hooked else reducer.spec, "momentum": opts.get("momentum", 0.0), "dense_first": warm, "vanilla_first": vanilla, "seed": seed, "steps": steps,
         "ranks": comm.size, "params": sum(p.numel() for p in model.parameters()),
         "metric": evals[-1][1], "evals": evals, "loss": curve,
         "bytes_sent_per_step": float(np.mean(sent)), "dense_bytes_per_step": float(sum(p.numel() * 4 for p in model.parameters())),
