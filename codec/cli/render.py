@@ -121,7 +121,7 @@ class ProgressBar:
 
         if self.plain and time.monotonic() - self.last >= self.EVERY:
             self.last = time.monotonic()
-            now = f"; now {self.now}" if self.now else ""
+            now = f"; now {self.now}" if self.now and self.done < self.total else ""
             self.say(f"{self.label}: {self.done}/{self.total} done, {self.last - self.t0:.0f} s{now}")
 
     def __exit__(self, *exc):
