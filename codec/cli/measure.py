@@ -27,6 +27,23 @@ class Stats:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.max_abs = max(self.max_abs, other.max_abs) if other.max_abs == other.max_abs else other.max_abs
 
+    def compare(self, x, y) -> None:
+        """Add the error sums of decoded ``y`` against ``x`` (float64; positions where both
+        are the same NaN or inf count as no error)."""
+        import numpy as np
+
+        xd = np.asarray(x, dtype=np.float64).reshape(-1)
+        yd = np.asarray(y, dtype=np.float64).reshape(-1)
+        with np.errstate(all="ignore"):
+            same = (xd == yd) | (np.isnan(xd) & np.isnan(yd))
+            d = np.where(same, 0.0, yd - xd)
+            self.sse += float(np.dot(d, d))
+            self.sxx += float(np.dot(xd, xd))
+            self.syy += float(np.dot(yd, yd))
+            self.sxy += float(np.dot(xd, yd))
+            m = float(np.max(np.abs(d))) if d.size else 0.0
+        self.max_abs = max(self.max_abs, m) if m == m else m  # (a NaN error stays NaN, as in add)
+
     def row(self, name: str) -> dict:
         import math
 
@@ -83,18 +100,9 @@ def measure_all(c, tensors: dict, repeat: int, step=None) -> list:
         s = Stats()
         s.tensors, s.elements, s.bytes_in, s.bytes_out = 1, int(x.size), int(x.nbytes), len(frame)
         s.t_enc = s.t_dec = float("inf")
-        xd = np.asarray(x, dtype=np.float64).reshape(-1)
-        yd = np.asarray(y, dtype=np.float64).reshape(-1)
-        if xd.size != yd.size:
-            raise DataError(f"tensor {name!r:.200}: decoded {yd.size} elements, encoded {xd.size}")
-        with np.errstate(all="ignore"):
-            same = (xd == yd) | (np.isnan(xd) & np.isnan(yd))  # exact NaN/inf round trips count as no error
-            d = np.where(same, 0.0, yd - xd)
-            s.sse = float(np.dot(d, d))
-            s.sxx = float(np.dot(xd, xd))
-            s.syy = float(np.dot(yd, yd))
-            s.sxy = float(np.dot(xd, yd))
-            s.max_abs = float(np.max(np.abs(d))) if d.size else 0.0
+        if int(np.size(y)) != int(x.size):
+            raise DataError(f"tensor {name!r:.200}: decoded {np.size(y)} elements, encoded {x.size}")
+        s.compare(x, y)
         done.append((x, frame, s))
         if step is not None:
             step()
@@ -123,8 +131,6 @@ def track(c, steps: list, *, feedback: bool) -> tuple[float, float]:
     else each step alone at its step number.  Returns ``(||sum y - sum x|| / ||sum x||,
     cosine(sum y, sum x))`` over every tensor, in float64.  A tensor the codec refuses raises
     DataError naming it and the step."""
-    import math
-
     import numpy as np
 
     import codec
@@ -141,10 +147,8 @@ def track(c, steps: list, *, feedback: bool) -> tuple[float, float]:
                 raise DataError(f"tensor {name!r:.200} at step {i}: {e}") from None
             want[name] = want.get(name, 0.0) + np.asarray(x, np.float64).reshape(-1)
             got[name] = got.get(name, 0.0) + np.asarray(y, np.float64).reshape(-1)
-    sxx = sum(float(np.dot(v, v)) for v in want.values())
-    syy = sum(float(np.dot(v, v)) for v in got.values())
-    sxy = sum(float(np.dot(want[k], got[k])) for k in want)
-    sse = sum(float(np.dot(got[k] - want[k], got[k] - want[k])) for k in want)
-    rel = math.sqrt(sse / sxx) if sxx > 0 else (0.0 if sse == 0 else math.inf)
-    cos = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else (1.0 if sxx == syy == 0 else 0.0)
-    return rel, cos
+    total = Stats()
+    for k in want:
+        total.compare(want[k], got[k])
+    row = total.row("sum")
+    return row["rel_l2_error"], row["cosine"]

@@ -137,13 +137,14 @@ def run(comm, model_name: str, config: str, seed: int, steps: int, eval_every: i
             if model_name == "lstm":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # (each rank its own gradient: the usual LSTM recipe)
             grads = {n: p.grad for n, p in model.named_parameters()}
-            (dense if step < warm else reducer).reduce(grads, out=grads)
+            now = dense if step < warm else reducer  # (the warm-up's dense steps, then the codec)
+            now.reduce(grads, out=grads)
         opt.step()
         times.append(time.perf_counter() - t0)
         if hooked:
             sent.append(hooked.sent())
         else:
-            st = (dense if step < warm else reducer).stats
+            st = now.stats
             sent.append(st.bytes_sent)
             for n in names:
                 k = kinds[n]
