@@ -213,8 +213,9 @@ class TorchComm:
             return _Request()
         torch = self.torch
         mine = _bytes(self._t(send)[0])
-        padded = torch.zeros(big, dtype=torch.uint8, device=self.device)
+        padded = torch.empty(big, dtype=torch.uint8, device=self.device)
         padded[: mine.numel()] = mine
+        padded[mine.numel() :] = 0  # (only the padding zeroed: the frame's bytes written once)
         gathered = torch.empty(big * self.size, dtype=torch.uint8, device=self.device)
         work = self.dist.all_gather(list(gathered.chunk(self.size)), padded, group=self.group, async_op=True)
         into, back = self._t(recv)
@@ -244,11 +245,12 @@ class TorchComm:
         return self.torch.tensor([n], dtype=self.torch.int64, device=self.device)
 
     def Isend(self, buf, dest: int) -> _Request:
-        data = _bytes(self._t(buf)[0])
+        t, back = self._t(buf)
+        data = _bytes(t)
         peer = self._peer(dest)
         works = [self.dist.isend(self._length(data.numel()), peer, group=self.group)]
-        if data.numel():  # (a copy: the caller may reuse its buffer before the send completes)
-            works.append(self.dist.isend(data.clone(), peer, group=self.group))
+        if data.numel():  # (the caller may reuse its buffer before the send completes: a shared one is copied, a staged one is a copy already)
+            works.append(self.dist.isend(data.clone() if back is _nothing else data, peer, group=self.group))
         return _Request(works)
 
     def Send(self, buf, dest: int) -> None:
