@@ -14,18 +14,8 @@ import numpy as np
 from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
-from codec.stages.value.quantizer import (
-    Dequant,
-    Quantizer,
-    code_dtype,
-    codes_section,
-    exponent_range,
-    magnitude_bits,
-    magnitude_values,
-    ints_section,
-    read_codes,
-    read_ints,
-)
+from codec.stages.value.quantizer import Dequant, Quantizer, code_dtype, exponent_range
+from codec.stages.value.sections import codes_section, magnitude_bits, magnitude_values, ints_section, read_codes, read_ints
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
 from codec.ops import offsets
