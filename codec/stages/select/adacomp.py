@@ -9,7 +9,8 @@ from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.ops import offsets, readonly
 from codec.dtypes import on_device
 from codec.device import Memory
-from codec.stages.select.magnitude import IndexSelect, collect, raise_nonfinite, segment_room, segments_picked
+from codec.stages.select.base import IndexSelect
+from codec.stages.select.magnitude import collect, raise_nonfinite, segment_room, segments_picked
 from codec.params import Param
 from codec.stage import Bound, Value, register
 

@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 
-from codec.stages.select.magnitude import MagnitudeSelect, k_of, segment_room, segments_picked
+from codec.stages.select.base import MagnitudeSelect
+from codec.stages.select.magnitude import k_of, segment_room, segments_picked
 from codec.params import Param, ratio
 from codec.stage import register
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from codec.stages.select.magnitude import MagnitudeSelect
+from codec.stages.select.base import MagnitudeSelect
 from codec.params import Param
 from codec.stage import register
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from codec.errors import CodecValueError
-from codec.stages.select.magnitude import MagnitudeSelect, k_of, segment_room, segments_picked
+from codec.stages.select.base import MagnitudeSelect
+from codec.stages.select.magnitude import k_of, segment_room, segments_picked
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, ratio
 from codec.stage import register

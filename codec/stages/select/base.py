@@ -1,0 +1,79 @@
+"""The select stages' bases: :class:`IndexSelect` (positions through the shared index coder,
+error feedback fused with the selection) and :class:`MagnitudeSelect` (a rule over the top of
+``|acc|``, asked of :class:`codec.stages.select.magnitude.Magnitudes`)."""
+
+from __future__ import annotations
+
+import abc
+
+from codec.stage import Bound, Select
+from codec.stages.select.magnitude import Magnitudes
+
+__all__ = ["IndexSelect", "MagnitudeSelect"]
+
+
+class IndexSelect(Select):
+    """A select stage whose positions travel through the shared index coder (codec.pack).
+
+    ``select`` may take ``residual`` and ``out``: it then selects from ``acc = values +
+    residual``, written into ``out`` (error feedback, fused with the selection pass).  A
+    subclass says how many positions it keeps (:meth:`kept_range`), which gives :meth:`bound`."""
+
+    #: select() accepts residual= and out= (Codec.encode_feedback uses it)
+    fuses_feedback = True
+
+    @abc.abstractmethod
+    def kept_range(self, n: int, step: int) -> tuple[int, int]:
+        """``(least, most)``: the fewest and the most positions :meth:`select` keeps of ``n``
+        elements at ``step``, whatever their values (``most`` at most ``n``)."""
+
+    def bound(self, ctx) -> Bound:
+        """One index section, at most the worst :func:`codec.pack.encode_indices` gives for
+        any set of between ``least`` and ``most`` positions (:meth:`kept_range`): the kept
+        positions are such a set whatever the values, and values large at the worst
+        positions (the last ones) make the stages keep them, so the bound is reached where the
+        count is fixed (topk, randomk aside).  The value stage then codes at most ``most``
+        values of the array's dtype (``acc``'s values, in its dtype)."""
+        from codec.pack import index_bound
+
+        least, most = self.kept_range(ctx.n, ctx.step)
+        return Bound(1, index_bound(most, ctx.n, least), ctx.domain(most, ctx.dtype))
+
+    def positions_segments(self, data, sections, sizes, value=None):
+        """Every tensor's index section read at once (:func:`codec.pack.decode_index_segments`;
+        the positions are in the frame, so ``value`` bounds nothing here)."""
+        from codec.frame import SectionKind
+        from codec.pack import decode_index_segments
+
+        firsts = [secs[0] if secs else None for secs in sections]
+        if any(f is None or f.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP) for f in firsts):
+            return None
+        return decode_index_segments(data, firsts, sizes)
+
+    def positions(self, reader, ctx, known=None):
+        from codec.frame import SectionKind
+        from codec.pack import decode_indices
+
+        info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP), device=ctx.device and known is None)
+        return known if known is not None else decode_indices(info, raw, ctx.n, device=ctx.device)
+
+
+class MagnitudeSelect(IndexSelect):
+    """Base of the sparsifiers that keep a set of large magnitudes (topk, gaussiank, dgc,
+    threshold): positions through the shared index coder, values to the value stage.
+    Subclasses implement ``choose(mags: Magnitudes, ctx) -> sorted positions``."""
+
+    #: Magnitudes should gather mean and standard deviation
+    needs_sums = False
+    #: device arrays select through the ``select`` family's CUDA twin (the candidates pass)
+    devices = frozenset({"cpu", "cuda"})
+
+    def select(self, values, ctx, sections, residual=None, out=None):
+        from codec.pack import encode_indices
+
+        mags = Magnitudes(values, ctx, self.name, residual, out, sums=self.needs_sums)
+        idx = self.choose(mags, ctx)
+        if mags.cut is None:  # a rule that never looked (threshold 0 keeps all) still forms and checks acc
+            mags.candidates(0)
+        sections.append(encode_indices(idx, values.size))
+        return idx, mags.values(idx)
