@@ -23,7 +23,7 @@ def decode(frame, out=None, *, max_elements=None, like=None):
     a NumPy array, or with ``like`` a new array of ``like``'s kind: a CPU torch tensor, or on
     the device for a device array (a torch CUDA tensor, a CuPy array, a Numba device array;
     docs/api.md, "Device arrays")."""
-    fr = parse_frame(frame, max_elements=max_elements)
+    fr = parse_frame(frame, max_elements=max_elements, verify_payload="defer")  # checked as it is decoded
     return codec_of(fr).decode_frame(fr, out, like=like)
 
 
@@ -48,7 +48,7 @@ def decode_many(frame, out=None, *, layout=None, max_elements=None, like=None):
     ``max_elements`` bounds the sum of the tensors' element counts.  Every section of every
     tensor is checked before any output is allocated.  ``like``: the new arrays are of its
     kind, as for :func:`decode` (CPU torch tensors; device arrays on its device)."""
-    mf = parse_many(frame, layout=layout, max_elements=max_elements)
+    mf = parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")  # checked as it is decoded
     return many.decode(codec_of(mf), mf, out, like=like)
 
 

@@ -132,6 +132,9 @@ class Frame:
     spec: str
     sections: list
     header_len: int
+    #: the payload check decoding completes (:class:`codec.checksum.PayloadCheck`), for a
+    #: frame parsed with ``verify_payload="defer"``; else None (checked, or no checksum)
+    check: object = None
 
     @property
     def n(self) -> int:
@@ -241,6 +244,19 @@ def check_payload(mv, flags: int, crc_at: int, start: int) -> None:
         raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
 
 
+def payload_check(mv, flags: int, crc_at: int, start: int):
+    """:func:`check_payload` left to the decode that reads ``mv[start:]``: a
+    :class:`codec.checksum.PayloadCheck` for a CRC-32C (the kernels that read the payload
+    checksum it as they go); a zlib CRC32 is checked now, and a frame without a checksum has
+    nothing to check (both None)."""
+    if checksum_name(flags) != "crc32c":
+        check_payload(mv, flags, crc_at, start)
+        return None
+    from codec.checksum import PayloadCheck
+
+    return PayloadCheck(mv[start:], _CRC.unpack_from(mv, crc_at)[0])
+
+
 def _as_buffer(buf) -> memoryview:
     if isinstance(buf, np.ndarray):
         if buf.dtype != np.uint8 or buf.ndim != 1:
@@ -255,12 +271,14 @@ def _as_buffer(buf) -> memoryview:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
-def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = True) -> Frame:
+def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool | str = True) -> Frame:
     """Validate ``buf`` as a frame and return its parsed header (sections are read lazily).
 
     ``verify_payload=False`` skips the payload checksum (one pass over the payload) and
     nothing else: only for a frame this process has just built and still holds, as the
     error-feedback step's subtraction of its own frame (``Codec.subtract``).
+    ``verify_payload="defer"``: the frame's ``check`` is the payload check its decode
+    completes (:func:`payload_check`; ``Codec.decode_frame`` does), reading the payload once.
 
     ``buf`` may be a device frame (a uint8 device array): only its header crosses to the
     host, its checksum is verified on the device (:mod:`codec.devframe`)."""
@@ -268,7 +286,9 @@ def parse_frame(buf, *, max_elements: int | None = None, verify_payload: bool = 
         return _parse_device(buf, max_elements, verify_payload)
     mv = _as_buffer(buf)
     fr = parse_header(mv, mv.nbytes, max_elements)
-    if verify_payload:
+    if verify_payload == "defer":
+        fr.check = payload_check(mv, fr.flags, fr.header_len - 2 * _CRC.size, fr.header_len)
+    elif verify_payload:
         check_payload(mv, fr.flags, fr.header_len - 2 * _CRC.size, fr.header_len)
     check_zstd(mv, fr.sections)
     return fr

@@ -214,17 +214,18 @@ def _targets(c, mf, out, *, add: bool) -> list:
     return [checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
 
 
-def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False) -> np.ndarray:
+def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False, check=None) -> np.ndarray:
     """A run's (or a joint frame's) values decoded at once into ``dtype``: into this
     thread's reused buffer when ``reuse`` (small, and only read before the next call), else a
-    new array; with ``device``, a new device array (the codes cross the link, not the values)."""
+    new array; with ``device``, a new device array (the codes cross the link, not the values);
+    ``check``: the frame's payload check, noted as the codes are read (``Codec._write``)."""
     if device:
         from codec.device import empty
 
         whole = empty(ctx.n, dtype)
     else:
         whole = scratch(ctx.n, dtype) if reuse and ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, dtype)
-    c._write(ctx, payload, whole, SET)
+    c._write(ctx, payload, whole, SET, check)
     return whole
 
 
@@ -241,17 +242,23 @@ def decode(c, mf, out=None, like=None):
         for dt in set(lay.dtypes):
             device.check_dtype(dt, "like")
     mem = Memory(dev)
-    jobs = read_jobs(c, mf, device=dev)
+    check = c.payload_check(mf.check, dev)  # completed as the codes are decoded, or verified now
+    segmented = _segmented(c, mf, targets, dev)
+    jobs = read_jobs(c, mf, device=dev, whole_runs=segmented)
     spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
     results = [None] * len(mf)
     for idx, ctx, payload in jobs:
         if len(idx) == 1 and not mf.joint:
             i = idx[0]
             target = targets[i] if targets[i] is not None else mem.empty(lay.sizes[i], lay.dtypes[i])
-            c._write(ctx, payload, target, SET)
+            c._write(ctx, payload, target, SET, check)
             results[i] = target.reshape(lay.shapes[i])
         elif len(idx) > 1 and idx[0] in spans:  # device outputs end to end: the job written at once
             c._write(ctx, payload, spans[idx[0]], SET)
+            for i in idx:
+                results[i] = targets[i]
+        elif segmented:  # every tensor of the run written where it lies, in one pass
+            c.value.write_segments(payload, [targets[i] for i in idx], SET, check)
             for i in idx:
                 results[i] = targets[i]
         elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
@@ -259,7 +266,7 @@ def decode(c, mf, out=None, like=None):
                 scatter_checked(vals, pos, targets[i], SET)  # positions the stage checked
                 results[i] = targets[i]
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
-            whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None, device=dev)
+            whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None, device=dev, check=check)
             for i in idx:
                 at = lay.starts[i] - lay.starts[idx[0]]
                 part = whole[at : at + lay.sizes[i]]
@@ -270,6 +277,8 @@ def decode(c, mf, out=None, like=None):
                         targets[i].copy_to_device(part)
                     part = targets[i]
                 results[i] = part.reshape(lay.shapes[i])
+    if check is not None:
+        check.verify(targets)  # a caller's outs: NaN when the frame is damaged
     if out is not None:
         return out
     if like is not None:
@@ -280,9 +289,21 @@ def decode(c, mf, out=None, like=None):
 def decode_add(c, mf, out, subtract=False):
     """``codec.decode_add_many`` of the parsed frame ``mf``, which the codec ``c`` made."""
     targets = _targets(c, mf, out, add=True)
-    jobs = read_jobs(c, mf, device=on_device(*targets))
-    _add_jobs(c, mf, jobs, targets, SUB if subtract else ADD, device_spans([idx for idx, _, _ in jobs], targets))
+    dev = on_device(*targets)
+    segmented = _segmented(c, mf, targets, dev)
+    jobs = read_jobs(c, mf, device=dev, whole_runs=segmented)
+    _add_jobs(c, mf, jobs, targets, SUB if subtract else ADD, device_spans([idx for idx, _, _ in jobs], targets), segmented)
     return out
+
+
+def _segmented(c, mf, targets, device: bool) -> bool:
+    """Whether decoding ``mf`` writes every run of an elementwise codec straight into its
+    tensors' arrays (:meth:`codec.stage.Value.write_segments`): host targets given, each of
+    its tensor's own float32/float64 dtype.  A run is then every consecutive tensor of one
+    dtype (a whole model in one pass), and no buffer of it is formed."""
+    if not c.elementwise or device or mf.joint or any(t is None for t in targets):
+        return False
+    return all(t.dtype == dt and dt in WIDE for t, dt in zip(targets, mf.layout.dtypes))
 
 
 def subtract(c, mf, targets: dict, shape: RunShape = RUNS, spans: dict | None = None) -> None:
@@ -296,14 +317,17 @@ def subtract(c, mf, targets: dict, shape: RunShape = RUNS, spans: dict | None = 
     _add_jobs(c, mf, read_jobs(c, mf, set(targets), shape, on_device(*targets.values())), full, SUB, spans or {})
 
 
-def _add_jobs(c, mf, jobs, targets, mode, spans=None) -> None:
+def _add_jobs(c, mf, jobs, targets, mode, spans=None, segmented: bool = False) -> None:
     """``targets[i] (+|-)= decoded tensor i`` for every tensor of ``jobs`` (from
     :func:`codec.readruns.read_jobs`); ``spans``: per job of several tensors whose targets are consecutive
-    slices of one flat array (keyed by its first tensor), that array, updated at once."""
+    slices of one flat array (keyed by its first tensor), that array, updated at once;
+    ``segmented``: runs are written where their tensors lie (:func:`_segmented`)."""
     for idx, ctx, payload in jobs:
         span = spans.get(idx[0]) if spans and len(idx) > 1 else None
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
+        elif segmented:
+            c.value.write_segments(payload, [targets[i] for i in idx], mode)
         elif span is not None and c.select is not None:  # the run's pairs, counted from its first element, written
             c._write(ctx, payload, span, mode)  # as one tensor's (a 16-bit output: the dense decoded values added once)
         elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs

@@ -209,7 +209,7 @@ class Codec:
 
     def decode_many(self, frame, out=None, *, layout=None, max_elements=None, like=None):
         """:func:`codec.decode_many`, checking that the frame was made by this codec."""
-        return many.decode(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements)), out, like=like)
+        return many.decode(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")), out, like=like)
 
     def decode_sparse_many(self, frame, *, layout=None, max_elements=None) -> list:
         """:func:`codec.decode_sparse_many`, checking that the frame was made by this codec."""
@@ -225,7 +225,7 @@ class Codec:
         a NumPy array, a CPU or CUDA torch tensor, any device array); ``like`` a device array:
         the new array is on the device, of ``like``'s kind; a CPU torch tensor: a new CPU
         tensor (:func:`codec.decode`)."""
-        return self.decode_frame(self._same(parse_frame(frame, max_elements=max_elements)), out, like=like)
+        return self.decode_frame(self._same(parse_frame(frame, max_elements=max_elements, verify_payload="defer")), out, like=like)
 
     def decode_add(self, frame, out, *, subtract: bool = False):
         """``out += decoded`` (``-=`` with ``subtract=True``) without a dense temporary for sparse codecs.
@@ -243,7 +243,8 @@ class Codec:
     # frame) that this codec reads: what codec.decode does once the frame named its codec
     def decode_frame(self, fr, out=None, *, like=None):
         """Decode the parsed frame ``fr`` into a new array (on the device of ``like`` when it is
-        a device array), or into ``out``."""
+        a device array), or into ``out``; a payload check ``fr`` carries (``fr.check``) is
+        completed in the same pass where the stages can (:meth:`payload_check`)."""
         on_dev = out is None and on_device(like)
         if on_dev:
             from codec import device
@@ -251,10 +252,13 @@ class Codec:
             device.check_stages(self.stages, "like")
             device.check_dtype(fr.dtype, "like")
         target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
+        check = self.payload_check(fr.check, on_dev or on_device(target))
         ctx, payload = self._read(fr, device=on_dev or on_device(target))  # every section checked before the dense output is allocated
         if target is None:
             target = device.empty(fr.n, fr.dtype) if on_dev else np.empty(fr.n, fr.dtype)
-        self._write(ctx, payload, target, SET)
+        self._write(ctx, payload, target, SET, check)
+        if check is not None:
+            check.verify((target,) if out is not None else ())  # a caller's out: NaN when the frame is damaged
         if out is not None:
             return out
         return device.as_like(target.reshape(fr.shape), like) if on_dev else host_like(target.reshape(fr.shape), like)
@@ -283,6 +287,16 @@ class Codec:
         ctx, payload = self._read(fr)
         return ctx.positions, self._kept(ctx, payload)
 
+    def payload_check(self, check, device: bool = False):
+        """``check`` (a parsed frame's :class:`codec.checksum.PayloadCheck`, or None) when
+        decoding with this codec completes it in its own pass over the payload (a value stage
+        that :attr:`~codec.stage.Value.checks_payload` alone, with no byte stage, into host
+        arrays); otherwise it is verified now, before anything is read (None is returned)."""
+        if check is None or (self.value.checks_payload and self.select is None and self.transform is None and not self.post and not device):
+            return check
+        check.verify()
+        return None
+
     def _same(self, fr):
         """``fr`` (a parsed frame, v1 or v2), after checking this codec made it."""
         if "+".join(s.name for s in codec_of(fr).stages) != self.codec_id:
@@ -309,8 +323,10 @@ class Codec:
         rd.done()
         return ctx, payload
 
-    def _write(self, ctx, payload, out: np.ndarray, mode: int) -> None:
-        """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per ``mode``)."""
+    def _write(self, ctx, payload, out: np.ndarray, mode: int, check=None) -> None:
+        """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per
+        ``mode``); ``check``: the frame's payload check the value stage notes its codes in
+        (:meth:`payload_check` gave it)."""
         from codec.ops import WIDE, scatter_checked, store, wide_dtype
 
         if self.transform is not None:  # coefficients in the domain's dtype, where out lives (the codes cross, not the values), then the inverse
@@ -324,8 +340,10 @@ class Codec:
             from codec.device import Memory
 
             wide = Memory(on_device(out)).empty(out.size, wide_dtype(ctx.dtype))  # the decoded values exactly, where out lives: rounded once, in store
-            self._write(ctx, payload, wide, SET)
+            self._write(ctx, payload, wide, SET, check)
             store(wide, out, mode)
+        elif check is not None:
+            self.value.write(payload, out, mode, check=check)
         elif self.select is None:
             self.value.write(payload, out, mode)
         else:

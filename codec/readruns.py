@@ -18,13 +18,15 @@ from codec.runs import RUNS, RunShape, runs, segment_runs
 from codec.stage import Context
 
 
-def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) -> list:
+def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, whole_runs: bool = False) -> list:
     """The jobs of ``mf`` for the codec ``c``: ``(indices, ctx, payload)`` per tensor, or per run of
     small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
     and compactly read (phase 1 for all tensors before any output is allocated).  ``only``:
     the jobs of these tensors alone (a set of indices; the others are not read); ``shape``:
     the select and quantizer runs' (as they were encoded); ``device``: the outputs are device
-    arrays, so a tensor read alone reads a large index section there (``Context.device``)."""
+    arrays, so a tensor read alone reads a large index section there (``Context.device``);
+    ``whole_runs``: an elementwise codec's runs are every consecutive tensor of one dtype,
+    whatever its size (the decode writes them with :meth:`codec.stage.Value.write_segments`)."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
@@ -36,7 +38,7 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False) ->
     sparse_runs = any(k is not None for k in known)  # every tensor's positions (of only) read at once
     transform_runs = c.transform is not None and c.transform.segmented and isinstance(mf.payload, memoryview)
     if c.elementwise:
-        groups = runs(zip(lay.sizes, lay.dtypes))
+        groups = runs(zip(lay.sizes, lay.dtypes), *((1 << 62,) if whole_runs else ()))
     elif value_runs or sparse_runs or transform_runs:  # a zstd payload is decompressed section by section as the stages read it
         alone = set(range(len(mf))) - {i for g in segs for i in g}
         groups = sorted(segs + [[i] for i in alone])

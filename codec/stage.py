@@ -335,6 +335,11 @@ class Value(Stage):
     #: consecutive same-dtype tensors are the codes of their concatenation, and a many-tensor
     #: frame codes a run of small tensors with one kernel call (``none``, ``fp16``, ``bf16``)
     elementwise: ClassVar[bool] = False
+    #: True when :meth:`write` takes ``check=`` (a :class:`codec.checksum.PayloadCheck`) and
+    #: notes the CRC-32C of the payload bytes its kernel reads, so a decode verifies the
+    #: frame in the same pass (``fp16``, ``bf16``); a stage without it is checked before
+    #: decoding, as the whole payload
+    checks_payload: ClassVar[bool] = False
 
     @abc.abstractmethod
     def encode(self, values, ctx, sections) -> None:
@@ -436,6 +441,19 @@ class Value(Stage):
         :meth:`read` makes (CorruptFrameError); None (the default, or sections that are not
         what the run expects) reads each tensor on its own."""
         return None
+
+    def write_segments(self, payload, outs, mode, check=None) -> None:
+        """:meth:`write` of a run of tensors' concatenation (what :meth:`read` gave for it)
+        straight into each tensor's own flat array, ``outs`` in order (host arrays of one
+        float32/float64 dtype), with no buffer of the run between; ``check`` as for
+        :meth:`write` when the stage :attr:`checks_payload`.  For an :attr:`elementwise`
+        stage only, whose payload is one code per value: by default each tensor's slice is
+        written on its own; a stage may write the run in one pass (``fp16``, ``bf16``)."""
+        at = 0
+        for out in outs:
+            part = payload[at : at + out.size]
+            self.write(part, out, mode, check=check) if check is not None else self.write(part, out, mode)
+            at += out.size
 
     def encode_feedback(self, x, slot, ctx, sections):
         """A fused error-feedback step for a codec of this value stage alone: append the

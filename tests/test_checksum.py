@@ -1,4 +1,7 @@
-"""codec/checksum.py: the payload CRC-32C on several threads equals the one-call CRC-32C."""
+"""codec/checksum.py: the payload CRC-32C on several threads equals the one-call CRC-32C; a
+decode's :class:`~codec.checksum.PayloadCheck` (the fp16/bf16 decoders checksum the codes they
+read) refuses exactly the damaged frames, and leaves a caller's ``out`` NaN when it does, while
+the codecs that do not fuse it (and every ``decode_add``) refuse before writing anything."""
 
 from __future__ import annotations
 
@@ -76,3 +79,104 @@ def test_the_checksum_does_not_load_numba():
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_a_payload_check_joins_what_was_noted_and_checksums_the_rest():
+    rng = np.random.default_rng(3)
+    payload = rng.integers(0, 256, 100_003, dtype=np.uint8)
+    want = ref.crc32c(payload)
+    pieces = [(0, 10), (10, 5000), (7000, 7001), (7001, 100_003)]
+    for noted in ([], pieces, pieces[1:3], pieces + pieces[:2]):  # none, all, some (gaps), some twice
+        check = checksum.PayloadCheck(memoryview(payload), want)
+        for lo, hi in noted:
+            check.note(payload[lo:hi], ref.crc32c(payload[lo:hi]))
+        check.note(payload[5:9], -1)  # (a kernel that formed none)
+        check.note(np.zeros(8, np.uint8), 12345)  # (not the payload: ignored)
+        check.verify()
+    check = checksum.PayloadCheck(memoryview(payload), want)
+    check.note(payload[:10], ref.crc32c(payload[:10]) ^ 1)  # a piece whose bytes changed
+    out = np.ones(4, np.float32)
+    with pytest.raises(codec.CorruptFrameError, match=r"^payload checksum mismatch: the section data is damaged$"):
+        check.verify((out, None))
+    assert np.isnan(out).all()
+    checksum.PayloadCheck(memoryview(b""), 0).verify()
+
+
+def _damaged(frame) -> bytes:
+    b = bytearray(frame)
+    b[-3] ^= 0x10  # a code's byte: the header still holds
+    return bytes(b)
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16"])
+def test_a_fused_decode_refuses_a_damaged_payload_and_leaves_out_nan(spec):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_t(3, 70_001) * 1e-2).astype(np.float32)
+    tensors = {"a": x[:5], "b": x[5:60_000].reshape(-1, 5), "c": np.empty(0, np.float32), "d": x[60_000:].astype(np.float64)}
+    c = codec.get_codec(spec)
+    for frame, decode, fresh in (
+        (c.encode(x), lambda f, out: codec.decode(f, out=out), lambda: np.ones_like(x)),
+        (c.encode(x), lambda f, out: c.decode(f, out=out), lambda: np.ones_like(x)),
+        (c.encode_many(tensors), lambda f, out: codec.decode_many(f, out=out), lambda: {k: np.ones_like(v) for k, v in tensors.items()}),
+        (c.encode_many(tensors), lambda f, out: c.decode_many(f, out=out), lambda: {k: np.ones_like(v) for k, v in tensors.items()}),
+    ):
+        out = fresh()
+        decode(frame, out)  # a sound frame: decoded, checked in the same pass
+        for got, want in zip(out.values() if isinstance(out, dict) else [out], (tensors.values() if isinstance(out, dict) else [x])):
+            assert np.array_equal(got, want.astype(c.value.dtype).astype(want.dtype))
+        with pytest.raises(codec.CorruptFrameError, match=r"^payload checksum mismatch: the section data is damaged$"):
+            decode(_damaged(frame), out)
+        for got in out.values() if isinstance(out, dict) else [out]:
+            assert np.isnan(got).all()  # never the damaged frame's values
+        with pytest.raises(codec.CorruptFrameError, match=r"^payload checksum mismatch"):
+            decode(_damaged(frame), None)
+
+
+@pytest.mark.parametrize("spec", ["none", "qsgd", "topk(ratio=0.1)", "fp16+zstd", "fp16"])
+def test_what_is_not_checked_in_the_pass_is_checked_before_writing(spec):
+    """A codec whose decode does not checksum its codes, a zstd frame, and every
+    ``decode_add`` (an accumulator must keep its sum) refuse a damaged frame before writing:
+    their ``out`` is untouched."""
+    rng = np.random.default_rng(2)
+    tensors = {"a": rng.standard_normal(3000).astype(np.float32), "b": rng.standard_normal(40).astype(np.float32)}
+    c = codec.get_codec(spec)
+    frame, many = c.encode(tensors["a"]), c.encode_many(tensors)
+    calls = [lambda out: codec.decode_add_many(_damaged(many), out), lambda out: c.decode_add(_damaged(frame), out["a"])]
+    if spec != "fp16":
+        calls += [lambda out: codec.decode(_damaged(frame), out=out["a"]), lambda out: codec.decode_many(_damaged(many), out=out)]
+    for call in calls:
+        out = {k: np.full_like(v, 7.0) for k, v in tensors.items()}
+        with pytest.raises(codec.CorruptFrameError):
+            call(out)
+        assert all((v == 7.0).all() for v in out.values())
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16", "none"])
+def test_a_many_tensor_decode_writes_each_run_where_its_tensors_lie(spec):
+    """Into given arrays, an elementwise codec decodes every consecutive tensor of one dtype in
+    one pass (``write_segments``): the same values as each tensor decoded alone, for
+    ``decode_many``, ``decode_add_many`` and ``subtract=True``, across dtypes, empty tensors and
+    16-bit tensors (these through the per-run buffer)."""
+    from codec.dtypes import bfloat16
+
+    rng = np.random.default_rng(4)
+    sizes = [(3,), (0,), (70_000,), (5, 7), (1,), (0,), (200_001,), (2,), (9,), (4,)]
+    dts = [np.float32] * 5 + [np.float64, np.float64, np.float16, bfloat16, np.float32]
+    tensors = {f"t{i}": (rng.standard_t(3, s) * 1e-2).astype(d) for i, (s, d) in enumerate(zip(sizes, dts))}
+    c = codec.get_codec(spec)
+    frame = c.encode_many(tensors)
+    alone = {k: codec.decode(c.encode(v)) for k, v in tensors.items()}
+    out = {k: np.full_like(v, 5) for k, v in tensors.items()}
+    assert codec.decode_many(frame, out=out) is out
+    acc = {k: np.full_like(v, 0.25) for k, v in tensors.items()}
+    codec.decode_add_many(frame, acc)
+    sub = {k: np.full_like(v, 0.25) for k, v in tensors.items()}
+    codec.decode_add_many(frame, sub, subtract=True)
+    for k, v in tensors.items():
+        assert np.array_equal(out[k], alone[k]) and out[k].dtype == v.dtype
+        want = np.full_like(v, 0.25)
+        c.decode_add(c.encode(v), want)
+        assert np.array_equal(acc[k], want), k
+        want = np.full_like(v, 0.25)
+        c.decode_add(c.encode(v), want, subtract=True)
+        assert np.array_equal(sub[k], want), k

@@ -292,6 +292,36 @@ def test_widen_every_code(dtype):
 @pytest.mark.parametrize("mode", (SET, ADD, SUB))
 @pytest.mark.parametrize("out_dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_half_decode_segments_writes_each_tensor_where_it_lies(dtype, out_dtype, mode):
+    """A many-tensor decode's one pass: tensor t's codes into its own array (by address),
+    equal to NumPy's cast per tensor, across chunk boundaries and empty tensors, in both
+    twins; the codes' CRC-32C formed as they are read (and the plain kernel's too)."""
+    K = module("convert", "cpu")
+    rng = np.random.default_rng(7 + mode)
+    sizes = [0, 1, 7, CHUNK - 3, 0, 2 * CHUNK + 5, 1, 3]
+    codes = rng.integers(0, 1 << 16, sum(sizes), dtype=np.uint16)
+    codes[: 1 << 16 if codes.size > 1 << 16 else 0] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every code
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    vals = lut_reference(dtype)[codes].astype(out_dtype)
+    bases = [heavy(rng, n, out_dtype) for n in sizes]
+    for twin in ("serial", "parallel"):
+        outs = [b.copy() for b in bases]
+        addrs = np.array([o.ctypes.data for o in outs], np.int64)
+        with np.errstate(invalid="ignore"):
+            got = getattr(K.half_decode_segments, twin)(codes, addrs, starts, outs[0], mode, dtype == BF16, 0x5EED)
+        check_kernel_crc(got, codes, 0x5EED, K)
+        for t, (o, b) in enumerate(zip(outs, bases)):
+            v = vals[starts[t] : starts[t + 1]]
+            with np.errstate(invalid="ignore"):
+                assert_same_floats(o, {SET: v, ADD: b + v, SUB: b - v}[mode])
+    out = np.empty(codes.size, out_dtype)
+    check_kernel_crc(K.half_decode(codes, out, mode, dtype == BF16, 3), codes, 3, K)
+    assert K.half_decode(codes, out, mode, dtype == BF16) == -1  # none asked
+
+
+@pytest.mark.parametrize("mode", (SET, ADD, SUB))
+@pytest.mark.parametrize("out_dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
 def test_half_decode_modes(dtype, out_dtype, mode, backend):
     rng = np.random.default_rng(mode)
     codes = np.concatenate([np.arange(1 << 16, dtype=np.uint32).astype(np.uint16), rng.integers(0, 1 << 16, CHUNK + 5, dtype=np.uint16)])

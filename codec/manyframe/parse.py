@@ -22,6 +22,7 @@ from codec.frame import (
     _as_buffer,
     check_dims,
     check_payload,
+    payload_check,
     checksum_name,
     element_limit,
     raw_length,
@@ -59,6 +60,8 @@ class ManyFrame:
     payload: object  # a memoryview, or a ZstdPayload
     stored_len: int
     tensor_sections: tuple  # per tensor, a tuple of frozen SectionInfo
+    #: the payload check decoding completes, as :attr:`codec.frame.Frame.check`
+    check: object = None
 
     @property
     def checksum(self) -> str | None:
@@ -231,16 +234,19 @@ def _names_checked(lay: Layout, *, frame: bool) -> Layout:
     return lay
 
 
-def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool = True) -> ManyFrame:
+def parse_many(buf, *, layout=None, max_elements: int | None = None, verify_payload: bool | str = True) -> ManyFrame:
     """Validate ``buf`` as a v2 frame; ``layout`` (a :class:`Layout`, or the tensors) is
-    required for the layout-hash form and checked against the table form.  ``buf`` may be a
+    required for the layout-hash form and checked against the table form;
+    ``verify_payload`` as for :func:`codec.frame.parse_frame`.  ``buf`` may be a
     device frame (a uint8 device array): only its header crosses to the host
     (:mod:`codec.devframe`)."""
     if on_device(buf):
         return _parse_device(buf, layout, max_elements, verify_payload)
     mv = _as_buffer(buf)
     mf, raw_total = parse_many_header(mv, mv.nbytes, layout, max_elements)
-    if verify_payload:
+    if verify_payload == "defer" and raw_total is None:  # (a zstd payload: checked now, as it is not what the kernels read)
+        mf.check = payload_check(mv, mf.flags, mf.header_len - 2 * _CRC.size, mf.header_len)
+    elif verify_payload:
         check_payload(mv, mf.flags, mf.header_len - 2 * _CRC.size, mf.header_len)
     payload = mv[mf.header_len :]
     mf.payload = payload if raw_total is None else ZstdPayload(payload, raw_total)  # a zstd payload is decompressed section by section as the stages read them

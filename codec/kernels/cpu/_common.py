@@ -191,3 +191,33 @@ def owner(starts, i):
         else:
             hi = mid
     return lo
+
+
+@intrinsic
+def view_at(typingctx, like, addr, n):
+    """A 1-D C-contiguous array of ``n`` items of ``like``'s dtype at the address ``addr`` (an
+    int64): another array's memory, which the caller keeps alive for the call.  How one
+    kernel call writes many separate arrays (each tensor's output of a many-tensor decode)
+    without a list of arrays, which Numba would box and unbox element by element."""
+    if not isinstance(like, types.Array) or not isinstance(addr, types.Integer) or not isinstance(n, types.Integer):
+        return None
+    arrty = types.Array(like.dtype, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        _, at, count = args
+        item = context.get_data_type(arrty.dtype)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(item))
+        count = context.cast(builder, count, signature.args[2], types.intp)
+        at = context.cast(builder, at, signature.args[1], types.int64)
+        ary = context.make_array(arrty)(context, builder)
+        context.populate_array(
+            ary,
+            data=builder.inttoptr(at, item.as_pointer()),
+            shape=cgutils.pack_array(builder, [count]),
+            strides=cgutils.pack_array(builder, [itemsize]),
+            itemsize=itemsize,
+            meminfo=None,
+        )
+        return ary._getvalue()
+
+    return arrty(like, addr, n), codegen

@@ -8,7 +8,8 @@ loops, and stores, adds or subtracts it into the output; ``half_feedback`` (the 
 error-feedback step) and ``half_combine`` (adding into 16-bit outputs) use the same
 conversions.  The two kernels that write a frame's codes (``narrow_codes``,
 ``half_feedback``) can also return their CRC-32C, each chunk checksummed while it is in
-cache (``codec/kernels/cpu/_crc.py``), so the frame needs no second pass for its checksum.
+cache (``codec/kernels/cpu/_crc.py``), so the frame needs no second pass for its checksum;
+``half_decode`` likewise checksums the codes it reads, for the decode's check of the frame.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
 depend on the thread count.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import chunks
+from codec.kernels.cpu._common import chunks, owner, view_at
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
@@ -27,6 +28,7 @@ from codec.modes import ADD, SET, SUB
 __all__ = [
     "narrow_codes",
     "half_decode",
+    "half_decode_segments",
     "combine",
     "momentum",
     "combine_odd",
@@ -202,16 +204,53 @@ def _decode_block(cs, os, mode, bf16):
 
 
 @jit(parallel=True)
-def half_decode(codes, out, mode, bf16):
+def half_decode(codes, out, mode, bf16, crc=-1):
     """``out (=|+=|-=) value(codes)`` for fp16 (``bf16=False``) or bf16 codes into a
     float32/float64 ``out``; ``mode`` is SET, ADD or SUB.  Values are exact (NumPy's cast of
-    every code, NaN payloads included)."""
+    every code, NaN payloads included).
+
+    Returns, with ``crc >= 0``, the CRC-32C of the codes' bytes continued from ``crc``, each
+    chunk checksummed right after it is read (a decode verifies its frame's payload in the
+    same pass: :class:`codec.checksum.PayloadCheck`), or -1 when this CPU cannot; ``crc < 0``
+    (the default) asks for none (-1)."""
     n = codes.size
     nchunk = chunks(n)
+    sums, lens = crc_pieces(nchunk, crc)
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
         _decode_block(codes[lo:hi], out[lo:hi], mode, bf16)
+        if sums.size:
+            crc_piece(sums, lens, c, codes, lo, hi)
+    return joined(sums, lens, crc)
+
+
+@jit(parallel=True)
+def half_decode_segments(codes, addrs, starts, like, mode, bf16, crc=-1):
+    """:func:`half_decode` of the codes of many tensors end to end, each into its own array:
+    tensor ``t``'s codes are ``codes[starts[t]:starts[t+1]]`` and its output is the array of
+    ``like``'s dtype at address ``addrs[t]`` (float32 or float64; the caller keeps them
+    alive).  One parallel pass over the whole run, in chunks of the run (a many-tensor
+    decode of a whole model costs what one tensor of its size costs), the codes checksummed
+    as with ``half_decode``."""
+    n = codes.size
+    nchunk = chunks(n)
+    sums, lens = crc_pieces(nchunk, crc)
+    for c in prange(nchunk):
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
+        t = owner(starts, lo)
+        a = lo
+        while a < hi:
+            while starts[t + 1] <= a:  # (empty tensors)
+                t += 1
+            b = min(hi, starts[t + 1])
+            o = view_at(like, addrs[t], starts[t + 1] - starts[t])
+            _decode_block(codes[a:b], o[a - starts[t] : b - starts[t]], mode, bf16)
+            a = b
+        if sums.size:
+            crc_piece(sums, lens, c, codes, lo, hi)
+    return joined(sums, lens, crc)
 
 
 @jit(parallel=True)

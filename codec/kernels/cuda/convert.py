@@ -144,10 +144,31 @@ def _decode(codes, out, mode, bf16):
             out[i] += v
 
 
-def half_decode(codes, out, mode, bf16):
-    """``out (=|+=|-=) value(codes)`` (fp16 or bf16 codes, float32/float64 ``out``)."""
+def half_decode(codes, out, mode, bf16, crc=-1):
+    """``out (=|+=|-=) value(codes)`` (fp16 or bf16 codes, float32/float64 ``out``).  Returns -1:
+    the CPU twin's checksum of the codes is not formed here (a device frame's CRC-32C is
+    verified on the device when it is parsed: codec.devframe)."""
     if codes.size:
         _decode[launch(codes.size)](codes, out, mode, bool(bf16))
+    return -1
+
+
+def half_decode_segments(codes, addrs, starts, like, mode, bf16, crc=-1):
+    """:func:`half_decode` of many tensors' codes end to end, tensor ``t``'s into the device
+    array of ``like``'s dtype at device address ``addrs[t]`` (host int64 arrays ``addrs`` and
+    ``starts``), one launch per tensor.  Returns -1, as ``half_decode``.  Needs a real
+    device: the simulator cannot view an address (CodecTypeError)."""
+    view = getattr(numba_cuda(), "from_cuda_array_interface", None)
+    if view is None:
+        from codec.errors import CodecTypeError
+
+        raise CodecTypeError("addrs: this CUDA target (the simulator) cannot view device memory by address")
+    for t in range(len(addrs)):
+        lo, hi = int(starts[t]), int(starts[t + 1])
+        if hi > lo:
+            face = {"shape": (hi - lo,), "typestr": np.dtype(like.dtype).str, "data": (int(addrs[t]), False), "version": 3, "strides": None}
+            half_decode(codes[lo:hi], view(face, owner=like, sync=False), mode, bf16)
+    return -1
 
 
 @jit

@@ -133,13 +133,31 @@ class _Half(Value):
         narrow(values, self.dtype, codes)
         return self.written(codes, values.size, ctx)
 
-    def write(self, codes, out, mode):
+    checks_payload = True
+
+    def write(self, codes, out, mode, check=None):
         from codec.device import to_device
         from codec.kernels import backend
 
         if on_device(out):  # the codes' one copy to the device
             codes = to_device(codes)
-        backend("convert", out).half_decode(codes, out, mode, self.dtype != np.float16)
+        crc = backend("convert", out).half_decode(codes, out, mode, self.dtype != np.float16, -1 if check is None else 0)
+        if check is not None:
+            check.note(codes, crc)
+
+    def write_segments(self, codes, outs, mode, check=None):
+        """The run's codes decoded into every tensor's array in one parallel pass
+        (``half_decode_segments``), checksummed as they are read when ``check`` is given."""
+        from codec.kernels import backend
+
+        if not outs:
+            return
+        addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+        starts = np.zeros(len(outs) + 1, np.int64)
+        np.cumsum([o.size for o in outs], out=starts[1:])
+        crc = backend("convert", outs[0]).half_decode_segments(codes, addrs, starts, outs[0], mode, self.dtype != np.float16, -1 if check is None else 0)
+        if check is not None:
+            check.note(codes, crc)
 
 
 @register
