@@ -183,6 +183,11 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | 
 
 
 # -------------------------------------------------------------------- decoding
+#: the fewest elements a many-tensor decode writes with ``write_segments``: below them the
+#: kernels are serial (``codec._jit.PARALLEL_MIN``) and the runs' buffer costs less than
+#: the arrays' addresses
+SEGMENTED_MIN = 1 << 17
+
 def _targets(c, mf, out, *, add: bool) -> list:
     """Per tensor of ``mf``, the flat array decoding writes (None: a new one), from ``out``:
     None, a dict name -> array (exactly the frame's names) or a sequence (frame order), all
@@ -300,8 +305,9 @@ def _segmented(c, mf, targets, device: bool) -> bool:
     """Whether decoding ``mf`` writes every run of an elementwise codec straight into its
     tensors' arrays (:meth:`codec.stage.Value.write_segments`): host targets given, each of
     its tensor's own float32/float64 dtype.  A run is then every consecutive tensor of one
-    dtype (a whole model in one pass), and no buffer of it is formed."""
-    if not c.elementwise or device or mf.joint or any(t is None for t in targets):
+    dtype (a whole model in one pass), and no buffer of it is formed.  Not below
+    :data:`SEGMENTED_MIN` elements, where the kernels run serially anyway."""
+    if not c.elementwise or device or mf.joint or any(t is None for t in targets) or sum(mf.layout.sizes) < SEGMENTED_MIN:
         return False
     return all(t.dtype == dt and dt in WIDE for t, dt in zip(targets, mf.layout.dtypes))
 
