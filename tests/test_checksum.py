@@ -110,8 +110,11 @@ def _damaged(frame) -> bytes:
 
 @pytest.mark.parametrize("spec", ["fp16", "bf16"])
 def test_a_fused_decode_refuses_a_damaged_payload_and_leaves_out_nan(spec):
+    from codec.frame import CHECK_IN_PASS_MIN
+
     rng = np.random.default_rng(1)
-    x = (rng.standard_t(3, 70_001) * 1e-2).astype(np.float32)
+    n = CHECK_IN_PASS_MIN // 2 + 70_001  # a payload checked in the decode's pass
+    x = (rng.standard_t(3, n) * 1e-2).astype(np.float32)
     tensors = {"a": x[:5], "b": x[5:60_000].reshape(-1, 5), "c": np.empty(0, np.float32), "d": x[60_000:].astype(np.float64)}
     c = codec.get_codec(spec)
     for frame, decode, fresh in (
