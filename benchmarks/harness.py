@@ -7,6 +7,7 @@ folder on ``sys.path`` first, so it runs as ``python benchmarks/bench_X.py`` fro
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -46,14 +47,30 @@ def timed(fn):
     return r, time.perf_counter() - t
 
 
-def best(fn, repeat):
-    """The minimum wall-clock time of ``repeat`` calls of ``fn``."""
+def best(fn, repeat, stat=min):
+    """The minimum wall-clock time of ``repeat`` calls of ``fn`` (``stat``: another summary of
+    the times, such as ``statistics.median``, for a machine under load)."""
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return min(times)
+    return stat(times)
+
+
+@contextlib.contextmanager
+def busy(count: int):
+    """``count`` other processes spinning on the CPU while the block runs: a machine under
+    load, as a training job's data loaders or a neighbour's job make it (killed on exit)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5 if count else 0)  # (scheduled before the first figure)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
 
 
 def gbps(nbytes, seconds):
