@@ -22,7 +22,7 @@ from codec.framebuffer import frame_out
 from codec.manyframe import Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import WIDE, scatter_checked, scratch, store, wide_dtype
-from codec.runs import RUNS, SEGMENT_ELEMENTS, RunShape, elementwise_sections, select_runs, transform_runs, value_runs
+from codec.runs import RUNS, SEGMENT_ELEMENTS, SEGMENTED_MIN, RunShape, elementwise_sections, select_runs, transform_runs, value_runs
 from codec.stage import Context, check_step
 
 
@@ -183,11 +183,6 @@ def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | 
 
 
 # -------------------------------------------------------------------- decoding
-#: the fewest elements a many-tensor decode writes with ``write_segments``: below them the
-#: kernels are serial (``codec._jit.PARALLEL_MIN``) and the runs' buffer costs less than
-#: the arrays' addresses
-SEGMENTED_MIN = 1 << 17
-
 def _targets(c, mf, out, *, add: bool) -> list:
     """Per tensor of ``mf``, the flat array decoding writes (None: a new one), from ``out``:
     None, a dict name -> array (exactly the frame's names) or a sequence (frame order), all
@@ -306,7 +301,7 @@ def _segmented(c, mf, targets, device: bool) -> bool:
     tensors' arrays (:meth:`codec.stage.Value.write_segments`): host targets given, each of
     its tensor's own float32/float64 dtype.  A run is then every consecutive tensor of one
     dtype (a whole model in one pass), and no buffer of it is formed.  Not below
-    :data:`SEGMENTED_MIN` elements, where the kernels run serially anyway."""
+    :data:`codec.runs.SEGMENTED_MIN` elements, where the kernels run serially anyway."""
     if not c.elementwise or device or mf.joint or any(t is None for t in targets) or sum(mf.layout.sizes) < SEGMENTED_MIN:
         return False
     return all(t.dtype == dt and dt in WIDE for t, dt in zip(targets, mf.layout.dtypes))

@@ -54,6 +54,11 @@ def runs(tensors, total: int = RUN_ELEMENTS, each: int | None = None) -> list[li
 #: RUN_ELEMENTS elements, up to this many together, so one kernel call spans enough data to
 #: run on every thread (its scratch buffer is reused from call to call)
 SEGMENT_ELEMENTS = 1 << 20
+#: the fewest elements whose many-tensor call an elementwise codec codes in one pass where the
+#: tensors lie (:meth:`codec.stage.Value.encode_segments`, ``write_segments``): below them
+#: the kernels run serially (``codec._jit.PARALLEL_MIN``) and a run's buffer costs less than
+#: reading the arrays' addresses
+SEGMENTED_MIN = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -237,16 +242,30 @@ def elementwise_sections(c, arrays, ctxs, alone, flats: dict | None = None):
     """The table sections, payload pieces and run members of an elementwise codec's
     many-tensor frame: one piece per run of small same-dtype tensors (:func:`runs`), coded
     at once; a tensor alone through ``alone(i)``.  ``flats``: runs already concatenated
-    (:func:`concatenated`)."""
-    groups = runs([(a.size, a.dtype) for a in arrays])
+    (:func:`concatenated`).  A value stage that codes a run where its tensors lie
+    (:attr:`codec.stage.Value.segmented`) takes every consecutive host tensor of one dtype
+    as one run, with no buffer, from :data:`SEGMENTED_MIN` elements of float32/float64
+    tensors."""
+    where = (
+        flats is None
+        and c.value.segmented
+        and sum(a.size for a in arrays) >= SEGMENTED_MIN
+        and not any(on_device(a) or a.dtype not in (np.float32, np.float64) for a in arrays)
+    )
+    groups = runs([(a.size, a.dtype) for a in arrays], *((1 << 62,) if where else ()))
     table, pieces, ran = [], [], set()
-    for g, flat in zip(groups, concatenated(arrays, groups, flats)):
-        if flat is None:
+    for g, flat in zip(groups, [None] * len(groups) if where else concatenated(arrays, groups, flats)):
+        if len(g) == 1 and flat is None:
             secs = alone(g[0])
             table.append(secs)
             pieces += secs
             continue
-        (piece,) = c.sections(flat, Context(flat.shape, flat.dtype, name="tensors"))
+        if flat is None:  # the run coded where its tensors lie
+            members = [arrays[i].reshape(-1) for i in g]
+            n = sum(a.size for a in members)
+            (piece,) = c.value.encode_segments(members, Context((n,), members[0].dtype, name="tensors"), [])
+        else:
+            (piece,) = c.sections(flat, Context(flat.shape, flat.dtype, name="tensors"))
         table += [[Entry(piece.kind, piece.bits, arrays[i].size)] for i in g]
         pieces.append(_exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
         ran.update(g)

@@ -340,6 +340,10 @@ class Value(Stage):
     #: frame in the same pass (``fp16``, ``bf16``); a stage without it is checked before
     #: decoding, as the whole payload
     checks_payload: ClassVar[bool] = False
+    #: True when :meth:`encode_segments` codes a run of tensors where they lie, in one pass
+    #: (``fp16``, ``bf16``); every :attr:`elementwise` stage decodes one so
+    #: (:meth:`write_segments`)
+    segmented: ClassVar[bool] = False
 
     @abc.abstractmethod
     def encode(self, values, ctx, sections) -> None:
@@ -441,6 +445,12 @@ class Value(Stage):
         :meth:`read` makes (CorruptFrameError); None (the default, or sections that are not
         what the run expects) reads each tensor on its own."""
         return None
+
+    def encode_segments(self, arrays, ctx, sections) -> list:
+        """:meth:`encode` of the concatenation of ``arrays`` (flat host arrays of one
+        float32/float64 dtype, ``ctx`` the concatenation's) without forming it, for a stage
+        that is :attr:`segmented`: the sections appended to ``sections``, which is returned."""
+        raise NotImplementedError(f"{self.name} codes no run of tensors where they lie")
 
     def write_segments(self, payload, outs, mode, check=None) -> None:
         """:meth:`write` of a run of tensors' concatenation (what :meth:`read` gave for it)

@@ -289,6 +289,29 @@ def test_widen_every_code(dtype):
     assert ops.widen(np.zeros(0, dtype)).size == 0
 
 
+@pytest.mark.parametrize("src", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_narrow_codes_segments_reads_each_tensor_where_it_lies(dtype, src, ref16):
+    """A many-tensor encode's one pass: every tensor's codes (read by address) end to end, as
+    the correctly rounded reference gives them per tensor, with the non-finite count and the
+    codes' CRC-32C, across chunk boundaries and empty tensors, in both twins."""
+    K = module("convert", "cpu")
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 7, CHUNK - 3, 0, 2 * CHUNK + 5, 1, 3]
+    xs = [heavy(rng, n, src) for n in sizes]
+    xs[5][[3, 77]] = [np.nan, np.inf]
+    xs[2][0] = -np.inf
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    addrs = np.array([x.ctypes.data for x in xs], np.int64)
+    whole = np.concatenate(xs)
+    for twin in ("serial", "parallel"):
+        codes = np.zeros(whole.size, np.uint16)
+        bad, crc = getattr(K.narrow_codes_segments, twin)(codes, addrs, starts, xs[0], dtype == BF16, 0xABC)
+        assert bad == 3
+        check_kernel_crc(crc, codes, 0xABC, K)
+        assert_codes(codes, ref16(as64(whole), dtype), dtype, where=whole)
+
+
 @pytest.mark.parametrize("mode", (SET, ADD, SUB))
 @pytest.mark.parametrize("out_dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("dtype", HALVES, ids=str)

@@ -414,17 +414,20 @@ def test_runs_group_small_consecutive_tensors_of_one_dtype():
     assert runs([]) == []
 
 
+@pytest.mark.parametrize("big", ["run", "where they lie"])
 @pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "fp16(nonfinite=keep)", "bf16+zstd", "none+crc32"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, bfloat16])
-def test_runs_give_the_frame_of_one_call_per_tensor(spec, dtype):
+def test_runs_give_the_frame_of_one_call_per_tensor(spec, dtype, big):
     """A run coded at once gives exactly the bytes of per-tensor sections, and every decode
-    of it equals the per-tensor decodes, bit for bit (accumulators of every dtype)."""
-    from codec.runs import RUN_ELEMENTS
+    of it equals the per-tensor decodes, bit for bit (accumulators of every dtype): runs of
+    small tensors, and from SEGMENTED_MIN elements the whole model where its tensors lie
+    (fp16/bf16 of float32/float64 tensors: ``encode_segments``, ``write_segments``)."""
+    from codec.runs import RUN_ELEMENTS, SEGMENTED_MIN
 
     c = codec.get_codec(spec)
     assert c.elementwise
     rng = np.random.default_rng(11)
-    sizes = [7, 0, 1, 300, RUN_ELEMENTS + 3, 64, 9]
+    sizes = [7, 0, 1, 300, (RUN_ELEMENTS if big == "run" else SEGMENTED_MIN) + 3, 64, 9]
     ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-6, 3)).astype(np.float32).astype(dtype) for i, n in enumerate(sizes)}
     ts["w3"] = ts["w3"].reshape(3, 100)
     many = c.encode_many(ts)
@@ -455,6 +458,11 @@ def test_a_non_finite_value_in_a_run_names_its_tensor():
         codec.get_codec("topk(ratio=0.5)").encode_many(ts)
     with pytest.raises(NonFiniteError, match=r"tensors\['b'\]"):
         codec.ErrorFeedback("fp16").encode_many(ts)
+    from codec.runs import SEGMENTED_MIN  # a whole model coded where its tensors lie
+
+    ts["c"] = np.ones(SEGMENTED_MIN, np.float32)
+    with pytest.raises(NonFiniteError, match=r"tensors\['b'\]: non-finite value at position \(1, 2\)"):
+        c.encode_many(ts)
 
 
 def test_counts_moved_between_run_tensors_are_refused():

@@ -27,6 +27,7 @@ from codec.modes import ADD, SET, SUB
 
 __all__ = [
     "narrow_codes",
+    "narrow_codes_segments",
     "half_decode",
     "half_decode_segments",
     "combine",
@@ -148,6 +149,35 @@ def narrow_codes(x, out, bf16, crc):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
         bad[c] = _narrow_block(x[lo:hi], out[lo:hi], bf16)
+        if sums.size:
+            crc_piece(sums, lens, c, out, lo, hi)
+    return bad.sum(), joined(sums, lens, crc)
+
+
+@jit(parallel=True)
+def narrow_codes_segments(out, addrs, starts, like, bf16, crc=-1):
+    """:func:`narrow_codes` of many tensors into one run of codes: tensor ``t`` is the array of
+    ``starts[t+1] - starts[t]`` values of ``like``'s dtype (float32 or float64) at address
+    ``addrs[t]`` (the caller keeps them alive), and its codes are ``out[starts[t]:starts[t+1]]``.
+    One parallel pass over the whole run in chunks of the run, so a many-tensor frame of a
+    whole model costs what one tensor of its size costs.  Returns ``(non-finite count, crc)``
+    as :func:`narrow_codes` does."""
+    n = out.size
+    nchunk = chunks(n)
+    bad = np.zeros(nchunk, np.int64)
+    sums, lens = crc_pieces(nchunk, crc)
+    for c in prange(nchunk):
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
+        t = owner(starts, lo)
+        a = lo
+        while a < hi:
+            while starts[t + 1] <= a:  # (empty tensors)
+                t += 1
+            b = min(hi, starts[t + 1])
+            x = view_at(like, addrs[t], starts[t + 1] - starts[t])
+            bad[c] += _narrow_block(x[a - starts[t] : b - starts[t]], out[a:b], bf16)
+            a = b
         if sums.size:
             crc_piece(sums, lens, c, out, lo, hi)
     return bad.sum(), joined(sums, lens, crc)

@@ -134,6 +134,26 @@ class _Half(Value):
         return self.written(codes, values.size, ctx)
 
     checks_payload = True
+    segmented = True
+
+    def encode_segments(self, arrays, ctx, sections):
+        """One section of the run's codes, written straight into the frame from every tensor
+        where it lies (``narrow_codes_segments``), checksummed as they are written."""
+        from codec.kernels import backend
+        from codec.ops import continued
+
+        addrs = np.array([a.__array_interface__["data"][0] for a in arrays], np.int64)
+        starts = np.zeros(len(arrays) + 1, np.int64)
+        np.cumsum([a.size for a in arrays], out=starts[1:])
+
+        def fill(out, crc=None):
+            bad, got = backend("convert", arrays[0]).narrow_codes_segments(out.view(np.uint16), addrs, starts, arrays[0], self.dtype != np.float16, -1 if crc is None else crc)
+            if bad and self.nonfinite == "raise":  # (many.encode names the tensor: codec.runs._exact_errors)
+                self._raise_nonfinite(np.concatenate(arrays), ctx)
+            return continued(out, crc, got)
+
+        sections.append(Section(SectionKind.VALUES, 16, ctx.n, fill=fill, fill_crc=True))
+        return sections
 
     def write(self, codes, out, mode, check=None):
         from codec.device import to_device
