@@ -193,6 +193,34 @@ def owner(starts, i):
     return lo
 
 
+@jit
+def chunk_segments(starts, lo, hi):
+    """The tensors that positions ``lo:hi`` of a run cross (tensor ``t`` holds positions
+    ``starts[t]:starts[t+1]`` of the run; ``starts[0] <= lo < hi <= starts[-1]``): rows
+    ``(t, a, b)``, the run's positions ``a:b`` of tensor ``t`` in the range, in order, empty
+    tensors left out.  How a segmented kernel's chunk (cut by the run's length alone) finds
+    the tensors it writes."""
+    first = owner(starts, lo)
+    t = first
+    count = 0
+    while t < starts.size - 1 and starts[t] < hi:
+        count += np.int64(starts[t + 1] > max(lo, starts[t]))
+        t += 1
+    rows = np.empty((count, 3), np.int64)
+    k = 0
+    t = first
+    while k < count:
+        a = max(lo, starts[t])
+        b = min(hi, starts[t + 1])
+        if b > a:
+            rows[k, 0] = t
+            rows[k, 1] = a
+            rows[k, 2] = b
+            k += 1
+        t += 1
+    return rows
+
+
 @intrinsic
 def view_at(typingctx, like, addr, n):
     """A 1-D C-contiguous array of ``n`` items of ``like``'s dtype at the address ``addr`` (an

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import chunks, owner, view_at
+from codec.kernels.cpu._common import chunk_segments, chunks, view_at
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
@@ -169,15 +169,11 @@ def narrow_codes_segments(out, addrs, starts, like, bf16, crc=-1):
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        t = owner(starts, lo)
-        a = lo
-        while a < hi:
-            while starts[t + 1] <= a:  # (empty tensors)
-                t += 1
-            b = min(hi, starts[t + 1])
+        rows = chunk_segments(starts, lo, hi)
+        for j in range(rows.shape[0]):
+            t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
             x = view_at(like, addrs[t], starts[t + 1] - starts[t])
             bad[c] += _narrow_block(x[a - starts[t] : b - starts[t]], out[a:b], bf16)
-            a = b
         if sums.size:
             crc_piece(sums, lens, c, out, lo, hi)
     return bad.sum(), joined(sums, lens, crc)
@@ -269,15 +265,11 @@ def half_decode_segments(codes, addrs, starts, like, mode, bf16, crc=-1):
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        t = owner(starts, lo)
-        a = lo
-        while a < hi:
-            while starts[t + 1] <= a:  # (empty tensors)
-                t += 1
-            b = min(hi, starts[t + 1])
+        rows = chunk_segments(starts, lo, hi)
+        for j in range(rows.shape[0]):
+            t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
             o = view_at(like, addrs[t], starts[t + 1] - starts[t])
             _decode_block(codes[a:b], o[a - starts[t] : b - starts[t]], mode, bf16)
-            a = b
         if sums.size:
             crc_piece(sums, lens, c, codes, lo, hi)
     return joined(sums, lens, crc)
