@@ -35,24 +35,21 @@ class _SizeDispatch:
     """A parallel kernel compiled twice: ``prange`` as threads, and as a plain loop.
 
     Both compilations run the same chunked loop (chunk boundaries depend on the array length
-    only), so results are identical; the call picks by the size of the first argument, or by
-    ``work(*args)`` when the kernel names its work otherwise (a scatter that zeroes its whole
-    output).  The serial twin is a copy of the function with its own qualified name, so the
-    two never share an entry in Numba's on-disk cache.  Parallel kernels are called from
-    Python only.
+    only), so results are identical; the call picks by the size of the first argument.  The
+    serial twin is a copy of the function with its own qualified name, so the two never share
+    an entry in Numba's on-disk cache.  Parallel kernels are called from Python only.
     """
 
-    def __init__(self, fn, opts, work=None):
+    def __init__(self, fn, opts):
         twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
         twin.__qualname__ = fn.__qualname__ + "__serial"
         twin.__module__ = fn.__module__
         self.parallel = numba.njit(parallel=True, **opts)(fn)
         self.serial = numba.njit(**opts)(twin)
-        self.work = work
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args):
-        if (getattr(args[0], "size", 0) if self.work is None else self.work(*args)) < PARALLEL_MIN:
+        if getattr(args[0], "size", 0) < PARALLEL_MIN:
             return self.serial(*args)
         n = threads.budget()  # this process's share of the cores (codec/threads.py)
         if n <= 1:
@@ -69,20 +66,15 @@ class _SizeDispatch:
 
 def jit(fn=None, **options):
     """``numba.njit`` with the project's defaults; usable as ``@jit`` or ``@jit(parallel=True)``
-    (a parallel kernel runs serially below ``PARALLEL_MIN`` items of work, see
-    ``_SizeDispatch``; ``work=`` a function of the call's arguments counting them, default
-    the first argument's size)."""
+    (a parallel kernel runs serially below ``PARALLEL_MIN`` items, see ``_SizeDispatch``)."""
     opts = dict(_DEFAULTS)
     opts.update(options)
     if opts.get("fastmath"):
         raise CodecValueError("fastmath is not allowed on gradient kernels")
     parallel = opts.pop("parallel", False)
-    work = opts.pop("work", None)
-    if work is not None and not parallel:
-        raise CodecValueError("work= counts a parallel kernel's work; this kernel is not parallel")
 
     def wrap(f):
-        return _SizeDispatch(f, opts, work) if parallel else numba.njit(**opts)(f)
+        return _SizeDispatch(f, opts) if parallel else numba.njit(**opts)(f)
 
     return wrap if fn is None else wrap(fn)
 

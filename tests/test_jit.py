@@ -50,26 +50,6 @@ def test_parallel_kernels_pick_by_size_and_both_twins_agree():
     assert runs[0] == runs[1]
 
 
-def test_a_kernel_may_count_its_work_otherwise(monkeypatch):
-    """``work=``: a scatter that zeroes its whole output (SET) takes the threads for a large
-    output however few its values; adding them (ADD) counts the values alone."""
-    from codec import threads
-    from codec.modes import ADD, SET
-
-    scatter = module("scatter", "cpu").scatter
-    monkeypatch.setattr(threads, "budget", lambda: 2)
-    ran = []
-    for twin in ("serial", "parallel"):
-        monkeypatch.setattr(scatter, twin, lambda *a, twin=twin: ran.append(twin))
-    out, idx = np.ones(_jit.PARALLEL_MIN, np.float32), np.arange(3, dtype=np.int64)
-    scatter(np.ones(3, np.float32), idx, out, SET)
-    scatter(np.ones(3, np.float32), idx, out, ADD)
-    scatter(np.ones(3, np.float32), idx, out[:-1], SET)
-    assert ran == ["parallel", "serial", "serial"]
-    with pytest.raises(ValueError, match="work="):
-        _jit.jit(work=len)(lambda x: x)
-
-
 # ---------------------------------------------------------------- codec._cuda_jit
 def test_cuda_fastmath_is_refused():
     with pytest.raises(ValueError, match="fastmath"):

@@ -14,13 +14,7 @@ _CHUNK = 1 << 14
 _AHEAD = 64
 
 
-def _scatter_work(values, idx, out, mode):
-    """A scatter's work: its values, and with SET the output it zeroes (a 1% top-k frame of a
-    13M-value tensor zeroes 52 MB: threads, though it carries 131,072 values)."""
-    return max(values.size, out.size) if mode == SET else values.size
-
-
-@jit(parallel=True, work=_scatter_work)
+@jit(parallel=True)
 def scatter(values, idx, out, mode):
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed.
 
