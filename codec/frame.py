@@ -132,7 +132,7 @@ class Frame:
     spec: str
     sections: list
     header_len: int
-    #: the payload check decoding completes (:class:`codec.checksum.PayloadCheck`), for a
+    #: the payload check decoding completes (:class:`codec.payloadcheck.PayloadCheck`), for a
     #: frame parsed with ``verify_payload="defer"``; else None (checked, or no checksum)
     check: object = None
 
@@ -251,13 +251,13 @@ CHECK_IN_PASS_MIN = 1 << 20
 
 def payload_check(mv, flags: int, crc_at: int, start: int):
     """:func:`check_payload` left to the decode that reads ``mv[start:]``: a
-    :class:`codec.checksum.PayloadCheck` for a CRC-32C (the kernels that read the payload
+    :class:`codec.payloadcheck.PayloadCheck` for a CRC-32C (the kernels that read the payload
     checksum it as they go); a zlib CRC32 and a payload below :data:`CHECK_IN_PASS_MIN` bytes
     are checked now, and a frame without a checksum has nothing to check (all None)."""
     if checksum_name(flags) != "crc32c" or mv.nbytes - start < CHECK_IN_PASS_MIN:
         check_payload(mv, flags, crc_at, start)
         return None
-    from codec.checksum import PayloadCheck
+    from codec.payloadcheck import PayloadCheck
 
     return PayloadCheck(mv[start:], _CRC.unpack_from(mv, crc_at)[0])
 

@@ -288,7 +288,7 @@ class Codec:
         return ctx.positions, self._kept(ctx, payload)
 
     def payload_check(self, check, device: bool = False):
-        """``check`` (a parsed frame's :class:`codec.checksum.PayloadCheck`, or None) when
+        """``check`` (a parsed frame's :class:`codec.payloadcheck.PayloadCheck`, or None) when
         decoding with this codec completes it in its own pass over the payload (a value stage
         that :attr:`~codec.stage.Value.checks_payload` alone, with no byte stage, into host
         arrays); otherwise it is verified now, before anything is read (None is returned)."""

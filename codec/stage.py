@@ -335,7 +335,7 @@ class Value(Stage):
     #: consecutive same-dtype tensors are the codes of their concatenation, and a many-tensor
     #: frame codes a run of small tensors with one kernel call (``none``, ``fp16``, ``bf16``)
     elementwise: ClassVar[bool] = False
-    #: True when :meth:`write` takes ``check=`` (a :class:`codec.checksum.PayloadCheck`) and
+    #: True when :meth:`write` takes ``check=`` (a :class:`codec.payloadcheck.PayloadCheck`) and
     #: notes the CRC-32C of the payload bytes its kernel reads, so a decode verifies the
     #: frame in the same pass (``fp16``, ``bf16``); a stage without it is checked before
     #: decoding, as the whole payload

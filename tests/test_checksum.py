@@ -1,7 +1,8 @@
-"""codec/checksum.py: the payload CRC-32C on several threads equals the one-call CRC-32C; a
-decode's :class:`~codec.checksum.PayloadCheck` (the fp16/bf16 decoders checksum the codes they
-read) refuses exactly the damaged frames, and leaves a caller's ``out`` NaN when it does, while
-the codecs that do not fuse it (and every ``decode_add``) refuse before writing anything."""
+"""codec/checksum.py: the payload CRC-32C on several threads equals the one-call CRC-32C.
+codec/payloadcheck.py: a decode's :class:`~codec.payloadcheck.PayloadCheck` (the fp16/bf16
+decoders checksum the codes they read) refuses exactly the damaged frames, and leaves a
+caller's ``out`` NaN when it does, while the codecs that do not fuse it (and every
+``decode_add``) refuse before writing anything."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import codec
 from codec import checksum, threads
 from codec.frame import parse_frame
+from codec.payloadcheck import PayloadCheck
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -87,19 +89,19 @@ def test_a_payload_check_joins_what_was_noted_and_checksums_the_rest():
     want = ref.crc32c(payload)
     pieces = [(0, 10), (10, 5000), (7000, 7001), (7001, 100_003)]
     for noted in ([], pieces, pieces[1:3], pieces + pieces[:2]):  # none, all, some (gaps), some twice
-        check = checksum.PayloadCheck(memoryview(payload), want)
+        check = PayloadCheck(memoryview(payload), want)
         for lo, hi in noted:
             check.note(payload[lo:hi], ref.crc32c(payload[lo:hi]))
         check.note(payload[5:9], -1)  # (a kernel that formed none)
         check.note(np.zeros(8, np.uint8), 12345)  # (not the payload: ignored)
         check.verify()
-    check = checksum.PayloadCheck(memoryview(payload), want)
+    check = PayloadCheck(memoryview(payload), want)
     check.note(payload[:10], ref.crc32c(payload[:10]) ^ 1)  # a piece whose bytes changed
     out = np.ones(4, np.float32)
     with pytest.raises(codec.CorruptFrameError, match=r"^payload checksum mismatch: the section data is damaged$"):
         check.verify((out, None))
     assert np.isnan(out).all()
-    checksum.PayloadCheck(memoryview(b""), 0).verify()
+    PayloadCheck(memoryview(b""), 0).verify()
 
 
 def _damaged(frame) -> bytes:

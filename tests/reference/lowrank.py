@@ -168,6 +168,38 @@ def factors(values, shape, rank=2, min_compression_rate=2.0):
     return values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
 
 
+def product(p, q) -> np.ndarray:
+    """``P Q^T`` in ``p``'s dtype, each element the chain docs/codecs.md fixes: ``p[i,0]*q[j,0]``
+    rounded, then one fused multiply-add (one rounding) per further rank, in order.  Not
+    ``p @ q.T``: a BLAS picks its own order, and a newer OpenBLAS picked another one for
+    40 x 30 at rank 8."""
+    y = p[:, :1] * q[:, 0][None, :]
+    for c in range(1, p.shape[1]):
+        y = fma(p[:, c][:, None], q[:, c][None, :], y)
+    return y
+
+
+def fma(a, b, c) -> np.ndarray:
+    """``a * b + c`` rounded once to the arrays' dtype (float32 or float64), elementwise."""
+    a, b, c = np.broadcast_arrays(a, b, c)
+    if a.dtype == np.float64:  # exactly, in rationals: a float64 product needs 106 bits
+        from fractions import Fraction
+
+        flat = [float(Fraction(x) * Fraction(y) + Fraction(z)) for x, y, z in zip(a.ravel().tolist(), b.ravel().tolist(), c.ravel().tolist())]
+        return np.array(flat, np.float64).reshape(a.shape)
+    # float32: the product is exact in float64; the sum rounded to odd there (TwoSum's error
+    # as a sticky bit), then to float32, is the exact sum rounded once
+    x, y = a.astype(np.float64) * b.astype(np.float64), c.astype(np.float64)
+    s = x + y
+    bb = s - x
+    err = (x - (s - bb)) + (y - bb)
+    u = s.view(np.uint64).copy()
+    inexact = err != 0
+    u[inexact & ((err > 0) != (s > 0))] -= np.uint64(1)  # truncated toward zero where s passed the exact sum
+    u[inexact] |= np.uint64(1)
+    return u.view(np.float64).astype(np.float32)
+
+
 def decode(values, shape, dtype, *, rank=2, min_compression_rate=2.0) -> np.ndarray:
     """The decoded tensor: ``P @ Q.T`` in the domain dtype, rounded once to ``dtype`` when that
     is 16-bit; a pass-through's values as they are."""
@@ -176,7 +208,7 @@ def decode(values, shape, dtype, *, rank=2, min_compression_rate=2.0) -> np.ndar
     if pq is None:
         return np.asarray(values).astype(dtype).reshape(shape)
     p, q = pq
-    y = p @ q.T
+    y = product(p, q)
     if dtype in (F16, BF16):
         y = round_to(y.astype(np.float64), dtype)
     return y.reshape(shape)

@@ -237,7 +237,7 @@ def half_decode(codes, out, mode, bf16, crc=-1):
 
     Returns, with ``crc >= 0``, the CRC-32C of the codes' bytes continued from ``crc``, each
     chunk checksummed right after it is read (a decode verifies its frame's payload in the
-    same pass: :class:`codec.checksum.PayloadCheck`), or -1 when this CPU cannot; ``crc < 0``
+    same pass: :class:`codec.payloadcheck.PayloadCheck`), or -1 when this CPU cannot; ``crc < 0``
     (the default) asks for none (-1)."""
     n = codes.size
     nchunk = chunks(n)

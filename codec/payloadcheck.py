@@ -1,0 +1,80 @@
+"""A frame's payload CRC-32C verified while decoding reads it (:class:`PayloadCheck`), instead
+of one more pass over the payload before decoding (docs/api.md, "When the check runs").
+
+It joins what the decoding kernels checksummed (``codec/kernels/cpu/_crc.py``) with what they
+did not (:func:`codec.checksum.crc32c`), so it sits above both.
+"""
+
+from __future__ import annotations
+
+from codec.checksum import crc32c
+
+__all__ = ["PayloadCheck"]
+
+
+class PayloadCheck:
+    """A frame's payload CRC-32C verified while decoding reads it, instead of one more pass
+    over the payload before decoding (docs/robustness.md, "Decoding into out").
+
+    A decoding kernel that reads a stretch of the payload anyway (the fp16/bf16 codes)
+    checksums each chunk of it while it is in cache and reports it with :meth:`note`;
+    :meth:`verify`, once decoding is done, checksums every byte nobody noted in one pass
+    each, joins the pieces in payload order (the CRC algebra of :func:`combine`, compiled)
+    and compares the result with the frame's stored CRC-32C.  The check is exact whatever
+    was noted: a stretch noted twice counts once, and a buffer outside the payload (a
+    decompressed section) is ignored.
+
+    The price of reading the frame once is that the output is written before the verdict:
+    :meth:`verify` is given the arrays decoding wrote, and fills them with NaN before it
+    raises :class:`~codec.errors.CorruptFrameError`, so a damaged frame's values are never
+    left where a caller might use them."""
+
+    def __init__(self, payload, expected: int):
+        import numpy as np
+
+        self.payload = np.frombuffer(payload, np.uint8) if len(payload) else np.empty(0, np.uint8)
+        self.base = self.payload.ctypes.data
+        self.expected = int(expected)
+        self.pieces: list = []  # (byte offset, byte length, CRC-32C)
+
+    def note(self, arr, crc: int) -> None:
+        """The CRC-32C ``crc`` of ``arr``'s bytes (a view into the payload, which a kernel has
+        just read); a negative ``crc`` (the kernel formed none) or an array elsewhere is
+        ignored: :meth:`verify` checksums those bytes itself."""
+        if crc < 0 or not arr.nbytes:
+            return
+        at = arr.ctypes.data - self.base
+        if 0 <= at and at + arr.nbytes <= self.payload.size:
+            self.pieces.append((at, arr.nbytes, int(crc)))
+
+    def verify(self, written=()) -> None:
+        """CorruptFrameError when the payload's CRC-32C is not the stored one, after filling
+        every array of ``written`` (what decoding wrote) with NaN."""
+        import numpy as np
+
+        sums, lens, pos = [], [], 0
+        for at, n, crc in sorted(self.pieces):
+            if at < pos:  # (bytes noted twice: counted once)
+                continue
+            if at > pos:
+                sums.append(crc32c(self.payload[pos:at]))
+                lens.append(at - pos)
+            sums.append(crc)
+            lens.append(n)
+            pos = at + n
+        if pos < self.payload.size or not sums:
+            sums.append(crc32c(self.payload[pos:]))
+            lens.append(self.payload.size - pos)
+        if len(sums) == 1:
+            got = sums[0]
+        else:
+            from codec.kernels.cpu._crc import join
+
+            got = int(join(np.array(sums, np.uint32), 0, np.array(lens, np.int64)))
+        if got != self.expected:
+            for a in written:
+                if a is not None and a.size:
+                    a.fill(np.nan)
+            from codec.errors import CorruptFrameError
+
+            raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
