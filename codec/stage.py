@@ -340,9 +340,11 @@ class Value(Stage):
     #: frame in the same pass (``fp16``, ``bf16``); a stage without it is checked before
     #: decoding, as the whole payload
     checks_payload: ClassVar[bool] = False
-    #: True when :meth:`encode_segments` codes a run of tensors where they lie, in one pass
-    #: (``fp16``, ``bf16``); every :attr:`elementwise` stage decodes one so
-    #: (:meth:`write_segments`)
+    #: True when the stage has ``encode_segments(arrays, ctx, sections)``: ``encode`` of the
+    #: concatenation of ``arrays`` (flat host float32/float64 arrays of one dtype) without
+    #: forming it, in one pass where they lie (``fp16``, ``bf16``).  Every :attr:`elementwise`
+    #: stage has ``write_segments(payload, outs, mode, check=None)``: ``write`` of a run's
+    #: concatenation straight into each tensor's own flat host array (codec.many)
     segmented: ClassVar[bool] = False
 
     @abc.abstractmethod
@@ -445,25 +447,6 @@ class Value(Stage):
         :meth:`read` makes (CorruptFrameError); None (the default, or sections that are not
         what the run expects) reads each tensor on its own."""
         return None
-
-    def encode_segments(self, arrays, ctx, sections) -> list:
-        """:meth:`encode` of the concatenation of ``arrays`` (flat host arrays of one
-        float32/float64 dtype, ``ctx`` the concatenation's) without forming it, for a stage
-        that is :attr:`segmented`: the sections appended to ``sections``, which is returned."""
-        raise NotImplementedError(f"{self.name} codes no run of tensors where they lie")
-
-    def write_segments(self, payload, outs, mode, check=None) -> None:
-        """:meth:`write` of a run of tensors' concatenation (what :meth:`read` gave for it)
-        straight into each tensor's own flat array, ``outs`` in order (host arrays of one
-        float32/float64 dtype), with no buffer of the run between; ``check`` as for
-        :meth:`write` when the stage :attr:`checks_payload`.  For an :attr:`elementwise`
-        stage only, whose payload is one code per value: by default each tensor's slice is
-        written on its own; a stage may write the run in one pass (``fp16``, ``bf16``)."""
-        at = 0
-        for out in outs:
-            part = payload[at : at + out.size]
-            self.write(part, out, mode, check=check) if check is not None else self.write(part, out, mode)
-            at += out.size
 
     def encode_feedback(self, x, slot, ctx, sections):
         """A fused error-feedback step for a codec of this value stage alone: append the
