@@ -219,6 +219,26 @@ def test_forged_headers_fail_before_allocating():
         codec.decode_many(_forge(b"", flags=0x80))
 
 
+def test_a_step_reuses_the_header_only_when_it_is_the_same():
+    """build_many keeps the headers it made lately (codec.manyframe.build._HEADS): a step with
+    the same tensors and the same counts gets the same bytes, and one whose counts change with
+    the data (Elias coding's bytes: the same kinds and widths) or whose layout changes gets
+    its own header."""
+    import codec.manyframe.build as build
+
+    c = codec.get_codec("qsgd(coding=elias)")
+    for seed in (0, 1, 0):  # the same layout, other counts
+        ts = model(seed)
+        f = c.encode_many(ts)
+        got = codec.decode_many(f)
+        assert all(np.array_equal(got[k], codec.decode(c.encode(x))) for k, x in ts.items())
+        assert bytes(f) == bytes(c.encode_many(ts))
+    before = dict(build._HEADS)
+    renamed = {f"b{k}": v for k, v in ts.items()}
+    assert list(codec.decode_many(c.encode_many(renamed))) == list(renamed)
+    assert len(build._HEADS) == min(len(before) + 1, build._HEADS_MAX)
+
+
 def test_derived_counts_are_written_once_and_checked(monkeypatch):
     """flags bit 6: a pattern entry's kind byte carries the section's count rule; a tensor writes
     only the counts its pattern does not derive (AdaComp's signs repeat its index count, its scale is
@@ -247,6 +267,7 @@ def test_derived_counts_are_written_once_and_checked(monkeypatch):
     import codec.manyframe.build as build
 
     monkeypatch.setattr(build, "count_rules", lambda counts: (0,) * len(counts))  # every count written
+    monkeypatch.setattr(build, "_HEADS", {})  # (not the header the same tensors had a moment ago)
     every = codec.get_codec("adacomp").encode_many(ts)
     monkeypatch.undo()
     secs = parse_many(adacomp).tensor_sections
@@ -264,6 +285,7 @@ def test_derived_counts_are_written_once_and_checked(monkeypatch):
     f = build.build_many("none", Layout.of([np.zeros(10, np.float32)]), [mixed])
     assert [i.count for i in parse_many(f).tensor_sections[0]] == [s.count for s in mixed]
     monkeypatch.setattr(build, "count_rules", lambda counts: (0,) * len(counts))
+    monkeypatch.setattr(build, "_HEADS", {})
     every2 = codec.get_codec("qsgd").encode_many(ts)
     monkeypatch.undo()
     assert len(codec.get_codec("qsgd").encode_many(ts)) <= len(every2)  # never larger

@@ -25,6 +25,28 @@ U = np.uint64
 #: encoder (quantize.terngrad_encode) and the decoder (dequant.trits_dequantize) use it
 TRIT_CHUNK = 65535
 
+def target_has(feature: str) -> bool:
+    """Whether Numba compiles for an x86-64 CPU with ``feature`` (LLVM's name: "sse4.2",
+    "f16c"): the host's features, or the ones ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name
+    (a portable cache built for a generic x86-64 must not contain the instruction: LLVM
+    aborts the process when it cannot select it)."""
+    import platform
+
+    import llvmlite.binding as llvm
+    from numba.core import config
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if config.CPU_FEATURES is not None:
+        return f"+{feature}" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME is not None and config.CPU_NAME != "host":
+        return False  # a named target without its features listed: assume the least
+    try:
+        return bool(llvm.get_host_cpu_features().get(feature, False))
+    except RuntimeError:  # pragma: no cover - features unknown
+        return False
+
+
 #: :func:`codec.layout.group_buckets` compiled for the kernels (the one definition of a
 #: bucket group)
 group_buckets = jit(layout.group_buckets)

@@ -28,33 +28,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from codec._jit import jit
+from codec.kernels.cpu._common import target_has
 from codec.checksum import POLY, zero_operators
-
-
-def _target_has_crc() -> bool:
-    """Whether Numba compiles for a CPU with SSE4.2: the host's features, or the ones
-    ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name (a portable cache built for a generic
-    x86-64 must not contain the instruction: LLVM aborts the process when it cannot select it)."""
-    import platform
-
-    import llvmlite.binding as llvm
-    from numba.core import config
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    if config.CPU_FEATURES is not None:
-        return "+sse4.2" in config.CPU_FEATURES.split(",")
-    if config.CPU_NAME is not None and config.CPU_NAME != "host":
-        return False  # a named target without its features listed: assume the least
-    try:
-        return bool(llvm.get_host_cpu_features().get("sse4.2", False))
-    except RuntimeError:  # pragma: no cover - features unknown
-        return False
 
 
 #: whether the CPU Numba compiles for has the CRC-32C instruction this module uses (x86-64
 #: with SSE4.2); else the byte-table step, and the kernels return -1 (no checksum formed)
-HARDWARE = _target_has_crc()
+HARDWARE = target_has("sse4.2")
 
 
 def _byte_table() -> np.ndarray:

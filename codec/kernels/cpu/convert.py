@@ -22,6 +22,7 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunk_segments, chunks, view_at
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
+from codec.kernels.cpu import _f16c
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
 
@@ -125,7 +126,8 @@ def _narrow_block(xs, os, bf16):
             os[i] = _f32_to_bf16_bits(_f64_to_f32_odd_bits(np.float64(v)))
             k += np.int64(not (v - v == 0))
     else:
-        for i in range(xs.size):
+        done = _f16c.narrow(xs, os)  # a finite float32 block by the CPU's instructions, but its tail
+        for i in range(max(done, 0), xs.size):
             v = xs[i]
             os[i] = _f32_to_f16_bits(_f64_to_f32_odd_bits(np.float64(v)))
             k += np.int64(not (v - v == 0))
@@ -218,14 +220,16 @@ def _decode_block(cs, os, mode, bf16):
         else:
             for i in range(cs.size):
                 os[i] -= _bf16_to_f32(cs[i])
-    elif mode == SET:
-        for i in range(cs.size):
+        return
+    done = max(_f16c.widen(cs, os, mode), 0)  # a block without inf/NaN by the CPU's instructions, but its tail
+    if mode == SET:
+        for i in range(done, cs.size):
             os[i] = _f16_to_f32(cs[i])
     elif mode == ADD:
-        for i in range(cs.size):
+        for i in range(done, cs.size):
             os[i] += _f16_to_f32(cs[i])
     else:
-        for i in range(cs.size):
+        for i in range(done, cs.size):
             os[i] -= _f16_to_f32(cs[i])
 
 
