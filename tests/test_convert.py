@@ -495,34 +495,85 @@ def test_narrow_of_its_own_dtype_counts_from_the_bits(dtype):
     assert bad == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))
 
 
+_EDGES = (  # float32 values where fp16's rounding is delicate (run here and in a generic-CPU process)
+    "import numpy as np\n"
+    "r = np.random.default_rng(0)\n"
+    "ties = (r.integers(0, 1 << 31, 20000, dtype=np.uint32) & np.uint32(0xFFFFE000)) | np.uint32(0x1000)\n"
+    "x = np.concatenate([r.standard_normal(70000), r.standard_normal(5000) * 2.0**-20, r.uniform(65000, 66000, 3000),\n"
+    "                    ties.view(np.float32), np.float32(np.arange(-2000, 2000)) * np.float32(2.0**-24)]).astype(np.float32)\n"
+    "x = x[np.isfinite(x)]\n"
+    "codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)\n"
+    "codes = codes[(codes & 0x7C00) != 0x7C00]\n"
+)
+
+
+def _frames_and_values() -> bytes:
+    """fp16 and fp8 frames of the edge values, error feedback's fp16 step of them, and fp16's
+    decode of every finite code (all three modes): what a CPU with or without the
+    instructions must give alike."""
+    import codec
+    from codec.kernels.cpu import convert
+
+    ns: dict = {}
+    exec(_EDGES, ns)
+    x, codes = ns["x"], ns["codes"]
+    out = [bytes(codec.get_codec("fp16").encode(x)), bytes(codec.get_codec("fp8").encode(x))]
+    r = (x[::-1] * np.float32(1e-3)).copy()
+    acc, step = np.empty_like(x), np.empty(x.size, np.uint16)
+    convert.half_feedback(x, r, acc, step, False, -1)
+    out += [acc.tobytes(), step.tobytes()]
+    for mode in (convert.SET, convert.ADD, convert.SUB):
+        o = np.linspace(-1, 1, codes.size).astype(np.float32)
+        convert.half_decode(codes, o, mode, False, -1)
+        out.append(o.tobytes())
+    return b"".join(out)
+
+
 def test_crc_without_the_instruction(tmp_path):
-    """Where Numba compiles for a CPU without SSE4.2 (NUMBA_CPU_NAME=generic, as a portable
-    cache does) the module takes the byte-table step, the kernels form no checksum (-1) and
-    the frames are checksummed in one pass: the same bytes; nothing aborts in LLVM."""
+    """Where Numba compiles for a CPU without SSE4.2 and F16C (NUMBA_CPU_NAME=generic, as a
+    portable cache does) the module takes the byte-table step, the kernels form no checksum
+    (-1) and the frames are checksummed in one pass, and fp16 takes its integer code: the
+    same bytes (edge values: ties, subnormals, overflow), the same decoded values; nothing
+    aborts in LLVM."""
     import os
     import subprocess
     import sys
 
     code = (
-        "import numpy as np, crc32c, codec\n"
-        "from codec.kernels.cpu import _crc, convert\n"
-        "assert not _crc.HARDWARE\n"
+        "import numpy as np, crc32c, codec, hashlib, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from test_convert import _frames_and_values\n"
+        "from codec.kernels.cpu import _crc, _f16c, convert\n"
+        "assert not _crc.HARDWARE and not _f16c.HARDWARE\n"
         "buf = np.arange(3000, dtype=np.uint8)\n"
         "assert int(_crc.crc_bytes(buf, 3, 2997, 5)) == crc32c.crc32c(buf[3:2997].tobytes(), 5)\n"
         "x = np.random.default_rng(0).standard_normal(70000).astype(np.float32)\n"
         "c = np.empty(x.size, np.uint16)\n"
         "assert convert.narrow_codes(x, c, False, 0)[1] == -1\n"
-        "import hashlib\n"
-        "print(hashlib.sha256(bytes(codec.get_codec('fp16').encode(x)) + bytes(codec.get_codec('fp8').encode(x))).hexdigest())\n"
+        "print(hashlib.sha256(_frames_and_values()).hexdigest())\n"
     )
     env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES="", NUMBA_CACHE_DIR=str(tmp_path))
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr[-2000:]
-    x = np.random.default_rng(0).standard_normal(70000).astype(np.float32)
-    from codec import get_codec
     import hashlib
 
-    assert got.stdout.strip() == hashlib.sha256(bytes(get_codec("fp16").encode(x)) + bytes(get_codec("fp8").encode(x))).hexdigest()
+    assert got.stdout.strip() == hashlib.sha256(_frames_and_values()).hexdigest()
+
+
+def test_fp16_edges_are_numpys():
+    """The edge values' fp16 codes are NumPy's float16 bits, every finite code decodes to
+    NumPy's value (with F16C on this CPU, its instructions' path)."""
+    from codec.kernels.cpu import convert
+
+    ns: dict = {}
+    exec(_EDGES, ns)
+    x, codes = ns["x"], ns["codes"]
+    out = np.empty(x.size, np.uint16)
+    convert.narrow_codes(x, out, False, -1)
+    assert np.array_equal(out, x.astype(np.float16).view(np.uint16))
+    o = np.empty(codes.size, np.float64)
+    convert.half_decode(codes, o, convert.SET, False, -1)
+    assert np.array_equal(o, codes.view(np.float16).astype(np.float64))
 
 
 def test_crc_table_step_of_words():

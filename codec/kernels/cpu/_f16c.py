@@ -84,6 +84,29 @@ def _widen8(typingctx, src, i, dst, mode):
     return types.none(src, types.intp, dst, mode), codegen
 
 
+@intrinsic
+def _feedback8(typingctx, xs, rs, accs, cs, i):
+    """``a = xs + rs; cs = fp16 codes of a; accs = a - value(cs)`` for items ``i:i+8``
+    (float32 arrays, uint16 codes): error feedback's fused step."""
+    f32 = types.float32
+    if not (all(isinstance(t, types.Array) and t.dtype == f32 for t in (xs, rs, accs)) and isinstance(cs, types.Array) and cs.dtype == types.uint16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vals = ir.VectorType(ir.FloatType(), _LANES)
+        codes = ir.VectorType(ir.IntType(16), _LANES)
+        half = ir.VectorType(ir.HalfType(), _LANES)
+        x = builder.load(_at(context, builder, sig.args[0], args[0], args[4], vals), align=1)
+        r = builder.load(_at(context, builder, sig.args[1], args[1], args[4], vals), align=1)
+        a = builder.fadd(x, r)
+        h = builder.fptrunc(a, half)
+        builder.store(builder.bitcast(h, codes), _at(context, builder, sig.args[3], args[3], args[4], codes), align=1)
+        builder.store(builder.fsub(a, builder.fpext(h, vals)), _at(context, builder, sig.args[2], args[2], args[4], vals), align=1)
+        return context.get_dummy_value()
+
+    return types.none(xs, rs, accs, cs, types.intp), codegen
+
+
 def narrow(xs, os):
     """fp16 codes of the float32 block ``xs`` into ``os`` (uint16, as long) by F16C, all but
     the last ``len % 8``: returns how many were written (a multiple of 8), or -1, writing
@@ -107,6 +130,34 @@ def _narrow_impl(xs, os):
         m = n - n % _LANES
         for i in range(0, m, _LANES):
             _narrow8(xs, i, os)
+        return m
+
+    return impl
+
+
+def feedback(xs, rs, accs, cs):
+    """Error feedback's fp16 step of a float32 block by F16C, all but the last ``len % 8``:
+    ``a = xs + rs``, ``cs`` its codes, ``accs = a - value(cs)``; returns how many were done
+    (a multiple of 8), or -1, touching nothing, when some ``a`` is not finite, the arrays are
+    not float32 or the CPU has no F16C."""
+
+
+@overload(feedback, jit_options={"cache": True})
+def _feedback_impl(xs, rs, accs, cs):
+    if not (HARDWARE and all(isinstance(t, types.Array) and t.dtype == types.float32 for t in (xs, rs, accs))):
+        return lambda xs, rs, accs, cs: -1
+
+    def impl(xs, rs, accs, cs):
+        n = xs.size
+        finite = True
+        for i in range(n):
+            a = xs[i] + rs[i]
+            finite &= a - a == 0
+        if not finite:
+            return -1
+        m = n - n % _LANES
+        for i in range(0, m, _LANES):
+            _feedback8(xs, rs, accs, cs, i)
         return m
 
     return impl
