@@ -18,10 +18,13 @@ depend on the thread count.
 from __future__ import annotations
 
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunk_segments, chunks, view_at
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
+from codec.kernels.cpu._f16c import LANES, feedback8, narrow8, widen8
 from codec.kernels.cpu import _f16c
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
@@ -126,12 +129,51 @@ def _narrow_block(xs, os, bf16):
             os[i] = _f32_to_bf16_bits(_f64_to_f32_odd_bits(np.float64(v)))
             k += np.int64(not (v - v == 0))
     else:
-        done = _f16c.narrow(xs, os)  # a finite float32 block by the CPU's instructions, but its tail
-        for i in range(max(done, 0), xs.size):
+        k = _narrow_fp16(xs, os)
+    return k
+
+
+def _narrow_fp16(xs, os):
+    """fp16 codes of the block ``xs`` into ``os``; returns the non-finite count.  Compiled as
+    the CPU's F16C instructions eight values at a time for float32 where the CPU has them
+    (:mod:`codec.kernels.cpu._f16c`: eight with a NaN or an infinity take the integer code),
+    else one simple loop of the integer code (float64, rounded to odd first)."""
+
+
+@overload(_narrow_fp16, jit_options={"cache": True})
+def _narrow_fp16_impl(xs, os):
+    if _f16c.HARDWARE and xs.dtype == types.float32:
+
+        def fast(xs, os):
+            k = np.int64(0)
+            m = xs.size - xs.size % LANES
+            for i in range(0, m, LANES):
+                if narrow8(xs, i, os):
+                    for j in range(i, i + LANES):
+                        k += _narrow_one(xs, os, j)
+            for j in range(m, xs.size):
+                k += _narrow_one(xs, os, j)
+            return k
+
+        return fast
+
+    def integer(xs, os):
+        k = np.int64(0)
+        for i in range(xs.size):
             v = xs[i]
             os[i] = _f32_to_f16_bits(_f64_to_f32_odd_bits(np.float64(v)))
             k += np.int64(not (v - v == 0))
-    return k
+        return k
+
+    return integer
+
+
+@jit(inline="always")
+def _narrow_one(xs, os, i):
+    """fp16 code ``i`` by the integer code; 1 when ``xs[i]`` is not finite, else 0."""
+    v = xs[i]
+    os[i] = _f32_to_f16_bits(_f64_to_f32_odd_bits(np.float64(v)))
+    return np.int64(not (v - v == 0))
 
 
 @jit(parallel=True)
@@ -221,15 +263,54 @@ def _decode_block(cs, os, mode, bf16):
             for i in range(cs.size):
                 os[i] -= _bf16_to_f32(cs[i])
         return
-    done = max(_f16c.widen(cs, os, mode), 0)  # a block without inf/NaN by the CPU's instructions, but its tail
+    _widen_fp16(cs, os, mode)
+
+
+def _widen_fp16(cs, os, mode):
+    """``os (=|+=|-=) value(cs)`` for the fp16 codes ``cs`` (``mode`` SET, ADD or SUB): by the
+    CPU's F16C instructions eight codes at a time where it has them (eight with an infinity
+    or a NaN take the integer code: :mod:`codec.kernels.cpu._f16c`), else one simple loop
+    per mode of the integer code."""
+
+
+@overload(_widen_fp16, jit_options={"cache": True})
+def _widen_fp16_impl(cs, os, mode):
+    if _f16c.HARDWARE:
+
+        def fast(cs, os, mode):
+            m = cs.size - cs.size % LANES
+            if mode == SET:
+                for i in range(0, m, LANES):
+                    if widen8(cs, i, os, SET):
+                        for j in range(i, i + LANES):
+                            os[j] = _f16_to_f32(cs[j])
+            elif mode == ADD:
+                for i in range(0, m, LANES):
+                    if widen8(cs, i, os, ADD):
+                        for j in range(i, i + LANES):
+                            os[j] += _f16_to_f32(cs[j])
+            else:
+                for i in range(0, m, LANES):
+                    if widen8(cs, i, os, SUB):
+                        for j in range(i, i + LANES):
+                            os[j] -= _f16_to_f32(cs[j])
+            _widen_integer(cs, os, mode, m)
+
+        return fast
+    return lambda cs, os, mode: _widen_integer(cs, os, mode, 0)
+
+
+@jit
+def _widen_integer(cs, os, mode, lo):
+    """``os[lo:] (=|+=|-=) value(cs[lo:])`` by the integer code, one simple loop per mode."""
     if mode == SET:
-        for i in range(done, cs.size):
+        for i in range(lo, cs.size):
             os[i] = _f16_to_f32(cs[i])
     elif mode == ADD:
-        for i in range(done, cs.size):
+        for i in range(lo, cs.size):
             os[i] += _f16_to_f32(cs[i])
     else:
-        for i in range(done, cs.size):
+        for i in range(lo, cs.size):
             os[i] -= _f16_to_f32(cs[i])
 
 
@@ -382,14 +463,56 @@ def _feedback_block(xs, rs, accs, cs, bf16):
             accs[i] = a - _bf16_to_f32(h)
             k += np.int64(not (a - a == 0))
     else:
-        done = _f16c.feedback(xs, rs, accs, cs)  # a block whose x + r is finite by the CPU's instructions, but its tail
-        for i in range(max(done, 0), xs.size):
+        k = _feedback_fp16(xs, rs, accs, cs)
+    return k
+
+
+def _feedback_fp16(xs, rs, accs, cs):
+    """Error feedback's fp16 step of a float32 block (``a = x + r``, its codes, ``a -
+    value(codes)``); returns the non-finite count of ``a``.  By the CPU's F16C instructions
+    eight at a time where it has them (eight with a non-finite ``a`` take the integer code),
+    else one simple loop of the integer code."""
+
+
+@overload(_feedback_fp16, jit_options={"cache": True})
+def _feedback_fp16_impl(xs, rs, accs, cs):
+    if _f16c.HARDWARE:
+
+        def fast(xs, rs, accs, cs):
+            k = np.int64(0)
+            m = xs.size - xs.size % LANES
+            for i in range(0, m, LANES):
+                if feedback8(xs, rs, accs, cs, i):
+                    for j in range(i, i + LANES):
+                        k += _feedback_one(xs, rs, accs, cs, j)
+            for j in range(m, xs.size):
+                k += _feedback_one(xs, rs, accs, cs, j)
+            return k
+
+        return fast
+
+    def integer(xs, rs, accs, cs):
+        k = np.int64(0)
+        for i in range(xs.size):
             a = np.float32(xs[i] + rs[i])
             h = _f32_to_f16_bits(a.view(np.uint32))
             cs[i] = h
             accs[i] = a - _f16_to_f32(h)
             k += np.int64(not (a - a == 0))
-    return k
+        return k
+
+    return integer
+
+
+@jit(inline="always")
+def _feedback_one(xs, rs, accs, cs, i):
+    """Error feedback's fp16 step of item ``i`` by the integer code; 1 when ``x + r`` is not
+    finite, else 0."""
+    a = np.float32(xs[i] + rs[i])
+    h = _f32_to_f16_bits(a.view(np.uint32))
+    cs[i] = h
+    accs[i] = a - _f16_to_f32(h)
+    return np.int64(not (a - a == 0))
 
 
 @jit(parallel=True)
