@@ -146,7 +146,7 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c):
         return
     b = U(lo) // ublock
     nxt = (b + U(1)) * ublock  # where block b ends
-    tabled = bits <= 8 and block >= _TABLE_PER_CODE << bits and lut.size >= 1 << bits
+    tabled = bits <= 8 and min(block, n) >= _TABLE_PER_CODE << bits and lut.size >= 1 << bits
     tab = np.empty((1 << bits) if tabled else 0, dst.dtype)
     tb = ~U(0)  # the block whose values tab holds
     for g in range(U(g0), U(min(g1, full))):
