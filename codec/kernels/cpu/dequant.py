@@ -187,9 +187,10 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c):
 #: the shortest block whose 8-bit codes decode through a table of its 256 values
 _TABLE_BLOCK = 1024
 #: codes of up to 8 bits decode through a table of their block's ``2**bits`` values when the
-#: block holds at least this many codes per entry: 25M values, qsgd(levels=127)'s 8-bit codes
-#: in 512-value buckets 25.0-26.8 -> 15.6-17.5 ms with 2 (4 leaves them out), qsgd(16)'s
-#: 6-bit codes (with the check of their fields) 36.7 -> 14-21 ms, minmax(bits=4) 19.3 -> 16 ms
+#: block holds at least this many codes per entry.  25M t(3) values, two runs each, with the
+#: table against without it: qsgd(16) 21.0-24.7 against 30.7-32.1 ms, qsgd(127) 19.6-23.0
+#: against 29.2-30.2, qsgd(4) 19.9-22.0 against 30.5-31.6, minmax(bits=4) 17.5-22.2 against
+#: 22.0-22.5 (qsgd's 512-value buckets hold 2 codes per entry of its 8-bit codes)
 _TABLE_PER_CODE = 2
 
 
