@@ -36,7 +36,7 @@ HARDWARE = target_has("f16c")
 LANES = 8
 
 
-def _at(context, builder, aryty, ary, i, vecty):
+def lanes_at(context, builder, aryty, ary, i, vecty):
     """A pointer to ``LANES`` items of the 1-D array ``ary`` from item ``i``, as ``vecty``."""
     a = context.make_array(aryty)(context, builder, ary)
     return builder.bitcast(builder.gep(a.data, [i]), vecty.as_pointer())
@@ -54,11 +54,11 @@ def _nonfinite(builder, v):
     return builder.icmp_unsigned("==", builder.and_(builder.bitcast(v, lanes), exp), exp)
 
 
-def _f32(t) -> bool:
+def f32_array(t) -> bool:
     return isinstance(t, types.Array) and t.dtype == types.float32
 
 
-def _u16(t) -> bool:
+def u16_array(t) -> bool:
     return isinstance(t, types.Array) and t.dtype == types.uint16
 
 
@@ -66,16 +66,16 @@ def _u16(t) -> bool:
 def narrow8(typingctx, src, i, dst):
     """``dst[i:i+8] = fp16 codes of float32 src[i:i+8]`` (nearest, ties to even), unless one
     of the eight is a NaN or an infinity: then nothing is written and the result is True."""
-    if not (_f32(src) and _u16(dst) and isinstance(i, types.Integer)):
+    if not (f32_array(src) and u16_array(dst) and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
-        v = builder.load(_at(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.FloatType(), LANES)), align=1)
+        v = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.FloatType(), LANES)), align=1)
         special = _any(builder, _nonfinite(builder, v))
         with builder.if_then(builder.not_(special), likely=True):
             codes = ir.VectorType(ir.IntType(16), LANES)
             h = builder.fptrunc(v, ir.VectorType(ir.HalfType(), LANES))
-            builder.store(builder.bitcast(h, codes), _at(context, builder, sig.args[2], args[2], args[1], codes), align=1)
+            builder.store(builder.bitcast(h, codes), lanes_at(context, builder, sig.args[2], args[2], args[1], codes), align=1)
         return special
 
     return types.boolean(src, i, dst), codegen
@@ -86,20 +86,20 @@ def widen8(typingctx, src, i, dst, mode):
     """``dst[i:i+8] (=|+=|-=) value(fp16 codes src[i:i+8])`` into float32/float64 ``dst``
     (``mode`` a literal SET, ADD or SUB), unless one of the codes is an infinity or a NaN:
     then nothing is written and the result is True."""
-    if not (_u16(src) and isinstance(dst, types.Array) and dst.dtype in (types.float32, types.float64) and isinstance(i, types.Integer)):
+    if not (u16_array(src) and isinstance(dst, types.Array) and dst.dtype in (types.float32, types.float64) and isinstance(i, types.Integer)):
         return None
     if not isinstance(mode, types.IntegerLiteral):
         return None
 
     def codegen(context, builder, sig, args):
         lanes = ir.VectorType(ir.IntType(16), LANES)
-        raw = builder.load(_at(context, builder, sig.args[0], args[0], args[1], lanes), align=1)
+        raw = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], lanes), align=1)
         exp = ir.Constant(lanes, [0x7C00] * LANES)
         special = _any(builder, builder.icmp_unsigned("==", builder.and_(raw, exp), exp))
         with builder.if_then(builder.not_(special), likely=True):
             vals = ir.VectorType(context.get_value_type(sig.args[2].dtype), LANES)
             v = builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), LANES)), vals)
-            where = _at(context, builder, sig.args[2], args[2], args[1], vals)
+            where = lanes_at(context, builder, sig.args[2], args[2], args[1], vals)
             m = sig.args[3].literal_value
             if m != SET:
                 old = builder.load(where, align=1)
@@ -115,20 +115,20 @@ def feedback8(typingctx, xs, rs, accs, cs, i):
     """Error feedback's fused step for items ``i:i+8`` (float32 arrays, uint16 codes):
     ``a = xs + rs; cs = fp16 codes of a; accs = a - value(cs)``, unless one ``a`` is a NaN or
     an infinity: then nothing is written and the result is True."""
-    if not (_f32(xs) and _f32(rs) and _f32(accs) and _u16(cs) and isinstance(i, types.Integer)):
+    if not (f32_array(xs) and f32_array(rs) and f32_array(accs) and u16_array(cs) and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
         vals = ir.VectorType(ir.FloatType(), LANES)
-        x = builder.load(_at(context, builder, sig.args[0], args[0], args[4], vals), align=1)
-        r = builder.load(_at(context, builder, sig.args[1], args[1], args[4], vals), align=1)
+        x = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[4], vals), align=1)
+        r = builder.load(lanes_at(context, builder, sig.args[1], args[1], args[4], vals), align=1)
         a = builder.fadd(x, r)
         special = _any(builder, _nonfinite(builder, a))
         with builder.if_then(builder.not_(special), likely=True):
             codes = ir.VectorType(ir.IntType(16), LANES)
             h = builder.fptrunc(a, ir.VectorType(ir.HalfType(), LANES))
-            builder.store(builder.bitcast(h, codes), _at(context, builder, sig.args[3], args[3], args[4], codes), align=1)
-            builder.store(builder.fsub(a, builder.fpext(h, vals)), _at(context, builder, sig.args[2], args[2], args[4], vals), align=1)
+            builder.store(builder.bitcast(h, codes), lanes_at(context, builder, sig.args[3], args[3], args[4], codes), align=1)
+            builder.store(builder.fsub(a, builder.fpext(h, vals)), lanes_at(context, builder, sig.args[2], args[2], args[4], vals), align=1)
         return special
 
     return types.boolean(xs, rs, accs, cs, i), codegen
