@@ -261,7 +261,7 @@ def test_f64_to_f32_odd_kernel():
     over = np.abs(v.astype(np.float64)) > np.abs(x)
     v[over] = np.nextafter(v[over], np.float32(0))
     want = v.view(np.uint32) | ((v.astype(np.float64) != x) & ~np.isnan(x)).astype(np.uint32)
-    odd_bits = module("convert", "cpu")._f64_to_f32_odd_bits  # a CPU helper (a CUDA twin's is a device function)
+    from codec.kernels.cpu._half import f64_to_f32_odd_bits as odd_bits  # a CPU helper (a CUDA twin's is a device function)
 
     got = np.array([odd_bits(v) for v in x], np.uint32)
     nan = np.isnan(x)

@@ -1,6 +1,6 @@
 """CUDA twin of ``codec/kernels/cpu/convert.py``: the same names, arguments and results.
 
-Each value's conversion is the CPU file's own scalar function (``_f32_to_f16_bits`` and the
+Each value's conversion is the CPU's own scalar function (``_half.f32_to_f16_bits`` and the
 rest, compiled again as device functions from their Python source), so both backends round
 with one statement of the rule and agree bit for bit.  Grid-stride loops (``_common.launch``);
 the one reduction is the non-finite count, summed per block in shared memory into a
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
-from codec.kernels.cpu import convert as _cpu
+from codec.kernels.cpu import _half, convert as _cpu
 from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import launch, mul, mul32, owner
 from codec.kernels.cuda._crc import crc_of
@@ -27,9 +27,9 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-# the CPU file's scalar conversions, as device functions compiled from their Python source
+# the CPU's scalar conversions (codec.kernels.cpu._half), as device functions compiled from their Python source
 _f32_to_f16_bits, _f32_to_bf16_bits, _f64_to_f32_odd_bits, _sum_odd, _f16_to_f32, _bf16_to_f32 = device_functions(
-    _cpu, ["_f32_to_f16_bits", "_f32_to_bf16_bits", "_f64_to_f32_odd_bits", "_sum_odd", "_f16_to_f32", "_bf16_to_f32"]
+    _half, ["f32_to_f16_bits", "f32_to_bf16_bits", "f64_to_f32_odd_bits", "sum_odd", "f16_to_f32", "bf16_to_f32"]
 ).values()
 
 
