@@ -1,6 +1,11 @@
 """Many tensors in one call: ``Codec.encode_many`` and ``codec.decode_many`` /
 ``decode_add_many`` / ``decode_sparse_many`` (the format, v2, is :mod:`codec.manyframe`).
 
+:func:`encode_step` is the many-tensor step's one owner: ``Codec.encode_many`` and
+``ErrorFeedback.encode_many`` both call it (error feedback handing it its half of the step,
+:class:`codec.feedback.runstep.ManyFeedback`), and it calls down into the runs
+(:mod:`codec.runs`) and the codec's pipeline primitives.
+
 Encoding runs every tensor's stages with its own context, except where a stage can code a
 run of small tensors at once (:mod:`codec.runs`: an elementwise value stage, a quantizer's
 ``encode_run``, a select stage's ``select_segments``); either way the frame holds the bytes
@@ -22,7 +27,7 @@ from codec.framebuffer import frame_out
 from codec.manyframe import Layout
 from codec.modes import ADD, SET, SUB
 from codec.ops import WIDE, scatter_checked, scratch, store, wide_dtype
-from codec.runs import RUNS, SEGMENT_ELEMENTS, SEGMENTED_MIN, RunShape, elementwise_sections, select_runs, transform_runs, value_runs
+from codec.runs import FEEDBACK_RUNS, RUNS, SEGMENT_ELEMENTS, SEGMENTED_MIN, RunShape, elementwise_sections, select_runs, transform_runs, value_runs
 from codec.stage import Context, check_step
 
 
@@ -124,21 +129,56 @@ def hashable_key(key):
 # -------------------------------------------------------------------- encoding
 def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None, skip_missing: bool = False) -> bytes:
     """``c.encode_many(tensors, ...)`` (:meth:`codec.Codec.encode_many`)."""
+    names, arrays, lay, dest = prepared(c, tensors, out, skip_missing)
+    step = check_step(step)
+    if joint:
+        flat = joined(arrays)
+        return encode_step(c, [flat], lay, layout, dest, ctxs=[Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors")], joint=True)
+    keys = many_keys(keys, len(arrays))
+    ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
+    return encode_step(c, arrays, lay, layout, dest, ctxs=ctxs)
+
+
+def prepared(c, tensors, out, skip_missing: bool) -> tuple:
+    """What a many-tensor encoding of ``tensors`` by the codec ``c`` starts from:
+    ``(names, arrays, layout, dest)``, the arrays as the stages take them (device arrays:
+    every stage checked to take them, else TypeError naming the tensor), their
+    :class:`~codec.manyframe.Layout` and the frame's ``out`` buffer
+    (:func:`codec.framebuffer.frame_out`)."""
     from codec.device import many_on_device
 
     names, arrays = many_inputs(tensors, device=True, skip_missing=skip_missing)
-    many_on_device(c.stages, arrays)  # (device arrays: every stage must take them, else TypeError naming the tensor)
-    step = check_step(step)
-    lay = Layout.of(arrays, names)
-    dest = frame_out(out, arrays)
-    if joint:
-        flat = joined(arrays)
-        secs = c.sections(flat, Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors"))
-        return c.frame_many([secs], lay, layout, joint=True, out=dest)
-    keys = many_keys(keys, len(arrays))
-    ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
-    secs, pieces, _ = sections(c, arrays, ctxs)
-    return c.frame_many(secs, lay, layout, pieces=pieces, out=dest)
+    many_on_device(c.stages, arrays)
+    return names, arrays, Layout.of(arrays, names), frame_out(out, arrays)
+
+
+def encode_step(c, arrays, lay, form: str, dest, *, ctxs=None, feedback=None, joint: bool = False) -> bytes:
+    """The many-tensor step, the one place it runs: :meth:`codec.Codec.encode_many` and
+    :meth:`codec.feedback.ErrorFeedback.encode_many` both call it.  Every tensor of
+    ``arrays`` (with ``joint``, their one flat concatenation) is coded, small tensors in runs
+    (:func:`sections`), into one frame of ``lay`` (``form``, ``dest`` as
+    :meth:`codec.Codec.frame_many` takes them); returns the frame.
+
+    ``ctxs``: each tensor's context, for a codec alone.  ``feedback``: error feedback's half
+    of the step (:class:`codec.feedback.runstep.ManyFeedback`), which gives the contexts
+    (``plan``): without residuals the codec's own runs code the tensors; with them the runs
+    of :func:`codec.runs.feedback_runs` take their step together from their ``acc``
+    (``accumulate``), every other tensor its own (``alone``), and once the frame is built
+    ``finish`` completes the step and changes the slots."""
+    groups = None
+    if feedback is not None:
+        groups, ctxs = feedback.plan(c, arrays, joint)
+    if groups is None:  # the codec's own runs: nothing fed back
+        secs, pieces, ran = ([c.sections(arrays[0].reshape(-1), ctxs[0])], None, set()) if joint else sections(c, arrays, ctxs)
+    elif groups:  # runs take their step together, every other tensor its own
+        inputs, flats, gradients = feedback.accumulate(c, groups)
+        secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, FEEDBACK_RUNS, flats, gradients)
+    else:  # every tensor its own step
+        secs, pieces, ran = [feedback.alone(i) for i in range(len(arrays))], None, set()
+    frame = c.frame_many(secs, lay, form, pieces=pieces, joint=joint, out=dest)
+    if feedback is not None:
+        feedback.finish(c, frame, lay, groups, ran, ctxs, joint)
+    return frame
 
 
 def sections(c, arrays, ctxs, alone=None, shape: RunShape = RUNS, flats: dict | None = None, gradients: dict | None = None):

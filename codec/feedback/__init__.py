@@ -4,8 +4,8 @@
 
 Each key also has a step counter and a ``state`` dict that stages may use between steps
 (today only PowerSGD's warm-started Q; random-k and the schedules read the step count):
-the stages receive them in their :class:`~codec.stage.Context`.  The step itself lives
-here (:meth:`ErrorFeedback._feedback`), built on the codec's pipeline primitives
+the stages receive them in their :class:`~codec.stage.Context`.  The step of one tensor
+lives in :mod:`codec.feedback.step` (:meth:`Step.begin`), built on the codec's pipeline primitives
 (``Codec.sections``, ``frame``, ``subtract``); stages plug in fused kernels through their
 kind's hooks (``Select.fuses_feedback``, ``Value.encode_feedback``), and :meth:`Slot.commit`
 is the one place a new residual is installed.  The whole state survives
@@ -22,7 +22,11 @@ takes a key's slot with :meth:`ErrorFeedback.slot` (changing nothing), stores it
 its own memory to the checks of a loaded state.
 
 Laid out by job: :mod:`codec.feedback.slot` (a key's memory, :class:`Slot`),
-:mod:`codec.feedback.error_feedback` (:class:`ErrorFeedback`, which owns the step) and
+:mod:`codec.feedback.error_feedback` (:class:`ErrorFeedback`, which owns the memory: which
+key has which slot, when a slot is stored), :mod:`codec.feedback.step` (what one tensor's
+step does to its slot), :mod:`codec.feedback.runstep` (error feedback's half of a
+many-tensor step: the runs that take their step together; the step's sequence is
+:func:`codec.many.encode_step`, which ``Codec.encode_many`` runs too) and
 :mod:`codec.feedback.state` (what ``state_dict`` saves and the rules ``load_state_dict``
 checks).
 """

@@ -1,5 +1,6 @@
-"""``ErrorFeedback``: residual memory per key around any codec, and the error-feedback step
-(the overview is in :mod:`codec.feedback`)."""
+"""``ErrorFeedback``: residual memory per key around any codec (the overview is in
+:mod:`codec.feedback`); the step it takes is :mod:`codec.feedback.step`'s (one tensor) and
+:func:`codec.many.encode_step`'s (many tensors)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,11 @@ from codec.errors import CodecKeyError, CodecTypeError, CodecValueError
 from codec.feedback.slot import Slot
 from codec.frame import parse_frame
 from codec.framebuffer import frame_out
-from codec.manyframe import Layout, parse_many
 from codec.feedback.state import check, saved
-from codec.modes import SUB
-from codec.ops import add, momentum, round_to, scatter, zero_at
 from codec import many
-from codec.device import many_on_device
-from codec.many import hashable_key, joined, many_inputs, many_keys, where
-from codec.runs import feedback_runs
-from codec.feedback.runstep import encode_runs
+from codec.many import hashable_key, joined, many_keys, where
+from codec.feedback.runstep import ManyFeedback
+from codec.feedback.step import Step
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
 
@@ -68,9 +65,10 @@ class ErrorFeedback:
         dest = frame_out(out, (arr,))
         slot = self._claim(key, arr, "x")
         slot.follow(device)
-        sections, finish = self._begin(arr, slot)
+        sections, finish = self._step.begin(arr, slot)
         frame = self.codec.frame(sections, arr.dtype, arr.shape, out=dest)
         finish(lambda: parse_frame(frame, verify_payload=False))()
+        self._store((slot,))
         return frame
 
     def encode_many(self, tensors, keys=None, *, layout: str = "table", joint: bool = False, out=None, skip_missing: bool = False) -> bytes:
@@ -88,55 +86,22 @@ class ErrorFeedback:
         framed with every tensor's shape.
 
         ``out``: a buffer to write the frame into, as for :meth:`encode`."""
+        names, arrays, lay, dest = many.prepared(self.codec, tensors, out, skip_missing)
+        dev = bool(arrays) and on_device(arrays[0])
         if joint:
-            return self._encode_joint(tensors, keys, layout, out, skip_missing)
-        names, arrays = many_inputs(tensors, device=True, skip_missing=skip_missing)
-        dev = many_on_device(self.codec.stages, arrays)
-        dest = frame_out(out, arrays)
-        if keys is None:
-            keys = list(names) if names is not None else list(range(len(arrays)))
-        keys = many_keys(keys, len(arrays))
-        if len(set(map(hashable_key, keys))) != len(keys):
-            raise CodecValueError("keys: every tensor needs its own key; a key appears twice")
-        named = where(names, len(arrays))
+            arrays, named, keys = [joined(arrays)], ["tensors"], [hashable_key(keys)]
+        else:
+            if keys is None:
+                keys = list(names) if names is not None else list(range(len(arrays)))
+            keys = many_keys(keys, len(arrays))
+            if len(set(map(hashable_key, keys))) != len(keys):
+                raise CodecValueError("keys: every tensor needs its own key; a key appears twice")
+            named = where(names, len(arrays))
         slots = [self._claim(k, a, w) for k, a, w in zip(keys, arrays, named)]  # checks all, changes nothing
-        lay = Layout.of(arrays, names)
-        if not self.residuals:  # the codec's frame at each key's step: its runs apply
-            ctxs = [s.context(a, w) for a, s, w in zip(arrays, slots, named)]  # state installed once the frame is built
-            sections, pieces, _ = many.sections(self.codec, arrays, ctxs)
-            frame = self.codec.frame_many(sections, lay, layout, pieces=pieces, out=dest)
-            for s, ctx in zip(slots, ctxs):
-                self._advance(s, ctx.state)
-            return frame
         for s in slots:
             s.follow(dev)
-        groups = feedback_runs(self.codec, arrays)
-        if groups:
-            return encode_runs(self, arrays, slots, named, groups, lay, layout, dest)
-        begun = [self._begin(a, s, w) for a, s, w in zip(arrays, slots, named)]
-        frame = self.codec.frame_many([b[0] for b in begun], lay, layout, out=dest)
-        parsed = []
-
-        def tensor_frame(i):
-            if not parsed:
-                parsed.append(parse_many(frame, layout=lay, verify_payload=False))
-            return parsed[0].tensor(i)
-
-        installs = [finish(lambda i=i: tensor_frame(i)) for i, (_, finish) in enumerate(begun)]
-        for install in installs:  # only once every tensor has finished
-            install()
-        return frame
-
-    def _encode_joint(self, tensors, key, layout: str, out, skip_missing: bool) -> bytes:
-        names, arrays = many_inputs(tensors, device=True, skip_missing=skip_missing)
-        dest = frame_out(out, arrays)
-        lay = Layout.of(arrays, names)
-        flat = joined(arrays)
-        slot = self._claim(hashable_key(key), flat, "tensors")
-        slot.follow(on_device(flat))
-        sections, finish = self._begin(flat, slot, "tensors")
-        frame = self.codec.frame_many([sections], lay, layout, joint=True, out=dest)
-        finish(lambda: parse_many(frame, layout=lay, verify_payload=False).whole())()
+        frame = many.encode_step(self.codec, arrays, lay, layout, dest, feedback=ManyFeedback(self._step, slots, named), joint=joint)
+        self._store(slots)
         return frame
 
     def _get(self, key):
@@ -167,87 +132,15 @@ class ErrorFeedback:
                 "call reset(key) to start it over"
             )
 
-    def _begin(self, x: np.ndarray, slot: Slot, name: str = "x"):
-        """The first half of a step: the sections of ``x`` (plus the residual) and
-        ``finish(frame)``, run once the frame holding them is built: it completes the step in
-        buffers of its own (``acc - decoded``, the masked velocity) and returns ``install()``,
-        which alone changes this ErrorFeedback (residual, velocity, stage state, step; the
-        slot stored).  ``frame()`` returns the parsed frame of this tensor (a v1 frame, or the
-        tensor's view of a many-tensor frame).  Stages keep their state in a copy of the
-        slot's, installed with the rest: an error anywhere before ``install`` loses nothing,
-        and a many-tensor step installs only once every tensor has finished."""
-        ctx = slot.context(x, name)
-        if not self.residuals:
-            sections = self.codec.sections(x.reshape(-1), ctx)
-            return sections, lambda frame: lambda: self._advance(slot, ctx.state)
-        if not self.momentum:
-            sections, finish = self._feedback(x, slot, ctx)
+    @property
+    def _step(self) -> Step:
+        """The step this ErrorFeedback takes (:class:`codec.feedback.step.Step`)."""
+        return Step(self.codec, self.momentum, self.residuals)
 
-            def done(frame):
-                commit, _ = finish(frame)
-                return lambda: (commit(), self._advance(slot, ctx.state))
-
-            return sections, done
-        u = momentum(slot.velocity, round_to(self.momentum, x.dtype)[()], x)  # in x's dtype, a new buffer where x lives
-        sections, finish = self._feedback(u, slot, ctx)
-
-        def done_momentum(frame):
-            commit, sent = finish(frame)
-            zero_at(u, sent)  # momentum-factor masking
-
-            def install():
-                commit()
-                slot.velocity, slot.velocity_at = u, None
-                self._advance(slot, ctx.state)
-
-            return install
-
-        return sections, done_momentum
-
-    def _advance(self, slot: Slot, state: dict | None = None) -> None:
-        """Install a finished step's stage ``state``, count the step, store the slot."""
-        if state is not None:
-            slot.state = state
-        slot.step += 1
-        self._slots[slot.key] = slot
-
-    def _feedback(self, x: np.ndarray, slot: Slot, ctx):
-        """The error-feedback step on ``acc = x + slot.residual`` (``ctx``: the stages'
-        context): its sections, and ``finish(frame)`` forming ``acc - decoded`` in a buffer of
-        its own and returning ``(commit, sent positions)`` (None: all); ``commit()`` installs
-        it as the new residual.
-
-        Three ways, the first that applies: a value stage alone may fuse the whole step
-        (``Value.encode_feedback``: fp16/bf16 on float32); a select stage with
-        ``fuses_feedback`` forms ``acc`` inside its selection pass; otherwise ``acc = x +
-        residual`` is formed first.  Then ``acc -= decoded`` (a sparse frame touches only its
-        positions: ``Value.decoded`` of the kept values when the value stage knows it,
-        else the frame decoded) and ``acc`` is committed.  ``acc`` is a buffer other than the
-        residual, so on error the residual is untouched."""
-        c = self.codec
-        flat = x.reshape(-1)
-        if c.select is None and c.transform is None:
-            sections: list = []
-            commit = c.value.encode_feedback(flat, slot, ctx, sections)
-            if commit is not None:
-                return sections, lambda frame: (commit, None)
-        acc = slot.take_spare()
-        if c.select is not None and c.select.fuses_feedback:
-            sections = c.sections(flat, ctx, residual=slot.residual.reshape(-1), out=acc.reshape(-1))
-        else:
-            add(x, slot.residual, acc)
-            sections = c.sections(acc.reshape(-1), ctx)
-
-        def finish(frame):
-            flat_acc = acc.reshape(-1)
-            sent = None if ctx.positions is None or on_device(ctx.kept) else c.value.decoded(ctx.kept, ctx)
-            if sent is None:
-                c.subtract(frame(), flat_acc)
-            else:  # what the frame decodes to at its positions, without decoding it
-                scatter(sent, ctx.positions, flat_acc, SUB)
-            return (lambda: slot.commit(acc)), ctx.positions
-
-        return sections, finish
+    def _store(self, slots) -> None:
+        """Keep ``slots``, whose step has finished, as their keys' memory (in their order)."""
+        for slot in slots:
+            self._slots[slot.key] = slot
 
     def _fresh(self, key, shape, dtype, step: int = 0, device: bool = False) -> Slot:
         """A new slot for arrays of ``shape`` and ``dtype``: a zero residual (on the device with

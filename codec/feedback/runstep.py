@@ -1,6 +1,7 @@
-"""Error feedback's step for the runs of a many-tensor call (:meth:`ErrorFeedback.encode_many`):
-the small tensors a segmented stage codes at once take their step together, host and device
-arrays alike, DGC's momentum included.
+"""Error feedback's half of a many-tensor step (:meth:`ErrorFeedback.encode_many`):
+:class:`ManyFeedback`, which :func:`codec.many.encode_step` drives.  The small tensors a
+segmented stage codes at once take their step together, host and device arrays alike, DGC's
+momentum included; every other tensor takes its own (:meth:`codec.feedback.step.Step.begin`).
 
 Per run (:func:`codec.runs.feedback_runs`): ``acc = x + residual`` is formed in ONE flat
 buffer (:func:`run_acc`), the run is coded from it at once, ``acc -= decoded`` is one update
@@ -31,7 +32,8 @@ from codec.kernels import backend
 from codec.manyframe import parse_many
 from codec.modes import ADD
 from codec.ops import momentum, offsets, round_to, zero_at
-from codec.runs import FEEDBACK_RUNS
+from codec.feedback.step import advance
+from codec.runs import FEEDBACK_RUNS, feedback_runs
 
 
 def span(places, sizes):
@@ -104,79 +106,119 @@ def run_acc(xs, slots, device: bool):
     return place
 
 
-def encode_runs(ef, arrays, slots, named, groups, lay, layout, dest) -> bytes:
-    """:meth:`ErrorFeedback.encode_many`'s frame and step when runs of its tensors (``groups``,
-    :func:`codec.runs.feedback_runs`) take the step together: each run's ``acc`` formed at
-    once (:func:`run_acc`), the run coded from it, ``acc -= decoded`` through the frame's
-    runs in one update per run; every other tensor (and a run the stage declines) takes its
-    own step, as :meth:`ErrorFeedback.encode` would.  Nothing changes until all finished."""
-    c = ef.codec
-    device = bool(arrays) and on_device(arrays[0])
-    ctxs = [None] * len(arrays)  # a run member's context (its state installed once the frame is built)
-    for g in groups:
-        for i in g:
-            ctxs[i] = slots[i].context(arrays[i], named[i])
-    velocities = {}  # with momentum: per run, u = m*u + x, which the run codes (plus the residuals)
-    if ef.momentum:
-        for g in groups:
-            xs = [arrays[i] for i in g]
-            velocities[g[0]] = run_velocity(xs, [slots[i] for i in g], round_to(ef.momentum, xs[0].dtype)[()], device)
-    sees = c.select is not None and c.select.sees_gradient  # the stage is handed each run's gradients (AdaComp's dW)
-    places, gradients = {}, {}
-    for g in groups:
-        xs = [arrays[i] for i in g]
-        if g[0] in velocities:  # the run's u in place of its gradients, each tensor's slice
-            u, at = velocities[g[0]], np.cumsum([0] + [x.size for x in xs])
-            xs = [u[a:b] for a, b in zip(at, at[1:])]
-        if sees:
-            gradients[g[0]] = velocities[g[0]] if g[0] in velocities else many.joined(xs)
-        places[g[0]] = run_acc(xs, [slots[i] for i in g], device)
-    flats = {}
-    for g in groups:
-        base, at = places[g[0]]
-        flats[g[0]] = base[at : at + sum(arrays[i].size for i in g)]
-    finishes: dict = {}
+class ManyFeedback:
+    """The error-feedback half of a many-tensor step, which :func:`codec.many.encode_step`
+    drives: ``step`` (:class:`codec.feedback.step.Step`), ``slots[i]`` tensor i's key's slot
+    and ``named[i]`` how errors name tensor i.  The runs of :func:`codec.runs.feedback_runs`
+    take their step together (:meth:`accumulate`, then :meth:`finish`); every other tensor,
+    and a run the stage declines, takes its own (:meth:`alone`), as
+    :meth:`ErrorFeedback.encode` would.  No slot changes until :meth:`finish`, after the
+    frame is built; the caller stores the slots."""
 
-    def alone(i):  # the tensor's own step (its momentum too), as ErrorFeedback.encode takes it
-        sections, finishes[i] = ef._begin(arrays[i], slots[i], named[i])
+    def __init__(self, step, slots, named):
+        self.step, self.slots, self.named = step, slots, named
+        self.arrays: list = []
+        self.finishes: dict = {}  # per tensor taking its own step: its finish(frame)
+        self.velocities: dict = {}  # with momentum, per run (keyed by its first tensor): u = m*u + x
+        self.places: dict = {}  # per run: (buffer, offset) of its acc (:func:`run_acc`)
+        self.flats: dict = {}  # per run: its acc, that buffer's slice
+
+    def plan(self, c, arrays, joint: bool = False):
+        """``(groups, ctxs)`` for ``arrays``: the runs taking the step together (None without
+        residuals: then the codec's own runs code the tensors, ``ctxs`` every tensor's
+        context; ``joint``: the one concatenation takes its own step) and the run members'
+        contexts (their stage state installed by :meth:`finish`; None for the others, whose
+        own step makes theirs)."""
+        self.arrays = arrays
+        if not self.step.residuals:
+            return None, [s.context(a, w) for a, s, w in zip(arrays, self.slots, self.named)]
+        groups = [] if joint else feedback_runs(c, arrays)
+        ctxs = [None] * len(arrays)
+        for g in groups:
+            for i in g:
+                ctxs[i] = self.slots[i].context(arrays[i], self.named[i])
+        return groups, ctxs
+
+    def alone(self, i: int) -> list:
+        """Tensor ``i``'s sections from its own step (its momentum too)."""
+        sections, self.finishes[i] = self.step.begin(self.arrays[i], self.slots[i], self.named[i])
         return sections
 
-    inputs = list(arrays)  # a run's tensors as their slices of its acc (a bad sum is named by its tensor)
-    for g in groups:
-        at = 0
-        for i in g:
-            inputs[i] = flats[g[0]][at : at + arrays[i].size].reshape(arrays[i].shape)
-            at += arrays[i].size
-    sections, pieces, ran = many.sections(c, inputs, ctxs, alone, shape=FEEDBACK_RUNS, flats=flats, gradients=gradients or None)
-    frame = c.frame_many(sections, lay, layout, pieces=pieces, out=dest)
-    mf = parse_many(frame, layout=lay, verify_payload=False)
-    done = [g for g in groups if g[0] in ran]
-    targets, kept = {}, {}  # kept: per run member, its new residual and velocity, and where they lie
-    for g in done:
-        base, at = places[g[0]]
-        u = velocities.get(g[0])
-        for i in g:
-            targets[i] = base[at : at + arrays[i].size]
-            off = at - places[g[0]][1]
-            velocity = None if u is None else (u[off : off + arrays[i].size].reshape(arrays[i].shape), (u, off))
-            kept[i] = (targets[i].reshape(arrays[i].shape), (base, at), velocity)
-            at += arrays[i].size
-    many.subtract(c, mf, targets, FEEDBACK_RUNS, {g[0]: flats[g[0]] for g in done})
-    for g in done:  # momentum-factor masking: u zeroed where the frame sent values (all: a dense codec)
-        if g[0] in velocities:
-            sent = [ctxs[i].positions for i in g]
-            zero_at(velocities[g[0]], None if any(p is None for p in sent) else _in_run(sent, [arrays[i].size for i in g]))
-    installs = {i: finishes[i](lambda i=i: mf.tensor(i)) for i in sorted(finishes)}  # every tensor finished first
-    for i, slot in enumerate(slots):  # then installed, in tensor order (the order state_dict keeps)
-        if i in installs:
-            installs[i]()
-            continue
-        residual, at, velocity = kept[i]
-        slot.commit(residual, at=at)
-        if velocity is not None:
-            slot.velocity, slot.velocity_at = velocity
-        ef._advance(slot, ctxs[i].state)
-    return frame
+    def accumulate(self, c, groups) -> tuple:
+        """Each run's ``acc`` formed at once (:func:`run_acc`; with momentum from ``u = m*u +
+        x``, :func:`run_velocity`): ``(inputs, flats, gradients)``, the tensors with each run
+        member as its slice of its run's ``acc`` (a bad sum is named by its tensor), per run
+        its ``acc`` (``{first index: flat}``), and per run the gradients (or velocity) a
+        select stage that sees them is handed (:attr:`codec.stage.Select.sees_gradient`)."""
+        arrays, slots = self.arrays, self.slots
+        device = bool(arrays) and on_device(arrays[0])
+        if self.step.momentum:
+            for g in groups:
+                xs = [arrays[i] for i in g]
+                self.velocities[g[0]] = run_velocity(xs, [slots[i] for i in g], round_to(self.step.momentum, xs[0].dtype)[()], device)
+        sees = c.select is not None and c.select.sees_gradient
+        gradients, flats = {}, self.flats
+        inputs = list(arrays)
+        for g in groups:
+            xs = [arrays[i] for i in g]
+            if g[0] in self.velocities:  # the run's u in place of its gradients, each tensor's slice
+                u, at = self.velocities[g[0]], np.cumsum([0] + [x.size for x in xs])
+                xs = [u[a:b] for a, b in zip(at, at[1:])]
+            if sees:
+                gradients[g[0]] = self.velocities[g[0]] if g[0] in self.velocities else many.joined(xs)
+            base, start = self.places[g[0]] = run_acc(xs, [slots[i] for i in g], device)
+            flats[g[0]] = flat = base[start : start + sum(x.size for x in xs)]
+            at = 0
+            for i in g:
+                inputs[i] = flat[at : at + arrays[i].size].reshape(arrays[i].shape)
+                at += arrays[i].size
+        return inputs, dict(flats), gradients or None
+
+    def finish(self, c, frame, lay, groups, ran, ctxs, joint: bool = False) -> None:
+        """The step completed once ``frame`` is built: ``acc -= decoded`` through the frame's
+        runs in one update per run the stage coded (``ran``), the runs' velocities masked, every
+        other tensor's own step finished; then every slot changed, in tensor order (the order
+        ``state_dict`` keeps)."""
+        if groups is None:  # no residuals: the stage state and the step
+            for slot, ctx in zip(self.slots, ctxs):
+                advance(slot, ctx.state)
+            return
+        parsed = []
+
+        def parse():
+            if not parsed:
+                parsed.append(parse_many(frame, layout=lay, verify_payload=False))
+            return parsed[0]
+
+        arrays = self.arrays
+        done = [g for g in groups if g[0] in ran]
+        targets, kept = {}, {}  # kept: per run member, its new residual and velocity, and where they lie
+        for g in done:
+            base, at = self.places[g[0]]
+            u = self.velocities.get(g[0])
+            for i in g:
+                targets[i] = base[at : at + arrays[i].size]
+                off = at - self.places[g[0]][1]
+                velocity = None if u is None else (u[off : off + arrays[i].size].reshape(arrays[i].shape), (u, off))
+                kept[i] = (targets[i].reshape(arrays[i].shape), (base, at), velocity)
+                at += arrays[i].size
+        if done:
+            many.subtract(c, parse(), targets, FEEDBACK_RUNS, {g[0]: self.flats[g[0]] for g in done})
+        for g in done:  # momentum-factor masking: u zeroed where the frame sent values (all: a dense codec)
+            if g[0] in self.velocities:
+                sent = [ctxs[i].positions for i in g]
+                zero_at(self.velocities[g[0]], None if any(p is None for p in sent) else _in_run(sent, [arrays[i].size for i in g]))
+        tensor = (lambda i: parse().whole()) if joint else (lambda i: parse().tensor(i))
+        installs = {i: self.finishes[i](lambda i=i: tensor(i)) for i in sorted(self.finishes)}  # every tensor finished first
+        for i, slot in enumerate(self.slots):  # then installed, in tensor order
+            if i in installs:
+                installs[i]()
+                continue
+            residual, at, velocity = kept[i]
+            slot.commit(residual, at=at)
+            if velocity is not None:
+                slot.velocity, slot.velocity_at = velocity
+            advance(slot, ctxs[i].state)
 
 
 def _in_run(sent, sizes):
