@@ -17,6 +17,8 @@ Per model and codec: the best of ``--repeat`` runs of
   array, their concatenation, so the kernels do the same work with no per-tensor structure;
   ``many - joint`` per tensor is the per-tensor overhead (for top-k and PowerSGD the joint
   frame is another selection or factorisation of about the same work);
+* ``EF many``: one ``ErrorFeedback(c).encode_many(tensors)`` step (residuals fed back), in
+  steady state (three untimed steps first);
 
 reported as microseconds per tensor (encode + decode), the many call's GB/s (of the float32
 input) with its ratio to a memcpy of every tensor measured in the same run (``np.copyto``
@@ -119,7 +121,13 @@ def measure(c, tensors, repeat: int) -> dict:
     t_joint = best(joint, repeat)
     t_enc = best(lambda: c.encode_many(tensors), repeat)
     t_copy = best(lambda: [np.copyto(y, x) for x, y in zip(xs, ys)], repeat)
-    return {"per": t_per, "many": t_many, "joint": t_joint, "enc": t_enc, "copy": t_copy, "v1": sum(len(f) for f in frames), "v2": len(many), "payload": payload_bytes(frames)}
+    import codec
+
+    ef = codec.ErrorFeedback(c)
+    for _ in range(3):
+        ef.encode_many(tensors)
+    t_ef = best(lambda: ef.encode_many(tensors), repeat)
+    return {"per": t_per, "many": t_many, "joint": t_joint, "enc": t_enc, "copy": t_copy, "ef": t_ef, "v1": sum(len(f) for f in frames), "v2": len(many), "payload": payload_bytes(frames)}
 
 
 def main() -> int:
@@ -144,7 +152,7 @@ def main() -> int:
             try:
                 r = measure(codec.get_codec(spec), tensors, args.repeat)
             except (ValueError, TypeError) as e:
-                rows.append([spec, f"error: {e}"[:60]] + [""] * 8)
+                rows.append([spec, f"error: {e}"[:60]] + [""] * 9)
                 continue
             rows.append([
                 spec,
@@ -154,6 +162,7 @@ def main() -> int:
                 f"{(r['many'] - r['joint']) / count * 1e6:.1f}",
                 f"{nbytes / r['many'] / 1e9:.2f} ({r['copy'] / r['many']:.2f}x)",
                 f"{r['enc'] / count * 1e6:.1f}",
+                f"{r['ef'] / count * 1e6:.1f}",
                 f"{r['v1']:,}",
                 f"{r['v2']:,}",
                 f"{(r['v2'] - r['payload']) / max(count, 1):.1f}",
@@ -161,7 +170,7 @@ def main() -> int:
         print()
         heading(f"{name}: {count} tensors, {nbytes / 1e6:.2f} MB float32 (encode + decode into out, per step)", md)
         print(render(["codec", "per tensor: us/tensor", "many: us/tensor", "speed-up", "many - joint: us/tensor", "many GB/s (x memcpy)",
-                      "many encode us/tensor", "v1 bytes", "v2 bytes", "v2 framing B/tensor"], rows, md))
+                      "many encode us/tensor", "EF many us/tensor", "v1 bytes", "v2 bytes", "v2 framing B/tensor"], rows, md))
     footer(["memcpy: np.copyto of every tensor into a preallocated one, tensor by tensor, best of --repeat",
             "many - joint: the many call's time less that of joint=True (the tensors coded as ONE array, their concatenation: the same kernel work without per-tensor structure), per tensor: the per-tensor overhead",
             "v2 framing: the v2 frame's bytes beyond its sections' payload (header, layout table, counts), per tensor"],

@@ -136,8 +136,14 @@ def feedback_runs(c, arrays) -> list[list[int]]:
         return []
     sizes = [(a.size, a.dtype) for a in arrays]
     if c.elementwise:
-        return [g for g in runs(sizes) if len(g) > 1] if arrays and on_device(arrays[0]) else []
+        least = 2 if arrays and on_device(arrays[0]) else HOST_ELEMENTWISE_RUNS
+        return [g for g in runs(sizes) if len(g) >= least]
     return segment_runs(sizes, FEEDBACK_RUNS)
+
+
+#: the fewest tensors of an elementwise codec's run that take their error-feedback step
+#: together on the host (:func:`feedback_runs`)
+HOST_ELEMENTWISE_RUNS = 8
 
 
 def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:
@@ -253,6 +259,8 @@ def elementwise_sections(c, arrays, ctxs, alone, flats: dict | None = None):
         and not any(on_device(a) or a.dtype not in (np.float32, np.float64) for a in arrays)
     )
     groups = runs([(a.size, a.dtype) for a in arrays], *((1 << 62,) if where else ()))
+    if flats is not None:  # error feedback's runs (its acc formed); every other tensor takes its own step
+        groups = [h for g in groups for h in ([g] if g[0] in flats else [[i] for i in g])]
     table, pieces, ran = [], [], set()
     for g, flat in zip(groups, [None] * len(groups) if where else concatenated(arrays, groups, flats)):
         if len(g) == 1 and flat is None:

@@ -821,6 +821,39 @@ def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
     assert banks[2] == banks[0] != banks[1], banks  # the third step writes acc into the first step's buffer (now the spares'): nothing allocated
 
 
+@pytest.mark.parametrize("spec, momentum", [("fp16", 0), ("bf16", 0), ("none", 0), ("fp16(nonfinite=keep)", 0.9), ("bf16", 0.9)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_elementwise_error_feedback_runs_equal_each_tensors_step(spec, momentum, dtype, monkeypatch):
+    """On the host, a run of at least 8 tensors of an elementwise codec
+    (codec.runs.HOST_ELEMENTWISE_RUNS, at most 65,536 elements together) takes its
+    error-feedback step together, as the device's runs do: frames, residuals and velocities
+    bit for bit each tensor's own (fused) step's; a shorter run's tensors take their own; a
+    NaN that fp16 refuses is named by its tensor and changes nothing."""
+    from codec import many
+
+    ran = []
+    real = many.subtract
+    monkeypatch.setattr(many, "subtract", lambda c, mf, targets, shape, spans: ran.append(len(targets)) or real(c, mf, targets, shape, spans))
+    together, alone = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
+    sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 40000, 70000, 3, 5, 11, 13, 17, 19, 23]  # runs of 10 (45,896 values), 1, 7
+    for step in range(3):
+        rng = np.random.default_rng(60 + step)
+        ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-4, 2)).astype(dtype) for i, n in enumerate(sizes)}
+        ts["w3"] = ts["w3"].reshape(3, 100)
+        got = codec.decode_many(together.encode_many(ts))
+        for k, x in ts.items():
+            assert got[k].tobytes() == codec.decode(alone.encode(x, key=k)).tobytes(), (step, k)
+        assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step
+    assert ran == [10, 10, 10]
+    before = pickle.dumps(together.state_dict())
+    ts["w5"][4] = np.nan
+    if "keep" in spec or spec == "none":
+        return
+    with pytest.raises(ValueError, match=r"tensors\['w5'\]"):
+        together.encode_many(ts)
+    assert pickle.dumps(together.state_dict()) == before
+
+
 @pytest.mark.parametrize("spec", ["randomk(ratio=0.1)", "qsgd", "minmax(rounding=stochastic)", "fp8(rounding=stochastic)"])
 def test_runs_give_keys_that_print_differently_their_own_streams(spec):
     """Keys equal in Python but of another text (0.0 and -0.0, (1, 2) and (1.0, 2)) draw their

@@ -114,6 +114,9 @@ class ErrorFeedback:
     def _claim(self, key, arr: np.ndarray, argname: str) -> Slot:
         """The slot ``arr`` is encoded with under ``key`` (:meth:`slot`), after :meth:`check`;
         a new one has its zero residual where ``arr`` lives."""
+        slot = self._get(key)
+        if slot is not None and slot.step <= MAX_STEP and slot.fits(arr.shape, arr.dtype):
+            return slot  # (a training loop's step: the key's memory fits)
         self.check(key, arr.shape, arr.dtype, argname)
         return self.slot(key, arr.shape, arr.dtype, device=on_device(arr))
 

@@ -99,9 +99,13 @@ def run_acc(xs, slots, device: bool):
     if device:  # the gradients copied in, the residuals added in one launch
         backend("convert", acc).combine(r, concat(xs, acc), ADD)
         return place
+    if r is not None:  # the gradients copied in (one call), the residuals added at once: x + r as each tensor's step adds
+        np.concatenate([x.reshape(-1) for x in xs], out=acc)
+        np.add(acc, r, out=acc)
+        return place
     at = 0
     for x, s, size in zip(xs, slots, sizes):
-        np.add(x.reshape(-1), s.residual.reshape(-1) if r is None else r[at : at + size], out=acc[at : at + size])
+        np.add(x.reshape(-1), s.residual.reshape(-1), out=acc[at : at + size])
         at += size
     return place
 
