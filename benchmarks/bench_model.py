@@ -1,11 +1,12 @@
 """Whole-model steps: every tensor of a model encoded and decoded, one call per tensor (format
 v1 frames) against one many-tensor call (format v2, ``encode_many`` / ``decode_many``).
 
-    python benchmarks/bench_model.py [--models small200,sample,resnet50,bert] [--codecs ...]
+    python benchmarks/bench_model.py [--models small200,tiny200,sample,resnet50,bert] [--codecs ...]
                                      [--repeat 5] [--markdown]
 
 Models: ``small200`` (200 float32 tensors of 1,000 to 10,000 elements: the per-tensor
-overhead target of issue 15), ``sample`` (the bundled CNN's 8 gradients of one step),
+overhead target of issue 15), ``tiny200`` (200 float32 tensors of 16 to 1,000 elements: a
+small model's biases and norms, where only the Python per tensor counts), ``sample`` (the bundled CNN's 8 gradients of one step),
 ``resnet50`` (torchvision's 161 parameter shapes, 25.6M elements, Student-t(2) x 1e-3) and
 ``bert`` (BERT-base's 199 parameter shapes, 109.5M elements; not in the default list).
 
@@ -72,8 +73,9 @@ def bert_base_shapes() -> dict[str, tuple]:
 
 def model(name: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(2026)
-    if name == "small200":
-        return {f"t{i}": (rng.standard_t(2, int(n)) * 1e-3).astype(np.float32) for i, n in enumerate(rng.integers(1000, 10_001, 200))}
+    if name in ("small200", "tiny200"):
+        low, high = (1000, 10_001) if name == "small200" else (16, 1_001)
+        return {f"t{i}": (rng.standard_t(2, int(n)) * 1e-3).astype(np.float32) for i, n in enumerate(rng.integers(low, high, 200))}
     if name == "sample":
         from harness import load_steps
 

@@ -136,14 +136,20 @@ def feedback_runs(c, arrays) -> list[list[int]]:
         return []
     sizes = [(a.size, a.dtype) for a in arrays]
     if c.elementwise:
-        least = 2 if arrays and on_device(arrays[0]) else HOST_ELEMENTWISE_RUNS
-        return [g for g in runs(sizes) if len(g) >= least]
+        if arrays and on_device(arrays[0]):
+            return [g for g in runs(sizes) if len(g) > 1]
+        least, mean = HOST_ELEMENTWISE_RUNS
+        return [g for g in runs(sizes) if len(g) >= least and sum(sizes[i][0] for i in g) <= mean * len(g)]
     return segment_runs(sizes, FEEDBACK_RUNS)
 
 
-#: the fewest tensors of an elementwise codec's run that take their error-feedback step
-#: together on the host (:func:`feedback_runs`)
-HOST_ELEMENTWISE_RUNS = 8
+#: which runs of an elementwise codec take their error-feedback step together on the host
+#: (:func:`feedback_runs`): at least this many tensors of at most this many elements on
+#: average.  Below it a tensor's fused step (one pass) is mostly Python; above it the fused
+#: step costs less than its share of a run's three passes (200 float32 tensors, fp16, µs a
+#: tensor, fused -> run: 64 elements 31-54 -> 13-23, 1,000 33-51 -> 17-32, 4,000 45-61 ->
+#: 28-55, 8,000 44-63 -> 48-52; docs/benchmarks.md)
+HOST_ELEMENTWISE_RUNS = (8, 4096)
 
 
 def value_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:

@@ -824,18 +824,19 @@ def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
 @pytest.mark.parametrize("spec, momentum", [("fp16", 0), ("bf16", 0), ("none", 0), ("fp16(nonfinite=keep)", 0.9), ("bf16", 0.9)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_elementwise_error_feedback_runs_equal_each_tensors_step(spec, momentum, dtype, monkeypatch):
-    """On the host, a run of at least 8 tensors of an elementwise codec
-    (codec.runs.HOST_ELEMENTWISE_RUNS, at most 65,536 elements together) takes its
-    error-feedback step together, as the device's runs do: frames, residuals and velocities
-    bit for bit each tensor's own (fused) step's; a shorter run's tensors take their own; a
-    NaN that fp16 refuses is named by its tensor and changes nothing."""
+    """On the host, a run of an elementwise codec (at most 65,536 elements together) of at
+    least 8 tensors of at most 4,096 elements on average (codec.runs.HOST_ELEMENTWISE_RUNS)
+    takes its error-feedback step together, as the device's runs do: frames, residuals and
+    velocities bit for bit each tensor's own (fused) step's; the tensors of a shorter run, or
+    of larger ones, take their own; a NaN that fp16 refuses is named by its tensor and
+    changes nothing."""
     from codec import many
 
     ran = []
     real = many.subtract
     monkeypatch.setattr(many, "subtract", lambda c, mf, targets, shape, spans: ran.append(len(targets)) or real(c, mf, targets, shape, spans))
     together, alone = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
-    sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 40000, 70000, 3, 5, 11, 13, 17, 19, 23]  # runs of 10 (45,896 values), 1, 7
+    sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 30000, 70000] + [6000] * 8 + [70001, 3, 5, 11, 13, 17, 19, 23]  # runs of 10 (35,896 values), 1, 8 (6,000 each), 1, 7
     for step in range(3):
         rng = np.random.default_rng(60 + step)
         ts = {f"w{i}": (rng.standard_t(2, n) * 10.0 ** rng.integers(-4, 2)).astype(dtype) for i, n in enumerate(sizes)}
