@@ -105,6 +105,8 @@ def as_float_array(x, dtype=None, argname: str = "x") -> np.ndarray:
     bfloat16); the result is then 1-D unless ``x`` already had that dtype.  Integer, bool,
     complex and object input without ``dtype`` raise CodecTypeError naming ``argname``.
     """
+    if type(x) is np.ndarray and dtype is None and x.dtype in _BY_DTYPE and x.flags.c_contiguous and x.flags.aligned:
+        return x  # (what the rest gives such an array, at a small model's per-tensor cost)
     if on_device(x):
         raise CodecTypeError(
             f"{argname}: a device (CUDA) array; so far encode, decode, decode_add and ErrorFeedback.encode of "
@@ -225,6 +227,10 @@ def checked_out(out, n: int, shape, dtype, *, add: bool, argname: str = "out") -
     C-contiguous NumPy array (a subclass is written through a base view; masked arrays are
     refused) or a contiguous CPU torch tensor (:func:`torch_view`) with ``n`` elements (``shape`` for the message) and ``dtype`` (any supported
     dtype when adding); TypeError/ValueError naming ``argname`` otherwise."""
+    if type(out) is np.ndarray and out.size == n and (out.dtype in _BY_DTYPE if add else out.dtype == dtype):
+        flags = out.flags
+        if flags.c_contiguous and flags.writeable and flags.aligned:
+            return out.reshape(-1)  # (what the checks below give such an array)
     if out is None:
         raise CodecTypeError(f"{argname}: decode_add adds into an existing array; pass one (None would add into a throw-away buffer)")
     if is_torch(out):  # a CPU tensor: written through its NumPy view (device tensors go to codec.device)

@@ -307,16 +307,16 @@ def decode(c, mf, out=None, like=None):
                 results[i] = targets[i]
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
             whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None, device=dev, check=check)
+            first = lay.at[idx[0]] if idx else 0
             for i in idx:
-                at = lay.starts[i] - lay.starts[idx[0]]
+                at = lay.at[i] - first
                 part = whole[at : at + lay.sizes[i]]
-                if targets[i] is not None:
-                    if not dev:
-                        np.copyto(targets[i], part)
-                    elif part.size:  # (device to device)
-                        targets[i].copy_to_device(part)
-                    part = targets[i]
-                results[i] = part.reshape(lay.shapes[i])
+                if targets[i] is None:
+                    results[i] = part.reshape(lay.shapes[i])
+                elif not dev:
+                    np.copyto(targets[i], part)
+                elif part.size:  # (device to device)
+                    targets[i].copy_to_device(part)
     if check is not None:
         check.verify(targets)  # a caller's outs: NaN when the frame is damaged
     if out is not None:
@@ -385,8 +385,9 @@ def _add_jobs(c, mf, jobs, targets, mode, spans=None, segmented: bool = False) -
             if span is not None:
                 store(whole, span, mode)
                 continue
+            first = mf.layout.at[idx[0]] if idx else 0
             for i in idx:
-                at = mf.layout.starts[i] - mf.layout.starts[idx[0]]
+                at = mf.layout.at[i] - first
                 store(whole[at : at + targets[i].size], targets[i], mode)  # rounded once, as decode_add
 
 

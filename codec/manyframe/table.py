@@ -58,6 +58,11 @@ class Layout:
         out.flags.writeable = False  # a Layout is shared (the recent tables' cache, several frames)
         return out
 
+    @functools.cached_property
+    def at(self) -> tuple:
+        """:attr:`starts` as Python ints, for indexing tensor by tensor."""
+        return tuple(self.starts.tolist())
+
     @classmethod
     def of(cls, tensors, names=None) -> "Layout":
         """The layout of ``tensors``: a dict name -> array (names kept), or a sequence of arrays
