@@ -26,7 +26,7 @@ from codec.errors import CodecTypeError, CodecValueError
 from codec.framebuffer import frame_out
 from codec.manyframe import Layout
 from codec.modes import ADD, SET, SUB
-from codec.ops import WIDE, scatter_checked, scratch, store, wide_dtype
+from codec.ops import WIDE, scatter_checked, scatter_segments, scratch, store, wide_dtype
 from codec.runs import FEEDBACK_RUNS, RUNS, SEGMENT_ELEMENTS, SEGMENTED_MIN, RunShape, elementwise_sections, select_runs, transform_runs, value_runs
 from codec.stage import Context, check_step
 
@@ -302,9 +302,7 @@ def decode(c, mf, out=None, like=None):
             for i in idx:
                 results[i] = targets[i]
         elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
-            for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
-                scatter_checked(vals, pos, targets[i], SET)  # positions the stage checked
-                results[i] = targets[i]
+            _scatter_pairs(mf, idx, ctx.positions, c._kept(ctx, payload), targets, SET, lambda i, pos, vals: scatter_checked(vals, pos, targets[i], SET))
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
             whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None, device=dev, check=check)
             first = lay.at[idx[0]] if idx else 0
@@ -372,13 +370,7 @@ def _add_jobs(c, mf, jobs, targets, mode, spans=None, segmented: bool = False) -
         elif span is not None and c.select is not None:  # the run's pairs, counted from its first element, written
             c._write(ctx, payload, span, mode)  # as one tensor's (a 16-bit output: the dense decoded values added once)
         elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs
-            for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, ctx.positions, c._kept(ctx, payload))):
-                if targets[i].dtype in WIDE:
-                    scatter_checked(vals, pos, targets[i], mode)  # positions the stage checked
-                else:  # as Codec._write adds into a 16-bit array: the dense decoded tensor, once rounded
-                    wide = Memory(on_device(targets[i])).empty(targets[i].size, vals.dtype)  # where the target lives
-                    scatter_checked(vals, pos, wide, SET)
-                    store(wide, targets[i], mode)
+            _scatter_pairs(mf, idx, ctx.positions, c._kept(ctx, payload), targets, mode, lambda i, pos, vals: _add_pairs(pos, vals, targets[i], mode))
         else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype
             # of the frame's: a narrow frame's codes may decode beyond its own dtype's range)
             whole = _whole(c, ctx, payload, wide_dtype(ctx.dtype), reuse=True, device=on_device(targets[idx[0]]))
@@ -406,6 +398,28 @@ def decode_sparse(c, mf) -> list:
             for i, pair in zip(idx, _split_pairs(mf, idx, ctx.positions, kept)):
                 pairs[i] = pair
     return pairs
+
+
+def _scatter_pairs(mf, idx, positions, values, targets, mode, each) -> None:
+    """The sorted pairs of consecutive tensors ``idx`` coded as one (a joint frame, or a run of
+    a sparse frame; positions counted from the first one's first element, checked) written
+    into their ``targets`` (``mode``): at once where :func:`codec.ops.scatter_segments`
+    takes them, else ``each(i, positions, values)`` with each tensor's own pairs."""
+    starts = mf.layout.starts[idx[0] : idx[-1] + 2] - mf.layout.starts[idx[0]] if len(idx) else None
+    if starts is not None and scatter_segments(values, positions, starts, [targets[i] for i in idx], mode):
+        return
+    for i, (pos, vals) in zip(idx, _split_pairs(mf, idx, positions, values)):
+        each(i, pos, vals)
+
+
+def _add_pairs(pos, vals, target, mode) -> None:
+    """``target[pos] (+|-)= vals`` for one tensor's pairs (positions checked), rounded once."""
+    if target.dtype in WIDE:
+        scatter_checked(vals, pos, target, mode)
+    else:  # as Codec._write adds into a 16-bit array: the dense decoded tensor, once rounded
+        wide = Memory(on_device(target)).empty(target.size, vals.dtype)  # where the target lives
+        scatter_checked(vals, pos, wide, SET)
+        store(wide, target, mode)
 
 
 def _split_pairs(mf, idx, positions, values) -> list:

@@ -271,6 +271,26 @@ def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return mem.host(mem.gather(src, mem.put(_positions(idx)) if mem.device else idx))
 
 
+def scatter_segments(values: np.ndarray, idx: np.ndarray, starts: np.ndarray, outs: list, mode: int) -> bool:
+    """:func:`scatter_checked` of the sorted pairs of a run of tensors (tensor ``t`` holds the
+    run's elements ``[starts[t], starts[t+1])``, its array ``outs[t]``, flat; ``idx`` sorted
+    run positions, checked) in one kernel call, when every array is a host float32/float64
+    array of one dtype that takes ``values`` as :func:`scatter` does (``mode`` SET, the same
+    dtype, or float64).  Returns False, having written nothing, otherwise."""
+    if len(outs) < 2 or on_device(*outs):
+        return False
+    dt = outs[0].dtype
+    values = widen(values)
+    if dt not in WIDE or any(o.dtype != dt for o in outs) or not (mode == SET or values.dtype == dt or dt == np.float64):
+        return False
+    idx = np.ascontiguousarray(idx, np.int64)
+    kstarts = np.searchsorted(idx, starts)
+    addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+    starts = np.ascontiguousarray(starts, np.int64)
+    backend("scatter", outs[0]).scatter_segments(readonly(np.ascontiguousarray(values)), readonly(idx), readonly(kstarts), readonly(addrs), readonly(starts), outs[0], mode)
+    return True
+
+
 def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode: int) -> None:
     """:func:`scatter` of positions already known to be unique and in ``range(flat.size)``
     (a select stage's ``positions()`` checks them as it reads them), ``values`` and ``idx``

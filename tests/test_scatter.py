@@ -271,3 +271,43 @@ def test_put_family_leaves_the_rest(backend, dtype):
     out = base.copy()
     module("scatter", backend).put(ops.readonly(values), ops.readonly(idx), out)
     assert out.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", WIDE, ids=str)
+@pytest.mark.parametrize("val_dtype", WIDE, ids=str)
+def test_scatter_segments_family_and_ops(backend, dtype, val_dtype, mode):
+    """``scatter_segments``: each tensor of a run (sizes 0, 1, odd, one past a chunk, no pairs
+    at all) gets its share of the run's sorted pairs, as :func:`ops.scatter_checked` of its
+    own pairs gives it; SET zeroes the rest of every tensor.  ``ops.scatter_segments`` calls
+    it where the arrays share a float32/float64 dtype that takes the values, else declines
+    (writing nothing)."""
+    rng = np.random.default_rng(7 + mode)
+    sizes = [0, 1, 5, 3, 0, CHUNK + 1, 2, 9]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    idx = np.sort(rng.choice(int(starts[-1]), 400, replace=False)).astype(np.int64)
+    idx = idx[(idx < starts[3]) | (idx >= starts[4])]  # tensor 3 keeps nothing
+    values = rng.standard_normal(idx.size).astype(val_dtype)
+    base = [rng.standard_normal(n).astype(dtype) for n in sizes]
+    want = [b.copy() for b in base]
+    cut = np.searchsorted(idx, starts)
+    for t, w in enumerate(want):
+        ops.scatter_checked(values[cut[t] : cut[t + 1]], idx[cut[t] : cut[t + 1]] - starts[t], w, mode)
+    takes = mode == SET or val_dtype == dtype or dtype == F64  # (float64 added into float32: scatter_checked rounds once)
+    if takes:
+        outs = [b.copy() for b in base]
+        addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+        module("scatter", backend).scatter_segments(ops.readonly(values), ops.readonly(idx), ops.readonly(cut.astype(np.int64)), ops.readonly(addrs), ops.readonly(starts), outs[0], mode)
+        assert [o.tobytes() for o in outs] == [w.tobytes() for w in want]
+    outs = [b.copy() for b in base]
+    assert ops.scatter_segments(values, idx, starts, outs, mode) == takes
+    assert [o.tobytes() for o in outs] == [(w if takes else b).tobytes() for w, b in zip(want, base)]
+
+
+def test_scatter_segments_declines_what_scatter_does_not_take():
+    """Mixed dtypes, a 16-bit array and a lone tensor are left to the caller, untouched."""
+    idx, values, starts = np.array([0, 2]), np.ones(2, np.float32), np.array([0, 2, 4])
+    for outs in ([np.zeros(2, np.float32), np.zeros(2, np.float64)], [np.zeros(2, np.float16)] * 2):
+        assert not ops.scatter_segments(values, idx, starts, outs, SET)
+        assert not any(o.any() for o in outs)
+    assert not ops.scatter_segments(values, idx, starts[:2], [np.zeros(4, np.float32)], SET)

@@ -4,10 +4,10 @@ the inverse, gather the values at sparse positions."""
 from __future__ import annotations
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import prefetch
+from codec.kernels.cpu._common import prefetch, view_at
 from codec.modes import ADD, SET
 
-__all__ = ["gather", "put", "scatter"]
+__all__ = ["gather", "put", "scatter", "scatter_segments"]
 
 _CHUNK = 1 << 14
 #: how many values ahead the scatter asks for the cache line it will write (``_common.prefetch``)
@@ -43,6 +43,28 @@ def scatter(values, idx, out, mode):
                 if i + _AHEAD < hi:
                     prefetch(out, idx[i + _AHEAD])
                 out[idx[i]] -= values[i]
+
+
+@jit(parallel=True)
+def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
+    """:func:`scatter` of many tensors' sparse values, each into its own array: tensor
+    ``t`` holds the elements ``[starts[t], starts[t+1])`` of a run, its pairs are
+    ``values[kstarts[t]:kstarts[t+1]]`` at the run positions ``idx[kstarts[t]:kstarts[t+1]]``
+    (unique, within the tensor's elements), and its array is the one of ``like``'s dtype at
+    the address ``addrs[t]`` (the caller keeps them alive).  One call for a run of small
+    tensors, a tensor per iteration (each array written by one thread)."""
+    for t in prange(addrs.size):
+        first = starts[t]
+        out = view_at(like, addrs[t], starts[t + 1] - first)
+        if mode == SET:
+            out[:] = 0
+        for i in range(kstarts[t], kstarts[t + 1]):
+            if mode == SET:
+                out[idx[i] - first] = values[i]
+            elif mode == ADD:
+                out[idx[i] - first] += values[i]
+            else:
+                out[idx[i] - first] -= values[i]
 
 
 @jit(parallel=True)

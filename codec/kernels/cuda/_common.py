@@ -356,3 +356,18 @@ def check_width(width: int) -> None:
 #: the twins of the CPU ``_common``'s float rules (and its ``mul``: a product rounded on its
 #: own), for ``device_functions(..., extra=MATH)``
 MATH = {"floor": floor, "rint": rint, "copysign": copysign, "mul": mul}
+
+
+def views_at(addrs, starts, like):
+    """Per tensor ``t`` of a segmented call, ``(t, lo, hi, device array of like's dtype at
+    addrs[t])`` (tensors of no values left out); the simulator cannot view an address (CodecTypeError)."""
+    view = getattr(numba_cuda(), "from_cuda_array_interface", None)
+    if view is None:
+        from codec.errors import CodecTypeError
+
+        raise CodecTypeError("addrs: this CUDA target (the simulator) cannot view device memory by address")
+    for t in range(len(addrs)):
+        lo, hi = int(starts[t]), int(starts[t + 1])
+        if hi > lo:
+            face = {"shape": (hi - lo,), "typestr": np.dtype(like.dtype).str, "data": (int(addrs[t]), False), "version": 3, "strides": None}
+            yield t, lo, hi, view(face, owner=like, sync=False)

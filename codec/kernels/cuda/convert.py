@@ -19,7 +19,7 @@ import numpy as np
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import _half, convert as _cpu
 from codec.kernels.cuda import _common
-from codec.kernels.cuda._common import launch, mul, mul32, owner
+from codec.kernels.cuda._common import launch, mul, mul32, owner, views_at
 from codec.kernels.cuda._crc import crc_of
 from codec.modes import SET, SUB
 
@@ -153,27 +153,12 @@ def half_decode(codes, out, mode, bf16, crc=-1):
     return -1
 
 
-def _views(addrs, starts, like):
-    """Per tensor of a segmented call, ``(lo, hi, device array of like's dtype at addrs[t])``
-    (tensors of no values left out); the simulator cannot view an address (CodecTypeError)."""
-    view = getattr(numba_cuda(), "from_cuda_array_interface", None)
-    if view is None:
-        from codec.errors import CodecTypeError
-
-        raise CodecTypeError("addrs: this CUDA target (the simulator) cannot view device memory by address")
-    for t in range(len(addrs)):
-        lo, hi = int(starts[t]), int(starts[t + 1])
-        if hi > lo:
-            face = {"shape": (hi - lo,), "typestr": np.dtype(like.dtype).str, "data": (int(addrs[t]), False), "version": 3, "strides": None}
-            yield lo, hi, view(face, owner=like, sync=False)
-
-
 def narrow_codes_segments(out, addrs, starts, like, bf16, crc=-1):
     """:func:`narrow_codes` of many tensors, tensor ``t`` the device array of ``like``'s dtype
     at device address ``addrs[t]`` and its codes ``out[starts[t]:starts[t+1]]``, one launch per
     tensor; ``(non-finite count, crc)``, the CRC-32C continued over ``out`` in order."""
     bad = 0
-    for lo, hi, x in _views(addrs, starts, like):
+    for _, lo, hi, x in views_at(addrs, starts, like):
         k, crc = narrow_codes(x, out[lo:hi], bf16, crc)
         bad += int(k)
     return bad, crc
@@ -184,7 +169,7 @@ def half_decode_segments(codes, addrs, starts, like, mode, bf16, crc=-1):
     array of ``like``'s dtype at device address ``addrs[t]`` (host int64 arrays ``addrs`` and
     ``starts``), one launch per tensor.  Returns -1, as ``half_decode``.  Needs a real
     device: the simulator cannot view an address (CodecTypeError)."""
-    for lo, hi, out in _views(addrs, starts, like):
+    for _, lo, hi, out in views_at(addrs, starts, like):
         half_decode(codes[lo:hi], out, mode, bf16)
     return -1
 

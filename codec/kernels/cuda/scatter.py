@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import scatter as _cpu
-from codec.kernels.cuda._common import launch, zero
+from codec.kernels.cuda._common import launch, views_at, zero
 from codec.modes import ADD, SET
 
 cuda = numba_cuda()
@@ -32,6 +32,30 @@ def scatter(values, idx, out, mode):
         zero[launch(out.size)](out)
     if idx.size:
         _scatter[launch(idx.size)](values, idx, out, mode)
+
+
+@jit
+def _scatter_from(values, idx, first, out, mode):
+    for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
+        if mode == SET:
+            out[idx[i] - first] = values[i]
+        elif mode == ADD:
+            out[idx[i] - first] += values[i]
+        else:
+            out[idx[i] - first] -= values[i]
+
+
+def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
+    """:func:`scatter` of many tensors' pairs, tensor ``t``'s (run positions
+    ``idx[kstarts[t]:kstarts[t+1]]``, host int64 ``kstarts``, ``addrs`` and ``starts``) into
+    the device array of ``like``'s dtype at device address ``addrs[t]``, one or two launches
+    per tensor.  Needs a real device: the simulator cannot view an address (CodecTypeError)."""
+    for t, lo, _, out in views_at(addrs, starts, like):
+        if mode == SET:
+            zero[launch(out.size)](out)
+        a, b = int(kstarts[t]), int(kstarts[t + 1])
+        if b > a:
+            _scatter_from[launch(b - a)](values[a:b], idx[a:b], lo, out, mode)
 
 
 @jit
