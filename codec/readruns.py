@@ -14,7 +14,7 @@ from codec import pack
 from codec.errors import CorruptFrameError
 from codec.frame import Frame, SectionInfo
 from codec.manyframe import VERSION
-from codec.runs import RUNS, RunShape, runs, segment_runs
+from codec.runs import RUNS, RunShape, passing_runs, runs, segment_runs
 from codec.stage import Context
 
 
@@ -37,8 +37,12 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
     value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
     sparse_runs = any(k is not None for k in known)  # every tensor's positions (of only) read at once
     transform_runs = c.transform is not None and c.transform.segmented and isinstance(mf.payload, memoryview)
+    passing = passing_runs(c, zip(lay.shapes, lay.sizes, lay.dtypes)) if isinstance(mf.payload, memoryview) else []
     if c.elementwise:
         groups = runs(zip(lay.sizes, lay.dtypes), *((1 << 62,) if whole_runs else ()))
+    elif passing:  # a transform's pass-through runs: each one values section, as an elementwise codec's run
+        alone = set(range(len(mf))) - {i for g in passing for i in g}
+        groups = sorted(passing + [[i] for i in alone])
     elif value_runs or sparse_runs or transform_runs:  # a zstd payload is decompressed section by section as the stages read it
         alone = set(range(len(mf))) - {i for g in segs for i in g}
         groups = sorted(segs + [[i] for i in alone])

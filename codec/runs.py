@@ -198,11 +198,27 @@ def select_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None
     return coded
 
 
+def passing_runs(c, tensors) -> list[list[int]]:
+    """The runs of consecutive tensors (``(shape, size, dtype)`` triples) that the codec
+    ``c``'s transform passes through uncoded (:meth:`codec.stage.Transform.passes`) and its
+    elementwise value stage codes at once, grouped as an elementwise codec's runs
+    (:func:`runs`); none for a segmented transform (its own runs) or another value stage.
+    ``encode_many`` codes each such run as one values section, and ``decode_many`` reads it
+    as one: PowerSGD's vectors between its matrices."""
+    t = c.transform
+    if t is None or t.segmented or not c.value.elementwise:
+        return []
+    return [g for g in runs([(size if t.passes(shape) else 1 << 62, dt) for shape, size, dt in tensors]) if len(g) > 1]
+
+
 def transform_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | None = None) -> dict:
     """Code every run of small float32/float64 tensors that the transform stage transforms
     at once (:meth:`codec.stage.Transform.forward_segments`: fft), as :func:`select_runs`
     does: the run's coefficients are coded at once when the value stage can
-    (:meth:`codec.stage.Value.encode_kept`), else each tensor's on its own."""
+    (:meth:`codec.stage.Value.encode_kept`), else each tensor's on its own.  A transform that
+    is not segmented has its pass-through runs coded at once (:func:`passing_runs`)."""
+    if not c.transform.segmented:
+        return _passing_sections(c, arrays, ctxs, out)
     groups = segment_runs([(a.size, a.dtype) for a in arrays], shape)
     coded = {}
     for g, flat in zip(groups, concatenated(arrays, groups, flats)):
@@ -212,6 +228,23 @@ def transform_runs(c, arrays, ctxs, out, shape: RunShape = RUNS, flats: dict | N
         vstarts, values, index = got
         vctxs = [ctxs[i].domain(int(n), values.dtype) for i, n in zip(g, np.diff(vstarts).tolist())]
         _kept(c, g, arrays, ctxs, vctxs, values, vstarts, index, out, coded)
+    return coded
+
+
+def _passing_sections(c, arrays, ctxs, out) -> dict:
+    """Each run of :func:`passing_runs` coded at once by the value stage (one section of the
+    run's values, which an elementwise stage makes exactly as it makes each tensor's):
+    ``out[i]`` its table entries, and per run ``{first index: (members after the first,
+    piece)}``; the others stay None."""
+    groups = passing_runs(c, [(a.shape, a.size, a.dtype) for a in arrays])
+    coded = {}
+    for g, flat in zip(groups, concatenated(arrays, groups)):
+        secs: list = []
+        c.value.encode(flat, Context(flat.shape, flat.dtype, name="tensors"), secs)
+        (piece,) = secs
+        for i in g:
+            out[i] = [Entry(piece.kind, piece.bits, arrays[i].size)]
+        coded[g[0]] = (len(g) - 1, _exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
     return coded
 
 

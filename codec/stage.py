@@ -200,6 +200,14 @@ class Transform(Stage):
         a tensor needs :meth:`forward`'s own handling, its error) to run each alone."""
         return None
 
+    def passes(self, shape) -> bool:
+        """Whether a tensor of ``shape`` passes through uncoded: :meth:`forward` returns it
+        as it is and writes no section, :meth:`read` reads none and :meth:`inverse` stores the
+        values (PowerSGD's vectors and small matrices).  A many-tensor call then codes a run
+        of such tensors as an elementwise value stage codes one (:func:`codec.runs.passing_runs`).
+        False by default."""
+        return False
+
     def read_segments(self, data, sections, sizes, dtype):
         """:meth:`read` of a run's tensors at once (a :attr:`segmented` stage's inverse of
         :meth:`forward_segments`): ``data`` the raw payload (uint8), ``sections[t]`` tensor

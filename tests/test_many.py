@@ -1122,3 +1122,48 @@ def test_error_feedback_runs_with_momentum_equal_each_tensors_step(spec, dtype):
         assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step  # residuals, velocities, steps
     runs = {id(together._slots[f"w{i}"].velocity_at[0]) for i in range(10) if together._slots[f"w{i}"].velocity_at is not None}
     assert len(runs) == 1 and together._slots["w10"].velocity_at is None  # one run's velocities in one buffer; 20,000 values alone
+
+
+@pytest.mark.parametrize("spec", ["powersgd(rank=2)", "powersgd(rank=1)+fp16", "powersgd(rank=2)+bf16+zstd"])
+@pytest.mark.parametrize("dtypes", [(np.float32,), (np.float64, np.float16)])
+def test_powersgd_pass_through_runs_are_each_tensors_bytes(spec, dtypes):
+    """The tensors PowerSGD passes through (vectors, 0-d, small matrices) are coded and read
+    in runs of one values section (codec.runs.passing_runs), broken by every compressed
+    matrix and every change of dtype: the frame is the one per-tensor coding gives, and
+    decode_many (new arrays and out=) and decode_add_many equal each tensor's own."""
+    from codec.readruns import read_jobs
+    from codec.runs import passing_runs
+
+    rng = np.random.default_rng(4)
+    shapes = [(10,), (1,), (0,), (), (5, 2), (64, 64), (7,), (3,), (2, 3), (128, 32), (9,)]
+    ts = {f"t{i}": np.asarray(rng.standard_t(3, s) * 1e-2).astype(dtypes[i // 2 % len(dtypes)]) for i, s in enumerate(shapes)}
+    c = codec.get_codec(spec)
+    frame = c.encode_many(ts)
+    lay = Layout.of(ts)
+    groups = passing_runs(c, zip(lay.shapes, lay.sizes, lay.dtypes))
+    assert groups and all(len(g) > 1 for g in groups)
+    if len(dtypes) == 1:
+        assert groups == [[0, 1, 2, 3, 4], [6, 7, 8]]
+    mf = parse_many(frame)
+    singles = {k: c.encode(x) for k, x in ts.items()}
+    for i, k in enumerate(ts):  # each tensor's sections hold what its own frame's do
+        fr = parse_frame(singles[k])
+        assert b"".join(bytes(mf.tensor(i).raw(j)) for j in range(len(fr.sections))) == payload_of(singles[k]), k
+    if "zstd" not in spec:
+        assert sorted(tuple(j[0]) for j in read_jobs(c, parse_many(frame)) if len(j[0]) > 1) == [tuple(g) for g in groups]
+    got = codec.decode_many(frame)
+    outs = {k: np.zeros_like(x) for k, x in ts.items()}
+    c.decode_many(frame, out=outs)
+    adds = {k: np.ones_like(x) for k, x in ts.items()}
+    codec.decode_add_many(frame, adds)
+    for k in ts:
+        want = codec.decode(singles[k])
+        assert got[k].tobytes() == outs[k].tobytes() == want.tobytes(), k
+        assert adds[k].tobytes() == c.decode_add(singles[k], np.ones_like(ts[k])).tobytes(), k
+
+
+def test_a_pass_through_run_names_the_tensor_that_holds_a_nan():
+    ts = [np.ones(4, np.float32), np.ones(3, np.float32), np.ones(5, np.float32)]
+    ts[1][2] = np.nan
+    with pytest.raises(ValueError, match=r"tensors\[1\]"):
+        codec.get_codec("powersgd+fp16").encode_many(ts)

@@ -200,10 +200,14 @@ class PowerSGD(Transform):
             clean[name] = out
         return clean
 
+    def passes(self, shape):
+        """Vectors, and matrices too small to gain (``min_compression_rate``), pass through."""
+        return self.matrix(shape) is None
+
     def passes_nonfinite(self, shape):
         """A tensor powersgd compresses must be finite; one that passes through meets only
         the value stage."""
-        return self.matrix(shape) is None
+        return self.passes(shape)
 
     def bound(self, ctx):
         """No sections of its own; the value stage codes ``r (n + m)`` coefficients of the
