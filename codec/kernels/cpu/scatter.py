@@ -59,12 +59,18 @@ def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
         if mode == SET:
             out[:] = 0
         for i in range(kstarts[t], kstarts[t + 1]):
-            if mode == SET:
-                out[idx[i] - first] = values[i]
-            elif mode == ADD:
-                out[idx[i] - first] += values[i]
-            else:
-                out[idx[i] - first] -= values[i]
+            _store_at(out, idx[i] - first, values[i], mode)
+
+
+@jit(inline="always")
+def _store_at(out, at, value, mode):
+    """``out[at] (=|+=|-=) value`` (the CUDA twins compile it again as a device function)."""
+    if mode == SET:
+        out[at] = value
+    elif mode == ADD:
+        out[at] += value
+    else:
+        out[at] -= value
 
 
 @jit(parallel=True)

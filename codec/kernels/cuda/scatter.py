@@ -5,25 +5,23 @@ order)."""
 
 from __future__ import annotations
 
-from codec._cuda_jit import jit, numba_cuda
+from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import scatter as _cpu
 from codec.kernels.cuda._common import launch, views_at, zero
-from codec.modes import ADD, SET
+from codec.modes import SET
 
 cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
 
+_store_at = device_functions(_cpu, ["_store_at"])["_store_at"]
+
+
 @jit
 def _scatter(values, idx, out, mode):
     for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
-        if mode == SET:
-            out[idx[i]] = values[i]
-        elif mode == ADD:
-            out[idx[i]] += values[i]
-        else:
-            out[idx[i]] -= values[i]
+        _store_at(out, idx[i], values[i], mode)
 
 
 def scatter(values, idx, out, mode):
@@ -37,12 +35,7 @@ def scatter(values, idx, out, mode):
 @jit
 def _scatter_from(values, idx, first, out, mode):
     for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
-        if mode == SET:
-            out[idx[i] - first] = values[i]
-        elif mode == ADD:
-            out[idx[i] - first] += values[i]
-        else:
-            out[idx[i] - first] -= values[i]
+        _store_at(out, idx[i] - first, values[i], mode)
 
 
 def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
