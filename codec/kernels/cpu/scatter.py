@@ -45,15 +45,17 @@ def scatter(values, idx, out, mode):
                 out[idx[i]] -= values[i]
 
 
-@jit(parallel=True)
+@jit
 def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
     """:func:`scatter` of many tensors' sparse values, each into its own array: tensor
     ``t`` holds the elements ``[starts[t], starts[t+1])`` of a run, its pairs are
     ``values[kstarts[t]:kstarts[t+1]]`` at the run positions ``idx[kstarts[t]:kstarts[t+1]]``
     (unique, within the tensor's elements), and its array is the one of ``like``'s dtype at
     the address ``addrs[t]`` (the caller keeps them alive).  One call for a run of small
-    tensors, a tensor per iteration (each array written by one thread)."""
-    for t in prange(addrs.size):
+    tensors (or a joint frame's tensors), serial: the work each tensor's own scatter did,
+    without a call per tensor.  Not on the threads: zeroing a whole model's outputs there
+    lost beside busy processes (docs/benchmarks.md, "Against issue 33's targets")."""
+    for t in range(addrs.size):
         first = starts[t]
         out = view_at(like, addrs[t], starts[t + 1] - first)
         if mode == SET:
