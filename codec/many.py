@@ -286,7 +286,7 @@ def decode(c, mf, out=None, like=None):
     segmented = _segmented(c, mf, targets, dev)
     jobs = read_jobs(c, mf, device=dev, whole_runs=segmented)
     spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
-    results = [None] * len(mf)
+    results = [None] * len(mf)  # (new arrays only: with out, the caller's arrays are returned)
     for idx, ctx, payload in jobs:
         if len(idx) == 1 and not mf.joint:
             i = idx[0]
@@ -295,12 +295,8 @@ def decode(c, mf, out=None, like=None):
             results[i] = target.reshape(lay.shapes[i])
         elif len(idx) > 1 and idx[0] in spans:  # device outputs end to end: the job written at once
             c._write(ctx, payload, spans[idx[0]], SET)
-            for i in idx:
-                results[i] = targets[i]
         elif segmented:  # every tensor of the run written where it lies, in one pass
             c.value.write_segments(payload, [targets[i] for i in idx], SET, check)
-            for i in idx:
-                results[i] = targets[i]
         elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
             _scatter_pairs(mf, idx, ctx.positions, c._kept(ctx, payload), targets, SET, lambda i, pos, vals: scatter_checked(vals, pos, targets[i], SET))
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out

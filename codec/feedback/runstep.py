@@ -176,7 +176,7 @@ class ManyFeedback:
             for i in g:
                 inputs[i] = flat[at : at + arrays[i].size].reshape(arrays[i].shape)
                 at += arrays[i].size
-        return inputs, dict(flats), gradients or None
+        return inputs, flats, gradients or None
 
     def finish(self, c, frame, lay, groups, ran, ctxs, joint: bool = False) -> None:
         """The step completed once ``frame`` is built: ``acc -= decoded`` through the frame's
