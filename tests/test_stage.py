@@ -1,4 +1,4 @@
-"""The stage contract (codec/stage.py): one base class per kind, required hooks checked when
+"""The stage contract (codec/stage/): one base class per kind, required hooks checked when
 a stage class is defined, the registry, and the shared parameters (codec/params.py)."""
 
 from __future__ import annotations
