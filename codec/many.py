@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.readruns import read_jobs
+from codec.readruns import read_jobs, reads_runs
 from codec.device import Memory, spans as device_spans
 from codec.dtypes import as_float_array, checked_out, host_like, on_device
 from codec.errors import CodecTypeError, CodecValueError
@@ -295,8 +295,8 @@ def decode(c, mf, out=None, like=None):
             results[i] = target.reshape(lay.shapes[i])
         elif len(idx) > 1 and idx[0] in spans:  # device outputs end to end: the job written at once
             c._write(ctx, payload, spans[idx[0]], SET)
-        elif segmented:  # every tensor of the run written where it lies, in one pass
-            c.value.write_segments(payload, [targets[i] for i in idx], SET, check)
+        elif segmented and c.value.write_segments(payload, [targets[i] for i in idx], SET, check):
+            continue  # every tensor of the run written where it lies, in one pass
         elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
             _scatter_pairs(mf, idx, ctx.positions, c._kept(ctx, payload), targets, SET, lambda i, pos, vals: scatter_checked(vals, pos, targets[i], SET))
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
@@ -331,12 +331,15 @@ def decode_add(c, mf, out, subtract=False):
 
 
 def _segmented(c, mf, targets, device: bool) -> bool:
-    """Whether decoding ``mf`` writes every run of an elementwise codec straight into its
+    """Whether decoding ``mf`` writes every run of an elementwise codec, or of a value stage
+    that reads runs (a quantizer's: :func:`codec.readruns.reads_runs`), straight into its
     tensors' arrays (:meth:`codec.stage.Value.write_segments`): host targets given, each of
     its tensor's own float32/float64 dtype.  A run is then every consecutive tensor of one
     dtype (a whole model in one pass), and no buffer of it is formed.  Not below
     :data:`codec.runs.SEGMENTED_MIN` elements, where the kernels run serially anyway."""
-    if not c.elementwise or device or mf.joint or any(t is None for t in targets) or sum(mf.layout.sizes) < SEGMENTED_MIN:
+    if device or mf.joint or any(t is None for t in targets) or sum(mf.layout.sizes) < SEGMENTED_MIN:
+        return False
+    if not (c.elementwise or reads_runs(c, mf)):
         return False
     return all(t.dtype == dt and dt in WIDE for t, dt in zip(targets, mf.layout.dtypes))
 
@@ -361,8 +364,8 @@ def _add_jobs(c, mf, jobs, targets, mode, spans=None, segmented: bool = False) -
         span = spans.get(idx[0]) if spans and len(idx) > 1 else None
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
-        elif segmented:
-            c.value.write_segments(payload, [targets[i] for i in idx], mode)
+        elif segmented and c.value.write_segments(payload, [targets[i] for i in idx], mode):
+            continue
         elif span is not None and c.select is not None:  # the run's pairs, counted from its first element, written
             c._write(ctx, payload, span, mode)  # as one tensor's (a 16-bit output: the dense decoded values added once)
         elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs

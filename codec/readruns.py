@@ -25,8 +25,9 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
     the jobs of these tensors alone (a set of indices; the others are not read); ``shape``:
     the select and quantizer runs' (as they were encoded); ``device``: the outputs are device
     arrays, so a tensor read alone reads a large index section there (``Context.device``);
-    ``whole_runs``: an elementwise codec's runs are every consecutive tensor of one dtype,
-    whatever its size (the decode writes them with :meth:`codec.stage.Value.write_segments`)."""
+    ``whole_runs``: the runs of an elementwise codec, or of a value stage that reads runs
+    (:func:`reads_runs`), are every consecutive tensor of one dtype, whatever its size (the
+    decode writes them with :meth:`codec.stage.Value.write_segments`)."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
@@ -34,7 +35,7 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
         return jobs
     segs = None if c.elementwise else segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
     known = _known_positions(c, mf, only, {i for g in segs if len(g) > 1 for i in g} if device and c.select is not None else None)
-    value_runs = c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
+    by_value = reads_runs(c, mf)
     sparse_runs = any(k is not None for k in known)  # every tensor's positions (of only) read at once
     transform_runs = c.transform is not None and c.transform.segmented and isinstance(mf.payload, memoryview)
     passing = passing_runs(c, zip(lay.shapes, lay.sizes, lay.dtypes)) if isinstance(mf.payload, memoryview) else []
@@ -43,7 +44,9 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
     elif passing:  # a transform's pass-through runs: each one values section, as an elementwise codec's run
         alone = set(range(len(mf))) - {i for g in passing for i in g}
         groups = sorted(passing + [[i] for i in alone])
-    elif value_runs or sparse_runs or transform_runs:  # a zstd payload is decompressed section by section as the stages read it
+    elif by_value and whole_runs:
+        groups = runs(zip(lay.sizes, lay.dtypes), 1 << 62)
+    elif by_value or sparse_runs or transform_runs:  # a zstd payload is decompressed section by section as the stages read it
         alone = set(range(len(mf))) - {i for g in segs for i in g}
         groups = sorted(segs + [[i] for i in alone])
     else:
@@ -62,7 +65,7 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
         elif transform_runs:
             job = _transform_run_job(c, mf, g)
         else:
-            job = _run_job(c, mf, g, value_runs, device)
+            job = _run_job(c, mf, g, by_value, device)
         if job is None:  # alone, or a run whose tensors are not what the run expects
             jobs += [([i], *c._read(mf.tensor(i), known[i], device)) for i in g]
         else:
@@ -70,6 +73,14 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
     if only is None:
         mf.finish()
     return jobs
+
+
+def reads_runs(c, mf) -> bool:
+    """Whether the value stage of ``c`` (alone in its codec, not elementwise) reads the runs of
+    ``mf`` (:meth:`codec.stage.Value.read_run`, which may still refuse a run): the frame's
+    payload is not compressed (a zstd payload is decompressed section by section as the
+    stages read it)."""
+    return c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
 
 
 def _run_job(c, mf, run, value_runs, device: bool = False):

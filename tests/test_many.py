@@ -694,8 +694,9 @@ def test_quantizer_runs_give_the_frame_of_one_call_per_tensor(spec, dtype):
 
 
 def test_quantizer_runs_are_segmented_kernel_calls(monkeypatch):
-    """200 small tensors: one encode kernel call and one decode kernel call per run, not one
-    per tensor (the per-tensor kernels are never called)."""
+    """200 small tensors: one encode kernel call per run, not one per tensor, and one decode
+    kernel call for them all (decoded into arrays given: every tensor of one dtype, each
+    written where it lies); the per-tensor kernels are never called."""
     from codec.kernels import backend
 
     bucket, dequant = backend("bucket"), backend("dequant")
@@ -713,7 +714,50 @@ def test_quantizer_runs_are_segmented_kernel_calls(monkeypatch):
     frame = codec.get_codec("qsgd").encode_many(ts)
     codec.decode_many(frame, out=[np.empty_like(x) for x in ts])
     assert calls["qsgd_encode"] == calls["dequantize"] == 0
-    assert 1 <= calls["qsgd_encode_segments"] <= 3 and calls["dequantize_segments"] == calls["qsgd_encode_segments"]
+    assert 1 <= calls["qsgd_encode_segments"] <= 3 and calls["dequantize_segments"] == 1
+
+
+@pytest.mark.parametrize("spec", ["qsgd(levels=16)", "minmax(bits=4)", "rangefloat(bits=8)", "fp8"])
+def test_a_quantizers_whole_model_decodes_in_one_call_per_dtype(spec, monkeypatch):
+    """Decoding into arrays given (``decode_many(out=)``, ``decode_add_many``) writes every
+    tensor of one dtype, large and small, with one ``dequantize_segments`` call into each
+    tensor's own array: the values the frame's runs and tensors decode to on their own
+    (``decode_many`` into new arrays); a float32 tensor whose scale passes float32's range
+    (qsgd's norm of near-maximal values) is decoded on its own path, with the same result."""
+    from codec.kernels import backend
+
+    dequant = backend("dequant")
+    calls = {"dequantize": 0, "dequantize_segments": 0}
+    for name in calls:
+        real = getattr(dequant, name)
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*a)
+
+        monkeypatch.setattr(dequant, name, counted)
+    rng = np.random.default_rng(11)
+    shapes = [(70_001, np.float32), ((3, 5), np.float32), (0, np.float32), (1, np.float32), (65_539, np.float32), (9, np.float64), (40_000, np.float64), ((), np.float64)]
+    ts = {f"t{i}": (rng.standard_t(2, shape) * 1e-2).astype(dt) for i, (shape, dt) in enumerate(shapes)}
+    c = codec.get_codec(spec)
+    frame = c.encode_many(ts)
+    want = codec.decode_many(frame)  # runs and tensors each read on their own
+    calls.update(dequantize=0, dequantize_segments=0)
+    got = {k: np.full_like(x, np.nan) for k, x in ts.items()}
+    assert codec.decode_many(frame, out=got) is got
+    assert calls == {"dequantize": 0, "dequantize_segments": 2}  # one per dtype's run of tensors
+    base = {k: rng.standard_normal(x.shape).astype(x.dtype) for k, x in ts.items()}
+    added = {k: b.copy() for k, b in base.items()}
+    codec.decode_add_many(frame, added)
+    for k in ts:
+        assert got[k].tobytes() == want[k].tobytes(), k
+        assert added[k].tobytes() == (base[k] + want[k].astype(base[k].dtype)).tobytes(), k
+    if spec.startswith("qsgd"):
+        ts["t0"][:512] = np.float32(3e38)  # a bucket's norm beyond float32: saturated on decode
+        frame = c.encode_many(ts)
+        want = codec.decode_many(frame)
+        codec.decode_many(frame, out=got)
+        assert np.isfinite(got["t0"]).all() and all(got[k].tobytes() == want[k].tobytes() for k in ts)
 
 
 def test_a_quantizer_run_names_a_non_finite_tensor():

@@ -1354,7 +1354,8 @@ def test_encode_segments_report_nonfinite_per_tensor(dtype):
 @pytest.mark.parametrize("offsets", [False, True])
 def test_dequantize_segments_match_numpy(bits, offsets):
     """Every tensor's codes at its own byte offset (gaps between them), its own block length
-    and factors; SET, ADD and SUB into float32/float64, each tensor as ref_dequantize gives it."""
+    and factors; SET, ADD and SUB into float32/float64, into one array and into each tensor's
+    own array by address, each tensor as ref_dequantize gives it."""
     sizes = [0, 1, 9, 1001, CHUNK + 3, 17, 8]
     blocks = [1, 7, 8, 512, CHUNK, 17, 1]
     parts, dstarts, lut = [], [], None
@@ -1381,18 +1382,24 @@ def test_dequantize_segments_match_numpy(bits, offsets):
         for mode in (SET, ADD, SUB):
             out0 = (rng.standard_normal(int(starts[-1])) * 10).astype(dtype)
             out = out0.copy()
-            K.dequant.dequantize_segments(
-                ro(data_), np.array(dstarts, np.int64), bits, starts, ro(lut), np.array(blocks, np.int64), ro(a_all), astarts, ro(off_all), out, mode
-            )
+            outs = [out0[starts[t] : starts[t + 1]].copy() for t in range(len(sizes))]  # each its own array
+            args = (np.array(dstarts, np.int64), bits, starts, ro(lut), np.array(blocks, np.int64), ro(a_all), astarts, ro(off_all))
+            twin = ("serial", "parallel")[mode % 2]  # both twins' (tensor, chunk) rows
+            getattr(K.dequant.dequantize_segments, twin)(ro(data_), *args, out, np.empty(0, np.int64), mode)
+            addrs = np.array([o.ctypes.data for o in outs], np.int64)
+            getattr(K.dequant.dequantize_segments, twin)(ro(data_), *args, outs[0], addrs, mode)
             for t, n in enumerate(sizes):
                 raw = data_[dstarts[t] : dstarts[t] + -(-n * bits // 8)]
                 sl = slice(starts[t], starts[t + 1])
                 want = ref_dequantize(raw, bits, n, lut, blocks[t], a_parts[t], off_parts[t], out0[sl], mode)
                 assert_same(out[sl], want, f"tensor {t} {np.dtype(dtype)} mode {mode}")
+                assert_same(outs[t], want, f"tensor {t} {np.dtype(dtype)} mode {mode}, by address")
 
 
 @pytest.mark.parametrize("bits", [1, 5, 8, 9, 16])
-def test_max_field_segments_match_numpy(bits):
+def test_fields_within_segments_match_numpy(bits):
+    """The largest field over every tensor's codes (its own offset, set bits between), the
+    largest code in each tensor in turn: within ``largest`` exactly when NumPy's maximum is."""
     rng = np.random.default_rng(bits)
     sizes = [0, 3, 8, 1001, CHUNK * 8 // bits + 3]
     full = (1 << bits) - 1
@@ -1407,9 +1414,10 @@ def test_max_field_segments_match_numpy(bits):
             dstarts = np.cumsum([0] + [g.size + r.size for g, r in zip(gaps, raws)])[:-1] + 2
             starts = np.zeros(len(sizes) + 1, np.int64)
             np.cumsum(sizes, out=starts[1:])
-            got = K.dequant.max_field_segments(ro(data_), dstarts.astype(np.int64), bits, starts, fmask, fshift)
             want = max(int(((c & U64(fmask)) >> U64(fshift)).max(initial=0)) for c in codes)
-            assert int(got) == want, (fmask, fshift, hot)
+            for largest, twin in ((max(want - 1, 0), "serial"), (want, "parallel"), (max(want - 1, 0), "parallel")):
+                got = getattr(K.dequant.fields_within_segments, twin)(ro(data_), dstarts.astype(np.int64), bits, starts, fmask, fshift, largest)
+                assert got == (want <= largest), (fmask, fshift, hot, largest)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

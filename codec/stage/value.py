@@ -28,9 +28,8 @@ class Value(Stage, kind_base=True):
     checks_payload: ClassVar[bool] = False
     #: True when the stage has ``encode_segments(arrays, ctx, sections)``: ``encode`` of the
     #: concatenation of ``arrays`` (flat host float32/float64 arrays of one dtype) without
-    #: forming it, in one pass where they lie (``fp16``, ``bf16``).  Every :attr:`elementwise`
-    #: stage has ``write_segments(payload, outs, mode, check=None)``: ``write`` of a run's
-    #: concatenation straight into each tensor's own flat host array (codec.many)
+    #: forming it, in one pass where they lie (``fp16``, ``bf16``).  Decoding's counterpart
+    #: is :meth:`write_segments`
     segmented: ClassVar[bool] = False
 
     @abc.abstractmethod
@@ -133,6 +132,17 @@ class Value(Stage, kind_base=True):
         :meth:`read` makes (CorruptFrameError); None (the default, or sections that are not
         what the run expects) reads each tensor on its own."""
         return None
+
+    def write_segments(self, payload, outs, mode, check=None) -> bool:
+        """:meth:`write` of a run's payload (what reading the run gave: an :attr:`elementwise`
+        stage's values section over the run, or :meth:`read_run`'s) straight into each
+        tensor's own flat host array ``outs[t]`` (run order, each of its tensor's dtype,
+        float32/float64), with no buffer of the run; ``check``: as :meth:`write`'s (only for a
+        stage that :attr:`checks_payload`).  Returns False, having written nothing, when it
+        cannot (the default): the run is then decoded into one buffer and copied out.  Every
+        elementwise stage writes; a quantizer does where its one kernel can (codec.many
+        decodes a whole model through it)."""
+        return False
 
     def encode_feedback(self, x, slot, ctx, sections):
         """A fused error-feedback step for a codec of this value stage alone: append the

@@ -239,10 +239,14 @@ def test_dequantize_segments():
     astarts = np.concatenate([[0], np.cumsum(nb)])
     a, lut = rng.standard_normal(astarts[-1]), rng.standard_normal(32)
     for off in (np.empty(0), rng.standard_normal(a.size)):
-        (ca, _), (ga, _) = both("dequantize_segments", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), ADD, device=(9,))
+        (ca, _), (ga, _) = both("dequantize_segments", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), np.empty(0, np.int64), ADD, device=(9,))
         same(ga[9], ca[9])
-    (_, cm), (_, gm) = both("max_field_segments", "dequant", data_, dstarts, bits, starts, 0x1E, 1)
-    assert int(cm) == int(gm)
+    seen = set()
+    for largest in range(16):  # (0x1E >> 1 of 5-bit codes: fields 0..15)
+        (_, cw), (_, gw) = both("fields_within_segments", "dequant", data_, dstarts, bits, starts, 0x1E, 1, largest)
+        assert bool(cw) == bool(gw), largest
+        seen.add(bool(cw))
+    assert seen == {False, True}
 
 
 def test_elias():

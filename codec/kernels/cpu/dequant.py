@@ -6,8 +6,9 @@ stage (docs/codecs.md, "Quantizers"), TernGrad's trit decoder and the decoders' 
 * ``trits_dequantize``: five trits per byte.
 * ``max_field``: the largest field of any code, so a decoder can check that no code exceeds
   what an encoder writes; ``fields_within``: that check alone, eight codes a step.
-* ``dequantize_segments`` / ``max_field_segments``: the same over a many-tensor frame's run
-  of small tensors in one call (per-tensor offsets), one parallel task per tensor.
+* ``dequantize_segments`` / ``fields_within_segments``: the same over many tensors in one
+  call (a run of small tensors, or a whole model's tensors of one dtype: per-tensor offsets,
+  each tensor into its own array by address), one parallel region over (tensor, chunk) rows.
 
 Chunks of ``CHUNK`` values (``codec.layout``) run in parallel; every value is decoded on its
 own, so results never depend on the thread count.
@@ -18,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks
+from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks, view_at
 from codec.layout import CHUNK
 from codec.modes import SET, SUB
 
-__all__ = ["dequantize", "dequantize_segments", "max_field", "max_field_segments", "fields_within", "trits_dequantize"]
+__all__ = ["dequantize", "dequantize_segments", "max_field", "fields_within", "fields_within_segments", "trits_dequantize"]
 
 #: groups of 8 codes per parallel chunk (CHUNK values)
 _GROUPS = CHUNK // 8
@@ -110,20 +111,39 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
 
 
 @jit(parallel=True)
-def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, off, out, mode):
-    """:func:`dequantize` of many tensors at once (a many-tensor frame's run): tensor ``t``'s
-    ``starts[t+1] - starts[t]`` codes are packed from byte ``dstarts[t]`` of ``data`` and
-    decode into ``out[starts[t]:starts[t+1]]`` with blocks of ``blocks[t]`` values, its
-    per-block factors ``a[astarts[t]:astarts[t+1]]`` (and the same slice of ``off`` when
-    ``off`` is not empty).  Exactly what one :func:`dequantize` per tensor gives."""
-    for t in prange(starts.size - 1):
+def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, off, out, addrs, mode):
+    """:func:`dequantize` of many tensors at once (a many-tensor frame's run, or a whole
+    model's tensors of one dtype): tensor ``t``'s ``starts[t+1] - starts[t]`` codes are packed
+    from byte ``dstarts[t]`` of ``data`` and decode with blocks of ``blocks[t]`` values and its
+    per-block factors ``a[astarts[t]:astarts[t+1]]`` (and the same slice of ``off`` when ``off``
+    is not empty) into ``out[starts[t]:starts[t+1]]``, or, when ``addrs`` is not empty, into
+    the array of ``out``'s dtype at the address ``addrs[t]`` (each tensor's own output; the
+    caller keeps them alive).  Exactly what one :func:`dequantize` per tensor gives.
+
+    One parallel region over every (tensor, chunk) row, so a model of a few large tensors
+    and many small ones keeps every thread busy, and pays one wake-up of the pool, not one
+    per tensor."""
+    rows = _rows(starts)
+    for r in prange(rows[-1]):
+        t = np.searchsorted(rows, r, side="right") - 1
         n = starts[t + 1] - starts[t]
         d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
         at = a[astarts[t] : astarts[t + 1]]
         ot = off[astarts[t] : astarts[t + 1]] if off.size else off
-        dst = out[starts[t] : starts[t + 1]]
-        for c in range(chunks(n)):
-            _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, c)
+        dst = view_at(out, addrs[t], n) if addrs.size else out[starts[t] : starts[t + 1]]
+        _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, r - rows[t])
+
+
+@jit
+def _rows(starts):
+    """``rows[t]``: the first (tensor, chunk) row of tensor ``t`` of a segmented call (tensor
+    ``t`` holding ``starts[t+1] - starts[t]`` values in ``chunks`` of CHUNK), ``rows[-1]``
+    their number."""
+    count = starts.size - 1
+    rows = np.zeros(max(count, 0) + 1, np.int64)
+    for t in range(count):
+        rows[t + 1] = rows[t] + chunks(starts[t + 1] - starts[t])
+    return rows
 
 
 @jit
@@ -263,22 +283,6 @@ def max_field(data, bits, n, fmask, fshift):
 
 
 @jit(parallel=True)
-def max_field_segments(data, dstarts, bits, starts, fmask, fshift):
-    """:func:`max_field` over many tensors' codes (as :func:`dequantize_segments` reads them):
-    the largest field of any tensor's codes."""
-    count = starts.size - 1
-    top = np.zeros(count, np.uint64)
-    for t in prange(count):
-        n = starts[t + 1] - starts[t]
-        d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
-        m = U(0)
-        for c in range(chunks(n)):
-            m = max(m, _max_field_chunk(d, bits, n, fmask, c))
-        top[t] = m
-    return (top.max() if count else U(0)) >> U(fshift)
-
-
-@jit(parallel=True)
 def fields_within(data, bits, n, fmask, fshift, largest):
     """Whether every ``(code & fmask) >> fshift`` of the ``n`` codes packed in ``data`` is at
     most ``largest``: ``max_field(...) <= largest``, what a decoder checks, in a quarter of
@@ -289,39 +293,57 @@ def fields_within(data, bits, n, fmask, fshift, largest):
     exactly when ``m >= T = (largest + 1) << fshift``; the even and the odd slots are added
     apart, so each carry lands in a slot that was masked to zero.  Wider codes take
     :func:`max_field`'s loop."""
+    nchunk = chunks(n)
+    over = np.zeros(nchunk, np.uint64)
+    for c in prange(nchunk):
+        over[c] = _over_chunk(data, bits, n, fmask, fshift, largest, c)
+    return not over.any()
+
+
+@jit(parallel=True)
+def fields_within_segments(data, dstarts, bits, starts, fmask, fshift, largest):
+    """:func:`fields_within` over many tensors' codes (as :func:`dequantize_segments` reads
+    them), in one parallel region over their (tensor, chunk) rows."""
+    rows = _rows(starts)
+    over = np.zeros(rows[-1], np.uint64)
+    for r in prange(rows[-1]):
+        t = np.searchsorted(rows, r, side="right") - 1
+        n = starts[t + 1] - starts[t]
+        d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
+        over[r] = _over_chunk(d, bits, n, fmask, fshift, largest, r - rows[t])
+    return not over.any()
+
+
+@jit(inline="always")
+def _over_chunk(data, bits, n, fmask, fshift, largest, c):
+    """Nonzero when a field of chunk ``c`` of :func:`fields_within`'s codes is beyond
+    ``largest`` (its SWAR test up to 8 bits, the largest field above)."""
     mask = (U(1) << U(bits)) - U(1)
     fm = U(fmask) & mask
     t = (U(largest) + U(1)) << U(fshift)
     if t > fm:  # no masked code reaches it
-        return True
+        return U(0)
+    if bits > 8:
+        return U(_max_field_chunk(data, bits, n, fmask, c) >= t)
     b = U(bits)
     even = U(0)  # the mask of the even slots, the addend and the carry bits
     add = U(0)
     carry = U(0)
-    if bits <= 8:
-        for j in range(U(4)):
-            even |= fm << (U(2) * j * b)
-            add |= ((U(1) << b) - t) << (U(2) * j * b)
-            carry |= (U(1) << b) << (U(2) * j * b)
+    for j in range(U(4)):
+        even |= fm << (U(2) * j * b)
+        add |= ((U(1) << b) - t) << (U(2) * j * b)
+        carry |= (U(1) << b) << (U(2) * j * b)
     full = min(n // 8, _groups_safe(data.size, bits))
-    ngroup = (n + 7) // 8
-    nchunk = chunks(n)
-    over = np.zeros(nchunk, np.uint64)
-    for c in prange(nchunk):
-        g0 = c * _GROUPS
-        g1 = min(ngroup, g0 + _GROUPS)
-        if bits <= 8:
-            acc = U(0)
-            for g in range(U(g0), U(min(g1, full))):
-                w = _load8(data, g * b)
-                acc |= ((w & even) + add) | (((w >> b) & even) + add)
-            acc &= carry
-            for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
-                acc |= U((_code_at(data, i, bits, mask) & fm) >= t)
-            over[c] = acc
-        else:
-            over[c] = U(_max_field_chunk(data, bits, n, fmask, c) >= t)
-    return not over.any()
+    g0 = c * _GROUPS
+    g1 = min((n + 7) // 8, g0 + _GROUPS)
+    acc = U(0)
+    for g in range(U(g0), U(min(g1, full))):
+        w = _load8(data, g * b)
+        acc |= ((w & even) + add) | (((w >> b) & even) + add)
+    acc &= carry
+    for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
+        acc |= U((_code_at(data, i, bits, mask) & fm) >= t)
+    return acc
 
 
 @jit(inline="always")

@@ -21,7 +21,7 @@ import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import dequant as _cpu
-from codec.kernels.cuda._common import THREADS, block_max, constant, dev, launch, mul, owner
+from codec.kernels.cuda._common import THREADS, block_max, constant, dev, launch, mul, owner, views_at
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
@@ -89,9 +89,17 @@ def _dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, o
         _store(out, i, v, mode)
 
 
-def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, off, out, mode):
-    """:func:`dequantize` of a many-tensor run (see the CPU kernel): tensor ``t``'s codes
-    from byte ``dstarts[t]`` of ``data`` into ``out[starts[t]:starts[t+1]]``."""
+def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, off, out, addrs, mode):
+    """:func:`dequantize` of many tensors (see the CPU kernel): tensor ``t``'s codes from byte
+    ``dstarts[t]`` of ``data`` into ``out[starts[t]:starts[t+1]]`` in one launch, or, when the
+    host array ``addrs`` is not empty, into the device array of ``out``'s dtype at device
+    address ``addrs[t]``, one launch per tensor (needs a real device: the simulator cannot
+    view an address, CodecTypeError)."""
+    if len(addrs):
+        for t, lo, hi, dst in views_at(addrs, starts, out):
+            d0, s0, s1 = int(dstarts[t]), int(astarts[t]), int(astarts[t + 1])
+            dequantize(data[d0 : d0 + ((hi - lo) * bits + 7) // 8], bits, hi - lo, lut, int(blocks[t]), a[s0:s1], off[s0:s1] if len(off) else off, dst, mode)
+        return
     n = int(starts[-1]) if len(starts) else 0
     if n:
         _dequantize_segments[launch(n)](dev(data), dev(dstarts), bits, dev(starts), constant(lut), dev(blocks), dev(a), dev(astarts), dev(off), out, mode)
@@ -137,17 +145,18 @@ def max_field(data, bits, n, fmask, fshift):
     return _field_top(lambda shape, fm, top: _max_field[shape](d, bits, n, fm, top), n, fmask, bits, fshift)
 
 
-def max_field_segments(data, dstarts, bits, starts, fmask, fshift):
-    """:func:`max_field` over a many-tensor run's codes (as :func:`dequantize_segments` reads them)."""
-    n = int(starts[-1]) if len(starts) else 0
-    d, ds, s = dev(data), dev(dstarts), dev(starts)
-    return _field_top(lambda shape, fm, top: _max_field_segments[shape](d, ds, bits, s, fm, top), n, fmask, bits, fshift)
-
-
 def fields_within(data, bits, n, fmask, fshift, largest):
     """Whether every ``(code & fmask) >> fshift`` is at most ``largest``: :func:`max_field`'s
     maximum, compared (one launch and an 8-byte read-back, as the check was)."""
     return bool(max_field(data, bits, n, fmask, fshift) <= largest)
+
+
+def fields_within_segments(data, dstarts, bits, starts, fmask, fshift, largest):
+    """:func:`fields_within` over many tensors' codes (as :func:`dequantize_segments` reads
+    them): their largest field, compared (one launch)."""
+    n = int(starts[-1]) if len(starts) else 0
+    d, ds, s = dev(data), dev(dstarts), dev(starts)
+    return bool(_field_top(lambda shape, fm, top: _max_field_segments[shape](d, ds, bits, s, fm, top), n, fmask, bits, fshift) <= largest)
 
 
 @jit

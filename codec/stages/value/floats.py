@@ -42,6 +42,7 @@ class Exact(Value):
         for out in outs:
             self.write(values[at : at + out.size], out, mode)
             at += out.size
+        return True
 
     def decoded(self, values, ctx):
         return self.written(values, values.size, ctx)
@@ -179,13 +180,14 @@ class _Half(Value):
         from codec.kernels import backend
 
         if not outs:
-            return
+            return True
         addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
         starts = np.zeros(len(outs) + 1, np.int64)
         np.cumsum([o.size for o in outs], out=starts[1:])
         crc = backend("convert", outs[0]).half_decode_segments(codes, addrs, starts, outs[0], mode, self.dtype != np.float16, -1 if check is None else 0)
         if check is not None:
             check.note(codes, crc)
+        return True
 
 
 @register

@@ -27,6 +27,11 @@ from codec.stages.value.sections import F32_MAX
 
 
 
+#: ``dequantize_segments``'s ``addrs`` when it writes one array (a run's concatenation)
+_NO_ADDRS = np.empty(0, np.int64)
+_NO_ADDRS.flags.writeable = False
+
+
 def exponent_range(dtype) -> tuple[int, int]:
     """(exponent of the smallest subnormal, largest exponent) of a float dtype: (-149, 127) for float32."""
     info = ml_dtypes.finfo(dtype)
@@ -132,6 +137,22 @@ class Quantizer(Value):
             np.clip(wide, -top_of(payload.dtype), top_of(payload.dtype), out=wide)
         store(round_to(wide, payload.dtype), out, mode)
 
+    def write_segments(self, payload: Dequant, outs, mode, check=None) -> bool:
+        """A run's codes (:meth:`read_run`) decoded into every tensor's own array in one
+        parallel kernel call (``dequantize_segments``, each tensor's array by address): the
+        values :meth:`write` gives.  False when :meth:`write` would take its float64 pass (a
+        scale beyond the run's dtype, blocks to rescue, arrays of another dtype)."""
+        from codec.kernels import backend
+
+        p = payload
+        if p.starts is None or p.rescue is not None or any(o.dtype != p.dtype for o in outs) or p.top > top_of(p.dtype):
+            return False
+        if outs:
+            addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+            args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
+            backend("dequant", outs[0]).dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, outs[0], addrs, mode)
+        return True
+
     @staticmethod
     def _dequantize(p: Dequant, out, mode) -> None:
         from codec.kernels import backend
@@ -143,7 +164,7 @@ class Quantizer(Value):
             p = dataclasses.replace(p, data=host_copy(p.data))
         if p.starts is not None:
             args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
-            kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, out, mode)
+            kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, out, _NO_ADDRS, mode)
         elif p.trits:
             kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
         else:
@@ -309,9 +330,8 @@ class Quantizer(Value):
             raise CorruptFrameError("values section: padding bits past the last item are set")
         limit = self.code_limit()
         if limit is not None and starts[-1] and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
-            top = backend("dequant", data).max_field_segments(readonly(data), dstarts, bits, starts, *limit[:2])
-            if top > limit[2]:
-                raise CorruptFrameError(f"values section: a code field of {top}, no encoder writes more than {limit[2]}")
+            if not backend("dequant", data).fields_within_segments(readonly(data), dstarts, bits, starts, *limit):
+                raise CorruptFrameError(f"values section: a code field beyond {limit[2]}, the most an encoder writes")
         lut, blocks, scale, sstarts, offset, lut_top = factors
         return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, np.dtype(dtype), lut_top=lut_top, starts=starts, dstarts=dstarts, blocks=blocks, sstarts=sstarts)
 
