@@ -693,22 +693,31 @@ def test_quantizer_runs_give_the_frame_of_one_call_per_tensor(spec, dtype):
                 assert acc[k].tobytes() == want[k].tobytes(), (acc_dtype, k)
 
 
+def count_kernel_calls(monkeypatch, **families) -> dict:
+    """Count the calls of the named CPU kernels (``family=(name, ...)``) for the rest of the
+    test: the dict returned, by kernel name, starting at 0."""
+    from codec.kernels import backend
+
+    calls = {}
+    for family, names in families.items():
+        mod = backend(family)
+        for name in names:
+            calls[name] = 0
+            real = getattr(mod, name)
+
+            def counted(*a, _real=real, _name=name):
+                calls[_name] += 1
+                return _real(*a)
+
+            monkeypatch.setattr(mod, name, counted)
+    return calls
+
+
 def test_quantizer_runs_are_segmented_kernel_calls(monkeypatch):
     """200 small tensors: one encode kernel call per run, not one per tensor, and one decode
     kernel call for them all (decoded into arrays given: every tensor of one dtype, each
     written where it lies); the per-tensor kernels are never called."""
-    from codec.kernels import backend
-
-    bucket, dequant = backend("bucket"), backend("dequant")
-    calls = {"qsgd_encode": 0, "dequantize": 0, "qsgd_encode_segments": 0, "dequantize_segments": 0}
-    for mod, name in ((bucket, "qsgd_encode"), (bucket, "qsgd_encode_segments"), (dequant, "dequantize"), (dequant, "dequantize_segments")):
-        real = getattr(mod, name)
-
-        def counted(*a, _real=real, _name=name):
-            calls[_name] += 1
-            return _real(*a)
-
-        monkeypatch.setattr(mod, name, counted)
+    calls = count_kernel_calls(monkeypatch, bucket=("qsgd_encode", "qsgd_encode_segments"), dequant=("dequantize", "dequantize_segments"))
     rng = np.random.default_rng(3)
     ts = [rng.standard_normal(n).astype(np.float32) for n in rng.integers(1000, 10_001, 200)]
     frame = codec.get_codec("qsgd").encode_many(ts)
@@ -724,18 +733,7 @@ def test_a_quantizers_whole_model_decodes_in_one_call_per_dtype(spec, monkeypatc
     tensor's own array: the values the frame's runs and tensors decode to on their own
     (``decode_many`` into new arrays); a float32 tensor whose scale passes float32's range
     (qsgd's norm of near-maximal values) is decoded on its own path, with the same result."""
-    from codec.kernels import backend
-
-    dequant = backend("dequant")
-    calls = {"dequantize": 0, "dequantize_segments": 0}
-    for name in calls:
-        real = getattr(dequant, name)
-
-        def counted(*a, _real=real, _name=name):
-            calls[_name] += 1
-            return _real(*a)
-
-        monkeypatch.setattr(dequant, name, counted)
+    calls = count_kernel_calls(monkeypatch, dequant=("dequantize", "dequantize_segments"))
     rng = np.random.default_rng(11)
     shapes = [(70_001, np.float32), ((3, 5), np.float32), (0, np.float32), (1, np.float32), (65_539, np.float32), (9, np.float64), (40_000, np.float64), ((), np.float64)]
     ts = {f"t{i}": (rng.standard_t(2, shape) * 1e-2).astype(dt) for i, (shape, dt) in enumerate(shapes)}
