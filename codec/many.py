@@ -287,7 +287,10 @@ def decode(c, mf, out=None, like=None):
     jobs = read_jobs(c, mf, device=dev, whole_runs=segmented)
     spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
     results = [None] * len(mf)  # (new arrays only: with out, the caller's arrays are returned)
+    together = _inverse_together(c, mf, jobs, targets) if out is not None and not dev and not mf.joint else set()
     for idx, ctx, payload in jobs:
+        if len(idx) == 1 and idx[0] in together:  # (written with the others of its dtype)
+            continue
         if len(idx) == 1 and not mf.joint:
             i = idx[0]
             target = targets[i] if targets[i] is not None else mem.empty(lay.sizes[i], lay.dtypes[i])
@@ -318,6 +321,22 @@ def decode(c, mf, out=None, like=None):
     if like is not None:
         results = [device.as_like(r, like) if dev else host_like(r, like) for r in results]
     return results if lay.names is None else dict(zip(lay.names, results))
+
+
+def _inverse_together(c, mf, jobs, targets) -> set:
+    """The tensors of ``jobs`` read alone that the codec's transform writes together, one call
+    per dtype (:meth:`codec.stage.Transform.inverse_segments`: PowerSGD's compressed
+    matrices), written into their ``targets``: their indices."""
+    if c.transform is None:
+        return set()
+    lay = mf.layout
+    lone = [(idx[0], payload) for idx, _, payload in jobs if len(idx) == 1 and not c.transform.passes(lay.shapes[idx[0]])]
+    done = set()
+    for dt in {lay.dtypes[i] for i, _ in lone}:
+        group = [(i, payload) for i, payload in lone if lay.dtypes[i] == dt]
+        if len(group) > 1 and c.transform.inverse_segments(c.value, [p for _, p in group], [targets[i] for i, _ in group], SET):
+            done.update(i for i, _ in group)
+    return done
 
 
 def decode_add(c, mf, out, subtract=False):

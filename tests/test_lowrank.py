@@ -963,3 +963,27 @@ def test_expand_is_the_fma_chain(r, dt):
             for c in range(1, r):
                 acc = rounded(Fraction(float(p[i, c])) * Fraction(float(q[j, c])) + Fraction(float(acc)))
             assert out[i, j] == acc, (i, j)
+
+
+@pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
+def test_expand_segments_is_expand_of_each_matrix(dt):
+    """Many matrices' ``P Q^T`` in one call, each into its own array (by address), in both
+    twins: bit for bit :func:`expand` of each (1 x 1 at rank 1, odd shapes, ranks 1-5)."""
+    from codec.kernels import module
+
+    K = module("lowrank")
+    rng = np.random.default_rng(2)
+    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 33, 5), (2, 2, 2)]
+    values = np.concatenate([rng.standard_normal(r * (n + m)) for n, m, r in plans]).astype(dt)
+    vstarts = np.concatenate([[0], np.cumsum([r * (n + m) for n, m, r in plans])]).astype(np.int64)
+    ns, ms, rs = (np.array(col, np.int64) for col in zip(*plans))
+    for twin in ("serial", "parallel"):
+        outs = [np.full((n, m), np.nan, dt) for n, m, _ in plans]
+        addrs = np.array([o.ctypes.data for o in outs], np.int64)
+        getattr(K.expand_segments, twin)(values, vstarts, ns, ms, rs, addrs, outs[0])
+        for t, (n, m, r) in enumerate(plans):
+            v = values[vstarts[t] : vstarts[t + 1]]
+            p, q = v[: n * r].reshape(n, r), v[n * r :].reshape(m, r)
+            want = np.empty((n, m), dt)
+            K.expand(p, np.ascontiguousarray(q.T), want)
+            assert_same(outs[t], want, f"matrix {t} ({twin})")

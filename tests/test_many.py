@@ -1204,6 +1204,25 @@ def test_powersgd_pass_through_runs_are_each_tensors_bytes(spec, dtypes):
         assert adds[k].tobytes() == c.decode_add(singles[k], np.ones_like(ts[k])).tobytes(), k
 
 
+def test_powersgd_matrices_are_expanded_in_one_call_per_dtype(monkeypatch):
+    """``decode_many(out=)`` forms every compressed matrix's ``P Q^T`` of one dtype with one
+    ``expand_segments`` call (each into its own array), the bytes each tensor's own frame
+    decodes to; a 16-bit matrix (its values rounded on the way) is written on its own."""
+    calls = count_kernel_calls(monkeypatch, lowrank=("expand", "expand_segments"))
+    rng = np.random.default_rng(8)
+    shapes = [((64, 64), np.float32), ((10,), np.float32), ((33, 17), np.float32), ((3, 27), np.float32), ((40, 3, 3), np.float32),
+              ((16, 16), np.float64), ((20, 5, 4), np.float64), ((24, 24), np.float16)]
+    ts = {f"t{i}": (rng.standard_t(3, s) * 1e-2).astype(dt) for i, (s, dt) in enumerate(shapes)}
+    c = codec.get_codec("powersgd(rank=3)")
+    frame = c.encode_many(ts)
+    outs = {k: np.full_like(x, np.nan) for k, x in ts.items()}
+    calls.update(expand=0, expand_segments=0)
+    c.decode_many(frame, out=outs)
+    assert calls == {"expand": 1, "expand_segments": 2}
+    for k, x in ts.items():
+        assert outs[k].tobytes() == codec.decode(c.encode(x)).tobytes(), k
+
+
 def test_a_pass_through_run_names_the_tensor_that_holds_a_nan():
     ts = [np.ones(4, np.float32), np.ones(3, np.float32), np.ones(5, np.float32)]
     ts[1][2] = np.nan

@@ -73,6 +73,15 @@ class Transform(Stage, kind_base=True):
         into flat ``out`` through :meth:`emit` (``mode`` SET, ADD or SUB; any float dtype,
         rounded once)."""
 
+    def inverse_segments(self, value, payloads, outs, mode) -> bool:
+        """:meth:`inverse` of many tensors at once (a many-tensor decode into arrays given):
+        ``payloads[t]`` tensor t's ``(payload, vctx, value payload)`` as decoding reads it
+        (:meth:`read`, then ``value``'s :meth:`~codec.stage.Value.read`), ``outs[t]`` its flat
+        host array.  Returns False (the default), having written nothing, when the stage
+        cannot: each tensor is then written on its own.  PowerSGD forms every matrix's
+        ``P Q^T`` in one kernel call."""
+        return False
+
     @staticmethod
     def domain_dtype(dtype) -> np.dtype:
         """The coefficients' dtype for an array of ``dtype``: float64 for float64, else float32

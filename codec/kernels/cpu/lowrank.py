@@ -13,7 +13,8 @@ depends on neither the BLAS nor its thread count nor the device (docs/kernels.md
   index order (serial: ``P`` is ``n x r``, a few per cent of ``M`` at most).
 * ``expand``: the decoder's ``P Q^T`` (``Q`` given transposed), a chain of fused
   multiply-adds per element in ``P``'s dtype (the order OpenBLAS's FMA kernels take, so frames frozen by earlier versions decode
-  unchanged).
+  unchanged).  ``expand_segments``: the same for many matrices in one call (a many-tensor
+  decode), each into its own array, one parallel region over every matrix's rows.
 
 Products of float32 values are exact in float64; float64 products are rounded on their own,
 never fused with the sum (the CUDA twin writes them with ``_common.mul``).  A matrix is read
@@ -25,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, fma
+from codec.kernels.cpu._common import U, fma, view_at
 
-__all__ = ["project", "back_project", "orthogonalize", "expand"]
+__all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments"]
 
 #: columns of ``M`` per parallel task of ``back_project`` (its float64 accumulators: ``r x
 #: COLUMNS``, in cache)
@@ -141,3 +142,44 @@ def expand(p, qt, out):
             pc = p[i, c]
             for j in range(U(m)):
                 out[i, j] = fma(pc, qt[c, j], out[i, j])
+
+
+@jit(parallel=True)
+def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
+    """:func:`expand` of many matrices in one call: matrix ``t`` is ``P`` (``ns[t] x rs[t]``)
+    then ``Q`` (``ms[t] x rs[t]``), both row-major, from ``values[vstarts[t]:]`` (a frame's
+    coefficients, in the frame's order), and ``P Q^T`` goes into the ``ns[t] x ms[t]`` array
+    of ``like``'s dtype (``values``'s) at the address ``addrs[t]`` (the caller keeps it
+    alive).  Each element is :func:`expand`'s chain, bit for bit.  Every matrix's ``Q`` is
+    first laid out transposed (``r x m``, as :func:`expand` takes it), then one parallel
+    region runs over every matrix's rows (dispatched, as :func:`expand`, by the coefficients'
+    count)."""
+    count = ns.size
+    tstarts = np.zeros(count + 1, np.int64)
+    rows = np.zeros(count + 1, np.int64)
+    for t in range(count):
+        tstarts[t + 1] = tstarts[t] + ms[t] * rs[t]
+        rows[t + 1] = rows[t] + ns[t]
+    qt = np.empty(tstarts[count], values.dtype)
+    for t in prange(count):
+        n, m, r = ns[t], ms[t], rs[t]
+        q = vstarts[t] + n * r
+        for j in range(m):
+            for c in range(r):
+                qt[tstarts[t] + c * m + j] = values[q + j * r + c]
+    for row in prange(rows[count]):
+        t = np.searchsorted(rows, row, side="right") - 1
+        m, r = ms[t], rs[t]
+        out = view_at(like, addrs[t], ns[t] * m)
+        i = row - rows[t]
+        p = vstarts[t] + i * r
+        o = U(i * m)
+        q = U(tstarts[t])
+        p0 = values[p]
+        for j in range(U(m)):
+            out[o + j] = p0 * qt[q + j]
+        for c in range(1, r):
+            pc = values[p + c]
+            qc = q + U(c * m)
+            for j in range(U(m)):
+                out[o + j] = fma(pc, qt[qc + j], out[o + j])

@@ -25,7 +25,7 @@ import numpy as np
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import lowrank as _cpu
 from codec.dtypes import on_device
-from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, dev, launch, mul, per_unit
+from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, dev, launch, mul, per_unit, views_at
 
 cuda = numba_cuda()
 
@@ -175,3 +175,16 @@ def expand(p, qt, out):
     multiply-adds (a thread per element: adjacent threads read adjacent columns of ``qt``)."""
     if out.size and p.shape[1]:
         _expand[launch(out.size)](dev(p), dev(qt), out)
+
+
+def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
+    """:func:`expand` of many matrices (see the CPU kernel), matrix ``t`` into the device array
+    of ``like``'s dtype at device address ``addrs[t]``, one launch per matrix (``P`` and ``Q``
+    taken from the host ``values``).  Needs a real device: the simulator cannot view an
+    address (CodecTypeError)."""
+    sizes = np.zeros(len(ns) + 1, np.int64)
+    np.cumsum(np.asarray(ns, np.int64) * np.asarray(ms, np.int64), out=sizes[1:])
+    for t, _, _, out in views_at(addrs, sizes, like):
+        n, m, r, v = int(ns[t]), int(ms[t]), int(rs[t]), int(vstarts[t])
+        p, q = values[v : v + n * r].reshape(n, r), values[v + n * r : v + (n + m) * r].reshape(m, r)
+        expand(p, np.ascontiguousarray(q.T), out.reshape(n, m))

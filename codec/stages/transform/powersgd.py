@@ -271,6 +271,28 @@ class PowerSGD(Transform):
         expand(p, q, y)
         _emit_chunked(self, y.reshape(n * m), flat, mode, dtype)
 
+    def inverse_segments(self, value, payloads, outs, mode):
+        """Every matrix's ``P Q^T`` in one ``lowrank.expand_segments`` call, each into its own
+        array (by address), bit for bit what :meth:`inverse` writes: with SET into host
+        arrays of the coefficients' dtype, every tensor a compressed matrix; else False."""
+        from codec.dtypes import on_device
+        from codec.kernels import backend
+        from codec.ops import offsets, readonly
+
+        if mode != SET or not outs or on_device(*outs) or any(plan is None for (plan, _), _, _ in payloads):
+            return False
+        dt = self.domain_dtype(payloads[0][1].dtype)
+        if any(o.dtype != dt or vctx.dtype != dt for o, (_, vctx, _) in zip(outs, payloads)):
+            return False
+        vstarts = offsets([vctx.n for _, vctx, _ in payloads])
+        values = np.empty(int(vstarts[-1]), dt)
+        for (_, vctx, vpay), lo, hi in zip(payloads, vstarts[:-1].tolist(), vstarts[1:].tolist()):
+            value.write(vpay, values[lo:hi], SET)
+        ns, ms, rs = (np.array(col, np.int64) for col in zip(*(plan for (plan, _), _, _ in payloads)))
+        addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+        backend("lowrank", outs[0]).expand_segments(readonly(values), vstarts, ns, ms, rs, addrs, outs[0])
+        return True
+
 
 def _emit_chunked(stage, y, out, mode, dtype) -> None:
     """``stage.emit`` of flat ``y`` into flat ``out``, ``CHUNK`` elements at a time when a
