@@ -48,6 +48,13 @@ def offsets(counts) -> np.ndarray:
     return out
 
 
+def addresses(arrays) -> np.ndarray:
+    """The data address of each of ``arrays`` (host NumPy arrays) as int64: how one segmented
+    kernel call finds many separate arrays (``_common.view_at``; the caller keeps them alive
+    for the call)."""
+    return np.array([a.__array_interface__["data"][0] for a in arrays], np.int64)
+
+
 def first_nonfinite(x: np.ndarray, block: int = 1 << 16) -> int:
     """The flat position of the first NaN/inf in ``x`` (any float dtype, any shape), or -1.
 
@@ -285,7 +292,7 @@ def scatter_segments(values: np.ndarray, idx: np.ndarray, starts: np.ndarray, ou
         return False
     idx = np.ascontiguousarray(idx, np.int64)
     kstarts = np.searchsorted(idx, starts)
-    addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+    addrs = addresses(outs)
     starts = np.ascontiguousarray(starts, np.int64)
     backend("scatter", outs[0]).scatter_segments(readonly(np.ascontiguousarray(values)), readonly(idx), readonly(kstarts), readonly(addrs), readonly(starts), outs[0], mode)
     return True

@@ -277,7 +277,7 @@ class PowerSGD(Transform):
         arrays of the coefficients' dtype, every tensor a compressed matrix; else False."""
         from codec.dtypes import on_device
         from codec.kernels import backend
-        from codec.ops import offsets, readonly
+        from codec.ops import addresses, offsets, readonly
 
         if mode != SET or not outs or on_device(*outs) or any(plan is None for (plan, _), _, _ in payloads):
             return False
@@ -289,7 +289,7 @@ class PowerSGD(Transform):
         for (_, vctx, vpay), lo, hi in zip(payloads, vstarts[:-1].tolist(), vstarts[1:].tolist()):
             value.write(vpay, values[lo:hi], SET)
         ns, ms, rs = (np.array(col, np.int64) for col in zip(*(plan for (plan, _), _, _ in payloads)))
-        addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+        addrs = addresses(outs)
         backend("lowrank", outs[0]).expand_segments(readonly(values), vstarts, ns, ms, rs, addrs, outs[0])
         return True
 

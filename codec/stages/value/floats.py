@@ -149,11 +149,10 @@ class _Half(Value):
         """One section of the run's codes, written straight into the frame from every tensor
         where it lies (``narrow_codes_segments``), checksummed as they are written."""
         from codec.kernels import backend
-        from codec.ops import continued
+        from codec.ops import addresses, continued, offsets
 
-        addrs = np.array([a.__array_interface__["data"][0] for a in arrays], np.int64)
-        starts = np.zeros(len(arrays) + 1, np.int64)
-        np.cumsum([a.size for a in arrays], out=starts[1:])
+        addrs = addresses(arrays)
+        starts = offsets([a.size for a in arrays])
 
         def fill(out, crc=None):
             bad, got = backend("convert", arrays[0]).narrow_codes_segments(out.view(np.uint16), addrs, starts, arrays[0], self.dtype != np.float16, -1 if crc is None else crc)
@@ -178,12 +177,12 @@ class _Half(Value):
         """The run's codes decoded into every tensor's array in one parallel pass
         (``half_decode_segments``), checksummed as they are read when ``check`` is given."""
         from codec.kernels import backend
+        from codec.ops import addresses, offsets
 
         if not outs:
             return True
-        addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
-        starts = np.zeros(len(outs) + 1, np.int64)
-        np.cumsum([o.size for o in outs], out=starts[1:])
+        addrs = addresses(outs)
+        starts = offsets([o.size for o in outs])
         crc = backend("convert", outs[0]).half_decode_segments(codes, addrs, starts, outs[0], mode, self.dtype != np.float16, -1 if check is None else 0)
         if check is not None:
             check.note(codes, crc)

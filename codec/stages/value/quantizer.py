@@ -18,7 +18,7 @@ import numpy as np
 from codec.dtypes import on_device
 from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
-from codec.ops import offsets, readonly
+from codec.ops import addresses, offsets, readonly
 from codec.pack import _code_dtype as code_dtype, padding_clear  # noqa: F401  (the narrowest unsigned dtype for a code width)
 import abc
 
@@ -148,7 +148,7 @@ class Quantizer(Value):
         if p.starts is None or p.rescue is not None or any(o.dtype != p.dtype for o in outs) or p.top > top_of(p.dtype):
             return False
         if outs:
-            addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+            addrs = addresses(outs)
             args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
             backend("dequant", outs[0]).dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, outs[0], addrs, mode)
         return True
