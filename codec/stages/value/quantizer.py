@@ -32,6 +32,12 @@ _NO_ADDRS = np.empty(0, np.int64)
 _NO_ADDRS.flags.writeable = False
 
 
+def _direct(p: Dequant, dtype) -> bool:
+    """Whether ``p``'s values decode straight into an array of ``dtype``: its own dtype, every
+    value within its range, one pass (else :meth:`Quantizer.write` takes a float64 pass)."""
+    return dtype == p.dtype and p.rescue is None and p.top <= top_of(p.dtype)
+
+
 def exponent_range(dtype) -> tuple[int, int]:
     """(exponent of the smallest subnormal, largest exponent) of a float dtype: (-149, 127) for float32."""
     info = ml_dtypes.finfo(dtype)
@@ -127,13 +133,12 @@ class Quantizer(Value):
         from codec.modes import SET
         from codec.ops import round_to, store
 
-        top = payload.top
-        if out.dtype == payload.dtype and top <= top_of(payload.dtype) and payload.rescue is None:
+        if _direct(payload, out.dtype):
             self._dequantize(payload, out, mode)
             return
         wide = np.empty(out.size, np.float64)  # float64 values, rounded once to the frame's dtype
         self._dequantize(payload, wide, SET)
-        if top > top_of(payload.dtype):  # saturate: finite input never decodes to inf
+        if payload.top > top_of(payload.dtype):  # saturate: finite input never decodes to inf
             np.clip(wide, -top_of(payload.dtype), top_of(payload.dtype), out=wide)
         store(round_to(wide, payload.dtype), out, mode)
 
@@ -142,19 +147,18 @@ class Quantizer(Value):
         parallel kernel call (``dequantize_segments``, each tensor's array by address): the
         values :meth:`write` gives.  False when :meth:`write` would take its float64 pass (a
         scale beyond the run's dtype, blocks to rescue, arrays of another dtype)."""
-        from codec.kernels import backend
-
         p = payload
-        if p.starts is None or p.rescue is not None or any(o.dtype != p.dtype for o in outs) or p.top > top_of(p.dtype):
+        if p.starts is None or not all(_direct(p, o.dtype) for o in outs):
             return False
         if outs:
-            addrs = addresses(outs)
-            args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
-            backend("dequant", outs[0]).dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, outs[0], addrs, mode)
+            self._dequantize(p, outs[0], mode, addresses(outs))
         return True
 
     @staticmethod
-    def _dequantize(p: Dequant, out, mode) -> None:
+    def _dequantize(p: Dequant, out, mode, addrs=None) -> None:
+        """``out (=|+=|-=)`` the values of ``p`` (``out``'s dtype: :meth:`write` rounds); a
+        run's payload into one array, or with ``addrs`` into each tensor's own (``out`` then
+        the first of them: :meth:`write_segments`)."""
         from codec.kernels import backend
 
         kern = backend("dequant", out)
@@ -164,7 +168,7 @@ class Quantizer(Value):
             p = dataclasses.replace(p, data=host_copy(p.data))
         if p.starts is not None:
             args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
-            kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, out, _NO_ADDRS, mode)
+            kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, out, _NO_ADDRS if addrs is None else addrs, mode)
         elif p.trits:
             kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
         else:
