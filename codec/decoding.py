@@ -7,7 +7,7 @@ check that the frame is theirs.
 
 from __future__ import annotations
 
-from codec import many
+from codec import manydecode
 from codec.frame import parse_frame
 from codec.manyframe import parse_many
 from codec.pipeline import codec_of
@@ -49,14 +49,14 @@ def decode_many(frame, out=None, *, layout=None, max_elements=None, like=None):
     tensor is checked before any output is allocated.  ``like``: the new arrays are of its
     kind, as for :func:`decode` (CPU torch tensors; device arrays on its device)."""
     mf = parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")  # checked as it is decoded
-    return many.decode(codec_of(mf), mf, out, like=like)
+    return manydecode.decode(codec_of(mf), mf, out, like=like)
 
 
 def decode_sparse_many(frame, *, layout=None, max_elements=None) -> list:
     """Per tensor of a many-tensor frame of a sparse codec, its ``(positions, values)`` as
     :func:`decode_sparse` gives them, in frame order (a list, also for a named frame)."""
     mf = parse_many(frame, layout=layout, max_elements=max_elements)
-    return many.decode_sparse(codec_of(mf), mf)
+    return manydecode.decode_sparse(codec_of(mf), mf)
 
 
 def decode_add_many(frame, out, *, layout=None, subtract: bool = False):
@@ -64,4 +64,4 @@ def decode_add_many(frame, out, *, layout=None, subtract: bool = False):
     ``subtract=True``); ``out`` a dict or list of arrays of any supported float dtype with
     the tensors' element counts.  Returns ``out``."""
     mf = parse_many(frame, layout=layout)
-    return many.decode_add(codec_of(mf), mf, out, subtract)
+    return manydecode.decode_add(codec_of(mf), mf, out, subtract)

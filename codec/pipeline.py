@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from codec import spec as specmod
-from codec import many
+from codec import many, manydecode
 from codec.dtypes import as_float_array, checked_out, host_like, on_device
 from codec.errors import CodecError, CodecTypeError, CodecValueError, CorruptFrameError, UnknownCodecError
 from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
@@ -209,15 +209,15 @@ class Codec:
 
     def decode_many(self, frame, out=None, *, layout=None, max_elements=None, like=None):
         """:func:`codec.decode_many`, checking that the frame was made by this codec."""
-        return many.decode(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")), out, like=like)
+        return manydecode.decode(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")), out, like=like)
 
     def decode_sparse_many(self, frame, *, layout=None, max_elements=None) -> list:
         """:func:`codec.decode_sparse_many`, checking that the frame was made by this codec."""
-        return many.decode_sparse(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements)))
+        return manydecode.decode_sparse(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements)))
 
     def decode_add_many(self, frame, out, *, layout=None, subtract: bool = False):
         """:func:`codec.decode_add_many`, checking that the frame was made by this codec."""
-        return many.decode_add(self, self._same(parse_many(frame, layout=layout)), out, subtract)
+        return manydecode.decode_add(self, self._same(parse_many(frame, layout=layout)), out, subtract)
 
     # ---------------------------------------------------------------- decode
     def decode(self, frame, out=None, *, max_elements=None, like=None):

@@ -1,4 +1,4 @@
-"""Phase 1 of a many-tensor decode (:mod:`codec.many`): every tensor's sections checked and
+"""Phase 1 of a many-tensor decode (:mod:`codec.manydecode` writes what it reads): every tensor's sections checked and
 compactly read before any output is allocated, a run of small tensors at once where its
 stages can read one (the decoding half of :mod:`codec.runs`): an elementwise codec's values
 as one section, a quantizer's ``read_run``, a sparse run's ``positions_segments`` and

@@ -840,11 +840,11 @@ def test_error_feedback_runs_equal_each_tensors_step(spec, dtype, monkeypatch):
     run's decoded values at once (runs of at least 8 tensors of at most 16,384 elements,
     codec.runs.FEEDBACK_RUNS): frames and residuals are bit for bit those of each tensor's own step
     (fused or not), over several steps."""
-    from codec import many
+    from codec import manydecode
 
     ran = []
-    real = many.subtract
-    monkeypatch.setattr(many, "subtract", lambda c, mf, targets, shape, spans: ran.append(len(targets)) or real(c, mf, targets, shape, spans))
+    real = manydecode.subtract
+    monkeypatch.setattr(manydecode, "subtract", lambda c, mf, targets, shape, spans: ran.append(len(targets)) or real(c, mf, targets, shape, spans))
     together, alone = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
     sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 16384, 20000, 3, 5, 11, 13, 17, 19, 23, 29, 70000]
     banks = []  # the buffer a run's residuals are slices of, step by step
@@ -872,11 +872,11 @@ def test_elementwise_error_feedback_runs_equal_each_tensors_step(spec, momentum,
     velocities bit for bit each tensor's own (fused) step's; the tensors of a shorter run, or
     of larger ones, take their own; a NaN that fp16 refuses is named by its tensor and
     changes nothing."""
-    from codec import many
+    from codec import manydecode
 
     ran = []
-    real = many.subtract
-    monkeypatch.setattr(many, "subtract", lambda c, mf, targets, shape, spans: ran.append(len(targets)) or real(c, mf, targets, shape, spans))
+    real = manydecode.subtract
+    monkeypatch.setattr(manydecode, "subtract", lambda c, mf, targets, shape, spans: ran.append(len(targets)) or real(c, mf, targets, shape, spans))
     together, alone = codec.ErrorFeedback(spec, momentum=momentum), codec.ErrorFeedback(spec, momentum=momentum)
     sizes = [7, 0, 1, 300, 64, 9, 2, 5000, 513, 30000, 70000] + [6000] * 8 + [70001, 3, 5, 11, 13, 17, 19, 23]  # runs of 10 (35,896 values), 1, 8 (6,000 each), 1, 7
     for step in range(3):

@@ -5,7 +5,7 @@ momentum included; every other tensor takes its own (:meth:`codec.feedback.step.
 
 Per run (:func:`codec.runs.feedback_runs`): ``acc = x + residual`` is formed in ONE flat
 buffer (:func:`run_acc`), the run is coded from it at once, ``acc -= decoded`` is one update
-of it (:func:`codec.many.subtract` with the run's span), and each key's new residual is its
+of it (:func:`codec.manydecode.subtract` with the run's span), and each key's new residual is its
 slice of that buffer (``Slot.commit(..., at=(buffer, offset))``).  The old residuals become
 the spares, so from the second step on the run's residuals and spares are each one buffer:
 ``acc`` is written into the spares' buffer and the residuals are read as one array, with no
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec import many
+from codec import many, manydecode
 from codec.device import Memory, concat
 from codec.dtypes import on_device
 from codec.kernels import backend
@@ -207,7 +207,7 @@ class ManyFeedback:
                 kept[i] = (targets[i].reshape(arrays[i].shape), (base, at), velocity)
                 at += arrays[i].size
         if done:
-            many.subtract(c, parse(), targets, FEEDBACK_RUNS, {g[0]: self.flats[g[0]] for g in done})
+            manydecode.subtract(c, parse(), targets, FEEDBACK_RUNS, {g[0]: self.flats[g[0]] for g in done})
         for g in done:  # momentum-factor masking: u zeroed where the frame sent values (all: a dense codec)
             if g[0] in self.velocities:
                 sent = [ctxs[i].positions for i in g]
