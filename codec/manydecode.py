@@ -19,7 +19,7 @@ from codec.dtypes import checked_out, host_like, on_device
 from codec.errors import CodecTypeError, CodecValueError
 from codec.modes import ADD, SET, SUB
 from codec.ops import WIDE, scatter_checked, scatter_segments, scratch, store, wide_dtype
-from codec.readruns import read_jobs, reads_runs
+from codec.readruns import read_jobs, reads_positions, reads_runs
 from codec.runs import RUNS, SEGMENT_ELEMENTS, SEGMENTED_MIN, RunShape
 
 
@@ -98,10 +98,10 @@ def decode(c, mf, out=None, like=None):
             results[i] = target.reshape(lay.shapes[i])
         elif len(idx) > 1 and idx[0] in spans:  # device outputs end to end: the job written at once
             c._write(ctx, payload, spans[idx[0]], SET)
-        elif segmented and c.value.write_segments(payload, [targets[i] for i in idx], SET, check):
-            continue  # every tensor of the run written where it lies, in one pass
         elif c.select is not None and out is not None:  # a joint sparse frame or a sparse run: its pairs, per tensor
             _scatter_pairs(mf, idx, ctx.positions, c._kept(ctx, payload), targets, SET, lambda i, pos, vals: scatter_checked(vals, pos, targets[i], SET))
+        elif segmented and c.value.write_segments(payload, [targets[i] for i in idx], SET, check):
+            continue  # every tensor of the run written where it lies, in one pass
         else:  # a run, or a joint frame: each tensor a view of one array, or copied into its out
             whole = _whole(c, ctx, payload, ctx.dtype, reuse=out is not None, device=dev, check=check)
             first = lay.at[idx[0]] if idx else 0
@@ -152,13 +152,16 @@ def decode_add(c, mf, out, subtract=False):
 def _segmented(c, mf, targets, device: bool) -> bool:
     """Whether decoding ``mf`` writes every run of an elementwise codec, or of a value stage
     that reads runs (a quantizer's: :func:`codec.readruns.reads_runs`), straight into its
-    tensors' arrays (:meth:`codec.stage.Value.write_segments`): host targets given, each of
-    its tensor's own float32/float64 dtype.  A run is then every consecutive tensor of one
-    dtype (a whole model in one pass), and no buffer of it is formed.  Not below
-    :data:`codec.runs.SEGMENTED_MIN` elements, where the kernels run serially anyway."""
+    tensors' arrays (:meth:`codec.stage.Value.write_segments`), or scatters every run of a
+    sparse codec whose positions are read at once (:func:`codec.readruns.reads_positions`)
+    into them (one ``scatter_segments`` call): host targets given, each of its tensor's own
+    float32/float64 dtype.  A run is then every consecutive tensor of one dtype (a whole
+    model in one pass, no tensor through the pipeline on its own), and no buffer of it is
+    formed.  Not below :data:`codec.runs.SEGMENTED_MIN` elements, where the kernels run
+    serially anyway."""
     if device or mf.joint or any(t is None for t in targets) or sum(mf.layout.sizes) < SEGMENTED_MIN:
         return False
-    if not (c.elementwise or reads_runs(c, mf)):
+    if not (c.elementwise or reads_runs(c, mf) or reads_positions(c, mf)):
         return False
     return all(t.dtype == dt and dt in WIDE for t, dt in zip(targets, mf.layout.dtypes))
 
@@ -183,12 +186,12 @@ def _add_jobs(c, mf, jobs, targets, mode, spans=None, segmented: bool = False) -
         span = spans.get(idx[0]) if spans and len(idx) > 1 else None
         if len(idx) == 1 and not mf.joint:
             c._write(ctx, payload, targets[idx[0]], mode)
-        elif segmented and c.value.write_segments(payload, [targets[i] for i in idx], mode):
-            continue
         elif span is not None and c.select is not None:  # the run's pairs, counted from its first element, written
             c._write(ctx, payload, span, mode)  # as one tensor's (a 16-bit output: the dense decoded values added once)
         elif c.select is not None:  # a joint sparse frame or a sparse run: each tensor's share of the pairs
             _scatter_pairs(mf, idx, ctx.positions, c._kept(ctx, payload), targets, mode, lambda i, pos, vals: _add_pairs(pos, vals, targets[i], mode))
+        elif segmented and c.value.write_segments(payload, [targets[i] for i in idx], mode):
+            continue
         else:  # a run, or a joint dense frame: the decoded values exactly (the accumulator dtype
             # of the frame's: a narrow frame's codes may decode beyond its own dtype's range)
             whole = _whole(c, ctx, payload, wide_dtype(ctx.dtype), reuse=True, device=on_device(targets[idx[0]]))

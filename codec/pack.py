@@ -228,32 +228,29 @@ def decode_index_segments(data, infos, sizes) -> list | None:
     nseg = len(infos)
     if not nseg:
         return []
-    kinds = np.fromiter((i.kind for i in infos), np.int64, nseg)
-    bits = np.fromiter((i.bits for i in infos), np.int64, nseg)
-    counts = np.fromiter((i.count for i in infos), np.int64, nseg)
-    starts = np.fromiter((i.offset for i in infos), np.int64, nseg)
-    lens = np.fromiter((i.raw_len for i in infos), np.int64, nseg)
+    table = section_table(infos)
     sizes = np.asarray(sizes, np.int64)
-    bitmap = kinds == SectionKind.INDEX_BITMAP
-    limit = np.array([max(1, (int(n) - 1).bit_length()) for n in sizes.tolist()], np.int64)  # decode_indices' bound
-    ok = np.where(bitmap, (bits == 1) & (counts == sizes), (kinds == SectionKind.INDEX_DELTA) & (counts <= sizes) & (bits >= 1) & (bits <= np.minimum(limit, 56)))
-    ok &= (lens == (counts * bits + 7) // 8) & (starts >= 0) & (starts + lens <= data.size)
-    ok &= padding_clear(data, starts, counts, bits)
-    if not ok.all():
-        return None
-    ends = starts + lens
     kern = backend("index", data)
     data = readonly(data)
     found = np.empty(nseg, np.int64)
-    kern.index_counts(data, starts, ends, readonly(bitmap), counts, found)
+    kern.index_counts(data, table, sizes, found)
+    if found.min() < 0:
+        return None
     out_starts = offsets(found)
     pos = np.empty(int(out_starts[-1]), np.int64)
     bad = np.zeros(nseg, np.uint8)
-    kern.index_read(data, starts, ends, readonly(bitmap), bits, sizes, out_starts, pos, bad)
+    kern.index_read(data, table, sizes, out_starts, pos, bad)
     if bad.any():
         return None
     o = out_starts.tolist()
     return [pos[o[s] : o[s + 1]] for s in range(nseg)]
+
+
+def section_table(infos) -> np.ndarray:
+    """The ``index`` family's section table of ``infos`` (SectionInfo): one int64 row per
+    section, its kind, bits, count, offset and raw length (``codec.kernels.cpu.index``'s
+    ``KIND`` .. ``LENGTH`` columns)."""
+    return readonly(np.array([(i.kind, i.bits, i.count, i.offset, i.raw_len) for i in infos], np.int64).reshape(-1, 5))
 
 
 def padding_clear(data: np.ndarray, starts, counts, bits) -> np.ndarray:

@@ -25,9 +25,11 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
     the jobs of these tensors alone (a set of indices; the others are not read); ``shape``:
     the select and quantizer runs' (as they were encoded); ``device``: the outputs are device
     arrays, so a tensor read alone reads a large index section there (``Context.device``);
-    ``whole_runs``: the runs of an elementwise codec, or of a value stage that reads runs
-    (:func:`reads_runs`), are every consecutive tensor of one dtype, whatever its size (the
-    decode writes them with :meth:`codec.stage.Value.write_segments`)."""
+    ``whole_runs``: the runs of an elementwise codec, of a value stage that reads runs
+    (:func:`reads_runs`) or of a select stage that reads every tensor's positions at once
+    (:func:`reads_positions`) are every consecutive tensor of one dtype, whatever its size
+    (the decode writes them with :meth:`codec.stage.Value.write_segments`, or scatters
+    their pairs with one ``scatter_segments`` call)."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
         jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
@@ -44,7 +46,7 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
     elif passing:  # a transform's pass-through runs: each one values section, as an elementwise codec's run
         alone = set(range(len(mf))) - {i for g in passing for i in g}
         groups = sorted(passing + [[i] for i in alone])
-    elif by_value and whole_runs:
+    elif (by_value or sparse_runs) and whole_runs:
         groups = runs(zip(lay.sizes, lay.dtypes), 1 << 62)
     elif by_value or sparse_runs or transform_runs:  # a zstd payload is decompressed section by section as the stages read it
         alone = set(range(len(mf))) - {i for g in segs for i in g}
@@ -81,6 +83,13 @@ def reads_runs(c, mf) -> bool:
     payload is not compressed (a zstd payload is decompressed section by section as the
     stages read it)."""
     return c.transform is None and c.select is None and not c.elementwise and isinstance(mf.payload, memoryview)
+
+
+def reads_positions(c, mf) -> bool:
+    """Whether the select stage of ``c`` (with no transform) reads every tensor's positions
+    of ``mf`` at once (:meth:`codec.stage.Select.positions_segments`, which may still
+    refuse): the frame's payload is not compressed."""
+    return c.select is not None and c.transform is None and isinstance(mf.payload, memoryview)
 
 
 def _run_job(c, mf, run, value_runs, device: bool = False):
@@ -170,8 +179,8 @@ def _known_positions(c, mf, only=None, in_runs=None) -> list:
     (decoding into device arrays): the tensors of runs; any other whose first section has
     ``codec.pack.DEVICE_SECTION`` bytes or more is left to its own read, on the device."""
     none = [None] * len(mf)
-    if c.select is None or c.transform is not None or not isinstance(mf.payload, memoryview):
-        return none  # a zstd payload is decompressed section by section as the stages read it
+    if not reads_positions(c, mf):
+        return none  # (a zstd payload is decompressed section by section as the stages read it)
     secs, sizes = mf.tensor_sections, mf.layout.sizes
     idx = range(len(mf)) if only is None else sorted(only)
     if in_runs is not None:

@@ -758,6 +758,33 @@ def test_a_quantizers_whole_model_decodes_in_one_call_per_dtype(spec, monkeypatc
         assert np.isfinite(got["t0"]).all() and all(got[k].tobytes() == want[k].tobytes() for k in ts)
 
 
+@pytest.mark.parametrize("spec", ["topk(ratio=0.01)", "randomk(ratio=0.01)", "topk(ratio=0.05)+fp16", "adacomp"])
+def test_a_sparse_whole_model_decodes_in_one_scatter_per_dtype(spec, monkeypatch):
+    """A sparse frame decoded into arrays given (``decode_many(out=)``, ``decode_add_many``)
+    reads every tensor's positions and kept values at once and scatters every tensor of one
+    dtype, large and small, with one ``scatter_segments`` call into each tensor's own array
+    (no tensor through the pipeline alone): the values each tensor decodes to on its own
+    (``decode_many`` into new arrays), every other element zero."""
+    calls = count_kernel_calls(monkeypatch, scatter=("scatter", "scatter_segments"))
+    rng = np.random.default_rng(12)
+    shapes = [(70_001, np.float32), ((3, 5), np.float32), (0, np.float32), (1, np.float32), (65_539, np.float32), (9, np.float64), (40_000, np.float64), ((), np.float64)]
+    ts = {f"t{i}": (rng.standard_t(2, shape) * 1e-2).astype(dt) for i, (shape, dt) in enumerate(shapes)}
+    frame = codec.get_codec(spec).encode_many(ts)
+    want = codec.decode_many(frame)  # each large tensor read on its own
+    calls.update(scatter=0, scatter_segments=0)
+    got = {k: np.full_like(x, np.nan) for k, x in ts.items()}
+    assert codec.decode_many(frame, out=got) is got
+    assert calls == {"scatter": 0, "scatter_segments": 2}  # one per dtype's run of tensors
+    base = {k: rng.standard_normal(x.shape).astype(x.dtype) for k, x in ts.items()}
+    added = {k: b.copy() for k, b in base.items()}
+    codec.decode_add_many(frame, added)
+    assert calls == {"scatter": 0, "scatter_segments": 4}
+    for k in ts:
+        assert got[k].tobytes() == want[k].tobytes(), k
+        assert added[k].tobytes() == (base[k] + want[k].astype(base[k].dtype)).tobytes(), k
+    assert 0 < np.count_nonzero(got["t0"]) <= 0.05 * got["t0"].size + 1
+
+
 def test_a_quantizer_run_names_a_non_finite_tensor():
     for spec in ("qsgd", "minmax"):
         ts = {"a": np.ones(5, np.float32), "b": np.ones((2, 3), np.float32), "c": np.ones(4, np.float32)}

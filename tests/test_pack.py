@@ -459,10 +459,28 @@ def test_index_family_bitmap_edges(backend):
     every = np.arange(256, dtype=np.uint8)
     begin = np.arange(256, dtype=np.int64)
     counts = np.empty(256, np.int64)
-    kern.index_counts(readonly(every), begin, begin + 1, readonly(np.ones(256, bool)), np.zeros(256, np.int64), counts)
-    assert counts.tolist() == [bin(v).count("1") for v in range(256)]
-    kern.index_counts(readonly(every), begin, begin + 1, readonly(np.zeros(256, bool)), begin, counts)
-    assert counts.tolist() == begin.tolist()  # packed gaps: the count their section states
+    table = lambda kind, bits, count, length=1: readonly(np.stack(np.broadcast_arrays(int(kind), bits, count, begin, length), 1).astype(np.int64))  # noqa: E731
+    kern.index_counts(readonly(every), table(BITMAP, 1, 8), np.full(256, 8, np.int64), counts)
+    assert counts.tolist() == [bin(v).count("1") for v in range(256)]  # each byte an 8-element bitmap
+    kern.index_counts(readonly(every), table(DELTA, 8, 1), np.full(256, 256, np.int64), counts)
+    assert counts.tolist() == [1] * 256  # packed gaps: the count their section states
+    # what no encoder writes is -1, set by set, as codec.pack.decode_indices refuses one
+    rows = readonly(np.array([
+        [3, 2, 3, 0, 1],  # good: 3 gaps of 2 bits (byte 0 has no bits past them)
+        [3, 2, 3, 0, 2],  # a length not its count's
+        [3, 0, 3, 0, 1],  # gaps of 0 bits
+        [3, 9, 1, 0, 2],  # wider than 255 elements need
+        [3, 2, 3, 255, 2],  # past the data
+        [3, 2, 3, -1, 1],  # before it
+        [2, 1, 7, 0, 1],  # a bitmap of 7 items for 8 elements
+        [2, 2, 8, 0, 2],  # a bitmap of 2-bit items
+        [1, 1, 8, 0, 1],  # values, not an index set
+        [3, 1, 3, 8, 1],  # 3 gaps of 1 bit: byte 8's bit past them set
+    ], np.int64))
+    sizes = np.array([12, 12, 12, 256, 12, 12, 8, 8, 8, 12], np.int64)
+    got = np.empty(len(sizes), np.int64)
+    kern.index_counts(readonly(every), rows, sizes, got)
+    assert got.tolist() == [3] + [-1] * 9
     chunk = module("index", "cpu")._BYTES  # the CPU's chunks, which the CUDA twin keeps
     for size in (chunk, 2 * chunk, 2 * chunk + 1):
         assert kern.bitmap_count(readonly(np.zeros(size, np.uint8))).size == -(-size // chunk)

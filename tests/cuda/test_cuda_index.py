@@ -15,7 +15,7 @@ from codec.errors import CorruptFrameError
 from codec.frame import SectionInfo, SectionKind
 from codec.kernels import module
 from codec.dtypes import on_device
-from codec.pack import encode_indices, index_segments
+from codec.pack import encode_indices, index_segments, section_table
 
 K = module("index", "cuda")
 CPU = module("index", "cpu")
@@ -138,16 +138,22 @@ def test_many_sets_as_the_cpu():
     K.index_write(cuda.to_device(pos), starts, w, bitmap, run.offsets, out)
     assert out.copy_to_host().tobytes() == run.data.tobytes()
     found = cuda.device_array(sizes.size, np.int64)
-    begin, end = run.offsets[:-1], run.offsets[1:]
-    K.index_counts(out, begin, end, bitmap, np.array(run.counts, np.int64), found)
+    table = section_table([SectionInfo(k, 0, b, c, n, n, o) for k, b, c, n, o in zip(run.kinds, run.widths, run.counts, np.diff(run.offsets).tolist(), run.offsets.tolist())])
+    K.index_counts(out, cuda.to_device(table), sizes, found)
     assert np.array_equal(found.copy_to_host(), np.diff(starts))
+    damaged = table.copy()
+    damaged[0, 4] += 1  # a length not its count's
+    K.index_counts(out, cuda.to_device(damaged), sizes, found)
+    want = np.empty(sizes.size, np.int64)
+    CPU.index_counts(run.data, damaged, sizes, want)
+    assert found.copy_to_host().tolist() == want.tolist() and want[0] == -1
     back = cuda.to_device(np.full(pos.size, -1, np.int64))
     flags = cuda.to_device(np.zeros(sizes.size, np.uint8))
-    K.index_read(out, begin, end, bitmap, w, sizes, starts, back, flags)
+    K.index_read(out, cuda.to_device(table), sizes, starts, back, flags)
     assert np.array_equal(back.copy_to_host(), pos) and not flags.copy_to_host().any()
     short = sizes.copy()
     short[-1] = pos[-1]  # the last set's last position reaches its (shrunk) size
-    K.index_read(out, begin, end, bitmap, w, short, starts, back, flags)
+    K.index_read(out, cuda.to_device(table), short, starts, back, flags)
     assert flags.copy_to_host().tolist() == [0] * (sizes.size - 1) + [1]
     dev_run = index_segments(cuda.to_device(pos), starts, sizes)  # device positions: the same sections, made there
     assert dev_run.data.tobytes() == run.data.tobytes() and (dev_run.kinds, dev_run.widths, dev_run.counts) == (run.kinds, run.widths, run.counts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
+from codec.section import SectionKind
 
 __all__ = [
     "delta_encode",
@@ -267,23 +268,70 @@ def index_write(pos, starts, widths, bitmap, offsets, out):
         _write_section(pos, starts[s], starts[s + 1], widths[s], bitmap[s], out, offsets[s], offsets[s + 1])
 
 
-@jit(parallel=True)
-def index_counts(data, begin, end, bitmap, counts, out_counts):
-    """Per index section ``s`` at ``data[begin[s]:end[s]]``: how many positions it holds,
-    ``counts[s]`` for packed gaps, the set bits of a bitmap (``bitmap[s]``)."""
-    for s in prange(counts.size):
-        out_counts[s] = _count_bits(data, begin[s], end[s]) if bitmap[s] else counts[s]
+#: a frame's index section kinds, as the section table holds them
+BITMAP, DELTA = int(SectionKind.INDEX_BITMAP), int(SectionKind.INDEX_DELTA)
+#: the columns of a section table (:func:`index_counts`, :func:`index_read`): a frame header's
+#: :class:`codec.section.SectionInfo` fields, one row per section
+KIND, BITS, COUNT, BEGIN, LENGTH = range(5)
+
+
+@jit
+def _bit_length(v):
+    """The bits of ``v`` >= 0 (0 for 0), as Python's ``int.bit_length``."""
+    w = 0
+    while v > 0:
+        w += 1
+        v >>= 1
+    return w
+
+
+@jit
+def _section_count(data, kind, bits, count, lo, length, n):
+    """How many positions the index section of ``length`` bytes at ``data[lo:]`` holds (the
+    set bits of a bitmap, a packed section's ``count``), or -1 when it is not one an encoder
+    writes for ``n`` elements and the many-section reader reads: inside ``data``, a bitmap of
+    one bit per element, ``count <= n`` gaps of 1 to ``n - 1``'s bit length (at most 56)
+    bits, exactly ``(count * bits + 7) // 8`` bytes, the padding bits past the last item clear
+    (what ``codec.pack.decode_indices`` checks of one section, which names the damage)."""
+    if lo < 0 or length < 0 or lo > data.size - length or count < 0 or count > 8 * data.size:
+        return -1
+    if kind == BITMAP:
+        if bits != 1 or count != n:
+            return -1
+    elif kind == DELTA:
+        if count > n or bits < 1 or bits > min(max(1, _bit_length(n - 1)), 56):
+            return -1
+    else:
+        return -1
+    if length != (count * bits + 7) // 8:
+        return -1
+    used = (count * bits) % 8
+    if used and (np.int64(data[lo + length - 1]) >> used) != 0:
+        return -1
+    return _count_bits(data, lo, lo + length) if kind == BITMAP else count
 
 
 @jit(parallel=True)
-def index_read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
-    """Read index section ``s`` (see :func:`index_counts`) into
-    ``out[out_starts[s]:out_starts[s+1]]``: the positions of a bitmap's set bits, or the
-    running sum of packed gaps plus one (``widths[s]`` bits each, LSB-first, at most 56);
-    ``bad[s] = 1`` when a position reaches ``sizes[s]`` (the rest of that set unread;
+def index_counts(data, sections, sizes, out_counts):
+    """Per index section ``s`` (row ``s`` of the section table ``sections``: kind, bits,
+    count, first byte in ``data`` and byte length, as a frame's header gives them) of a
+    tensor of ``sizes[s]`` elements: ``out_counts[s]`` = how many positions it holds, or -1
+    when it is not a section an encoder writes (:func:`_section_count`); nothing beyond
+    the section's bytes is read."""
+    for s in prange(sizes.size):
+        out_counts[s] = _section_count(data, sections[s, KIND], sections[s, BITS], sections[s, COUNT], sections[s, BEGIN], sections[s, LENGTH], sizes[s])
+
+
+@jit(parallel=True)
+def index_read(data, sections, sizes, out_starts, out, bad):
+    """Read index section ``s`` (row ``s`` of ``sections``, which :func:`index_counts` found
+    to be one an encoder writes) into ``out[out_starts[s]:out_starts[s+1]]``: the positions
+    of a bitmap's set bits, or the running sum of packed gaps plus one (at most 56 bits
+    each); ``bad[s] = 1`` when a position reaches ``sizes[s]`` (the rest of that set unread;
     :func:`_read_section`)."""
-    for s in prange(widths.size):
-        if not _read_section(data, begin[s], end[s], bitmap[s], widths[s], sizes[s], out, out_starts[s], out_starts[s + 1]):
+    for s in prange(sizes.size):
+        lo = sections[s, BEGIN]
+        if not _read_section(data, lo, lo + sections[s, LENGTH], sections[s, KIND] == BITMAP, sections[s, BITS], sizes[s], out, out_starts[s], out_starts[s + 1]):
             bad[s] = 1
 
 

@@ -47,8 +47,11 @@ __all__ = list(_cpu.__all__)
 CHUNK = 256
 assert _cpu._BYTES % CHUNK == 0
 
-_twins = device_functions(_cpu, ["_popcount8", "_count_bits", "_step", "_width_of", "_write_section", "_read_section"])
-_count_bits, _step, _width_of, _write_section, _read_section = (_twins[k] for k in ("_count_bits", "_step", "_width_of", "_write_section", "_read_section"))
+_twins = device_functions(_cpu, ["_popcount8", "_count_bits", "_bit_length", "_section_count", "_step", "_width_of", "_write_section", "_read_section"])
+_count_bits, _section_count, _step, _width_of, _write_section, _read_section = (
+    _twins[k] for k in ("_count_bits", "_section_count", "_step", "_width_of", "_write_section", "_read_section")
+)
+KIND, BITS, COUNT, BEGIN, LENGTH, BITMAP = _cpu.KIND, _cpu.BITS, _cpu.COUNT, _cpu.BEGIN, _cpu.LENGTH, _cpu.BITMAP
 
 
 def _scalars():
@@ -258,29 +261,31 @@ def index_write(pos, starts, widths, bitmap, offsets, out):
 
 
 @jit
-def _counts(data, begin, end, bitmap, counts, out_counts):
-    for s in range(cuda.grid(1), counts.size, cuda.gridsize(1)):
-        out_counts[s] = _count_bits(data, begin[s], end[s]) if bitmap[s] else counts[s]
+def _counts(data, sections, sizes, out_counts):
+    for s in range(cuda.grid(1), sizes.size, cuda.gridsize(1)):
+        out_counts[s] = _section_count(data, sections[s, KIND], sections[s, BITS], sections[s, COUNT], sections[s, BEGIN], sections[s, LENGTH], sizes[s])
 
 
-def index_counts(data, begin, end, bitmap, counts, out_counts):
-    """Per index section ``s``, how many positions it holds (the CPU kernel's contract)."""
-    if counts.size:
-        _counts[launch(counts.size)](data, begin, end, bitmap, counts, out_counts)
+def index_counts(data, sections, sizes, out_counts):
+    """Per index section ``s`` (row ``s`` of the section table), how many positions it
+    holds, or -1 when no encoder writes it (the CPU kernel's contract)."""
+    if sizes.size:
+        _counts[launch(sizes.size)](data, sections, sizes, out_counts)
 
 
 @jit
-def _read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
-    for s in range(cuda.grid(1), widths.size, cuda.gridsize(1)):
-        if not _read_section(data, begin[s], end[s], bitmap[s], widths[s], sizes[s], out, out_starts[s], out_starts[s + 1]):
+def _read(data, sections, sizes, out_starts, out, bad):
+    for s in range(cuda.grid(1), sizes.size, cuda.gridsize(1)):
+        lo = sections[s, BEGIN]
+        if not _read_section(data, lo, lo + sections[s, LENGTH], sections[s, KIND] == BITMAP, sections[s, BITS], sizes[s], out, out_starts[s], out_starts[s + 1]):
             bad[s] = 1
 
 
-def index_read(data, begin, end, bitmap, widths, sizes, out_starts, out, bad):
+def index_read(data, sections, sizes, out_starts, out, bad):
     """Index section ``s``'s positions into ``out[out_starts[s]:out_starts[s+1]]``, ``bad[s] =
     1`` when one reaches ``sizes[s]`` (the CPU kernel's contract)."""
-    if widths.size:
-        _read[launch(widths.size)](data, begin, end, bitmap, widths, sizes, out_starts, out, bad)
+    if sizes.size:
+        _read[launch(sizes.size)](data, sections, sizes, out_starts, out, bad)
 
 
 # ---------------------------------------------------------------- many sets: a thread per position
