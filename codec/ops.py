@@ -52,7 +52,9 @@ def addresses(arrays) -> np.ndarray:
     """The data address of each of ``arrays`` (host NumPy arrays) as int64: how one segmented
     kernel call finds many separate arrays (``_common.view_at``; the caller keeps them alive
     for the call)."""
-    return np.array([a.__array_interface__["data"][0] for a in arrays], np.int64)
+    from codec.kernels.cpu._common import address_of
+
+    return np.array([address_of(a) for a in arrays], np.int64)
 
 
 def first_nonfinite(x: np.ndarray, block: int = 1 << 16) -> int:

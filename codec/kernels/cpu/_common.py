@@ -243,6 +243,14 @@ def chunk_segments(starts, lo, hi):
     return rows
 
 
+@jit
+def address_of(a):
+    """The data address of the host array ``a``, as an int (what :func:`view_at` takes): one
+    call costs a seventh of reading it from Python's ``__array_interface__``, which builds a
+    dict for each array (161 arrays: 78 against 541 µs)."""
+    return a.ctypes.data
+
+
 @intrinsic
 def view_at(typingctx, like, addr, n):
     """A 1-D C-contiguous array of ``n`` items of ``like``'s dtype at the address ``addr`` (an

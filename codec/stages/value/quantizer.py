@@ -10,6 +10,7 @@ for value ``i`` of block ``b``, computed in float64 and rounded once to the arra
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -89,9 +90,10 @@ class Dequant:
     #: rangefloat's ``_exact_factors``); None when one pass decodes every block
     rescue: tuple | None = None
 
-    @property
+    @functools.cached_property
     def top(self) -> float:
-        """:func:`largest` of this payload (0 for no codes)."""
+        """:func:`largest` of this payload (0 for no codes); computed once (a pass over the
+        scales: a run's write asks it for every tensor's array)."""
         if not self.count:
             return 0.0
         return largest(self.lut_top if self.lut_top is not None else float(np.abs(self.lut).max(initial=0.0)), self.scale, self.offset)
@@ -148,7 +150,7 @@ class Quantizer(Value):
         values :meth:`write` gives.  False when :meth:`write` would take its float64 pass (a
         scale beyond the run's dtype, blocks to rescue, arrays of another dtype)."""
         p = payload
-        if p.starts is None or not all(_direct(p, o.dtype) for o in outs):
+        if p.starts is None or any(o.dtype != p.dtype for o in outs) or not _direct(p, p.dtype):
             return False
         if outs:
             self._dequantize(p, outs[0], mode, addresses(outs))
