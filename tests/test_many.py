@@ -726,6 +726,35 @@ def test_quantizer_runs_are_segmented_kernel_calls(monkeypatch):
     assert 1 <= calls["qsgd_encode_segments"] <= 3 and calls["dequantize_segments"] == 1
 
 
+#: a whole model's tensors for the one-call decodes: float32 then float64, large (past a run's
+#: 65,536 elements) and small, empty and 0-d
+WHOLE_MODEL = [(70_001, np.float32), ((3, 5), np.float32), (0, np.float32), (1, np.float32), (65_539, np.float32), (9, np.float64), (40_000, np.float64), ((), np.float64)]
+
+
+def decodes_whole_model(c, calls, one: str, seed: int) -> tuple:
+    """Encode :data:`WHOLE_MODEL` (Student-t(2) values) with the codec ``c``, then check that
+    ``decode_many(out=)`` and ``decode_add_many`` each make one call of the kernel ``one`` per
+    dtype (counted in ``calls``, every other kernel there never) and give the bytes of each
+    tensor decoded on its own (``decode_many`` into new arrays; added in the array's dtype).
+    Returns ``(tensors, arrays decoded into)``."""
+    rng = np.random.default_rng(seed)
+    ts = {f"t{i}": (rng.standard_t(2, shape) * 1e-2).astype(dt) for i, (shape, dt) in enumerate(WHOLE_MODEL)}
+    frame = c.encode_many(ts)
+    want = codec.decode_many(frame)  # runs and tensors each read on their own
+    calls.update(dict.fromkeys(calls, 0))
+    got = {k: np.full_like(x, np.nan) for k, x in ts.items()}
+    assert codec.decode_many(frame, out=got) is got
+    assert calls == {**dict.fromkeys(calls, 0), one: 2}  # one per dtype's run of tensors
+    base = {k: rng.standard_normal(x.shape).astype(x.dtype) for k, x in ts.items()}
+    added = {k: b.copy() for k, b in base.items()}
+    codec.decode_add_many(frame, added)
+    assert calls == {**dict.fromkeys(calls, 0), one: 4}
+    for k in ts:
+        assert got[k].tobytes() == want[k].tobytes(), k
+        assert added[k].tobytes() == (base[k] + want[k].astype(base[k].dtype)).tobytes(), k
+    return ts, got
+
+
 @pytest.mark.parametrize("spec", ["qsgd(levels=16)", "minmax(bits=4)", "rangefloat(bits=8)", "fp8"])
 def test_a_quantizers_whole_model_decodes_in_one_call_per_dtype(spec, monkeypatch):
     """Decoding into arrays given (``decode_many(out=)``, ``decode_add_many``) writes every
@@ -733,23 +762,8 @@ def test_a_quantizers_whole_model_decodes_in_one_call_per_dtype(spec, monkeypatc
     tensor's own array: the values the frame's runs and tensors decode to on their own
     (``decode_many`` into new arrays); a float32 tensor whose scale passes float32's range
     (qsgd's norm of near-maximal values) is decoded on its own path, with the same result."""
-    calls = count_kernel_calls(monkeypatch, dequant=("dequantize", "dequantize_segments"))
-    rng = np.random.default_rng(11)
-    shapes = [(70_001, np.float32), ((3, 5), np.float32), (0, np.float32), (1, np.float32), (65_539, np.float32), (9, np.float64), (40_000, np.float64), ((), np.float64)]
-    ts = {f"t{i}": (rng.standard_t(2, shape) * 1e-2).astype(dt) for i, (shape, dt) in enumerate(shapes)}
     c = codec.get_codec(spec)
-    frame = c.encode_many(ts)
-    want = codec.decode_many(frame)  # runs and tensors each read on their own
-    calls.update(dequantize=0, dequantize_segments=0)
-    got = {k: np.full_like(x, np.nan) for k, x in ts.items()}
-    assert codec.decode_many(frame, out=got) is got
-    assert calls == {"dequantize": 0, "dequantize_segments": 2}  # one per dtype's run of tensors
-    base = {k: rng.standard_normal(x.shape).astype(x.dtype) for k, x in ts.items()}
-    added = {k: b.copy() for k, b in base.items()}
-    codec.decode_add_many(frame, added)
-    for k in ts:
-        assert got[k].tobytes() == want[k].tobytes(), k
-        assert added[k].tobytes() == (base[k] + want[k].astype(base[k].dtype)).tobytes(), k
+    ts, got = decodes_whole_model(c, count_kernel_calls(monkeypatch, dequant=("dequantize", "dequantize_segments")), "dequantize_segments", 11)
     if spec.startswith("qsgd"):
         ts["t0"][:512] = np.float32(3e38)  # a bucket's norm beyond float32: saturated on decode
         frame = c.encode_many(ts)
@@ -766,22 +780,7 @@ def test_a_sparse_whole_model_decodes_in_one_scatter_per_dtype(spec, monkeypatch
     (no tensor through the pipeline alone): the values each tensor decodes to on its own
     (``decode_many`` into new arrays), every other element zero."""
     calls = count_kernel_calls(monkeypatch, scatter=("scatter", "scatter_segments"))
-    rng = np.random.default_rng(12)
-    shapes = [(70_001, np.float32), ((3, 5), np.float32), (0, np.float32), (1, np.float32), (65_539, np.float32), (9, np.float64), (40_000, np.float64), ((), np.float64)]
-    ts = {f"t{i}": (rng.standard_t(2, shape) * 1e-2).astype(dt) for i, (shape, dt) in enumerate(shapes)}
-    frame = codec.get_codec(spec).encode_many(ts)
-    want = codec.decode_many(frame)  # each large tensor read on its own
-    calls.update(scatter=0, scatter_segments=0)
-    got = {k: np.full_like(x, np.nan) for k, x in ts.items()}
-    assert codec.decode_many(frame, out=got) is got
-    assert calls == {"scatter": 0, "scatter_segments": 2}  # one per dtype's run of tensors
-    base = {k: rng.standard_normal(x.shape).astype(x.dtype) for k, x in ts.items()}
-    added = {k: b.copy() for k, b in base.items()}
-    codec.decode_add_many(frame, added)
-    assert calls == {"scatter": 0, "scatter_segments": 4}
-    for k in ts:
-        assert got[k].tobytes() == want[k].tobytes(), k
-        assert added[k].tobytes() == (base[k] + want[k].astype(base[k].dtype)).tobytes(), k
+    _, got = decodes_whole_model(codec.get_codec(spec), calls, "scatter_segments", 12)
     assert 0 < np.count_nonzero(got["t0"]) <= 0.05 * got["t0"].size + 1
 
 
