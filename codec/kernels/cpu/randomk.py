@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, chunks, feistel_half
+from codec.kernels.cpu._common import U, chunk_segments, chunks, feistel_half
 from codec.kernels.cpu.rng import mix, stream
 from codec.layout import CHUNK
 
-__all__ = ["random_positions", "random_positions_segments", "sorted_positions"]
+__all__ = ["random_positions", "random_positions_run", "random_positions_segments", "sorted_positions"]
 
 
 
@@ -49,6 +49,29 @@ def random_positions(out, seed, khash, step, half, n):
     k = out.size
     for c in prange(chunks(k)):
         _draw(out, c * CHUNK, min(k, (c + 1) * CHUNK), strm, half, n)
+
+
+@jit(parallel=True)
+def random_positions_run(out, kstarts, sizes, seeds, khashes, steps):
+    """:func:`random_positions` of many tensors at once, in draw order: segment ``s`` of
+    ``out`` (``out[kstarts[s]:kstarts[s+1]]``) gets ``perm(j)`` of its own stream (``seeds``,
+    ``khashes``, ``steps``: uint64) into ``[0, sizes[s])`` for each of its indices ``j``.  One
+    parallel pass in chunks of ``out`` (cut by its length alone, a chunk crossing segments
+    draws each one's share), for the large tensors of a many-tensor decode: one parallel
+    region for all of them, where each tensor's own :func:`random_positions` was one (their
+    sort is NumPy's, per tensor: faster than Numba's for tens of thousands of positions)."""
+    n = out.size
+    for c in prange(chunks(n)):
+        lo = c * CHUNK
+        rows = chunk_segments(kstarts, lo, min(n, lo + CHUNK))
+        for j in range(rows.shape[0]):
+            s, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
+            m = sizes[s]
+            seg = out[kstarts[s] : kstarts[s + 1]]
+            if m == 1:
+                seg[a - kstarts[s] : b - kstarts[s]] = 0
+            else:
+                _draw(seg, a - kstarts[s], b - kstarts[s], stream(seeds[s], khashes[s], steps[s]), np.uint64(feistel_half(m)), m)
 
 
 @jit(parallel=True)

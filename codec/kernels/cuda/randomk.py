@@ -115,6 +115,22 @@ def sorted_positions(out, seed, khash, step, half, n):
     res.done()
 
 
+def random_positions_run(out, kstarts, sizes, seeds, khashes, steps):
+    """The CPU kernel's ``random_positions_run`` (each segment's positions in draw order):
+    each segment drawn by :func:`random_positions`' launch on its view of ``out``."""
+    res = Results()
+    o = res(out)
+    for s, m in enumerate(np.asarray(sizes, np.int64).tolist()):
+        a, b = int(kstarts[s]), int(kstarts[s + 1])
+        if b <= a:
+            continue
+        if m == 1:
+            zero[launch(b - a)](o[a:b])
+        else:
+            _draw[launch(b - a)](o[a:b], _stream(seeds[s], khashes[s], steps[s]), np.uint64(feistel_half(m)), m)
+    res.done()
+
+
 def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
     """The CPU kernel's ``random_positions_segments`` (each segment's positions sorted,
     relative to it): one bitmap over the run's concatenated tensors, read back in order,
