@@ -16,7 +16,8 @@ from codec.feedback import ErrorFeedback
 from codec.frame import parse_frame as _parse_frame
 from codec.manyframe import Layout
 from codec.decoding import decode, decode_add_many, decode_many, decode_sparse, decode_sparse_many
-from codec.pipeline import Codec, get_codec, list_codecs
+from codec.assembly import list_codecs
+from codec.pipeline import Codec, get_codec
 from codec.spec import format_spec, parse as parse_spec  # for transports: docs/api.md, "For transports"
 from codec import stages as _stages  # noqa: F401  (registers every stage: codec/stages/<kind>/)
 

@@ -16,13 +16,14 @@ import numpy as np
 
 from codec import spec as specmod
 from codec import many, manydecode
+from codec.assembly import arrange, default_value, non_default
 from codec.dtypes import as_float_array, checked_out, host_like, on_device
 from codec.errors import CodecError, CodecTypeError, CodecValueError, CorruptFrameError, UnknownCodecError
 from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
 from codec.framebuffer import frame_out
 from codec.manyframe import build_many, parse_many
 from codec.modes import ADD, SET, SUB
-from codec.stage import KINDS, Context, Stage, check_step, lookup, registered
+from codec.stage import KINDS, Context, check_step, lookup
 
 
 class Codec:
@@ -42,7 +43,7 @@ class Codec:
         if not isinstance(checksum, bool):
             raise CodecTypeError(f"checksum: expected True or False, got {checksum!r}")
         stages = [lookup(name)(**params) for name, params in specmod.parse(spec)] if isinstance(spec, str) else list(spec)
-        self.stages = _arrange(stages, spec if isinstance(spec, str) else None)
+        self.stages = arrange(stages, spec if isinstance(spec, str) else None)
         by_kind = {k: [s for s in self.stages if s.kind == k] for k in KINDS}
         self.transform = by_kind["transform"][0] if by_kind["transform"] else None
         self.select = by_kind["select"][0] if by_kind["select"] else None
@@ -53,9 +54,9 @@ class Codec:
         for s in self.post:  # a crc32 stage names its own checksum, with or without the default
             self._frame_options.update(s.frame_options())
         chooser = self.select or self.transform
-        self._implicit_value = chooser is not None and self.value == _default_value(chooser)
+        self._implicit_value = chooser is not None and self.value == default_value(chooser)
         self.spec = specmod.format_spec(
-            (s.name, _non_default(s)) for s in self.stages if not (s is self.value and self._implicit_value)
+            (s.name, non_default(s)) for s in self.stages if not (s is self.value and self._implicit_value)
         )
         self.codec_id = "+".join(s.name for s in self.stages)
 
@@ -400,49 +401,6 @@ class Codec:
         return (get_codec, (self.get_config(),))
 
 
-# -------------------------------------------------------------------- helpers
-def _default_value(chooser) -> Stage:
-    """The value stage a pipeline without one gets: the select or transform stage's
-    ``default_value`` (a registered name, or a Value class private to the stage), else ``none``."""
-    value = "none" if chooser is None else chooser.default_value
-    return (value if isinstance(value, type) else lookup(value))()
-
-
-def _non_default(stage: Stage) -> dict:
-    defaults = {p.name: p.default for p in stage.params}
-    return {k: v for k, v in stage.config.items() if v != defaults[k] and v is not None}
-
-
-def _arrange(stages, text):
-    where = f"bad spec {text!r}" if text else "bad pipeline"
-    seen = {}
-    for s in stages:
-        if not isinstance(s, Stage):
-            raise CodecTypeError(f"{where}: {s!r} is not a stage")
-        if s.kind != "bytes" and s.kind in seen:
-            raise CodecValueError(f"{where}: two {s.kind} stages ({seen[s.kind].name!r} and {s.name!r}); a codec has at most one")
-        if any(t.name == s.name for t in stages if t is not s):
-            raise CodecValueError(f"{where}: stage {s.name!r} appears twice")
-        seen.setdefault(s.kind, s)
-    if "transform" in seen and "select" in seen:
-        raise CodecValueError(
-            f"{where}: {seen['transform'].name!r} (transform) chooses its own coefficients; "
-            f"it cannot be combined with the select stage {seen['select'].name!r}"
-        )
-    order = [KINDS.index(s.kind) for s in stages]
-    for a, b in zip(range(len(stages)), range(1, len(stages))):
-        if order[b] < order[a]:
-            raise CodecValueError(
-                f"{where}: stage {stages[b].name!r} ({stages[b].kind}) must come before {stages[a].name!r} "
-                f"({stages[a].kind}); the order is {' -> '.join(KINDS)}"
-            )
-    if "value" not in seen:
-        value = _default_value(seen.get("select") or seen.get("transform"))
-        i = next((i for i, s in enumerate(stages) if s.kind == "bytes"), len(stages))
-        stages = stages[:i] + [value] + stages[i:]
-    return tuple(stages)
-
-
 @functools.lru_cache(maxsize=256)
 def _cached(spec: str, checksum: bool) -> Codec:
     return Codec(spec, checksum=checksum)
@@ -484,11 +442,3 @@ def codec_of(fr) -> Codec:
         raise
     except (ValueError, TypeError) as e:
         raise CorruptFrameError(f"frame names an invalid codec {fr.spec!r}: {e}") from None
-
-
-def list_codecs() -> list[dict]:
-    """Every registered stage: id, kind, one-line doc, parameters with types and defaults."""
-    return [
-        {"id": name, "kind": cls.kind, "lossless": cls.lossless, "doc": cls.summary(), "params": [p.describe() for p in cls.params]}
-        for name, cls in registered().items()
-    ]
