@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec import replay
 from codec.dtypes import as_float_array, on_device
 from codec.errors import CodecTypeError, CodecValueError
 from codec.framebuffer import frame_out
@@ -121,15 +122,24 @@ def hashable_key(key):
 
 # -------------------------------------------------------------------- encoding
 def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint: bool = False, out=None, skip_missing: bool = False) -> bytes:
-    """``c.encode_many(tensors, ...)`` (:meth:`codec.Codec.encode_many`)."""
-    names, arrays, lay, dest = prepared(c, tensors, out, skip_missing)
+    """``c.encode_many(tensors, ...)`` (:meth:`codec.Codec.encode_many`): replayed when its
+    layout was framed before (:mod:`codec.replay`), else the general path."""
     step = check_step(step)
+    plain = keys is None and not joint and out is None  # (what a replayed step is)
+    if plain:
+        frame = replay.encode(c, tensors, layout)
+        if frame is not None:
+            return frame
+    names, arrays, lay, dest = prepared(c, tensors, out, skip_missing)
     if joint:
         flat = joined(arrays)
         return encode_step(c, [flat], lay, layout, dest, ctxs=[Context(flat.shape, flat.dtype, key=hashable_key(keys), step=step, name="tensors")], joint=True)
     keys = many_keys(keys, len(arrays))
     ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
-    return encode_step(c, arrays, lay, layout, dest, ctxs=ctxs)
+    frame = encode_step(c, arrays, lay, layout, dest, ctxs=ctxs)
+    if plain:
+        replay.learn_encode(c, tensors, layout, arrays, frame)
+    return frame
 
 
 def prepared(c, tensors, out, skip_missing: bool) -> tuple:

@@ -9,6 +9,7 @@ through round-to-odd, so there is no double rounding).
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -43,9 +44,11 @@ def scratch(n: int, dtype) -> np.ndarray:
 def offsets(counts) -> np.ndarray:
     """Where each of ``counts`` starts in their concatenation, then the total: ``len + 1``
     int64 (a run's tensors, sections or finds laid end to end)."""
-    out = np.zeros(len(counts) + 1, np.int64)
-    np.add.accumulate(counts, out=out[1:], dtype=np.int64)  # (the ufunc itself: np.cumsum's wrapper cost more than the sum of a few counts)
-    return out
+    if isinstance(counts, np.ndarray):
+        out = np.zeros(len(counts) + 1, np.int64)
+        np.add.accumulate(counts, out=out[1:], dtype=np.int64)
+        return out
+    return np.array([0, *itertools.accumulate(counts)], np.int64)  # (a list of a few counts: np.cumsum's wrapper cost more than the sums)
 
 
 def addresses(arrays) -> np.ndarray:

@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from codec import spec as specmod
-from codec import many, manydecode
+from codec import many, manydecode, replay
 from codec.assembly import arrange, default_value, non_default
 from codec.dtypes import as_float_array, checked_out, host_like, on_device
 from codec.errors import CodecError, CodecTypeError, CodecValueError, CorruptFrameError, UnknownCodecError
@@ -210,7 +210,14 @@ class Codec:
 
     def decode_many(self, frame, out=None, *, layout=None, max_elements=None, like=None):
         """:func:`codec.decode_many`, checking that the frame was made by this codec."""
-        return manydecode.decode(self, self._same(parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")), out, like=like)
+        if layout is None:
+            got = replay.decode(frame, out, self, like, max_elements)
+            if got is not None:
+                return got
+        mf = self._same(parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer"))
+        got = manydecode.decode(self, mf, out, like=like)
+        replay.learn_decode(self, frame, mf)
+        return got
 
     def decode_sparse_many(self, frame, *, layout=None, max_elements=None) -> list:
         """:func:`codec.decode_sparse_many`, checking that the frame was made by this codec."""

@@ -147,21 +147,44 @@ class _Half(Value):
 
     def encode_segments(self, arrays, ctx, sections):
         """One section of the run's codes, written straight into the frame from every tensor
-        where it lies (``narrow_codes_segments``), checksummed as they are written."""
-        from codec.kernels import backend
-        from codec.ops import addresses, continued, offsets
+        where it lies (:meth:`encode_at`), checksummed as they are written."""
+        from codec.ops import addresses, offsets
 
         addrs = addresses(arrays)
         starts = offsets([a.size for a in arrays])
 
         def fill(out, crc=None):
-            bad, got = backend("convert", arrays[0]).narrow_codes_segments(out.view(np.uint16), addrs, starts, arrays[0], self.dtype != np.float16, -1 if crc is None else crc)
-            if bad and self.nonfinite == "raise":  # (many.encode names the tensor: codec.runs._exact_errors)
+            ok, got = self.encode_at(out, addrs, starts, arrays[0], crc)
+            if not ok:  # (many.encode names the tensor: codec.runs._exact_errors)
                 self._raise_nonfinite(np.concatenate(arrays), ctx)
-            return continued(out, crc, got)
+            return got
 
         sections.append(Section(SectionKind.VALUES, 16, ctx.n, fill=fill, fill_crc=True))
         return sections
+
+    def encode_at(self, out, addrs, starts, like, crc=None) -> tuple:
+        """The codes of a run of host arrays found by address (tensor ``t``: the
+        ``starts[t+1] - starts[t]`` values of ``like``'s dtype at ``addrs[t]``, C-contiguous,
+        kept alive by the caller; ``like`` flat float32/float64) into ``out``, the run's
+        uint8 bytes in the frame, in one pass (``narrow_codes_segments``): returns ``(ok,
+        crc)``, ``ok`` False when a value is NaN/inf under ``nonfinite=raise`` (the caller
+        names it), ``crc`` the CRC-32C of ``out`` continued from ``crc`` (None: none).  What
+        :meth:`encode_segments` and a replayed step (:mod:`codec.replay`) write."""
+        from codec.kernels import backend
+        from codec.ops import continued
+
+        bad, got = backend("convert", like).narrow_codes_segments(out.view(np.uint16), addrs, starts, like, self.dtype != np.float16, -1 if crc is None else crc)
+        return not (bad and self.nonfinite == "raise"), continued(out, crc, got)
+
+    def write_at(self, codes, addrs, starts, like, mode, check=None) -> None:
+        """The run's ``codes`` decoded into host arrays found by address (as :meth:`encode_at`
+        finds them; written, ``mode`` SET, ADD or SUB) in one pass
+        (``half_decode_segments``), checksummed as they are read when ``check`` is given."""
+        from codec.kernels import backend
+
+        crc = backend("convert", like).half_decode_segments(codes, addrs, starts, like, mode, self.dtype != np.float16, -1 if check is None else 0)
+        if check is not None:
+            check.note(codes, crc)
 
     def write(self, codes, out, mode, check=None):
         from codec.device import to_device
@@ -175,17 +198,11 @@ class _Half(Value):
 
     def write_segments(self, codes, outs, mode, check=None):
         """The run's codes decoded into every tensor's array in one parallel pass
-        (``half_decode_segments``), checksummed as they are read when ``check`` is given."""
-        from codec.kernels import backend
+        (:meth:`write_at`), checksummed as they are read when ``check`` is given."""
         from codec.ops import addresses, offsets
 
-        if not outs:
-            return True
-        addrs = addresses(outs)
-        starts = offsets([o.size for o in outs])
-        crc = backend("convert", outs[0]).half_decode_segments(codes, addrs, starts, outs[0], mode, self.dtype != np.float16, -1 if check is None else 0)
-        if check is not None:
-            check.note(codes, crc)
+        if outs:
+            self.write_at(codes, addresses(outs), offsets([o.size for o in outs]), outs[0], mode, check)
         return True
 
 

@@ -1,0 +1,277 @@
+"""Replayed steps: a many-tensor step of a layout the codec has framed before, without the
+general path's per-tensor Python (issue 33, "small tensors at a few microseconds each").
+
+A training loop calls ``encode_many`` and ``decode_many`` on the same tensors every step.
+For an elementwise codec whose value stage codes a run where its tensors lie
+(:attr:`codec.stage.Value.segmented`: fp16 and bf16), one section of codes per tensor, no
+byte stage, everything in the frame but the codes and the payload's CRC-32C is the layout's:
+the header, the table, each tensor's place in the payload.  :class:`Replay` records that
+from a frame the general path made (``learn_encode``, ``learn_decode``); a later call that
+matches it is one kernel call over every tensor:
+
+* ``encode``: same codec, layout form, names (or count) and, per tensor, a plain
+  C-contiguous aligned host ``ndarray`` of the recorded shape and dtype; the codes written
+  straight into a new frame by the value stage's ``encode_segments`` (checksummed as they
+  are written), then the recorded header with the new CRCs.
+* ``decode``: a ``bytes``/``bytearray`` frame of the recorded length whose header (every
+  byte before the payload CRC) is the recorded one and whose header CRC holds, so parsing it
+  would give the recorded frame again; the codes decoded by the value stage's
+  ``write_segments`` into the caller's arrays (checked as ``decode_many`` checks them) or new
+  ones, the payload CRC-32C verified in the same pass (:class:`codec.payloadcheck.PayloadCheck`).
+
+Nothing else changes: the frame is byte for byte the general path's (a plan is kept only if
+its frame of the tensors it was learned from equals the general path's), and whatever a plan
+does not match, or any error (a NaN under ``nonfinite=raise``, a damaged frame) falls back
+to the general path, which raises as it always did.  Error feedback's steps are not replayed
+(they update residuals: :mod:`codec.feedback.runstep`).  docs/api.md, "Replayed steps".
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from codec.errors import NonFiniteError
+from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
+from codec.framebuffer import new_bytes
+from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
+from codec.modes import SET
+from codec.section import Encoding
+from codec.stage import Context
+
+__all__ = ["Replay", "decode", "encode", "learn_decode", "learn_encode", "replayable"]
+
+#: plans kept per codec (encoding) and in all (decoding); the oldest goes first
+KEEP = 8
+#: decoding plans by frame length (a frame's length and header bytes find its plan)
+_DECODES: dict = {}
+
+
+class Replay:
+    """What every frame of one layout coded by one codec holds, learned from one of them:
+    the header bytes before the payload CRC (``prefix``), the header's and the frame's
+    lengths, whether the payload carries a CRC-32C, the tensors' names, shapes, sizes,
+    C-contiguous strides and dtype, where each starts in the run, and the dtype of their
+    codes."""
+
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count")
+
+    def __init__(self, codec, frame, mf, codes_dtype):
+        from codec.ops import offsets, readonly
+
+        lay = mf.layout
+        self.codec = codec
+        self.crc = bool(mf.flags & FLAG_PAYLOAD_CRC32C)
+        self.header_len = mf.header_len
+        self.prefix = bytes(frame[: mf.header_len - _CRC.size * (2 if self.crc else 1)])
+        self.size = len(frame)
+        self.names = lay.names
+        self.shapes = tuple(lay.shapes)
+        self.sizes = tuple(lay.sizes)
+        self.dtype = lay.dtypes[0]
+        self.strides = tuple(_c_strides(shape, self.dtype.itemsize) if n else None for shape, n in zip(self.shapes, self.sizes))
+        self.starts = readonly(offsets(self.sizes))
+        self.codes_dtype = codes_dtype
+        self.count = sum(self.sizes)
+
+    def _addresses(self, arrays, write: bool):
+        """The data addresses of ``arrays`` (int64, read-only), or None unless each is a plain
+        ``ndarray`` of its tensor's shape, the dtype, C-contiguous and aligned (``write``:
+        and writeable): what the general path takes as it is."""
+        from codec.kernels.cpu._common import address_of
+
+        dt, mask = self.dtype, self.dtype.itemsize - 1
+        addrs = []
+        for a, shape, strides in zip(arrays, self.shapes, self.strides):
+            if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or (strides is not None and a.strides != strides) or (write and not a.flags.writeable):
+                return None
+            addr = address_of(a)
+            if addr & mask:
+                return None
+            addrs.append(addr)
+        got = np.array(addrs, np.int64)
+        got.flags.writeable = False
+        return got
+
+    # -------------------------------------------------------------- encoding
+    def encode(self, arrays) -> bytes | None:
+        """The frame of ``arrays`` (in layout order), or None when they are not what the plan
+        was learned from or a value refuses (the general path then runs and raises)."""
+        if len(arrays) != len(self.shapes):
+            return None
+        addrs = self._addresses(arrays, False)
+        if addrs is None:
+            return None
+        frame, out = new_bytes(self.size)
+        hl = self.header_len
+        ok, crc = self.codec.value.encode_at(out[hl:], addrs, self.starts, arrays[0].reshape(-1), 0 if self.crc else None)
+        if not ok:  # (a NaN under nonfinite=raise: the general path names its tensor)
+            return None
+        close_header(bytearray(self.prefix), out, hl, FLAG_PAYLOAD_CRC32C if self.crc else 0, None, crc)
+        return frame
+
+    # -------------------------------------------------------------- decoding
+    def decode(self, frame, out):
+        """The tensors of ``frame`` (whose header is this plan's: checked by the caller) into
+        ``out`` (a dict or list as ``decode_many`` takes it; None: new arrays), or None when
+        ``out`` is not what the fast path writes (the general path then checks it).  A damaged
+        payload raises :class:`~codec.errors.CorruptFrameError` as ``decode_many`` does."""
+        if out is None:
+            items = [np.empty(shape, self.dtype) for shape in self.shapes]
+        elif type(out) is dict:
+            names = self.names
+            if names is None or len(out) != len(names):
+                return None
+            try:
+                items = [out[k] for k in names]
+            except KeyError:
+                return None
+        elif type(out) in (list, tuple) and len(out) == len(self.sizes):
+            items = out
+        else:
+            return None
+        addrs = self._addresses(items, True)
+        if addrs is None:
+            return None
+        hl = self.header_len
+        codes = np.frombuffer(frame, self.codes_dtype, self.count, hl)
+        codes.flags.writeable = False  # (a bytearray's view: kernels take every input read-only)
+        check = None
+        if self.crc:
+            from codec.payloadcheck import PayloadCheck
+
+            check = PayloadCheck(memoryview(frame)[hl:], _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0])
+        if items:
+            self.codec.value.write_at(codes, addrs, self.starts, items[0].reshape(-1), SET, check)
+        if check is not None:
+            check.verify(items)  # NaN in the outputs, then CorruptFrameError, on a damaged payload
+        if out is not None:
+            return out
+        return items if self.names is None else dict(zip(self.names, items))
+
+
+def _c_strides(shape, itemsize: int) -> tuple:
+    """The strides NumPy gives a new C-contiguous array of ``shape`` (not empty; a view
+    with other strides on a dimension of 1 is left to the general path)."""
+    strides = []
+    for d in reversed(shape):
+        strides.append(itemsize)
+        itemsize *= d
+    return tuple(reversed(strides))
+
+
+def replayable(c) -> bool:
+    """Whether the codec ``c``'s many-tensor steps can be replayed: an elementwise value stage
+    alone that codes a run where its tensors lie, and no byte stage."""
+    return c.elementwise and c.value.segmented and not c.post
+
+
+def _remember(table: dict, key, value) -> None:
+    if key not in table and len(table) >= KEEP:
+        try:
+            table.pop(next(iter(table)), None)
+        except (StopIteration, RuntimeError):  # (another thread's change)
+            pass
+    table[key] = value
+
+
+def _encode_key(tensors, form):
+    """The plan key of ``encode_many``'s ``tensors`` (the layout form, and the names or the
+    count) and their values in order; ``(None, None)`` for another kind of input."""
+    if type(tensors) is dict:
+        return (form, tuple(tensors)), list(tensors.values())
+    if type(tensors) in (list, tuple):
+        return (form, len(tensors)), tensors
+    return None, None
+
+
+def encode(c, tensors, form: str) -> bytes | None:
+    """``c.encode_many(tensors, layout=form)`` replayed, or None (no plan, or the tensors do
+    not match it: the general path runs)."""
+    plans = c.__dict__.get("_replays")
+    if not plans:
+        return None
+    key, values = _encode_key(tensors, form)
+    entry = plans.get(key)
+    if entry is None or entry[1] is None:
+        return None
+    return entry[1].encode(values)
+
+
+def learn_encode(c, tensors, form: str, arrays, frame) -> None:
+    """After the general path framed ``tensors`` (a plain ``encode_many`` call; ``arrays``
+    their host or device arrays as it took them) into ``frame``: keep the plan of their layout
+    (the latest layout under their names wins) when the codec's steps can be replayed and the
+    plan gives the same bytes."""
+    key, _ = _encode_key(tensors, form)
+    if key is None or form != "table" or not replayable(c):  # (the hash form: its decoding needs the layout given)
+        return
+    plans = c.__dict__.setdefault("_replays", {})
+    sig = tuple((a.shape, a.dtype) for a in arrays)
+    if key in plans and plans[key][0] == sig:
+        return
+    plan = _learned(c, frame)
+    _remember(plans, key, (sig, plan if plan is not None and plan.encode(arrays) == frame else None))
+
+
+def decode(frame, out, codec=None, like=None, max_elements=None):
+    """``decode_many(frame, out)`` replayed, or None (the general path runs).  ``codec``: the
+    codec the caller expects made the frame (``Codec.decode_many``)."""
+    if like is not None or type(frame) not in (bytes, bytearray):
+        return None
+    plans = _DECODES.get(len(frame))
+    if not plans:
+        return None
+    for plan in plans:
+        if frame.startswith(plan.prefix):
+            break
+    else:
+        return None
+    if codec is not None and codec.codec_id != plan.codec.codec_id:
+        return None
+    if max_elements is not None and not (type(max_elements) is int and plan.count <= max_elements):
+        return None
+    hl = plan.header_len
+    if zlib.crc32(memoryview(frame)[: hl - _CRC.size]) != _CRC.unpack_from(frame, hl - _CRC.size)[0]:
+        return None
+    return plan.decode(frame, out)
+
+
+def learn_decode(c, frame, mf) -> None:
+    """After the general path decoded ``frame`` (parsed: ``mf``, made by the codec ``c``):
+    keep the plan of its header when its tensors can be replayed."""
+    if type(frame) not in (bytes, bytearray) or not replayable(c):
+        return
+    plans = _DECODES.get(len(frame), [])
+    if any(frame.startswith(p.prefix) for p in plans):
+        return
+    plan = _learned(c, frame, mf)
+    if plan is not None:
+        _remember(_DECODES, len(frame), [*plans, plan][-KEEP:])
+
+
+def _learned(c, frame, mf=None) -> Replay | None:
+    """The plan of ``frame`` (a v2 frame the codec ``c`` made; ``mf`` it parsed), or None
+    when its tensors are not one run of codes: one raw section per tensor, end to end, of
+    one float32/float64 dtype, no joint or hashed layout, no zstd, a CRC-32C or none."""
+    from codec.manyframe import parse_many
+
+    if mf is None:
+        mf = parse_many(frame)
+    lay = mf.layout
+    if mf.flags & (FLAG_JOINT | FLAG_LAYOUT_HASH | FLAG_ZSTD) or mf.flags & CHECKSUM_FLAGS not in (0, FLAG_PAYLOAD_CRC32C):
+        return None
+    if not len(lay) or len(set(lay.dtypes)) != 1 or lay.dtypes[0] not in (np.float32, np.float64):
+        return None
+    at = 0
+    for secs, n in zip(mf.tensor_sections, lay.sizes):
+        if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].count != n or secs[0].offset != at or secs[0].raw_len != secs[0].stored_len:
+            return None
+        at += secs[0].raw_len
+    if mf.header_len + at != len(frame):
+        return None
+    _, codes = c._read(mf.tensor(0))
+    if not isinstance(codes, np.ndarray) or codes.itemsize * 8 != mf.tensor_sections[0][0].bits:
+        return None
+    return Replay(c, frame, mf, codes.dtype)

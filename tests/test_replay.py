@@ -1,0 +1,178 @@
+"""Replayed steps (codec/replay.py): a many-tensor step of a layout framed before.
+
+A replayed ``encode_many`` gives the general path's bytes, a replayed ``decode_many`` its
+arrays, and whatever a plan does not match (another layout, a non-contiguous or read-only
+array, a NaN under nonfinite=raise, a damaged frame, another codec's frame) runs the general
+path with its errors.  Each test checks the replay ran by making the general path fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import codec
+from codec import many, manydecode, replay
+from codec.errors import CodecError, CorruptFrameError, NonFiniteError
+
+#: edge sizes: 0-d, empty, one value, odd, a matrix, a 4-d kernel
+SHAPES = [(), (0,), (1,), (333,), (7, 9), (3, 0, 2), (8, 1, 3, 3)]
+
+
+def tensors(dtype=np.float32, seed=0, shapes=SHAPES):
+    rng = np.random.default_rng(seed)
+    return {f"t{i}": np.asarray(rng.standard_t(3, s) * 10.0 ** rng.integers(-3, 3)).astype(dtype) for i, s in enumerate(shapes)}
+
+
+def general(spec, ts, **kw) -> bytes:
+    """The frame of the general path: a new codec has learned nothing."""
+    return codec.Codec(spec, **kw).encode_many(ts)
+
+
+@pytest.fixture
+def no_general(monkeypatch):
+    """Make the general path of encode_many and decode_many fail."""
+
+    def refuse(*a, **k):
+        raise AssertionError("the general path ran")
+
+    def off():
+        monkeypatch.setattr(many, "prepared", refuse)
+        monkeypatch.setattr(manydecode, "decode", refuse)
+
+    return off
+
+
+@pytest.mark.parametrize("spec,dtype,checksum", [("fp16", np.float32, True), ("bf16", np.float64, True), ("fp16(nonfinite=keep)", np.float32, False)])
+def test_a_replayed_step_gives_the_general_paths_bytes_and_arrays(spec, dtype, checksum, no_general):
+    c = codec.Codec(spec, checksum=checksum)
+    first, second = tensors(dtype, 0), tensors(dtype, 1)
+    if "keep" in spec:
+        second["t3"][[0, 5]] = [np.nan, -np.inf]
+    frame = c.encode_many(first)  # learned
+    assert frame == general(spec, first, checksum=checksum)
+    out = {k: np.empty_like(v) for k, v in first.items()}
+    c.decode_many(frame, out=out)  # learned
+    expect = general(spec, second, checksum=checksum)
+    listed = general(spec, list(second.values()), checksum=checksum)
+    ref = codec.Codec(spec).decode_many(expect)
+    c.encode_many(list(first.values()))
+    no_general()
+    assert c.encode_many(second) == expect
+    assert c.encode_many(second, step=3, skip_missing=True) == expect  # (an elementwise codec's frame has no step)
+    assert c.encode_many(list(second.values())) == listed
+    assert c.decode_many(expect, out=out) is out
+    for k in second:
+        np.testing.assert_array_equal(out[k], ref[k])
+    got = codec.decode_many(bytearray(expect))  # new arrays; any entry point, any codec object
+    assert list(got) == list(second) and all(got[k].shape == second[k].shape and got[k].dtype == dtype for k in got)
+    for k in second:
+        np.testing.assert_array_equal(got[k], ref[k])
+    outs = [np.empty_like(v) for v in second.values()]
+    assert c.decode_many(expect, out=outs) is outs
+    for a, k in zip(outs, second):
+        np.testing.assert_array_equal(a, ref[k])
+
+
+def test_what_a_plan_does_not_match_runs_the_general_path():
+    c = codec.Codec("fp16")
+    ts = tensors()
+    c.encode_many(ts)
+    calls = []
+    real = many.prepared
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    many.prepared, saved = counted, many.prepared
+    try:
+        c.encode_many(ts)
+        assert not calls  # replayed
+        cases = [
+            {**ts, "t4": np.asfortranarray(ts["t4"])},  # not C-contiguous
+            {**ts, "t3": ts["t3"].astype(np.float64)},  # another dtype
+            {**ts, "t3": np.ones(2, ts["t3"].dtype)},  # another shape under the same name
+            {**ts, "t4": ts["t4"].view(np.matrix)},  # a subclass
+            {k: ts[k] for k in reversed(ts)},  # another order
+        ]
+        for case in cases:
+            calls.clear()
+            assert c.encode_many(case) == general("fp16", case)
+            assert calls
+        for case in (cases[4], ts):  # each order its own plan; under the same names, the latest layout
+            expect = general("fp16", case)
+            calls.clear()
+            assert c.encode_many(case) == expect
+            assert not calls
+        calls.clear()
+        c.encode_many(ts, keys=list(range(len(ts))))  # keys, joint, out: not replayed
+        assert calls
+    finally:
+        many.prepared = saved
+
+
+def test_a_refused_value_is_named_by_the_general_path():
+    c = codec.Codec("fp16")
+    ts = tensors()
+    c.encode_many(ts)
+    ts["t4"][1, 2] = np.inf
+    with pytest.raises(NonFiniteError, match=r"tensors\['t4'\]: non-finite value at position \(1, 2\)"):
+        c.encode_many(ts)
+
+
+def test_a_damaged_frame_is_refused_as_before():
+    c = codec.Codec("fp16")
+    ts = tensors()
+    frame = c.encode_many(ts)
+    out = {k: np.empty_like(v) for k, v in ts.items()}
+    c.decode_many(frame, out=out)
+    damaged = bytearray(frame)
+    damaged[-3] ^= 0x10  # a payload byte: the header (and its plan) hold, the payload CRC-32C does not
+    with pytest.raises(CorruptFrameError, match="payload checksum"):
+        c.decode_many(bytes(damaged), out=out)
+    assert np.isnan(out["t3"]).all()  # the outputs written are not left behind as values
+    header_len = codec.manyframe.parse_many(frame).header_len
+    for at in (0, 10, header_len - 5, header_len - 1):  # the magic, the table, the payload CRC, the header CRC
+        bad = bytearray(frame)
+        bad[at] ^= 0x01
+        with pytest.raises(CorruptFrameError) as e:  # the plan missed: parsing the header refused it
+            c.decode_many(bytes(bad), out=out)
+        assert "payload checksum" not in str(e.value)
+
+
+def test_the_general_paths_checks_of_out_and_the_codec_still_hold():
+    c = codec.Codec("fp16")
+    ts = tensors()
+    frame = c.encode_many(ts)
+    c.decode_many(frame)
+    out = {k: np.empty_like(v) for k, v in ts.items()}
+    ro = {**out, "t3": out["t3"].copy()}
+    ro["t3"].flags.writeable = False
+    with pytest.raises(ValueError, match=r"out\['t3'\]: must be a writeable"):
+        c.decode_many(frame, out=ro)
+    with pytest.raises(ValueError, match=r"out\['t3'\]: dtype float64"):
+        c.decode_many(frame, out={**out, "t3": out["t3"].astype(np.float64)})
+    with pytest.raises(ValueError, match="missing"):
+        c.decode_many(frame, out={k: v for k, v in out.items() if k != "t0"})
+    with pytest.raises(ValueError, match="more than the limit of 10"):
+        c.decode_many(frame, max_elements=10)
+    with pytest.raises(CodecError, match="not by this codec"):
+        codec.Codec("bf16").decode_many(frame)
+    fixed = {**out, "t4": out["t4"].reshape(-1)}  # any shape of the size, as the general path takes it
+    c.decode_many(frame, out=fixed)
+    np.testing.assert_array_equal(fixed["t4"], codec.decode_many(frame)["t4"].reshape(-1))
+
+
+def test_only_one_run_of_codes_is_learned():
+    mixed = {"a": np.ones(3, np.float32), "b": np.ones(4, np.float64)}
+    for spec, ts in [("fp16", mixed), ("topk(ratio=0.5)", tensors()), ("fp16+zstd", tensors()), ("fp16", {})]:
+        c = codec.Codec(spec)
+        frame = c.encode_many(ts)
+        c.decode_many(frame)
+        assert all(plan is None for _, plan in c.__dict__.get("_replays", {}).values())
+        assert not any(p.prefix == frame[: len(p.prefix)] for ps in replay._DECODES.values() for p in ps)
+    hashed = codec.Codec("fp16")
+    ts = tensors()
+    frame = hashed.encode_many(ts, layout="hash")
+    assert not hashed.__dict__.get("_replays")
+    np.testing.assert_array_equal(hashed.decode_many(frame, layout=codec.Layout.of(list(ts.values()), list(ts)))["t3"], codec.decode_many(hashed.encode_many(ts))["t3"])
