@@ -32,13 +32,11 @@ import zlib
 
 import numpy as np
 
-from codec.errors import NonFiniteError
 from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
 from codec.framebuffer import new_bytes
 from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
 from codec.modes import SET
 from codec.section import Encoding
-from codec.stage import Context
 
 __all__ = ["Replay", "decode", "encode", "learn_decode", "learn_encode", "replayable"]
 
