@@ -32,8 +32,10 @@ class PayloadCheck:
     def __init__(self, payload, expected: int):
         import numpy as np
 
+        from codec.kernels.cpu._common import address_of  # (a decoding kernel runs next: Numba is loaded anyway)
+
         self.payload = np.frombuffer(payload, np.uint8) if len(payload) else np.empty(0, np.uint8)
-        self.base = self.payload.ctypes.data
+        self.base = address_of(self.payload)  # (``.ctypes.data`` cost four times as much: a decode's fixed cost)
         self.expected = int(expected)
         self.pieces: list = []  # (byte offset, byte length, CRC-32C)
 
@@ -43,7 +45,9 @@ class PayloadCheck:
         ignored: :meth:`verify` checksums those bytes itself."""
         if crc < 0 or not arr.nbytes:
             return
-        at = arr.ctypes.data - self.base
+        from codec.kernels.cpu._common import address_of
+
+        at = address_of(arr) - self.base
         if 0 <= at and at + arr.nbytes <= self.payload.size:
             self.pieces.append((at, arr.nbytes, int(crc)))
 
