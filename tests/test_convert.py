@@ -362,6 +362,37 @@ def test_half_decode_modes(dtype, out_dtype, mode, backend):
     assert_same_floats(out, want)
 
 
+@pytest.mark.parametrize("out_dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_a_streamed_decode_writes_the_same_bits(dtype, out_dtype):
+    """A large SET decode writes its output with streaming stores (codec/kernels/cpu/_stream.py;
+    the CPU kernels only: the CUDA twin writes as before): every code, NaN payloads
+    included, gives the very bits of the ordinary SET loop and NumPy's cast, from every
+    alignment of the output (the items before the first aligned one, the body, the tail),
+    at edge sizes; and ``half_decode`` from ``STREAM_MIN`` values (where it streams) equals
+    the reference."""
+    from codec.kernels.cpu._half import STREAM, decode_block
+    from codec.kernels.cpu._stream import STREAM_MIN
+
+    rng = np.random.default_rng(5)
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    u = {4: np.uint32, 8: np.uint64}[np.dtype(out_dtype).itemsize]
+    for n in (0, 1, 7, 8, 9, 17, (1 << 16) + 5):
+        codes = np.concatenate([every, rng.integers(0, 1 << 16, n + 7, dtype=np.uint16)])[: n + 7] if n > 8 else rng.integers(0, 1 << 16, n + 7, dtype=np.uint16)
+        for at in range(8):  # the output's first item at every offset from a 32-byte boundary
+            cs = codes[at : at + n]
+            ordinary, streamed = (np.empty(n + 8, out_dtype)[at : at + n] for _ in range(2))
+            decode_block(cs, ordinary, SET, dtype == BF16)
+            decode_block(cs, streamed, STREAM, dtype == BF16)
+            np.testing.assert_array_equal(streamed.view(u), ordinary.view(u))
+            assert_same_floats(streamed, lut_reference(dtype)[cs].astype(out_dtype))
+    if out_dtype == np.float32:
+        codes = rng.integers(0, 1 << 16, STREAM_MIN + 3, dtype=np.uint16)
+        out = np.empty(codes.size, np.float32)
+        check_kernel_crc(module("convert", "cpu").half_decode(codes, out, SET, dtype == BF16, 0), codes, 0, module("convert", "cpu"))
+        assert_same_floats(out, lut_reference(dtype)[codes])
+
+
 # ---------------------------------------------------------------- fused error feedback
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
 @pytest.mark.parametrize("n", SIZES)

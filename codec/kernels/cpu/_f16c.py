@@ -27,19 +27,14 @@ from numba import types
 from numba.extending import intrinsic
 
 from codec.kernels.cpu._common import target_has
+from codec.kernels.cpu._stream import LANES, lanes_at, store_nt
 from codec.modes import ADD, SET
 
 #: whether the CPU Numba compiles for converts fp16 in hardware (x86-64 with F16C)
 HARDWARE = target_has("f16c")
 
-#: values per instruction
-LANES = 8
 
 
-def lanes_at(context, builder, aryty, ary, i, vecty):
-    """A pointer to ``LANES`` items of the 1-D array ``ary`` from item ``i``, as ``vecty``."""
-    a = context.make_array(aryty)(context, builder, ary)
-    return builder.bitcast(builder.gep(a.data, [i]), vecty.as_pointer())
 
 
 def _any(builder, mask):
@@ -76,6 +71,27 @@ def narrow8(typingctx, src, i, dst):
             codes = ir.VectorType(ir.IntType(16), LANES)
             h = builder.fptrunc(v, ir.VectorType(ir.HalfType(), LANES))
             builder.store(builder.bitcast(h, codes), lanes_at(context, builder, sig.args[2], args[2], args[1], codes), align=1)
+        return special
+
+    return types.boolean(src, i, dst), codegen
+
+
+@intrinsic
+def widen8_stream(typingctx, src, i, dst):
+    """``dst[i:i+8] = value(fp16 codes src[i:i+8])`` as :func:`widen8` in SET mode, with
+    streaming stores (``&dst[i]`` aligned to ``_stream.ALIGN``: :mod:`codec.kernels.cpu._stream`)."""
+    if not (u16_array(src) and isinstance(dst, types.Array) and dst.dtype in (types.float32, types.float64) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lanes = ir.VectorType(ir.IntType(16), LANES)
+        raw = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], lanes), align=1)
+        exp = ir.Constant(lanes, [0x7C00] * LANES)
+        special = _any(builder, builder.icmp_unsigned("==", builder.and_(raw, exp), exp))
+        with builder.if_then(builder.not_(special), likely=True):
+            vals = ir.VectorType(context.get_value_type(sig.args[2].dtype), LANES)
+            v = builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), LANES)), vals)
+            store_nt(builder, v, lanes_at(context, builder, sig.args[2], args[2], args[1], vals))
         return special
 
     return types.boolean(src, i, dst), codegen

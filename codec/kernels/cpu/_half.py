@@ -22,8 +22,8 @@ from numba import types
 from numba.extending import overload
 
 from codec._jit import jit
-from codec.kernels.cpu import _bf16, _f16c
-from codec.kernels.cpu._f16c import LANES, feedback8, narrow8, widen8
+from codec.kernels.cpu import _bf16, _f16c, _stream
+from codec.kernels.cpu._f16c import LANES, feedback8, narrow8, widen8, widen8_stream
 from codec.modes import ADD, SET, SUB
 
 
@@ -210,10 +210,33 @@ def bf16_to_f32(h):
     return b.view(np.float32)
 
 
+#: ``decode_block``'s mode for a SET whose output is written past the cache with streaming
+#: stores (:mod:`codec.kernels.cpu._stream`): what a decode kernel passes from
+#: ``_stream.STREAM_MIN`` output values; the bytes are SET's
+STREAM = 3
+
+
 @jit
 def decode_block(cs, os, mode, bf16):
     """One chunk of :func:`half_decode`: one simple loop per format and mode, so each
-    vectorises (a 65,536-entry table gather did not: 0.23x memcpy against 0.8x)."""
+    vectorises (a 65,536-entry table gather did not: 0.23x memcpy against 0.8x); ``mode``
+    STREAM: SET, the aligned body of ``os`` with streaming stores, then a fence."""
+    if mode == STREAM:
+        at = _stream.head(os)
+        if at >= 0 and cs.size - at >= LANES:
+            m = at + (cs.size - at) // LANES * LANES
+            _decode(cs[:at], os[:at], SET, bf16)
+            _stream_body(cs[at:m], os[at:m], bf16)
+            _decode(cs[m:], os[m:], SET, bf16)
+            _stream.fence()
+            return
+        mode = SET
+    _decode(cs, os, mode, bf16)
+
+
+@jit
+def _decode(cs, os, mode, bf16):
+    """``os (=|+=|-=) value(cs)``: one simple loop per format and mode."""
     if bf16:
         if mode == SET:
             for i in range(cs.size):
@@ -226,6 +249,36 @@ def decode_block(cs, os, mode, bf16):
                 os[i] -= bf16_to_f32(cs[i])
         return
     _widen_fp16(cs, os, mode)
+
+
+@jit
+def _stream_body(cs, os, bf16):
+    """``os = value(cs)`` with streaming stores, eight at a time (``os`` starts at an aligned
+    address, ``cs.size`` a multiple of eight); eight fp16 codes with an infinity or a NaN, or
+    a CPU without F16C, take the integer code."""
+    if bf16:
+        for i in range(0, cs.size, LANES):
+            _stream.widen8_bf16(cs, i, os)
+    else:
+        _stream_fp16(cs, os)
+
+
+def _stream_fp16(cs, os):
+    """The fp16 half of :func:`_stream_body`."""
+
+
+@overload(_stream_fp16, jit_options={"cache": True})
+def _stream_fp16_impl(cs, os):
+    if _f16c.HARDWARE:
+
+        def fast(cs, os):
+            for i in range(0, cs.size, LANES):
+                if widen8_stream(cs, i, os):
+                    for j in range(i, i + LANES):
+                        os[j] = f16_to_f32(cs[j])
+
+        return fast
+    return lambda cs, os: _widen_integer(cs, os, SET, 0)
 
 
 def _widen_fp16(cs, os, mode):

@@ -24,7 +24,8 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunk_segments, chunks, view_at
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
-from codec.kernels.cpu._half import combine_block, decode_block, feedback_block, narrow_block, sum_odd
+from codec.kernels.cpu._half import STREAM, combine_block, decode_block, feedback_block, narrow_block, sum_odd
+from codec.kernels.cpu._stream import STREAM_MIN
 from codec.layout import CHUNK
 from codec.modes import ADD, SET, SUB
 
@@ -99,14 +100,16 @@ def half_decode(codes, out, mode, bf16, crc=-1):
     Returns, with ``crc >= 0``, the CRC-32C of the codes' bytes continued from ``crc``, each
     chunk checksummed right after it is read (a decode verifies its frame's payload in the
     same pass: :class:`codec.payloadcheck.PayloadCheck`), or -1 when this CPU cannot; ``crc < 0``
-    (the default) asks for none (-1)."""
+    (the default) asks for none (-1).  From ``STREAM_MIN`` values a SET writes ``out`` with
+    streaming stores (:mod:`codec.kernels.cpu._stream`)."""
     n = codes.size
     nchunk = chunks(n)
     sums, lens = crc_pieces(nchunk, crc)
+    how = STREAM if mode == SET and n >= STREAM_MIN else mode
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
-        decode_block(codes[lo:hi], out[lo:hi], mode, bf16)
+        decode_block(codes[lo:hi], out[lo:hi], how, bf16)
         if sums.size:
             crc_piece(sums, lens, c, codes, lo, hi)
     return joined(sums, lens, crc)
@@ -119,10 +122,11 @@ def half_decode_segments(codes, addrs, starts, like, mode, bf16, crc=-1):
     ``like``'s dtype at address ``addrs[t]`` (float32 or float64; the caller keeps them
     alive).  One parallel pass over the whole run, in chunks of the run (a many-tensor
     decode of a whole model costs what one tensor of its size costs), the codes checksummed
-    as with ``half_decode``."""
+    and a large run's outputs streamed as with ``half_decode``."""
     n = codes.size
     nchunk = chunks(n)
     sums, lens = crc_pieces(nchunk, crc)
+    how = STREAM if mode == SET and n >= STREAM_MIN else mode
     for c in prange(nchunk):
         lo = c * CHUNK
         hi = min(n, lo + CHUNK)
@@ -130,7 +134,7 @@ def half_decode_segments(codes, addrs, starts, like, mode, bf16, crc=-1):
         for j in range(rows.shape[0]):
             t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
             o = view_at(like, addrs[t], starts[t + 1] - starts[t])
-            decode_block(codes[a:b], o[a - starts[t] : b - starts[t]], mode, bf16)
+            decode_block(codes[a:b], o[a - starts[t] : b - starts[t]], how, bf16)
         if sums.size:
             crc_piece(sums, lens, c, codes, lo, hi)
     return joined(sums, lens, crc)
