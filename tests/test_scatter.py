@@ -311,3 +311,31 @@ def test_scatter_segments_declines_what_scatter_does_not_take():
         assert not ops.scatter_segments(values, idx, starts, outs, SET)
         assert not any(o.any() for o in outs)
     assert not ops.scatter_segments(values, idx, starts[:2], [np.zeros(4, np.float32)], SET)
+
+
+@pytest.mark.parametrize("dtype", WIDE, ids=str)
+def test_a_large_zeroing_streams_and_zeroes_exactly_its_array(dtype):
+    """A SET scatter of ``STREAM_MIN`` elements or more zeroes with streaming stores
+    (codec/kernels/cpu/_stream.py; the CPU kernels only): ``zero`` writes exactly its array's
+    items from every alignment and edge size, and ``scatter`` / ``scatter_segments`` of a
+    large output equal the NumPy reference."""
+    from codec.kernels.cpu._stream import STREAM_MIN, zero
+
+    for n in (0, 1, 7, 8, 9, 17, 1001):
+        for at in range(8):  # the array's first item at every offset from a 32-byte boundary
+            whole = np.full(n + 8, 3.0, dtype)
+            zero(whole[at : at + n])
+            np.testing.assert_array_equal(whole, np.r_[np.full(at, 3.0), np.zeros(n), np.full(8 - at, 3.0)].astype(dtype))
+    K = module("scatter", "cpu")
+    rng = np.random.default_rng(3)
+    sizes = [STREAM_MIN // 2 + 5, 3, STREAM_MIN // 2]
+    idx = np.sort(rng.choice(sum(sizes), 1000, replace=False)).astype(np.int64)
+    vals = rng.standard_normal(idx.size).astype(dtype)
+    want = np.zeros(sum(sizes), dtype)
+    want[idx] = vals
+    out = np.full(sum(sizes), np.nan, dtype)
+    K.scatter(vals, idx, out, SET)
+    np.testing.assert_array_equal(out, want)
+    outs = [np.full(n, np.nan, dtype) for n in sizes]
+    assert ops.scatter_segments(vals, idx, np.r_[0, np.cumsum(sizes)], outs, SET)
+    np.testing.assert_array_equal(np.concatenate(outs), want)

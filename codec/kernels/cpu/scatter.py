@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import prefetch, view_at
+from codec.kernels.cpu._stream import STREAM_MIN, zero
 from codec.modes import ADD, SET
 
 __all__ = ["gather", "put", "scatter", "scatter_segments"]
@@ -20,9 +21,13 @@ def scatter(values, idx, out, mode):
 
     Sparse positions touch a new cache line per value, which the hardware cannot predict:
     each loop asks for the line ``_AHEAD`` values ahead (an error-feedback step's subtraction
-    at 217k sorted positions of a cold 100 MB residual: 1.18 -> 0.49 ms)."""
+    at 217k sorted positions of a cold 100 MB residual: 1.18 -> 0.49 ms).  From
+    ``STREAM_MIN`` elements the zeroing streams (:mod:`codec.kernels.cpu._stream`)."""
     if mode == SET:
-        out[:] = 0
+        if out.size >= STREAM_MIN:
+            zero(out)
+        else:
+            out[:] = 0
     k = idx.size
     nchunk = (k + _CHUNK - 1) // _CHUNK
     for c in prange(nchunk):
@@ -54,12 +59,18 @@ def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
     the address ``addrs[t]`` (the caller keeps them alive).  One call for a run of small
     tensors (or a joint frame's tensors), serial: the work each tensor's own scatter did,
     without a call per tensor.  Not on the threads: zeroing a whole model's outputs there
-    lost beside busy processes (docs/benchmarks.md, "Against issue 33's targets")."""
+    lost beside busy processes (docs/benchmarks.md, "Against issue 33's targets").  From
+    ``STREAM_MIN`` elements in all the arrays are zeroed with streaming stores
+    (:mod:`codec.kernels.cpu._stream`)."""
+    stream = starts[-1] - starts[0] >= STREAM_MIN
     for t in range(addrs.size):
         first = starts[t]
         out = view_at(like, addrs[t], starts[t + 1] - first)
         if mode == SET:
-            out[:] = 0
+            if stream:
+                zero(out)
+            else:
+                out[:] = 0
         for i in range(kstarts[t], kstarts[t + 1]):
             _store_at(out, idx[i] - first, values[i], mode)
 
