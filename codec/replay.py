@@ -74,23 +74,29 @@ class Replay:
         self.count = sum(self.sizes)
 
     def _addresses(self, arrays, write: bool):
-        """The data addresses of ``arrays`` (int64, read-only), or None unless each is a plain
-        ``ndarray`` of its tensor's shape, the dtype, C-contiguous and aligned (``write``:
-        and writeable): what the general path takes as it is."""
+        """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``
+        views, or None unless each is a plain ``ndarray`` (or a contiguous CPU torch tensor,
+        through its NumPy view) of its tensor's shape, the dtype, C-contiguous and aligned
+        (``write``: and writeable): what the general path takes as it is."""
         from codec.kernels.cpu._common import address_of
 
         dt, mask = self.dtype, self.dtype.itemsize - 1
-        addrs = []
+        addrs, views = [], []
         for a, shape, strides in zip(arrays, self.shapes, self.strides):
+            if type(a) is not np.ndarray:
+                a = _torch_view(a)
+                if a is None:
+                    return None
             if type(a) is not np.ndarray or a.dtype is not dt or a.shape != shape or (strides is not None and a.strides != strides) or (write and not a.flags.writeable):
                 return None
+            views.append(a)
             addr = address_of(a)
             if addr & mask:
                 return None
             addrs.append(addr)
         got = np.array(addrs, np.int64)
         got.flags.writeable = False
-        return got
+        return got, views
 
     # -------------------------------------------------------------- encoding
     def encode(self, arrays) -> bytes | None:
@@ -98,12 +104,12 @@ class Replay:
         was learned from or a value refuses (the general path then runs and raises)."""
         if len(arrays) != len(self.shapes):
             return None
-        addrs = self._addresses(arrays, False)
-        if addrs is None:
+        found = self._addresses(arrays, False)
+        if found is None:
             return None
         frame, out = new_bytes(self.size)
         hl = self.header_len
-        ok, crc = self.codec.value.encode_at(out[hl:], addrs, self.starts, arrays[0].reshape(-1), 0 if self.crc else None)
+        ok, crc = self.codec.value.encode_at(out[hl:], found[0], self.starts, found[1][0].reshape(-1), 0 if self.crc else None)
         if not ok:  # (a NaN under nonfinite=raise: the general path names its tensor)
             return None
         close_header(bytearray(self.prefix), out, hl, FLAG_PAYLOAD_CRC32C if self.crc else 0, None, crc)
@@ -129,8 +135,8 @@ class Replay:
             items = out
         else:
             return None
-        addrs = self._addresses(items, True)
-        if addrs is None:
+        found = self._addresses(items, True)
+        if found is None:
             return None
         hl = self.header_len
         codes = np.frombuffer(frame, self.codes_dtype, self.count, hl)
@@ -140,13 +146,24 @@ class Replay:
             from codec.payloadcheck import PayloadCheck
 
             check = PayloadCheck(memoryview(frame)[hl:], _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0])
-        if items:
-            self.codec.value.write_at(codes, addrs, self.starts, items[0].reshape(-1), SET, check)
+        addrs, views = found
+        if views:
+            self.codec.value.write_at(codes, addrs, self.starts, views[0].reshape(-1), SET, check)
         if check is not None:
-            check.verify(items)  # NaN in the outputs, then CorruptFrameError, on a damaged payload
+            check.verify(views)  # NaN in the outputs, then CorruptFrameError, on a damaged payload
         if out is not None:
             return out
         return items if self.names is None else dict(zip(self.names, items))
+
+
+def _torch_view(x):
+    """The NumPy view of a contiguous CPU torch tensor (:func:`codec.dtypes.torch_view`), or
+    None for anything else (the general path then takes it)."""
+    if not type(x).__module__.startswith("torch") or x.device.type != "cpu" or not x.is_contiguous():
+        return None
+    from codec.dtypes import torch_view
+
+    return torch_view(x, "x")
 
 
 def _c_strides(shape, itemsize: int) -> tuple:

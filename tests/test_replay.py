@@ -176,3 +176,21 @@ def test_only_one_run_of_codes_is_learned():
     frame = hashed.encode_many(ts, layout="hash")
     assert not hashed.__dict__.get("_replays")
     np.testing.assert_array_equal(hashed.decode_many(frame, layout=codec.Layout.of(list(ts.values()), list(ts)))["t3"], codec.decode_many(hashed.encode_many(ts))["t3"])
+
+
+def test_cpu_torch_tensors_are_replayed_through_their_numpy_views(no_general):
+    torch = pytest.importorskip("torch")
+    c = codec.Codec("bf16")
+    first, second = tensors(seed=2), tensors(seed=3)
+    c.encode_many({k: torch.from_numpy(v) for k, v in first.items()})  # learned from torch tensors
+    frame = c.encode_many(first)
+    c.decode_many(frame, out={k: torch.from_numpy(np.empty_like(v)) for k, v in first.items()})
+    expect = general("bf16", second)
+    ref = codec.decode_many(expect)
+    no_general()
+    grads = {k: torch.from_numpy(v).requires_grad_(v.size > 0) for k, v in second.items()}
+    assert c.encode_many(grads) == expect
+    out = {k: torch.empty(v.shape, dtype=torch.float32) for k, v in second.items()}
+    assert c.decode_many(expect, out=out) is out
+    for k in second:
+        np.testing.assert_array_equal(out[k].numpy(), ref[k])
