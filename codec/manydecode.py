@@ -39,19 +39,32 @@ def _targets(c, mf, out, *, add: bool) -> list:
         if set(out) != set(names):
             missing, extra = sorted(set(names) - set(out)), sorted(set(out) - set(names))
             raise CodecValueError(f"out: must hold exactly the frame's tensors (missing {missing}, not in the frame {extra})")
-        items = [(f"out[{k!r}]", out[k]) for k in names]
+        keys, arrays = names, [out[k] for k in names]
     elif isinstance(out, (list, tuple)):
         if len(out) != count:
             raise CodecValueError(f"out: {len(out)} arrays for a frame of {count} tensors")
-        items = [(f"out[{i}]", a) for i, a in enumerate(out)]
+        keys, arrays = range(count), list(out)
     else:
         raise CodecTypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
     lay = mf.layout
     from codec import device
 
-    if device.many_on_device(c.stages, [a for _, a in items], "out"):  # decoding writes on the device
-        return [device.checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
-    return [checked_out(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=where) for i, (where, a) in enumerate(items)]
+    check = device.checked_out if device.many_on_device(c.stages, arrays, "out") else checked_out  # (device arrays: decoding writes on the device)
+    # each array's name for an error (out['w'] or out[3]) is formed only when it is refused
+    return [check(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=_Named(k)) for i, (k, a) in enumerate(zip(keys, arrays))]
+
+
+class _Named:
+    """How an error names ``out``'s array under key ``k`` (``out['w']``, ``out[3]``): formed
+    when a check fails and formats it, not for every array of every decode."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __str__(self) -> str:
+        return f"out[{self.key!r}]"
 
 
 def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False, check=None) -> np.ndarray:
