@@ -76,25 +76,39 @@ def narrow8(typingctx, src, i, dst):
     return types.boolean(src, i, dst), codegen
 
 
+def _widen(context, builder, sig, args, mode):
+    """The code of :func:`widen8` (``mode`` SET, ADD or SUB) and :func:`widen8_stream`
+    (``mode`` None: SET with a streaming store): the eight codes' values written, unless one
+    of them is special; returns that test."""
+    lanes = ir.VectorType(ir.IntType(16), LANES)
+    raw = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], lanes), align=1)
+    exp = ir.Constant(lanes, [0x7C00] * LANES)
+    special = _any(builder, builder.icmp_unsigned("==", builder.and_(raw, exp), exp))
+    with builder.if_then(builder.not_(special), likely=True):
+        vals = ir.VectorType(context.get_value_type(sig.args[2].dtype), LANES)
+        v = builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), LANES)), vals)
+        where = lanes_at(context, builder, sig.args[2], args[2], args[1], vals)
+        if mode is None:
+            store_nt(builder, v, where)
+        else:
+            if mode != SET:
+                old = builder.load(where, align=1)
+                v = builder.fadd(old, v) if mode == ADD else builder.fsub(old, v)
+            builder.store(v, where, align=1)
+    return special
+
+
+def _widen_types(src, i, dst) -> bool:
+    return u16_array(src) and isinstance(dst, types.Array) and dst.dtype in (types.float32, types.float64) and isinstance(i, types.Integer)
+
+
 @intrinsic
 def widen8_stream(typingctx, src, i, dst):
     """``dst[i:i+8] = value(fp16 codes src[i:i+8])`` as :func:`widen8` in SET mode, with
     streaming stores (``&dst[i]`` aligned to ``_stream.ALIGN``: :mod:`codec.kernels.cpu._stream`)."""
-    if not (u16_array(src) and isinstance(dst, types.Array) and dst.dtype in (types.float32, types.float64) and isinstance(i, types.Integer)):
+    if not _widen_types(src, i, dst):
         return None
-
-    def codegen(context, builder, sig, args):
-        lanes = ir.VectorType(ir.IntType(16), LANES)
-        raw = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], lanes), align=1)
-        exp = ir.Constant(lanes, [0x7C00] * LANES)
-        special = _any(builder, builder.icmp_unsigned("==", builder.and_(raw, exp), exp))
-        with builder.if_then(builder.not_(special), likely=True):
-            vals = ir.VectorType(context.get_value_type(sig.args[2].dtype), LANES)
-            v = builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), LANES)), vals)
-            store_nt(builder, v, lanes_at(context, builder, sig.args[2], args[2], args[1], vals))
-        return special
-
-    return types.boolean(src, i, dst), codegen
+    return types.boolean(src, i, dst), lambda context, builder, sig, args: _widen(context, builder, sig, args, None)
 
 
 @intrinsic
@@ -102,28 +116,9 @@ def widen8(typingctx, src, i, dst, mode):
     """``dst[i:i+8] (=|+=|-=) value(fp16 codes src[i:i+8])`` into float32/float64 ``dst``
     (``mode`` a literal SET, ADD or SUB), unless one of the codes is an infinity or a NaN:
     then nothing is written and the result is True."""
-    if not (u16_array(src) and isinstance(dst, types.Array) and dst.dtype in (types.float32, types.float64) and isinstance(i, types.Integer)):
+    if not (_widen_types(src, i, dst) and isinstance(mode, types.IntegerLiteral)):
         return None
-    if not isinstance(mode, types.IntegerLiteral):
-        return None
-
-    def codegen(context, builder, sig, args):
-        lanes = ir.VectorType(ir.IntType(16), LANES)
-        raw = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], lanes), align=1)
-        exp = ir.Constant(lanes, [0x7C00] * LANES)
-        special = _any(builder, builder.icmp_unsigned("==", builder.and_(raw, exp), exp))
-        with builder.if_then(builder.not_(special), likely=True):
-            vals = ir.VectorType(context.get_value_type(sig.args[2].dtype), LANES)
-            v = builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), LANES)), vals)
-            where = lanes_at(context, builder, sig.args[2], args[2], args[1], vals)
-            m = sig.args[3].literal_value
-            if m != SET:
-                old = builder.load(where, align=1)
-                v = builder.fadd(old, v) if m == ADD else builder.fsub(old, v)
-            builder.store(v, where, align=1)
-        return special
-
-    return types.boolean(src, i, dst, mode), codegen
+    return types.boolean(src, i, dst, mode), lambda context, builder, sig, args: _widen(context, builder, sig, args, sig.args[3].literal_value)
 
 
 @intrinsic
