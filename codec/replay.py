@@ -53,9 +53,9 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos")
 
-    def __init__(self, codec, frame, mf, codes_dtype):
+    def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
 
         lay = mf.layout
@@ -72,6 +72,8 @@ class Replay:
         self.starts = readonly(offsets(self.sizes))
         self.codes_dtype = codes_dtype
         self.count = sum(self.sizes)
+        #: a quantizer's run (``codes_dtype`` None): every tensor's section infos, for ``read_run``
+        self.infos = mf.tensor_sections if codes_dtype is None else None
 
     def _addresses(self, arrays, write: bool):
         """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``
@@ -138,6 +140,8 @@ class Replay:
         found = self._addresses(items, True)
         if found is None:
             return None
+        if self.infos is not None:
+            return self._decode_run(frame, out, items, found[1])
         hl = self.header_len
         codes = np.frombuffer(frame, self.codes_dtype, self.count, hl)
         codes.flags.writeable = False  # (a bytearray's view: kernels take every input read-only)
@@ -151,6 +155,32 @@ class Replay:
             self.codec.value.write_at(codes, addrs, self.starts, views[0].reshape(-1), SET, check)
         if check is not None:
             check.verify(views)  # NaN in the outputs, then CorruptFrameError, on a damaged payload
+        if out is not None:
+            return out
+        return items if self.names is None else dict(zip(self.names, items))
+
+
+    def _decode_run(self, frame, out, items, views):
+        """:meth:`decode` of a quantizer's run: the payload's CRC-32C first (a quantizer's
+        kernel does not form it), the run read at once (:meth:`codec.stage.Value.read_run`,
+        which checks every section) and decoded into each array where it lies
+        (``write_segments``); None where the general path would take another road (a section
+        refused, which it names; a run its kernel does not write directly)."""
+        from codec.checksum import crc32c
+        from codec.errors import CorruptFrameError
+
+        hl = self.header_len
+        payload = np.frombuffer(frame, np.uint8, self.size - hl, hl)
+        payload.flags.writeable = False
+        if self.crc and crc32c(payload) != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
+            return None
+        value = self.codec.value
+        try:
+            run = value.read_run(payload, self.infos, self.sizes, self.dtype)
+        except CorruptFrameError:
+            return None
+        if run is None or not value.write_segments(run, [v.reshape(-1) for v in views], SET):
+            return None
         if out is not None:
             return out
         return items if self.names is None else dict(zip(self.names, items))
@@ -243,7 +273,7 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
             break
     else:
         return None
-    if codec is not None and codec.codec_id != plan.codec.codec_id:
+    if codec is not None and codec is not plan.codec and codec.spec != plan.codec.spec:  # (another codec decodes through the general path, as it did)
         return None
     if max_elements is not None and not (type(max_elements) is int and plan.count <= max_elements):
         return None
@@ -253,10 +283,22 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
     return plan.decode(frame, out)
 
 
+def reads_as_run(c) -> bool:
+    """Whether the codec ``c`` decodes a many-tensor frame as one run of its value stage: a
+    quantizer alone that reads runs (``run_bits``: qsgd, minmax, fp8, rangefloat), no select,
+    transform or byte stage.  Its frames' headers are the layout's too (each tensor's
+    sections' counts and widths follow from its size), so its decoding is replayed; its
+    encoding is not (``Value.encode_run`` runs through the general path)."""
+    if c.select is not None or c.transform is not None or c.post or c.value.elementwise:
+        return False
+    bits = getattr(c.value, "run_bits", None)
+    return bits is not None and bits() is not None
+
+
 def learn_decode(c, frame, mf) -> None:
     """After the general path decoded ``frame`` (parsed: ``mf``, made by the codec ``c``):
     keep the plan of its header when its tensors can be replayed."""
-    if type(frame) not in (bytes, bytearray) or not replayable(c):
+    if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c)):
         return
     plans = _DECODES.get(len(frame), [])
     if any(frame.startswith(p.prefix) for p in plans):
@@ -279,6 +321,19 @@ def _learned(c, frame, mf=None) -> Replay | None:
         return None
     if not len(lay) or len(set(lay.dtypes)) != 1 or lay.dtypes[0] not in (np.float32, np.float64):
         return None
+    if not c.elementwise:  # a quantizer's run: every section raw, and read_run takes them
+        if any(sec.encoding != Encoding.RAW for secs in mf.tensor_sections for sec in secs):
+            return None
+        payload = np.frombuffer(frame, np.uint8, len(frame) - mf.header_len, mf.header_len)
+        payload.flags.writeable = False
+        from codec.errors import CorruptFrameError
+
+        try:
+            if c.value.read_run(payload, mf.tensor_sections, list(lay.sizes), lay.dtypes[0]) is None:
+                return None
+        except CorruptFrameError:
+            return None
+        return Replay(c, frame, mf)
     at = 0
     for secs, n in zip(mf.tensor_sections, lay.sizes):
         if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].count != n or secs[0].offset != at or secs[0].raw_len != secs[0].stored_len:

@@ -194,3 +194,26 @@ def test_cpu_torch_tensors_are_replayed_through_their_numpy_views(no_general):
     assert c.decode_many(expect, out=out) is out
     for k in second:
         np.testing.assert_array_equal(out[k].numpy(), ref[k])
+
+
+@pytest.mark.parametrize("spec", ["qsgd(levels=16)", "minmax(bits=4)", "fp8", "rangefloat"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_quantizers_run_is_replayed_on_decode(spec, dtype, no_general):
+    """A quantizer's frame (its header the layout's) decodes as one run: read_run, then
+    write_segments into each array, the values the general path gives; a damaged payload
+    goes back to the general path, which refuses it."""
+    c = codec.Codec(spec)
+    c.decode_many(c.encode_many(tensors(dtype, 4)))  # learned
+    frame = general(spec, tensors(dtype, 5))
+    ref = codec.Codec(spec).decode_many(frame)
+    damaged = bytearray(frame)
+    damaged[-1] ^= 0x01
+    with pytest.raises(CorruptFrameError, match="payload checksum"):
+        codec.decode_many(bytes(damaged))
+    no_general()
+    got = c.decode_many(frame)
+    out = [np.full_like(v, np.nan) for v in ref.values()]
+    assert codec.decode_many(frame, out=out) is out
+    for k, a in zip(ref, out):
+        np.testing.assert_array_equal(got[k], ref[k])
+        np.testing.assert_array_equal(a, ref[k])
