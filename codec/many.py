@@ -138,7 +138,7 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
     frame = encode_step(c, arrays, lay, layout, dest, ctxs=ctxs)
     if plain:
-        replay.learn_encode(c, tensors, layout, arrays, frame)
+        replay.learn_encode(c, tensors, layout, names, arrays, frame)
     return frame
 
 

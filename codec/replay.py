@@ -5,19 +5,23 @@ A training loop calls ``encode_many`` and ``decode_many`` on the same tensors ev
 For an elementwise codec whose value stage codes a run where its tensors lie
 (:attr:`codec.stage.Value.segmented`: fp16 and bf16), one section of codes per tensor, no
 byte stage, everything in the frame but the codes and the payload's CRC-32C is the layout's:
-the header, the table, each tensor's place in the payload.  :class:`Replay` records that
-from a frame the general path made (``learn_encode``, ``learn_decode``); a later call that
-matches it is one kernel call over every tensor:
+the header, the table, each tensor's place in the payload; so is a quantizer's header
+(:func:`reads_as_run`: each tensor's section counts and widths follow from its size).
+:class:`Replay` records that from a frame the general path made (``learn_encode``,
+``learn_decode``); a later call that matches it is one kernel call over every tensor:
 
-* ``encode``: same codec, layout form, names (or count) and, per tensor, a plain
-  C-contiguous aligned host ``ndarray`` of the recorded shape and dtype; the codes written
-  straight into a new frame by the value stage's ``encode_segments`` (checksummed as they
-  are written), then the recorded header with the new CRCs.
+* ``encode`` (fp16, bf16): same codec, layout form, names (or count) and, per tensor, a
+  plain C-contiguous aligned host ``ndarray`` (or contiguous CPU torch tensor) of the
+  recorded shape and dtype; the codes written straight into a new frame from where each
+  tensor lies (``encode_at``, checksummed as they are written), then the recorded header
+  with the new CRCs.
 * ``decode``: a ``bytes``/``bytearray`` frame of the recorded length whose header (every
   byte before the payload CRC) is the recorded one and whose header CRC holds, so parsing it
-  would give the recorded frame again; the codes decoded by the value stage's
-  ``write_segments`` into the caller's arrays (checked as ``decode_many`` checks them) or new
-  ones, the payload CRC-32C verified in the same pass (:class:`codec.payloadcheck.PayloadCheck`).
+  would give the recorded frame again; fp16/bf16 codes decoded by ``write_at`` into the
+  caller's arrays (checked as ``decode_many`` checks them) or new ones, the payload CRC-32C
+  verified in the same pass (:class:`codec.payloadcheck.PayloadCheck`); a quantizer's run
+  checked, read at once (``read_run``) and written where each array lies
+  (``write_segments``).
 
 Nothing else changes: the frame is byte for byte the general path's (a plan is kept only if
 its frame of the tensors it was learned from equals the general path's), and whatever a plan
@@ -38,7 +42,7 @@ from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, F
 from codec.modes import SET
 from codec.section import Encoding
 
-__all__ = ["Replay", "decode", "encode", "learn_decode", "learn_encode", "replayable"]
+__all__ = ["Replay", "decode", "encode", "learn_decode", "learn_encode", "reads_as_run", "replayable"]
 
 #: plans kept per codec (encoding) and in all (decoding); the oldest goes first
 KEEP = 8
@@ -51,7 +55,7 @@ class Replay:
     the header bytes before the payload CRC (``prefix``), the header's and the frame's
     lengths, whether the payload carries a CRC-32C, the tensors' names, shapes, sizes,
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
-    codes."""
+    codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
     __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos")
 
@@ -244,13 +248,16 @@ def encode(c, tensors, form: str) -> bytes | None:
     return entry[1].encode(values)
 
 
-def learn_encode(c, tensors, form: str, arrays, frame) -> None:
-    """After the general path framed ``tensors`` (a plain ``encode_many`` call; ``arrays``
-    their host or device arrays as it took them) into ``frame``: keep the plan of their layout
-    (the latest layout under their names wins) when the codec's steps can be replayed and the
-    plan gives the same bytes."""
+def learn_encode(c, tensors, form: str, names, arrays, frame) -> None:
+    """After the general path framed ``tensors`` (a plain ``encode_many`` call; ``names``
+    and ``arrays`` as it took them) into ``frame``: keep the plan of their layout (the latest
+    layout under their names wins) when the codec's steps can be replayed and the plan gives
+    the same bytes.  A list of ``(name, array)`` pairs is not learned: its key (the count)
+    is a list of arrays' too, whose frame names nothing."""
     key, _ = _encode_key(tensors, form)
     if key is None or form != "table" or not replayable(c):  # (the hash form: its decoding needs the layout given)
+        return
+    if type(tensors) is not dict and names is not None:
         return
     plans = c.__dict__.setdefault("_replays", {})
     sig = tuple((a.shape, a.dtype) for a in arrays)

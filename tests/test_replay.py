@@ -111,6 +111,15 @@ def test_what_a_plan_does_not_match_runs_the_general_path():
         many.prepared = saved
 
 
+def test_a_list_of_pairs_and_a_list_of_arrays_keep_their_own_frames():
+    c = codec.Codec("fp16")
+    ts = tensors()
+    pairs, arrays = list(ts.items()), list(ts.values())
+    for _ in range(2):
+        assert c.encode_many(pairs) == general("fp16", ts)  # named
+        assert c.encode_many(arrays) == general("fp16", arrays)  # not named
+
+
 def test_a_refused_value_is_named_by_the_general_path():
     c = codec.Codec("fp16")
     ts = tensors()
