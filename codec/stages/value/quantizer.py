@@ -10,7 +10,6 @@ for value ``i`` of block ``b``, computed in float64 and rounded once to the arra
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -89,14 +88,17 @@ class Dequant:
     #: window below float64's normal range in a frame that also holds one near its top:
     #: rangefloat's ``_exact_factors``); None when one pass decodes every block
     rescue: tuple | None = None
+    #: :attr:`top` once computed
+    _top: float | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
-    @functools.cached_property
+    @property
     def top(self) -> float:
         """:func:`largest` of this payload (0 for no codes); computed once (a pass over the
-        scales: a run's write asks it for every tensor's array)."""
-        if not self.count:
-            return 0.0
-        return largest(self.lut_top if self.lut_top is not None else float(np.abs(self.lut).max(initial=0.0)), self.scale, self.offset)
+        scales: a run's write asks it for every tensor's array; a plain attribute, as
+        ``functools.cached_property`` takes a lock on every read in Python 3.11)."""
+        if self._top is None:
+            self._top = 0.0 if not self.count else largest(self.lut_top if self.lut_top is not None else float(np.abs(self.lut).max(initial=0.0)), self.scale, self.offset)
+        return self._top
 
 
 class Quantizer(Value):
