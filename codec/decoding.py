@@ -48,15 +48,11 @@ def decode_many(frame, out=None, *, layout=None, max_elements=None, like=None):
     ``max_elements`` bounds the sum of the tensors' element counts.  Every section of every
     tensor is checked before any output is allocated.  ``like``: the new arrays are of its
     kind, as for :func:`decode` (CPU torch tensors; device arrays on its device)."""
-    if layout is None:
-        got = replay.decode(frame, out, None, like, max_elements)  # a header decoded before (codec.replay)
-        if got is not None:
-            return got
-    mf = parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")  # checked as it is decoded
-    c = codec_of(mf)
-    got = manydecode.decode(c, mf, out, like=like)
-    replay.learn_decode(c, frame, mf)
-    return got
+    def parsed():
+        mf = parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")  # checked as it is decoded
+        return codec_of(mf), mf
+
+    return replay.decode_many(frame, out, parsed, layout=layout, max_elements=max_elements, like=like)  # a header decoded before: replayed (codec.replay)
 
 
 def decode_sparse_many(frame, *, layout=None, max_elements=None) -> list:

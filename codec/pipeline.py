@@ -210,14 +210,8 @@ class Codec:
 
     def decode_many(self, frame, out=None, *, layout=None, max_elements=None, like=None):
         """:func:`codec.decode_many`, checking that the frame was made by this codec."""
-        if layout is None:
-            got = replay.decode(frame, out, self, like, max_elements)
-            if got is not None:
-                return got
-        mf = self._same(parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer"))
-        got = manydecode.decode(self, mf, out, like=like)
-        replay.learn_decode(self, frame, mf)
-        return got
+        parsed = lambda: (self, self._same(parse_many(frame, layout=layout, max_elements=max_elements, verify_payload="defer")))  # noqa: E731
+        return replay.decode_many(frame, out, parsed, codec=self, layout=layout, max_elements=max_elements, like=like)
 
     def decode_sparse_many(self, frame, *, layout=None, max_elements=None) -> list:
         """:func:`codec.decode_sparse_many`, checking that the frame was made by this codec."""

@@ -36,13 +36,14 @@ import zlib
 
 import numpy as np
 
+from codec import manydecode
 from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
 from codec.framebuffer import new_bytes
 from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
 from codec.modes import SET
 from codec.section import Encoding
 
-__all__ = ["Replay", "decode", "encode", "learn_decode", "learn_encode", "reads_as_run", "replayable"]
+__all__ = ["Replay", "decode", "decode_many", "encode", "learn_decode", "learn_encode", "reads_as_run", "replayable"]
 
 #: plans kept per codec (encoding) and in all (decoding); the oldest goes first
 KEEP = 8
@@ -159,9 +160,7 @@ class Replay:
             self.codec.value.write_at(codes, addrs, self.starts, views[0].reshape(-1), SET, check)
         if check is not None:
             check.verify(views)  # NaN in the outputs, then CorruptFrameError, on a damaged payload
-        if out is not None:
-            return out
-        return items if self.names is None else dict(zip(self.names, items))
+        return self._result(out, items)
 
 
     def _decode_run(self, frame, out, items, views):
@@ -185,6 +184,11 @@ class Replay:
             return None
         if run is None or not value.write_segments(run, [v.reshape(-1) for v in views], SET):
             return None
+        return self._result(out, items)
+
+    def _result(self, out, items):
+        """What ``decode_many`` returns: ``out`` given, else the new arrays (a dict when the
+        frame names its tensors)."""
         if out is not None:
             return out
         return items if self.names is None else dict(zip(self.names, items))
@@ -265,6 +269,22 @@ def learn_encode(c, tensors, form: str, names, arrays, frame) -> None:
         return
     plan = _learned(c, frame)
     _remember(plans, key, (sig, plan if plan is not None and plan.encode(arrays) == frame else None))
+
+
+def decode_many(frame, out, parsed, *, codec=None, layout=None, max_elements=None, like=None):
+    """``decode_many(frame, out)`` for both entry points (``codec.decode_many``,
+    ``Codec.decode_many``, whose ``codec`` the frame must be): replayed when a learned header
+    matches (no ``layout`` given), else ``parsed()`` (the codec and the parsed frame, checked
+    as the caller checks them) decoded by the general path (:func:`codec.manydecode.decode`)
+    and its header learned."""
+    if layout is None:
+        got = decode(frame, out, codec, like, max_elements)
+        if got is not None:
+            return got
+    c, mf = parsed()
+    got = manydecode.decode(c, mf, out, like=like)
+    learn_decode(c, frame, mf)
+    return got
 
 
 def decode(frame, out, codec=None, like=None, max_elements=None):
