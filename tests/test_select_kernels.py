@@ -267,31 +267,25 @@ def test_dgc_segments_match_numpy(S, kind, dtype, ratio, sample):
     assert bad.tolist() == [0, 1, 0]
 
 
-@pytest.mark.parametrize("kernel", ["random_positions_segments", "random_positions_run"])
-def test_random_positions_segments_match_numpy(R, kernel):
+def test_random_positions_segments_match_numpy(R):
     """Each segment draws its own positions from its own (seed, key, step), exactly as the
-    reference draws them for that tensor alone (sizes 1, 2, odd, a power of two, large; k
-    from 0 to n): sorted by ``random_positions_segments``; in draw order by
-    ``random_positions_run`` (each tensor's own ``random_positions``), whose chunks of the
-    output cross segments (a segment of more than a chunk, and one across a chunk's end)."""
+    reference draws them for that tensor alone, sorted (sizes 1, 2, odd, a power of two,
+    large; k from 0 to n; drawn with and without the tabulated rounds, sorted through a bitmap
+    and by Numba's sort): the draw's chunks of the output cross segments (a segment of more
+    than a chunk, and one across a chunk's end)."""
     from codec.layout import feistel_half
     from reference.sparse import key_hash, randomk_positions
 
-    cases = [(1, 1), (2, 1), (2, 2), (7, 3), (64, 64), (1000, 10), (4097, 500), (CHUNK + 3, 700), (5, 0), (9, 9), (3 * CHUNK + 5, CHUNK + 7), (1, 1), (300, 299)]
-    keys = ["a", 3, None, "w.bias", 0, "x", "y", 17, "z", "q", "big", "one", "last"]
-    steps = [0, 1, 5, 2**40, 7, 0, 3, 9, 1, 2, 4, 6, 8]
+    cases = [(1, 1), (2, 1), (2, 2), (7, 3), (64, 64), (1000, 10), (100_000, 3), (4097, 500), (CHUNK + 3, 700), (5, 0), (9, 9), (3 * CHUNK + 5, CHUNK + 7), (1, 1), (300, 299)]
+    keys = ["a", 3, None, "w.bias", 0, "x", "sparse", "y", 17, "z", "q", "big", "one", "last"]
+    steps = [0, 1, 5, 2**40, 7, 0, 12, 3, 9, 1, 2, 4, 6, 8]
     sizes = np.array([n for n, _ in cases], np.int64)
     kstarts = np.concatenate([[0], np.cumsum([k for _, k in cases])]).astype(np.int64)
     out = np.full(int(kstarts[-1]), -1, np.int64)
     u64 = np.uint64
-    getattr(R, kernel)(out, kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64))
+    R.random_positions_segments(out, kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64))
     for t, ((n, k), key, step) in enumerate(zip(cases, keys, steps)):
         got = out[kstarts[t] : kstarts[t + 1]]
-        if kernel == "random_positions_run" and n > 1:
-            alone = np.empty(k, np.int64)
-            R.random_positions(alone, u64(11), u64(key_hash(key)), u64(step), u64(feistel_half(n)), n)
-            assert np.array_equal(got, alone), (n, k)  # in draw order
-            got = np.sort(got)
         assert np.array_equal(got, randomk_positions(n, k, 11, key, step)), (n, k)
 
 

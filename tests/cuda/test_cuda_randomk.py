@@ -43,10 +43,9 @@ def test_segments():
     seeds = np.full(ks.size, 9, np.uint64)
     khashes = np.arange(ks.size, dtype=np.uint64) * U(0x9E3779B97F4A7C15)
     steps = np.array([0, 1, 2, 3, 4, 5, 1 << 40], np.uint64)
-    for kernel in ("random_positions_segments", "random_positions_run"):
-        want = np.empty(int(kstarts[-1]), np.int64)
-        getattr(C, kernel)(want, kstarts, sizes, seeds, khashes, steps)
-        for out in (np.empty_like(want), cuda.device_array(want.size, np.int64)):
-            getattr(G, kernel)(out, kstarts, sizes, seeds, khashes, steps)
-            got = out if isinstance(out, np.ndarray) else out.copy_to_host()
-            assert np.array_equal(got, want), kernel
+    want = np.empty(int(kstarts[-1]), np.int64)
+    C.random_positions_segments(want, kstarts, sizes, seeds, khashes, steps)
+    for out in (np.empty_like(want), cuda.device_array(want.size, np.int64)):
+        G.random_positions_segments(out, kstarts, sizes, seeds, khashes, steps)
+        got = out if isinstance(out, np.ndarray) else out.copy_to_host()
+        assert np.array_equal(got, want)

@@ -1,8 +1,9 @@
 """CUDA twin of ``codec/kernels/cpu/randomk.py``: random-k's positions drawn on the device.
 
 A position is the image of its index under the keyed Feistel permutation, the CPU file's own
-``_permute`` compiled again as a device function (the ``rng`` twin's ``mix`` and ``stream``
-bound in), so each value is the CPU's by construction.  The frame codes them sorted; instead
+``_permute`` and ``_round`` compiled again as device functions (the ``rng`` twin's ``mix``
+and ``stream`` bound in), so each value is the CPU's by construction (the CPU's tabulated
+rounds are the same values, read from a table).  The frame codes them sorted; instead
 of a device sort, the drawn positions are marked in a bitmap of the ``n`` positions (an
 atomic OR per draw: they are distinct) and read back in order by the ``index`` twin's
 ``bitmap_count`` / ``bitmap_decode``.  A run of tensors marks one bitmap over their
@@ -31,7 +32,7 @@ def _offsets(counts):
     np.cumsum(counts, out=out[1:])
     return out
 
-_permute = device_functions(_cpu, ["_permute"], extra={"mix": rng.mix, **_common.MATH})["_permute"]
+_permute = device_functions(_cpu, ["_round", "_permute"], extra={"mix": rng.mix, **_common.MATH})["_permute"]
 
 
 @jit
@@ -112,22 +113,6 @@ def sorted_positions(out, seed, khash, step, half, n):
         words = _bitmap(n)
         _mark[launch(out.size)](words, 0, _stream(seed, khash, step), half, n, out.size)
         _read_marked(words, n, o)
-    res.done()
-
-
-def random_positions_run(out, kstarts, sizes, seeds, khashes, steps):
-    """The CPU kernel's ``random_positions_run`` (each segment's positions in draw order):
-    each segment drawn by :func:`random_positions`' launch on its view of ``out``."""
-    res = Results()
-    o = res(out)
-    for s, m in enumerate(np.asarray(sizes, np.int64).tolist()):
-        a, b = int(kstarts[s]), int(kstarts[s + 1])
-        if b <= a:
-            continue
-        if m == 1:
-            zero[launch(b - a)](o[a:b])
-        else:
-            _draw[launch(b - a)](o[a:b], _stream(seeds[s], khashes[s], steps[s]), np.uint64(feistel_half(m)), m)
     res.done()
 
 

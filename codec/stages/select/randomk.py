@@ -169,26 +169,12 @@ class RandomK(Select):
             memo[w] if w in memo else memo.setdefault(w, self._checked_k(*w))
             for w in zip(keys[:, 0].tolist(), keys[:, 1].tolist(), list(sizes), room.tolist())
         ], np.int64)
-        from codec.runs import RUNS
-
-        # a tensor larger than a run's is drawn by (tensor, chunk) rows, all of them in one
-        # parallel call, then sorted by NumPy: a segment of random_positions_segments is one
-        # thread and sorts with Numba's (ResNet-50's decode ran 11.6 -> 21.4 ms with every
-        # tensor in that call)
-        sizes = np.asarray(sizes, np.int64)
-        big = sizes > RUNS.each
-        seeds, khashes, steps = keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy()
-        out = []
-        for part, draw in ((~big, "random_positions_segments"), (big, "random_positions_run")):
-            kstarts = offsets(np.where(part, ks, 0))
-            pos = np.empty(int(kstarts[-1]), np.int64)
-            if pos.size:
-                getattr(backend("randomk", pos), draw)(pos, kstarts, sizes, seeds, khashes, steps)
-            o = kstarts.tolist()
-            out.append([pos[o[t] : o[t + 1]] for t in range(ks.size)])
-        for t in np.flatnonzero(big).tolist():
-            out[1][t].sort()
-        return [b if big[t] else a for t, (a, b) in enumerate(zip(*out))]
+        kstarts = offsets(ks)
+        pos = np.empty(int(kstarts[-1]), np.int64)
+        if pos.size:
+            backend("randomk", pos).random_positions_segments(pos, kstarts, np.asarray(sizes, np.int64), keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy())
+        o = kstarts.tolist()
+        return [pos[o[t] : o[t + 1]] for t in range(ks.size)]
 
     def _checked_k(self, seed: int, step: int, n: int, room: int) -> int:
         """How many positions a frame of ``n`` elements keyed by (seed, step) keeps, after
