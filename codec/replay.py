@@ -22,6 +22,10 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   verified in the same pass (:class:`codec.payloadcheck.PayloadCheck`); a quantizer's run
   checked, read at once (``read_run``) and written where each array lies
   (``write_segments``).
+* ``decode`` of a keyed sparse frame (random-k with its values as they are, :func:`keyed`:
+  a key and k values per tensor, k fixed by the size and step, so its header is the
+  layout's too): every key checked and every tensor's positions drawn at once
+  (``positions_at``), the kept values scattered with one ``scatter_segments`` call.
 
 Nothing else changes: the frame is byte for byte the general path's (a plan is kept only if
 its frame of the tensors it was learned from equals the general path's), and whatever a plan
@@ -43,7 +47,7 @@ from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, F
 from codec.modes import SET
 from codec.section import Encoding
 
-__all__ = ["Replay", "decode", "decode_many", "encode", "learn_decode", "learn_encode", "reads_as_run", "replayable"]
+__all__ = ["Replay", "decode", "decode_many", "encode", "keyed", "learn_decode", "learn_encode", "reads_as_run", "replayable"]
 
 #: plans kept per codec (encoding) and in all (decoding); the oldest goes first
 KEEP = 8
@@ -58,7 +62,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "bases", "keys", "kstarts")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -77,8 +81,20 @@ class Replay:
         self.starts = readonly(offsets(self.sizes))
         self.codes_dtype = codes_dtype
         self.count = sum(self.sizes)
-        #: a quantizer's run (``codes_dtype`` None): every tensor's section infos, for ``read_run``
+        #: a quantizer's run or a keyed sparse frame (``codes_dtype`` None): every tensor's
+        #: section infos, for ``read_run`` or ``positions_segments``
         self.infos = mf.tensor_sections if codes_dtype is None else None
+        #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, each
+        #: kept position's tensor start in the run (adds a tensor's positions to the run's),
+        #: and ``positions_at``'s key offsets, sizes and rooms
+        self.values = self.bases = self.keys = self.kstarts = None
+        if codes_dtype is None and codec.select is not None:
+            secs = mf.tensor_sections
+            self.values = [(s[1].offset, s[1].offset + s[1].raw_len) for s in secs]
+            self.kstarts = readonly(offsets([s[1].count for s in secs]))
+            self.bases = readonly(np.repeat(self.starts[:-1], np.diff(self.kstarts)))
+            room = codec.value.most_values(np.array([8 * s[1].raw_len for s in secs], np.int64))
+            self.keys = (readonly(np.array([s[0].offset for s in secs], np.int64)), readonly(np.array(self.sizes, np.int64)), readonly(room))
 
     def _addresses(self, arrays, write: bool):
         """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``
@@ -145,6 +161,8 @@ class Replay:
         found = self._addresses(items, True)
         if found is None:
             return None
+        if self.values is not None:
+            return self._decode_keyed(frame, out, items, found)
         if self.infos is not None:
             return self._decode_run(frame, out, items, found[1])
         hl = self.header_len
@@ -163,19 +181,56 @@ class Replay:
         return self._result(out, items)
 
 
+    def _payload(self, frame):
+        """The payload of ``frame`` (read-only), or None when its CRC-32C does not hold (the
+        general path then raises)."""
+        from codec.checksum import crc32c
+
+        hl = self.header_len
+        payload = np.frombuffer(frame, np.uint8, self.size - hl, hl)
+        payload.flags.writeable = False
+        if self.crc and crc32c(payload) != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
+            return None
+        return payload
+
+    def _decode_keyed(self, frame, out, items, found):
+        """:meth:`decode` of a keyed sparse frame (random-k with its values stored as they
+        are): the payload's CRC-32C first, every tensor's key read and checked and its
+        positions drawn at once (the stage's ``positions_at``), the kept values gathered from
+        their sections and scattered into each array where it lies with one
+        ``scatter_segments`` kernel call (each tensor's count of positions is the plan's: its
+        values sections' length); None where the general path would take another road (a key
+        it refuses and names)."""
+        from codec.errors import CorruptFrameError
+        from codec.kernels import backend
+
+        payload = self._payload(frame)
+        if payload is None:
+            return None
+        try:
+            positions, kstarts = self.codec.select.positions_at(payload, *self.keys)
+        except CorruptFrameError:
+            return None
+        if kstarts.tolist() != self.kstarts.tolist():
+            return None
+        kept = np.concatenate([payload[a:b] for a, b in self.values]).view(self.dtype)
+        positions += self.bases
+        addrs, views = found
+        kept.flags.writeable = positions.flags.writeable = False
+        if views:
+            backend("scatter", views[0]).scatter_segments(kept, positions, self.kstarts, addrs, self.starts, views[0].reshape(-1), SET)
+        return self._result(out, items)
+
     def _decode_run(self, frame, out, items, views):
         """:meth:`decode` of a quantizer's run: the payload's CRC-32C first (a quantizer's
         kernel does not form it), the run read at once (:meth:`codec.stage.Value.read_run`,
         which checks every section) and decoded into each array where it lies
         (``write_segments``); None where the general path would take another road (a section
         refused, which it names; a run its kernel does not write directly)."""
-        from codec.checksum import crc32c
         from codec.errors import CorruptFrameError
 
-        hl = self.header_len
-        payload = np.frombuffer(frame, np.uint8, self.size - hl, hl)
-        payload.flags.writeable = False
-        if self.crc and crc32c(payload) != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
+        payload = self._payload(frame)
+        if payload is None:
             return None
         value = self.codec.value
         try:
@@ -322,10 +377,17 @@ def reads_as_run(c) -> bool:
     return bits is not None and bits() is not None
 
 
+def keyed(c) -> bool:
+    """Whether the codec ``c`` is a keyed select stage (:attr:`codec.stage.Select.keyed`:
+    random-k) with its values stored as they are (``none``), no transform or byte stage: its
+    frames' headers are the layout's, so its decoding is replayed."""
+    return c.select is not None and c.select.keyed and c.value.name == "none" and c.transform is None and not c.post
+
+
 def learn_decode(c, frame, mf) -> None:
     """After the general path decoded ``frame`` (parsed: ``mf``, made by the codec ``c``):
     keep the plan of its header when its tensors can be replayed."""
-    if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c)):
+    if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c) or keyed(c)):
         return
     plans = _DECODES.get(len(frame), [])
     if any(frame.startswith(p.prefix) for p in plans):
@@ -348,6 +410,11 @@ def _learned(c, frame, mf=None) -> Replay | None:
         return None
     if not len(lay) or len(set(lay.dtypes)) != 1 or lay.dtypes[0] not in (np.float32, np.float64):
         return None
+    if keyed(c):  # a key then the values, raw, in the tensors' dtype
+        bits = lay.dtypes[0].itemsize * 8
+        if any(len(secs) != 2 or secs[1].encoding != Encoding.RAW or secs[1].bits != bits or secs[1].raw_len != secs[1].stored_len for secs in mf.tensor_sections):
+            return None
+        return Replay(c, frame, mf)
     if not c.elementwise:  # a quantizer's run: every section raw, and read_run takes them
         if any(sec.encoding != Encoding.RAW for secs in mf.tensor_sections for sec in secs):
             return None

@@ -226,3 +226,47 @@ def test_a_quantizers_run_is_replayed_on_decode(spec, dtype, no_general):
     for k, a in zip(ref, out):
         np.testing.assert_array_equal(got[k], ref[k])
         np.testing.assert_array_equal(a, ref[k])
+
+
+@pytest.mark.parametrize("spec", ["randomk(ratio=0.3)", "randomk(ratio=0.5,seed=9,scale=true)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general):
+    """Random-k's frame (a key and the values per tensor: its header the layout's) decodes as
+    one draw of every tensor's positions from its key (another step draws others) and one
+    scatter into each array, the values the general path gives; a damaged payload, or a key
+    the stage refuses, goes back to the general path, which names it."""
+    c = codec.Codec(spec)
+    c.decode_many(c.encode_many(tensors(dtype, 4)))  # learned at step 0
+    frame = codec.Codec(spec).encode_many(tensors(dtype, 5), step=7)
+    ref = codec.Codec(spec).decode_many(frame)
+    damaged = bytearray(frame)
+    damaged[-1] ^= 0x01
+    with pytest.raises(CorruptFrameError, match="payload checksum"):
+        codec.decode_many(bytes(damaged))
+    mf = codec.manyframe.parse_many(frame)
+    key = mf.header_len + mf.tensor_sections[3][0].offset  # tensor t3's (seed, step, khash)
+    wrong = bytearray(frame)
+    wrong[key + 8 : key + 16] = (1 << 63).to_bytes(8, "little")  # an impossible step
+    _rechecksum(wrong, mf.header_len)
+    with pytest.raises(CorruptFrameError, match="impossible step"):
+        codec.decode_many(bytes(wrong))
+    no_general()
+    got = c.decode_many(frame)
+    out = [np.full_like(v, np.nan) for v in ref.values()]
+    assert codec.decode_many(frame, out=out) is out
+    for k, a in zip(ref, out):
+        np.testing.assert_array_equal(got[k], ref[k])
+        np.testing.assert_array_equal(a, ref[k])
+    assert any(np.count_nonzero(v) for v in ref.values())
+
+
+def _rechecksum(frame: bytearray, header_len: int) -> None:
+    """Write the payload CRC-32C of ``frame`` again (and so the header's), as a frame
+    crafted with a valid checksum would carry it."""
+    from codec.checksum import crc32c
+    from codec.frame import _CRC
+
+    _CRC.pack_into(frame, header_len - 2 * _CRC.size, crc32c(bytes(frame[header_len:])))
+    import zlib
+
+    _CRC.pack_into(frame, header_len - _CRC.size, zlib.crc32(bytes(frame[: header_len - _CRC.size])))

@@ -25,6 +25,12 @@ class Select(Stage, kind_base=True):
     #: the stage sends changed values (randomk's n/k), so error feedback's residual at the
     #: sent positions is a rounding remainder, not 0, even with exact value coding
     scales_values: ClassVar[bool] = False
+    #: a tensor's sections are a key then its values, their sizes fixed by its size and the
+    #: step (random-k: positions drawn from the key, never sent), so a many-tensor frame's
+    #: header is its layout's (:mod:`codec.replay` replays its decoding); such a stage has
+    #: ``positions_at(data, at, sizes, room) -> (positions, kstarts)``: every tensor's
+    #: positions from its key at a known byte of the payload
+    keyed: ClassVar[bool] = False
 
     @abc.abstractmethod
     def select(self, values, ctx, sections, residual=None, out=None):

@@ -54,12 +54,13 @@ class Value(Stage, kind_base=True):
         ``ctx.step``, whatever the values (the array itself, or what a select or transform
         stage hands on: its :attr:`Bound.values`)."""
 
-    def most_values(self, bits: int) -> int:
+    def most_values(self, bits):
         """The most values that sections of ``bits`` raw bits in all can code in this stage's
         format: a bound a reader checks a count it did not read against (``randomk`` draws
         its positions from a key, so only the values' bits bound their number) before
         allocating anything of that size.  It must hold for every frame the stage writes; the
-        default assumes one bit per value at least."""
+        default assumes one bit per value at least.  ``bits`` may be an int64 array (one
+        bound per tensor of a frame): the bound is arithmetic on it."""
         return bits
 
     def written(self, payload, count: int, ctx) -> np.ndarray:

@@ -31,6 +31,11 @@ def k_of(ratio: float, n: int) -> int:
     return 0 if n == 0 else min(n, max(1, math.floor(ratio * n)))
 
 
+def ks_of(ratio: float, sizes: np.ndarray) -> np.ndarray:
+    """:func:`k_of` of each of ``sizes`` (int64, below 2**53): the same float64 product."""
+    return np.minimum(np.maximum(np.floor(ratio * sizes), 1), sizes).astype(np.int64)  # (0 stays 0: the cap)
+
+
 def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
     """Positions found by a chunked kernel, in increasing order (and their values when
     ``vdtype`` is given), where the kernel's buffers live.

@@ -7,13 +7,16 @@ import numpy as np
 
 from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
-from codec.stages.select.magnitude import k_of
+from codec.stages.select.magnitude import k_of, ks_of
 from codec.params import SEED, Param, ratio
 from codec.stage import Bound, Select, register
 from codec.streams import key_hash
 from codec.ops import offsets
 
 __all__ = ["RandomK", "key_hash", "positions"]
+
+#: the kind, width and count of a tensor's first section: its key (seed, step, key hash)
+_KEY = (SectionKind.INTS, 64, 3)
 
 
 def positions(n: int, k: int, seed: int, khash: int, step: int, device: bool = False) -> np.ndarray:
@@ -78,6 +81,7 @@ class RandomK(Select):
 
     name = "randomk"
     fuses_feedback = True
+    keyed = True
     devices = frozenset({"cpu", "cuda"})
     params = (
         ratio(0.01, "fraction kept, in (0, 1]"),
@@ -154,48 +158,63 @@ class RandomK(Select):
         """Every tensor's key section read and checked, and its positions drawn in one kernel
         call; None when a tensor's sections are not a key then values (read alone).
         ``value``: the value stage (its :meth:`~codec.stage.Value.most_values` bounds k)."""
-        from codec.kernels import backend
-
         at = np.empty(len(sizes), np.int64)
-        room = np.empty(len(sizes), np.int64)
+        bits = np.empty(len(sizes), np.int64)
         for t, secs in enumerate(sections):
-            if not secs or (secs[0].kind, secs[0].bits, secs[0].count) != (SectionKind.INTS, 64, 3):
+            if not secs or (secs[0].kind, secs[0].bits, secs[0].count) != _KEY:
                 return None
             at[t] = secs[0].offset
-            room[t] = _room(value, secs[1:])
+            bits[t] = 8 * sum(s.raw_len for s in secs[1:])
+        pos, kstarts = self.positions_at(data, at, np.asarray(sizes, np.int64), bits if value is None else value.most_values(bits))
+        o = kstarts.tolist()
+        return [pos[o[t] : o[t + 1]] for t in range(len(sizes))]
+
+    def positions_at(self, data, at, sizes, room):
+        """Every tensor's positions from its key at byte ``at[t]`` of ``data`` (tensor ``t``
+        of ``sizes[t]`` elements, its values sections coding ``room[t]`` values at most;
+        int64 arrays), checked (:meth:`_checked_ks`) and drawn with one kernel call:
+        ``(positions, kstarts)``, tensor ``t``'s sorted positions (from its own start) being
+        ``positions[kstarts[t]:kstarts[t+1]]``.  What :meth:`positions_segments` reads, for a
+        caller that knows where the keys are (:mod:`codec.replay`)."""
+        from codec.kernels import backend
+
         keys = data[at[:, None] + np.arange(24)].view("<u8")  # (seed, step, khash) per tensor
-        memo: dict = {}  # the tensors of a frame share their step: its k, once per size
-        ks = np.array([
-            memo[w] if w in memo else memo.setdefault(w, self._checked_k(*w))
-            for w in zip(keys[:, 0].tolist(), keys[:, 1].tolist(), list(sizes), room.tolist())
-        ], np.int64)
-        kstarts = offsets(ks)
+        steps = keys[:, 1].copy()
+        kstarts = offsets(self._checked_ks(keys[:, 0], steps, sizes, room))
         pos = np.empty(int(kstarts[-1]), np.int64)
         if pos.size:
-            backend("randomk", pos).random_positions_segments(pos, kstarts, np.asarray(sizes, np.int64), keys[:, 0].copy(), keys[:, 2].copy(), keys[:, 1].copy())
-        o = kstarts.tolist()
-        return [pos[o[t] : o[t + 1]] for t in range(ks.size)]
+            backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, keys[:, 0].copy(), keys[:, 2].copy(), steps)
+        return pos, kstarts
 
-    def _checked_k(self, seed: int, step: int, n: int, room: int) -> int:
-        """How many positions a frame of ``n`` elements keyed by (seed, step) keeps, after
-        the checks of :meth:`positions` (``room``: the most values its values sections can
-        code, :meth:`codec.stage.Value.most_values`)."""
-        if seed != self.seed:
-            raise CorruptFrameError(f"randomk frame records seed {seed}, its codec tag says {self.seed}")
-        if step >= 1 << 62:
-            raise CorruptFrameError(f"randomk frame records an impossible step {step}")
-        k = k_of(self.at("ratio", step), n)
-        if k > room:
-            raise CorruptFrameError(f"randomk frame keeps {k} of {n} elements but its values sections hold {room} values at most")
-        return k
+    def _checked_ks(self, seeds, steps, sizes, room) -> np.ndarray:
+        """How many positions each tensor of a frame keeps (``sizes[t]`` elements, keyed by
+        ``seeds[t]`` and ``steps[t]``, uint64), checked: the codec's seed, a possible step, and
+        no more than its values sections can code (``room[t]``,
+        :meth:`codec.stage.Value.most_values`); int64."""
+        seen, told = set(seeds.tolist()), set(steps.tolist())  # (lists: a frame has a few hundred tensors)
+        if seen != {self.seed} and seen:
+            raise CorruptFrameError(f"randomk frame records seed {min(seen - {self.seed})}, its codec tag says {self.seed}")
+        if told and max(told) >= 1 << 62:
+            raise CorruptFrameError(f"randomk frame records an impossible step {max(told)}")
+        if len(told) == 1:  # (a frame's tensors share their step)
+            ks = ks_of(self.at("ratio", told.pop()), sizes)
+        else:
+            ks = np.empty(sizes.size, np.int64)
+            for step in told:
+                at = steps == step
+                ks[at] = ks_of(self.at("ratio", step), sizes[at])
+        if np.count_nonzero(ks > room):
+            t = int(np.flatnonzero(ks > room)[0])
+            raise CorruptFrameError(f"randomk frame keeps {ks[t]} of {sizes[t]} elements but its values sections hold {room[t]} values at most")
+        return ks
 
     def positions(self, reader, ctx, known=None):
         info, raw = reader.take(SectionKind.INTS, bits=64, count=3)
         if known is not None:  # read and checked by positions_segments
             return known
-        seed, step, khash = (int(v) for v in raw.view("<u8"))
-        k = self._checked_k(seed, step, ctx.n, _room(ctx.value, reader.remaining()))
-        return positions(ctx.n, k, seed, khash, step)
+        seed, step, khash = raw.view("<u8")[:, None]
+        k = self._checked_ks(seed, step, np.array([ctx.n]), np.array([_room(ctx.value, reader.remaining())]))[0]
+        return positions(ctx.n, int(k), int(seed[0]), int(khash[0]), int(step[0]))
 
 
 def _room(value, sections) -> int:
