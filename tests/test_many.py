@@ -624,6 +624,40 @@ def test_sparse_runs_decode_as_each_tensor_alone(spec, dtype, monkeypatch):
     assert used  # the runs were read at once
 
 
+@pytest.mark.parametrize("spec", ["topk(ratio=0.1)", "dgc(ratio=0.05)", "threshold(value=0.001)", "randomk(ratio=0.2,scale=True)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_sparse_frame_with_raw_values_decodes_at_once(spec, dtype, monkeypatch):
+    """A sparse frame whose kept values are stored as they are, of one dtype, decodes with no
+    per-tensor reading (every tensor's positions at once, one scatter into the arrays): new
+    arrays (named, or of a torch tensor's kind), a list of arrays or a dict given, each bit
+    for bit what its tensor's own frame gives; a frame of two dtypes, or values coded by a
+    value stage, is read tensor by tensor as before."""
+    from codec import manydecode
+
+    c = codec.get_codec(spec)
+    ts = quant_model(dtype, seed=5)
+    frame = c.encode_many(ts)
+    singles = {k: codec.decode(c.encode(x)) for k, x in ts.items()}
+    read = []
+    real = manydecode.read_jobs
+    monkeypatch.setattr(manydecode, "read_jobs", lambda *a, **k: read.append(1) or real(*a, **k))
+    got = codec.decode_many(frame)
+    outs = {k: np.full(x.shape, np.nan, x.dtype) for k, x in ts.items()}
+    listed = [np.full(x.shape, np.nan, x.dtype) for x in ts.values()]
+    assert codec.decode_many(frame, out=outs) is outs and codec.decode_many(frame, out=listed) is listed
+    assert not read
+    for (k, want), a in zip(singles.items(), listed):
+        assert got[k].shape == want.shape and got[k].tobytes() == outs[k].tobytes() == a.tobytes() == want.tobytes(), k
+    mixed = dict(ts, w3=ts["w3"].astype(np.float32 if dtype == np.float64 else np.float64))
+    for model, other in ((mixed, c.encode_many(mixed)), (ts, codec.get_codec(spec + "+fp16").encode_many(ts))):
+        codec.decode_many(other, out={k: np.empty_like(x) for k, x in model.items()})
+        assert read
+        read.clear()
+    torch = pytest.importorskip("torch")
+    tensors = codec.decode_many(frame, like=torch.zeros(1))
+    assert not read and all(type(v) is torch.Tensor and v.numpy().tobytes() == singles[k].tobytes() for k, v in tensors.items())
+
+
 def test_a_sparse_run_names_its_non_finite_tensor():
     """topk+fp16 codes a run's kept values at once; an inf is raised by the tensor that
     holds it, as its own encode names it."""
