@@ -938,11 +938,12 @@ def test_frames_do_not_depend_on_blas_or_numba_threads():
 
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
-@pytest.mark.parametrize("r", [1, 2, 5])
+@pytest.mark.parametrize("r", [1, 2, 3, 4, 5, 8, 11])
 def test_expand_is_the_fma_chain(r, dt):
     """The decoder's ``P Q^T`` (``lowrank.expand``) against exact rational arithmetic: each
     element ``fma(p[r-1], q[r-1], ... fma(p[1], q[1], p[0] * q[0]))``, every step rounded
-    once (to nearest even) to the dtype."""
+    once (to nearest even) to the dtype (every pass width of a row: 1-4 ranks at once, and
+    later passes continuing the chain)."""
     from fractions import Fraction
 
     from codec.kernels import module
