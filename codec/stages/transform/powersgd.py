@@ -285,9 +285,12 @@ class PowerSGD(Transform):
         if any(o.dtype != dt or vctx.dtype != dt for o, (_, vctx, _) in zip(outs, payloads)):
             return False
         vstarts = offsets([vctx.n for _, vctx, _ in payloads])
-        values = np.empty(int(vstarts[-1]), dt)
-        for (_, vctx, vpay), lo, hi in zip(payloads, vstarts[:-1].tolist(), vstarts[1:].tolist()):
-            value.write(vpay, values[lo:hi], SET)
+        if value.name == "none":  # the coefficients as the frame holds them: gathered at once
+            values = np.concatenate([vpay for _, _, vpay in payloads])
+        else:
+            values = np.empty(int(vstarts[-1]), dt)
+            for (_, vctx, vpay), lo, hi in zip(payloads, vstarts[:-1].tolist(), vstarts[1:].tolist()):
+                value.write(vpay, values[lo:hi], SET)
         ns, ms, rs = (np.array(col, np.int64) for col in zip(*(plan for (plan, _), _, _ in payloads)))
         addrs = addresses(outs)
         backend("lowrank", outs[0]).expand_segments(readonly(values), vstarts, ns, ms, rs, addrs, outs[0])
