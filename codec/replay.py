@@ -22,6 +22,9 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   verified in the same pass (:class:`codec.payloadcheck.PayloadCheck`); a quantizer's run
   checked, read at once (``read_run``) and written where each array lies
   (``write_segments``).
+* ``decode`` of a low-rank frame (PowerSGD with its values as they are, :func:`lowrank`:
+  each tensor's values, or its matrix's ``r (n + m)`` coefficients): every matrix's ``P Q^T``
+  formed with one ``expand_segments`` call, the other tensors' values copied.
 * ``decode`` of a keyed sparse frame (random-k with its values as they are, :func:`keyed`:
   a key and k values per tensor, k fixed by the size and step, so its header is the
   layout's too): every key checked and every tensor's positions drawn at once
@@ -47,7 +50,7 @@ from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, F
 from codec.modes import SET
 from codec.section import Encoding
 
-__all__ = ["Replay", "decode", "decode_many", "encode", "keyed", "learn_decode", "learn_encode", "reads_as_run", "replayable"]
+__all__ = ["Replay", "decode", "decode_many", "encode", "keyed", "learn_decode", "learn_encode", "lowrank", "reads_as_run", "replayable"]
 
 #: plans kept per codec (encoding) and in all (decoding); the oldest goes first
 KEEP = 8
@@ -62,7 +65,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "bases", "keys", "kstarts")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "bases", "keys", "kstarts", "matrices")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -87,8 +90,17 @@ class Replay:
         #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, each
         #: kept position's tensor start in the run (adds a tensor's positions to the run's),
         #: and ``positions_at``'s key offsets, sizes and rooms
-        self.values = self.bases = self.keys = self.kstarts = None
-        if codes_dtype is None and codec.select is not None:
+        self.values = self.bases = self.keys = self.kstarts = self.matrices = None
+        if codes_dtype is None and lowrank(codec):
+            # each tensor's one section: its values (passed through) or P then Q; the
+            # matrices' (index, plan) and their coefficients' (start, end) in the payload
+            secs = mf.tensor_sections
+            plans = [codec.transform.matrix(shape) for shape in self.shapes]
+            self.values = [(s[0].offset, s[0].offset + s[0].raw_len) for s in secs]
+            index = [t for t, plan in enumerate(plans) if plan is not None]
+            ns, ms, rs = (readonly(np.array(col, np.int64)) for col in zip(*[plans[t] for t in index])) if index else (readonly(np.empty(0, np.int64)),) * 3
+            self.matrices = (index, readonly(offsets([r * (n + m) for n, m, r in (plans[t] for t in index)])), ns, ms, rs)
+        elif codes_dtype is None and codec.select is not None:
             secs = mf.tensor_sections
             self.values = [(s[1].offset, s[1].offset + s[1].raw_len) for s in secs]
             self.kstarts = readonly(offsets([s[1].count for s in secs]))
@@ -161,6 +173,8 @@ class Replay:
         found = self._addresses(items, True)
         if found is None:
             return None
+        if self.matrices is not None:
+            return self._decode_lowrank(frame, out, items, found)
         if self.values is not None:
             return self._decode_keyed(frame, out, items, found)
         if self.infos is not None:
@@ -219,6 +233,29 @@ class Replay:
         kept.flags.writeable = positions.flags.writeable = False
         if views:
             backend("scatter", views[0]).scatter_segments(kept, positions, self.kstarts, addrs, self.starts, views[0].reshape(-1), SET)
+        return self._result(out, items)
+
+    def _decode_lowrank(self, frame, out, items, found):
+        """:meth:`decode` of a low-rank frame (PowerSGD with its values as they are: each
+        tensor's section its values, or its matrix's ``P`` then ``Q``): the payload's CRC-32C
+        first, every matrix's ``P Q^T`` formed into its array with one ``expand_segments``
+        call (bit for bit the general path's ``lowrank.expand``), every other tensor's values
+        copied into its array; None (the general path) when the CRC does not hold."""
+        from codec.kernels import backend
+        from codec.ops import readonly
+
+        payload = self._payload(frame)
+        if payload is None:
+            return None
+        addrs, views = found
+        index, vstarts, ns, ms, rs = self.matrices
+        mats = set(index)
+        for t, (a, b) in enumerate(self.values):
+            if t not in mats and b > a:
+                np.copyto(views[t].reshape(-1), payload[a:b].view(self.dtype))
+        if index:
+            coef = readonly(np.concatenate([payload[self.values[t][0] : self.values[t][1]] for t in index]).view(self.dtype))
+            backend("lowrank", views[0]).expand_segments(coef, vstarts, ns, ms, rs, readonly(addrs[index]), views[index[0]].reshape(-1))
         return self._result(out, items)
 
     def _decode_run(self, frame, out, items, views):
@@ -384,10 +421,18 @@ def keyed(c) -> bool:
     return c.select is not None and c.select.keyed and c.value.name == "none" and c.transform is None and not c.post
 
 
+def lowrank(c) -> bool:
+    """Whether the codec ``c`` is a low-rank transform (:attr:`codec.stage.Transform.lowrank`:
+    PowerSGD) with its values stored as they are (``none``), no select or byte stage: its
+    frames' headers are the layout's (each tensor's one section counts its values or its
+    ``r (n + m)`` coefficients), so its decoding is replayed."""
+    return c.transform is not None and c.transform.lowrank and c.value.name == "none" and c.select is None and not c.post
+
+
 def learn_decode(c, frame, mf) -> None:
     """After the general path decoded ``frame`` (parsed: ``mf``, made by the codec ``c``):
     keep the plan of its header when its tensors can be replayed."""
-    if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c) or keyed(c)):
+    if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):
         return
     plans = _DECODES.get(len(frame), [])
     if any(frame.startswith(p.prefix) for p in plans):
@@ -410,6 +455,16 @@ def _learned(c, frame, mf=None) -> Replay | None:
         return None
     if not len(lay) or len(set(lay.dtypes)) != 1 or lay.dtypes[0] not in (np.float32, np.float64):
         return None
+    if lowrank(c):  # one raw section per tensor: its values, or its matrix's P then Q, in its dtype
+        bits = lay.dtypes[0].itemsize * 8
+        if c.transform.domain_dtype(lay.dtypes[0]) != lay.dtypes[0]:
+            return None
+        for secs, shape, n in zip(mf.tensor_sections, lay.shapes, lay.sizes):
+            plan = c.transform.matrix(shape)
+            want = n if plan is None else plan[2] * (plan[0] + plan[1])
+            if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].bits != bits or secs[0].count != want or secs[0].raw_len != secs[0].stored_len:
+                return None
+        return Replay(c, frame, mf)
     if keyed(c):  # a key then the values, raw, in the tensors' dtype
         bits = lay.dtypes[0].itemsize * 8
         if any(len(secs) != 2 or secs[1].encoding != Encoding.RAW or secs[1].bits != bits or secs[1].raw_len != secs[1].stored_len for secs in mf.tensor_sections):

@@ -228,6 +228,31 @@ def test_a_quantizers_run_is_replayed_on_decode(spec, dtype, no_general):
         np.testing.assert_array_equal(a, ref[k])
 
 
+@pytest.mark.parametrize("spec", ["powersgd(rank=4)", "powersgd(rank=2,min_compression_rate=0)", "powersgd(rank=5,warm_start=false)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_low_rank_frame_is_replayed_on_decode(spec, dtype, no_general):
+    """PowerSGD's frame (its header the layout's) decodes as one ``expand_segments`` call
+    for every matrix and a copy of every tensor passed through, bit for bit the general
+    path's, into new arrays and into arrays given; a damaged payload goes back to the
+    general path, which refuses it."""
+    shapes = [*SHAPES, (64, 48), (16, 3, 3, 3)]  # (matrices at rank 4 as well)
+    c = codec.Codec(spec)
+    c.decode_many(c.encode_many(tensors(dtype, 4, shapes)))  # learned
+    frame = general(spec, tensors(dtype, 5, shapes))
+    ref = codec.Codec(spec).decode_many(frame)
+    assert any(c.transform.matrix(v.shape) for v in ref.values()) and any(not c.transform.matrix(v.shape) for v in ref.values())
+    damaged = bytearray(frame)
+    damaged[-1] ^= 0x01
+    with pytest.raises(CorruptFrameError, match="payload checksum"):
+        c.decode_many(bytes(damaged))
+    no_general()
+    got = c.decode_many(frame)
+    out = [np.full_like(v, np.nan) for v in ref.values()]
+    assert codec.decode_many(frame, out=out) is out
+    for k, a in zip(ref, out):
+        assert got[k].tobytes() == ref[k].tobytes() == a.tobytes(), k
+
+
 @pytest.mark.parametrize("spec", ["randomk(ratio=0.3)", "randomk(ratio=0.5,seed=9,scale=true)"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general):

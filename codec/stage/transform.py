@@ -21,6 +21,12 @@ class Transform(Stage, kind_base=True):
     #: the stage codes a many-tensor frame's runs at once (:meth:`forward_segments`,
     #: :meth:`read_segments`), so error feedback's runs take their step together
     segmented: ClassVar[bool] = False
+    #: every tensor is either passed through (its values as they are) or a matrix
+    #: ``matrix(shape) -> (n, m, r)`` whose frame holds ``P`` (``n x r``) then ``Q`` (``m x
+    #: r``), decoded as ``lowrank.expand``'s ``P Q^T`` (PowerSGD): a many-tensor frame's header
+    #: is then its layout's, and :mod:`codec.replay` replays its decoding with one
+    #: ``expand_segments`` call
+    lowrank: ClassVar[bool] = False
 
     @abc.abstractmethod
     def forward(self, flat, ctx, sections) -> np.ndarray:

@@ -150,6 +150,7 @@ class PowerSGD(Transform):
 
     name = "powersgd"
     default_value = "none"
+    lowrank = True
     #: the products run where the gradient lives (the ``lowrank`` twins); ``Q``, ``P`` and its
     #: orthogonalisation are frame content, on the host
     devices = frozenset({"cpu", "cuda"})
