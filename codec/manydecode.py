@@ -161,7 +161,7 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     dt = lay.dtypes[0] if len(lay) else None
     if c.select is None or c.value.name != "none" or c.transform is not None or c.post or mf.joint or len(mf) < 2 or not reads_positions(c, mf):
         return None
-    if dt not in WIDE or any(d != dt for d in lay.dtypes) or any(t is not None and t.dtype != dt for t in targets):
+    if dt not in WIDE or lay.dtypes.count(dt) != len(lay) or any(t is not None and t.dtype is not dt and t.dtype != dt for t in targets):
         return None
     secs = mf.tensor_sections
     if any(len(s) != 2 for s in secs):
@@ -175,13 +175,15 @@ def _pairs_at_once(c, mf, targets) -> list | None:
         got = c.select.positions_segments(payload, secs, list(lay.sizes), c.value)
     except CodecValueError:  # (CorruptFrameError: the general path names it)
         return None
-    if got is None or any(p.size != v.count for p, v in zip(got, vals)):
+    counts = [v.count for v in vals]
+    if got is None or any(p.size != k for p, k in zip(got, counts)):
         return None
     arrays = [t if t is not None else np.empty(n, dt) for t, n in zip(targets, lay.sizes)]
-    starts = offsets(lay.sizes)
-    idx = np.concatenate([p + s for p, s in zip(got, starts.tolist())])
+    starts = lay.starts
+    idx = np.concatenate(got)
+    idx += np.repeat(starts[:-1], counts)  # (run positions: each tensor's counted from the run's start)
     values = np.concatenate([payload[v.offset : v.offset + v.raw_len] for v in vals]).view(dt)
-    if not scatter_segments(values, idx, starts, arrays, SET):
+    if not scatter_segments(values, idx, starts, arrays, SET, kstarts=offsets(counts)):
         return None
     return [a.reshape(shape) for a, shape in zip(arrays, lay.shapes)]
 

@@ -283,12 +283,13 @@ def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return mem.host(mem.gather(src, mem.put(_positions(idx)) if mem.device else idx))
 
 
-def scatter_segments(values: np.ndarray, idx: np.ndarray, starts: np.ndarray, outs: list, mode: int) -> bool:
+def scatter_segments(values: np.ndarray, idx: np.ndarray, starts: np.ndarray, outs: list, mode: int, kstarts=None) -> bool:
     """:func:`scatter_checked` of the sorted pairs of a run of tensors (tensor ``t`` holds the
     run's elements ``[starts[t], starts[t+1])``, its array ``outs[t]``, flat; ``idx`` sorted
-    run positions, checked) in one kernel call, when every array is a host float32/float64
-    array of one dtype that takes ``values`` as :func:`scatter` does (``mode`` SET, the same
-    dtype, or float64).  Returns False, having written nothing, otherwise."""
+    run positions, checked; ``kstarts``: where each tensor's pairs start, when the caller
+    knows it) in one kernel call, when every array is a host float32/float64 array of one
+    dtype that takes ``values`` as :func:`scatter` does (``mode`` SET, the same dtype, or
+    float64).  Returns False, having written nothing, otherwise."""
     if len(outs) < 2 or on_device(*outs):
         return False
     dt = outs[0].dtype
@@ -296,7 +297,7 @@ def scatter_segments(values: np.ndarray, idx: np.ndarray, starts: np.ndarray, ou
     if dt not in WIDE or any(o.dtype != dt for o in outs) or not (mode == SET or values.dtype == dt or dt == np.float64):
         return False
     idx = np.ascontiguousarray(idx, np.int64)
-    kstarts = np.searchsorted(idx, starts)
+    kstarts = np.searchsorted(idx, starts) if kstarts is None else kstarts
     addrs = addresses(outs)
     starts = np.ascontiguousarray(starts, np.int64)
     backend("scatter", outs[0]).scatter_segments(readonly(np.ascontiguousarray(values)), readonly(idx), readonly(kstarts), readonly(addrs), readonly(starts), outs[0], mode)
