@@ -225,9 +225,9 @@ def _segmented(c, mf, targets, device: bool) -> bool:
     formed.  Not below :data:`codec.runs.SEGMENTED_MIN` elements, where the kernels run
     serially anyway."""
     if device or mf.joint or any(t is None for t in targets) or sum(mf.layout.sizes) < SEGMENTED_MIN:
-        return None
+        return False
     if not (c.elementwise or reads_runs(c, mf) or reads_positions(c, mf)):
-        return None
+        return False
     return all(t.dtype == dt and dt in WIDE for t, dt in zip(targets, mf.layout.dtypes))
 
 
