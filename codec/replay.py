@@ -30,6 +30,8 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   layout's too): every key checked and every tensor's positions drawn at once
   (``positions_at``), the kept values scattered with one ``scatter_segments`` call.
 
+How each of the last three kinds is written is :mod:`codec.replaydecode`'s.
+
 Nothing else changes: the frame is byte for byte the general path's (a plan is kept only if
 its frame of the tensors it was learned from equals the general path's), and whatever a plan
 does not match, or any error (a NaN under ``nonfinite=raise``, a damaged frame) falls back
@@ -43,14 +45,15 @@ import zlib
 
 import numpy as np
 
-from codec import manydecode
+from codec import manydecode, replaydecode
+from codec.replaydecode import keyed, lowrank, reads_as_run
 from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
 from codec.framebuffer import new_bytes
 from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
 from codec.modes import SET
 from codec.section import Encoding
 
-__all__ = ["Replay", "decode", "decode_many", "encode", "keyed", "learn_decode", "learn_encode", "lowrank", "reads_as_run", "replayable"]
+__all__ = ["Replay", "decode", "decode_many", "encode", "learn_decode", "learn_encode", "replayable"]
 
 #: plans kept per codec (encoding) and in all (decoding); the oldest goes first
 KEEP = 8
@@ -173,12 +176,12 @@ class Replay:
         found = self._addresses(items, True)
         if found is None:
             return None
-        if self.matrices is not None:
-            return self._decode_lowrank(frame, out, items, found)
-        if self.values is not None:
-            return self._decode_keyed(frame, out, items, found)
-        if self.infos is not None:
-            return self._decode_run(frame, out, items, found[1])
+        if self.infos is not None:  # a frame of one of codec.replaydecode's kinds: its payload's CRC-32C first
+            payload = self._payload(frame)
+            if payload is None:
+                return None
+            kind = replaydecode.decode_lowrank if self.matrices is not None else replaydecode.decode_keyed if self.values is not None else replaydecode.decode_run
+            return self._result(out, items) if kind(self, payload, *found) else None
         hl = self.header_len
         codes = np.frombuffer(frame, self.codes_dtype, self.count, hl)
         codes.flags.writeable = False  # (a bytearray's view: kernels take every input read-only)
@@ -206,77 +209,6 @@ class Replay:
         if self.crc and crc32c(payload) != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
             return None
         return payload
-
-    def _decode_keyed(self, frame, out, items, found):
-        """:meth:`decode` of a keyed sparse frame (random-k with its values stored as they
-        are): the payload's CRC-32C first, every tensor's key read and checked and its
-        positions drawn at once (the stage's ``positions_at``), the kept values gathered from
-        their sections and scattered into each array where it lies with one
-        ``scatter_segments`` kernel call (each tensor's count of positions is the plan's: its
-        values sections' length); None where the general path would take another road (a key
-        it refuses and names)."""
-        from codec.errors import CorruptFrameError
-        from codec.kernels import backend
-
-        payload = self._payload(frame)
-        if payload is None:
-            return None
-        try:
-            positions, kstarts = self.codec.select.positions_at(payload, *self.keys)
-        except CorruptFrameError:
-            return None
-        if kstarts.tolist() != self.kstarts.tolist():
-            return None
-        kept = np.concatenate([payload[a:b] for a, b in self.values]).view(self.dtype)
-        positions += self.bases
-        addrs, views = found
-        kept.flags.writeable = positions.flags.writeable = False
-        if views:
-            backend("scatter", views[0]).scatter_segments(kept, positions, self.kstarts, addrs, self.starts, views[0].reshape(-1), SET)
-        return self._result(out, items)
-
-    def _decode_lowrank(self, frame, out, items, found):
-        """:meth:`decode` of a low-rank frame (PowerSGD with its values as they are: each
-        tensor's section its values, or its matrix's ``P`` then ``Q``): the payload's CRC-32C
-        first, every matrix's ``P Q^T`` formed into its array with one ``expand_segments``
-        call (bit for bit the general path's ``lowrank.expand``), every other tensor's values
-        copied into its array; None (the general path) when the CRC does not hold."""
-        from codec.kernels import backend
-        from codec.ops import readonly
-
-        payload = self._payload(frame)
-        if payload is None:
-            return None
-        addrs, views = found
-        index, vstarts, ns, ms, rs = self.matrices
-        mats = set(index)
-        for t, (a, b) in enumerate(self.values):
-            if t not in mats and b > a:
-                np.copyto(views[t].reshape(-1), payload[a:b].view(self.dtype))
-        if index:
-            coef = readonly(np.concatenate([payload[self.values[t][0] : self.values[t][1]] for t in index]).view(self.dtype))
-            backend("lowrank", views[0]).expand_segments(coef, vstarts, ns, ms, rs, readonly(addrs[index]), views[index[0]].reshape(-1))
-        return self._result(out, items)
-
-    def _decode_run(self, frame, out, items, views):
-        """:meth:`decode` of a quantizer's run: the payload's CRC-32C first (a quantizer's
-        kernel does not form it), the run read at once (:meth:`codec.stage.Value.read_run`,
-        which checks every section) and decoded into each array where it lies
-        (``write_segments``); None where the general path would take another road (a section
-        refused, which it names; a run its kernel does not write directly)."""
-        from codec.errors import CorruptFrameError
-
-        payload = self._payload(frame)
-        if payload is None:
-            return None
-        value = self.codec.value
-        try:
-            run = value.read_run(payload, self.infos, self.sizes, self.dtype)
-        except CorruptFrameError:
-            return None
-        if run is None or not value.write_segments(run, [v.reshape(-1) for v in views], SET):
-            return None
-        return self._result(out, items)
 
     def _result(self, out, items):
         """What ``decode_many`` returns: ``out`` given, else the new arrays (a dict when the
@@ -400,33 +332,6 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
     if zlib.crc32(memoryview(frame)[: hl - _CRC.size]) != _CRC.unpack_from(frame, hl - _CRC.size)[0]:
         return None
     return plan.decode(frame, out)
-
-
-def reads_as_run(c) -> bool:
-    """Whether the codec ``c`` decodes a many-tensor frame as one run of its value stage: a
-    quantizer alone that reads runs (``run_bits``: qsgd, minmax, fp8, rangefloat), no select,
-    transform or byte stage.  Its frames' headers are the layout's too (each tensor's
-    sections' counts and widths follow from its size), so its decoding is replayed; its
-    encoding is not (``Value.encode_run`` runs through the general path)."""
-    if c.select is not None or c.transform is not None or c.post or c.value.elementwise:
-        return False
-    bits = getattr(c.value, "run_bits", None)
-    return bits is not None and bits() is not None
-
-
-def keyed(c) -> bool:
-    """Whether the codec ``c`` is a keyed select stage (:attr:`codec.stage.Select.keyed`:
-    random-k) with its values stored as they are (``none``), no transform or byte stage: its
-    frames' headers are the layout's, so its decoding is replayed."""
-    return c.select is not None and c.select.keyed and c.value.name == "none" and c.transform is None and not c.post
-
-
-def lowrank(c) -> bool:
-    """Whether the codec ``c`` is a low-rank transform (:attr:`codec.stage.Transform.lowrank`:
-    PowerSGD) with its values stored as they are (``none``), no select or byte stage: its
-    frames' headers are the layout's (each tensor's one section counts its values or its
-    ``r (n + m)`` coefficients), so its decoding is replayed."""
-    return c.transform is not None and c.transform.lowrank and c.value.name == "none" and c.select is None and not c.post
 
 
 def learn_decode(c, frame, mf) -> None:

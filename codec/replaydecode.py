@@ -1,0 +1,106 @@
+"""The replayed decodes of frames whose header is their layout's though their codec is not
+elementwise (:mod:`codec.replay` keeps the plans and matches the frames): which codecs make
+such frames, and how each kind is written into the caller's arrays once the plan has
+checked the payload's CRC-32C.
+
+* :func:`decode_run`: a quantizer's run (:func:`reads_as_run`), read at once and written where
+  each array lies.
+* :func:`decode_keyed`: random-k with its values as they are (:func:`keyed`), every tensor's positions drawn from
+  its key at once, one ``scatter_segments`` call.
+* :func:`decode_lowrank`: PowerSGD with its values as they are (:func:`lowrank`), every matrix's ``P Q^T`` with one
+  ``expand_segments`` call, the other tensors' values copied.
+
+Each takes the plan (a :class:`codec.replay.Replay`), the payload (read-only uint8), the
+arrays' addresses and the arrays, and returns whether it wrote them; False sends the frame
+to the general path, which then refuses and names what it refuses.  docs/api.md, "Replayed
+steps".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codec.errors import CorruptFrameError
+from codec.modes import SET
+
+__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "keyed", "lowrank", "reads_as_run"]
+
+
+def reads_as_run(c) -> bool:
+    """Whether the codec ``c`` decodes a many-tensor frame as one run of its value stage: a
+    quantizer alone that reads runs (``run_bits``: qsgd, minmax, fp8, rangefloat), no select,
+    transform or byte stage.  Its frames' headers are the layout's too (each tensor's
+    sections' counts and widths follow from its size), so its decoding is replayed; its
+    encoding is not (``Value.encode_run`` runs through the general path)."""
+    if c.select is not None or c.transform is not None or c.post or c.value.elementwise:
+        return False
+    bits = getattr(c.value, "run_bits", None)
+    return bits is not None and bits() is not None
+
+
+def keyed(c) -> bool:
+    """Whether the codec ``c`` is a keyed select stage (:attr:`codec.stage.Select.keyed`:
+    random-k) with its values stored as they are (``none``), no transform or byte stage: its
+    frames' headers are the layout's, so its decoding is replayed."""
+    return c.select is not None and c.select.keyed and c.value.name == "none" and c.transform is None and not c.post
+
+
+def lowrank(c) -> bool:
+    """Whether the codec ``c`` is a low-rank transform (:attr:`codec.stage.Transform.lowrank`:
+    PowerSGD) with its values stored as they are (``none``), no select or byte stage: its
+    frames' headers are the layout's (each tensor's one section counts its values or its
+    ``r (n + m)`` coefficients), so its decoding is replayed."""
+    return c.transform is not None and c.transform.lowrank and c.value.name == "none" and c.select is None and not c.post
+
+
+def decode_run(plan, payload, addrs, views) -> bool:
+    """A quantizer's run: read at once (:meth:`codec.stage.Value.read_run`, which checks
+    every section) and decoded into each array where it lies (``write_segments``); False for
+    a section it refuses or a run its kernel does not write directly."""
+    value = plan.codec.value
+    try:
+        got = value.read_run(payload, plan.infos, plan.sizes, plan.dtype)
+    except CorruptFrameError:
+        return False
+    return got is not None and value.write_segments(got, [v.reshape(-1) for v in views], SET)
+
+
+def decode_keyed(plan, payload, addrs, views) -> bool:
+    """A keyed sparse frame: every tensor's key read and checked and its positions drawn at
+    once (the stage's ``positions_at``), the kept values gathered from their sections and
+    scattered into each array where it lies with one ``scatter_segments`` kernel call (each
+    tensor's count of positions is the plan's: its values sections' length); False for a key
+    the stage refuses or a count that is not the plan's."""
+    from codec.kernels import backend
+
+    try:
+        positions, kstarts = plan.codec.select.positions_at(payload, *plan.keys)
+    except CorruptFrameError:
+        return False
+    if kstarts.tolist() != plan.kstarts.tolist():
+        return False
+    kept = np.concatenate([payload[a:b] for a, b in plan.values]).view(plan.dtype)
+    positions += plan.bases
+    kept.flags.writeable = positions.flags.writeable = False
+    if views:
+        backend("scatter", views[0]).scatter_segments(kept, positions, plan.kstarts, addrs, plan.starts, views[0].reshape(-1), SET)
+    return True
+
+
+def decode_lowrank(plan, payload, addrs, views) -> bool:
+    """A low-rank frame (each tensor's section its values, or its matrix's ``P`` then
+    ``Q``): every matrix's ``P Q^T`` formed into its array with one ``expand_segments`` call
+    (bit for bit the general path's ``lowrank.expand``), every other tensor's values copied
+    into its array."""
+    from codec.kernels import backend
+    from codec.ops import readonly
+
+    index, vstarts, ns, ms, rs = plan.matrices
+    mats = set(index)
+    for t, (a, b) in enumerate(plan.values):
+        if t not in mats and b > a:
+            np.copyto(views[t].reshape(-1), payload[a:b].view(plan.dtype))
+    if index:
+        coef = readonly(np.concatenate([payload[plan.values[t][0] : plan.values[t][1]] for t in index]).view(plan.dtype))
+        backend("lowrank", views[0]).expand_segments(coef, vstarts, ns, ms, rs, readonly(addrs[index]), views[index[0]].reshape(-1))
+    return True
