@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from codec import checksum, dtypes
+from codec.device import host_copy, put_bytes
 from codec.dtypes import on_device
 from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.framebuffer import frame_bytes
@@ -109,8 +110,6 @@ def close_header(head: bytearray, out, header_len: int, flag: int, payload_crc, 
     ``flag``) and the header's CRC32 to ``head``, and write ``head`` at the start of ``out``,
     host or device.  A device payload's zlib CRC32 (the ``crc32`` stage; the default CRC-32C is
     formed on the device) is the one case that reads the payload back to the host."""
-    from codec.device import host_copy, put_bytes
-
     if flag:
         if crc is None:
             payload = out[header_len:]

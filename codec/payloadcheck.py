@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from codec.checksum import crc32c
 
-__all__ = ["PayloadCheck"]
+__all__ = ["PayloadCheck", "refuse"]
 
 
 class PayloadCheck:
@@ -76,9 +76,18 @@ class PayloadCheck:
 
             got = int(join(np.array(sums, np.uint32), 0, np.array(lens, np.int64)))
         if got != self.expected:
-            for a in written:
-                if a is not None and a.size:
-                    a.fill(np.nan)
-            from codec.errors import CorruptFrameError
+            refuse(written)
 
-            raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
+
+def refuse(written=()) -> None:
+    """The verdict on a payload whose CRC-32C is not the stored one, given after decoding
+    wrote ``written`` (arrays; None skipped): each filled with NaN, then
+    :class:`~codec.errors.CorruptFrameError`."""
+    import numpy as np
+
+    from codec.errors import CorruptFrameError
+
+    for a in written:
+        if a is not None and a.size:
+            a.fill(np.nan)
+    raise CorruptFrameError("payload checksum mismatch: the section data is damaged")

@@ -7,6 +7,9 @@ path with its errors.  Each test checks the replay ran by making the general pat
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -147,6 +150,38 @@ def test_a_damaged_frame_is_refused_as_before():
         with pytest.raises(CorruptFrameError) as e:  # the plan missed: parsing the header refused it
             c.decode_many(bytes(bad), out=out)
         assert "payload checksum" not in str(e.value)
+
+
+def test_the_same_arrays_again_are_checked_again_and_kept_alive_by_no_plan():
+    c = codec.Codec("fp16")
+    ts = tensors()
+    frame = c.encode_many(ts)
+    out = {k: np.empty_like(v) for k, v in ts.items()}
+    for _ in range(2):  # learned, then replayed: the arrays' addresses remembered
+        c.decode_many(frame, out=out)
+    for k in ts:  # new values in the same arrays: a new frame
+        ts[k] += 1
+    assert c.encode_many(ts) == general("fp16", ts)
+    frame = c.encode_many(ts)
+    ref = codec.Codec("fp16").decode_many(frame)
+    out["t4"].flags.writeable = False  # each array changed in place is checked again
+    with pytest.raises(ValueError, match=r"out\['t4'\]: must be a writeable"):
+        c.decode_many(frame, out=out)
+    out["t4"].flags.writeable = True
+    out["t4"].shape = (9, 7)  # any shape of the size, as the general path takes it
+    c.decode_many(frame, out=out)
+    np.testing.assert_array_equal(out["t4"], ref["t4"].reshape(9, 7))
+    out["t3"].dtype = np.int32
+    with pytest.raises(ValueError, match=r"out\['t3'\]: dtype int32"):
+        c.decode_many(frame, out=out)
+    ts["t3"].dtype = np.int32
+    with pytest.raises(CodecError, match=r"t3"):
+        c.encode_many(ts)
+    ts["t3"].dtype = np.float32
+    gone = weakref.ref(out["t6"])
+    del out
+    gc.collect()
+    assert gone() is None
 
 
 def test_the_general_paths_checks_of_out_and_the_codec_still_hold():

@@ -31,7 +31,7 @@ class Value(Stage, kind_base=True):
     #: forming it, in one pass where they lie (``fp16``, ``bf16``).  Decoding's counterpart
     #: is :meth:`write_segments`.  Both run on the arrays' addresses: such a stage also has
     #: ``encode_at(out, addrs, starts, like, crc)`` and ``write_at(codes, addrs, starts,
-    #: like, mode, check)``, what a replayed step calls (:mod:`codec.replay`)
+    #: like, mode, crc)``, what a replayed step calls (:mod:`codec.replay`)
     segmented: ClassVar[bool] = False
 
     @abc.abstractmethod

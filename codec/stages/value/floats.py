@@ -7,6 +7,7 @@ import numpy as np
 from codec.dtypes import bfloat16, on_device
 from codec.errors import NonFiniteError
 from codec.frame import SectionKind, Section, raw_length
+from codec.kernels import backend  # (imports no kernel module: each is imported on its first call)
 from codec.params import NONFINITE
 from codec.stage import Bound, Value, register
 
@@ -56,15 +57,15 @@ class _Half(Value):
     devices = frozenset({"cpu", "cuda"})
     params = (NONFINITE,)
     dtype: np.dtype
+    #: the kernels' flag: bf16 codes (else fp16)
+    bf16: bool
 
     def encode(self, values, ctx, sections):
         from codec.ops import narrow
 
         if on_device(values):  # codes and CRC made on the device, copied once into the frame
-            from codec.kernels import backend
-
             def code(codes, crc):
-                return backend("convert", values).narrow_codes(values, codes, self.dtype != np.float16, crc)
+                return backend("convert", values).narrow_codes(values, codes, self.bf16, crc)
 
             sections.append(self._kernel_section(values.size, ctx, code, values.copy_to_host, True))
             return
@@ -85,13 +86,12 @@ class _Half(Value):
         if x.dtype != np.float32:
             return None
         from codec.device import host_copy
-        from codec.kernels import backend
 
         acc = slot.take_spare()
         r, a = slot.residual.reshape(x.size), acc.reshape(x.size)
 
         def code(codes, crc):
-            return backend("convert", x).half_feedback(x, r, a, codes, self.dtype != np.float16, crc)
+            return backend("convert", x).half_feedback(x, r, a, codes, self.bf16, crc)
 
         def named():  # x + residual in float32, as the kernel adds: its first NaN/inf is the error's
             with np.errstate(over="ignore", invalid="ignore"):
@@ -170,29 +170,24 @@ class _Half(Value):
         crc)``, ``ok`` False when a value is NaN/inf under ``nonfinite=raise`` (the caller
         names it), ``crc`` the CRC-32C of ``out`` continued from ``crc`` (None: none).  What
         :meth:`encode_segments` and a replayed step (:mod:`codec.replay`) write."""
-        from codec.kernels import backend
         from codec.ops import continued
 
-        bad, got = backend("convert", like).narrow_codes_segments(out.view(np.uint16), addrs, starts, like, self.dtype != np.float16, -1 if crc is None else crc)
+        bad, got = backend("convert", like).narrow_codes_segments(out.view(np.uint16), addrs, starts, like, self.bf16, -1 if crc is None else crc)
         return not (bad and self.nonfinite == "raise"), continued(out, crc, got)
 
-    def write_at(self, codes, addrs, starts, like, mode, check=None) -> None:
+    def write_at(self, codes, addrs, starts, like, mode, crc: bool = False) -> int:
         """The run's ``codes`` decoded into host arrays found by address (as :meth:`encode_at`
         finds them; written, ``mode`` SET, ADD or SUB) in one pass
-        (``half_decode_segments``), checksummed as they are read when ``check`` is given."""
-        from codec.kernels import backend
-
-        crc = backend("convert", like).half_decode_segments(codes, addrs, starts, like, mode, self.dtype != np.float16, -1 if check is None else 0)
-        if check is not None:
-            check.note(codes, crc)
+        (``half_decode_segments``).  Returns the CRC-32C of the codes' bytes, formed as they
+        are read, when ``crc`` asks for it; else, or when this CPU's kernel cannot form it, -1."""
+        return backend("convert", like).half_decode_segments(codes, addrs, starts, like, mode, self.bf16, 0 if crc else -1)
 
     def write(self, codes, out, mode, check=None):
         from codec.device import to_device
-        from codec.kernels import backend
 
         if on_device(out):  # the codes' one copy to the device
             codes = to_device(codes)
-        crc = backend("convert", out).half_decode(codes, out, mode, self.dtype != np.float16, -1 if check is None else 0)
+        crc = backend("convert", out).half_decode(codes, out, mode, self.bf16, -1 if check is None else 0)
         if check is not None:
             check.note(codes, crc)
 
@@ -202,7 +197,9 @@ class _Half(Value):
         from codec.ops import addresses, offsets
 
         if outs:
-            self.write_at(codes, addresses(outs), offsets([o.size for o in outs]), outs[0], mode, check)
+            crc = self.write_at(codes, addresses(outs), offsets([o.size for o in outs]), outs[0], mode, check is not None)
+            if check is not None:
+                check.note(codes, crc)
         return True
 
 
@@ -212,6 +209,7 @@ class Fp16(_Half):
 
     name = "fp16"
     dtype = np.dtype(np.float16)
+    bf16 = False
 
 
 @register
@@ -220,3 +218,4 @@ class Bf16(_Half):
 
     name = "bf16"
     dtype = bfloat16
+    bf16 = True
