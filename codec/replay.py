@@ -27,8 +27,9 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   formed with one ``expand_segments`` call, the other tensors' values copied.
 * ``decode`` of a keyed sparse frame (random-k with its values as they are, :func:`keyed`:
   a key and k values per tensor, k fixed by the size and step, so its header is the
-  layout's too): every key checked and every tensor's positions drawn at once
-  (``positions_at``), the kept values scattered with one ``scatter_segments`` call.
+  layout's too): every key checked at once (``keys_at``), then one kernel call draws every
+  tensor's positions while it zeroes the arrays and writes the kept values at them
+  (``scatter_keyed``).
 
 How each of the last three kinds is written is :mod:`codec.replaydecode`'s.
 
@@ -68,7 +69,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "bases", "keys", "kstarts", "matrices", "like", "last")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -94,10 +95,9 @@ class Replay:
         #: a quantizer's run or a keyed sparse frame (``codes_dtype`` None): every tensor's
         #: section infos, for ``read_run`` or ``positions_segments``
         self.infos = mf.tensor_sections if codes_dtype is None else None
-        #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, each
-        #: kept position's tensor start in the run (adds a tensor's positions to the run's),
-        #: and ``positions_at``'s key offsets, sizes and rooms
-        self.values = self.bases = self.keys = self.kstarts = self.matrices = None
+        #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, their
+        #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
+        self.values = self.keys = self.kstarts = self.matrices = None
         if codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q; the
             # matrices' (index, plan) and their coefficients' (start, end) in the payload
@@ -111,7 +111,6 @@ class Replay:
             secs = mf.tensor_sections
             self.values = [(s[1].offset, s[1].offset + s[1].raw_len) for s in secs]
             self.kstarts = readonly(offsets([s[1].count for s in secs]))
-            self.bases = readonly(np.repeat(self.starts[:-1], np.diff(self.kstarts)))
             room = codec.value.most_values(np.array([8 * s[1].raw_len for s in secs], np.int64))
             self.keys = (readonly(np.array([s[0].offset for s in secs], np.int64)), readonly(np.array(self.sizes, np.int64)), readonly(room))
 

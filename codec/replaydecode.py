@@ -6,7 +6,7 @@ checked the payload's CRC-32C.
 * :func:`decode_run`: a quantizer's run (:func:`reads_as_run`), read at once and written where
   each array lies.
 * :func:`decode_keyed`: random-k with its values as they are (:func:`keyed`), every tensor's positions drawn from
-  its key at once, one ``scatter_segments`` call.
+  its key and its values written at them, one kernel call.
 * :func:`decode_lowrank`: PowerSGD with its values as they are (:func:`lowrank`), every matrix's ``P Q^T`` with one
   ``expand_segments`` call, the other tensors' values copied.
 
@@ -66,24 +66,21 @@ def decode_run(plan, payload, addrs, views) -> bool:
 
 
 def decode_keyed(plan, payload, addrs, views) -> bool:
-    """A keyed sparse frame: every tensor's key read and checked and its positions drawn at
-    once (the stage's ``positions_at``), the kept values gathered from their sections and
-    scattered into each array where it lies with one ``scatter_segments`` kernel call (each
-    tensor's count of positions is the plan's: its values sections' length); False for a key
-    the stage refuses or a count that is not the plan's."""
-    from codec.kernels import backend
-
+    """A keyed sparse frame: every tensor's key read and checked (the stage's ``keys_at``;
+    each tensor's count of positions must be the plan's: its values sections' length), the
+    kept values gathered from their sections, every tensor's positions drawn and the values
+    written at them into each array where it lies with one kernel call (``scatter_keyed``);
+    False for a key the stage refuses or a count that is not the plan's."""
+    select = plan.codec.select
     try:
-        positions, kstarts = plan.codec.select.positions_at(payload, *plan.keys)
+        kstarts, keys = select.keys_at(payload, *plan.keys)
     except CorruptFrameError:
         return False
     if kstarts.tolist() != plan.kstarts.tolist():
         return False
     kept = np.concatenate([payload[a:b] for a, b in plan.values]).view(plan.dtype)
-    positions += plan.bases
-    kept.flags.writeable = positions.flags.writeable = False
-    if views:
-        backend("scatter", views[0]).scatter_segments(kept, positions, plan.kstarts, addrs, plan.starts, views[0].reshape(-1), SET)
+    kept.flags.writeable = False
+    select.scatter_keyed(kept, plan.kstarts, keys, plan.keys[1], addrs, plan.starts, plan.like, SET)
     return True
 
 

@@ -295,10 +295,12 @@ def test_scatter_segments_family_and_ops(backend, dtype, val_dtype, mode):
         ops.scatter_checked(values[cut[t] : cut[t + 1]], idx[cut[t] : cut[t + 1]] - starts[t], w, mode)
     takes = mode == SET or val_dtype == dtype or dtype == F64  # (float64 added into float32: scatter_checked rounds once)
     if takes:
-        outs = [b.copy() for b in base]
-        addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
-        module("scatter", backend).scatter_segments(ops.readonly(values), ops.readonly(idx), ops.readonly(cut.astype(np.int64)), ops.readonly(addrs), ops.readonly(starts), outs[0], mode)
-        assert [o.tobytes() for o in outs] == [w.tobytes() for w in want]
+        kernel = module("scatter", backend).scatter_segments
+        for twin in ("serial", "parallel") if backend == "cpu" else (None,):  # (the CPU's: chosen by size)
+            outs = [b.copy() for b in base]
+            addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+            (getattr(kernel, twin) if twin else kernel)(ops.readonly(values), ops.readonly(idx), ops.readonly(cut.astype(np.int64)), ops.readonly(addrs), ops.readonly(starts), outs[0], mode)
+            assert [o.tobytes() for o in outs] == [w.tobytes() for w in want], twin
     outs = [b.copy() for b in base]
     assert ops.scatter_segments(values, idx, starts, outs, mode) == takes
     assert [o.tobytes() for o in outs] == [(w if takes else b).tobytes() for w, b in zip(want, base)]

@@ -12,6 +12,7 @@ import pytest
 from codec._jit import PARALLEL_MIN
 from codec.kernels import module
 from codec.layout import CHUNK, LANES
+from codec.modes import ADD, SET, SUB
 from codec.stages.select.magnitude import collect
 from codec.stages.select.dgc import MIN_SAMPLE, RETRIES
 from reference.sparse import topk
@@ -287,6 +288,41 @@ def test_random_positions_segments_match_numpy(R):
     for t, ((n, k), key, step) in enumerate(zip(cases, keys, steps)):
         got = out[kstarts[t] : kstarts[t + 1]]
         assert np.array_equal(got, randomk_positions(n, k, 11, key, step)), (n, k)
+
+
+@pytest.mark.parametrize("mode", [SET, ADD, SUB])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=str)
+def test_random_scatter_segments_match_numpy(R, dtype, mode):
+    """``random_scatter_segments`` writes each tensor's kept values at the positions the
+    reference draws for it (sorted), into its own array, the rest zeroed with SET and kept
+    with ADD/SUB, on both CPU twins (the parallel one draws on one thread while the other
+    zeroes, then writes the pairs in chunks of them): sizes 0, 1, 2 and odd, k from 0 to n,
+    a tensor of more pairs than a chunk and one across a chunk's end."""
+    from reference.sparse import key_hash, randomk_positions
+
+    cases = [(1, 1), (2, 1), (7, 3), (5, 0), (0, 0), (40_000, 20_000), (1000, 10), (3, 3), (20_000, 13_000)]
+    keys, steps = ["a", None, 3, "b", "c", "big", 0, "d", "e"], [0, 1, 2**40, 3, 4, 5, 6, 7, 8]
+    sizes = np.array([n for n, _ in cases], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    kstarts = np.concatenate([[0], np.cumsum([k for _, k in cases])]).astype(np.int64)
+    rng = np.random.default_rng(mode)
+    values = rng.standard_normal(int(kstarts[-1])).astype(dtype)
+    base = [rng.standard_normal(n).astype(dtype) for n in sizes]
+    want = [b.copy() for b in base]
+    for t, ((n, k), key, step) in enumerate(zip(cases, keys, steps)):
+        pos, kept = randomk_positions(n, k, 11, key, step), values[kstarts[t] : kstarts[t + 1]]
+        if mode == SET:
+            want[t][:] = 0
+            want[t][pos] = kept
+        else:
+            want[t][pos] += kept if mode == ADD else -kept
+    u64 = np.uint64
+    args = (kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64))
+    for twin in ("serial", "parallel"):
+        outs = [b.copy() for b in base]
+        addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
+        getattr(R.random_scatter_segments, twin)(values, *args, addrs, starts, outs[0], mode)
+        assert [o.tobytes() for o in outs] == [w.tobytes() for w in want], twin
 
 
 def ref_gaussiank_segment(x, ratio):

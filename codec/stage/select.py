@@ -28,8 +28,9 @@ class Select(Stage, kind_base=True):
     #: a tensor's sections are a key then its values, their sizes fixed by its size and the
     #: step (random-k: positions drawn from the key, never sent), so a many-tensor frame's
     #: header is its layout's (:mod:`codec.replay` replays its decoding); such a stage has
-    #: ``positions_at(data, at, sizes, room) -> (positions, kstarts)``: every tensor's
-    #: positions from its key at a known byte of the payload
+    #: ``keys_at(data, at, sizes, room) -> (kstarts, keys)``: every tensor's key at a known
+    #: byte of the payload, checked, and ``scatter_keyed(values, kstarts, keys, sizes, addrs,
+    #: starts, like, mode)``: the kept values written at the positions drawn from the keys
     keyed: ClassVar[bool] = False
 
     @abc.abstractmethod

@@ -49,3 +49,24 @@ def test_segments():
         G.random_positions_segments(out, kstarts, sizes, seeds, khashes, steps)
         got = out if isinstance(out, np.ndarray) else out.copy_to_host()
         assert np.array_equal(got, want)
+
+
+def test_scatter_segments_draws_the_cpu_kernels_positions():
+    """``random_scatter_segments``'s twin draws the run's positions as the CPU kernel does
+    (each tensor's own, plus its start in the run), then writes through the ``scatter``
+    twin's ``scatter_segments``, which views arrays by device address: the simulator
+    cannot, and says so naming ``addrs``."""
+    from codec.errors import CodecTypeError
+
+    sizes = np.array([5, 1, 0, 64, 300, 2], np.int64)
+    ks = np.array([2, 1, 0, 64, 30, 1], np.int64)
+    kstarts, starts = (np.concatenate([[0], np.cumsum(a)]).astype(np.int64) for a in (ks, sizes))
+    keys = (np.full(ks.size, 9, U), np.arange(ks.size, dtype=U) * U(0x9E3779B97F4A7C15), np.arange(ks.size, dtype=U))
+    want = np.empty(int(kstarts[-1]), np.int64)
+    C.random_positions_segments(want, kstarts, sizes, *keys)
+    got = cuda.device_array(want.size, np.int64)
+    G._run_positions(got, kstarts, sizes, *keys)
+    assert np.array_equal(got.copy_to_host(), want + np.repeat(starts[:-1], ks))
+    outs = cuda.device_array(int(starts[-1]), np.float32)
+    with pytest.raises(CodecTypeError, match="addrs"):
+        G.random_scatter_segments(np.ones(want.size, np.float32), kstarts, sizes, *keys, np.zeros(sizes.size, np.int64), starts, outs, 0)

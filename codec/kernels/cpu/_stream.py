@@ -26,6 +26,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from codec._jit import jit
+from codec.kernels.cpu._common import view_at
 
 #: the fewest output values a SET decode streams (32 MiB of float32: above the L3 of this
 #: machine's 32 MB; below it the output is better left in the cache for its reader)
@@ -121,3 +122,17 @@ def zero(out):
         _zero8(i, out)
     out[m:] = 0
     fence()
+
+
+@jit
+def zero_arrays(addrs, starts, like):
+    """Every array of a run zeroed: tensor ``t``'s is the one of ``starts[t+1] - starts[t]``
+    items of ``like``'s dtype at the address ``addrs[t]``; with streaming stores (:func:`zero`)
+    from ``STREAM_MIN`` items in all, so a whole model's outputs do not evict each other."""
+    stream = starts[-1] - starts[0] >= STREAM_MIN
+    for t in range(addrs.size):
+        out = view_at(like, addrs[t], starts[t + 1] - starts[t])
+        if stream:
+            zero(out)
+        else:
+            out[:] = 0

@@ -4,8 +4,8 @@ the inverse, gather the values at sparse positions."""
 from __future__ import annotations
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import prefetch, view_at
-from codec.kernels.cpu._stream import STREAM_MIN, zero
+from codec.kernels.cpu._common import chunk_segments, prefetch, view_at
+from codec.kernels.cpu._stream import STREAM_MIN, zero, zero_arrays
 from codec.modes import ADD, SET
 
 __all__ = ["gather", "put", "scatter", "scatter_segments"]
@@ -50,29 +50,38 @@ def scatter(values, idx, out, mode):
                 out[idx[i]] -= values[i]
 
 
-@jit
+@jit(parallel=True)
 def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
     """:func:`scatter` of many tensors' sparse values, each into its own array: tensor
     ``t`` holds the elements ``[starts[t], starts[t+1])`` of a run, its pairs are
     ``values[kstarts[t]:kstarts[t+1]]`` at the run positions ``idx[kstarts[t]:kstarts[t+1]]``
     (unique, within the tensor's elements), and its array is the one of ``like``'s dtype at
     the address ``addrs[t]`` (the caller keeps them alive).  One call for a run of small
-    tensors (or a joint frame's tensors), serial: the work each tensor's own scatter did,
-    without a call per tensor.  Not on the threads: zeroing a whole model's outputs there
-    lost beside busy processes (docs/benchmarks.md, "Against issue 33's targets").  From
-    ``STREAM_MIN`` elements in all the arrays are zeroed with streaming stores
-    (:mod:`codec.kernels.cpu._stream`)."""
-    stream = starts[-1] - starts[0] >= STREAM_MIN
-    for t in range(addrs.size):
+    tensors (or a joint frame's tensors): the work each tensor's own scatter did, without a
+    call per tensor.  With SET the arrays are zeroed first on the calling thread alone
+    (:func:`zero_arrays`; zeroing a whole model's outputs on the threads lost beside busy
+    processes: docs/benchmarks.md, "Against issue 33's targets"), then the pairs are
+    written on the threads in chunks of the pairs (:func:`_pairs`): each lands on a line
+    of its own that the streamed zeroing left in memory, so the threads' misses overlap."""
+    if mode == SET:
+        zero_arrays(addrs, starts, like)
+    k = idx.size
+    for c in prange((k + _CHUNK - 1) // _CHUNK):
+        _pairs(values, idx, kstarts, addrs, starts, like, mode, c * _CHUNK, min(k, (c + 1) * _CHUNK), True)
+
+
+@jit
+def _pairs(values, idx, kstarts, addrs, starts, like, mode, lo, hi, run):
+    """Pairs ``lo:hi`` of :func:`scatter_segments` written (``mode``) into their tensors'
+    arrays: ``idx`` run positions (``run``) or each tensor's own (random-k's drawn ones)."""
+    rows = chunk_segments(kstarts, lo, hi)
+    for j in range(rows.shape[0]):
+        t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
         first = starts[t]
         out = view_at(like, addrs[t], starts[t + 1] - first)
-        if mode == SET:
-            if stream:
-                zero(out)
-            else:
-                out[:] = 0
-        for i in range(kstarts[t], kstarts[t + 1]):
-            _store_at(out, idx[i] - first, values[i], mode)
+        shift = first if run else 0
+        for i in range(a, b):
+            _store_at(out, idx[i] - shift, values[i], mode)
 
 
 @jit(inline="always")

@@ -123,14 +123,35 @@ def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
     res = Results()
     o = res(out)
     if out.size:
-        sizes = np.asarray(sizes, np.int64)
-        starts = _offsets(sizes)
-        halves = np.array([feistel_half(m) for m in sizes.tolist()], np.uint64)
-        streams = np.array([_stream(a, b, c) for a, b, c in zip(seeds.tolist(), khashes.tolist(), steps.tolist())], np.uint64)
-        total = int(starts[-1])
-        words = _bitmap(total)
-        dstarts, dk = dev(starts), dev(np.asarray(kstarts, np.int64))
-        _mark_segments[launch(out.size)](words, dstarts, dk, dev(streams), dev(halves), out.size)
-        _read_marked(words, total, o)
+        dstarts, dk = _run_positions(o, kstarts, sizes, seeds, khashes, steps)
         _relative[launch(out.size)](o, dstarts, dk)
     res.done()
+
+
+def _run_positions(o, kstarts, sizes, seeds, khashes, steps):
+    """Every tensor's drawn positions, sorted, as positions in the run of the tensors (one
+    bitmap over their concatenation, read back in order) into the device array ``o`` (not
+    empty); returns the run's tensor starts and ``kstarts`` on the device."""
+    sizes = np.asarray(sizes, np.int64)
+    starts = _offsets(sizes)
+    halves = np.array([feistel_half(m) for m in sizes.tolist()], np.uint64)
+    streams = np.array([_stream(a, b, c) for a, b, c in zip(seeds.tolist(), khashes.tolist(), steps.tolist())], np.uint64)
+    total = int(starts[-1])
+    words = _bitmap(total)
+    dstarts, dk = dev(starts), dev(np.asarray(kstarts, np.int64))
+    _mark_segments[launch(o.size)](words, dstarts, dk, dev(streams), dev(halves), o.size)
+    _read_marked(words, total, o)
+    return dstarts, dk
+
+
+def random_scatter_segments(values, kstarts, sizes, seeds, khashes, steps, addrs, starts, like, mode):
+    """The CPU kernel's ``random_scatter_segments``: the run's positions drawn as
+    :func:`random_positions_segments` draws them (before each tensor's start is subtracted),
+    then the ``scatter`` twin's ``scatter_segments`` into the device arrays at ``addrs``
+    (host ``kstarts``, ``addrs`` and ``starts``; like it, this needs a real device)."""
+    from codec.kernels.cuda import scatter
+
+    pos = cuda.device_array(max(values.size, 1), np.int64)[: values.size]
+    if values.size:
+        _run_positions(pos, kstarts, sizes, seeds, khashes, steps)
+    scatter.scatter_segments(values, pos, kstarts, addrs, starts, like, mode)

@@ -172,19 +172,37 @@ class RandomK(Select):
     def positions_at(self, data, at, sizes, room):
         """Every tensor's positions from its key at byte ``at[t]`` of ``data`` (tensor ``t``
         of ``sizes[t]`` elements, its values sections coding ``room[t]`` values at most;
-        int64 arrays), checked (:meth:`_checked_ks`) and drawn with one kernel call:
+        int64 arrays), checked (:meth:`keys_at`) and drawn with one kernel call:
         ``(positions, kstarts)``, tensor ``t``'s sorted positions (from its own start) being
-        ``positions[kstarts[t]:kstarts[t+1]]``.  What :meth:`positions_segments` reads, for a
-        caller that knows where the keys are (:mod:`codec.replay`)."""
+        ``positions[kstarts[t]:kstarts[t+1]]``.  What :meth:`positions_segments` reads."""
         from codec.kernels import backend
 
+        kstarts, keys = self.keys_at(data, at, sizes, room)
+        pos = np.empty(int(kstarts[-1]), np.int64)
+        if pos.size:
+            backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, *keys)
+        return pos, kstarts
+
+    def keys_at(self, data, at, sizes, room):
+        """Every tensor's key at byte ``at[t]`` of ``data`` read and checked
+        (:meth:`_checked_ks`; arguments as :meth:`positions_at` takes them): ``(kstarts,
+        keys)``, tensor ``t`` keeping ``kstarts[t+1] - kstarts[t]`` positions drawn from
+        ``keys`` (its seed, key hash and step: three uint64 arrays), what
+        :meth:`scatter_keyed` takes."""
         keys = data[at[:, None] + np.arange(24)].view("<u8")  # (seed, step, khash) per tensor
         steps = keys[:, 1].copy()
         kstarts = offsets(self._checked_ks(keys[:, 0], steps, sizes, room))
-        pos = np.empty(int(kstarts[-1]), np.int64)
-        if pos.size:
-            backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, keys[:, 0].copy(), keys[:, 2].copy(), steps)
-        return pos, kstarts
+        return kstarts, (keys[:, 0].copy(), keys[:, 2].copy(), steps)
+
+    def scatter_keyed(self, values, kstarts, keys, sizes, addrs, starts, like, mode) -> None:
+        """Tensor ``t``'s kept ``values[kstarts[t]:kstarts[t+1]]`` written at its positions
+        drawn from ``keys`` (:meth:`keys_at`; ``sizes[t]`` elements) into the host array of
+        ``like``'s dtype at ``addrs[t]`` (its elements ``starts[t]:starts[t+1]`` of the run),
+        the rest zeroed with SET: one kernel call that draws while it zeroes
+        (``random_scatter_segments``).  How :mod:`codec.replay` decodes a keyed frame."""
+        from codec.kernels import backend
+
+        backend("randomk", like).random_scatter_segments(values, kstarts, sizes, *keys, addrs, starts, like, mode)
 
     def _checked_ks(self, seeds, steps, sizes, room) -> np.ndarray:
         """How many positions each tensor of a frame keeps (``sizes[t]`` elements, keyed by
