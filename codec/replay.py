@@ -99,14 +99,17 @@ class Replay:
         #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
         self.values = self.keys = self.kstarts = self.matrices = None
         if codes_dtype is None and lowrank(codec):
-            # each tensor's one section: its values (passed through) or P then Q; the
-            # matrices' (index, plan) and their coefficients' (start, end) in the payload
+            # each tensor's one section: its values (passed through) or P then Q, at offsets
+            # that are whole items of the dtype (checked when learned): the pass-through
+            # tensors' (index, start, end) and the matrices' indices, first coefficients
+            # (in items of the payload) and plans
+            item = self.dtype.itemsize
             secs = mf.tensor_sections
             plans = [codec.transform.matrix(shape) for shape in self.shapes]
-            self.values = [(s[0].offset, s[0].offset + s[0].raw_len) for s in secs]
+            self.values = [(t, s[0].offset // item, (s[0].offset + s[0].raw_len) // item) for t, (s, plan) in enumerate(zip(secs, plans)) if plan is None and s[0].raw_len]
             index = [t for t, plan in enumerate(plans) if plan is not None]
             ns, ms, rs = (readonly(np.array(col, np.int64)) for col in zip(*[plans[t] for t in index])) if index else (readonly(np.empty(0, np.int64)),) * 3
-            self.matrices = (index, readonly(offsets([r * (n + m) for n, m, r in (plans[t] for t in index)])), ns, ms, rs)
+            self.matrices = (readonly(np.array(index, np.int64)), readonly(np.array([secs[t][0].offset // item for t in index], np.int64)), ns, ms, rs)
         elif codes_dtype is None and codec.select is not None:
             secs = mf.tensor_sections
             self.values = [(s[1].offset, s[1].offset + s[1].raw_len) for s in secs]
@@ -380,12 +383,12 @@ def _learned(c, frame, mf=None) -> Replay | None:
         return None
     if lowrank(c):  # one raw section per tensor: its values, or its matrix's P then Q, in its dtype
         bits = lay.dtypes[0].itemsize * 8
-        if c.transform.domain_dtype(lay.dtypes[0]) != lay.dtypes[0]:
+        if c.transform.domain_dtype(lay.dtypes[0]) != lay.dtypes[0] or (len(frame) - mf.header_len) % (bits // 8):
             return None
         for secs, shape, n in zip(mf.tensor_sections, lay.shapes, lay.sizes):
             plan = c.transform.matrix(shape)
             want = n if plan is None else plan[2] * (plan[0] + plan[1])
-            if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].bits != bits or secs[0].count != want or secs[0].raw_len != secs[0].stored_len:
+            if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].bits != bits or secs[0].count != want or secs[0].raw_len != secs[0].stored_len or secs[0].offset % (bits // 8):
                 return None
         return Replay(c, frame, mf)
     if keyed(c):  # a key then the values, raw, in the tensors' dtype

@@ -87,17 +87,16 @@ def decode_keyed(plan, payload, addrs, views) -> bool:
 def decode_lowrank(plan, payload, addrs, views) -> bool:
     """A low-rank frame (each tensor's section its values, or its matrix's ``P`` then
     ``Q``): every matrix's ``P Q^T`` formed into its array with one ``expand_segments`` call
-    (bit for bit the general path's ``lowrank.expand``), every other tensor's values copied
-    into its array."""
+    reading its coefficients where the payload holds them (bit for bit the general path's
+    ``lowrank.expand``), every other tensor's values copied into its array."""
     from codec.kernels import backend
-    from codec.ops import readonly
 
-    index, vstarts, ns, ms, rs = plan.matrices
-    mats = set(index)
-    for t, (a, b) in enumerate(plan.values):
-        if t not in mats and b > a:
-            np.copyto(views[t].reshape(-1), payload[a:b].view(plan.dtype))
-    if index:
-        coef = readonly(np.concatenate([payload[plan.values[t][0] : plan.values[t][1]] for t in index]).view(plan.dtype))
-        backend("lowrank", views[0]).expand_segments(coef, vstarts, ns, ms, rs, readonly(addrs[index]), views[index[0]].reshape(-1))
+    index, firsts, ns, ms, rs = plan.matrices
+    values = payload.view(plan.dtype)  # (every section is whole items of the dtype: Replay)
+    for t, a, b in plan.values:
+        np.copyto(views[t].reshape(-1), values[a:b])
+    if index.size:
+        picked = addrs[index]
+        picked.flags.writeable = False
+        backend("lowrank", plan.like).expand_segments(values, firsts, ns, ms, rs, picked, plan.like)
     return True
