@@ -988,3 +988,17 @@ def test_expand_segments_is_expand_of_each_matrix(dt):
             want = np.empty((n, m), dt)
             K.expand(p, np.ascontiguousarray(q.T), want)
             assert_same(outs[t], want, f"matrix {t} ({twin})")
+
+
+def test_the_first_q_of_a_small_matrix_is_kept_and_never_handed_out():
+    """``start_q`` without a warm ``Q``: the draw of ``(seed, key, 0)`` orthogonalised, each
+    time (a codec without error feedback starts every step there); a small matrix's is kept
+    and each caller gets its own copy, a large one's is drawn again."""
+    psgd._FIRST.clear()
+    for m in (5, psgd.FIRST_ITEMS // 4 + 1):
+        want = psgd.orthogonalize(psgd.initial_q(m, 4, np.float32, 3, "w", 0))
+        first = psgd.start_q(None, m, 4, np.float32, 3, "w", 7)
+        first[...] = 9  # (a caller's own array)
+        again = psgd.start_q(None, m, 4, np.float32, 3, "w", 8)
+        assert again.flags.writeable and np.array_equal(again, want)
+    assert list(psgd._FIRST) == [(5, 4, np.dtype(np.float32), 3, psgd.key_hash("w"))]

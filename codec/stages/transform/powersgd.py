@@ -67,11 +67,35 @@ def start_q(last, m: int, r: int, dtype, seed: int, key=None, step: int = 0, war
     if not warm_start:
         return orthogonalize(initial_q(m, r, dtype, seed, key, step))
     if last is None or last.shape != (m, r) or last.dtype != dtype:
-        return orthogonalize(initial_q(m, r, dtype, seed, key, 0))
+        return _first_q(m, r, np.dtype(dtype), seed, key).copy()
     q = orthogonalize(np.array(last, copy=True))
     if np.all(np.any(q != 0, axis=0)):
         return q
     return orthogonalize(initial_q(m, r, dtype, seed, key, step))
+
+
+#: the first ``Q`` of small matrices, by ``(m, r, dtype, seed, key hash)``: a codec that keeps no
+#: state between steps (``encode_many`` without error feedback) starts every step from it, and
+#: drawing it (a PCG64 seeded from the triple, then Gram-Schmidt) cost more than the step's
+#: products: the sample's ``encode_many`` 0.56 -> 0.40 ms
+_FIRST: dict = {}
+#: the most items a kept first ``Q`` has, and the most kept
+FIRST_ITEMS, FIRST_KEEP = 1 << 16, 512
+
+
+def _first_q(m: int, r: int, dtype: np.dtype, seed: int, key) -> np.ndarray:
+    """``orthogonalize(initial_q(m, r, dtype, seed, key, 0))``, kept for small matrices
+    (:data:`FIRST_ITEMS`; by the key's hash) and read-only: the caller copies it."""
+    at = (m, r, dtype, seed, key_hash(key))
+    got = _FIRST.get(at)
+    if got is None:
+        got = orthogonalize(initial_q(m, r, dtype, seed, key, 0))
+        got.flags.writeable = False
+        if m * r <= FIRST_ITEMS:
+            if len(_FIRST) >= FIRST_KEEP:
+                _FIRST.pop(next(iter(_FIRST)), None)
+            _FIRST[at] = got
+    return got
 
 
 def orthogonalize(p: np.ndarray) -> np.ndarray:
