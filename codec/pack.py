@@ -253,16 +253,17 @@ def section_table(infos) -> np.ndarray:
     return readonly(np.array([(i.kind, i.bits, i.count, i.offset, i.raw_len) for i in infos], np.int64).reshape(-1, 5))
 
 
-def padding_clear(data: np.ndarray, starts, counts, bits) -> np.ndarray:
+def padding_bytes(starts, counts, bits, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
     """Per section of ``counts`` items of ``bits`` bits (arrays, or a scalar ``bits``) packed
-    from byte ``starts`` of ``data``: whether its padding bits past the last item are clear,
-    as :func:`_check_payload` checks one section (a last byte outside ``data`` reads the
-    nearest one; callers check the lengths)."""
-    used = (counts * bits) % 8
-    if not data.size:
-        return used == 0
-    last = np.minimum(np.maximum(starts + (counts * bits + 7) // 8 - 1, 0), data.size - 1)  # (np.clip's wrapper costs more than the rest)
-    return (used == 0) | ((data[last].astype(np.int64) >> used) == 0)
+    from byte ``starts`` of ``nbytes`` bytes, for those whose last byte has padding bits past
+    their last item: that byte (one outside the bytes reads the nearest; callers check the
+    lengths) and the padding's shift, so that a section's padding is clear, as
+    :func:`_check_payload` checks one, when ``data[last] >> shift`` is 0 (and ``nbytes`` is
+    not 0).  What reading a run of codes checks (:meth:`codec.stages.value.quantizer.Quantizer.run_plan`)."""
+    used = (np.asarray(counts, np.int64) * bits) % 8
+    pad = used != 0
+    last = np.minimum(np.maximum(starts + (counts * bits + 7) // 8 - 1, 0), max(nbytes - 1, 0))  # (np.clip's wrapper costs more than the rest)
+    return last[pad], used[pad]
 
 
 def _check_payload(raw: np.ndarray, count: int, bits: int, what: str) -> None:

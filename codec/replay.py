@@ -69,7 +69,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -97,7 +97,7 @@ class Replay:
         self.infos = mf.tensor_sections if codes_dtype is None else None
         #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, their
         #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
-        self.values = self.keys = self.kstarts = self.matrices = None
+        self.values = self.keys = self.kstarts = self.matrices = self.run = None
         if codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q, at offsets
             # that are whole items of the dtype (checked when learned): the pass-through
@@ -110,6 +110,8 @@ class Replay:
             index = [t for t, plan in enumerate(plans) if plan is not None]
             ns, ms, rs = (readonly(np.array(col, np.int64)) for col in zip(*[plans[t] for t in index])) if index else (readonly(np.empty(0, np.int64)),) * 3
             self.matrices = (readonly(np.array(index, np.int64)), readonly(np.array([secs[t][0].offset // item for t in index], np.int64)), ns, ms, rs)
+        elif codes_dtype is None and reads_as_run(codec):  # what reading the run takes from the layout alone
+            self.run = codec.value.run_plan(mf.tensor_sections, list(self.sizes), self.dtype)
         elif codes_dtype is None and codec.select is not None:
             secs = mf.tensor_sections
             self.values = [(s[1].offset, s[1].offset + s[1].raw_len) for s in secs]

@@ -54,15 +54,17 @@ def lowrank(c) -> bool:
 
 
 def decode_run(plan, payload, addrs, views) -> bool:
-    """A quantizer's run: read at once (:meth:`codec.stage.Value.read_run`, which checks
-    every section) and decoded into each array where it lies (``write_segments``); False for
-    a section it refuses or a run its kernel does not write directly."""
+    """A quantizer's run: read at once through the plan's run layout
+    (:meth:`codec.stages.value.quantizer.Quantizer.read_planned`, which checks every
+    section as ``read_run`` does) and decoded into each array where it lies
+    (``write_segments``); False for a section it refuses or a run its kernel does not write
+    directly."""
     value = plan.codec.value
     try:
-        got = value.read_run(payload, plan.infos, plan.sizes, plan.dtype)
+        got = value.read_planned(payload, plan.run)
     except CorruptFrameError:
         return False
-    return got is not None and value.write_segments(got, [v.reshape(-1) for v in views], SET)
+    return got is not None and value.write_segments(got, [v.reshape(-1) for v in views], SET, addrs=addrs)
 
 
 def decode_keyed(plan, payload, addrs, views) -> bool:

@@ -674,22 +674,30 @@ def test_index_segments_fall_back_past_56_bit_gaps():
         assert (sec.kind, sec.bits, sec.count, bytes(sec.data)) == (want.kind, want.bits, want.count, bytes(want.data))
 
 
-def test_padding_clear_reads_each_sections_last_byte():
-    """Per section, whether the bits past its last item are clear: its own last byte, never a
-    neighbour's (set bits around it), the first and the last byte of the data included."""
-    from codec.pack import padding_clear
+def test_padding_bytes_name_each_sections_last_byte():
+    """Per section with padding bits past its last item: its own last byte, never a
+    neighbour's (set bits around it), the first and the last byte of the data included, and
+    the shift that leaves the padding bits."""
+    from codec.pack import padding_bytes
+
+    def clear(data, starts, counts, bits):
+        last, shift = padding_bytes(starts, counts, bits, data.size)
+        return not (data[last].astype(np.int64) >> shift).any()
 
     starts, counts = np.array([0, 1, 2, 4]), np.array([3, 4, 5, 3])  # 2-bit items: 6, 8, 10 and 6 bits
-    clear = np.array([0x3F, 0xFF, 0xFF, 0x03, 0x3F], np.uint8)
-    assert padding_clear(clear, starts, counts, 2).tolist() == [True, True, True, True]
-    dirty = clear | np.array([0x40, 0, 0, 0x04, 0x80], np.uint8)
-    assert padding_clear(dirty, starts, counts, 2).tolist() == [False, True, False, False]
-    assert padding_clear(clear, starts, counts, np.array([2, 2, 2, 1])).tolist() == [True, True, True, False]  # 3 bits
-    empty = np.empty(0, np.uint8)
-    assert padding_clear(empty, np.array([0, 0]), np.array([0, 1]), 3).tolist() == [True, False]
+    last, shift = padding_bytes(starts, counts, 2, 5)
+    assert last.tolist() == [0, 3, 4] and shift.tolist() == [6, 2, 6]  # (the 8-bit section has none)
+    ok = np.array([0x3F, 0xFF, 0xFF, 0x03, 0x3F], np.uint8)
+    assert clear(ok, starts, counts, 2)
+    for byte, bit in ((0, 0x40), (3, 0x04), (4, 0x80)):  # each padded section's own padding
+        dirty = ok.copy()
+        dirty[byte] |= bit
+        assert not clear(dirty, starts, counts, 2)
+    assert padding_bytes(starts, counts, np.array([2, 2, 2, 1]), 5)[1].tolist() == [6, 2, 3]  # 3 bits of 1-bit items
+    assert not clear(ok, starts, counts, np.array([2, 2, 2, 1]))  # (0x3F past 3 bits)
+    assert padding_bytes(np.array([0, 0]), np.array([0, 1]), 3, 0)[0].tolist() == [0]  # (no bytes: the caller refuses)
     # a last byte outside the data reads the nearest one: the first before it, the last past it
-    edges = np.array([0x00, 0xFF, 0x3C], np.uint8)
-    assert padding_clear(edges, np.array([-1, 2]), np.array([1, 11]), 2).tolist() == [True, True]
+    assert padding_bytes(np.array([-1, 2]), np.array([1, 11]), 2, 3)[0].tolist() == [0, 2]
 
 
 # ---------------------------------------------------------------- a many-tensor run's bytes

@@ -19,7 +19,7 @@ from codec.dtypes import on_device
 from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
 from codec.ops import addresses, offsets, readonly
-from codec.pack import _code_dtype as code_dtype, padding_clear  # noqa: F401  (the narrowest unsigned dtype for a code width)
+from codec.pack import _code_dtype as code_dtype, padding_bytes  # noqa: F401  (code_dtype: the narrowest unsigned dtype for a code width)
 import abc
 
 from codec.stage import Value
@@ -30,6 +30,28 @@ from codec.stages.value.sections import F32_MAX
 #: ``dequantize_segments``'s ``addrs`` when it writes one array (a run's concatenation)
 _NO_ADDRS = np.empty(0, np.int64)
 _NO_ADDRS.flags.writeable = False
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What reading a quantizer's run takes from its layout alone
+    (:meth:`Quantizer.run_plan`): the codes' width; the run's bytes ``lo:hi`` of the
+    payload; the tensors' starts in the run, their heads' starts and sizes; the dtype; each
+    head section's offset (in the run's bytes) and item width; each codes section's offset;
+    and the last byte (and its padding bits' shift) of each codes section that has padding."""
+
+    bits: int
+    lo: int
+    hi: int
+    starts: np.ndarray
+    hstarts: np.ndarray
+    sizes: np.ndarray
+    dtype: np.dtype
+    hoffs: np.ndarray
+    hwidths: np.ndarray
+    dstarts: np.ndarray
+    last: np.ndarray
+    used: np.ndarray
 
 
 def _direct(p: Dequant, dtype) -> bool:
@@ -146,16 +168,17 @@ class Quantizer(Value):
             np.clip(wide, -top_of(payload.dtype), top_of(payload.dtype), out=wide)
         store(round_to(wide, payload.dtype), out, mode)
 
-    def write_segments(self, payload: Dequant, outs, mode, check=None) -> bool:
+    def write_segments(self, payload: Dequant, outs, mode, check=None, addrs=None) -> bool:
         """A run's codes (:meth:`read_run`) decoded into every tensor's own array in one
-        parallel kernel call (``dequantize_segments``, each tensor's array by address): the
-        values :meth:`write` gives.  False when :meth:`write` would take its float64 pass (a
-        scale beyond the run's dtype, blocks to rescue, arrays of another dtype)."""
+        parallel kernel call (``dequantize_segments``, each tensor's array by address:
+        ``addrs`` when the caller has them): the values :meth:`write` gives.  False when
+        :meth:`write` would take its float64 pass (a scale beyond the run's dtype, blocks to
+        rescue, arrays of another dtype)."""
         p = payload
         if p.starts is None or any(o.dtype != p.dtype for o in outs) or not _direct(p, p.dtype):
             return False
         if outs:
-            self._dequantize(p, outs[0], mode, addresses(outs))
+            self._dequantize(p, outs[0], mode, addresses(outs) if addrs is None else addrs)
         return True
 
     @staticmethod
@@ -290,8 +313,15 @@ class Quantizer(Value):
         return table, Section(SectionKind.VALUES, 8, int(ostarts[-1]), fill=fill, device=on_device(codes))
 
     def read_run(self, data, infos, sizes, dtype):
-        from codec.kernels import backend
+        """:meth:`read_planned` of :meth:`run_plan`: the run read and checked at once."""
+        plan = self.run_plan(infos, sizes, dtype)
+        return None if plan is None else self.read_planned(data, plan)
 
+    def run_plan(self, infos, sizes, dtype) -> RunPlan | None:
+        """What reading a run takes from its tensors' section infos and sizes alone (their
+        sections' kinds, widths, counts and offsets checked), so a caller that reads runs of
+        one layout again (:mod:`codec.replay`) forms it once; None when the sections are not
+        this quantizer's run (each tensor is then read alone)."""
         bits = self.run_bits()
         if bits is None or np.dtype(dtype) not in (np.float32, np.float64):
             return None
@@ -318,30 +348,43 @@ class Quantizer(Value):
         # kernel is dispatched by the size of its first argument: a run of a few small tensors
         # of a 100 MB frame ran threaded, ~60 us of waking the pool per call)
         lo = min(hoffs + coffs) if count else 0
-        last = infos[-1][-1] if count else None
-        data = data[lo : last.offset + last.raw_len] if count else data[:0]
-        hoffs, coffs = [o - lo for o in hoffs], [o - lo for o in coffs]
+        hi = infos[-1][-1].offset + infos[-1][-1].raw_len if count else 0
         starts = offsets(sizes)
-        hstarts = offsets(hcounts if heads else [0] * count)
+        counts = np.diff(starts)
+        dstarts = readonly(np.array([o - lo for o in coffs], np.int64))
+        last, used = padding_bytes(dstarts, counts, bits, hi - lo)
+        return RunPlan(
+            bits, lo, hi, readonly(starts), readonly(offsets(hcounts if heads else [0] * count)), readonly(np.array(sizes, np.int64)), np.dtype(dtype),
+            readonly(np.array([o - lo for o in hoffs], np.int64)), readonly(np.array(hwidths, np.int64)), dstarts, readonly(last), readonly(used),
+        )
+
+    def read_planned(self, data, plan: RunPlan):
+        """The run of ``plan`` (:meth:`run_plan`) read from the raw payload ``data`` and
+        checked as :meth:`read` checks each tensor (CorruptFrameError): its heads, padding
+        bits and code fields."""
+        from codec.kernels import backend
+
+        if data.size < plan.hi:
+            return None
+        data = data[plan.lo : plan.hi]
         head = np.empty(0)
-        kern = backend("pack", data)
-        if heads:
-            head = np.empty(int(hstarts[-1]))
-            kern.take_items(data, np.array(hoffs, np.int64), np.array(hwidths, np.int64), hstarts, head)
-            if self.run_head == SectionKind.SCALARS and not np.all(np.isfinite(head)):
+        if self.run_head is not None:
+            head = np.empty(int(plan.hstarts[-1]))
+            backend("pack", data).take_items(data, plan.hoffs, plan.hwidths, plan.hstarts, head)
+            if self.run_head == SectionKind.SCALARS and not np.isfinite(head).all():
                 raise CorruptFrameError("scalars section: a non-finite value")
-        factors = self.run_factors(head, hstarts, np.asarray(sizes, np.int64), np.dtype(dtype))
+        factors = self.run_factors(head, plan.hstarts, plan.sizes, plan.dtype)
         if factors is None:
             return None
-        dstarts = np.array(coffs, np.int64)
-        if not padding_clear(data, dstarts, np.diff(starts), bits).all():  # as read_codes checks one
+        if plan.last.size and (not data.size or (data[plan.last] >> plan.used).any()):  # as read_codes checks one
             raise CorruptFrameError("values section: padding bits past the last item are set")
+        bits, starts = plan.bits, plan.starts
         limit = self.code_limit()
         if limit is not None and starts[-1] and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
-            if not backend("dequant", data).fields_within_segments(readonly(data), dstarts, bits, starts, *limit):
+            if not backend("dequant", data).fields_within_segments(readonly(data), plan.dstarts, bits, starts, *limit):
                 raise CorruptFrameError(f"values section: a code field beyond {limit[2]}, the most an encoder writes")
         lut, blocks, scale, sstarts, offset, lut_top = factors
-        return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, np.dtype(dtype), lut_top=lut_top, starts=starts, dstarts=dstarts, blocks=blocks, sstarts=sstarts)
+        return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, plan.dtype, lut_top=lut_top, starts=starts, dstarts=plan.dstarts, blocks=blocks, sstarts=sstarts)
 
     def run_bits(self) -> int | None:
         """The width of the codes section of a run's tensors; None (the default): this
