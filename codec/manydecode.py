@@ -51,7 +51,8 @@ def _targets(c, mf, out, *, add: bool) -> list:
     lay = mf.layout
     from codec import device
 
-    check = device.checked_out if device.many_on_device(c.stages, arrays, "out") else checked_out  # (device arrays: decoding writes on the device)
+    plain = all(type(a) is np.ndarray for a in arrays)  # (host arrays: no device array among them)
+    check = device.checked_out if not plain and device.many_on_device(c.stages, arrays, "out") else checked_out  # (device arrays: decoding writes on the device)
     # each array's name for an error (out['w'] or out[3]) is formed only when it is refused
     return [check(a, lay.sizes[i], lay.shapes[i], lay.dtypes[i], add=add, argname=_Named(k)) for i, (k, a) in enumerate(zip(keys, arrays))]
 
@@ -147,7 +148,7 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     transform or byte stage, separate tensors of one float32/float64 dtype, an uncompressed
     payload, its CRC-32C already verified) decoded into host arrays (``targets``; None: new
     ones), returned in their tensors' shapes: every tensor's positions read at once (the select stage's
-    ``positions_segments``, which checks them), its values section checked as the value stage
+    ``positions_run``, which checks them), its values section checked as the value stage
     reads it (values, raw, the dtype's width, one per position) and all the pairs scattered
     with one ``scatter_segments`` call (each array zeroed where nothing is kept).  The general
     path's reads and writes, without its per-tensor stages: the sample's top-k decode 256 ->
@@ -164,26 +165,24 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     if dt not in WIDE or lay.dtypes.count(dt) != len(lay) or any(t is not None and t.dtype is not dt and t.dtype != dt for t in targets):
         return None
     secs = mf.tensor_sections
-    if any(len(s) != 2 for s in secs):
-        return None
-    vals = [s[1] for s in secs]
     bits = dt.itemsize * 8
-    if any(v.kind != SectionKind.VALUES or v.bits != bits or v.encoding != Encoding.RAW or v.raw_len != v.stored_len for v in vals):
-        return None
+    for s in secs:  # a select stage's section, then its values, raw, in the dtype
+        if len(s) != 2 or s[1].kind != SectionKind.VALUES or s[1].bits != bits or s[1].encoding != Encoding.RAW or s[1].raw_len != s[1].stored_len:
+            return None
     payload = np.frombuffer(mf.payload, np.uint8)
     try:
-        got = c.select.positions_segments(payload, secs, list(lay.sizes), c.value)
+        got = c.select.positions_run(payload, secs, lay.sizes, c.value)
     except CodecValueError:  # (CorruptFrameError: the general path names it)
         return None
-    counts = [v.count for v in vals]
-    if got is None or any(p.size != k for p, k in zip(got, counts)):
+    counts = [s[1].count for s in secs]
+    if got is None or got[1].tolist() != offsets(counts).tolist():
         return None
+    idx, kstarts = got
     arrays = [t if t is not None else np.empty(n, dt) for t, n in zip(targets, lay.sizes)]
     starts = lay.starts
-    idx = np.concatenate(got)
     idx += np.repeat(starts[:-1], counts)  # (run positions: each tensor's counted from the run's start)
-    values = np.concatenate([payload[v.offset : v.offset + v.raw_len] for v in vals]).view(dt)
-    if not scatter_segments(values, idx, starts, arrays, SET, kstarts=offsets(counts)):
+    values = np.concatenate([payload[s[1].offset : s[1].offset + s[1].raw_len] for s in secs]).view(dt)
+    if not scatter_segments(values, idx, starts, arrays, SET, kstarts=kstarts):
         return None
     return [a.reshape(shape) for a, shape in zip(arrays, lay.shapes)]
 

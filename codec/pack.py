@@ -221,13 +221,25 @@ def encode_index_segments(pos, starts, sizes) -> list:
 def decode_index_segments(data, infos, sizes) -> list | None:
     """:func:`decode_indices` of many index sections at once: ``infos[s]`` (a SectionInfo:
     kind, bits, count, raw length and offset into ``data``, a raw uint8 payload) addresses
-    ``sizes[s]`` elements.  Returns each section's positions (views of one array), read by
-    two kernel calls (``index_counts``, ``index_read``), or None when any section is not one
-    an encoder writes (or has gaps beyond 56 bits): :func:`decode_indices` of each, the one
-    definition of what is refused and how it is named, then finds it."""
+    ``sizes[s]`` elements.  Returns each section's positions (views of one array: what
+    :func:`decode_index_run` reads), or None when any section is not one an encoder writes
+    (or has gaps beyond 56 bits): :func:`decode_indices` of each, the one definition of what
+    is refused and how it is named, then finds it."""
+    got = decode_index_run(data, infos, sizes)
+    if got is None:
+        return None
+    pos, out_starts = got
+    o = out_starts.tolist()
+    return [pos[o[s] : o[s + 1]] for s in range(len(infos))]
+
+
+def decode_index_run(data, infos, sizes) -> tuple | None:
+    """:func:`decode_index_segments` as one array: ``(positions, starts)``, section ``s``'s
+    positions (from its own tensor's start) being ``positions[starts[s]:starts[s+1]]``, read
+    by two kernel calls (``index_counts``, ``index_read``); None as it refuses."""
     nseg = len(infos)
     if not nseg:
-        return []
+        return np.empty(0, np.int64), np.zeros(1, np.int64)
     table = section_table(infos)
     sizes = np.asarray(sizes, np.int64)
     kern = backend("index", data)
@@ -242,8 +254,7 @@ def decode_index_segments(data, infos, sizes) -> list | None:
     kern.index_read(data, table, sizes, out_starts, pos, bad)
     if bad.any():
         return None
-    o = out_starts.tolist()
-    return [pos[o[s] : o[s + 1]] for s in range(nseg)]
+    return pos, out_starts
 
 
 def section_table(infos) -> np.ndarray:

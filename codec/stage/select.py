@@ -65,7 +65,19 @@ class Select(Stage, kind_base=True):
         ``sizes[t]`` its element count, ``value`` the codec's value stage (``Context.value``).  Returns each tensor's positions, checked as
         :meth:`positions` checks them, which the pipeline then hands to :meth:`positions` as
         ``known``; or None (the default, or any section that is not what it expects): each
-        tensor's positions are then read, and refused, by :meth:`positions` alone."""
+        tensor's positions are then read, and refused, by :meth:`positions` alone.  Each
+        tensor's share of :meth:`positions_run`."""
+        got = self.positions_run(data, sections, sizes, value)
+        if got is None:
+            return None
+        pos, kstarts = got
+        o = kstarts.tolist()
+        return [pos[o[t] : o[t + 1]] for t in range(len(sizes))]
+
+    def positions_run(self, data, sections, sizes, value=None) -> tuple | None:
+        """:meth:`positions_segments` as one array: ``(positions, kstarts)``, tensor t's
+        (from its own start) being ``positions[kstarts[t]:kstarts[t+1]]``; None (the
+        default) as it refuses."""
         return None
 
     @abc.abstractmethod

@@ -39,16 +39,16 @@ class IndexSelect(Select):
         least, most = self.kept_range(ctx.n, ctx.step)
         return Bound(1, index_bound(most, ctx.n, least), ctx.domain(most, ctx.dtype))
 
-    def positions_segments(self, data, sections, sizes, value=None):
-        """Every tensor's index section read at once (:func:`codec.pack.decode_index_segments`;
+    def positions_run(self, data, sections, sizes, value=None):
+        """Every tensor's index section read at once (:func:`codec.pack.decode_index_run`;
         the positions are in the frame, so ``value`` bounds nothing here)."""
         from codec.frame import SectionKind
-        from codec.pack import decode_index_segments
+        from codec.pack import decode_index_run
 
         firsts = [secs[0] if secs else None for secs in sections]
         if any(f is None or f.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP) for f in firsts):
             return None
-        return decode_index_segments(data, firsts, sizes)
+        return decode_index_run(data, firsts, sizes)
 
     def positions(self, reader, ctx, known=None):
         from codec.frame import SectionKind

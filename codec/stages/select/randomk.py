@@ -154,7 +154,7 @@ class RandomK(Select):
         run = SectionRun(keys.reshape(-1).view(np.uint8), np.arange(ks.size + 1, dtype=np.int64) * 24, [SectionKind.INTS] * ks.size, [64] * ks.size, [3] * ks.size)
         return pos, kstarts, kept, run
 
-    def positions_segments(self, data, sections, sizes, value=None):
+    def positions_run(self, data, sections, sizes, value=None):
         """Every tensor's key section read and checked, and its positions drawn in one kernel
         call; None when a tensor's sections are not a key then values (read alone).
         ``value``: the value stage (its :meth:`~codec.stage.Value.most_values` bounds k)."""
@@ -165,16 +165,14 @@ class RandomK(Select):
                 return None
             at[t] = secs[0].offset
             bits[t] = 8 * sum(s.raw_len for s in secs[1:])
-        pos, kstarts = self.positions_at(data, at, np.asarray(sizes, np.int64), bits if value is None else value.most_values(bits))
-        o = kstarts.tolist()
-        return [pos[o[t] : o[t + 1]] for t in range(len(sizes))]
+        return self.positions_at(data, at, np.asarray(sizes, np.int64), bits if value is None else value.most_values(bits))
 
     def positions_at(self, data, at, sizes, room):
         """Every tensor's positions from its key at byte ``at[t]`` of ``data`` (tensor ``t``
         of ``sizes[t]`` elements, its values sections coding ``room[t]`` values at most;
         int64 arrays), checked (:meth:`keys_at`) and drawn with one kernel call:
         ``(positions, kstarts)``, tensor ``t``'s sorted positions (from its own start) being
-        ``positions[kstarts[t]:kstarts[t+1]]``.  What :meth:`positions_segments` reads."""
+        ``positions[kstarts[t]:kstarts[t+1]]``.  What :meth:`positions_run` reads."""
         from codec.kernels import backend
 
         kstarts, keys = self.keys_at(data, at, sizes, room)
