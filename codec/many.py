@@ -127,7 +127,7 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     step = check_step(step)
     plain = keys is None and not joint and out is None  # (what a replayed step is)
     if plain:
-        frame = replay.encode(c, tensors, layout)
+        frame = replay.encode(c, tensors, layout, step)
         if frame is not None:
             return frame
     names, arrays, lay, dest = prepared(c, tensors, out, skip_missing)
@@ -138,7 +138,7 @@ def encode(c, tensors, *, keys=None, step: int = 0, layout: str = "table", joint
     ctxs = [Context(a.shape, a.dtype, key=k, step=step, name=w) for a, k, w in zip(arrays, keys, where(names, len(arrays)))]
     frame = encode_step(c, arrays, lay, layout, dest, ctxs=ctxs)
     if plain:
-        replay.learn_encode(c, tensors, layout, names, arrays, frame)
+        replay.learn_encode(c, tensors, layout, names, arrays, frame, step)
     return frame
 
 

@@ -69,7 +69,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "ratios")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -118,6 +118,12 @@ class Replay:
             self.kstarts = readonly(offsets([s[1].count for s in secs]))
             room = codec.value.most_values(np.array([8 * s[1].raw_len for s in secs], np.int64))
             self.keys = (readonly(np.array([s[0].offset for s in secs], np.int64)), readonly(np.array(self.sizes, np.int64)), readonly(room))
+            # encoding (codec.replaydecode.encode_keyed): the tensors that keep values, each
+            # kept value's item in the payload, and the ratios known to keep these counts
+            item = self.dtype.itemsize
+            self.kept = [t for t, (a, b) in enumerate(self.values) if b > a]
+            self.spots = readonly(np.concatenate([np.arange(a // item, b // item) for a, b in self.values] or [np.empty(0, np.int64)]).astype(np.int64))
+            self.ratios = ()
 
     def _addresses(self, arrays, write: bool):
         """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``
@@ -159,14 +165,17 @@ class Replay:
         return got, views
 
     # -------------------------------------------------------------- encoding
-    def encode(self, arrays) -> bytes | None:
-        """The frame of ``arrays`` (in layout order), or None when they are not what the plan
-        was learned from or a value refuses (the general path then runs and raises)."""
+    def encode(self, arrays, step: int = 0) -> bytes | None:
+        """The frame of ``arrays`` (in layout order) at ``step``, or None when they are not
+        what the plan was learned from or a value refuses (the general path then runs and
+        raises)."""
         if len(arrays) != len(self.shapes):
             return None
         found = self._addresses(arrays, False)
         if found is None:
             return None
+        if self.codes_dtype is None:  # a keyed sparse frame (random-k)
+            return replaydecode.encode_keyed(self, found[1], step)
         frame, out = new_bytes(self.size)
         hl = self.header_len
         ok, crc = self.codec.value.encode_at(out[hl:], found[0], self.starts, self.like, 0 if self.crc else None)
@@ -263,8 +272,9 @@ def _c_strides(shape, itemsize: int) -> tuple:
 
 def replayable(c) -> bool:
     """Whether the codec ``c``'s many-tensor steps can be replayed: an elementwise value stage
-    alone that codes a run where its tensors lie, and no byte stage."""
-    return c.elementwise and c.value.segmented and not c.post
+    alone that codes a run where its tensors lie, and no byte stage; or a keyed select stage
+    with its values as they are, unscaled (random-k: :func:`codec.replaydecode.encode_keyed`)."""
+    return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False))
 
 
 def _remember(table: dict, key, value) -> None:
@@ -286,7 +296,7 @@ def _encode_key(tensors, form):
     return None, None
 
 
-def encode(c, tensors, form: str) -> bytes | None:
+def encode(c, tensors, form: str, step: int = 0) -> bytes | None:
     """``c.encode_many(tensors, layout=form)`` replayed, or None (no plan, or the tensors do
     not match it: the general path runs)."""
     plans = c.__dict__.get("_replays")
@@ -296,10 +306,10 @@ def encode(c, tensors, form: str) -> bytes | None:
     entry = plans.get(key)
     if entry is None or entry[1] is None:
         return None
-    return entry[1].encode(values)
+    return entry[1].encode(values, step)
 
 
-def learn_encode(c, tensors, form: str, names, arrays, frame) -> None:
+def learn_encode(c, tensors, form: str, names, arrays, frame, step: int = 0) -> None:
     """After the general path framed ``tensors`` (a plain ``encode_many`` call; ``names``
     and ``arrays`` as it took them) into ``frame``: keep the plan of their layout (the latest
     layout under their names wins) when the codec's steps can be replayed and the plan gives
@@ -315,7 +325,7 @@ def learn_encode(c, tensors, form: str, names, arrays, frame) -> None:
     if key in plans and plans[key][0] == sig:
         return
     plan = _learned(c, frame)
-    _remember(plans, key, (sig, plan if plan is not None and plan.encode(arrays) == frame else None))
+    _remember(plans, key, (sig, plan if plan is not None and plan.encode(arrays, step) == frame else None))
 
 
 def decode_many(frame, out, parsed, *, codec=None, layout=None, max_elements=None, like=None):
@@ -393,9 +403,9 @@ def _learned(c, frame, mf=None) -> Replay | None:
             if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].bits != bits or secs[0].count != want or secs[0].raw_len != secs[0].stored_len or secs[0].offset % (bits // 8):
                 return None
         return Replay(c, frame, mf)
-    if keyed(c):  # a key then the values, raw, in the tensors' dtype
+    if keyed(c):  # a key then the values, raw, in the tensors' dtype, at whole items of it
         bits = lay.dtypes[0].itemsize * 8
-        if any(len(secs) != 2 or secs[1].encoding != Encoding.RAW or secs[1].bits != bits or secs[1].raw_len != secs[1].stored_len for secs in mf.tensor_sections):
+        if (len(frame) - mf.header_len) % (bits // 8) or any(len(secs) != 2 or secs[1].encoding != Encoding.RAW or secs[1].bits != bits or secs[1].raw_len != secs[1].stored_len or secs[1].offset % (bits // 8) for secs in mf.tensor_sections):
             return None
         return Replay(c, frame, mf)
     if not c.elementwise:  # a quantizer's run: every section raw, and read_run takes them

@@ -21,9 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from codec.errors import CorruptFrameError
+from codec.streams import key_hash
 from codec.modes import SET
 
-__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "keyed", "lowrank", "reads_as_run"]
+__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "keyed", "lowrank", "reads_as_run"]
 
 
 def reads_as_run(c) -> bool:
@@ -84,6 +85,48 @@ def decode_keyed(plan, payload, addrs, views) -> bool:
     kept.flags.writeable = False
     select.scatter_keyed(kept, plan.kstarts, keys, plan.keys[1], addrs, plan.starts, plan.like, SET)
     return True
+
+
+def encode_keyed(plan, views, step: int) -> bytes | None:
+    """A keyed sparse frame's ``encode_many`` replayed (random-k, unscaled values as they
+    are): the learned header, then in the payload each tensor's key (the codec's seed, the
+    step, the key hash) and its values at the positions its key draws, every tensor's drawn
+    with one kernel call (``random_positions_segments``) and gathered straight into the
+    frame; None when the step keeps other counts than the plan's, or a kept value is not
+    finite (the general path then names it)."""
+    from codec.checksum import crc32c
+    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
+    from codec.framebuffer import new_bytes
+    from codec.kernels import backend
+
+    select = plan.codec.select
+    at, sizes, _ = plan.keys
+    kstarts = plan.kstarts
+    ratio = select.at("ratio", step)
+    if ratio not in plan.ratios:  # (the ratios found to keep the plan's counts)
+        if select.counts(sizes, step).tolist() != np.diff(kstarts).tolist():
+            return None
+        plan.ratios = (*plan.ratios[-7:], ratio)
+    khash = key_hash(None)  # (a plain call's tensors have no keys)
+    count = sizes.size
+    pos = np.empty(int(kstarts[-1]), np.int64)
+    if pos.size:
+        steps = np.full(count, step % (1 << 64), np.uint64)
+        backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, np.full(count, select.seed, np.uint64), np.full(count, khash, np.uint64), steps)
+    frame, out = new_bytes(plan.size)
+    hl = plan.header_len
+    payload = out[hl:]
+    payload[at[:, None] + np.arange(24)] = np.array([select.seed, step, khash], "<u8").view(np.uint8)  # every key
+    kept = np.empty(pos.size, plan.dtype)
+    o = kstarts.tolist()
+    for t in plan.kept:
+        np.take(views[t].reshape(-1), pos[o[t] : o[t + 1]], out=kept[o[t] : o[t + 1]])
+    if not np.isfinite(kept).all():
+        return None
+    payload.view(plan.dtype)[plan.spots] = kept  # (every section is whole items: a key is 24 bytes)
+    crc = crc32c(payload) if plan.crc else None
+    close_header(bytearray(plan.prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc)
+    return frame
 
 
 def decode_lowrank(plan, payload, addrs, views) -> bool:

@@ -307,3 +307,34 @@ def _rechecksum(frame: bytearray, header_len: int) -> None:
     import zlib
 
     _CRC.pack_into(frame, header_len - _CRC.size, zlib.crc32(bytes(frame[: header_len - _CRC.size])))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_random_k_step_is_replayed_on_encode(dtype, no_general):
+    """random-k's ``encode_many`` (values as they are, unscaled) replays from the step before:
+    the learned header, each tensor's key and its values at the positions the key draws,
+    bit for bit the general path's frame at any step; a step whose schedule keeps other
+    counts, a NaN, a scaled codec and keys go to the general path."""
+    spec = "randomk(ratio=warmup(0.5,0.1,steps=4))"
+    c = codec.Codec(spec)
+    first, second = tensors(dtype, 0), tensors(dtype, 1)
+    c.encode_many(first, step=6)  # learned (the warm-up over: the ratio is 0.1 from step 4)
+    want = {step: codec.Codec(spec).encode_many(second, step=step) for step in (4, 9, 2**40)}
+    early = codec.Codec(spec).encode_many(second, step=1)
+    nan = {**second, "t3": np.full_like(second["t3"], np.nan)}  # (a kept value among them)
+    scaled = codec.Codec("randomk(ratio=0.3,scale=true)")
+    scaled_want = codec.Codec("randomk(ratio=0.3,scale=true)").encode_many(second, step=2)
+    scaled.encode_many(first, step=1)
+    keyed_want = codec.Codec(spec).encode_many(second, keys=list(range(len(second))), step=5)
+    no_general()
+    for step, frame in want.items():
+        assert c.encode_many(second, step=step) == frame
+    with pytest.raises(AssertionError, match="general path"):  # (other counts at step 1)
+        c.encode_many(second, step=1)
+    with pytest.raises(AssertionError, match="general path"):
+        c.encode_many(nan, step=5)
+    with pytest.raises(AssertionError, match="general path"):
+        scaled.encode_many(second, step=2)
+    with pytest.raises(AssertionError, match="general path"):
+        c.encode_many(second, keys=list(range(len(second))), step=5)
+    assert early and scaled_want and keyed_want  # (made by the general path before it was turned off)

@@ -123,6 +123,10 @@ class RandomK(Select):
         sections.append(Section(SectionKind.INTS, 64, 3, np.array([self.seed, ctx.step, khash], np.uint64)))
         return idx, kept
 
+    def counts(self, sizes, step: int) -> np.ndarray:
+        """How many positions tensors of ``sizes`` elements (int64) keep at ``step``."""
+        return ks_of(self.at("ratio", step), sizes)
+
     def select_segments(self, flat, starts, ctxs):
         """Every tensor's positions drawn in one kernel call (``random_positions_segments``),
         its key section written into one buffer, the kept values gathered at once."""
@@ -134,7 +138,7 @@ class RandomK(Select):
         sizes = np.diff(starts)
         steps = [c.step for c in ctxs]
         if len(set(steps)) == 1:  # (a many-tensor call's tensors share their step)
-            ks = ks_of(self.at("ratio", steps[0]), sizes)
+            ks = self.counts(sizes, steps[0])
         else:
             ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
         khashes = np.array([key_hash(c.key) for c in ctxs], np.uint64)
