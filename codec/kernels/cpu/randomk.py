@@ -30,6 +30,10 @@ __all__ = ["random_positions", "random_positions_segments", "random_scatter_segm
 #: table instead of hashing: ResNet-50's largest tensor (n = 2.36M, k = 23.6k, 2**11 values a
 #: round) drew its positions in 0.14 ms instead of 0.62
 TABLE_PER_POSITION = 2
+#: a tabulated draw keeps four positions in flight (:func:`_lanes`) when the permutation's
+#: domain (``4**half``) is at least this many times ``n``: two walks a position on average,
+#: each a mispredicted branch that leaves the next position's table reads waiting
+WALKS_IN_LANES = 2
 #: a draw sorts its positions through a bitmap of ``n`` bits when ``n`` is at most this many
 #: times their number (a scan of ``n / 64`` words, linear), else with Numba's sort
 BITMAP_PER_POSITION = 1024
@@ -77,17 +81,67 @@ def _draw(out, lo, hi, strm, half, n):
         return
     tab = _rounds(strm, half, mask)
     m32 = np.uint32(mask)
+    if (U(1) << (U(2) * half)) >= U(WALKS_IN_LANES * n):
+        _lanes(out, lo, hi, tab, half, m32, U(n))
+        return
     for j in range(U(lo), U(hi)):
         v = j
         while True:
-            left = np.uint32(v >> half)
-            right = np.uint32(v) & m32
-            for rnd in range(4):
-                left, right = right, left ^ tab[rnd, right]
-            v = (np.uint64(left) << half) | np.uint64(right)
+            v = _tabled(v, tab, half, m32)
             if v < np.uint64(n):
                 break
         out[j] = np.int64(v)
+
+
+@jit(inline="always")
+def _tabled(v, tab, half, m32):
+    """One pass of the 4-round permutation of ``v`` (in ``[0, 4**half)``) through the
+    tabulated round functions (:func:`_rounds`)."""
+    left = np.uint32(v >> half)
+    right = np.uint32(v) & m32
+    for rnd in range(4):
+        left, right = right, left ^ tab[rnd, right]
+    return (np.uint64(left) << half) | np.uint64(right)
+
+
+@jit
+def _lanes(out, lo, hi, tab, half, m32, n):
+    """:func:`_draw`'s tabulated loop with four positions in flight, for a domain of at least
+    :data:`WALKS_IN_LANES` times ``n``: each walks on until its value falls in ``[0, n)``,
+    writes it and takes the next index (a lane past ``hi`` walks 0, harmlessly), so the
+    chains of table reads overlap instead of each waiting on a mispredicted walk (25M
+    elements, 250k positions: 8.9 -> 4.6 ms; a domain of exactly ``n`` ran 0.27 -> 0.40)."""
+    i0, i1, i2, i3 = lo, lo + 1, lo + 2, lo + 3
+    nxt = lo + 4
+    v0 = U(i0) if i0 < hi else U(0)
+    v1 = U(i1) if i1 < hi else U(0)
+    v2 = U(i2) if i2 < hi else U(0)
+    v3 = U(i3) if i3 < hi else U(0)
+    while i0 < hi or i1 < hi or i2 < hi or i3 < hi:
+        v0 = _tabled(v0, tab, half, m32)
+        v1 = _tabled(v1, tab, half, m32)
+        v2 = _tabled(v2, tab, half, m32)
+        v3 = _tabled(v3, tab, half, m32)
+        if v0 < n:
+            if i0 < hi:
+                out[i0] = np.int64(v0)
+            i0, nxt = nxt, nxt + 1
+            v0 = U(i0) if i0 < hi else U(0)
+        if v1 < n:
+            if i1 < hi:
+                out[i1] = np.int64(v1)
+            i1, nxt = nxt, nxt + 1
+            v1 = U(i1) if i1 < hi else U(0)
+        if v2 < n:
+            if i2 < hi:
+                out[i2] = np.int64(v2)
+            i2, nxt = nxt, nxt + 1
+            v2 = U(i2) if i2 < hi else U(0)
+        if v3 < n:
+            if i3 < hi:
+                out[i3] = np.int64(v3)
+            i3, nxt = nxt, nxt + 1
+            v3 = U(i3) if i3 < hi else U(0)
 
 
 @intrinsic
