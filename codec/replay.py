@@ -69,7 +69,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "ratios")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -118,12 +118,11 @@ class Replay:
             self.kstarts = readonly(offsets([s[1].count for s in secs]))
             room = codec.value.most_values(np.array([8 * s[1].raw_len for s in secs], np.int64))
             self.keys = (readonly(np.array([s[0].offset for s in secs], np.int64)), readonly(np.array(self.sizes, np.int64)), readonly(room))
-            # encoding (codec.replaydecode.encode_keyed): the tensors that keep values, each
-            # kept value's item in the payload, and the ratios known to keep these counts
+            # encoding (codec.replaydecode.encode_keyed): the tensors that keep values and each
+            # kept value's item in the payload
             item = self.dtype.itemsize
             self.kept = [t for t, (a, b) in enumerate(self.values) if b > a]
             self.spots = readonly(np.concatenate([np.arange(a // item, b // item) for a, b in self.values] or [np.empty(0, np.int64)]).astype(np.int64))
-            self.ratios = ()
 
     def _addresses(self, arrays, write: bool):
         """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``

@@ -102,11 +102,8 @@ def encode_keyed(plan, views, step: int) -> bytes | None:
     select = plan.codec.select
     at, sizes, _ = plan.keys
     kstarts = plan.kstarts
-    ratio = select.at("ratio", step)
-    if ratio not in plan.ratios:  # (the ratios found to keep the plan's counts)
-        if select.counts(sizes, step).tolist() != np.diff(kstarts).tolist():
-            return None
-        plan.ratios = (*plan.ratios[-7:], ratio)
+    if select.counts(sizes, step).tolist() != np.diff(kstarts).tolist():
+        return None
     khash = key_hash(None)  # (a plain call's tensors have no keys)
     count = sizes.size
     pos = np.empty(int(kstarts[-1]), np.int64)

@@ -137,23 +137,16 @@ class RandomK(Select):
 
         sizes = np.diff(starts)
         steps = [c.step for c in ctxs]
-        if len(set(steps)) == 1:  # (a many-tensor call's tensors share their step)
-            ks = self.counts(sizes, steps[0])
-        else:
-            ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
+        ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
         khashes = np.array([key_hash(c.key) for c in ctxs], np.uint64)
         kstarts = offsets(ks)
-        dev = on_device(flat)
-        mem = Memory(dev)  # drawn, gathered and scaled where the run lives
+        mem = Memory(on_device(flat))  # drawn, gathered and scaled where the run lives
         pos = mem.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
         seeds = np.full(ks.size, self.seed, np.uint64)
         backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)
-        if dev:
-            where = mem.empty(pos.size, np.int64)
-            backend("index", pos).absolute_positions(pos, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
-        else:  # (NumPy's: a kernel call costs more than the sum on a host run)
-            where = pos + np.repeat(np.asarray(starts[:-1], np.int64), ks)
+        where = mem.empty(pos.size, np.int64)
+        backend("index", pos).absolute_positions(pos, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
         kept = mem.gather(flat, where)
         if not _finite(kept):
             return None  # select() raises the error naming the tensor and position
