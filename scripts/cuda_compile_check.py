@@ -65,7 +65,7 @@ def record(path: str, pytest_args: list[str]) -> int:
         with open(os.path.join(tmp, "_record_launches.py"), "w") as f:
             f.write(_record_plugin_source(os.path.abspath(path)))
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=os.pathsep.join([tmp, os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_record_launches", "-p", "no:cacheprovider", *(pytest_args or ["tests/cuda"])]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "_record_launches", "-p", "no:cacheprovider", *(pytest_args or ["tests/cuda"])]
         return subprocess.call(cmd, env=env)
 
 

@@ -415,14 +415,14 @@ class Worker:
         self._forget_bytecode()
 
     def pytest(self, args: list[str], timeout: float | None, extra: list[str] = ()):
-        """``python -m pytest -x -q -p no:cacheprovider`` with ``args`` in the copy: (exit
+        """``python -m pytest -x -q -n 0 -p no:cacheprovider`` (one process) with ``args`` in the copy: (exit
         status, or None past ``timeout``; its output; seconds).  Through the fork server when
         it runs (not for ``extra`` options such as coverage's)."""
         if self.server is not None and not extra:
             got = self._served(args, timeout)
             if got is not None:
                 return got
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *extra, *args]
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *extra, *args]
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=self.dir, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -463,7 +463,7 @@ class Worker:
             # the server imported pytest's plugins (hypothesis, pytest_timeout) before pytest could mark them for
             # assertion rewriting: that warning is the server's, not the run's
             quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
-            self.server.stdin.write(json.dumps({"args": ["-x", "-q", "-p", "no:cacheprovider", *quiet, *args], "timeout": timeout,
+            self.server.stdin.write(json.dumps({"args": ["-x", "-q", "-n", "0", "-p", "no:cacheprovider", *quiet, *args], "timeout": timeout,
                                                 "log": str(log)}) + "\n")
             self.server.stdin.flush()
             reply = self.server.stdout.readline()

@@ -87,13 +87,22 @@ def backend(request):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """tests/test_cuda_simulator.py's tests run last, and the simulator run they check starts
-    now, in a process of its own, beside the rest of the suite
-    (``test_cuda_simulator.start``)."""
+    """tests/test_cuda_simulator.py's tests wait for the simulator run of tests/cuda, a process
+    of its own that goes on beside the rest of the suite (``test_cuda_simulator.start``).
+
+    Run by pytest-xdist's workers (the suite's default, ``-n 2 --dist loadfile`` in
+    pyproject.toml): the module goes first, so a worker takes it at once and starts the run
+    in its fixture, while the other worker goes on with the rest.  In one process
+    (``-n 0``): the run starts now and the module goes last."""
     sim = [i for i in items if i.path.name == "test_cuda_simulator.py"]
-    if sim:
-        items[:] = [i for i in items if i.path.name != "test_cuda_simulator.py"] + sim
-        config.stash[_SIMULATOR] = sim[0].module
+    if not sim:
+        return
+    rest = [i for i in items if i.path.name != "test_cuda_simulator.py"]
+    config.stash[_SIMULATOR] = sim[0].module
+    if hasattr(config, "workerinput"):
+        items[:] = sim + rest
+    else:
+        items[:] = rest + sim
         sim[0].module.start()
 
 
