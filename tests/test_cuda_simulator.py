@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,22 +43,31 @@ def start() -> None:
     env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning")
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "record", str(where / "signatures.json"), "--", str(HERE / "cuda")],
-        cwd=HERE.parent, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        cwd=HERE.parent, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     _run.update(proc=proc, where=where, log=log)
 
 
 def stop() -> None:
-    """End the run if it still goes (a session stopped early) and remove its folder."""
+    """End the run if it still goes (a session stopped early), its pytest process included
+    (the script's child: the run is a process group of its own), and remove its folder."""
     if not _run:
         return
     proc = _run["proc"]
     if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        _kill(proc)
     _run["log"].close()
     shutil.rmtree(_run["where"], ignore_errors=True)
     _run.clear()
+
+
+def _kill(proc) -> None:
+    """Kill the run's process group (the script and the pytest it started) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +78,7 @@ def simulated():
     try:
         proc.wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        _kill(proc)
     _run["log"].flush()
     out = (_run["where"] / "output.txt").read_text()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), _run["where"] / "signatures.json"
