@@ -414,9 +414,9 @@ class Worker:
         self._forget_bytecode()
 
     def pytest(self, args: list[str], timeout: float | None, extra: list[str] = ()):
-        """``python -m pytest -x -q -n 0 -p no:cacheprovider`` (one process) with ``args`` in the copy: (exit
-        status, or None past ``timeout``; its output; seconds).  Through the fork server when
-        it runs (not for ``extra`` options such as coverage's)."""
+        """``python -m pytest -x -q -n 0 -p no:cacheprovider`` (one process) with ``args`` in
+        the copy: (exit status, or None past ``timeout``; its output; seconds).  Through the
+        fork server when it runs (not for ``extra`` options such as coverage's)."""
         if self.server is not None and not extra:
             got = self._served(args, timeout)
             if got is not None:

@@ -3,7 +3,6 @@ kernel backends the kernel tests run against."""
 
 from __future__ import annotations
 
-import collections
 import os
 from fractions import Fraction
 
@@ -93,8 +92,8 @@ def pytest_collection_modifyitems(session, config, items):
 
     Run by pytest-xdist's workers (the suite's default, ``-n 2 --dist loadfile`` in
     pyproject.toml): the module goes first, so a worker takes it at once and starts the run
-    in its fixture, while the other worker goes on with the rest, the files with more tests
-    first (xdist's own order, which would put this module near the end).  In one process
+    in its fixture, while the other worker goes on with the rest (xdist's own order, by
+    number of tests, would put this module near the end).  In one process
     (``-n 0``): the run starts now and the module goes last."""
     sim = [i for i in items if i.path.name == "test_cuda_simulator.py"]
     if not sim:
@@ -102,8 +101,7 @@ def pytest_collection_modifyitems(session, config, items):
     rest = [i for i in items if i.path.name != "test_cuda_simulator.py"]
     config.stash[_SIMULATOR] = sim[0].module
     if hasattr(config, "workerinput"):  # (xdist keeps this order: --no-loadscope-reorder)
-        count = collections.Counter(i.path for i in rest)
-        items[:] = sim + sorted(rest, key=lambda i: -count[i.path])  # then the larger files first
+        items[:] = sim + rest
     else:
         items[:] = rest + sim
         sim[0].module.start()

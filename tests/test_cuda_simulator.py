@@ -4,8 +4,8 @@ numba.cuda is first imported, so it cannot share this process.  The same run rec
 argument types of every kernel launch, and every twin kernel is then compiled for a real GPU
 (PTX for sm_90, with NVVM from ``numba-cuda[cu13]``, no GPU needed) with exactly those types:
 what the simulator cannot check (typing, device functions, libdevice calls) is checked here
-(scripts/cuda_compile_check.py).  The simulator run starts when collection ends and goes on
-beside the rest of the suite (:func:`start`)."""
+(scripts/cuda_compile_check.py).  The simulator run goes on beside the rest of the suite
+(:func:`start`; tests/conftest.py orders this module)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ _run: dict = {}
 
 
 def start() -> None:
-    """Start the simulator run of tests/cuda in a process of its own, once: tests/conftest.py
-    calls this when collection ends and moves this module's tests to the end of the session,
-    so the run goes on beside the rest of the suite (it is one Python process: on a 2-core
-    machine the suite's wall time is about the longer of the two, not their sum)."""
+    """Start the simulator run of tests/cuda in a process of its own, once: in one pytest
+    process tests/conftest.py calls this when collection ends and moves this module's tests to
+    the end; under pytest-xdist the module goes first and its fixture calls this, so one worker
+    waits for the run while the other goes on.  Either way the run (one Python process) goes
+    on beside the rest of the suite."""
     if _run:
         return
     where = Path(tempfile.mkdtemp(prefix="gradcodec-cudasim-"))
