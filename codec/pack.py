@@ -182,26 +182,29 @@ def index_segments(pos, starts, sizes) -> SectionRun | None:
     starts = readonly(np.ascontiguousarray(starts, np.int64))
     sizes = np.asarray(sizes, np.int64)
     nseg = sizes.size
-    counts = np.diff(starts)
+    counts = starts[1:] - starts[:-1]
     kern = backend("index", pos)
     dstarts = mem.put(starts)
     widths = mem.empty(nseg, np.int64)
     kern.index_widths(pos, dstarts, mem.put(readonly(sizes)), widths)
     widths = mem.host(widths)
-    if (widths < 0).any():
+    if nseg and widths.min() < 0:
         raise CodecValueError("idx: each set's positions must be strictly increasing and lie in [0, n)")
     if nseg and widths.max() > 56:  # gaps beyond the kernel's 64-bit accumulator
         return None
     delta = (counts * widths + 7) // 8
-    bitmap = delta > (sizes + 7) // 8  # ties go to the packed gaps, as encode_indices decides
-    nbytes = np.where(bitmap, (sizes + 7) // 8, delta)
-    at = offsets(nbytes)
+    full = (sizes + 7) // 8
+    bitmap = delta > full  # ties go to the packed gaps, as encode_indices decides
+    at = offsets(np.where(bitmap, full, delta))
     out = mem.empty(int(at[-1]), np.uint8)
     if nseg:
         kern.index_write(pos, dstarts, mem.put(widths), mem.put(readonly(bitmap)), mem.put(at), out)
     out = mem.host(out)
-    kinds = np.where(bitmap, SectionKind.INDEX_BITMAP, SectionKind.INDEX_DELTA).tolist()
+    kinds = np.where(bitmap, _BITMAP, _DELTA).tolist()  # (plain ints: NumPy converts an enum member slowly)
     return SectionRun(out, at, kinds, np.where(bitmap, 1, widths).tolist(), np.where(bitmap, sizes, counts).tolist())
+
+
+_BITMAP, _DELTA = int(SectionKind.INDEX_BITMAP), int(SectionKind.INDEX_DELTA)
 
 
 def encode_index_segments(pos, starts, sizes) -> list:

@@ -47,7 +47,8 @@ import zlib
 import numpy as np
 
 from codec import manydecode, replaydecode
-from codec.replaydecode import keyed, lowrank, reads_as_run
+from codec.replaydecode import keyed, lowrank, ranked, reads_as_run
+from codec.runs import RUN_ELEMENTS
 from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
 from codec.framebuffer import new_bytes
 from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
@@ -69,7 +70,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "ranked", "heads")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -97,8 +98,14 @@ class Replay:
         self.infos = mf.tensor_sections if codes_dtype is None else None
         #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, their
         #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
-        self.values = self.keys = self.kstarts = self.matrices = self.run = None
-        if codes_dtype is None and lowrank(codec):
+        self.values = self.keys = self.kstarts = self.matrices = self.run = self.ranked = self.heads = None
+        if codes_dtype is None and ranked(codec):
+            # top-k (encoding only, codec.replaydecode.encode_ranked): the sizes, the run's
+            # starts, the layout and the values sections' kind and width; the headers made
+            values = mf.tensor_sections[0][1]
+            self.ranked = (readonly(np.array(self.sizes, np.int64)), self.starts, lay, values.kind, values.bits)
+            self.heads = {}
+        elif codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q, at offsets
             # that are whole items of the dtype (checked when learned): the pass-through
             # tensors' (index, start, end) and the matrices' indices, first coefficients
@@ -173,6 +180,8 @@ class Replay:
         found = self._addresses(arrays, False)
         if found is None:
             return None
+        if self.ranked is not None:  # top-k
+            return replaydecode.encode_ranked(self, found[1], step)
         if self.codes_dtype is None:  # a keyed sparse frame (random-k)
             return replaydecode.encode_keyed(self, found[1], step)
         frame, out = new_bytes(self.size)
@@ -272,8 +281,9 @@ def _c_strides(shape, itemsize: int) -> tuple:
 def replayable(c) -> bool:
     """Whether the codec ``c``'s many-tensor steps can be replayed: an elementwise value stage
     alone that codes a run where its tensors lie, and no byte stage; or a keyed select stage
-    with its values as they are, unscaled (random-k: :func:`codec.replaydecode.encode_keyed`)."""
-    return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False))
+    with its values as they are, unscaled (random-k: :func:`codec.replaydecode.encode_keyed`);
+    or top-k with its values as they are (:func:`codec.replaydecode.encode_ranked`)."""
+    return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or ranked(c)
 
 
 def _remember(table: dict, key, value) -> None:
@@ -369,7 +379,7 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
 def learn_decode(c, frame, mf) -> None:
     """After the general path decoded ``frame`` (parsed: ``mf``, made by the codec ``c``):
     keep the plan of its header when its tensors can be replayed."""
-    if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):
+    if type(frame) not in (bytes, bytearray) or ranked(c) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):  # (top-k's header changes: no decoding plan)
         return
     plans = _DECODES.get(len(frame), [])
     if any(frame.startswith(p.prefix) for p in plans):
@@ -401,6 +411,11 @@ def _learned(c, frame, mf=None) -> Replay | None:
             want = n if plan is None else plan[2] * (plan[0] + plan[1])
             if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].bits != bits or secs[0].count != want or secs[0].raw_len != secs[0].stored_len or secs[0].offset % (bits // 8):
                 return None
+        return Replay(c, frame, mf)
+    if ranked(c):  # an index section then the values, raw, in the tensors' dtype; tensors a run's
+        bits = lay.dtypes[0].itemsize * 8  # (each segment's selection is serial: small tensors only)
+        if max(lay.sizes) > RUN_ELEMENTS or any(len(secs) != 2 or secs[1].encoding != Encoding.RAW or secs[1].bits != bits or secs[1].raw_len != secs[1].stored_len for secs in mf.tensor_sections):
+            return None
         return Replay(c, frame, mf)
     if keyed(c):  # a key then the values, raw, in the tensors' dtype, at whole items of it
         bits = lay.dtypes[0].itemsize * 8

@@ -24,7 +24,15 @@ from codec.errors import CorruptFrameError
 from codec.streams import key_hash
 from codec.modes import SET
 
-__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "keyed", "lowrank", "reads_as_run"]
+__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "encode_ranked", "keyed", "lowrank", "ranked", "reads_as_run"]
+
+
+def ranked(c) -> bool:
+    """Whether the codec ``c`` is top-k (a select stage whose counts are the layout's:
+    ``counts``, the exact top-k's) with its values stored as they are (``none``), no
+    transform or byte stage: its frames' headers change only in each tensor's index section
+    (its kind and width), so its encoding is replayed (:func:`encode_ranked`)."""
+    return c.select is not None and c.select.name == "topk" and c.value.name == "none" and c.transform is None and not c.post
 
 
 def reads_as_run(c) -> bool:
@@ -124,6 +132,57 @@ def encode_keyed(plan, views, step: int) -> bytes | None:
     crc = crc32c(payload) if plan.crc else None
     close_header(bytearray(plan.prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc)
     return frame
+
+
+def encode_ranked(plan, views, step: int) -> bytes | None:
+    """Top-k's ``encode_many`` replayed (values as they are): the tensors laid end to end
+    in a reused buffer, every tensor's top k found with one kernel call (``topk_segments``),
+    every index section written with two (:func:`codec.pack.index_segments`), the kept values
+    gathered, then the header of those index sections (kept per kinds and widths: a few
+    patterns recur between steps) and the payload, each tensor's index section then its
+    values (``interleave``), and its CRC-32C.  None when a tensor holds a NaN or inf (the
+    general path then names it) or a gap needs more than 56 bits."""
+    from codec.checksum import crc32c
+    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
+    from codec.framebuffer import new_bytes
+    from codec.kernels import backend
+    from codec.manyframe.build import Entry, head_of
+    from codec.ops import offsets, scratch
+    from codec.pack import index_segments
+
+    sizes, starts, layout, vkind, vbits = plan.ranked
+    ks = plan.codec.select.counts(sizes, step)
+    room = offsets(ks)
+    flat = scratch(plan.count, plan.dtype)
+    np.concatenate([v.reshape(-1) for v in views], out=flat)
+    pos, bad = np.empty(int(room[-1]), np.int64), np.zeros(ks.size, np.int64)
+    backend("select", flat).topk_segments(flat, starts, ks, room, pos, bad)
+    if bad.any():
+        return None
+    index = index_segments(pos, room, sizes)
+    if index is None:
+        return None
+    key = (ks.tobytes(), tuple(index.kinds), tuple(index.widths))
+    head = plan.heads.get(key)
+    if head is None:
+        entries = [[Entry(*sec), Entry(vkind, vbits, k)] for sec, k in zip(zip(index.kinds, index.widths, index.counts), ks.tolist())]
+        head = head_of(plan.codec.spec, layout, entries, FLAG_PAYLOAD_CRC32C if plan.crc else 0)
+        if len(plan.heads) >= HEADS:
+            plan.heads.clear()
+        plan.heads[key] = head
+    prefix, hl, payload_len = head
+    backend("index", pos).absolute_positions(pos, room, starts, pos)  # (in place: the index is written)
+    kept = np.take(flat, pos).view(np.uint8)
+    frame, out = new_bytes(hl + payload_len)
+    payload = out[hl:]
+    backend("pack", payload).interleave(index.data, index.offsets, kept, room * (vbits // 8), payload)
+    close_header(bytearray(prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc32c(payload) if plan.crc else None)
+    return frame
+
+
+#: the headers a replayed top-k plan keeps (:func:`encode_ranked`), per kinds and widths of
+#: its index sections; all are dropped when it is full
+HEADS = 64
 
 
 def decode_lowrank(plan, payload, addrs, views) -> bool:

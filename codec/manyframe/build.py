@@ -98,6 +98,19 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     return frame
 
 
+def head_of(spec: str, layout: Layout, sections, flag: int) -> tuple:
+    """The header of a table-form frame of ``sections`` (per tensor, its :class:`Entry`
+    list) up to its checksums, its fixed fields written with the payload checksum's
+    ``flag``; the header's length with the checksums and the payload's length.  What a
+    replayed step whose sections' widths change between steps (top-k's index sections,
+    :func:`codec.replaydecode.encode_ranked`) writes before ``close_header``, as
+    :func:`build_many` writes it."""
+    table_head, flags, payload_len = _table_head(spec, layout, sections, "table", False)
+    head = bytearray(table_head)
+    FIXED.pack_into(head, 0, MAGIC, VERSION, flags | flag, 0)
+    return bytes(head), len(head) + _CRC.size * (2 if flag else 1), payload_len
+
+
 def _table_head(spec: str, layout: Layout, sections, form: str, joint: bool):
     """The header of a frame of ``sections`` up to the payload (its fixed fields' flags not
     yet written), the flags the tables give and the payload's raw length."""

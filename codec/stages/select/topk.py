@@ -36,6 +36,17 @@ class TopK(MagnitudeSelect):
         k = self.kept(n, step)
         return k, k
 
+    def counts(self, sizes, step: int):
+        """How many positions tensors of ``sizes`` elements (int64) keep at ``step``: each
+        :meth:`kept`, at once."""
+        import numpy as np
+
+        from codec.stages.select.magnitude import ks_of
+
+        if self.k is not None:
+            return np.minimum(sizes, self.k).astype(np.int64)
+        return ks_of(self.at("ratio", step), sizes)
+
     def choose(self, mags, ctx):
         return mags.top(self.kept(mags.n, ctx.step))
 
