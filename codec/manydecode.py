@@ -155,6 +155,7 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     ~100 µs.  None, having written nothing, when the frame or the arrays are not that: the
     general path then reads it, and refuses what it refuses, naming the tensor."""
     from codec.frame import SectionKind
+    from codec.kernels import backend
     from codec.ops import offsets
     from codec.section import Encoding
 
@@ -180,7 +181,7 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     idx, kstarts = got
     arrays = [t if t is not None else np.empty(n, dt) for t, n in zip(targets, lay.sizes)]
     starts = lay.starts
-    idx += np.repeat(starts[:-1], counts)  # (run positions: each tensor's counted from the run's start)
+    backend("index", idx).absolute_positions(idx, kstarts, np.array(starts), idx)  # (run positions, in place; writeable arrays: the encoder's signature)
     values = np.concatenate([payload[s[1].offset : s[1].offset + s[1].raw_len] for s in secs]).view(dt)
     if not scatter_segments(values, idx, starts, arrays, SET, kstarts=kstarts):
         return None

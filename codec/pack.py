@@ -205,6 +205,8 @@ def index_segments(pos, starts, sizes) -> SectionRun | None:
 
 
 _BITMAP, _DELTA = int(SectionKind.INDEX_BITMAP), int(SectionKind.INDEX_DELTA)
+#: the kinds of an index section, as plain ints (a set: a section's kind is looked up once)
+INDEX_KINDS = frozenset((_BITMAP, _DELTA))
 
 
 def encode_index_segments(pos, starts, sizes) -> list:

@@ -103,7 +103,7 @@ class Replay:
             # top-k (encoding only, codec.replaydecode.encode_ranked): the sizes, the run's
             # starts, the layout and the values sections' kind and width; the headers made
             values = mf.tensor_sections[0][1]
-            self.ranked = (readonly(np.array(self.sizes, np.int64)), self.starts, lay, values.kind, values.bits)
+            self.ranked = (readonly(np.array(self.sizes, np.int64)), offsets(self.sizes), lay, values.kind, values.bits)  # (the starts writeable: the kernels' signature on the general path)
             self.heads = {}
         elif codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q, at offsets

@@ -18,6 +18,8 @@ steps".
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 
 from codec.errors import CorruptFrameError
@@ -146,7 +148,7 @@ def encode_ranked(plan, views, step: int) -> bytes | None:
     from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
     from codec.framebuffer import new_bytes
     from codec.kernels import backend
-    from codec.manyframe.build import Entry, head_of
+    from codec.manyframe.build import head_of
     from codec.ops import offsets, scratch
     from codec.pack import index_segments
 
@@ -162,14 +164,13 @@ def encode_ranked(plan, views, step: int) -> bytes | None:
     index = index_segments(pos, room, sizes)
     if index is None:
         return None
-    key = (ks.tobytes(), tuple(index.kinds), tuple(index.widths))
-    head = plan.heads.get(key)
+    tables = tuple(zip(zip(index.kinds, index.widths, index.counts), zip(repeat(vkind), repeat(vbits), ks.tolist())))
+    head = plan.heads.get(tables)
     if head is None:
-        entries = [[Entry(*sec), Entry(vkind, vbits, k)] for sec, k in zip(zip(index.kinds, index.widths, index.counts), ks.tolist())]
-        head = head_of(plan.codec.spec, layout, entries, FLAG_PAYLOAD_CRC32C if plan.crc else 0)
+        head = head_of(plan.codec.spec, layout, tables, FLAG_PAYLOAD_CRC32C if plan.crc else 0)
         if len(plan.heads) >= HEADS:
             plan.heads.clear()
-        plan.heads[key] = head
+        plan.heads[tables] = head
     prefix, hl, payload_len = head
     backend("index", pos).absolute_positions(pos, room, starts, pos)  # (in place: the index is written)
     kept = np.take(flat, pos).view(np.uint8)

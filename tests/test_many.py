@@ -267,7 +267,8 @@ def test_derived_counts_are_written_once_and_checked(monkeypatch):
     import codec.manyframe.build as build
 
     monkeypatch.setattr(build, "count_rules", lambda counts: (0,) * len(counts))  # every count written
-    monkeypatch.setattr(build, "_HEADS", {})  # (not the header the same tensors had a moment ago)
+    monkeypatch.setattr(build, "_HEADS", {})  # (not the header the same tensors had a moment ago,
+    monkeypatch.setattr(build, "_TENSORS", {})  # nor their rules)
     every = codec.get_codec("adacomp").encode_many(ts)
     monkeypatch.undo()
     secs = parse_many(adacomp).tensor_sections

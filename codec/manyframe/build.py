@@ -38,6 +38,29 @@ _HEADS: dict = {}
 _HEADS_MAX = 8
 
 
+#: each tensor's sections as :func:`_table_head` reads them, per ``(sections, derived)``:
+#: their (kind, bits) pattern, count rules and raw length (a model's tensors repeat theirs
+#: between steps; top-k's index widths take a few values)
+_TENSORS: dict = {}
+_TENSORS_MAX = 4096
+
+
+def _tensor(t: tuple, derived: bool) -> tuple:
+    """The pattern ``(kind, bits)`` per section, the count rules and the raw payload length
+    of a tensor whose sections are ``t`` (``(kind, bits, count)`` triples)."""
+    key = (t, derived)
+    got = _TENSORS.get(key)
+    if got is None:
+        if len(t) > MAX_SECTIONS:
+            raise CodecValueError(f"a tensor's codec made {len(t)} sections; a many-tensor frame allows {MAX_SECTIONS}")
+        mine = count_rules([count for _, _, count in t]) if derived else (COUNT_WRITTEN,) * len(t)
+        got = (tuple((kind, bits) for kind, bits, _ in t), mine, sum(raw_length(count, bits) for _, bits, count in t))
+        if len(_TENSORS) >= _TENSORS_MAX:
+            _TENSORS.clear()
+        _TENSORS[key] = got
+    return got
+
+
 def _remember(key, entry) -> None:
     if len(_HEADS) >= _HEADS_MAX:
         _HEADS.pop(next(iter(_HEADS)), None)
@@ -60,12 +83,13 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     ``out``: as for :func:`codec.frame.build_frame` (the frame written into a caller's buffer)."""
     if form not in ("table", "hash"):
         raise CodecValueError(f"layout: expected 'table' or 'hash', got {form!r}")
-    key = (spec, form, joint, id(layout), tuple(tuple((sec.kind, sec.bits, sec.count) for sec in secs) for secs in sections))
+    tables = tuple(tuple((sec.kind, sec.bits, sec.count) for sec in secs) for secs in sections)
+    key = (spec, form, joint, id(layout), tables)
     known = _HEADS.get(key)
     if known is not None and known[0] is layout:  # the header of the step before (the layout object kept alive by the entry)
         _, table_head, flags, payload_len = known
     else:
-        table_head, flags, payload_len = _table_head(spec, layout, sections, form, joint)
+        table_head, flags, payload_len = _table_head(spec, layout, tables, form, joint)
         _remember(key, (layout, table_head, flags, payload_len))
     head = bytearray(table_head)
     if pieces is None:
@@ -98,58 +122,60 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     return frame
 
 
-def head_of(spec: str, layout: Layout, sections, flag: int) -> tuple:
-    """The header of a table-form frame of ``sections`` (per tensor, its :class:`Entry`
-    list) up to its checksums, its fixed fields written with the payload checksum's
-    ``flag``; the header's length with the checksums and the payload's length.  What a
-    replayed step whose sections' widths change between steps (top-k's index sections,
-    :func:`codec.replaydecode.encode_ranked`) writes before ``close_header``, as
-    :func:`build_many` writes it."""
-    table_head, flags, payload_len = _table_head(spec, layout, sections, "table", False)
+def head_of(spec: str, layout: Layout, tables: tuple, flag: int) -> tuple:
+    """The header of a table-form frame whose tensor ``t`` has the sections ``tables[t]``
+    (a tuple of ``(kind, bits, count)`` triples) up to its checksums, its fixed fields
+    written with the payload checksum's ``flag``; the header's length with the checksums
+    and the payload's length.  What a replayed step whose sections' widths change between
+    steps (top-k's index sections, :func:`codec.replaydecode.encode_ranked`) writes before
+    ``close_header``, as :func:`build_many` writes it."""
+    table_head, flags, payload_len = _table_head(spec, layout, tables, "table", False)
     head = bytearray(table_head)
     FIXED.pack_into(head, 0, MAGIC, VERSION, flags | flag, 0)
     return bytes(head), len(head) + _CRC.size * (2 if flag else 1), payload_len
 
 
-def _table_head(spec: str, layout: Layout, sections, form: str, joint: bool):
-    """The header of a frame of ``sections`` up to the payload (its fixed fields' flags not
-    yet written), the flags the tables give and the payload's raw length."""
+def _table_head(spec: str, layout: Layout, tables: tuple, form: str, joint: bool):
+    """The header of a frame whose tensor ``t`` has the sections ``tables[t]`` (``(kind,
+    bits, count)`` triples) up to the payload (its fixed fields' flags not yet written), the
+    flags the tables give and the payload's raw length."""
     spec_b = spec.encode("utf-8")
     if len(spec_b) > MAX_SPEC:
         raise CodecValueError(f"spec is {len(spec_b)} bytes; the frame format allows {MAX_SPEC}")
-    derived = all(s.kind < DERIVED_KINDS for secs in sections for s in secs)  # the kinds fit beside a rule
+    derived = all(kind < DERIVED_KINDS for t in tables for kind, _, _ in t)  # the kinds fit beside a rule
     flags = (FLAG_DERIVED if derived else 0) | (FLAG_LAYOUT_HASH if form == "hash" else 0)
     if layout.names is not None:
         flags |= FLAG_NAMES
     if joint:
-        if len(sections) != 1 or len(set(layout.dtypes)) > 1:
+        if len(tables) != 1 or len(set(layout.dtypes)) > 1:
             raise AssertionError("build_many: a joint frame has one list of sections and one dtype")
         flags |= FLAG_JOINT
-    elif len(sections) != len(layout):
+    elif len(tables) != len(layout):
         raise AssertionError("build_many: one list of sections per tensor")
     head = bytearray(FIXED_SIZE)
     put_varint(head, len(spec_b))
     head += spec_b
     put_varint(head, len(layout))
     head += layout.hash if form == "hash" else layout.table()
-    shapes = [tuple((s.kind, s.bits) for s in secs) for secs in sections]
+    infos = [_tensor(t, derived) for t in tables]
     rules: dict = {}  # (kind, bits) pattern -> the count rules its tensors share (rule 0 without the flag)
-    for secs, shape in zip(sections, shapes):
-        if len(secs) > MAX_SECTIONS:
-            raise CodecValueError(f"a tensor's codec made {len(secs)} sections; a many-tensor frame allows {MAX_SECTIONS}")
-        mine = count_rules([s.count for s in secs]) if derived else (COUNT_WRITTEN,) * len(secs)
-        rules[shape] = common_rules(rules[shape], mine) if shape in rules else mine
-    patterns: dict = {}
+    for shape, mine, _ in infos:
+        have = rules.get(shape)
+        rules[shape] = mine if have is None or have == mine else common_rules(have, mine)
+    ids: dict = {}  # (kind, bits) pattern -> its id (in order of first use) and its written counts' places
+    patterns = []
     body = bytearray()  # per tensor: pattern id and the counts its pattern does not derive
     payload_len = 0
-    for secs, shape in zip(sections, shapes):
-        kept = rules[shape]
-        pattern = tuple((kind | rule << 4, bits) for (kind, bits), rule in zip(shape, kept))
-        put_varint(body, patterns.setdefault(pattern, len(patterns)))
-        for s, rule in zip(secs, kept):
-            if rule == COUNT_WRITTEN:
-                put_varint(body, s.count)
-            payload_len += s.raw_len
+    for t, (shape, _, raw) in zip(tables, infos):
+        got = ids.get(shape)
+        if got is None:
+            kept = rules[shape]
+            patterns.append(tuple((kind | rule << 4, bits) for (kind, bits), rule in zip(shape, kept)))
+            got = ids[shape] = (len(ids), [j for j, rule in enumerate(kept) if rule == COUNT_WRITTEN])
+        put_varint(body, got[0])
+        for j in got[1]:
+            put_varint(body, t[j][2])
+        payload_len += raw
     put_varint(head, len(patterns))
     for pattern in patterns:
         head.append(len(pattern))

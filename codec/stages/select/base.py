@@ -42,11 +42,10 @@ class IndexSelect(Select):
     def positions_run(self, data, sections, sizes, value=None):
         """Every tensor's index section read at once (:func:`codec.pack.decode_index_run`;
         the positions are in the frame, so ``value`` bounds nothing here)."""
-        from codec.frame import SectionKind
-        from codec.pack import decode_index_run
+        from codec.pack import INDEX_KINDS, decode_index_run
 
         firsts = [secs[0] if secs else None for secs in sections]
-        if any(f is None or f.kind not in (SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP) for f in firsts):
+        if any(f is None or f.kind not in INDEX_KINDS for f in firsts):
             return None
         return decode_index_run(data, firsts, sizes)
 
