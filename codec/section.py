@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -120,8 +120,11 @@ class SectionRun:
         return [Section(k, w, c, self.data[o[i] : o[i + 1]]) for i, (k, w, c) in enumerate(zip(self.kinds, self.widths, self.counts))]
 
 
-@dataclass(frozen=True)
-class SectionInfo:
+class SectionInfo(NamedTuple):
+    """A section as a parser read it: its kind, how it is stored, its item width and count,
+    its raw and stored lengths and its offset in the payload (a named tuple: a many-tensor
+    header makes one per section, and a frozen dataclass cost 2.3 µs each against 0.7)."""
+
     kind: int
     encoding: int
     bits: int

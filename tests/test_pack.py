@@ -3,7 +3,6 @@ kernel family itself on every kernel backend (the ``backend`` fixture of tests/c
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -646,7 +645,7 @@ def test_index_segments_refuse_what_one_set_refuses():
     assert decode_index_segments(raw, [big], [1 << 58]) is None
     assert decode_indices(big, raw, 1 << 58).tolist() == [1 << 56]
     # a section at offset 0 ending at the data's end is in bounds
-    (only,) = decode_index_segments(head[1:6], [dataclasses.replace(good, offset=0)], [40])
+    (only,) = decode_index_segments(head[1:6], [good._replace(offset=0)], [40])
     assert only.tolist() == sets[1][0].tolist()
 
 

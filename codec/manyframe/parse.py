@@ -25,7 +25,6 @@ from codec.frame import (
     payload_check,
     checksum_name,
     element_limit,
-    raw_length,
 )
 from codec.manyframe.table import Layout, as_layout, read_layout
 from codec.manyframe.wire import (
@@ -148,9 +147,12 @@ def read_header(mv) -> Header:
     patterns = []  # (the (kind, bits) of each section, their count rules)
     for _ in range(npat):
         nsec = cur.byte("a pattern")
+        if cur.pos + 2 * nsec > cur.end:
+            raise CorruptFrameError("many-tensor frame: header ends inside a pattern")
+        raw = bytes(cur.take(2 * nsec, "a pattern"))  # (kind, bits) per section, read at once
         pat, rules = [], []
         for j in range(nsec):
-            kind, bits = cur.byte("a pattern"), cur.byte("a pattern")
+            kind, bits = raw[2 * j], raw[2 * j + 1]
             rule = COUNT_WRITTEN
             if derived:  # the kind byte's high 4 bits are the count rule
                 kind, rule = kind & 0x0F, kind >> 4
@@ -185,13 +187,15 @@ def _sections(h: Header, sizes) -> tuple[tuple, int]:
     tensor's size, and where the last one ends."""
     tensor_sections = []
     off = 0
+    raw_enc = int(Encoding.RAW)
     for i, ((pat, counts), n) in enumerate(zip(h.per_tensor, sizes)):
         infos = []
+        most = SECTION_BYTES_PER_ELEMENT * n + 1024
         for j, ((kind, bits), c) in enumerate(zip(pat, counts)):
-            rl = raw_length(c, bits)
-            if rl > SECTION_BYTES_PER_ELEMENT * n + 1024:
+            rl = (c * bits + 7) // 8  # (raw_length, inline: a header has a few hundred sections)
+            if rl > most:
                 raise CorruptFrameError(f"tensor {i}, section {j}: {rl} raw bytes is more than {n} elements can need")
-            infos.append(SectionInfo(kind, Encoding.RAW, bits, c, rl, rl, off))
+            infos.append(SectionInfo(kind, raw_enc, bits, c, rl, rl, off))
             off += rl
         tensor_sections.append(tuple(infos))
     return tuple(tensor_sections), off
