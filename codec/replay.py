@@ -47,7 +47,7 @@ import zlib
 import numpy as np
 
 from codec import manydecode, replaydecode
-from codec.replaydecode import keyed, lowrank, ranked, reads_as_run
+from codec.replaydecode import keyed, lowrank, reads_as_run, selected
 from codec.runs import RUN_ELEMENTS
 from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
 from codec.framebuffer import new_bytes
@@ -70,7 +70,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "ranked", "heads")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "heads")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -98,12 +98,14 @@ class Replay:
         self.infos = mf.tensor_sections if codes_dtype is None else None
         #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, their
         #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
-        self.values = self.keys = self.kstarts = self.matrices = self.run = self.ranked = self.heads = None
-        if codes_dtype is None and ranked(codec):
-            # top-k (encoding only, codec.replaydecode.encode_ranked): the sizes, the run's
-            # starts, the layout and the values sections' kind and width; the headers made
-            values = mf.tensor_sections[0][1]
-            self.ranked = (readonly(np.array(self.sizes, np.int64)), offsets(self.sizes), lay, values.kind, values.bits)  # (the starts writeable: the kernels' signature on the general path)
+        self.values = self.keys = self.kstarts = self.matrices = self.run = self.selected = self.heads = None
+        if codes_dtype is None and selected(codec):
+            # a sparse codec (encoding only, codec.replaydecode.encode_selected): the run's
+            # starts (writeable, as the general path's runs pass them), the layout and how
+            # errors name the tensors; the headers made
+            from codec.many import where
+
+            self.selected = (offsets(self.sizes), lay, where(lay.names, len(lay)))
             self.heads = {}
         elif codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q, at offsets
@@ -180,8 +182,8 @@ class Replay:
         found = self._addresses(arrays, False)
         if found is None:
             return None
-        if self.ranked is not None:  # top-k
-            return replaydecode.encode_ranked(self, found[1], step)
+        if self.selected is not None:  # a sparse codec
+            return replaydecode.encode_selected(self, found[1], step)
         if self.codes_dtype is None:  # a keyed sparse frame (random-k)
             return replaydecode.encode_keyed(self, found[1], step)
         frame, out = new_bytes(self.size)
@@ -282,8 +284,8 @@ def replayable(c) -> bool:
     """Whether the codec ``c``'s many-tensor steps can be replayed: an elementwise value stage
     alone that codes a run where its tensors lie, and no byte stage; or a keyed select stage
     with its values as they are, unscaled (random-k: :func:`codec.replaydecode.encode_keyed`);
-    or top-k with its values as they are (:func:`codec.replaydecode.encode_ranked`)."""
-    return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or ranked(c)
+    or another select stage (:func:`codec.replaydecode.encode_selected`)."""
+    return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or selected(c)
 
 
 def _remember(table: dict, key, value) -> None:
@@ -379,7 +381,7 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
 def learn_decode(c, frame, mf) -> None:
     """After the general path decoded ``frame`` (parsed: ``mf``, made by the codec ``c``):
     keep the plan of its header when its tensors can be replayed."""
-    if type(frame) not in (bytes, bytearray) or ranked(c) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):  # (top-k's header changes: no decoding plan)
+    if type(frame) not in (bytes, bytearray) or selected(c) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):  # (a sparse header changes: no decoding plan)
         return
     plans = _DECODES.get(len(frame), [])
     if any(frame.startswith(p.prefix) for p in plans):
@@ -412,9 +414,8 @@ def _learned(c, frame, mf=None) -> Replay | None:
             if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].bits != bits or secs[0].count != want or secs[0].raw_len != secs[0].stored_len or secs[0].offset % (bits // 8):
                 return None
         return Replay(c, frame, mf)
-    if ranked(c):  # an index section then the values, raw, in the tensors' dtype; tensors a run's
-        bits = lay.dtypes[0].itemsize * 8  # (each segment's selection is serial: small tensors only)
-        if max(lay.sizes) > RUN_ELEMENTS or any(len(secs) != 2 or secs[1].encoding != Encoding.RAW or secs[1].bits != bits or secs[1].raw_len != secs[1].stored_len for secs in mf.tensor_sections):
+    if selected(c):  # tensors of a run's size (a segment's selection runs on one thread), stored raw
+        if max(lay.sizes) > RUN_ELEMENTS or any(sec.encoding != Encoding.RAW for secs in mf.tensor_sections for sec in secs):
             return None
         return Replay(c, frame, mf)
     if keyed(c):  # a key then the values, raw, in the tensors' dtype, at whole items of it

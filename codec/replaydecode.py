@@ -18,23 +18,22 @@ steps".
 
 from __future__ import annotations
 
-from itertools import repeat
-
 import numpy as np
 
 from codec.errors import CorruptFrameError
 from codec.streams import key_hash
 from codec.modes import SET
 
-__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "encode_ranked", "keyed", "lowrank", "ranked", "reads_as_run"]
+__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "encode_selected", "keyed", "lowrank", "reads_as_run", "selected"]
 
 
-def ranked(c) -> bool:
-    """Whether the codec ``c`` is top-k (a select stage whose counts are the layout's:
-    ``counts``, the exact top-k's) with its values stored as they are (``none``), no
-    transform or byte stage: its frames' headers change only in each tensor's index section
-    (its kind and width), so its encoding is replayed (:func:`encode_ranked`)."""
-    return c.select is not None and c.select.name == "topk" and c.value.name == "none" and c.transform is None and not c.post
+def selected(c) -> bool:
+    """Whether the codec ``c`` is a select stage other than a keyed one (top-k, DGC,
+    gaussian-k, AdaComp, ...) with no transform or byte stage: its encoding is replayed
+    (:func:`encode_selected`) with a header made for each step's sections (their kinds,
+    widths and counts change with the data), when its stages code the layout's tensors as
+    one run (``select_segments``, ``encode_kept``)."""
+    return c.select is not None and not c.select.keyed and c.transform is None and not c.post
 
 
 def reads_as_run(c) -> bool:
@@ -136,53 +135,58 @@ def encode_keyed(plan, views, step: int) -> bytes | None:
     return frame
 
 
-def encode_ranked(plan, views, step: int) -> bytes | None:
-    """Top-k's ``encode_many`` replayed (values as they are): the tensors laid end to end
-    in a reused buffer, every tensor's top k found with one kernel call (``topk_segments``),
-    every index section written with two (:func:`codec.pack.index_segments`), the kept values
-    gathered, then the header of those index sections (kept per kinds and widths: a few
-    patterns recur between steps) and the payload, each tensor's index section then its
-    values (``interleave``), and its CRC-32C.  None when a tensor holds a NaN or inf (the
-    general path then names it) or a gap needs more than 56 bits."""
+def encode_selected(plan, views, step: int) -> bytes | None:
+    """A sparse ``encode_many`` replayed (:func:`selected`): the tensors laid end to end in
+    a reused buffer and selected in one call (the select stage's ``select_segments``, with
+    their contexts at ``step``: a schedule holds), every kept value coded at once (the value
+    stage's ``encode_kept``), then the header of the step's sections (kept per their
+    ``(kind, bits, count)`` triples: a few widths recur between steps) and the payload, each
+    tensor's index section then its values (``interleave``), and its CRC-32C.  None when a
+    stage declines the run or a value refuses (a NaN or inf: the general path then names
+    it)."""
     from codec.checksum import crc32c
+    from codec.context import Context
+    from codec.errors import CodecError
     from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
     from codec.framebuffer import new_bytes
     from codec.kernels import backend
     from codec.manyframe.build import head_of
-    from codec.ops import offsets, scratch
-    from codec.pack import index_segments
+    from codec.ops import scratch
 
-    sizes, starts, layout, vkind, vbits = plan.ranked
-    ks = plan.codec.select.counts(sizes, step)
-    room = offsets(ks)
+    c = plan.codec
+    starts, layout, names = plan.selected
     flat = scratch(plan.count, plan.dtype)
     np.concatenate([v.reshape(-1) for v in views], out=flat)
-    pos, bad = np.empty(int(room[-1]), np.int64), np.zeros(ks.size, np.int64)
-    backend("select", flat).topk_segments(flat, starts, ks, room, pos, bad)
-    if bad.any():
+    ctxs = [Context(shape, plan.dtype, step=step, name=w) for shape, w in zip(plan.shapes, names)]
+    picked = c.select.select_segments(flat, starts, ctxs)
+    if picked is None:
         return None
-    index = index_segments(pos, room, sizes)
-    if index is None:
+    _, kstarts, values, index = picked
+    kept = c.value.encode_kept(values, kstarts, ctxs)
+    if kept is None:
         return None
-    tables = tuple(zip(zip(index.kinds, index.widths, index.counts), zip(repeat(vkind), repeat(vbits), ks.tolist())))
+    table, vsec, vstarts = kept
+    tables = tuple(((k, w, n), *[(e.kind, e.bits, e.count) for e in entries]) for k, w, n, entries in zip(index.kinds, index.widths, index.counts, table))
     head = plan.heads.get(tables)
     if head is None:
-        head = head_of(plan.codec.spec, layout, tables, FLAG_PAYLOAD_CRC32C if plan.crc else 0)
+        head = head_of(c.spec, layout, tables, FLAG_PAYLOAD_CRC32C if plan.crc else 0)
         if len(plan.heads) >= HEADS:
             plan.heads.clear()
         plan.heads[tables] = head
     prefix, hl, payload_len = head
-    backend("index", pos).absolute_positions(pos, room, starts, pos)  # (in place: the index is written)
-    kept = np.take(flat, pos).view(np.uint8)
+    try:
+        codes = np.frombuffer(vsec.materialize(), np.uint8)
+    except CodecError:  # (a NaN under nonfinite=raise: the general path names its tensor)
+        return None
     frame, out = new_bytes(hl + payload_len)
     payload = out[hl:]
-    backend("pack", payload).interleave(index.data, index.offsets, kept, room * (vbits // 8), payload)
+    backend("pack", payload).interleave(index.data, index.offsets, codes, vstarts, payload)
     close_header(bytearray(prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc32c(payload) if plan.crc else None)
     return frame
 
 
-#: the headers a replayed top-k plan keeps (:func:`encode_ranked`), per kinds and widths of
-#: its index sections; all are dropped when it is full
+#: the headers a replayed sparse plan keeps (:func:`encode_selected`), per its sections'
+#: triples; all are dropped when it is full
 HEADS = 64
 
 

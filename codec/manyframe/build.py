@@ -127,7 +127,7 @@ def head_of(spec: str, layout: Layout, tables: tuple, flag: int) -> tuple:
     (a tuple of ``(kind, bits, count)`` triples) up to its checksums, its fixed fields
     written with the payload checksum's ``flag``; the header's length with the checksums
     and the payload's length.  What a replayed step whose sections' widths change between
-    steps (top-k's index sections, :func:`codec.replaydecode.encode_ranked`) writes before
+    steps (a sparse codec's index sections, :func:`codec.replaydecode.encode_selected`) writes before
     ``close_header``, as :func:`build_many` writes it."""
     table_head, flags, payload_len = _table_head(spec, layout, tables, "table", False)
     head = bytearray(table_head)

@@ -114,7 +114,7 @@ class Value(Stage, kind_base=True):
         secs: list = []
         self.encode(values, Context(values.shape, values.dtype, name="tensors"), secs)
         (sec,) = secs
-        return [[Entry(sec.kind, sec.bits, k)] for k in np.diff(kstarts).tolist()], sec, kstarts * (sec.bits // 8)
+        return [[Entry(sec.kind, sec.bits, k)] for k in (kstarts[1:] - kstarts[:-1]).tolist()], sec, kstarts * (sec.bits // 8)
 
     def read_kept(self, data, sections, counts, dtype):
         """The inverse of :meth:`encode_kept`: from the raw payload ``data`` (uint8) and per

@@ -110,7 +110,7 @@ def segments_picked(flat, starts, room, pos, counts, values=None):
     else:
         at = mem.put(np.arange(total) + np.repeat(room[:-1] - kstarts[:-1], counts))
         picked = mem.gather(pos, at)
-    index = index_segments(picked, kstarts, np.diff(starts))
+    index = index_segments(picked, kstarts, starts[1:] - starts[:-1])
     if index is None:
         return None
     if values is not None:
