@@ -77,3 +77,9 @@ class Context:
         """The array position of coded value ``i``, for error messages."""
         flat = int(i) if self.positions is None else int(self.positions[i])
         return tuple(int(v) for v in np.unravel_index(flat, self.shape)) if self.shape else ()
+
+
+def where(names, count: int) -> list[str]:
+    """How errors name each tensor of a many-tensor call: ``tensors['w']`` or ``tensors[3]``
+    (the contexts' ``name``: :mod:`codec.many`, a replayed step, error feedback)."""
+    return [f"tensors[{k!r}]" for k in (names if names is not None else range(count))]

@@ -22,6 +22,7 @@ from codec.errors import CodecTypeError, CodecValueError
 from codec.framebuffer import frame_out
 from codec.manyframe import Layout
 from codec.runs import FEEDBACK_RUNS, RUNS, RunShape, elementwise_sections, select_runs, transform_runs, value_runs
+from codec.context import where
 from codec.stage import Context, check_step
 
 
@@ -94,11 +95,6 @@ def joined(arrays) -> np.ndarray:
         whole = device.span(arrays)
         return whole if whole is not None else device.concat(arrays, device.empty(sum(a.size for a in arrays), arrays[0].dtype))
     return np.concatenate([a.reshape(-1) for a in arrays])
-
-
-def where(names, count: int) -> list[str]:
-    """How errors name each tensor of a many-tensor call: ``tensors['w']`` or ``tensors[3]``."""
-    return [f"tensors[{k!r}]" for k in (names if names is not None else range(count))]
 
 
 def many_keys(keys, count: int) -> list:

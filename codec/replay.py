@@ -103,7 +103,7 @@ class Replay:
             # a sparse codec (encoding only, codec.replaydecode.encode_selected): the run's
             # starts (writeable, as the general path's runs pass them), the layout and how
             # errors name the tensors; the headers made
-            from codec.many import where
+            from codec.context import where
 
             self.selected = (offsets(self.sizes), lay, where(lay.names, len(lay)))
             self.heads = {}

@@ -13,7 +13,8 @@ from codec.frame import parse_frame
 from codec.framebuffer import frame_out
 from codec.feedback.state import check, saved
 from codec import many
-from codec.many import hashable_key, joined, many_keys, where
+from codec.context import where
+from codec.many import hashable_key, joined, many_keys
 from codec.feedback.runstep import ManyFeedback
 from codec.feedback.step import Step
 from codec.pipeline import Codec, get_codec
