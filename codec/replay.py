@@ -30,8 +30,13 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   layout's too): every key checked at once (``keys_at``), then one kernel call draws every
   tensor's positions while it zeroes the arrays and writes the kept values at them
   (``scatter_keyed``).
+* ``encode`` of a sparse codec, whose header changes with each step's index sections:
+  random-k's keys and values (:func:`codec.replaydecode.encode_keyed`), or another select
+  stage's run (:func:`codec.replaydecode.selected`: top-k, gaussian-k, DGC, AdaComp on
+  tensors of a run's size) selected and coded at once, its header made for the step's
+  sections (:func:`codec.replaydecode.encode_selected`).
 
-How each of the last three kinds is written is :mod:`codec.replaydecode`'s.
+How each of the last four kinds is written is :mod:`codec.replaydecode`'s.
 
 Nothing else changes: the frame is byte for byte the general path's (a plan is kept only if
 its frame of the tensors it was learned from equals the general path's), and whatever a plan
@@ -70,7 +75,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "heads")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -98,15 +103,14 @@ class Replay:
         self.infos = mf.tensor_sections if codes_dtype is None else None
         #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, their
         #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
-        self.values = self.keys = self.kstarts = self.matrices = self.run = self.selected = self.heads = None
+        self.values = self.keys = self.kstarts = self.matrices = self.run = self.selected = None
         if codes_dtype is None and selected(codec):
             # a sparse codec (encoding only, codec.replaydecode.encode_selected): the run's
             # starts (writeable, as the general path's runs pass them), the layout and how
-            # errors name the tensors; the headers made
+            # errors name the tensors
             from codec.context import where
 
             self.selected = (offsets(self.sizes), lay, where(lay.names, len(lay)))
-            self.heads = {}
         elif codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q, at offsets
             # that are whole items of the dtype (checked when learned): the pass-through

@@ -139,19 +139,19 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     """A sparse ``encode_many`` replayed (:func:`selected`): the tensors laid end to end in
     a reused buffer and selected in one call (the select stage's ``select_segments``, with
     their contexts at ``step``: a schedule holds), every kept value coded at once (the value
-    stage's ``encode_kept``), then the header of the step's sections (kept per their
-    ``(kind, bits, count)`` triples: a few widths recur between steps) and the payload, each
-    tensor's index section then its values (``interleave``), and its CRC-32C.  None when a
-    stage declines the run or a value refuses (a NaN or inf: the general path then names
-    it)."""
+    stage's ``encode_kept``), then the header of the step's sections (the frame builder's,
+    :func:`codec.manyframe.build.head_of`, which keeps the recent ones) and the payload as a
+    run writes it (:func:`codec.runs.sparse_piece`: each tensor's index section, then its
+    values), and its CRC-32C.  None when a stage declines the run or a value refuses (a NaN
+    or inf: the general path then names it)."""
     from codec.checksum import crc32c
     from codec.context import Context
     from codec.errors import CodecError
     from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
     from codec.framebuffer import new_bytes
-    from codec.kernels import backend
     from codec.manyframe.build import head_of
     from codec.ops import scratch
+    from codec.runs import sparse_piece
 
     c = plan.codec
     starts, layout, names = plan.selected
@@ -165,29 +165,17 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     kept = c.value.encode_kept(values, kstarts, ctxs)
     if kept is None:
         return None
-    table, vsec, vstarts = kept
-    tables = tuple(((k, w, n), *[(e.kind, e.bits, e.count) for e in entries]) for k, w, n, entries in zip(index.kinds, index.widths, index.counts, table))
-    head = plan.heads.get(tables)
-    if head is None:
-        head = head_of(c.spec, layout, tables, FLAG_PAYLOAD_CRC32C if plan.crc else 0)
-        if len(plan.heads) >= HEADS:
-            plan.heads.clear()
-        plan.heads[tables] = head
-    prefix, hl, payload_len = head
-    try:
-        codes = np.frombuffer(vsec.materialize(), np.uint8)
-    except CodecError:  # (a NaN under nonfinite=raise: the general path names its tensor)
-        return None
+    entries, piece = sparse_piece(index, *kept)
+    flag = FLAG_PAYLOAD_CRC32C if plan.crc else 0
+    prefix, hl, payload_len = head_of(c.spec, layout, tuple(map(tuple, entries)), flag)
     frame, out = new_bytes(hl + payload_len)
     payload = out[hl:]
-    backend("pack", payload).interleave(index.data, index.offsets, codes, vstarts, payload)
-    close_header(bytearray(prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc32c(payload) if plan.crc else None)
+    try:
+        piece.fill(payload)
+    except CodecError:  # (a NaN under nonfinite=raise: the general path names its tensor)
+        return None
+    close_header(bytearray(prefix), out, hl, flag, None, crc32c(payload) if plan.crc else None)
     return frame
-
-
-#: the headers a replayed sparse plan keeps (:func:`encode_selected`), per its sections'
-#: triples; all are dropped when it is full
-HEADS = 64
 
 
 def decode_lowrank(plan, payload, addrs, views) -> bool:

@@ -255,7 +255,7 @@ def _kept(c, g, arrays, ctxs, vctxs, values, vstarts, index, out, coded) -> None
     once when the value stage can (:meth:`codec.stage.Value.encode_kept`), else one by one."""
     kept = c.value.encode_kept(values, vstarts, vctxs)
     if kept is not None:
-        table, piece = _sparse_piece(index, *kept)
+        table, piece = sparse_piece(index, *kept)
         for i, entries in zip(g, table):
             out[i] = entries
         coded[g[0]] = (len(g) - 1, _exact_errors(c, piece, [(arrays[i], ctxs[i]) for i in g]))
@@ -267,7 +267,7 @@ def _kept(c, g, arrays, ctxs, vctxs, values, vstarts, index, out, coded) -> None
         out[i] = secs
 
 
-def _sparse_piece(index, table, vsec, vstarts):
+def sparse_piece(index, table, vsec, vstarts):
     """A sparse run's table entries and one payload piece: each tensor's first section (from
     ``index``, a :class:`codec.frame.SectionRun`) then its value sections, which the value
     stage coded at once (:meth:`codec.stage.Value.encode_kept`: ``table``, the section

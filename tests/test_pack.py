@@ -3,7 +3,6 @@ kernel family itself on every kernel backend (the ``backend`` fixture of tests/c
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import given, settings

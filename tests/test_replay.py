@@ -352,9 +352,9 @@ def test_a_sparse_step_is_replayed_on_encode(spec, dtype, no_general, monkeypatc
     once, bit for bit the general path's frame at any step of a schedule, on heavy-tailed
     data and on ties; a NaN and keys go to the general path, and neither a byte stage nor a
     tensor beyond a run's size is ever learned."""
-    from codec import replaydecode
+    from codec.manyframe import build
 
-    monkeypatch.setattr(replaydecode, "HEADS", 2)  # (the kept headers dropped as the widths change)
+    monkeypatch.setattr(build, "_HEADS_MAX", 2)  # (the kept headers dropped as the widths change)
     c = codec.Codec(spec)
     c.encode_many(tensors(dtype, 0), step=6)  # learned
     steps = (1, 4, 9, 2**40)

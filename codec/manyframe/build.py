@@ -84,13 +84,7 @@ def build_many(spec: str, layout: Layout, sections, *, form: str = "table", comp
     if form not in ("table", "hash"):
         raise CodecValueError(f"layout: expected 'table' or 'hash', got {form!r}")
     tables = tuple(tuple((sec.kind, sec.bits, sec.count) for sec in secs) for secs in sections)
-    key = (spec, form, joint, id(layout), tables)
-    known = _HEADS.get(key)
-    if known is not None and known[0] is layout:  # the header of the step before (the layout object kept alive by the entry)
-        _, table_head, flags, payload_len = known
-    else:
-        table_head, flags, payload_len = _table_head(spec, layout, tables, form, joint)
-        _remember(key, (layout, table_head, flags, payload_len))
+    table_head, flags, payload_len = _known_head(spec, layout, tables, form, joint)
     head = bytearray(table_head)
     if pieces is None:
         pieces = [s for secs in sections for s in secs]
@@ -129,10 +123,23 @@ def head_of(spec: str, layout: Layout, tables: tuple, flag: int) -> tuple:
     and the payload's length.  What a replayed step whose sections' widths change between
     steps (a sparse codec's index sections, :func:`codec.replaydecode.encode_selected`) writes before
     ``close_header``, as :func:`build_many` writes it."""
-    table_head, flags, payload_len = _table_head(spec, layout, tables, "table", False)
+    table_head, flags, payload_len = _known_head(spec, layout, tables, "table", False)
     head = bytearray(table_head)
     FIXED.pack_into(head, 0, MAGIC, VERSION, flags | flag, 0)
     return bytes(head), len(head) + _CRC.size * (2 if flag else 1), payload_len
+
+
+def _known_head(spec: str, layout: Layout, tables: tuple, form: str, joint: bool):
+    """:func:`_table_head`, from the recent headers when these ``tables`` of ``layout`` were
+    framed lately (the header of the step before: the same layout object, from
+    ``Layout.of``'s cache or a replayed plan, kept alive by the entry)."""
+    key = (spec, form, joint, id(layout), tables)
+    known = _HEADS.get(key)
+    if known is not None and known[0] is layout:
+        return known[1:]
+    got = _table_head(spec, layout, tables, form, joint)
+    _remember(key, (layout, *got))
+    return got
 
 
 def _table_head(spec: str, layout: Layout, tables: tuple, form: str, joint: bool):
