@@ -24,7 +24,9 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   (``write_segments``).
 * ``decode`` of a low-rank frame (PowerSGD with its values as they are, :func:`lowrank`:
   each tensor's values, or its matrix's ``r (n + m)`` coefficients): every matrix's ``P Q^T``
-  formed with one ``expand_segments`` call, the other tensors' values copied.
+  formed with one ``expand_segments`` call, the other tensors' values copied; and its
+  ``encode`` (tensors of a run's size): every matrix's power iteration in one
+  ``power_segments`` call (:func:`codec.replaydecode.encode_lowrank`).
 * ``decode`` of a keyed sparse frame (random-k with its values as they are, :func:`keyed`:
   a key and k values per tensor, k fixed by the size and step, so its header is the
   layout's too): every key checked at once (``keys_at``), then one kernel call draws every
@@ -36,7 +38,7 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   tensors of a run's size) selected and coded at once, its header made for the step's
   sections (:func:`codec.replaydecode.encode_selected`).
 
-How each of the last four kinds is written is :mod:`codec.replaydecode`'s.
+How each of the last kinds is written is :mod:`codec.replaydecode`'s.
 
 Nothing else changes: the frame is byte for byte the general path's (a plan is kept only if
 its frame of the tensors it was learned from equals the general path's), and whatever a plan
@@ -75,7 +77,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -104,6 +106,9 @@ class Replay:
         #: a keyed sparse frame: each tensor's kept values' (start, end) in the payload, their
         #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
         self.values = self.keys = self.kstarts = self.matrices = self.run = self.selected = None
+        #: a low-rank encode's starting Qs (codec.replaydecode.encode_lowrank), once known;
+        #: False when its tensors are too large to replay
+        self.power = None
         if codes_dtype is None and selected(codec):
             # a sparse codec (encoding only, codec.replaydecode.encode_selected): the run's
             # starts (writeable, as the general path's runs pass them), the layout and how
@@ -188,6 +193,8 @@ class Replay:
             return None
         if self.selected is not None:  # a sparse codec
             return replaydecode.encode_selected(self, found[1], step)
+        if self.matrices is not None:  # a low-rank frame (PowerSGD)
+            return replaydecode.encode_lowrank(self, found, step)
         if self.codes_dtype is None:  # a keyed sparse frame (random-k)
             return replaydecode.encode_keyed(self, found[1], step)
         frame, out = new_bytes(self.size)
@@ -289,7 +296,7 @@ def replayable(c) -> bool:
     alone that codes a run where its tensors lie, and no byte stage; or a keyed select stage
     with its values as they are, unscaled (random-k: :func:`codec.replaydecode.encode_keyed`);
     or another select stage (:func:`codec.replaydecode.encode_selected`)."""
-    return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or selected(c)
+    return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or selected(c) or lowrank(c)
 
 
 def _remember(table: dict, key, value) -> None:

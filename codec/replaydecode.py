@@ -12,8 +12,11 @@ checked the payload's CRC-32C.
 
 Each takes the plan (a :class:`codec.replay.Replay`), the payload (read-only uint8), the
 arrays' addresses and the arrays, and returns whether it wrote them; False sends the frame
-to the general path, which then refuses and names what it refuses.  docs/api.md, "Replayed
-steps".
+to the general path, which then refuses and names what it refuses.  The replayed encodes
+are here too: :func:`encode_keyed` (random-k's keys and values), :func:`encode_selected` (the
+other sparsifiers' runs) and :func:`encode_lowrank` (PowerSGD's power iterations in one
+``power_segments`` call); each returns the frame, or None for the general path.  docs/api.md,
+"Replayed steps".
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from codec.errors import CorruptFrameError
 from codec.streams import key_hash
 from codec.modes import SET
 
-__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "encode_selected", "keyed", "lowrank", "reads_as_run", "selected"]
+__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "keyed", "lowrank", "reads_as_run", "selected"]
 
 
 def selected(c) -> bool:
@@ -176,6 +179,66 @@ def encode_selected(plan, views, step: int) -> bytes | None:
         return None
     close_header(bytearray(prefix), out, hl, flag, None, crc32c(payload) if plan.crc else None)
     return frame
+
+
+def encode_lowrank(plan, found, step: int) -> bytes | None:
+    """A PowerSGD ``encode_many`` replayed (:func:`lowrank`, every tensor of a run's size):
+    every matrix's power iteration in one ``power_segments`` call (bit for bit ``project``,
+    ``orthogonalize`` and ``back_project`` of each), from the ``Q`` a step without error
+    feedback starts from (:func:`~codec.stages.transform.powersgd.start_q` with no warm
+    ``Q``: the same every step with ``warm_start``, so the plan keeps them), the other
+    tensors' values copied, under the layout's header and the payload's CRC-32C.  None when
+    a matrix holds a NaN or inf (the general path then names it)."""
+    from codec.checksum import crc32c
+    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
+    from codec.framebuffer import new_bytes
+    from codec.kernels import backend
+    from codec.layout import LANES
+
+    start = _starting_qs(plan, step)
+    if start is None:
+        return None
+    addrs, views = found
+    index, firsts, ns, ms, rs = plan.matrices
+    hl = plan.header_len
+    frame, out = new_bytes(plan.size)
+    payload = out[hl:]
+    values = payload.view(plan.dtype)  # (every section is whole items of the dtype: Replay)
+    if index.size:
+        picked = addrs[index]
+        picked.flags.writeable = False
+        qts, qstarts, tiny = start
+        if backend("lowrank", plan.like).power_segments(values, picked, plan.like, firsts, ns, ms, rs, qts, qstarts, LANES, tiny):
+            return None
+    for t, a, b in plan.values:
+        np.copyto(values[a:b], views[t].reshape(-1))
+    close_header(bytearray(plan.prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc32c(payload) if plan.crc else None)
+    return frame
+
+
+def _starting_qs(plan, step: int):
+    """Every matrix's starting ``Q`` of a step without error feedback, transposed and laid
+    end to end (read-only), their offsets and ``orthogonalize``'s epsilon guard; kept in the
+    plan with ``warm_start`` (the same every step).  None when a tensor is larger than a run
+    (:data:`codec.runs.RUN_ELEMENTS`: a matrix's products then run on one thread, and the
+    general path's own kernels are parallel)."""
+    from codec.ops import offsets, readonly
+    from codec.runs import RUN_ELEMENTS
+    from codec.stages.transform.powersgd import start_q
+
+    if plan.power is not None:
+        return plan.power or None
+    tr = plan.codec.transform
+    if max(plan.sizes) > RUN_ELEMENTS:
+        plan.power = False
+        return None
+    _, _, ns, ms, rs = plan.matrices
+    qs = [start_q(None, m, r, plan.dtype, tr.seed, None, step, tr.warm_start) for m, r in zip(ms.tolist(), rs.tolist())]
+    qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs] or [np.empty(0, plan.dtype)]))
+    got = (qts, readonly(offsets([q.size for q in qs])), float(16 * np.finfo(plan.dtype).eps))
+    if tr.warm_start:
+        plan.power = got
+    return got
 
 
 def decode_lowrank(plan, payload, addrs, views) -> bool:

@@ -990,6 +990,50 @@ def test_expand_segments_is_expand_of_each_matrix(dt):
             assert_same(outs[t], want, f"matrix {t} ({twin})")
 
 
+@pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
+def test_power_segments_is_one_power_iteration_of_each_matrix(dt):
+    """Many matrices' power iterations in one call, each read where it lies (by address), in
+    both twins: bit for bit ``project``, ``orthogonalize`` and ``back_project`` of each (1 x 1
+    at rank 1, odd shapes, a row shorter and longer than the lanes, heavy tails, ranks 1-5),
+    against the NumPy product of the P it wrote; a matrix holding a NaN or inf is counted and
+    writes no ``Q``, the others are written."""
+    from codec.kernels import module
+    from codec.layout import LANES
+
+    K = module("lowrank")
+    rng = np.random.default_rng(3)
+    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 3 * LANES + 5, 5), (2, 2, 2)]
+    clean = [np.asarray(rng.standard_t(2, (n, m))).astype(dt) for n, m, _ in plans]
+    qts = [psgd.orthogonalize(rng.standard_normal((m, r)).astype(dt)).T.copy() for _, m, r in plans]
+    tiny = float(16 * np.finfo(dt).eps)
+    firsts = np.concatenate([[0], np.cumsum([r * (n + m) for n, m, r in plans])]).astype(np.int64)
+    qstarts = np.concatenate([[0], np.cumsum([q.size for q in qts])]).astype(np.int64)
+    ns, ms, rs = (np.array(col, np.int64) for col in zip(*plans))
+    flat_q = np.concatenate([q.reshape(-1) for q in qts])
+    for twin in ("serial", "parallel"):
+        for broken in (None, 4):
+            mats = [a.copy() for a in clean]
+            if broken is not None:
+                mats[broken][1, 2] = np.inf if twin == "serial" else np.nan
+            values = np.full(int(firsts[-1]), np.nan, dt)
+            addrs = np.array([a.ctypes.data for a in mats], np.int64)
+            bad = getattr(K.power_segments, twin)(values, addrs, mats[0], firsts, ns, ms, rs, flat_q, qstarts, LANES, tiny)
+            assert bad == (0 if broken is None else 1)
+            for t, ((n, m, r), mat) in enumerate(zip(plans, mats)):
+                got = values[firsts[t] : firsts[t + 1]]
+                if t == broken:
+                    assert np.isnan(got[n * r :]).all(), "a matrix with a NaN or inf writes no Q"
+                    continue
+                p = np.empty((n, r), dt)
+                assert K.project(mat, qts[t], p, LANES) == 0
+                p = psgd.orthogonalize(p)
+                q = np.empty((m, r), dt)
+                K.back_project(mat, p, q)
+                assert_same(got[: n * r].reshape(n, r), p, f"P of matrix {t} ({twin})")
+                assert_same(got[n * r :].reshape(m, r), q, f"Q of matrix {t} ({twin})")
+                np.testing.assert_allclose(q, (mat.astype(np.float64).T @ p.astype(np.float64)), rtol=1e-5 if dt == F32 else 1e-12, atol=1e-5 if dt == F32 else 1e-12)
+
+
 def test_the_first_q_of_a_small_matrix_is_kept_and_never_handed_out():
     """``start_q`` without a warm ``Q``: the draw of ``(seed, key, 0)`` orthogonalised, each
     time (a codec without error feedback starts every step there); a small matrix's is kept

@@ -374,3 +374,32 @@ def test_a_sparse_step_is_replayed_on_encode(spec, dtype, no_general, monkeypatc
     for call in (lambda: c.encode_many(nan, step=5), lambda: c.encode_many(data[0], keys=list(range(len(data[0])))), lambda: packed.encode_many(data[0]), lambda: big.encode_many(ts)):
         with pytest.raises(AssertionError, match="general path"):
             call()
+
+
+@pytest.mark.parametrize("spec", ["powersgd(rank=4)", "powersgd(rank=2,min_compression_rate=0)", "powersgd(rank=5,warm_start=false,seed=3)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_powersgd_step_is_replayed_on_encode(spec, dtype, no_general):
+    """PowerSGD's ``encode_many`` replays from the step before: every matrix's power
+    iteration in one kernel call, the tensors it passes through copied (a NaN among them
+    too, as the general path sends it), bit for bit the general path's frame at any step
+    (warm starts or a cold ``Q`` drawn per step) on heavy-tailed data; a NaN in a matrix and
+    keys go to the general path, and a tensor beyond a run's size is never replayed."""
+    shapes = [*SHAPES, (64, 48), (16, 3, 3, 3)]  # (matrices PowerSGD compresses at rank 4)
+    c = codec.Codec(spec)
+    c.encode_many(tensors(dtype, 0, shapes), step=3)  # learned
+    steps = (0, 1, 7, 2**40)
+    data = [tensors(dtype, 1, shapes), tensors(dtype, 2, shapes)]
+    data.append({**data[0], "t2": np.full_like(data[0]["t2"], np.nan)})  # (passed through: NaN sent as it is)
+    want = [[codec.Codec(spec).encode_many(d, step=st) for st in steps] for d in data]
+    nan = {**data[0], "t7": np.full_like(data[0]["t7"], np.nan)}  # (a matrix)
+    assert c.transform.matrix(nan["t7"].shape) is not None and c.transform.matrix(data[2]["t2"].shape) is None
+    big = codec.Codec(spec)
+    ts = {"big": np.ones((8, replay.RUN_ELEMENTS // 8 + 1), dtype), "small": np.ones((16, 16), dtype)}
+    big.encode_many(ts)
+    no_general()
+    for d, per_step in zip(data, want):
+        for st, frame in zip(steps, per_step):
+            assert c.encode_many(d, step=st) == frame
+    for call in (lambda: c.encode_many(nan, step=5), lambda: c.encode_many(data[0], keys=list(range(len(data[0])))), lambda: big.encode_many(ts)):
+        with pytest.raises(AssertionError, match="general path"):
+            call()

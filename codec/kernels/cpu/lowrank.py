@@ -15,6 +15,8 @@ depends on neither the BLAS nor its thread count nor the device (docs/kernels.md
   multiply-adds per element in ``P``'s dtype (the order OpenBLAS's FMA kernels take, so frames frozen by earlier versions decode
   unchanged).  ``expand_segments``: the same for many matrices in one call (a many-tensor
   decode), each into its own array, one parallel region over every matrix's rows.
+* ``power_segments``: ``project``, ``orthogonalize`` and ``back_project`` of many matrices in
+  one call (a many-tensor encode), each matrix on one thread, bit for bit the three calls.
 
 Products of float32 values are exact in float64; float64 products are rounded on their own,
 never fused with the sum (the CUDA twin writes them with ``_common.mul``).  A matrix is read
@@ -28,7 +30,7 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, fma, view_at
 
-__all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments"]
+__all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments", "power_segments"]
 
 #: columns of ``M`` per parallel task of ``back_project`` (its float64 accumulators: ``r x
 #: COLUMNS``, in cache)
@@ -44,55 +46,69 @@ def project(m, qt, p, width):
     """``p[i, c] = sum_j m[i, j] * qt[c, j]`` in ``width`` column lanes (see the module);
     ``qt`` is ``Q`` transposed (``r x m``, contiguous).  Returns how many entries of ``m``
     are NaN or infinite."""
-    n, mm = m.shape
+    n = m.shape[0]
     r = qt.shape[0]
-    rows = mm // width
     nch = min(n, ROW_CHUNKS)
     bad = np.zeros(max(nch, 1), np.int64)
     for ch in prange(nch):
         lanes = np.empty((r, width))
-        k = np.int64(0)
-        for i in range(ch * n // nch, (ch + 1) * n // nch):
-            lanes[:] = 0.0
-            for t in range(U(rows)):
-                base = t * U(width)
-                for col in range(U(width)):
-                    v = np.float64(m[i, base + col])
-                    k += np.int64(not (v - v == 0))
-                for c in range(r):
-                    for col in range(U(width)):
-                        lanes[c, col] += np.float64(m[i, base + col]) * np.float64(qt[c, base + col])
-            for j in range(U(rows * width), U(mm)):
-                v = np.float64(m[i, j])
+        bad[ch] = _project_rows(m, qt, p, width, ch * n // nch, (ch + 1) * n // nch, lanes)
+    return bad.sum()
+
+
+@jit(inline="always")
+def _project_rows(m, qt, p, width, lo, hi, lanes):
+    """Rows ``lo:hi`` of :func:`project` (``lanes``: an ``r x width`` float64 scratch);
+    returns how many of their entries are NaN or infinite."""
+    mm = m.shape[1]
+    r = qt.shape[0]
+    rows = mm // width
+    k = np.int64(0)
+    for i in range(lo, hi):
+        lanes[:] = 0.0
+        for t in range(U(rows)):
+            base = t * U(width)
+            for col in range(U(width)):
+                v = np.float64(m[i, base + col])
                 k += np.int64(not (v - v == 0))
             for c in range(r):
-                s = 0.0
-                for col in range(width):
-                    s += lanes[c, col]
-                for j in range(U(rows * width), U(mm)):
-                    s += np.float64(m[i, j]) * np.float64(qt[c, j])
-                p[i, c] = s
-        bad[ch] = k
-    return bad.sum()
+                for col in range(U(width)):
+                    lanes[c, col] += np.float64(m[i, base + col]) * np.float64(qt[c, base + col])
+        for j in range(U(rows * width), U(mm)):
+            v = np.float64(m[i, j])
+            k += np.int64(not (v - v == 0))
+        for c in range(r):
+            s = 0.0
+            for col in range(width):
+                s += lanes[c, col]
+            for j in range(U(rows * width), U(mm)):
+                s += np.float64(m[i, j]) * np.float64(qt[c, j])
+            p[i, c] = s
+    return k
 
 
 @jit(parallel=True)
 def back_project(m, p, q):
     """``q[j, c] = sum_i m[i, j] * p[i, c]``, the terms in order of ``i`` (see the module)."""
-    n, mm = m.shape
-    r = p.shape[1]
+    mm = m.shape[1]
     for ch in prange((mm + COLUMNS - 1) // COLUMNS):
-        lo = ch * COLUMNS
-        hi = min(mm, lo + COLUMNS)
-        acc = np.zeros((r, hi - lo))
-        for i in range(n):
-            for c in range(r):
-                pc = np.float64(p[i, c])
-                for j in range(U(lo), U(hi)):
-                    acc[c, j - U(lo)] += np.float64(m[i, j]) * pc
-        for j in range(lo, hi):
-            for c in range(r):
-                q[j, c] = acc[c, j - lo]
+        _back_project_columns(m, p, q, ch * COLUMNS, min(mm, (ch + 1) * COLUMNS))
+
+
+@jit(inline="always")
+def _back_project_columns(m, p, q, lo, hi):
+    """Columns ``lo:hi`` of :func:`back_project` (their float64 sums in cache)."""
+    n = m.shape[0]
+    r = p.shape[1]
+    acc = np.zeros((r, hi - lo))
+    for i in range(n):
+        for c in range(r):
+            pc = np.float64(p[i, c])
+            for j in range(U(lo), U(hi)):
+                acc[c, j - U(lo)] += np.float64(m[i, j]) * pc
+    for j in range(lo, hi):
+        for c in range(r):
+            q[j, c] = acc[c, j - lo]
 
 
 @jit
@@ -216,3 +232,41 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
         i = row - rows[t]
         out = view_at(like, addrs[t], ns[t] * m)
         _expand_row(values, vstarts[t] + i * rs[t], rs[t], qt, tstarts[t], m, out[i * m : (i + 1) * m])
+
+
+@jit(parallel=True)
+def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width, tiny):
+    """One power iteration of many matrices in one call (a many-tensor encode), bit for bit
+    what :func:`project`, :func:`orthogonalize` and :func:`back_project` give each: matrix
+    ``t`` is the ``ns[t] x ms[t]`` array of ``like``'s dtype at the address ``addrs[t]`` (the
+    caller keeps it alive), its starting ``Q`` transposed (``rs[t] x ms[t]``, orthonormal) is
+    ``qts[qstarts[t]:]``, and its ``P = M Q`` (rounded to ``like``'s dtype, then
+    orthonormalised in float64 with ``tiny`` as :func:`orthogonalize` takes it, and rounded
+    again) then ``Q = M^T P`` go row-major to ``values[firsts[t]:]`` (a frame's coefficients,
+    in ``like``'s dtype).  One parallel task per matrix (a matrix's products run on one
+    thread, so nothing depends on the thread count); dispatched by the coefficients' count.
+    Returns how many entries of the matrices are NaN or infinite (a matrix with one is left
+    with its unnormalised ``P`` and no ``Q``: the caller discards the frame and raises)."""
+    count = ns.size
+    bad = np.zeros(max(count, 1), np.int64)
+    for t in prange(count):
+        n, m, r = ns[t], ms[t], rs[t]
+        mat = view_at(like, addrs[t], n * m).reshape((n, m))
+        p = values[firsts[t] : firsts[t] + n * r].reshape((n, r))
+        lanes = np.empty((r, width))
+        k = _project_rows(mat, qts[qstarts[t] : qstarts[t] + r * m].reshape((r, m)), p, width, 0, n, lanes)
+        bad[t] = k
+        if k:
+            continue
+        wide = np.empty((n, r))
+        for i in range(n):
+            for c in range(r):
+                wide[i, c] = p[i, c]
+        orthogonalize(wide, tiny)
+        for i in range(n):
+            for c in range(r):
+                p[i, c] = wide[i, c]
+        q = values[firsts[t] + n * r : firsts[t] + (n + m) * r].reshape((m, r))
+        for lo in range(0, m, COLUMNS):
+            _back_project_columns(mat, p, q, lo, min(m, lo + COLUMNS))
+    return bad.sum()

@@ -188,3 +188,27 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
         n, m, r, v = int(ns[t]), int(ms[t]), int(rs[t]), int(vstarts[t])
         p, q = values[v : v + n * r].reshape(n, r), values[v + n * r : v + (n + m) * r].reshape(m, r)
         expand(p, np.ascontiguousarray(q.T), out.reshape(n, m))
+
+
+def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width, tiny):
+    """:func:`power_segments` of the CPU kernel for device matrices (matrix ``t`` the device
+    array of ``like``'s dtype at device address ``addrs[t]``), one matrix at a time through
+    this module's ``project`` and ``back_project`` and the host's ``orthogonalize``, ``P``
+    and ``Q`` written to the host ``values``.  Needs a real device: the simulator cannot view
+    an address (CodecTypeError)."""
+    sizes = np.zeros(len(ns) + 1, np.int64)
+    np.cumsum(np.asarray(ns, np.int64) * np.asarray(ms, np.int64), out=sizes[1:])
+    bad = 0
+    for t, _, _, mat in views_at(addrs, sizes, like):
+        n, m, r, v = int(ns[t]), int(ms[t]), int(rs[t]), int(firsts[t])
+        mat = mat.reshape(n, m)
+        p = values[v : v + n * r].reshape(n, r)
+        k = project(mat, qts[qstarts[t] : qstarts[t] + r * m].reshape(r, m), p, width)
+        bad += k
+        if k:
+            continue
+        wide = np.array(p, np.float64)
+        _cpu.orthogonalize(wide, tiny)
+        p[...] = wide
+        back_project(mat, p, values[v + n * r : v + (n + m) * r].reshape(m, r))
+    return bad
