@@ -147,13 +147,15 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     """A sparse frame whose kept values are stored as they are (value stage ``none``, no
     transform or byte stage, separate tensors of one float32/float64 dtype, an uncompressed
     payload, its CRC-32C already verified) decoded into host arrays (``targets``; None: new
-    ones), returned in their tensors' shapes: every tensor's positions read at once (the select stage's
-    ``positions_run``, which checks them), its values section checked as the value stage
-    reads it (values, raw, the dtype's width, one per position) and all the pairs scattered
-    with one ``scatter_segments`` call (each array zeroed where nothing is kept).  The general
-    path's reads and writes, without its per-tensor stages: the sample's top-k decode 256 ->
-    ~100 µs.  None, having written nothing, when the frame or the arrays are not that: the
-    general path then reads it, and refuses what it refuses, naming the tensor."""
+    ones), returned in their tensors' shapes: its values sections checked as the value stage
+    reads them (values, raw, the dtype's width), then the index coder's stages read, check
+    and write every pair in one kernel call (the select stage's ``pairs_run``), and the
+    others read every tensor's positions at once (``positions_run``, which checks them) and
+    scatter all the pairs with one ``scatter_segments`` call (each array zeroed where nothing
+    is kept).  The general path's reads and writes, without its per-tensor stages: the
+    sample's top-k decode 256 -> ~100 µs.  None, having written nothing, when the frame or
+    the arrays are not that: the general path then reads it, and refuses what it refuses,
+    naming the tensor."""
     from codec.frame import SectionKind
     from codec.kernels import backend
     from codec.ops import offsets
@@ -171,6 +173,10 @@ def _pairs_at_once(c, mf, targets) -> list | None:
         if len(s) != 2 or s[1].kind != SectionKind.VALUES or s[1].bits != bits or s[1].encoding != Encoding.RAW or s[1].raw_len != s[1].stored_len:
             return None
     payload = np.frombuffer(mf.payload, np.uint8)
+    arrays = [t if t is not None else np.empty(n, dt) for t, n in zip(targets, lay.sizes)]
+    done = c.select.pairs_run(payload, secs, lay.starts, arrays)  # (the index coder's stages: one kernel call)
+    if done is not None:
+        return [a.reshape(shape) for a, shape in zip(arrays, lay.shapes)] if done else None
     try:
         got = c.select.positions_run(payload, secs, lay.sizes, c.value)
     except CodecValueError:  # (CorruptFrameError: the general path names it)
@@ -179,7 +185,6 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     if got is None or got[1].tolist() != offsets(counts).tolist():
         return None
     idx, kstarts = got
-    arrays = [t if t is not None else np.empty(n, dt) for t, n in zip(targets, lay.sizes)]
     starts = lay.starts
     backend("index", idx).absolute_positions(idx, kstarts, np.array(starts), idx)  # (run positions, in place; writeable arrays: the encoder's signature)
     values = np.concatenate([payload[s[1].offset : s[1].offset + s[1].raw_len] for s in secs]).view(dt)

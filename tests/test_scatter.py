@@ -341,3 +341,64 @@ def test_a_large_zeroing_streams_and_zeroes_exactly_its_array(dtype):
     outs = [np.full(n, np.nan, dtype) for n in sizes]
     assert ops.scatter_segments(vals, idx, np.r_[0, np.cumsum(sizes)], outs, SET)
     np.testing.assert_array_equal(np.concatenate(outs), want)
+
+
+def _sparse_payload(sizes, picks, dtype, rng):
+    """A sparse many-tensor frame's payload as the index coder writes it (per tensor its index
+    section, packed gaps or a bitmap, then its values raw), its index section table, where
+    each tensor's values start and how many there are, and the values themselves."""
+    from codec.pack import encode_indices
+
+    pieces, table, at, counts, values, off = [], [], [], [], [], 0
+    for n, idx in zip(sizes, picks):
+        sec = encode_indices(idx, n)
+        raw = np.frombuffer(bytes(sec.data), np.uint8)
+        vals = rng.standard_t(2, idx.size).astype(dtype)
+        table.append((int(sec.kind), sec.bits, sec.count, off, raw.size))
+        pieces += [raw, vals.view(np.uint8)]
+        at.append(off + raw.size)
+        counts.append(idx.size)
+        values.append(vals)
+        off += raw.size + vals.nbytes
+    data = np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+    return data, np.array(table, np.int64).reshape(-1, 5), np.array(at, np.int64), np.array(counts, np.int64), values
+
+
+@pytest.mark.parametrize("dtype", WIDE, ids=str)
+def test_index_scatter_segments_reads_each_index_section_and_writes_its_pairs(dtype):
+    """``index_scatter_segments``: each tensor of a run (sizes 0, 1, odd, one past a chunk;
+    its index section packed gaps or a bitmap, no pairs, every element) is zeroed and gets
+    its own values at its index section's positions, as NumPy's ``out[pos] = values``; a
+    section an encoder does not write (a position past its tensor, a bitmap's count, a
+    values count that is not its positions', values past the payload) is refused, naming
+    the tensor, before anything is written; in both compilations."""
+    from codec.pack import SectionKind
+
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 9, 333, CHUNK + 1, 5, 64]
+    picks = [np.empty(0, np.int64), np.array([0]), np.array([2, 3, 8]), np.sort(rng.choice(333, 300, replace=False)), np.sort(rng.choice(CHUNK + 1, 700, replace=False)), np.empty(0, np.int64), np.arange(64)]
+    data, table, at, counts, values = _sparse_payload(sizes, picks, dtype, rng)
+    assert {int(SectionKind.INDEX_BITMAP), int(SectionKind.INDEX_DELTA)} <= set(table[:, 0].tolist())
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    want = [np.zeros(n, dtype) for n in sizes]
+    for w, p, v in zip(want, picks, values):
+        w[p] = v
+    kernel = module("scatter", "cpu").index_scatter_segments
+    gap = int(np.flatnonzero(table[:, 0] == int(SectionKind.INDEX_DELTA))[-1])
+    late = table.copy()
+    late[gap, 2] += 1  # (one gap more than written: past the section's bytes)
+    wrong_bits = table.copy()
+    wrong_bits[gap, 1] = 57
+    for twin in ("serial", "parallel"):
+        outs = [np.full(n, 7, dtype) for n in sizes]
+        addrs = np.array([o.ctypes.data for o in outs], np.int64)
+        run = lambda tab=table, a=at, c=counts, d=data: getattr(kernel, twin)(ops.readonly(d), ops.readonly(tab), ops.readonly(a), ops.readonly(c), ops.readonly(addrs), ops.readonly(starts), outs[0])
+        for refused, tensor in ((lambda: run(tab=late), gap), (lambda: run(tab=wrong_bits), gap), (lambda: run(c=counts + (np.arange(len(sizes)) == 3)), 3), (lambda: run(a=at + (np.arange(len(sizes)) == 6) * 10**6), 6)):
+            assert refused() == tensor, twin
+            assert all((o == 7).all() for o in outs), "a refused frame writes nothing"
+        beyond = data.copy()
+        first = int(table[gap, 3])
+        beyond[first : first + int(table[gap, 4])] = 0xFF  # (every gap at its widest: past the tensor)
+        assert run(d=beyond) == gap and all((o == 7).all() for o in outs)
+        assert run() == -1, twin
+        assert [o.tobytes() for o in outs] == [w.tobytes() for w in want], twin

@@ -80,6 +80,17 @@ class Select(Stage, kind_base=True):
         default) as it refuses."""
         return None
 
+    def pairs_run(self, data, sections, starts, arrays) -> bool | None:
+        """Every tensor's pairs of a many-tensor frame written into its array at once (SET,
+        the rest zeroed): ``data`` the raw payload (uint8), ``sections[t]`` tensor t's
+        section infos (the stage's, then its values stored raw in the arrays' dtype, one per
+        position: the caller checked them), ``starts`` where each tensor starts in the run,
+        ``arrays`` flat C-contiguous host float32/float64 arrays of one dtype.  True when
+        written; False, having written nothing, when a section is refused (the general path
+        then names it); None (the default) when the stage does not: its positions are then
+        read by :meth:`positions_run` and scattered."""
+        return None
+
     @abc.abstractmethod
     def bound(self, ctx) -> Bound:
         """The most the stage's own sections (its positions, a key) take for an array of

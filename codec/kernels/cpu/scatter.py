@@ -3,12 +3,15 @@ the inverse, gather the values at sparse positions."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunk_segments, prefetch, view_at
 from codec.kernels.cpu._stream import STREAM_MIN, zero, zero_arrays
+from codec.kernels.cpu.index import BEGIN, BITMAP, BITS, COUNT, KIND, LENGTH, _read_section, _section_count
 from codec.modes import ADD, SET
 
-__all__ = ["gather", "put", "scatter", "scatter_segments"]
+__all__ = ["gather", "index_scatter_segments", "put", "scatter", "scatter_segments"]
 
 _CHUNK = 1 << 14
 #: how many values ahead the scatter asks for the cache line it will write (``_common.prefetch``)
@@ -68,6 +71,52 @@ def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
     k = idx.size
     for c in prange((k + _CHUNK - 1) // _CHUNK):
         _pairs(values, idx, kstarts, addrs, starts, like, mode, c * _CHUNK, min(k, (c + 1) * _CHUNK), True)
+
+
+@jit(parallel=True)
+def index_scatter_segments(data, sections, values_at, counts, addrs, starts, like):
+    """A sparse many-tensor frame decoded into each tensor's array in one call (SET): tensor
+    ``t``'s index section is row ``t`` of the section table ``sections`` (kind, bits, count,
+    first byte and byte length in ``data``, the payload, as ``index.index_counts`` takes
+    it), its ``counts[t]`` kept values, one per position, are stored raw in ``like``'s dtype
+    from byte ``values_at[t]`` of ``data``, and its array is the one of ``like``'s dtype at
+    the address ``addrs[t]`` (``starts[t+1] - starts[t]`` elements; the caller keeps it
+    alive).  What ``index_counts``, ``index_read``, ``absolute_positions`` and
+    :func:`scatter_segments` do in four calls: every section is checked first (the index
+    section as ``index_counts`` checks it, as many positions as values, the values inside
+    ``data``) and read (a position reaching its tensor's size is refused) before anything is
+    written; then the arrays are zeroed and the pairs written as :func:`scatter_segments`
+    writes them.  Returns -1, or the first tensor whose sections are refused (nothing
+    written)."""
+    count = starts.size - 1
+    item = like.itemsize
+    kst = np.zeros(count + 1, np.int64)
+    for t in range(count):
+        k = _section_count(data, sections[t, KIND], sections[t, BITS], sections[t, COUNT], sections[t, BEGIN], sections[t, LENGTH], starts[t + 1] - starts[t])
+        if k < 0 or k != counts[t] or values_at[t] < 0 or values_at[t] > data.size - k * item:
+            return t
+        kst[t + 1] = kst[t] + k
+    total = kst[count]
+    idx = np.empty(total, np.int64)
+    values = np.empty(total, like.dtype)
+    raw = values.view(np.uint8)
+    bad = np.zeros(max(count, 1), np.uint8)
+    for t in prange(count):
+        lo = sections[t, BEGIN]
+        if not _read_section(data, lo, lo + sections[t, LENGTH], sections[t, KIND] == BITMAP, sections[t, BITS], starts[t + 1] - starts[t], idx, kst[t], kst[t + 1]):
+            bad[t] = 1
+        for j in range(kst[t], kst[t + 1]):  # (run positions)
+            idx[j] += starts[t]
+        a = values_at[t]
+        for j in range(item * (kst[t + 1] - kst[t])):
+            raw[item * kst[t] + j] = data[a + j]
+    for t in range(count):
+        if bad[t]:
+            return t
+    zero_arrays(addrs, starts, like)
+    for c in prange((total + _CHUNK - 1) // _CHUNK):
+        _pairs(values, idx, kst, addrs, starts, like, SET, c * _CHUNK, min(total, (c + 1) * _CHUNK), True)
+    return -1
 
 
 @jit

@@ -5,6 +5,8 @@ order)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import scatter as _cpu
 from codec.kernels.cuda._common import launch, views_at, zero
@@ -67,3 +69,36 @@ def put(values, idx, out):
     """``out[idx] = values``, the rest untouched."""
     if idx.size:
         _scatter[launch(idx.size)](values, idx, out, SET)
+
+
+def index_scatter_segments(data, sections, values_at, counts, addrs, starts, like):
+    """The CPU kernel's frame read and written into device arrays (tensor ``t``'s the device
+    array of ``like``'s dtype at device address ``addrs[t]``): the index sections checked and
+    read on the host by the CPU ``index`` kernels (they are frame content, a few bytes a
+    position), the same refusals (the first refused tensor, nothing written), then the pairs
+    written by :func:`scatter_segments`.  Needs a real device: the simulator cannot view an
+    address (CodecTypeError)."""
+    from codec.device import host_copy, to_device
+    from codec.dtypes import on_device
+    from codec.kernels.cpu import index as _index
+
+    host = host_copy(data) if on_device(data) else np.asarray(data)
+    starts = np.asarray(starts, np.int64)
+    sizes = np.diff(starts)
+    item = np.dtype(like.dtype).itemsize
+    found = np.empty(sizes.size, np.int64)
+    _index.index_counts(host, sections, sizes, found)
+    for t in range(sizes.size):
+        k = int(found[t])
+        if k < 0 or k != counts[t] or values_at[t] < 0 or values_at[t] > host.size - k * item:
+            return t
+    kstarts = np.concatenate([[0], np.cumsum(found)]).astype(np.int64)
+    pos = np.empty(int(kstarts[-1]), np.int64)
+    bad = np.zeros(sizes.size, np.uint8)
+    _index.index_read(host, sections, sizes, kstarts, pos, bad)
+    if bad.any():
+        return int(np.argmax(bad))
+    pos += np.repeat(starts[:-1], found)
+    values = np.concatenate([host[int(a) : int(a) + int(k) * item] for a, k in zip(values_at, found)] or [np.empty(0, np.uint8)]).view(like.dtype)
+    scatter_segments(to_device(values), to_device(pos), kstarts, addrs, starts, like, SET)
+    return -1

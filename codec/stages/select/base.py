@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import abc
 
+import numpy as np
+
 from codec.stage import Bound, Select
 from codec.stages.select.magnitude import Magnitudes
 
@@ -48,6 +50,21 @@ class IndexSelect(Select):
         if any(f is None or f.kind not in INDEX_KINDS for f in firsts):
             return None
         return decode_index_run(data, firsts, sizes)
+
+    def pairs_run(self, data, sections, starts, arrays):
+        """Every tensor's index section read, checked and its pairs written in one kernel call
+        (``scatter.index_scatter_segments``: what :meth:`positions_run` reads and
+        ``scatter_segments`` writes, without the positions and values gathered in between)."""
+        from codec.kernels import backend
+        from codec.ops import addresses, readonly
+        from codec.pack import INDEX_KINDS, section_table
+
+        if any(len(secs) != 2 or secs[0].kind not in INDEX_KINDS for secs in sections):
+            return None
+        table = section_table([secs[0] for secs in sections])
+        values_at = readonly(np.array([secs[1].offset for secs in sections], np.int64))
+        counts = readonly(np.array([secs[1].count for secs in sections], np.int64))
+        return backend("scatter", arrays[0]).index_scatter_segments(readonly(data), table, values_at, counts, readonly(addresses(arrays)), starts, arrays[0]) < 0
 
     def positions(self, reader, ctx, known=None):
         from codec.frame import SectionKind
