@@ -77,7 +77,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -109,6 +109,7 @@ class Replay:
         #: a low-rank encode's starting Qs (codec.replaydecode.encode_lowrank), once known;
         #: False when its tensors are too large to replay
         self.power = None
+        self.keyspots = self.memo = None
         if codes_dtype is None and selected(codec):
             # a sparse codec (encoding only, codec.replaydecode.encode_selected): the run's
             # starts (writeable, as the general path's runs pass them), the layout and how
@@ -141,6 +142,10 @@ class Replay:
             item = self.dtype.itemsize
             self.kept = [t for t, (a, b) in enumerate(self.values) if b > a]
             self.spots = readonly(np.concatenate([np.arange(a // item, b // item) for a, b in self.values] or [np.empty(0, np.int64)]).astype(np.int64))
+            # decoding (codec.replaydecode.decode_keyed): every key's bytes in the payload, and
+            # the last keys that passed with the arrays they gave
+            self.keyspots = readonly((self.keys[0][:, None] + np.arange(24)).reshape(-1))
+            self.memo = None
 
     def _addresses(self, arrays, write: bool):
         """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``

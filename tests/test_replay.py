@@ -266,7 +266,8 @@ def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general):
     """Random-k's frame (a key and the values per tensor: its header the layout's) decodes as
     one draw of every tensor's positions from its key (another step draws others) and one
     scatter into each array, the values the general path gives; a damaged payload, or a key
-    the stage refuses, goes back to the general path, which names it."""
+    the stage refuses, goes back to the general path, which names it, also after other
+    keys were checked and kept."""
     c = codec.Codec(spec)
     c.decode_many(c.encode_many(tensors(dtype, 4)))  # learned at step 0
     frame = codec.Codec(spec).encode_many(tensors(dtype, 5), step=7)
@@ -278,8 +279,14 @@ def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general):
     _rechecksum(wrong, mf.header_len)
     with pytest.raises(CorruptFrameError, match="impossible step"):
         codec.decode_many(bytes(wrong))
-    _replayed_as_general(c, frame, ref, no_general)
+    later = codec.Codec(spec).encode_many(tensors(dtype, 6), step=8)
+    ref_later = codec.Codec(spec).decode_many(later)
+    _replayed_as_general(c, frame, ref, no_general)  # (its keys checked once, then kept: the second decode reads them from the plan)
     assert any(np.count_nonzero(v) for v in ref.values())
+    got = c.decode_many(later)  # (other keys: checked, then kept in their place)
+    assert all(got[k].tobytes() == ref_later[k].tobytes() for k in ref_later)
+    with pytest.raises(AssertionError, match="general path"):  # (keys other than the kept ones are checked: refused)
+        c.decode_many(bytes(wrong))
 
 
 def _replayed_as_general(c, frame, ref, no_general) -> None:
