@@ -166,7 +166,7 @@ class Qsgd(Quantizer):
         return norms, bstarts, codes
 
     def run_factors(self, head, hstarts, sizes, dtype):
-        if self.coding != "packed" or not np.array_equal(np.diff(hstarts), -(-sizes // self.bucket)):
+        if self.coding != "packed" or hstarts.size != sizes.size + 1 or not (hstarts[1:] - hstarts[:-1] == -(-sizes // self.bucket)).all():
             return None
         if head.size and head.min() < 0:
             raise CorruptFrameError("qsgd frame: a negative norm")
