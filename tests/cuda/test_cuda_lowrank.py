@@ -47,3 +47,15 @@ def test_products(n, m, r, dtype):
     C.orthogonalize(wc, 1e-10)
     G.orthogonalize(wg, 1e-10)
     same(wg.copy_to_host(), wc)
+
+
+def test_power_segments_views_matrices_by_address():
+    """``power_segments``' twin reads each matrix at its device address (a real device): the
+    simulator cannot view one, and says so naming ``addrs``."""
+    from codec.errors import CodecTypeError
+
+    like = cuda.device_array(4 * 6, np.float32)
+    values = np.zeros(2 * (4 + 6), np.float32)
+    one = np.array([0], np.int64)
+    with pytest.raises(CodecTypeError, match="addrs"):
+        G.power_segments(values, np.array([8], np.int64), like, one, np.array([4]), np.array([6]), np.array([2]), np.zeros(12, np.float32), np.array([0, 12]), 4, 1e-6)

@@ -98,3 +98,32 @@ def test_put_leaves_the_rest(dtype):
     out = cuda.to_device(base)
     S.put(cuda.to_device(values), cuda.to_device(idx), out)
     assert out.copy_to_host().tobytes() == want.tobytes()
+
+
+def test_index_scatter_segments_refuses_as_the_cpu_kernel():
+    """``index_scatter_segments``' twin checks and reads a frame's index sections on the host
+    with the CPU kernels: a refused section names the same tensor, nothing written; a frame it
+    takes is written through ``scatter_segments``, which views arrays by device address (the
+    simulator cannot, and says so naming ``addrs``)."""
+    from codec.errors import CodecTypeError
+    from codec.pack import encode_indices
+
+    C = module("scatter", "cpu")
+    sizes = [5, 9]
+    picks = [np.array([1, 4]), np.array([0, 2, 8])]
+    raws = [np.frombuffer(bytes(encode_indices(p, n).data), np.uint8) for p, n in zip(picks, sizes)]
+    secs = [encode_indices(p, n) for p, n in zip(picks, sizes)]
+    vals = [np.arange(p.size, dtype=np.float32) + 1 for p in picks]
+    data = np.concatenate([raws[0], vals[0].view(np.uint8), raws[1], vals[1].view(np.uint8)])
+    at0 = raws[0].size + vals[0].nbytes
+    table = np.array([(int(secs[0].kind), secs[0].bits, secs[0].count, 0, raws[0].size), (int(secs[1].kind), secs[1].bits, secs[1].count, at0, raws[1].size)], np.int64)
+    values_at = np.array([raws[0].size, at0 + raws[1].size], np.int64)
+    starts = np.array([0, 5, 14], np.int64)
+    host = np.zeros(14, np.float32)
+    addrs = np.array([host.ctypes.data, host.ctypes.data + 20], np.int64)
+    like = cuda.device_array(14, np.float32)
+    for counts in (np.array([2, 4]), np.array([3, 3])):
+        want = C.index_scatter_segments(data, table, values_at, counts, addrs, starts, host)
+        assert want >= 0 and S.index_scatter_segments(data, table, values_at, counts, addrs, starts, like) == want
+    with pytest.raises(CodecTypeError, match="addrs"):
+        S.index_scatter_segments(data, table, values_at, np.array([2, 3]), addrs, starts, like)
