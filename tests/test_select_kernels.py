@@ -195,11 +195,11 @@ def run_topk_segments(S, parts, ks, twin=None):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["normal", "heavy", "embedding"])
 def test_topk_segments_match_numpy(S, kind, dtype):
-    sizes = [0, 1, 2, 7, 100, 999, 1000, CHUNK + 3]
+    sizes = [0, 1, 2, 7, 100, 999, 1000, CHUNK + 3, 20_000]  # (from 16,384 elements the cut's sample is larger: LARGE_SEGMENT)
     parts = [data(kind, n, dtype, seed=i) for i, n in enumerate(sizes)]
     parts.append(np.zeros(50, dtype))  # all ties: the lowest indices
     parts.append(np.repeat(np.array([1.0, -1.0, 0.5], dtype), 40))  # ties of equal magnitude and sign
-    ks = [min(n, k) for n, k in zip([p.size for p in parts], [0, 1, 1, 3, 10, 500, 1000, 17, 7, 50])]
+    ks = [min(n, k) for n, k in zip([p.size for p in parts], [0, 1, 1, 3, 10, 500, 1000, 17, 200, 7, 50])]
     got, bad = run_topk_segments(S, parts, ks)
     assert not bad.any()
     for p, k, g in zip(parts, ks, got):
