@@ -300,7 +300,9 @@ def replayable(c) -> bool:
     """Whether the codec ``c``'s many-tensor steps can be replayed: an elementwise value stage
     alone that codes a run where its tensors lie, and no byte stage; or a keyed select stage
     with its values as they are, unscaled (random-k: :func:`codec.replaydecode.encode_keyed`);
-    or another select stage (:func:`codec.replaydecode.encode_selected`)."""
+    or another select stage (:func:`codec.replaydecode.encode_selected`); or a low-rank
+    transform with its values as they are (PowerSGD: :func:`codec.replaydecode.encode_lowrank`,
+    tensors of a run's size)."""
     return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or selected(c) or lowrank(c)
 
 

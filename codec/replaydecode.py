@@ -62,7 +62,8 @@ def lowrank(c) -> bool:
     """Whether the codec ``c`` is a low-rank transform (:attr:`codec.stage.Transform.lowrank`:
     PowerSGD) with its values stored as they are (``none``), no select or byte stage: its
     frames' headers are the layout's (each tensor's one section counts its values or its
-    ``r (n + m)`` coefficients), so its decoding is replayed."""
+    ``r (n + m)`` coefficients), so its decoding is replayed, and its encoding of tensors of a
+    run's size (:func:`encode_lowrank`)."""
     return c.transform is not None and c.transform.lowrank and c.value.name == "none" and c.select is None and not c.post
 
 

@@ -629,7 +629,8 @@ def test_sparse_runs_decode_as_each_tensor_alone(spec, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_sparse_frame_with_raw_values_decodes_at_once(spec, dtype, monkeypatch):
     """A sparse frame whose kept values are stored as they are, of one dtype, decodes with no
-    per-tensor reading (every tensor's positions at once, one scatter into the arrays): new
+    per-tensor reading (every tensor's positions at once, one scatter into the arrays; the
+    index coder's sections read and scattered by one kernel call): new
     arrays (named, or of a torch tensor's kind), a list of arrays or a dict given, each bit
     for bit what its tensor's own frame gives; a frame of two dtypes, or values coded by a
     value stage, is read tensor by tensor as before."""
@@ -642,7 +643,10 @@ def test_a_sparse_frame_with_raw_values_decodes_at_once(spec, dtype, monkeypatch
     read = []
     real = manydecode.read_jobs
     monkeypatch.setattr(manydecode, "read_jobs", lambda *a, **k: read.append(1) or real(*a, **k))
+    calls = count_kernel_calls(monkeypatch, scatter=("index_scatter_segments", "scatter_segments"))
     got = codec.decode_many(frame)
+    index_coder = not spec.startswith("randomk")  # (its sections and values read, checked and written by one kernel call)
+    assert calls == ({"index_scatter_segments": 1, "scatter_segments": 0} if index_coder else {"index_scatter_segments": 0, "scatter_segments": 1})
     outs = {k: np.full(x.shape, np.nan, x.dtype) for k, x in ts.items()}
     listed = [np.full(x.shape, np.nan, x.dtype) for x in ts.values()]
     assert codec.decode_many(frame, out=outs) is outs and codec.decode_many(frame, out=listed) is listed

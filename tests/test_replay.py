@@ -262,7 +262,7 @@ def test_a_frame_whose_header_is_its_layouts_is_replayed_on_decode(spec, dtype, 
 
 @pytest.mark.parametrize("spec", ["randomk(ratio=0.3)", "randomk(ratio=0.5,seed=9,scale=true)"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general):
+def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general, monkeypatch):
     """Random-k's frame (a key and the values per tensor: its header the layout's) decodes as
     one draw of every tensor's positions from its key (another step draws others) and one
     scatter into each array, the values the general path gives; a damaged payload, or a key
@@ -281,10 +281,15 @@ def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general):
         codec.decode_many(bytes(wrong))
     later = codec.Codec(spec).encode_many(tensors(dtype, 6), step=8)
     ref_later = codec.Codec(spec).decode_many(later)
+    checked = []
+    stage = type(c.select)
+    real = stage.keys_at
+    monkeypatch.setattr(stage, "keys_at", lambda self, *a: checked.append(1) or real(self, *a))
     _replayed_as_general(c, frame, ref, no_general)  # (its keys checked once, then kept: the second decode reads them from the plan)
     assert any(np.count_nonzero(v) for v in ref.values())
+    assert len(checked) == 1, "the same keys again are read from the plan"
     got = c.decode_many(later)  # (other keys: checked, then kept in their place)
-    assert all(got[k].tobytes() == ref_later[k].tobytes() for k in ref_later)
+    assert all(got[k].tobytes() == ref_later[k].tobytes() for k in ref_later) and len(checked) == 2
     with pytest.raises(AssertionError, match="general path"):  # (keys other than the kept ones are checked: refused)
         c.decode_many(bytes(wrong))
 

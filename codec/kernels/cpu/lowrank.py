@@ -244,7 +244,8 @@ def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width,
     orthonormalised in float64 with ``tiny`` as :func:`orthogonalize` takes it, and rounded
     again) then ``Q = M^T P`` go row-major to ``values[firsts[t]:]`` (a frame's coefficients,
     in ``like``'s dtype).  One parallel task per matrix (a matrix's products run on one
-    thread, so nothing depends on the thread count); dispatched by the coefficients' count.
+    thread, so nothing depends on the thread count); dispatched by ``values``' size (the
+    frame's coefficients and the values of the tensors passed through).
     Returns how many entries of the matrices are NaN or infinite (a matrix with one is left
     with its unnormalised ``P`` and no ``Q``: the caller discards the frame and raises)."""
     count = ns.size

@@ -90,9 +90,12 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
     written)."""
     count = starts.size - 1
     item = like.itemsize
+    found = np.empty(count, np.int64)
+    for t in prange(count):  # (a bitmap's count is a pass over its bytes)
+        found[t] = _section_count(data, sections[t, KIND], sections[t, BITS], sections[t, COUNT], sections[t, BEGIN], sections[t, LENGTH], starts[t + 1] - starts[t])
     kst = np.zeros(count + 1, np.int64)
     for t in range(count):
-        k = _section_count(data, sections[t, KIND], sections[t, BITS], sections[t, COUNT], sections[t, BEGIN], sections[t, LENGTH], starts[t + 1] - starts[t])
+        k = found[t]
         if k < 0 or k != counts[t] or values_at[t] < 0 or values_at[t] > data.size - k * item:
             return t
         kst[t + 1] = kst[t] + k
@@ -105,8 +108,6 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
         lo = sections[t, BEGIN]
         if not _read_section(data, lo, lo + sections[t, LENGTH], sections[t, KIND] == BITMAP, sections[t, BITS], starts[t + 1] - starts[t], idx, kst[t], kst[t + 1]):
             bad[t] = 1
-        for j in range(kst[t], kst[t + 1]):  # (run positions)
-            idx[j] += starts[t]
         a = values_at[t]
         for j in range(item * (kst[t + 1] - kst[t])):
             raw[item * kst[t] + j] = data[a + j]
@@ -115,14 +116,15 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
             return t
     zero_arrays(addrs, starts, like)
     for c in prange((total + _CHUNK - 1) // _CHUNK):
-        _pairs(values, idx, kst, addrs, starts, like, SET, c * _CHUNK, min(total, (c + 1) * _CHUNK), True)
+        _pairs(values, idx, kst, addrs, starts, like, SET, c * _CHUNK, min(total, (c + 1) * _CHUNK), False)  # (each tensor's own positions)
     return -1
 
 
 @jit
 def _pairs(values, idx, kstarts, addrs, starts, like, mode, lo, hi, run):
     """Pairs ``lo:hi`` of :func:`scatter_segments` written (``mode``) into their tensors'
-    arrays: ``idx`` run positions (``run``) or each tensor's own (random-k's drawn ones)."""
+    arrays: ``idx`` run positions (``run``) or each tensor's own (random-k's drawn ones, or
+    those :func:`index_scatter_segments` read)."""
     rows = chunk_segments(kstarts, lo, hi)
     for j in range(rows.shape[0]):
         t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]

@@ -93,7 +93,10 @@ def _first_q(m: int, r: int, dtype: np.dtype, seed: int, key) -> np.ndarray:
         got.flags.writeable = False
         if m * r <= FIRST_ITEMS:
             if len(_FIRST) >= FIRST_KEEP:
-                _FIRST.pop(next(iter(_FIRST)), None)
+                try:
+                    _FIRST.pop(next(iter(_FIRST)), None)
+                except (StopIteration, RuntimeError):  # (another thread's change)
+                    pass
             _FIRST[at] = got
     return got
 
