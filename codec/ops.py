@@ -26,6 +26,18 @@ HALF = np.dtype(np.float16)
 _SCRATCH = threading.local()
 
 
+
+def remember(table: dict, key, value, most: int) -> None:
+    """``table[key] = value``, the oldest entry dropped first when ``table`` holds ``most``
+    (a dict keeps its insertion order): the bounded caches of recent plans, headers and
+    first ``Q``s.  Tolerates another thread's change of ``table`` meanwhile."""
+    if key not in table and len(table) >= most:
+        try:
+            table.pop(next(iter(table)), None)
+        except (StopIteration, RuntimeError):  # (another thread's change)
+            pass
+    table[key] = value
+
 def scratch(n: int, dtype) -> np.ndarray:
     """A flat buffer of ``n`` elements of ``dtype`` owned by the calling thread and reused by
     its next call (contents undefined): for small temporaries made on every call, which a

@@ -60,6 +60,7 @@ from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
 from codec.framebuffer import new_bytes
 from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
 from codec.modes import SET
+from codec.ops import remember
 from codec.section import Encoding
 
 __all__ = ["Replay", "decode", "decode_many", "encode", "learn_decode", "learn_encode", "replayable"]
@@ -306,15 +307,6 @@ def replayable(c) -> bool:
     return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or selected(c) or lowrank(c)
 
 
-def _remember(table: dict, key, value) -> None:
-    if key not in table and len(table) >= KEEP:
-        try:
-            table.pop(next(iter(table)), None)
-        except (StopIteration, RuntimeError):  # (another thread's change)
-            pass
-    table[key] = value
-
-
 def _encode_key(tensors, form):
     """The plan key of ``encode_many``'s ``tensors`` (the layout form, and the names or the
     count) and their values in order; ``(None, None)`` for another kind of input."""
@@ -354,7 +346,7 @@ def learn_encode(c, tensors, form: str, names, arrays, frame, step: int = 0) -> 
     if key in plans and plans[key][0] == sig:
         return
     plan = _learned(c, frame)
-    _remember(plans, key, (sig, plan if plan is not None and plan.encode(arrays, step) == frame else None))
+    remember(plans, key, (sig, plan if plan is not None and plan.encode(arrays, step) == frame else None), KEEP)
 
 
 def decode_many(frame, out, parsed, *, codec=None, layout=None, max_elements=None, like=None):
@@ -406,7 +398,7 @@ def learn_decode(c, frame, mf) -> None:
         return
     plan = _learned(c, frame, mf)
     if plan is not None:
-        _remember(_DECODES, len(frame), [*plans, plan][-KEEP:])
+        remember(_DECODES, len(frame), [*plans, plan][-KEEP:], KEEP)
 
 
 def _learned(c, frame, mf=None) -> Replay | None:

@@ -62,9 +62,9 @@ def _tensor(t: tuple, derived: bool) -> tuple:
 
 
 def _remember(key, entry) -> None:
-    if len(_HEADS) >= _HEADS_MAX:
-        _HEADS.pop(next(iter(_HEADS)), None)
-    _HEADS[key] = entry
+    from codec.ops import remember
+
+    remember(_HEADS, key, entry, _HEADS_MAX)
 
 
 def build_many(spec: str, layout: Layout, sections, *, form: str = "table", compressor=None, checksum: str | None = None, pieces=None, joint: bool = False, out=None) -> bytes:

@@ -92,12 +92,9 @@ def _first_q(m: int, r: int, dtype: np.dtype, seed: int, key) -> np.ndarray:
         got = orthogonalize(initial_q(m, r, dtype, seed, key, 0))
         got.flags.writeable = False
         if m * r <= FIRST_ITEMS:
-            if len(_FIRST) >= FIRST_KEEP:
-                try:
-                    _FIRST.pop(next(iter(_FIRST)), None)
-                except (StopIteration, RuntimeError):  # (another thread's change)
-                    pass
-            _FIRST[at] = got
+            from codec.ops import remember
+
+            remember(_FIRST, at, got, FIRST_KEEP)
     return got
 
 
