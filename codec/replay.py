@@ -108,9 +108,9 @@ class Replay:
         #: offsets in the run of kept values, and ``keys_at``'s key offsets, sizes and rooms
         self.values = self.keys = self.kstarts = self.matrices = self.run = self.selected = None
         #: a low-rank encode's starting Qs (codec.replaydecode.encode_lowrank), once known;
-        #: False when its tensors are too large to replay
-        self.power = None
-        self.keyspots = self.memo = None
+        #: a keyed frame's key bytes in the payload and the last keys that passed
+        #: (codec.replaydecode.decode_keyed)
+        self.power = self.keyspots = self.memo = None
         if codes_dtype is None and selected(codec):
             # a sparse codec (encoding only, codec.replaydecode.encode_selected): the run's
             # starts (writeable, as the general path's runs pass them), the layout and how
@@ -143,10 +143,7 @@ class Replay:
             item = self.dtype.itemsize
             self.kept = [t for t, (a, b) in enumerate(self.values) if b > a]
             self.spots = readonly(np.concatenate([np.arange(a // item, b // item) for a, b in self.values] or [np.empty(0, np.int64)]).astype(np.int64))
-            # decoding (codec.replaydecode.decode_keyed): every key's bytes in the payload, and
-            # the last keys that passed with the arrays they gave
             self.keyspots = readonly((self.keys[0][:, None] + np.arange(24)).reshape(-1))
-            self.memo = None
 
     def _addresses(self, arrays, write: bool):
         """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``

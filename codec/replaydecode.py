@@ -236,11 +236,10 @@ def _starting_qs(plan, step: int):
     from codec.stages.transform.powersgd import start_q
 
     if plan.power is not None:
-        return plan.power or None
-    tr = plan.codec.transform
-    if max(plan.sizes) > RUN_ELEMENTS:
-        plan.power = False
+        return plan.power
+    if max(plan.sizes) > RUN_ELEMENTS:  # (checked when the plan is learned: a plan that does not encode is not kept for encoding)
         return None
+    tr = plan.codec.transform
     _, _, ns, ms, rs = plan.matrices
     qs = [start_q(None, m, r, plan.dtype, tr.seed, None, step, tr.warm_start) for m, r in zip(ms.tolist(), rs.tolist())]
     qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs] or [np.empty(0, plan.dtype)]))

@@ -59,7 +59,7 @@ class IndexSelect(Select):
         from codec.ops import addresses, readonly
         from codec.pack import INDEX_KINDS, section_table
 
-        if any(len(secs) != 2 or secs[0].kind not in INDEX_KINDS for secs in sections):
+        if any(secs[0].kind not in INDEX_KINDS for secs in sections):  # (two sections each: the caller checked)
             return None
         table = section_table([secs[0] for secs in sections])
         values_at = readonly(np.array([secs[1].offset for secs in sections], np.int64))
