@@ -10,7 +10,7 @@ checked the payload's CRC-32C.
 * :func:`decode_lowrank`: PowerSGD with its values as they are (:func:`lowrank`), every matrix's ``P Q^T`` with one
   ``expand_segments`` call, the other tensors' values copied.
 
-Each takes the plan (a :class:`codec.replay.Replay`), the payload (read-only uint8), the
+Each takes the plan (a :class:`codec.replayplan.Replay`), the payload (read-only uint8), the
 arrays' addresses and the arrays, and returns whether it wrote them; False sends the frame
 to the general path, which then refuses and names what it refuses.  The replayed encodes
 are here too: :func:`encode_keyed` (random-k's keys and values), :func:`encode_selected` (the

@@ -16,6 +16,7 @@ import pytest
 import codec
 from codec import many, manydecode, replay
 from codec.errors import CodecError, CorruptFrameError, NonFiniteError
+from codec.runs import RUN_ELEMENTS
 
 #: edge sizes: 0-d, empty, one value, odd, a matrix, a 4-d kernel
 SHAPES = [(), (0,), (1,), (333,), (7, 9), (3, 0, 2), (8, 1, 3, 3)]
@@ -377,7 +378,7 @@ def test_a_sparse_step_is_replayed_on_encode(spec, dtype, no_general, monkeypatc
     packed = codec.Codec(spec + "+zstd")
     packed.encode_many(tensors(dtype, 0))
     big = codec.Codec(spec)
-    ts = {"big": np.ones(replay.RUN_ELEMENTS + 1, dtype), "small": np.ones(3, dtype)}
+    ts = {"big": np.ones(RUN_ELEMENTS + 1, dtype), "small": np.ones(3, dtype)}
     big.encode_many(ts)
     no_general()
     for d, per_step in zip(data, want):
@@ -406,7 +407,7 @@ def test_a_powersgd_step_is_replayed_on_encode(spec, dtype, no_general):
     nan = {**data[0], "t7": np.full_like(data[0]["t7"], np.nan)}  # (a matrix)
     assert c.transform.matrix(nan["t7"].shape) is not None and c.transform.matrix(data[2]["t2"].shape) is None
     big = codec.Codec(spec)
-    ts = {"big": np.ones((8, replay.RUN_ELEMENTS // 8 + 1), dtype), "small": np.ones((16, 16), dtype)}
+    ts = {"big": np.ones((8, RUN_ELEMENTS // 8 + 1), dtype), "small": np.ones((16, 16), dtype)}
     big.encode_many(ts)
     no_general()
     for d, per_step in zip(data, want):
