@@ -64,6 +64,9 @@ __all__ = ["Replay", "decode", "decode_many", "encode", "learn_decode", "learn_e
 KEEP = 8
 #: decoding plans by frame length (a frame's length and header bytes find its plan)
 _DECODES: dict = {}
+#: decoding plans of sparse codecs, most recent first: their frames' lengths and the header's
+#: sections change with each step, so the header's bytes up to its layout find the plan
+_PAIRS: tuple = ()
 
 
 def replayable(c) -> bool:
@@ -139,28 +142,44 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
     codec the caller expects made the frame (``Codec.decode_many``)."""
     if like is not None or type(frame) not in (bytes, bytearray):
         return None
-    plans = _DECODES.get(len(frame))
-    if not plans:
-        return None
-    for plan in plans:
-        if frame.startswith(plan.prefix):
-            break
-    else:
+    plan = _found(frame)
+    if plan is None:
         return None
     if codec is not None and codec is not plan.codec and codec.spec != plan.codec.spec:  # (another codec decodes through the general path, as it did)
         return None
     if max_elements is not None and not (type(max_elements) is int and plan.count <= max_elements):
         return None
-    hl = plan.header_len
-    if zlib.crc32(memoryview(frame)[: hl - _CRC.size]) != _CRC.unpack_from(frame, hl - _CRC.size)[0]:
-        return None
+    if plan.pairs is None:  # (a sparse frame's header is read, and its CRC checked, as it is decoded)
+        hl = plan.header_len
+        if zlib.crc32(memoryview(frame)[: hl - _CRC.size]) != _CRC.unpack_from(frame, hl - _CRC.size)[0]:
+            return None
     return plan.decode(frame, out)
+
+
+def _found(frame):
+    """The decoding plan whose header bytes start ``frame``, or None: among the plans of its
+    length, then the sparse codecs' (their prefix ends with the layout)."""
+    for plan in _DECODES.get(len(frame), ()):
+        if frame.startswith(plan.prefix):
+            return plan
+    for plan in _PAIRS:
+        if frame.startswith(plan.prefix):
+            return plan
+    return None
 
 
 def learn_decode(c, frame, mf) -> None:
     """After the general path decoded ``frame`` (parsed: ``mf``, made by the codec ``c``):
     keep the plan of its header when its tensors can be replayed."""
-    if type(frame) not in (bytes, bytearray) or selected(c) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):  # (a sparse header changes: no decoding plan)
+    global _PAIRS
+    if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):
+        return
+    if selected(c):  # a sparse codec: its plan found by the layout's header bytes
+        if any(frame.startswith(p.prefix) for p in _PAIRS):
+            return
+        plan = learned(c, frame, mf)
+        if plan is not None and plan.pairs is not None:
+            _PAIRS = (plan, *_PAIRS[: KEEP - 1])
         return
     plans = _DECODES.get(len(frame), [])
     if any(frame.startswith(p.prefix) for p in plans):

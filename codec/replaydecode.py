@@ -9,6 +9,9 @@ checked the payload's CRC-32C.
   its key and its values written at them, one kernel call.
 * :func:`decode_lowrank`: PowerSGD with its values as they are (:func:`lowrank`), every matrix's ``P Q^T`` with one
   ``expand_segments`` call, the other tensors' values copied.
+* :func:`decode_pairs`: the other sparsifiers with their values as they are, whose header's
+  sections change with each step: the sections read after the layout, the CRCs checked,
+  every pair written with one kernel call (it takes the frame, not the payload).
 
 Each takes the plan (a :class:`codec.replayplan.Replay`), the payload (read-only uint8), the
 arrays' addresses and the arrays, and returns whether it wrote them; False sends the frame
@@ -27,7 +30,7 @@ from codec.errors import CorruptFrameError
 from codec.streams import key_hash
 from codec.modes import SET
 
-__all__ = ["decode_keyed", "decode_lowrank", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "keyed", "lowrank", "reads_as_run", "selected"]
+__all__ = ["decode_keyed", "decode_lowrank", "decode_pairs", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "keyed", "lowrank", "reads_as_run", "selected"]
 
 
 def selected(c) -> bool:
@@ -106,6 +109,38 @@ def decode_keyed(plan, payload, addrs, views) -> bool:
     kept.flags.writeable = False
     select.scatter_keyed(kept, plan.kstarts, keys, plan.keys[1], addrs, plan.starts, plan.like, SET)
     return True
+
+
+def decode_pairs(plan, frame, addrs) -> bool:
+    """A sparse frame of index sections and raw values (a plan with ``pairs``: top-k,
+    gaussian-k, DGC, threshold with their values as they are): the sections its header
+    gives each tensor read from the bytes after the layout (``header.pair_sections``, which
+    refuses what the parser would not read as it does), the header's CRC and the payload's
+    CRC-32C checked, then every index section read and checked and every pair written into
+    its array where it lies with one ``index_scatter_segments`` call (what
+    ``manydecode._pairs_at_once`` does once the frame is parsed); False, nothing written,
+    for anything refused (the general path then names it)."""
+    import zlib
+
+    from codec.checksum import crc32c
+    from codec.frame import _CRC
+    from codec.kernels import module
+
+    at, sizes, derived, bits = plan.pairs
+    data = np.frombuffer(frame, np.uint8)
+    data.flags.writeable = False
+    count = sizes.size
+    table = np.empty((count, 5), np.int64)
+    values_at = np.empty(count, np.int64)
+    counts = np.empty(count, np.int64)
+    hl = module("header").pair_sections(data, at, sizes, derived, plan.crc, bits, table, values_at, counts)
+    if hl < 0 or zlib.crc32(memoryview(frame)[: hl - _CRC.size]) != _CRC.unpack_from(frame, hl - _CRC.size)[0]:
+        return False
+    payload = data[hl:]
+    if plan.crc and crc32c(payload) != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
+        return False
+    table.flags.writeable = values_at.flags.writeable = counts.flags.writeable = False  # (kernels take their inputs read-only)
+    return module("scatter").index_scatter_segments(payload, table, values_at, counts, addrs, plan.starts, plan.like) < 0
 
 
 def encode_keyed(plan, views, step: int) -> bytes | None:

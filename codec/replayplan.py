@@ -28,7 +28,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo")
+    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo", "pairs")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         from codec.ops import offsets, readonly
@@ -60,14 +60,20 @@ class Replay:
         #: a low-rank encode's starting Qs (codec.replaydecode.encode_lowrank), once known;
         #: a keyed frame's key bytes in the payload and the last keys that passed
         #: (codec.replaydecode.decode_keyed)
-        self.power = self.keyspots = self.memo = None
+        self.power = self.keyspots = self.memo = self.pairs = None
         if codes_dtype is None and selected(codec):
-            # a sparse codec (encoding only, codec.replaydecode.encode_selected): the run's
-            # starts (writeable, as the general path's runs pass them), the layout and how
-            # errors name the tensors
+            # a sparse codec: its encoding (tensors of a run's size, whose selection runs on
+            # one thread: codec.replaydecode.encode_selected) takes the run's starts
+            # (writeable, as the general path's runs pass them), the layout and how errors
+            # name the tensors; its decoding (codec.replaydecode.decode_pairs) reads each
+            # frame's sections after the layout, which is all its prefix holds
             from codec.context import where
 
-            self.selected = (offsets(self.sizes), lay, where(lay.names, len(lay)))
+            if max(self.sizes) <= RUN_ELEMENTS:
+                self.selected = (offsets(self.sizes), lay, where(lay.names, len(lay)))
+            self.pairs = _pairs_plan(codec, frame, mf)
+            if self.pairs is not None:
+                self.prefix = bytes(frame[: self.pairs[0]])
         elif codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q, at offsets
             # that are whole items of the dtype (checked when learned): the pass-through
@@ -144,8 +150,8 @@ class Replay:
         found = self._addresses(arrays, False)
         if found is None:
             return None
-        if self.selected is not None:  # a sparse codec
-            return replaydecode.encode_selected(self, found[1], step)
+        if selected(self.codec):  # a sparse codec: not above a run's size
+            return None if self.selected is None else replaydecode.encode_selected(self, found[1], step)
         if self.matrices is not None:  # a low-rank frame (PowerSGD)
             return replaydecode.encode_lowrank(self, found, step)
         if self.codes_dtype is None:  # a keyed sparse frame (random-k)
@@ -181,6 +187,8 @@ class Replay:
         found = self._addresses(items, True)
         if found is None:
             return None
+        if self.pairs is not None:  # a sparse frame: its header's sections read, checked, then its pairs written
+            return self._result(out, items) if replaydecode.decode_pairs(self, frame, found[0]) else None
         if self.infos is not None:  # a frame of one of codec.replaydecode's kinds: its payload's CRC-32C first
             payload = self._payload(frame)
             if payload is None:
@@ -222,6 +230,26 @@ class Replay:
         if out is not None:
             return out
         return items if self.names is None else dict(zip(self.names, items))
+
+
+def _pairs_plan(c, frame, mf) -> tuple | None:
+    """What decoding a sparse codec's frame of this layout takes from the plan
+    (:func:`codec.replaydecode.decode_pairs`): where its header's patterns start, the
+    tensors' sizes (int64), whether they hold count rules (FLAG_DERIVED) and the values'
+    width in bits; None unless every tensor has an index section then its kept
+    values, stored as they are in the layout's dtype (``_pairs_at_once``'s frames)."""
+    from codec.frame import SectionKind
+    from codec.manyframe.parse import read_header
+    from codec.manyframe.wire import FLAG_DERIVED
+    from codec.pack import INDEX_KINDS
+
+    bits = mf.layout.dtypes[0].itemsize * 8
+    if c.value.name != "none" or any(len(s) != 2 or s[0].kind not in INDEX_KINDS or s[1].kind != SectionKind.VALUES or s[1].bits != bits for s in mf.tensor_sections):
+        return None
+    from codec.ops import readonly
+
+    sizes = readonly(np.array(mf.layout.sizes, np.int64))
+    return read_header(memoryview(frame)).table_end, sizes, bool(mf.flags & FLAG_DERIVED), bits
 
 
 def _torch_view(x):
@@ -267,8 +295,8 @@ def learned(c, frame, mf=None) -> Replay | None:
             if len(secs) != 1 or secs[0].encoding != Encoding.RAW or secs[0].bits != bits or secs[0].count != want or secs[0].raw_len != secs[0].stored_len or secs[0].offset % (bits // 8):
                 return None
         return Replay(c, frame, mf)
-    if selected(c):  # tensors of a run's size (a segment's selection runs on one thread), stored raw
-        if max(lay.sizes) > RUN_ELEMENTS or any(sec.encoding != Encoding.RAW for secs in mf.tensor_sections for sec in secs):
+    if selected(c):  # stored raw (its encoding: tensors of a run's size)
+        if any(sec.encoding != Encoding.RAW for secs in mf.tensor_sections for sec in secs):
             return None
         return Replay(c, frame, mf)
     if keyed(c):  # a key then the values, raw, in the tensors' dtype, at whole items of it

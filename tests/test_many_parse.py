@@ -366,3 +366,66 @@ def test_a_header_seen_with_another_layout_object_is_parsed_afresh():
     assert parse_many(frame, layout=ONE).tensor_sections is first.tensor_sections
     again = parse_many(frame, layout=f32((3,)))
     assert again.tensor_sections == first.tensor_sections and again.tensor_sections is not first.tensor_sections
+
+
+# ------------------------------------------------------------------ the sparse header's kernel
+def _pairs_read(frame: bytes, sizes, bits: int):
+    """What the parser reads of a sparse frame's sections, as ``header.pair_sections`` gives
+    it (the header's length, each index section's (kind, bits, count, offset, length), each
+    tensor's values offset and count), or None where it raises or the frame is not that."""
+    from codec.pack import INDEX_KINDS
+
+    try:
+        h = parse_mod.read_header(memoryview(frame))
+        secs, off = parse_mod._sections(h, sizes)
+    except CorruptFrameError:
+        return None
+    if h.flags & FLAG_ZSTD or off != len(frame) - h.header_len:
+        return None
+    if any(len(s) != 2 or s[0].kind not in INDEX_KINDS or s[1].kind != VALUES or s[1].bits != bits for s in secs):
+        return None
+    return h.header_len, [(s[0].kind, s[0].bits, s[0].count, s[0].offset, s[0].raw_len) for s in secs], [s[1].offset for s in secs], [s[1].count for s in secs]
+
+
+def _kernel_read(frame: bytes, at: int, sizes, bits: int):
+    from codec.kernels import module
+
+    flags = frame[5]  # (the bytes before ``at`` are the frame's as it was made)
+    n = len(sizes)
+    table, values_at, counts = np.full((n, 5), -7, np.int64), np.full(n, -7, np.int64), np.full(n, -7, np.int64)
+    data = np.frombuffer(frame, np.uint8)
+    hl = module("header").pair_sections(data, at, np.array(sizes, np.int64), bool(flags & FLAG_DERIVED), bool(flags & 3), bits, table, values_at, counts)
+    return None if hl < 0 else (hl, [tuple(r) for r in table.tolist()], values_at.tolist(), counts.tolist())
+
+
+def test_the_sparse_header_kernel_reads_what_the_parser_reads():
+    """``header.pair_sections`` against :func:`read_header` and ``_sections``: the same
+    sections for sparse frames of every index kind and count rule (derived or written
+    counts, a payload CRC or none, float32 and float64 values, an empty tensor), and on
+    every byte after the layout changed to one of several values it reads exactly the frames the parser reads as such and refuses the
+    others."""
+    rng = np.random.default_rng(5)
+    frames = []
+    for spec, dtype, checksum in (("topk(ratio=0.2)", np.float32, True), ("dgc(ratio=0.05)", np.float64, True), ("gaussiank(ratio=0.3)", np.float32, False)):
+        ts = {f"t{i}": np.asarray(rng.standard_t(3, n)).astype(dtype) for i, n in enumerate((333, 0, 1, 40, 7))}
+        frames.append((codec.Codec(spec, checksum=checksum).encode_many(ts), [v.size for v in ts.values()], np.dtype(dtype).itemsize * 8))
+    bitmap = 2
+    pats = (((3, 4), (VALUES, 32)), ((bitmap, 1), (VALUES, 32)))  # written counts (no FLAG_DERIVED): gaps, then a bitmap
+    payload = bytes([0x21]) + np.ones(2, np.float32).tobytes() + bytes([0x05]) + np.ones(2, np.float32).tobytes()
+    frames.append((build(flags=CRC32C, layout=f32((9,), (3,)).table(), patterns=pats, tensors=((0, (2, 2)), (1, (3, 2))), payload=payload), [9, 3], 32))
+    for frame, sizes, bits in frames:
+        at = parse_mod.read_header(memoryview(frame)).table_end
+        want = _pairs_read(frame, sizes, bits)
+        assert want is not None and _kernel_read(frame, at, sizes, bits) == want
+        assert _kernel_read(frame, at, sizes, 64 if bits == 32 else 32) is None  # (values of another width)
+        hl = want[0]
+        read = refused = 0
+        for pos in range(at, hl - 4):
+            for v in {0, 1, 2, 0x21, 0x7F, 0x80, 0xFF, frame[pos] ^ 1, frame[pos] + 1 & 0xFF}:
+                changed = bytearray(frame)
+                changed[pos] = v
+                changed = bytes(changed)  # (neither reads the CRCs)
+                got, ref = _kernel_read(changed, at, sizes, bits), _pairs_read(changed, sizes, bits)
+                assert got == ref, (pos, v)
+                read, refused = read + (got is not None), refused + (got is None)
+        assert read and refused

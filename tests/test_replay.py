@@ -295,6 +295,50 @@ def test_a_keyed_sparse_frame_is_replayed_on_decode(spec, dtype, no_general, mon
         c.decode_many(bytes(wrong))
 
 
+@pytest.mark.parametrize("spec", ["topk(ratio=warmup(0.5,0.1,steps=4))", "gaussiank(ratio=0.2)", "dgc(ratio=0.2)", "topk(k=3)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_sparse_frame_is_replayed_on_decode(spec, dtype, no_general, monkeypatch):
+    """A sparse frame of index sections and raw values, whose header's sections (their
+    kinds, widths and counts) change with each step, decodes through the plan learned from
+    another step's frame: its sections read after the layout with one ``pair_sections``
+    call and every pair written with one ``index_scatter_segments`` call, the general path's
+    arrays bit for bit; a damaged payload, a header whose sections do not add up and an
+    index section past its tensor go back to the general path, which refuses them."""
+    from codec.kernels import module
+    from codec.manyframe import parse_many
+
+    c = codec.Codec(spec)
+    c.decode_many(c.encode_many(tensors(dtype, 4), step=6))  # learned
+    frames = [codec.Codec(spec).encode_many(tensors(dtype, seed), step=step) for seed, step in ((5, 1), (6, 9))]
+    refs = [manydecode.decode(c, parse_many(f), None) for f in frames]
+    assert all(any(np.count_nonzero(v) for v in ref.values()) for ref in refs)
+    if "ratio" in spec:  # (the two steps keep other counts: other frame lengths, one plan)
+        assert len({len(f) for f in frames}) == 2
+    mf = parse_many(frames[0])
+    wide = bytearray(frames[0])  # the last tensor's count one more: its sections end past the frame
+    at = mf.header_len - 9  # (its one-byte count, then the payload CRC and the header's)
+    assert wide[at] == mf.tensor_sections[-1][0].count < 0x7F
+    wide[at] += 1
+    _rechecksum(wide, mf.header_len)
+    gaps = bytearray(frames[0])  # t3's first gap made large: a position past its tensor
+    gaps[mf.header_len + mf.tensor_sections[3][0].offset] |= 0xF0
+    _rechecksum(gaps, mf.header_len)
+    for damaged in (wide, gaps):
+        with pytest.raises(CorruptFrameError):
+            codec.decode_many(bytes(damaged))
+    calls = []
+    for family, name in (("header", "pair_sections"), ("scatter", "index_scatter_segments")):
+        real = getattr(module(family), name)
+        monkeypatch.setattr(module(family), name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    for frame, ref in zip(frames, refs):
+        _replayed_as_general(c, frame, ref, no_general)
+    assert calls.count("index_scatter_segments") == 4 and calls.count("pair_sections") == 6  # (each frame decoded into new arrays and arrays given, and damaged once)
+    with pytest.raises(CorruptFrameError, match="sections end at byte"):  # (refused by the general path's parse)
+        c.decode_many(bytes(wide))
+    with pytest.raises(AssertionError, match="general path"):
+        c.decode_many(bytes(gaps))
+
+
 def _replayed_as_general(c, frame, ref, no_general) -> None:
     """``frame`` with a damaged payload is refused by the general path; with the general
     path off, ``c`` decodes ``frame`` (new arrays, and arrays given) to ``ref``, bit for bit."""

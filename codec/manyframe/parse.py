@@ -118,6 +118,8 @@ class Header:
     raw_total: int | None
     crc_at: int
     header_len: int
+    #: where the spec, count and layout (table or hash) end: the patterns start here
+    table_end: int
 
 
 def read_header(mv) -> Header:
@@ -140,6 +142,7 @@ def read_header(mv) -> Header:
         stored_hash = bytes(cur.take(HASH_SIZE, "the layout hash"))
     else:
         table = read_layout(cur, count, named)
+    table_end = cur.pos
     npat = cur.varint("the pattern count")
     if npat > size - cur.pos:
         raise CorruptFrameError(f"header declares {npat} section patterns, more than its {size} bytes can describe")
@@ -178,7 +181,7 @@ def read_header(mv) -> Header:
     header_len = crc_at + _CRC.size
     if header_len > size:
         raise CorruptFrameError(f"frame is {size} bytes, shorter than its {header_len}-byte header")
-    return Header(flags, spec_raw, count, named, stored_hash, table, per_tensor, raw_total, crc_at, header_len)
+    return Header(flags, spec_raw, count, named, stored_hash, table, per_tensor, raw_total, crc_at, header_len, table_end)
 
 
 #: a SectionInfo of its fields in order, without the NamedTuple's keyword-taking ``__new__``
