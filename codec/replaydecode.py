@@ -114,7 +114,7 @@ def decode_keyed(plan, payload, addrs, views) -> bool:
 def decode_pairs(plan, frame, addrs) -> bool:
     """A sparse frame of index sections and raw values (a plan with ``pairs``: top-k,
     gaussian-k, DGC, threshold with their values as they are): the sections its header
-    gives each tensor read from the bytes after the layout (``header.pair_sections``, which
+    gives each tensor read from the bytes after the layout (``pairs.pair_sections``, which
     refuses what the parser would not read as it does), the header's CRC and the payload's
     CRC-32C checked, then every index section read and checked and every pair written into
     its array where it lies with one ``index_scatter_segments`` call (what
@@ -126,14 +126,14 @@ def decode_pairs(plan, frame, addrs) -> bool:
     from codec.frame import _CRC
     from codec.kernels import module
 
-    at, sizes, derived, bits = plan.pairs
+    at, sizes, derived, bits, _ = plan.pairs
     data = np.frombuffer(frame, np.uint8)
     data.flags.writeable = False
     count = sizes.size
     table = np.empty((count, 5), np.int64)
     values_at = np.empty(count, np.int64)
     counts = np.empty(count, np.int64)
-    hl = module("header").pair_sections(data, at, sizes, derived, plan.crc, bits, table, values_at, counts)
+    hl = module("pairs").pair_sections(data, at, sizes, derived, plan.crc, bits, table, values_at, counts)
     if hl < 0 or zlib.crc32(memoryview(frame)[: hl - _CRC.size]) != _CRC.unpack_from(frame, hl - _CRC.size)[0]:
         return False
     payload = data[hl:]
@@ -205,6 +205,8 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     flat = scratch(plan.count, plan.dtype)
     np.concatenate([v.reshape(-1) for v in views], out=flat)
     ctxs = [Context(shape, plan.dtype, step=step, name=w) for shape, w in zip(plan.shapes, names)]
+    if plan.pairs is not None:  # index sections and values as they are: the frame written from the finds
+        return _encode_pairs(plan, flat, ctxs)
     picked = c.select.select_segments(flat, starts, ctxs)
     if picked is None:
         return None
@@ -222,6 +224,40 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     except CodecError:  # (a NaN under nonfinite=raise: the general path names its tensor)
         return None
     close_header(bytearray(prefix), out, hl, flag, None, crc32c(payload) if plan.crc else None)
+    return frame
+
+
+def _encode_pairs(plan, flat, ctxs) -> bytes | None:
+    """:func:`encode_selected` of a codec whose frames are pairs (a plan with ``pairs``: each
+    tensor's index section, then its kept values as they are): the select stage's finds
+    (``find_segments``) written as the payload with one ``pairs.pair_payload`` call, which
+    also gives every tensor's sections, and the header's patterns and counts after the
+    layout's bytes with one ``pair_head`` call; the bytes ``select_segments``,
+    ``encode_kept``, ``sparse_piece`` and ``head_of`` give, without their Python per step.
+    None when the stage declines the run or a set's gaps need more than 56 bits (the
+    general path then codes it)."""
+    from codec.checksum import crc32c
+    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
+    from codec.framebuffer import new_bytes
+    from codec.kernels import module
+
+    finds = plan.codec.select.find_segments(flat, plan.selected[0], ctxs)
+    if finds is None or finds[3] is not None:
+        return None
+    room, pos, counts, _ = finds
+    kern = module("pairs")
+    table = np.empty((counts.size, 6), np.int64)
+    payload = np.empty(plan.pairs[4] + int(counts.sum()) * plan.dtype.itemsize, np.uint8)
+    size = kern.pair_payload(flat, plan.selected[0], pos, room, counts, payload, table)
+    head = np.empty(12 + 25 * counts.size, np.uint8)
+    used = kern.pair_head(table, head) if size >= 0 else -1
+    if used < 0:
+        return None
+    head = bytearray(plan.prefix) + head[:used].tobytes()
+    hl = len(head) + (8 if plan.crc else 4)
+    frame, out = new_bytes(hl + size)
+    out[hl:] = payload[:size]
+    close_header(head, out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc32c(out[hl:]) if plan.crc else None)
     return frame
 
 

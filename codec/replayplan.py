@@ -235,8 +235,9 @@ class Replay:
 def _pairs_plan(c, frame, mf) -> tuple | None:
     """What decoding a sparse codec's frame of this layout takes from the plan
     (:func:`codec.replaydecode.decode_pairs`): where its header's patterns start, the
-    tensors' sizes (int64), whether they hold count rules (FLAG_DERIVED) and the values'
-    width in bits; None unless every tensor has an index section then its kept
+    tensors' sizes (int64), whether they hold count rules (FLAG_DERIVED), the values'
+    width in bits and the most bytes every index section can take (a bitmap each: the
+    replayed encode's bound, :func:`codec.replaydecode._encode_pairs`); None unless every tensor has an index section then its kept
     values, stored as they are in the layout's dtype (``_pairs_at_once``'s frames)."""
     from codec.frame import SectionKind
     from codec.manyframe.parse import read_header
@@ -249,7 +250,7 @@ def _pairs_plan(c, frame, mf) -> tuple | None:
     from codec.ops import readonly
 
     sizes = readonly(np.array(mf.layout.sizes, np.int64))
-    return read_header(memoryview(frame)).table_end, sizes, bool(mf.flags & FLAG_DERIVED), bits
+    return read_header(memoryview(frame)).table_end, sizes, bool(mf.flags & FLAG_DERIVED), bits, int(((sizes + 7) // 8).sum())
 
 
 def _torch_view(x):

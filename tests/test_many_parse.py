@@ -370,7 +370,7 @@ def test_a_header_seen_with_another_layout_object_is_parsed_afresh():
 
 # ------------------------------------------------------------------ the sparse header's kernel
 def _pairs_read(frame: bytes, sizes, bits: int):
-    """What the parser reads of a sparse frame's sections, as ``header.pair_sections`` gives
+    """What the parser reads of a sparse frame's sections, as ``pairs.pair_sections`` gives
     it (the header's length, each index section's (kind, bits, count, offset, length), each
     tensor's values offset and count), or None where it raises or the frame is not that."""
     from codec.pack import INDEX_KINDS
@@ -394,12 +394,12 @@ def _kernel_read(frame: bytes, at: int, sizes, bits: int):
     n = len(sizes)
     table, values_at, counts = np.full((n, 5), -7, np.int64), np.full(n, -7, np.int64), np.full(n, -7, np.int64)
     data = np.frombuffer(frame, np.uint8)
-    hl = module("header").pair_sections(data, at, np.array(sizes, np.int64), bool(flags & FLAG_DERIVED), bool(flags & 3), bits, table, values_at, counts)
+    hl = module("pairs").pair_sections(data, at, np.array(sizes, np.int64), bool(flags & FLAG_DERIVED), bool(flags & 3), bits, table, values_at, counts)
     return None if hl < 0 else (hl, [tuple(r) for r in table.tolist()], values_at.tolist(), counts.tolist())
 
 
 def test_the_sparse_header_kernel_reads_what_the_parser_reads():
-    """``header.pair_sections`` against :func:`read_header` and ``_sections``: the same
+    """``pairs.pair_sections`` against :func:`read_header` and ``_sections``: the same
     sections for sparse frames of every index kind and count rule (derived or written
     counts, a payload CRC or none, float32 and float64 values, an empty tensor), and on
     every byte after the layout changed to one of several values it reads exactly the frames the parser reads as such and refuses the

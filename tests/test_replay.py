@@ -327,7 +327,7 @@ def test_a_sparse_frame_is_replayed_on_decode(spec, dtype, no_general, monkeypat
         with pytest.raises(CorruptFrameError):
             codec.decode_many(bytes(damaged))
     calls = []
-    for family, name in (("header", "pair_sections"), ("scatter", "index_scatter_segments")):
+    for family, name in (("pairs", "pair_sections"), ("scatter", "index_scatter_segments")):
         real = getattr(module(family), name)
         monkeypatch.setattr(module(family), name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     for frame, ref in zip(frames, refs):
@@ -406,7 +406,8 @@ def test_a_sparse_step_is_replayed_on_encode(spec, dtype, no_general, monkeypatc
     """A sparse codec's ``encode_many`` (a select stage other than random-k's) replays from
     the step before: every tensor selected at once, its index section (whose kind and width
     change with the data: the header is made for them, and kept) and its values coded at
-    once, bit for bit the general path's frame at any step of a schedule, on heavy-tailed
+    once (values as they are: the frame written from the finds by ``pairs.pair_payload``
+    and ``pair_head``), bit for bit the general path's frame at any step of a schedule, on heavy-tailed
     data and on ties; a NaN and keys go to the general path, and neither a byte stage nor a
     tensor beyond a run's size is ever learned."""
     from codec.manyframe import build
@@ -424,10 +425,17 @@ def test_a_sparse_step_is_replayed_on_encode(spec, dtype, no_general, monkeypatc
     big = codec.Codec(spec)
     ts = {"big": np.ones(RUN_ELEMENTS + 1, dtype), "small": np.ones(3, dtype)}
     big.encode_many(ts)
+    from codec.kernels import module
+
+    written = []
+    real = module("pairs").pair_payload
+    monkeypatch.setattr(module("pairs"), "pair_payload", lambda *a: written.append(1) or real(*a))
     no_general()
     for d, per_step in zip(data, want):
         for st, frame in zip(steps, per_step):
             assert c.encode_many(d, step=st) == frame
+    pairs = "+" not in spec and spec != "adacomp"  # (values as they are: the frame written from the finds, pairs.pair_payload)
+    assert len(written) == (len(data) * len(steps) if pairs else 0)
     for call in (lambda: c.encode_many(nan, step=5), lambda: c.encode_many(data[0], keys=list(range(len(data[0])))), lambda: packed.encode_many(data[0]), lambda: big.encode_many(ts)):
         with pytest.raises(AssertionError, match="general path"):
             call()

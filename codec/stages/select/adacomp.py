@@ -10,7 +10,7 @@ from codec.ops import offsets, readonly
 from codec.dtypes import on_device
 from codec.device import Memory
 from codec.stages.select.base import IndexSelect
-from codec.stages.select.magnitude import collect, raise_nonfinite, segment_room, segments_picked
+from codec.stages.select.magnitude import collect, raise_nonfinite, segment_room
 from codec.params import Param
 from codec.stage import Bound, Value, register
 
@@ -167,10 +167,10 @@ class AdaComp(IndexSelect):
             sent = mem.gather(g.reshape(n), idx) if mem.device else sent.astype(g.dtype)
         return idx, sent
 
-    def select_segments(self, flat, starts, ctxs, gradient=None):
+    def find_segments(self, flat, starts, ctxs, gradient=None):
         """Every tensor's bins in one kernel call (``adacomp_segments``), its scale from its
-        bins' maxima as :meth:`select` takes it, the index sections of all of them in two more.
-        ``gradient``: under error feedback, the run's gradients (``flat`` is ``acc =
+        bins' maxima as :meth:`select` takes it (set in each context's hints), the kept
+        values as the kernel found them.  ``gradient``: under error feedback, the run's gradients (``flat`` is ``acc =
         gradient + residual``), which the test ``|G + dW| >= max |G|`` reads."""
         from codec.kernels import backend
         from codec.ops import round_to
@@ -194,4 +194,4 @@ class AdaComp(IndexSelect):
         scales = np.divide(sums, nbins, out=np.zeros(sizes.size), where=nbins > 0)
         for ctx, scale in zip(ctxs, round_to(scales, flat.dtype).tolist()):
             ctx.hints["scale"] = scale  # exact in every output dtype
-        return segments_picked(flat, starts, room, pos, counts, vals)
+        return room, pos, counts, vals

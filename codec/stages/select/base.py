@@ -41,6 +41,26 @@ class IndexSelect(Select):
         least, most = self.kept_range(ctx.n, ctx.step)
         return Bound(1, index_bound(most, ctx.n, least), ctx.domain(most, ctx.dtype))
 
+    def find_segments(self, flat, starts, ctxs, gradient=None):
+        """What :meth:`select_segments` finds before it is packed and coded: ``(room, pos,
+        counts, values)``, tensor t's ``counts[t]`` sorted positions (counted from its own
+        start) at ``pos[room[t]:]`` (``room``, ``counts`` host arrays; ``pos`` where ``flat``
+        lives) and ``values`` the kept values at the same places, or None (they are read
+        from ``flat``); or None, as :meth:`select_segments` answers None (the default: each
+        tensor is selected alone).  A stage that selects many tensors at once implements
+        this; the replayed encode (:func:`codec.replaydecode.encode_selected`) writes a
+        frame straight from it."""
+        return None
+
+    def select_segments(self, flat, starts, ctxs, gradient=None):
+        """:meth:`codec.stage.Select.select_segments` from :meth:`find_segments`: the finds
+        packed, every tensor's index section made at once and the kept values gathered
+        (:func:`codec.stages.select.magnitude.segments_picked`)."""
+        from codec.stages.select.magnitude import segments_picked
+
+        finds = self.find_segments(flat, starts, ctxs, gradient)
+        return None if finds is None else segments_picked(flat, starts, *finds)
+
     def positions_run(self, data, sections, sizes, value=None):
         """Every tensor's index section read at once (:func:`codec.pack.decode_index_run`;
         the positions are in the frame, so ``value`` bounds nothing here)."""

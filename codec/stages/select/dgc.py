@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from codec.stages.select.base import MagnitudeSelect
-from codec.stages.select.magnitude import k_of, segment_room, segments_picked
+from codec.stages.select.magnitude import k_of, segment_room
 from codec.params import Param, ratio
 from codec.stage import register
 
@@ -57,11 +57,9 @@ class DGC(MagnitudeSelect):
             return mags.at_least(thr)
         raise AssertionError("unreachable")
 
-    def select_segments(self, flat, starts, ctxs):
+    def find_segments(self, flat, starts, ctxs, gradient=None):
         """Every tensor's selection in one kernel call (``dgc_segments``: the sample, the
-        adaptation loop and the exact top-k fallback per tensor, as :meth:`choose`), the index
-        sections of all of them in two more (``codec.pack.index_segments``), their values in
-        one gather."""
+        adaptation loop and the exact top-k fallback per tensor, as :meth:`choose`)."""
         from codec.device import Memory
         from codec.dtypes import on_device
         from codec.kernels import backend
@@ -80,4 +78,4 @@ class DGC(MagnitudeSelect):
         backend("select", flat).dgc_segments(flat, put(starts), put(ks), put(strides), put(picks), RETRIES, put(room), pos, counts, bad)
         if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
-        return segments_picked(flat, starts, room, pos, mem.host(counts))
+        return room, pos, mem.host(counts), None

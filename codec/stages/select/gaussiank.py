@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from codec.stages.select.base import MagnitudeSelect
-from codec.stages.select.magnitude import k_of, segment_room, segments_picked
+from codec.stages.select.magnitude import k_of, segment_room
 from codec.params import Param, ratio
 from codec.stage import register
 
@@ -61,10 +61,9 @@ class GaussianK(MagnitudeSelect):
         count = mags.count_candidates(t, strict=True) if t >= mags.cut else mags.idx.size
         return mags.top(min(max(count, lo), hi, mags.n))
 
-    def select_segments(self, flat, starts, ctxs):
+    def find_segments(self, flat, starts, ctxs, gradient=None):
         """Every tensor's selection in one kernel call (``gaussiank_segments``: its moments,
-        threshold, clamped count and top-k, as :meth:`choose`); the index sections of all of
-        them in two more, their values in one gather.  Each tensor's shift (its mean, the
+        threshold, clamped count and top-k, as :meth:`choose`).  Each tensor's shift (its mean, the
         variance sums' origin) is its mean in lanes, as :class:`Magnitudes` takes it
         (``select.lane_means``, where the run lives: one number per tensor crosses)."""
         import numpy as np
@@ -99,4 +98,4 @@ class GaussianK(MagnitudeSelect):
             counts = mem.host(dev_counts)
         if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
-        return segments_picked(flat, starts, room, pos, counts)
+        return room, pos, counts, None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from codec.errors import CodecValueError
 from codec.stages.select.base import MagnitudeSelect
-from codec.stages.select.magnitude import k_of, segment_room, segments_picked
+from codec.stages.select.magnitude import k_of, segment_room
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, ratio
 from codec.stage import register
@@ -50,9 +50,8 @@ class TopK(MagnitudeSelect):
     def choose(self, mags, ctx):
         return mags.top(self.kept(mags.n, ctx.step))
 
-    def select_segments(self, flat, starts, ctxs):
-        """Every tensor's top-k in one kernel call (``topk_segments``), the index sections of all
-        of them in two more (``codec.pack.index_segments``), their values in one gather."""
+    def find_segments(self, flat, starts, ctxs, gradient=None):
+        """Every tensor's top-k in one kernel call (``topk_segments``)."""
         import numpy as np
 
         from codec.kernels import backend
@@ -73,4 +72,4 @@ class TopK(MagnitudeSelect):
         if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
         counts[:] = ks
-        return segments_picked(flat, starts, room, pos, counts)
+        return room, pos, counts, None
