@@ -174,8 +174,8 @@ def learn_decode(c, frame, mf) -> None:
     global _PAIRS
     if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):
         return
-    if selected(c):  # a sparse codec: its plan found by the layout's header bytes
-        if any(frame.startswith(p.prefix) for p in _PAIRS):
+    if selected(c):  # a sparse codec whose values are stored as they are: its plan found by the layout's header bytes
+        if c.value.name != "none" or any(frame.startswith(p.prefix) for p in _PAIRS):
             return
         plan = learned(c, frame, mf)
         if plan is not None and plan.pairs is not None:

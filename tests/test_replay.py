@@ -339,6 +339,19 @@ def test_a_sparse_frame_is_replayed_on_decode(spec, dtype, no_general, monkeypat
         c.decode_many(bytes(gaps))
 
 
+def test_a_sparse_frame_of_coded_values_is_not_learned_on_decode(monkeypatch):
+    """A sparse codec whose values are coded (``+fp16``) has no decoding plan: its frames
+    decode through the general path, which does not try to learn one each time."""
+    c = codec.Codec("topk(ratio=0.2)+fp16")
+    frame = c.encode_many(tensors(np.float32, 4))
+    learned = []
+    real = replay.learned
+    monkeypatch.setattr(replay, "learned", lambda *a: learned.append(1) or real(*a))
+    for _ in range(2):
+        c.decode_many(frame)
+    assert not learned and not any(p.codec is c for p in replay._PAIRS)
+
+
 def _replayed_as_general(c, frame, ref, no_general) -> None:
     """``frame`` with a damaged payload is refused by the general path; with the general
     path off, ``c`` decodes ``frame`` (new arrays, and arrays given) to ``ref``, bit for bit."""
