@@ -237,18 +237,18 @@ def _pairs_plan(c, frame, mf) -> tuple | None:
     (:func:`codec.replaydecode.decode_pairs`): where its header's patterns start, the
     tensors' sizes (int64), whether they hold count rules (FLAG_DERIVED), the values'
     width in bits and the most bytes every index section can take (a bitmap each: the
-    replayed encode's bound, :func:`codec.replaydecode._encode_pairs`); None unless every tensor has an index section then its kept
-    values, stored as they are in the layout's dtype (``_pairs_at_once``'s frames)."""
+    replayed encode's bound, :func:`codec.replaydecode._encode_pairs`); None unless every
+    tensor has an index section then its kept values, stored as they are in the layout's
+    dtype (``_pairs_at_once``'s frames)."""
     from codec.frame import SectionKind
     from codec.manyframe.parse import read_header
     from codec.manyframe.wire import FLAG_DERIVED
+    from codec.ops import readonly
     from codec.pack import INDEX_KINDS
 
     bits = mf.layout.dtypes[0].itemsize * 8
     if c.value.name != "none" or any(len(s) != 2 or s[0].kind not in INDEX_KINDS or s[1].kind != SectionKind.VALUES or s[1].bits != bits for s in mf.tensor_sections):
         return None
-    from codec.ops import readonly
-
     sizes = readonly(np.array(mf.layout.sizes, np.int64))
     return read_header(memoryview(frame)).table_end, sizes, bool(mf.flags & FLAG_DERIVED), bits, int(((sizes + 7) // 8).sum())
 
