@@ -53,7 +53,7 @@ from __future__ import annotations
 import zlib
 
 from codec import manydecode
-from codec.frame import _CRC
+from codec.frame import _CRC, element_limit
 from codec.ops import remember
 from codec.replaydecode import keyed, lowrank, reads_as_run, selected
 from codec.replayplan import Replay, learned
@@ -147,7 +147,7 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
         return None
     if codec is not None and codec is not plan.codec and codec.spec != plan.codec.spec:  # (another codec decodes through the general path, as it did)
         return None
-    if max_elements is not None and not (type(max_elements) is int and plan.count <= max_elements):
+    if max_elements is not None and plan.count > element_limit(max_elements):  # (a bad limit: ValueError naming it, as the general path raises)
         return None
     if plan.pairs is None:  # (a sparse frame's header is read, and its CRC checked, as it is decoded)
         hl = plan.header_len

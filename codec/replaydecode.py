@@ -199,6 +199,7 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     from codec.manyframe.build import head_of
     from codec.ops import scratch
     from codec.runs import sparse_piece
+    from codec.stages.select.magnitude import segments_picked
 
     c = plan.codec
     starts, layout, names = plan.selected
@@ -206,8 +207,14 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     np.concatenate([v.reshape(-1) for v in views], out=flat)
     ctxs = [Context(shape, plan.dtype, step=step, name=w) for shape, w in zip(plan.shapes, names)]
     if plan.pairs is not None:  # index sections and values as they are: the frame written from the finds
-        return _encode_pairs(plan, flat, ctxs)
-    picked = c.select.select_segments(flat, starts, ctxs)
+        finds = c.select.find_segments(flat, starts, ctxs)
+        if finds is None:
+            return None
+        if finds[3] is None:  # (the kept values are read where the finds point; AdaComp's come with them)
+            return _encode_pairs(plan, flat, finds)
+        picked = segments_picked(flat, starts, *finds)
+    else:
+        picked = c.select.select_segments(flat, starts, ctxs)
     if picked is None:
         return None
     _, kstarts, values, index = picked
@@ -227,23 +234,19 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     return frame
 
 
-def _encode_pairs(plan, flat, ctxs) -> bytes | None:
+def _encode_pairs(plan, flat, finds) -> bytes | None:
     """:func:`encode_selected` of a codec whose frames are pairs (a plan with ``pairs``: each
     tensor's index section, then its kept values as they are): the select stage's finds
-    (``find_segments``) written as the payload with one ``pairs.pair_payload`` call, which
-    also gives every tensor's sections, and the header's patterns and counts after the
-    layout's bytes with one ``pair_head`` call; the bytes ``select_segments``,
+    (``find_segments``' ``(room, pos, counts, None)``) written as the payload with one
+    ``pairs.pair_payload`` call, which also gives every tensor's sections, and the header's
+    patterns and counts after the layout's bytes with one ``pair_head`` call; the bytes ``select_segments``,
     ``encode_kept``, ``sparse_piece`` and ``head_of`` give, without their Python per step.
-    None when the stage declines the run or a set's gaps need more than 56 bits (the
-    general path then codes it)."""
+    None when a set's gaps need more than 56 bits (the general path then codes it)."""
     from codec.checksum import crc32c
     from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
     from codec.framebuffer import new_bytes
     from codec.kernels import module
 
-    finds = plan.codec.select.find_segments(flat, plan.selected[0], ctxs)
-    if finds is None or finds[3] is not None:
-        return None
     room, pos, counts, _ = finds
     kern = module("pairs")
     table = np.empty((counts.size, 6), np.int64)

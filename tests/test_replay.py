@@ -326,6 +326,11 @@ def test_a_sparse_frame_is_replayed_on_decode(spec, dtype, no_general, monkeypat
     for damaged in (wide, gaps):
         with pytest.raises(CorruptFrameError):
             codec.decode_many(bytes(damaged))
+    with pytest.raises(ValueError, match=r"max_elements: must be an integer in \[0, 2\*\*60\]"):  # (a plan matches: the limit is still checked)
+        c.decode_many(frames[0], max_elements=2**61)
+    assert c.decode_many(frames[0], max_elements=10**6) is not None
+    with pytest.raises(CorruptFrameError, match="more than the limit"):
+        c.decode_many(frames[0], max_elements=5)
     calls = []
     for family, name in (("pairs", "pair_sections"), ("scatter", "index_scatter_segments")):
         real = getattr(module(family), name)
@@ -410,7 +415,7 @@ def test_a_random_k_step_is_replayed_on_encode(dtype, no_general):
     assert early and scaled_want and keyed_want  # (made by the general path before it was turned off)
 
 
-SPARSE = ["topk(ratio=warmup(0.5,0.1,steps=4))", "topk(k=3)", "topk(ratio=0.2)+fp16", "gaussiank(ratio=0.2)", "dgc(ratio=0.2)", "adacomp"]
+SPARSE = ["topk(ratio=warmup(0.5,0.1,steps=4))", "topk(k=3)", "topk(ratio=0.2)+fp16", "gaussiank(ratio=0.2)", "dgc(ratio=0.2)", "adacomp", "adacomp+none"]
 
 
 @pytest.mark.parametrize("spec", SPARSE)
@@ -447,7 +452,7 @@ def test_a_sparse_step_is_replayed_on_encode(spec, dtype, no_general, monkeypatc
     for d, per_step in zip(data, want):
         for st, frame in zip(steps, per_step):
             assert c.encode_many(d, step=st) == frame
-    pairs = "+" not in spec and spec != "adacomp"  # (values as they are: the frame written from the finds, pairs.pair_payload)
+    pairs = "+" not in spec and spec != "adacomp"  # (values as they are: the frame written from the finds, pairs.pair_payload; AdaComp's finds carry their values)
     assert len(written) == (len(data) * len(steps) if pairs else 0)
     for call in (lambda: c.encode_many(nan, step=5), lambda: c.encode_many(data[0], keys=list(range(len(data[0])))), lambda: packed.encode_many(data[0]), lambda: big.encode_many(ts)):
         with pytest.raises(AssertionError, match="general path"):
