@@ -55,7 +55,7 @@ import zlib
 from codec import manydecode
 from codec.frame import _CRC, element_limit
 from codec.ops import remember
-from codec.replaydecode import keyed, lowrank, reads_as_run, selected
+from codec.replaydecode import keyed, lowrank, pairs, reads_as_run, selected
 from codec.replayplan import Replay, learned
 
 __all__ = ["Replay", "decode", "decode_many", "encode", "learn_decode", "learn_encode", "replayable"]
@@ -174,8 +174,8 @@ def learn_decode(c, frame, mf) -> None:
     global _PAIRS
     if type(frame) not in (bytes, bytearray) or not (replayable(c) or reads_as_run(c) or keyed(c) or lowrank(c)):
         return
-    if selected(c):  # a sparse codec whose values are stored as they are: its plan found by the layout's header bytes
-        if c.value.name != "none" or any(frame.startswith(p.prefix) for p in _PAIRS):
+    if selected(c):  # a sparse codec: a plan of pairs (found by the layout's header bytes), or none
+        if not pairs(c) or any(frame.startswith(p.prefix) for p in _PAIRS):
             return
         plan = learned(c, frame, mf)
         if plan is not None and plan.pairs is not None:

@@ -30,7 +30,7 @@ from codec.errors import CorruptFrameError
 from codec.streams import key_hash
 from codec.modes import SET
 
-__all__ = ["decode_keyed", "decode_lowrank", "decode_pairs", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "keyed", "lowrank", "reads_as_run", "selected"]
+__all__ = ["decode_keyed", "decode_lowrank", "decode_pairs", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "keyed", "lowrank", "pairs", "reads_as_run", "selected"]
 
 
 def selected(c) -> bool:
@@ -59,6 +59,15 @@ def keyed(c) -> bool:
     random-k) with its values stored as they are (``none``), no transform or byte stage: its
     frames' headers are the layout's, so its decoding is replayed."""
     return c.select is not None and c.select.keyed and c.value.name == "none" and c.transform is None and not c.post
+
+
+def pairs(c) -> bool:
+    """Whether the codec ``c`` is a sparse codec (:func:`selected`) whose kept values are
+    stored as they are (``none``): its frames are pairs, each tensor's index section then
+    its values, whose header changes with the step; its decoding is replayed
+    (:func:`decode_pairs`) and its replayed encoding writes the frame from the select
+    stage's finds (:func:`_encode_pairs`)."""
+    return selected(c) and c.value.name == "none"
 
 
 def lowrank(c) -> bool:
@@ -126,7 +135,8 @@ def decode_pairs(plan, frame, addrs) -> bool:
     from codec.frame import _CRC
     from codec.kernels import module
 
-    at, sizes, derived, bits, _ = plan.pairs
+    at, sizes, derived, _ = plan.pairs
+    bits = plan.dtype.itemsize * 8
     data = np.frombuffer(frame, np.uint8)
     data.flags.writeable = False
     count = sizes.size
@@ -250,7 +260,7 @@ def _encode_pairs(plan, flat, finds) -> bytes | None:
     room, pos, counts, _ = finds
     kern = module("pairs")
     table = np.empty((counts.size, 6), np.int64)
-    payload = np.empty(plan.pairs[4] + int(counts.sum()) * plan.dtype.itemsize, np.uint8)
+    payload = np.empty(plan.pairs[3] + int(counts.sum()) * plan.dtype.itemsize, np.uint8)
     size = kern.pair_payload(flat, plan.selected[0], pos, room, counts, payload, table)
     head = np.empty(12 + 25 * counts.size, np.uint8)
     used = kern.pair_head(table, head) if size >= 0 else -1

@@ -235,11 +235,11 @@ class Replay:
 def _pairs_plan(c, frame, mf) -> tuple | None:
     """What decoding a sparse codec's frame of this layout takes from the plan
     (:func:`codec.replaydecode.decode_pairs`): where its header's patterns start, the
-    tensors' sizes (int64), whether they hold count rules (FLAG_DERIVED), the values'
-    width in bits and the most bytes every index section can take (a bitmap each: the
+    tensors' sizes (int64), whether they hold count rules (FLAG_DERIVED) and the most
+    bytes every index section can take (a bitmap each: the
     replayed encode's bound, :func:`codec.replaydecode._encode_pairs`); None unless every
-    tensor has an index section then its kept values, stored as they are in the layout's
-    dtype (``_pairs_at_once``'s frames)."""
+    tensor of a :func:`~codec.replaydecode.pairs` codec has an index section then its kept
+    values in the layout's dtype (``_pairs_at_once``'s frames)."""
     from codec.frame import SectionKind
     from codec.manyframe.parse import read_header
     from codec.manyframe.wire import FLAG_DERIVED
@@ -247,10 +247,10 @@ def _pairs_plan(c, frame, mf) -> tuple | None:
     from codec.pack import INDEX_KINDS
 
     bits = mf.layout.dtypes[0].itemsize * 8
-    if c.value.name != "none" or any(len(s) != 2 or s[0].kind not in INDEX_KINDS or s[1].kind != SectionKind.VALUES or s[1].bits != bits for s in mf.tensor_sections):
+    if not replaydecode.pairs(c) or any(len(s) != 2 or s[0].kind not in INDEX_KINDS or s[1].kind != SectionKind.VALUES or s[1].bits != bits for s in mf.tensor_sections):
         return None
     sizes = readonly(np.array(mf.layout.sizes, np.int64))
-    return read_header(memoryview(frame)).table_end, sizes, bool(mf.flags & FLAG_DERIVED), bits, int(((sizes + 7) // 8).sum())
+    return read_header(memoryview(frame)).table_end, sizes, bool(mf.flags & FLAG_DERIVED), int(((sizes + 7) // 8).sum())
 
 
 def _torch_view(x):

@@ -21,18 +21,14 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu.index import _width_of, _write_section
+from codec.frame import SECTION_BYTES_PER_ELEMENT as _PER_ELEMENT
+from codec.kernels.cpu.index import BITMAP as _BITMAP, DELTA as _DELTA, _width_of, _write_section
+from codec.manyframe.wire import COUNT_OF as _OF, COUNT_ONE as _ONE, COUNT_WRITTEN as _WRITTEN
 from codec.section import SectionKind
 
 __all__ = ["pair_sections", "pair_payload", "pair_head"]
 
-_BITMAP = int(SectionKind.INDEX_BITMAP)
-_DELTA = int(SectionKind.INDEX_DELTA)
 _VALUES = int(SectionKind.VALUES)
-#: codec.frame.SECTION_BYTES_PER_ELEMENT: a section's bytes are bounded by its tensor's size
-_PER_ELEMENT = 16
-#: the count rules of codec.manyframe.wire (COUNT_WRITTEN, COUNT_ONE, COUNT_OF)
-_WRITTEN, _ONE, _OF = 0, 1, 2
 
 
 @jit(inline="always")
