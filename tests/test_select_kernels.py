@@ -268,6 +268,28 @@ def test_dgc_segments_match_numpy(S, kind, dtype, ratio, sample):
     assert bad.tolist() == [0, 1, 0]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sample_order_statistic_narrowed_or_not(dtype):
+    """``_largest`` (the cut of DGC's sample and of top-k's): the value np.partition gives,
+    whether a large sample is narrowed to the values reaching a sub-sample's cut (rank from
+    ``_NARROW_RANK``, sample from ``_NARROW_MIN``), or that cut misleads (the largest values
+    exactly at the sub-sample's positions: too few reach it) and the whole sample is used."""
+    from codec.kernels.cpu import select
+
+    rng = np.random.default_rng(5)
+    for m, stride in [(2047, 1), (2048, 1), (5000, 1), (3000, 3), (20_000, 2)]:
+        n = m * stride
+        heavy = (rng.standard_t(2, n) * rng.standard_t(3, n)).astype(dtype)
+        misled = rng.random(n).astype(dtype)
+        misled[:: stride * max(1, m // 512)] += 100  # the sub-sample's positions hold the largest
+        ties = np.repeat(np.array([0.5, -0.5, 0.25], dtype), -(-n // 3))[:n]
+        for x in (heavy, misled, ties):
+            mags = np.abs(x[::stride].astype(np.float64))
+            for c in sorted({1, select._NARROW_RANK - 1, select._NARROW_RANK, 60, 65, m // 16, m // 16 + 1, m}):
+                want = np.partition(mags, m - c)[m - c]
+                assert select._largest(x, 0, stride, m, c) == want, (m, stride, c)
+
+
 def test_random_positions_segments_match_numpy(R):
     """Each segment draws its own positions from its own (seed, key, step), exactly as the
     reference draws them for that tensor alone, sorted (sizes 1, 2, odd, a power of two,
