@@ -21,7 +21,7 @@ from codec.dtypes import as_float_array, on_device
 from codec.errors import CodecTypeError, CodecValueError
 from codec.framebuffer import frame_out
 from codec.manyframe import Layout
-from codec.runs import FEEDBACK_RUNS, RUNS, RunShape, elementwise_sections, select_runs, transform_runs, value_runs
+from codec.runs import RUNS, RunShape, elementwise_sections, feedback_shape, select_runs, transform_runs, value_runs
 from codec.context import where
 from codec.stage import Context, check_step
 
@@ -171,7 +171,7 @@ def encode_step(c, arrays, lay, form: str, dest, *, ctxs=None, feedback=None, jo
         secs, pieces, ran = ([c.sections(arrays[0].reshape(-1), ctxs[0])], None, set()) if joint else sections(c, arrays, ctxs)
     elif groups:  # runs take their step together, every other tensor its own
         inputs, flats, gradients = feedback.accumulate(c, groups)
-        secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, FEEDBACK_RUNS, flats, gradients)
+        secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, feedback_shape(c), flats, gradients)
     else:  # every tensor its own step
         secs, pieces, ran = [feedback.alone(i) for i in range(len(arrays))], None, set()
     frame = c.frame_many(secs, lay, form, pieces=pieces, joint=joint, out=dest)

@@ -72,10 +72,12 @@ class RunShape:
 
 #: the runs of encode_many and decode_many
 RUNS = RunShape()
-#: error feedback's runs (:func:`feedback_members`): a larger tensor's fused step (one pass
-#: over memory) costs less than its share of a run's generic step (three), and a run of a
-#: few tensors pays more fixed cost than their fused steps (ResNet-50's pairs of norm
-#: tensors between convolutions ran 18.9 -> 21.3 ms a step as runs)
+#: a quantizer's error-feedback runs (:func:`feedback_runs`): a larger tensor's fused step
+#: (one pass over memory) costs less than its share of a run's generic step (three), and a
+#: run of a few tensors pays more fixed cost than their fused steps (ResNet-50's pairs of
+#: norm tensors between convolutions ran 18.9 -> 21.3 ms a step as runs).  A select stage's
+#: runs are encode_many's (:data:`RUNS`): a tensor's own sparse step costs ~150-200 us of
+#: Python whatever its size (the sample's 8 tensors: top-k 3.7 ms a step, each alone)
 FEEDBACK_RUNS = RunShape(1 << 14, 8)
 
 
@@ -140,7 +142,15 @@ def feedback_runs(c, arrays) -> list[list[int]]:
             return [g for g in runs(sizes) if len(g) > 1]
         least, mean = HOST_ELEMENTWISE_RUNS
         return [g for g in runs(sizes) if len(g) >= least and sum(sizes[i][0] for i in g) <= mean * len(g)]
-    return segment_runs(sizes, FEEDBACK_RUNS)
+    return segment_runs(sizes, feedback_shape(c))
+
+
+def feedback_shape(c) -> RunShape:
+    """The shape of the runs that take the error-feedback step of the codec ``c`` together
+    (:func:`feedback_runs`, and the step that codes and subtracts them):
+    :data:`FEEDBACK_RUNS` for a quantizer and for a select stage that sees the gradient
+    itself (AdaComp), :data:`RUNS` for another select stage."""
+    return FEEDBACK_RUNS if c.select is None or c.select.sees_gradient else RUNS
 
 
 #: which runs of an elementwise codec take their error-feedback step together on the host

@@ -30,10 +30,10 @@ from codec.device import Memory, concat
 from codec.dtypes import on_device
 from codec.kernels import backend
 from codec.manyframe import parse_many
-from codec.modes import ADD
-from codec.ops import momentum, offsets, round_to, zero_at
+from codec.modes import ADD, SUB
+from codec.ops import momentum, offsets, round_to, scatter, zero_at
 from codec.feedback.step import advance
-from codec.runs import FEEDBACK_RUNS, feedback_runs
+from codec.runs import feedback_runs, feedback_shape
 
 
 def span(places, sizes):
@@ -206,8 +206,9 @@ class ManyFeedback:
                 velocity = None if u is None else (u[off : off + arrays[i].size].reshape(arrays[i].shape), (u, off))
                 kept[i] = (targets[i].reshape(arrays[i].shape), (base, at), velocity)
                 at += arrays[i].size
-        if done:
-            manydecode.subtract(c, parse(), targets, FEEDBACK_RUNS, {g[0]: self.flats[g[0]] for g in done})
+        decoding = [g for g in done if not self._subtract_sent(c, g, ctxs)]
+        if decoding:
+            manydecode.subtract(c, parse(), {i: targets[i] for g in decoding for i in g}, feedback_shape(c), {g[0]: self.flats[g[0]] for g in decoding})
         for g in done:  # momentum-factor masking: u zeroed where the frame sent values (all: a dense codec)
             if g[0] in self.velocities:
                 sent = [ctxs[i].positions for i in g]
@@ -223,6 +224,27 @@ class ManyFeedback:
             if velocity is not None:
                 slot.velocity, slot.velocity_at = velocity
             advance(slot, ctxs[i].state)
+
+    def _subtract_sent(self, c, g, ctxs) -> bool:
+        """``acc -= decoded`` of the run ``g`` of a select stage, as each tensor's own step
+        forms it (:meth:`codec.feedback.step.Step._feedback`): what the frame decodes to at the
+        sent positions (``Value.decoded`` of the kept values), subtracted there by one
+        scatter over the run's ``acc``, without parsing or decoding the frame.  False (nothing
+        done) when the value stage does not know it (a quantizer's codes) or the positions
+        are on a device."""
+        kept = [ctxs[i].kept for i in g]
+        sent = [ctxs[i].positions for i in g]
+        if any(k is None or on_device(k) for k in kept) or any(p is None for p in sent):
+            return False
+        if c.value.elementwise:  # each value decodes alone: the run's at once
+            values = c.value.decoded(np.concatenate(kept), ctxs[g[0]])
+        else:  # (AdaComp's signs decode with their tensor's scale)
+            parts = [c.value.decoded(k, ctxs[i]) for k, i in zip(kept, g)]
+            values = None if any(p is None for p in parts) else np.concatenate(parts)
+        if values is None:
+            return False
+        scatter(values, _in_run(sent, [self.arrays[i].size for i in g]), self.flats[g[0]], SUB)
+        return True
 
 
 def _in_run(sent, sizes):

@@ -22,6 +22,13 @@ from codec.ops import offsets, readonly
 
 #: elements sampled to choose a cut (all of them below this size)
 SAMPLE = 1 << 16
+#: elements sampled where the sample only guides the cut (no moments are taken from it: top-k's,
+#: threshold's candidates), from tensors of up to 8 * SAMPLE elements: at least this many,
+#: or an eighth of the tensor.  A tensor of 32,768 elements (the sample's fc1) took its
+#: exact k-th largest of all of them in float64 (three 256 KB buffers: conversion, magnitudes,
+#: np.partition's copy, each an mmap and its page faults once glibc's threshold sits below
+#: them; 260-830 us a top-k encode), where 4,096 values leave ~700 candidates
+GUIDE = 1 << 12
 #: values per run of the line sample (:meth:`Magnitudes._line_sample`): a 64-byte line of float32
 LINE = 16
 
@@ -196,7 +203,7 @@ class Magnitudes:
         of the variance sums is the sample's mean in lanes (``select.lane_means``), taken
         where the sample lives."""
         if self._sample is None:
-            stride = max(1, self.n // SAMPLE)
+            stride = max(1, self.n // (SAMPLE if self._want_sums else min(SAMPLE, max(GUIDE, self.n // 8))))
             if not self._want_sums and stride >= 2:
                 self._sample = self._line_sample(stride)
                 return self._sample
