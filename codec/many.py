@@ -171,11 +171,19 @@ def encode_step(c, arrays, lay, form: str, dest, *, ctxs=None, feedback=None, jo
         secs, pieces, ran = ([c.sections(arrays[0].reshape(-1), ctxs[0])], None, set()) if joint else sections(c, arrays, ctxs)
     elif groups:  # runs take their step together, every other tensor its own
         inputs, flats, gradients = feedback.accumulate(c, groups)
+        whole = form == "table" and dest is None and len(groups) == 1 and len(groups[0]) == len(arrays) and feedback.replayable(flats)
+        got = replay.encode_feedback(c, lay, flats[0], ctxs) if whole else None
+        if got is not None:  # (every tensor one run of a codec whose frames are pairs: codec.replay)
+            frame, feedback.sent[0] = got
+            feedback.finish(c, frame, lay, groups, set(groups[0]), ctxs, joint)
+            return frame
         secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, feedback_shape(c), flats, gradients)
     else:  # every tensor its own step
         secs, pieces, ran = [feedback.alone(i) for i in range(len(arrays))], None, set()
     frame = c.frame_many(secs, lay, form, pieces=pieces, joint=joint, out=dest)
     if feedback is not None:
+        if groups and whole and ran == set(groups[0]):
+            replay.learn_feedback(c, lay, flats[0], ctxs, frame)
         feedback.finish(c, frame, lay, groups, ran, ctxs, joint)
     return frame
 

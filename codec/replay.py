@@ -44,21 +44,29 @@ A plan (what it holds, how it is learned and how it checks a call's arrays) is
 Nothing else changes: the frame is byte for byte the general path's (a plan is kept only if
 its frame of the tensors it was learned from equals the general path's), and whatever a plan
 does not match, or any error (a NaN under ``nonfinite=raise``, a damaged frame) falls back
-to the general path, which raises as it always did.  Error feedback's steps are not replayed
-(they update residuals: :mod:`codec.feedback.runstep`).  docs/api.md, "Replayed steps".
+to the general path, which raises as it always did.
+
+An error-feedback step (``ErrorFeedback.encode_many``) of a codec whose frames are pairs
+(:func:`codec.replaydecode.pairs`: top-k, gaussian-k, DGC, threshold with their values as
+they are), without momentum, whose tensors are all one run (:mod:`codec.feedback.runstep`),
+replays its coding too (``encode_feedback``, learned by ``learn_feedback`` from the general
+path's frame of the run's ``acc``): the frame written from the selection's finds in
+``acc`` and the sent positions, where ``acc - decoded`` is +0.0
+(:func:`codec.replaydecode.feedback_pairs`); the residuals are formed and kept as the
+general path keeps them.  docs/api.md, "Replayed steps".
 """
 
 from __future__ import annotations
 
 import zlib
 
-from codec import manydecode
+from codec import manydecode, replaydecode
 from codec.frame import _CRC, element_limit
 from codec.ops import remember
 from codec.replaydecode import keyed, lowrank, pairs, reads_as_run, selected
 from codec.replayplan import Replay, learned
 
-__all__ = ["Replay", "decode", "decode_many", "encode", "learn_decode", "learn_encode", "replayable"]
+__all__ = ["Replay", "decode", "decode_many", "encode", "encode_feedback", "learn_decode", "learn_encode", "learn_feedback", "replayable"]
 
 #: plans kept per codec (encoding) and in all (decoding); the oldest goes first
 KEEP = 8
@@ -119,6 +127,33 @@ def learn_encode(c, tensors, form: str, names, arrays, frame, step: int = 0) -> 
         return
     plan = learned(c, frame)
     remember(plans, key, (sig, plan if plan is not None and plan.encode(arrays, step) == frame else None), KEEP)
+
+
+def encode_feedback(c, lay, flat, ctxs):
+    """An error-feedback step's coding replayed (:func:`codec.replaydecode.feedback_pairs`:
+    ``(frame, sent positions)``) when the codec ``c`` has learned the plan of ``lay`` (every
+    tensor in one run, ``flat`` their ``acc``, ``ctxs`` their contexts); else None."""
+    plan = c.__dict__.get("_feedback_replays", {}).get(lay)
+    return None if plan is None else replaydecode.feedback_pairs(plan, flat, ctxs)
+
+
+def learn_feedback(c, lay, flat, ctxs, frame) -> None:
+    """After the general path framed an error-feedback step of every tensor of ``lay`` in
+    one run (``flat`` their ``acc``, before ``acc -= decoded``) into ``frame`` (table form,
+    no ``out``, no momentum): keep the plan of ``lay`` when the codec's frames are pairs and
+    the replayed coding gives the same bytes (else remember that it does not)."""
+    if not pairs(c) or c.select.sees_gradient:
+        return
+    plans = c.__dict__.setdefault("_feedback_replays", {})
+    if lay in plans:
+        return
+    plan = learned(c, frame)
+    if plan is not None and (plan.pairs is None or plan.selected is None):
+        plan = None
+    if plan is not None:
+        got = replaydecode.feedback_pairs(plan, flat, ctxs)
+        plan = plan if got is not None and got[0] == frame else None
+    remember(plans, lay, plan, KEEP)
 
 
 def decode_many(frame, out, parsed, *, codec=None, layout=None, max_elements=None, like=None):

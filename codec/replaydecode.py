@@ -244,6 +244,26 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     return frame
 
 
+def feedback_pairs(plan, flat, ctxs):
+    """An error-feedback step of a codec whose frames are pairs replayed (a plan with
+    ``pairs``; every tensor of its layout in one run): ``flat`` the run's ``acc = x +
+    residual`` laid end to end, ``ctxs`` its tensors' contexts (each key's step).  The select
+    stage's finds in it (``find_segments``) written as the frame (:func:`_encode_pairs`),
+    and the positions sent, counted from the run's first element
+    (:func:`codec.stages.select.magnitude.run_positions`): the frame holds ``acc``'s values
+    there as they are, so ``acc - decoded`` is ``acc`` with +0.0 there (``v - v`` of a finite
+    ``v``; a NaN or inf makes the finds None).  Returns ``(frame, positions)``, or None (the
+    general path then takes the step)."""
+    from codec.stages.select.magnitude import run_positions
+
+    starts = plan.selected[0]
+    finds = plan.codec.select.find_segments(flat, starts, ctxs)
+    if finds is None or finds[3] is not None:
+        return None
+    frame = _encode_pairs(plan, flat, finds)
+    return None if frame is None else (frame, run_positions(starts, *finds[:3]))
+
+
 def _encode_pairs(plan, flat, finds) -> bytes | None:
     """:func:`encode_selected` of a codec whose frames are pairs (a plan with ``pairs``: each
     tensor's index section, then its kept values as they are): the select stage's finds

@@ -3,7 +3,7 @@
 
 A run is grouped by :func:`runs` (elementwise codecs: at most RUN_ELEMENTS elements
 together) or :func:`segment_runs` (select and quantizer stages: float32/float64 tensors of at
-most ``RunShape.each`` elements each, SEGMENT_ELEMENTS together), concatenated into one
+most ``RunShape.each`` elements each, ``RunShape.total`` together), concatenated into one
 reused buffer (:func:`concatenated`), and coded by one kernel call of the stage that offers
 it: an elementwise value stage (:func:`elementwise_sections`), a quantizer's
 ``Value.encode_run`` (:func:`value_runs`), a select stage's ``select_segments`` and the value
@@ -64,10 +64,11 @@ SEGMENTED_MIN = 1 << 17
 @dataclass(frozen=True)
 class RunShape:
     """Which consecutive float32/float64 tensors a select or quantizer run holds: each of at
-    most ``each`` elements, at least ``least`` of them, SEGMENT_ELEMENTS together."""
+    most ``each`` elements, at least ``least`` of them, at most ``total`` together."""
 
     each: int = RUN_ELEMENTS
     least: int = 2
+    total: int = SEGMENT_ELEMENTS
 
 
 #: the runs of encode_many and decode_many
@@ -76,9 +77,14 @@ RUNS = RunShape()
 #: (one pass over memory) costs less than its share of a run's generic step (three), and a
 #: run of a few tensors pays more fixed cost than their fused steps (ResNet-50's pairs of
 #: norm tensors between convolutions ran 18.9 -> 21.3 ms a step as runs).  A select stage's
-#: runs are encode_many's (:data:`RUNS`): a tensor's own sparse step costs ~150-200 us of
-#: Python whatever its size (the sample's 8 tensors: top-k 3.7 ms a step, each alone)
+#: runs are :data:`SELECT_FEEDBACK_RUNS`
 FEEDBACK_RUNS = RunShape(1 << 14, 8)
+#: a select stage's error-feedback runs (AdaComp's aside): encode_many's tensors, any number
+#: of them together, so a whole model of small tensors is one run whose ``acc`` is one
+#: buffer (the residuals' own) and whose coding is replayed (:func:`codec.replay.encode_feedback`);
+#: a tensor's own sparse step costs ~150-200 us of Python whatever its size (the sample's 8
+#: tensors: top-k 3.7 ms a step, each alone)
+SELECT_FEEDBACK_RUNS = RunShape(RUN_ELEMENTS, 2, 1 << 26)
 
 
 def concatenated(arrays, groups, given: dict | None = None) -> list:
@@ -122,7 +128,7 @@ def concatenated(arrays, groups, given: dict | None = None) -> list:
 def segment_runs(tensors, shape: RunShape = RUNS) -> list[list[int]]:
     """The runs (:class:`RunShape`) of the tensors (``(size, dtype)`` pairs) that a segmented
     kernel codes at once."""
-    return [g for g in runs(tensors, SEGMENT_ELEMENTS, shape.each) if len(g) >= shape.least and tensors[g[0]][1] in (np.float32, np.float64)]
+    return [g for g in runs(tensors, shape.total, shape.each) if len(g) >= shape.least and tensors[g[0]][1] in (np.float32, np.float64)]
 
 
 def feedback_runs(c, arrays) -> list[list[int]]:
@@ -149,8 +155,8 @@ def feedback_shape(c) -> RunShape:
     """The shape of the runs that take the error-feedback step of the codec ``c`` together
     (:func:`feedback_runs`, and the step that codes and subtracts them):
     :data:`FEEDBACK_RUNS` for a quantizer and for a select stage that sees the gradient
-    itself (AdaComp), :data:`RUNS` for another select stage."""
-    return FEEDBACK_RUNS if c.select is None or c.select.sees_gradient else RUNS
+    itself (AdaComp), :data:`SELECT_FEEDBACK_RUNS` for another select stage."""
+    return FEEDBACK_RUNS if c.select is None or c.select.sees_gradient else SELECT_FEEDBACK_RUNS
 
 
 #: which runs of an elementwise codec take their error-feedback step together on the host

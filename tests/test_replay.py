@@ -486,3 +486,48 @@ def test_a_powersgd_step_is_replayed_on_encode(spec, dtype, no_general):
     for call in (lambda: c.encode_many(nan, step=5), lambda: c.encode_many(data[0], keys=list(range(len(data[0])))), lambda: big.encode_many(ts)):
         with pytest.raises(AssertionError, match="general path"):
             call()
+
+
+@pytest.mark.parametrize("spec", ["topk(ratio=warmup(0.5,0.1,steps=3))", "topk(k=3)", "gaussiank(ratio=0.2)", "dgc(ratio=0.2)", "topk(ratio=0.2)+fp16"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_error_feedback_step_is_replayed(spec, dtype, monkeypatch):
+    """``ErrorFeedback.encode_many`` of a codec whose frames are pairs, every tensor one run,
+    replays its coding from the second step (learned and checked on the first): the frame
+    written from the finds in ``acc`` and ``acc`` set to +0.0 at the sent positions; frames,
+    residuals and steps bit for bit each tensor's own step's over a schedule, heavy tails,
+    ties and keys at different steps.  Not replayed: coded values (``+fp16``), momentum, an
+    ``out=`` buffer, a tensor beyond a run's size; a NaN goes to the general path, which
+    names it and changes nothing."""
+    import pickle
+
+    from codec import replaydecode
+
+    calls = []
+    real = replaydecode.feedback_pairs
+    monkeypatch.setattr(replaydecode, "feedback_pairs", lambda *a: calls.append(1) or real(*a))
+    together, alone = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    first = tensors(dtype, 7)["t3"]
+    for ef in (together, alone):  # (one key a step ahead: each tensor's context has its own step)
+        ef.encode(first, key="t3")
+    for step in range(4):
+        ts = tensors(dtype, step) if step != 2 else {k: np.asarray(np.round(v), dtype) for k, v in tensors(dtype, 9).items()}  # (ties)
+        got = codec.decode_many(together.encode_many(ts))
+        for k, x in ts.items():
+            assert got[k].tobytes() == codec.decode(alone.encode(x, key=k)).tobytes(), (step, k)
+        assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step
+    replayed = "+" not in spec
+    assert len(calls) == (4 if replayed else 0)  # (the first step's check, then three replayed steps)
+    before = pickle.dumps(together.state_dict())
+    nan = {**ts, "t3": np.full_like(ts["t3"], np.nan)}
+    with pytest.raises(NonFiniteError, match="t3"):
+        together.encode_many(nan)
+    assert pickle.dumps(together.state_dict()) == before
+    calls.clear()
+    others = [codec.ErrorFeedback(spec, momentum=0.9), codec.ErrorFeedback(spec)]
+    for ef, kw in zip(others, [{}, {"out": bytearray(1 << 16)}]):
+        for step in range(3):
+            ef.encode_many(tensors(dtype, step), **kw)
+    big = codec.ErrorFeedback(spec)
+    for step in range(3):
+        big.encode_many({"big": np.full(RUN_ELEMENTS + 1, step + 1.0, dtype), **tensors(dtype, step)})
+    assert not calls

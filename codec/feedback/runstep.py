@@ -126,6 +126,7 @@ class ManyFeedback:
         self.velocities: dict = {}  # with momentum, per run (keyed by its first tensor): u = m*u + x
         self.places: dict = {}  # per run: (buffer, offset) of its acc (:func:`run_acc`)
         self.flats: dict = {}  # per run: its acc, that buffer's slice
+        self.sent: dict = {}  # per run whose coding was replayed: its sent positions, where acc - decoded is +0.0
 
     def plan(self, c, arrays, joint: bool = False):
         """``(groups, ctxs)`` for ``arrays``: the runs taking the step together (None without
@@ -142,6 +143,11 @@ class ManyFeedback:
             for i in g:
                 ctxs[i] = self.slots[i].context(arrays[i], self.named[i])
         return groups, ctxs
+
+    def replayable(self, flats: dict) -> bool:
+        """Whether the runs' coding may be replayed (:func:`codec.replay.encode_feedback`): no
+        momentum (its masking reads each tensor's sent positions), host arrays."""
+        return not self.step.momentum and not any(on_device(f) for f in flats.values())
 
     def alone(self, i: int) -> list:
         """Tensor ``i``'s sections from its own step (its momentum too)."""
@@ -232,6 +238,9 @@ class ManyFeedback:
         scatter over the run's ``acc``, without parsing or decoding the frame.  False (nothing
         done) when the value stage does not know it (a quantizer's codes) or the positions
         are on a device."""
+        if g[0] in self.sent:  # a replayed coding: the frame holds acc's own values there
+            zero_at(self.flats[g[0]], self.sent[g[0]])
+            return True
         kept = [ctxs[i].kept for i in g]
         sent = [ctxs[i].positions for i in g]
         if any(k is None or on_device(k) for k in kept) or any(p is None for p in sent):

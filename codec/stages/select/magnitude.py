@@ -106,25 +106,47 @@ def segments_picked(flat, starts, room, pos, counts, values=None):
     ``flat``) and every tensor's index section at once; None when the index coder cannot
     take them at once (each tensor then selects alone).  Device finds stay on the device:
     the positions and values there, the index sections' bytes come back."""
-    from codec.kernels import backend
     from codec.pack import index_segments
 
     mem = Memory(on_device(pos))
-    kstarts = offsets(counts)
+    at, picked, kstarts = _packed(room, pos, counts, mem)
     total = int(kstarts[-1])
-    if np.array_equal(room[:-1], kstarts[:-1]):  # every tensor filled its room (top-k): the finds are packed already
-        at, picked = None, pos[:total]
-    else:
-        at = mem.put(np.arange(total) + np.repeat(room[:-1] - kstarts[:-1], counts))
-        picked = mem.gather(pos, at)
     index = index_segments(picked, kstarts, starts[1:] - starts[:-1])
     if index is None:
         return None
     if values is not None:
         return picked, kstarts, values[:total] if at is None else mem.gather(values, at), index
-    where = mem.empty(picked.size, np.int64)  # the kept values' positions in the run
+    return picked, kstarts, mem.gather(flat, _in_run(picked, kstarts, starts, mem)), index
+
+
+def run_positions(starts, room, pos, counts):
+    """The positions a segmented kernel found (its finds, as :func:`segments_picked` takes
+    them) counted from the run's first element, in increasing order (host arrays)."""
+    mem = Memory(False)
+    _, picked, kstarts = _packed(room, pos, counts, mem)
+    return _in_run(picked, kstarts, starts, mem)
+
+
+def _packed(room, pos, counts, mem):
+    """``(at, picked, kstarts)``: the finds' positions packed (``picked``, tensor t's from
+    ``kstarts[t]``), taken from ``pos`` at ``at`` (None: ``pos`` holds them packed already,
+    every tensor having filled its room, as top-k's do)."""
+    kstarts = offsets(counts)
+    total = int(kstarts[-1])
+    if np.array_equal(room[:-1], kstarts[:-1]):
+        return None, pos[:total], kstarts
+    at = mem.put(np.arange(total) + np.repeat(room[:-1] - kstarts[:-1], counts))
+    return at, mem.gather(pos, at), kstarts
+
+
+def _in_run(picked, kstarts, starts, mem):
+    """Packed per-tensor positions (``picked``, tensor t's from ``kstarts[t]``) as positions in
+    the run of tensors starting at ``starts``, where they lie (one ``absolute_positions`` call)."""
+    from codec.kernels import backend
+
+    where = mem.empty(picked.size, np.int64)
     backend("index", picked).absolute_positions(picked, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
-    return picked, kstarts, mem.gather(flat, where), index
+    return where
 
 
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
