@@ -1,6 +1,6 @@
 """gradcodec next to its peers' own math, in one process on the same arrays and threads.
 
-    python benchmarks/bench_peers.py [--workloads 25M,sample,resnet50] [--codecs fp16,bf16,topk,randomk,qsgd,powersgd]
+    python benchmarks/bench_peers.py [--workloads 25M,sample,resnet50] [--codecs fp16,bf16,topk,topk-ef,randomk,qsgd,powersgd]
                                      [--repeat 7] [--load N] [--markdown]
 
 Issue 15 asks that no codec be slower than its best peer, on one 25M-element gradient and on
@@ -14,6 +14,11 @@ torch==2.13.0``; without it the script says so and exits):
 * ``topk``: GRACE's ``TopKCompressor`` (ratio 0.01), per tensor:
   ``torch.topk(t.abs(), k, sorted=False)`` and ``torch.gather``; decompressed with
   ``out.zero_()`` and ``out.scatter_(0, indices, values)``.
+* ``topk-ef``: the same with GRACE's ``ResidualMemory`` (error feedback, beta = gamma = 1),
+  per tensor: ``acc = t + residual``, top-k of ``acc`` as above, ``residual = acc -
+  decompressed`` (the decompression's zeros and scatter); gradcodec's side is
+  ``ErrorFeedback(spec).encode`` per tensor and ``ErrorFeedback(spec).encode_many``, the
+  residuals kept the same way.  Decoding is top-k's.
 * ``randomk``: GRACE's ``RandomKCompressor`` (ratio 0.01): ``torch.randperm(n)[:k]`` and
   a gather; decompressed as top-k.
 * ``qsgd``: GRACE's ``QSGDCompressor`` (s = 16 levels): one norm per tensor, stochastic
@@ -51,8 +56,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import best, bullets, busy, footer, heading, log, machine_info, render, synthetic  # noqa: E402
 
-CODECS = ("fp16", "bf16", "topk", "randomk", "qsgd", "powersgd")
-SPECS = {"fp16": "fp16", "bf16": "bf16", "topk": "topk(ratio=0.01)", "randomk": "randomk(ratio=0.01)", "qsgd": "qsgd(levels=16)", "powersgd": "powersgd(rank=4)"}
+CODECS = ("fp16", "bf16", "topk", "topk-ef", "randomk", "qsgd", "powersgd")
+SPECS = {"fp16": "fp16", "bf16": "bf16", "topk": "topk(ratio=0.01)", "topk-ef": "topk(ratio=0.01)", "randomk": "randomk(ratio=0.01)", "qsgd": "qsgd(levels=16)", "powersgd": "powersgd(rank=4)"}
+#: the rows whose step keeps residuals (gradcodec: ``ErrorFeedback``; the peer: GRACE's ``ResidualMemory``)
+FEEDBACK = {"topk-ef"}
 RATIO, LEVELS, RANK = 0.01, 16, 4
 
 
@@ -77,6 +84,8 @@ class Peer:
         if codec in ("fp16", "bf16"):
             self.bucket = torch.cat([t.reshape(-1) for t in self.ts])
             self.dtype = torch.float16 if codec == "fp16" else torch.bfloat16
+        if codec in FEEDBACK:
+            self.residuals = [torch.zeros(t.numel(), dtype=t.dtype) for t in self.ts]
         if codec == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
@@ -96,6 +105,13 @@ class Peer:
             if c == "topk":
                 _, idx = torch.topk(flat.abs(), k, sorted=False)
                 out.append((idx, torch.gather(flat, 0, idx)))
+            elif c == "topk-ef":  # compensate, compress, decompress, update (GRACE's ResidualMemory)
+                acc = flat + self.residuals[i]
+                _, idx = torch.topk(acc.abs(), k, sorted=False)
+                vals = torch.gather(acc, 0, idx)
+                sent = torch.zeros_like(acc).scatter_(0, idx, vals)
+                self.residuals[i] = acc - sent
+                out.append((idx, vals))
             elif c == "randomk":
                 idx = torch.randperm(n)[:k]
                 out.append((idx, torch.gather(flat, 0, idx)))
@@ -124,7 +140,7 @@ class Peer:
             return
         for s, o in zip(state, outs):
             flat = o.reshape(-1)
-            if c in ("topk", "randomk"):
+            if c in ("topk", "topk-ef", "randomk"):
                 flat.zero_()
                 flat.scatter_(0, s[0], s[1])
             elif c == "qsgd":
@@ -136,21 +152,25 @@ class Peer:
 
 
 # --------------------------------------------------------------------------- gradcodec
-def ours(spec, tensors, outs, repeat, stat=min):
+def ours(spec, tensors, outs, repeat, stat=min, feedback: bool = False):
     import codec
 
     c = codec.get_codec(spec)
     xs, ys = list(tensors.values()), list(outs.values())
     frames = [c.encode(x) for x in xs]
     [codec.decode(f, out=y) for f, y in zip(frames, ys)]
+    alone, together = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    one = (lambda: [alone.encode(x, key=k) for k, x in tensors.items()]) if feedback else (lambda: [c.encode(x) for x in xs])
+    many = (lambda: together.encode_many(tensors)) if feedback else (lambda: c.encode_many(tensors))
+    one()
     res = {
-        "enc1": best(lambda: [c.encode(x) for x in xs], repeat, stat),
+        "enc1": best(one, repeat, stat),
         "dec1": best(lambda: [codec.decode(f, out=y) for f, y in zip(frames, ys)], repeat, stat),
     }
     if len(xs) > 1:
-        frame = c.encode_many(tensors)
+        frame = many()
         codec.decode_many(frame, out=outs)
-        res["encm"] = best(lambda: c.encode_many(tensors), repeat, stat)
+        res["encm"] = best(many, repeat, stat)
         res["decm"] = best(lambda: codec.decode_many(frame, out=outs), repeat, stat)
     return res
 
@@ -183,7 +203,8 @@ def main(argv=None):
     heading(f"gradcodec against its peers, ms per step ({what} of --repeat); ratio = peer time / gradcodec's {what} time", md)
     print(render(["workload", "tensors / elements", "codec", "peer enc", "enc (per tensor)", "enc (many)", "enc ratio",
                   "peer dec", "dec (per tensor)", "dec (many)", "dec ratio"], rows, md))
-    footer(["peers: fp16/bf16 DDP compress hooks on one flat bucket; topk/randomk/qsgd GRACE's compressors per tensor; "
+    footer(["peers: fp16/bf16 DDP compress hooks on one flat bucket; topk/randomk/qsgd GRACE's compressors per tensor "
+            "(topk-ef: with its ResidualMemory, against gradcodec's ErrorFeedback); "
             "powersgd PyTorch's powerSGD_hook math per matrix (1-D tensors copied)",
             "gradcodec: frames of bytes with their CRC-32C, decoded into preallocated arrays"], t_run, [], md)
 
@@ -203,7 +224,7 @@ def measure(args, torch, stat) -> list:
                 state = peer.encode()
                 peer.decode(state, touts)
             pe, pd = best(peer.encode, args.repeat, stat), best(lambda: peer.decode(state, touts), args.repeat, stat)
-            g = ours(SPECS[name], tensors, outs, args.repeat, stat)
+            g = ours(SPECS[name], tensors, outs, args.repeat, stat, name in FEEDBACK)
             e, d = min(g["enc1"], g.get("encm", np.inf)), min(g["dec1"], g.get("decm", np.inf))
             ms = lambda v: f"{v * 1e3:.3f}" if v < np.inf else "-"  # noqa: E731
             rows.append([wl, f"{len(tensors)} / {n:,}", SPECS[name], ms(pe), ms(g["enc1"]), ms(g.get("encm", np.inf)), f"{pe / e:.2f}x",
