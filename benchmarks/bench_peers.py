@@ -227,7 +227,7 @@ def measure(args, torch, stat) -> list:
             g = ours(SPECS[name], tensors, outs, args.repeat, stat, name in FEEDBACK)
             e, d = min(g["enc1"], g.get("encm", np.inf)), min(g["dec1"], g.get("decm", np.inf))
             ms = lambda v: f"{v * 1e3:.3f}" if v < np.inf else "-"  # noqa: E731
-            rows.append([wl, f"{len(tensors)} / {n:,}", SPECS[name], ms(pe), ms(g["enc1"]), ms(g.get("encm", np.inf)), f"{pe / e:.2f}x",
+            rows.append([wl, f"{len(tensors)} / {n:,}", SPECS[name] + (" + EF" if name in FEEDBACK else ""), ms(pe), ms(g["enc1"]), ms(g.get("encm", np.inf)), f"{pe / e:.2f}x",
                          ms(pd), ms(g["dec1"]), ms(g.get("decm", np.inf)), f"{pd / d:.2f}x"])
     return rows
 
