@@ -212,17 +212,25 @@ class _MiniFloat(Quantizer):
             return None
         return stored.astype(np.float64), bstarts, codes
 
-    def run_factors(self, head, hstarts, sizes, dtype):
+    def run_shape(self, hstarts, sizes, dtype):
+        """Each tensor's window length, the windows' starts and the range of what a frame of
+        ``dtype`` stores per window (None: nothing stored), when every tensor stores one
+        number per window."""
         blocks, nblocks = self._run_blocks(sizes)
-        if self.needs_max():
-            if not np.array_equal(np.diff(hstarts), nblocks):
-                return None
-            low, high, what = self.window_range(dtype)
+        if not self.needs_max():
+            return blocks, offsets(nblocks), None
+        if not np.array_equal(np.diff(hstarts), nblocks):
+            return None
+        return blocks, hstarts, self.window_range(dtype)
+
+    def run_factors(self, head, plan):
+        blocks, hstarts, window = plan.shape
+        if window is not None:
+            low, high, what = window
             if head.size and (head.min() < low or head.max() > high):
                 raise CorruptFrameError(f"ints section: {what} outside [{low}, {high}]")
             stored = head.astype(np.int64)
         else:
-            hstarts = offsets(nblocks)
             stored = np.zeros(int(hstarts[-1]), np.int64)
         emin = self.emins(stored).astype(np.int64)
         if emin.size and int(emin.min()) < -1000:  # _exact_factors rescales that tensor's table

@@ -112,18 +112,24 @@ class MinMax(Quantizer):
         head[at + nb[tensor]] = highs
         return head, 2 * bstarts, codes
 
-    def run_factors(self, head, hstarts, sizes, dtype):
+    def run_shape(self, hstarts, sizes, dtype):
+        """Where each bucket's minimum and maximum lie in the heads read (per tensor its
+        lows, then its highs), the buckets' starts and lengths, when every tensor has two
+        numbers per bucket."""
         nb = -(-sizes // self.bucket)
         if not np.array_equal(np.diff(hstarts), 2 * nb):
             return None
         tensor = np.repeat(np.arange(nb.size), nb)
         at = np.arange(int(nb.sum())) + hstarts[:-1][tensor] // 2
-        lows, highs = head[at], head[at + nb[tensor]]
+        return at, at + nb[tensor], hstarts // 2, np.full(sizes.size, self.bucket, np.int64)
+
+    def run_factors(self, head, plan):
+        low_at, high_at, sstarts, blocks = plan.shape
+        lows, highs = head[low_at], head[high_at]
         if np.any(lows > highs):
             raise CorruptFrameError("minmax frame: a bucket's minimum exceeds its maximum")
         levels = (1 << self.bits) - 1
-        sstarts = hstarts // 2
-        return _codes(self.bits), np.full(sizes.size, self.bucket, np.int64), (highs - lows) / levels, sstarts, lows, float(levels)
+        return _codes(self.bits), blocks, (highs - lows) / levels, sstarts, lows, float(levels)
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =

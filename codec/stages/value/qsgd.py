@@ -20,6 +20,10 @@ from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
 
 
+#: no offsets (a QSGD value is its level times its bucket's norm)
+_NO_OFFSET = readonly(np.empty(0))
+
+
 @functools.lru_cache(maxsize=64)
 def _levels(s: int, w: int) -> np.ndarray:
     """The value of every ``w``-bit code ``level << 1 | sign`` over ``s`` levels, ``+-level /
@@ -165,13 +169,18 @@ class Qsgd(Quantizer):
             return None
         return norms, bstarts, codes
 
-    def run_factors(self, head, hstarts, sizes, dtype):
+    def run_shape(self, hstarts, sizes, dtype):
+        """The code table and each tensor's bucket length, when every tensor has one norm per
+        bucket."""
         if self.coding != "packed" or hstarts.size != sizes.size + 1 or not (hstarts[1:] - hstarts[:-1] == -(-sizes // self.bucket)).all():
             return None
+        return _levels(self.levels, self.code_bits), readonly(np.full(sizes.size, self.bucket, np.int64))
+
+    def run_factors(self, head, plan):
         if head.size and head.min() < 0:
             raise CorruptFrameError("qsgd frame: a negative norm")
-        s, w = self.levels, self.code_bits
-        return _levels(s, w), np.full(sizes.size, self.bucket, np.int64), head, hstarts, np.empty(0), 1.0
+        lut, blocks = plan.shape
+        return lut, blocks, head, plan.hstarts, _NO_OFFSET, 1.0
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =

@@ -39,7 +39,9 @@ class RunPlan:
     (:meth:`Quantizer.run_plan`): the codes' width; the run's bytes ``lo:hi`` of the
     payload; the tensors' starts in the run, their heads' starts and sizes; the dtype; each
     head section's offset (in the run's bytes) and item width; each codes section's offset;
-    and the last byte (and its padding bits' shift) of each codes section that has padding."""
+    and the last byte (and its padding bits' shift) of each codes section that has padding;
+    what the stage's :meth:`Quantizer.run_shape` takes from the layout (``shape``); and the
+    code fields' check (:meth:`Quantizer.code_limit`), None when no code can fail it."""
 
     bits: int
     lo: int
@@ -53,6 +55,8 @@ class RunPlan:
     dstarts: np.ndarray
     last: np.ndarray
     used: np.ndarray
+    shape: object = None
+    limit: tuple | None = None
 
 
 def _direct(p: Dequant, dtype) -> bool:
@@ -256,12 +260,20 @@ class Quantizer(Value):
         its own encode (a NaN, a range the codec refuses: the error is raised there)."""
         return None
 
-    def run_factors(self, head, hstarts, sizes, dtype):
+    def run_shape(self, hstarts, sizes, dtype):
+        """What :meth:`run_factors` takes from a run's layout alone (tensors of ``sizes`` and
+        ``dtype`` whose per-block numbers start at ``hstarts``), formed once per plan
+        (:meth:`run_plan`): the tables, block lengths and places that do not depend on the
+        numbers read; None when the heads are not this quantizer's run's (each tensor is then
+        read alone)."""
+        return None
+
+    def run_factors(self, head, plan: RunPlan):
         """The decoder's part of :meth:`read_run`: from the per-block numbers read (as
-        :meth:`quantize_run` gives them) of tensors of ``sizes`` and ``dtype``,
-        ``(lut, blocks, scale, sstarts, offset, lut_top)``
-        for :class:`Dequant`, after the checks :meth:`read` makes (CorruptFrameError); None
-        when a tensor must be read alone."""
+        :meth:`quantize_run` gives them) of the run of ``plan`` (its ``shape`` from
+        :meth:`run_shape`), ``(lut, blocks, scale, sstarts, offset, lut_top)`` for
+        :class:`Dequant`, after the checks :meth:`read` makes (CorruptFrameError); None when
+        a tensor must be read alone."""
         return None
 
     def code_limit(self):
@@ -356,9 +368,18 @@ class Quantizer(Value):
         counts = np.diff(starts)
         dstarts = readonly(np.array([o - lo for o in coffs], np.int64))
         last, used = padding_bytes(dstarts, counts, bits, hi - lo)
+        hstarts = readonly(offsets(hcounts if heads else [0] * count))
+        sizes = readonly(np.array(sizes, np.int64))
+        shape = self.run_shape(hstarts, sizes, np.dtype(dtype))
+        if shape is None:
+            return None
+        limit = self.code_limit()
+        if limit is not None and not (count and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]):
+            limit = None  # (no code of this width can exceed it)
         return RunPlan(
-            bits, lo, hi, readonly(starts), readonly(offsets(hcounts if heads else [0] * count)), readonly(np.array(sizes, np.int64)), np.dtype(dtype),
+            bits, lo, hi, readonly(starts), hstarts, sizes, np.dtype(dtype),
             readonly(np.array([o - lo for o in hoffs], np.int64)), readonly(np.array(hwidths, np.int64)), dstarts, readonly(last), readonly(used),
+            shape, limit,
         )
 
     def read_planned(self, data, plan: RunPlan):
@@ -376,14 +397,13 @@ class Quantizer(Value):
             backend("pack", data).take_items(data, plan.hoffs, plan.hwidths, plan.hstarts, head)
             if self.run_head == SectionKind.SCALARS and not np.isfinite(head).all():
                 raise CorruptFrameError("scalars section: a non-finite value")
-        factors = self.run_factors(head, plan.hstarts, plan.sizes, plan.dtype)
+        factors = self.run_factors(head, plan)
         if factors is None:
             return None
         if plan.last.size and (not data.size or (data[plan.last] >> plan.used).any()):  # as read_codes checks one
             raise CorruptFrameError("values section: padding bits past the last item are set")
-        bits, starts = plan.bits, plan.starts
-        limit = self.code_limit()
-        if limit is not None and starts[-1] and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
+        bits, starts, limit = plan.bits, plan.starts, plan.limit
+        if limit is not None and starts[-1]:
             if not backend("dequant", data).fields_within_segments(readonly(data), plan.dstarts, bits, starts, *limit):
                 raise CorruptFrameError(f"values section: a code field beyond {limit[2]}, the most an encoder writes")
         lut, blocks, scale, sstarts, offset, lut_top = factors
