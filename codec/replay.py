@@ -47,8 +47,8 @@ does not match, or any error (a NaN under ``nonfinite=raise``, a damaged frame) 
 to the general path, which raises as it always did.
 
 An error-feedback step (``ErrorFeedback.encode_many``) of a codec whose frames are pairs
-(:func:`codec.replaydecode.pairs`: top-k, gaussian-k, DGC, threshold with their values as
-they are), without momentum, whose tensors are all one run (:mod:`codec.feedback.runstep`),
+(:func:`codec.replaydecode.pairs` whose select stage finds a run's selections at once,
+``find_segments``: top-k, gaussian-k, DGC with their values as they are), without momentum, whose tensors are all one run (:mod:`codec.feedback.runstep`),
 replays its coding too (``encode_feedback``, learned by ``learn_feedback`` from the general
 path's frame of the run's ``acc``): the frame written from the selection's finds in
 ``acc`` and the sent positions, where ``acc - decoded`` is +0.0

@@ -219,9 +219,9 @@ class Magnitudes:
 
     def sample(self):
         """The (signed) sample cuts are chosen from, cached, where ``acc`` lives:
-        ``acc_sample(max(1, n // SAMPLE))``, or, where it only guides the pass (no moments
-        are taken) and that stride would read most of ``x``'s cache lines, as many values in
-        runs of one cache line (:meth:`_line_sample`).  With moments (Gaussian-k), the shift
+        ``acc_sample(max(1, n // SAMPLE))`` when moments are taken from it; where it only
+        guides the pass, ``max(GUIDE, n // 8)`` values up to SAMPLE (:data:`GUIDE`), taken
+        as runs of one cache line (:meth:`_line_sample`) when they do not hold every value.  With moments (Gaussian-k), the shift
         of the variance sums is the sample's mean in lanes (``select.lane_means``), taken
         where the sample lives."""
         if self._sample is None:
