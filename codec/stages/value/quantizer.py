@@ -28,6 +28,9 @@ from codec.stages.value.sections import F32_MAX
 
 
 
+#: ``quantrun.run_read``'s code-field check when no code can fail it
+_NO_LIMIT = (0, 0, -1)
+
 #: ``dequantize_segments``'s ``addrs`` when it writes one array (a run's concatenation)
 _NO_ADDRS = np.empty(0, np.int64)
 _NO_ADDRS.flags.writeable = False
@@ -383,29 +386,29 @@ class Quantizer(Value):
         )
 
     def read_planned(self, data, plan: RunPlan):
-        """The run of ``plan`` (:meth:`run_plan`) read from the raw payload ``data`` and
-        checked as :meth:`read` checks each tensor (CorruptFrameError): its heads, padding
-        bits and code fields."""
-        from codec.kernels import backend
+        """The run of ``plan`` (:meth:`run_plan`) read from the raw payload ``data`` (host
+        bytes) and checked as :meth:`read` checks each tensor (CorruptFrameError): its heads,
+        padding bits and code fields, read and tested by one ``quantrun.run_read`` call, the
+        errors raised in a tensor's reader's order."""
+        from codec.kernels import module
 
+        kern = module("quantrun")
         if data.size < plan.hi:
             return None
         data = data[plan.lo : plan.hi]
-        head = np.empty(0)
-        if self.run_head is not None:
-            head = np.empty(int(plan.hstarts[-1]))
-            backend("pack", data).take_items(data, plan.hoffs, plan.hwidths, plan.hstarts, head)
-            if self.run_head == SectionKind.SCALARS and not np.isfinite(head).all():
-                raise CorruptFrameError("scalars section: a non-finite value")
+        head = np.empty(int(plan.hstarts[-1]))
+        limit = _NO_LIMIT if plan.limit is None else plan.limit
+        flags = kern.run_read(readonly(data), plan.hoffs, plan.hwidths, plan.hstarts, head, plan.last, plan.used, plan.dstarts, plan.bits, plan.starts, *limit)
+        if flags & kern.NONFINITE:  # (int16 numbers always are)
+            raise CorruptFrameError("scalars section: a non-finite value")
         factors = self.run_factors(head, plan)
         if factors is None:
             return None
-        if plan.last.size and (not data.size or (data[plan.last] >> plan.used).any()):  # as read_codes checks one
+        if flags & kern.PADDING:  # as read_codes checks one
             raise CorruptFrameError("values section: padding bits past the last item are set")
-        bits, starts, limit = plan.bits, plan.starts, plan.limit
-        if limit is not None and starts[-1]:
-            if not backend("dequant", data).fields_within_segments(readonly(data), plan.dstarts, bits, starts, *limit):
-                raise CorruptFrameError(f"values section: a code field beyond {limit[2]}, the most an encoder writes")
+        if flags & kern.FIELD:
+            raise CorruptFrameError(f"values section: a code field beyond {limit[2]}, the most an encoder writes")
+        bits, starts = plan.bits, plan.starts
         lut, blocks, scale, sstarts, offset, lut_top = factors
         return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, plan.dtype, lut_top=lut_top, starts=starts, dstarts=plan.dstarts, blocks=blocks, sstarts=sstarts)
 
