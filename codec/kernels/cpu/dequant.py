@@ -323,11 +323,18 @@ def fields_within_segments(data, dstarts, bits, starts, fmask, fshift, largest):
     rows = _rows(starts)
     over = np.zeros(rows[-1], np.uint64)
     for r in prange(rows[-1]):
-        t = np.searchsorted(rows, r, side="right") - 1
-        n = starts[t + 1] - starts[t]
-        d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
-        over[r] = _over_chunk(d, bits, n, fmask, fshift, largest, r - rows[t])
+        over[r] = _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest)
     return not over.any()
+
+
+@jit(inline="always")
+def _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest):
+    """:func:`_over_chunk` of row ``r`` of a segmented call's (tensor, chunk) rows (``rows``:
+    :func:`_rows` of ``starts``), tensor ``t``'s codes from byte ``dstarts[t]`` of ``data``."""
+    t = np.searchsorted(rows, r, side="right") - 1
+    n = starts[t + 1] - starts[t]
+    d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
+    return _over_chunk(d, bits, n, fmask, fshift, largest, r - rows[t])
 
 
 @jit(inline="always")

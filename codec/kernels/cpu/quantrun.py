@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu.dequant import _over_chunk, _rows
+from codec.kernels.cpu.dequant import _over_row, _rows
 from codec.kernels.cpu.pack import _get, _item
 
 __all__ = ["run_read"]
@@ -56,10 +56,7 @@ def run_read(data, hoffs, hwidths, hstarts, head, last, used, dstarts, bits, sta
         rows = _rows(starts)
         over = np.zeros(rows[-1], np.uint64)
         for r in prange(rows[-1]):
-            t = np.searchsorted(rows, r, side="right") - 1
-            n = starts[t + 1] - starts[t]
-            d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
-            over[r] = _over_chunk(d, bits, n, fmask, fshift, largest, r - rows[t])
+            over[r] = _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest)
         if over.any():
             flags |= FIELD
     return flags
