@@ -79,7 +79,7 @@ RUNS = RunShape()
 #: norm tensors between convolutions ran 18.9 -> 21.3 ms a step as runs).  A select stage's
 #: runs are :data:`SELECT_FEEDBACK_RUNS`
 FEEDBACK_RUNS = RunShape(1 << 14, 8)
-#: a select stage's error-feedback runs (AdaComp's aside): encode_many's tensors, any number
+#: a select stage's error-feedback runs on the host (AdaComp's aside): encode_many's tensors, any number
 #: of them together, so a whole model of small tensors is one run whose ``acc`` is one
 #: buffer (the residuals' own) and whose coding is replayed (:func:`codec.replay.encode_feedback`);
 #: a tensor's own sparse step costs ~150-200 us of Python whatever its size (the sample's 8
