@@ -274,7 +274,7 @@ def test_sample_order_statistic_narrowed_or_not(dtype):
     whether a large sample is narrowed to the values reaching a sub-sample's cut (rank from
     ``_NARROW_RANK``, sample from ``_NARROW_MIN``), or that cut misleads (the largest values
     exactly at the sub-sample's positions: too few reach it) and the whole sample is used."""
-    from codec.kernels.cpu import select
+    from codec.kernels.cpu import _cut as select
 
     rng = np.random.default_rng(5)
     for m, stride in [(2047, 1), (2048, 1), (5000, 1), (3000, 3), (20_000, 2)]:
