@@ -51,16 +51,32 @@ def _as_bytes(data) -> np.ndarray:
 def pack_bits(codes, bits: int) -> np.ndarray:
     """Pack unsigned integer ``codes`` (low ``bits`` of each, 1 <= bits <= 64) into uint8."""
     bits = _bits(bits)
+    codes = _natural(codes, bits)
+    out = np.empty(raw_length(codes.size, bits), np.uint8)  # the kernel writes every byte
+    pack_into(codes, bits, out)
+    return out
+
+
+def pack_into(codes, bits: int, out: np.ndarray, crc: int | None = None) -> int | None:
+    """:func:`pack_bits` of host ``codes`` into ``out`` (uint8, exactly ``ceil(n*bits/8)``
+    bytes: a section's place in its frame); with ``crc`` (the payload's CRC-32C so far),
+    return it continued over ``out``, each chunk checksummed as it is packed."""
+    from codec.ops import continued
+
+    bits = _bits(bits)
+    codes = _natural(codes, bits)
+    got = backend("pack", codes).pack_codes(readonly(codes), bits, out, -1 if crc is None else crc) if codes.size else -1
+    return continued(out, crc, got)
+
+
+def _natural(codes, bits: int) -> np.ndarray:
+    """Unsigned ``codes`` flat in the natural dtype for the width (a cast keeps the low bits,
+    the only ones packed): one kernel signature per width class; no copy when the caller
+    already uses it."""
     codes = np.asarray(codes)
     if codes.dtype.kind != "u":
         raise CodecTypeError(f"codes: expected an unsigned integer array, got {codes.dtype}")
-    # the natural dtype for the width (a cast keeps the low bits, the only ones packed): one
-    # kernel signature per width class; no copy when the caller already uses it
-    codes = np.ascontiguousarray(codes, _code_dtype(bits)).reshape(-1)
-    out = np.empty(raw_length(codes.size, bits), np.uint8)  # the kernel writes every byte
-    if codes.size:
-        backend("pack", codes).pack_codes(readonly(codes), bits, out)
-    return out
+    return np.ascontiguousarray(codes, _code_dtype(bits)).reshape(-1)
 
 
 def unpack_bits(data, bits: int, count: int, dtype=None) -> np.ndarray:

@@ -112,6 +112,27 @@ def test_pack_across_parallel_chunks(bits):
     np.testing.assert_array_equal(unpack_bits(got, bits, BIG, np.uint64), ref_unpack(want, bits, BIG))
 
 
+@pytest.mark.parametrize("bits", (1, 6, 12, 33))
+def test_pack_into_continues_the_checksum(bits):
+    """Packing straight into a frame's section continues the payload's CRC-32C over exactly
+    the packed bytes (each chunk, then the tail: one value whatever the chunking), the bytes
+    those of pack_bits; without a CRC asked, none is formed."""
+    import crc32c
+
+    from codec.kernels.cpu._crc import HARDWARE
+    from codec.pack import pack_into
+
+    rng = np.random.default_rng(bits)
+    for n in (*SMALL, BIG):
+        codes = random_codes(rng, n, np.uint64)
+        out = np.full(raw_length(n, bits), 0xCD, np.uint8)
+        assert pack_into(codes, bits, out, 12345) == crc32c.crc32c(out, 12345), n
+        assert out.tobytes() == ref_pack(codes & mask(bits), bits).tobytes(), n
+        assert pack_into(codes, bits, out) is None
+        kernel = module("pack", "cpu").pack_codes(readonly(codes.astype(np.uint64)), bits, out, 7)
+        assert kernel == (crc32c.crc32c(out, 7) if HARDWARE else -1), n
+
+
 @pytest.mark.parametrize("bits", (1, 2, 4, 8, 16, 32))
 @pytest.mark.parametrize("dtype", UNSIGNED)
 def test_pack_narrow_dtypes_across_chunks(bits, dtype):

@@ -24,6 +24,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import owner
+from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.errors import CodecValueError
 
 __all__ = ["interleave", "pack_codes", "pack_segments", "put_items", "sign_bits", "take_items", "unpack_codes"]
@@ -147,13 +148,22 @@ def _pack_wide(src, bits, dst):
 
 
 @jit(parallel=True)
-def _pack(src, size, bits, out):
+def _pack(src, size, bits, out, crc=-1):
     """``pack_codes`` on the codes' bytes ``src`` (``size`` bytes each): one signature for every
-    dtype; each chunk views its slice with the real dtype for the typed inner loops."""
+    dtype; each chunk views its slice with the real dtype for the typed inner loops, and is
+    checksummed right after it is written when ``crc >= 0`` (the tail bytes are the last
+    piece)."""
     ngroups = src.size // size // 8
-    for c in prange((ngroups + _GROUPS - 1) // _GROUPS):
+    nchunk = (ngroups + _GROUPS - 1) // _GROUPS
+    sums, lens = crc_pieces(nchunk + 1, crc)
+    for c in prange(nchunk):
         _pack_chunk(src, size, bits, out, c)
+        if sums.size:
+            crc_piece(sums, lens, c, out, c * _GROUPS * bits, min(ngroups, (c + 1) * _GROUPS) * bits)
     _pack_tail(src, size, bits, out)
+    if sums.size:
+        crc_piece(sums, lens, nchunk, out, ngroups * bits, out.size)
+    return joined(sums, lens, crc)
 
 
 @jit(parallel=True)
@@ -261,17 +271,21 @@ def sign_bits(words, starts, out, ostarts):
         _sign_bits(words.reshape(-1), starts, ostarts, np.uint64(8 * words.dtype.itemsize - 1), out)
 
 
-def pack_codes(codes, bits, out):
+def pack_codes(codes, bits, out, crc=-1):
     """Pack ``codes`` (contiguous unsigned ints, ``bits`` <= 8 * itemsize, only the low ``bits``
     of each used) into ``out``, uint8 of exactly ``ceil(n*bits/8)`` bytes, every byte written.
 
     Eight codes fill ``bits`` whole bytes, so groups of eight are independent: full groups run
     in parallel chunks of ``_GROUPS`` groups (boundaries depend on the size only), the last
     ``n % 8`` codes are OR-ed into zeroed tail bytes.
+
+    Returns, with ``crc >= 0``, the CRC-32C of ``out`` continued from ``crc``, each chunk
+    checksummed as it is written (a frame's section packed straight into the frame:
+    :func:`codec.pack.pack_into`); else, or where the CPU cannot (``_crc.HARDWARE``), -1.
     """
     if not 1 <= bits <= 8 * codes.dtype.itemsize or out.size != (codes.size * bits + 7) // 8:
         raise CodecValueError(f"pack_codes: {codes.size} codes of dtype {codes.dtype}, {bits} bits, {out.size} bytes out")
-    _pack(codes.reshape(-1).view(np.uint8), codes.dtype.itemsize, bits, out)
+    return int(_pack(codes.reshape(-1).view(np.uint8), codes.dtype.itemsize, bits, out, crc))
 
 
 @jit

@@ -67,14 +67,16 @@ def _pack(src, size, bits, n, out):
         out[j] = _byte(src, 0, size, bits, n, j)
 
 
-def pack_codes(codes, bits, out):
+def pack_codes(codes, bits, out, crc=-1):
     """Pack ``codes`` (contiguous unsigned ints, ``bits`` <= 8 * itemsize, only the low ``bits``
     of each used) into ``out``, uint8 of exactly ``ceil(n*bits/8)`` bytes, every byte written:
-    the CPU kernel's bytes."""
+    the CPU kernel's bytes.  Returns -1: a device payload is checksummed in one pass on the
+    device (``codec.payload``), whatever ``crc`` asks."""
     if not 1 <= bits <= 8 * np.dtype(codes.dtype).itemsize or out.size != (codes.size * bits + 7) // 8:
         raise CodecValueError(f"pack_codes: {codes.size} codes of dtype {codes.dtype}, {bits} bits, {out.size} bytes out")
     if out.size:
         _pack[launch(out.size)](codes.reshape(codes.size).view(np.uint8), np.dtype(codes.dtype).itemsize, bits, codes.size, out)
+    return -1
 
 
 @jit

@@ -39,9 +39,10 @@ def magnitude_values(top: np.ndarray, dtype) -> tuple[np.ndarray, bool]:
 # ---------------------------------------------------------------------------- sections
 def codes_section(codes: np.ndarray, bits: int) -> Section:
     """``codes`` (uint8/uint16) as a values section of ``bits``-bit items: the bytes themselves
-    at 8 or 16 bits, bit-packed otherwise.  Device codes are packed on the device and copied
-    once to wherever the frame is written."""
-    from codec.pack import pack_bits
+    at 8 or 16 bits, bit-packed otherwise, straight into the frame as it is written and
+    checksummed as they are packed (``Section.fill_crc``).  Device codes are packed on the
+    device and copied once to wherever the frame is written."""
+    from codec.pack import pack_into
 
     if on_device(codes):
         from codec import device
@@ -57,7 +58,7 @@ def codes_section(codes: np.ndarray, bits: int) -> Section:
         return Section(SectionKind.VALUES, bits, codes.size, packed)
     if bits in (8, 16):
         return Section(SectionKind.VALUES, bits, codes.size, codes.astype(f"<u{bits // 8}", copy=False))
-    return Section(SectionKind.VALUES, bits, codes.size, pack_bits(codes, bits))
+    return Section(SectionKind.VALUES, bits, codes.size, fill=lambda out, crc=None: pack_into(codes, bits, out, crc), fill_crc=True)
 
 
 def read_codes(reader, bits: int, count: int, limit=None, device: bool = False) -> np.ndarray:
