@@ -25,9 +25,11 @@ torch==2.13.0``; without it the script says so and exits):
   levels as int8 and the norm; decompressed as ``norm / s * levels``. gradcodec's qsgd has one
   norm per 512-value bucket, which is more work and more accuracy.
 * ``powersgd``: PyTorch's ``powerSGD_hook`` math at rank 4 (its own ``_orthogonalize``),
-  per matrix ``M`` (a tensor viewed as ``(shape[0], -1)``; 1-D tensors are sent as they are,
-  as the hook does): ``P = M Q``, orthogonalise ``P``, ``Q = M^T P``; decompressed with
-  ``P Q^T`` into ``out``. The 25M gradient is viewed as 5000 x 5000 by both sides.
+  per matrix ``M`` (a tensor viewed as ``(shape[0], -1)``, ``n x m``, at rank ``min(n, m, 4)``;
+  1-D tensors, and those the hook finds not worth compressing at its default
+  ``min_compression_rate`` of 2, are sent as they are, as the hook does): ``P = M Q``,
+  orthogonalise ``P``, ``Q = M^T P``; decompressed with ``P Q^T`` into ``out``. The 25M
+  gradient is viewed as 5000 x 5000 by both sides.
 
 gradcodec's side is the call a user makes: ``encode`` (a self-describing frame of bytes with
 its CRC-32C) and ``decode(frame, out=)``, one call per tensor and, for the many-tensor
@@ -91,7 +93,19 @@ class Peer:
 
             self.orthogonalize = _orthogonalize
             g = torch.Generator().manual_seed(0)
-            self.qs = [torch.randn(t.reshape(t.shape[0], -1).shape[1], RANK, generator=g) if t.dim() >= 2 else None for t in self.ts]
+            self.qs = [self._q(t, g) for t in self.ts]
+
+    def _q(self, t, g):
+        """The hook's Q for tensor ``t`` (``(m, min(n, m, RANK))``), or None for a tensor the
+        hook sends as it is: 1-D, or not worth compressing at its default
+        ``min_compression_rate`` of 2 (``_should_compress``)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+        if t.dim() < 2:
+            return None
+        n, m = t.reshape(t.shape[0], -1).shape
+        rank = min(n, m, RANK)
+        return self.torch.randn(m, rank, generator=g) if _should_compress(n, m, rank, 2)[0] else None
 
     def encode(self):
         torch, c = self.torch, self.codec
@@ -124,7 +138,7 @@ class Peer:
                 out.append(((new_level * flat.sign()).type(torch.int8), norm))
             else:  # powersgd
                 if self.qs[i] is None:
-                    out.append(flat)  # the hook allreduces 1-D tensors as they are
+                    out.append(flat)  # the hook allreduces 1-D and small tensors as they are
                     continue
                 m = t.reshape(t.shape[0], -1)
                 p = m @ self.qs[i]
