@@ -34,7 +34,7 @@ def new_bytes(size: int) -> tuple[bytes, np.ndarray]:
         start, end = -(-addr // _HUGE) * _HUGE, (addr + size) // _HUGE * _HUGE
         if end > start:
             _madvise(start, end - start, _MADV_HUGEPAGE)
-    return obj, np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(addr))
+    return obj, np.frombuffer((ctypes.c_ubyte * size).from_address(addr), np.uint8)
 
 
 try:

@@ -106,8 +106,6 @@ class Replay:
         views, or None unless each is a plain ``ndarray`` (or a contiguous CPU torch tensor,
         through its NumPy view) of its tensor's shape, the dtype, C-contiguous and aligned
         (``write``: and writeable): what the general path takes as it is."""
-        from codec.kernels.cpu._common import address_of
-
         dt, mask = self.dtype, self.dtype.itemsize - 1
         last = self.last
         if last is not None and len(arrays) == len(last[0]):
@@ -119,6 +117,8 @@ class Replay:
                     break
             else:
                 return last[1], list(arrays)
+        from codec.kernels.cpu._common import address_of
+
         addrs, views = [], []
         for a, shape, strides in zip(arrays, self.shapes, self.strides):
             if type(a) is not np.ndarray:
@@ -197,7 +197,8 @@ class Replay:
             return self._result(out, items) if kind(self, payload, *found) else None
         hl = self.header_len
         codes = np.frombuffer(frame, self.codes_dtype, self.count, hl)
-        codes.flags.writeable = False  # (a bytearray's view: kernels take every input read-only)
+        if type(frame) is not bytes:
+            codes.flags.writeable = False  # (a bytearray's view: kernels take every input read-only)
         addrs, views = found
         crc = self.codec.value.write_at(codes, addrs, self.starts, self.like, SET, self.crc)
         if self.crc:  # the codes are the whole payload: their CRC-32C, formed as they were read, is the payload's
