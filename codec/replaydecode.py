@@ -114,10 +114,22 @@ def decode_keyed(plan, payload, addrs, views) -> bool:
         if kstarts.tolist() != plan.kstarts.tolist():
             return False
         plan.memo = (raw, keys)
-    kept = payload.view(plan.dtype)[plan.spots]  # (every section is whole items: a key is 24 bytes)
+    kept = _spots(plan, payload)
     kept.flags.writeable = False
     select.scatter_keyed(kept, plan.kstarts, keys, plan.keys[1], addrs, plan.starts, plan.like, SET)
     return True
+
+
+def _spots(plan, payload):
+    """A keyed frame's kept values, gathered from their sections in ``payload`` (every
+    section is whole items: a key is 24 bytes) by the ``scatter`` family's kernel: the
+    payload follows a header of any length, so its items are seldom aligned, and NumPy's
+    gather of BERT-base's 1.1M unaligned float32 items took 5.5 ms against 0.9 aligned."""
+    from codec.kernels import backend
+
+    kept = np.empty(plan.spots.size, plan.dtype)
+    backend("scatter", kept).gather(payload.view(plan.dtype), plan.spots, kept)
+    return kept
 
 
 def decode_pairs(plan, frame, addrs) -> bool:
@@ -186,7 +198,7 @@ def encode_keyed(plan, views, step: int) -> bytes | None:
         np.take(views[t].reshape(-1), pos[o[t] : o[t + 1]], out=kept[o[t] : o[t + 1]])
     if not np.isfinite(kept).all():
         return None
-    payload.view(plan.dtype)[plan.spots] = kept  # (every section is whole items: a key is 24 bytes)
+    backend("scatter", kept).put(kept, plan.spots, payload.view(plan.dtype))  # (every section is whole items: a key is 24 bytes; _spots)
     crc = crc32c(payload) if plan.crc else None
     close_header(bytearray(plan.prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc)
     return frame

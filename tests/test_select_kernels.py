@@ -317,9 +317,10 @@ def test_random_positions_segments_match_numpy(R):
 def test_random_scatter_segments_match_numpy(R, dtype, mode):
     """``random_scatter_segments`` writes each tensor's kept values at the positions the
     reference draws for it (sorted), into its own array, the rest zeroed with SET and kept
-    with ADD/SUB, on both CPU twins (the parallel one draws on one thread while the other
-    zeroes, then writes the pairs in chunks of them): sizes 0, 1, 2 and odd, k from 0 to n,
-    a tensor of more pairs than a chunk and one across a chunk's end."""
+    with ADD/SUB, on both CPU twins (the parallel one draws on every thread in chunks of the
+    positions, zeroes on one thread while another sorts, then writes the pairs in chunks of
+    them): sizes 0, 1, 2 and odd, k from 0 to n, a tensor of more pairs than a chunk and one
+    across a chunk's end."""
     from reference.sparse import key_hash, randomk_positions
 
     cases = [(1, 1), (2, 1), (7, 3), (5, 0), (0, 0), (40_000, 20_000), (1000, 10), (3, 3), (20_000, 13_000)]
