@@ -9,7 +9,7 @@ with one statement of the rule.  The parallel shape differs, the bytes do not:
   codes that overlap it: no byte is shared between threads, so no atomics, and every byte
   is written (the CPU's zeroed tail included).  ``pack_segments``: one block per tensor,
   its threads over the tensor's bytes.
-* ``sign_bits``: one thread per output byte, the CPU's ``_sign_out``.
+* ``sign_bits``: one thread per output byte, the CPU's ``_sign_out`` (codec/kernels/cpu/_signs.py).
 * ``unpack_codes``: one thread per code, reading the (at most nine) bytes it spans.
 * ``put_items`` / ``take_items`` / ``interleave``: one block per tensor, its threads over
   the tensor's items or bytes.
@@ -24,7 +24,7 @@ import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.errors import CodecValueError
-from codec.kernels.cpu import pack as _cpu
+from codec.kernels.cpu import _signs as _cpu_signs, pack as _cpu
 from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import launch
 
@@ -32,8 +32,8 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_item_bits", "_code_at", "_sign_byte", "_sign_out"], {"owner": _common.owner})
-_sign_out = _twins["_sign_out"]
+_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_item_bits", "_code_at"])
+_sign_out = device_functions(_cpu_signs, ["_sign_byte", "_sign_out"], {"owner": _common.owner})["_sign_out"]
 _mask, _get, _put, _item, _item_bits, _code_at = (_twins[k] for k in ("_mask", "_get", "_put", "_item", "_item_bits", "_code_at"))
 
 
