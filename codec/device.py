@@ -142,13 +142,13 @@ def deliver(codes, out) -> None:
 def put_bytes(data, out) -> None:
     """Host bytes ``data`` (any bytes-like, exactly ``out``'s length) into ``out``, a uint8
     array on the host or the device (one host-to-device copy)."""
-    src = np.frombuffer(data, np.uint8, out.size) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
-    if not out.size:
+    if not on_device(out):
+        if out.size:  # (a uint8 array: its buffer takes the bytes as they are, without a NumPy view of them)
+            memoryview(out)[:] = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else memoryview(data).cast("B")
         return
-    if on_device(out):
+    src = np.frombuffer(data, np.uint8, out.size) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    if out.size:
         out.copy_to_device(np.ascontiguousarray(src))
-    else:
-        out[:] = src
 
 
 def _viewed(x, argname: str, write: bool):

@@ -116,10 +116,7 @@ def close_header(head: bytearray, out, header_len: int, flag: int, payload_crc, 
             crc = payload_crc(host_copy(payload) if on_device(payload) else payload)
         head += _CRC.pack(crc)
     head += _CRC.pack(zlib.crc32(head))
-    if on_device(out):
-        put_bytes(head, out[:header_len])
-    else:  # (a uint8 host array: its buffer takes the bytes as they are)
-        memoryview(out)[:header_len] = head
+    put_bytes(head, out[:header_len])
 
 
 @dataclass

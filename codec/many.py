@@ -177,7 +177,7 @@ def encode_step(c, arrays, lay, form: str, dest, *, ctxs=None, feedback=None, jo
             frame, feedback.sent[0] = got
             feedback.finish(c, frame, lay, groups, set(groups[0]), ctxs, joint)
             return frame
-        secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, feedback_shape(c, on_device(arrays[0])), flats, gradients)
+        secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, feedback_shape(c, arrays), flats, gradients)
     else:  # every tensor its own step
         secs, pieces, ran = [feedback.alone(i) for i in range(len(arrays))], None, set()
     frame = c.frame_many(secs, lay, form, pieces=pieces, joint=joint, out=dest)

@@ -53,7 +53,7 @@ def pack_bits(codes, bits: int) -> np.ndarray:
     bits = _bits(bits)
     codes = _natural(codes, bits)
     out = np.empty(raw_length(codes.size, bits), np.uint8)  # the kernel writes every byte
-    pack_into(codes, bits, out)
+    _pack(codes, bits, out, None)
     return out
 
 
@@ -61,12 +61,8 @@ def pack_into(codes, bits: int, out: np.ndarray, crc: int | None = None) -> int 
     """:func:`pack_bits` of host ``codes`` into ``out`` (uint8, exactly ``ceil(n*bits/8)``
     bytes: a section's place in its frame); with ``crc`` (the payload's CRC-32C so far),
     return it continued over ``out``, each chunk checksummed as it is packed."""
-    from codec.ops import continued
-
     bits = _bits(bits)
-    codes = _natural(codes, bits)
-    got = backend("pack", codes).pack_codes(readonly(codes), bits, out, -1 if crc is None else crc) if codes.size else -1
-    return continued(out, crc, got)
+    return _pack(_natural(codes, bits), bits, out, crc)
 
 
 def _natural(codes, bits: int) -> np.ndarray:
@@ -77,6 +73,15 @@ def _natural(codes, bits: int) -> np.ndarray:
     if codes.dtype.kind != "u":
         raise CodecTypeError(f"codes: expected an unsigned integer array, got {codes.dtype}")
     return np.ascontiguousarray(codes, _code_dtype(bits)).reshape(-1)
+
+
+def _pack(codes, bits: int, out, crc):
+    """The packing of :func:`pack_bits` and :func:`pack_into`, their arguments checked
+    (``codes`` in their natural dtype)."""
+    from codec.ops import continued
+
+    got = backend("pack", codes).pack_codes(readonly(codes), bits, out, -1 if crc is None else crc) if codes.size else -1
+    return continued(out, crc, got)
 
 
 def unpack_bits(data, bits: int, count: int, dtype=None) -> np.ndarray:

@@ -148,18 +148,20 @@ def feedback_runs(c, arrays) -> list[list[int]]:
             return [g for g in runs(sizes) if len(g) > 1]
         least, mean = HOST_ELEMENTWISE_RUNS
         return [g for g in runs(sizes) if len(g) >= least and sum(sizes[i][0] for i in g) <= mean * len(g)]
-    return segment_runs(sizes, feedback_shape(c, bool(arrays) and on_device(arrays[0])))
+    return segment_runs(sizes, feedback_shape(c, arrays))
 
 
-def feedback_shape(c, device: bool = False) -> RunShape:
-    """The shape of the runs that take the error-feedback step of the codec ``c`` together
-    (:func:`feedback_runs`, and the step that codes and subtracts them; ``device``: of
-    device arrays): :data:`FEEDBACK_RUNS` for a quantizer, for a select stage that sees the
-    gradient itself (AdaComp) and on a device (a run's selection there crosses a few
-    arrays of its own: two tensors as a run crossed more bytes than as two steps,
-    tests/mpi_device.py's "crossing"); :data:`SELECT_FEEDBACK_RUNS` for another select
-    stage on the host."""
-    return FEEDBACK_RUNS if c.select is None or c.select.sees_gradient or device else SELECT_FEEDBACK_RUNS
+def feedback_shape(c, arrays) -> RunShape:
+    """The shape of the runs that take the error-feedback step of the codec ``c`` over
+    ``arrays`` (a step's tensors, host or device arrays all) together: the one rule that
+    :func:`feedback_runs`, the step that codes them and the one that subtracts them ask.
+    :data:`FEEDBACK_RUNS` for a quantizer, for a select stage that sees the gradient itself
+    (AdaComp) and for device arrays (a run's selection there crosses a few arrays of its
+    own: two tensors as a run crossed more bytes than as two steps, tests/mpi_device.py's
+    "crossing"); :data:`SELECT_FEEDBACK_RUNS` for another select stage on the host."""
+    if c.select is None or c.select.sees_gradient or (len(arrays) and on_device(arrays[0])):
+        return FEEDBACK_RUNS
+    return SELECT_FEEDBACK_RUNS
 
 
 #: which runs of an elementwise codec take their error-feedback step together on the host

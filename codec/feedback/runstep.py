@@ -214,7 +214,7 @@ class ManyFeedback:
                 at += arrays[i].size
         decoding = [g for g in done if not self._subtract_sent(c, g, ctxs)]
         if decoding:
-            manydecode.subtract(c, parse(), {i: targets[i] for g in decoding for i in g}, feedback_shape(c, on_device(arrays[0])), {g[0]: self.flats[g[0]] for g in decoding})
+            manydecode.subtract(c, parse(), {i: targets[i] for g in decoding for i in g}, feedback_shape(c, arrays), {g[0]: self.flats[g[0]] for g in decoding})
         for g in done:  # momentum-factor masking: u zeroed where the frame sent values (all: a dense codec)
             if g[0] in self.velocities:
                 sent = [ctxs[i].positions for i in g]

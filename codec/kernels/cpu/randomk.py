@@ -235,8 +235,7 @@ def random_positions_segments(out, kstarts, sizes, seeds, khashes, steps):
     for c in prange(chunks(out.size)):
         _draw_chunk(out, kstarts, sizes, seeds, khashes, steps, c)
     for s in prange(sizes.size):
-        if kstarts[s + 1] - kstarts[s] > 1:
-            _sort(out[kstarts[s] : kstarts[s + 1]], sizes[s])
+        _sort_segment(out, kstarts, sizes, s)
 
 
 @jit
@@ -253,6 +252,14 @@ def _draw_chunk(out, kstarts, sizes, seeds, khashes, steps, c):
             seg[a - kstarts[s] : b - kstarts[s]] = 0
         else:
             _draw(seg, a - kstarts[s], b - kstarts[s], stream(seeds[s], khashes[s], steps[s]), np.uint64(feistel_half(n)), n)
+
+
+@jit
+def _sort_segment(out, kstarts, sizes, s):
+    """Segment ``s`` of a run's drawn positions (``out[kstarts[s]:kstarts[s+1]]``, of
+    ``sizes[s]`` elements) in increasing order (:func:`_sort`)."""
+    if kstarts[s + 1] - kstarts[s] > 1:
+        _sort(out[kstarts[s] : kstarts[s + 1]], sizes[s])
 
 
 @jit(parallel=True)
@@ -282,8 +289,7 @@ def random_scatter_segments(values, kstarts, sizes, seeds, khashes, steps, addrs
                 zero_arrays(addrs, starts, like)
         else:
             for s in range(sizes.size):
-                if kstarts[s + 1] - kstarts[s] > 1:
-                    _sort(pos[kstarts[s] : kstarts[s + 1]], sizes[s])
+                _sort_segment(pos, kstarts, sizes, s)
     k = values.size
     for c in prange((k + _PAIRS - 1) // _PAIRS):
         _pairs(values, pos, kstarts, addrs, starts, like, mode, c * _PAIRS, min(k, (c + 1) * _PAIRS), False)
