@@ -1,5 +1,5 @@
-"""Floats' sign bits (Numba CPU), the ``pack`` family's ``sign_bits`` (codec/kernels/cpu/pack.py
-re-exports it): the top bit of each word of many tensors at once, one bit per value
+"""Floats' sign bits (Numba CPU), the kernels of the ``pack`` family's ``sign_bits``
+(codec/kernels/cpu/pack.py): the top bit of each word of many tensors at once, one bit per value
 LSB-first, a byte of output per iteration, its tensor found by a binary search of the
 output offsets.  AdaComp codes its kept values' signs this way.  ``_sign_byte`` and
 ``_sign_out`` are also the CUDA twin's device functions, compiled from their source
@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.errors import CodecValueError
 from codec.kernels.cpu._common import owner
 
 
@@ -46,17 +45,3 @@ def _sign_bits(words, starts, ostarts, top, out):
         ok, v = _sign_out(words, starts, ostarts, top, b)
         if ok:
             out[b] = v
-
-
-def sign_bits(words, starts, out, ostarts):
-    """The signs of floats, one bit each, for many tensors at once: ``words`` is the floats'
-    bits (viewed as uint16, uint32 or uint64), tensor ``t`` its ``words[starts[t]:starts[t+1]]``,
-    whose ``ceil(n_t/8)`` bytes go to ``out`` from byte ``ostarts[t]`` (non-decreasing; the
-    tensors' bytes do not overlap), bit ``i`` the top bit of its word ``i`` (``np.signbit``:
-    -0.0 and NaN's sign included), LSB-first.  Other bytes of ``out`` are left as they are.
-    One tensor: ``starts = [0, n]``, ``ostarts = [0]``.  A byte per iteration, its tensor
-    found by a binary search of ``ostarts``."""
-    if words.dtype.kind != "u" or starts.size != ostarts.size + 1:
-        raise CodecValueError(f"sign_bits: words of dtype {words.dtype}, {starts.size - 1} tensors, {ostarts.size} offsets")
-    if out.size and ostarts.size:
-        _sign_bits(words.reshape(-1), starts, ostarts, np.uint64(8 * words.dtype.itemsize - 1), out)

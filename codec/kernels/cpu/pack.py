@@ -25,7 +25,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
-from codec.kernels.cpu._signs import sign_bits
+from codec.kernels.cpu._signs import _sign_bits
 from codec.errors import CodecValueError
 
 __all__ = ["interleave", "pack_codes", "pack_segments", "put_items", "sign_bits", "take_items", "unpack_codes"]
@@ -223,6 +223,20 @@ def _pack_tail(src, size, bits, out):
             w >>= np.uint64(8)
             put += np.uint64(8)
             j += np.uint64(1)
+
+
+def sign_bits(words, starts, out, ostarts):
+    """The signs of floats, one bit each, for many tensors at once: ``words`` is the floats'
+    bits (viewed as uint16, uint32 or uint64), tensor ``t`` its ``words[starts[t]:starts[t+1]]``,
+    whose ``ceil(n_t/8)`` bytes go to ``out`` from byte ``ostarts[t]`` (non-decreasing; the
+    tensors' bytes do not overlap), bit ``i`` the top bit of its word ``i`` (``np.signbit``:
+    -0.0 and NaN's sign included), LSB-first.  Other bytes of ``out`` are left as they are.
+    One tensor: ``starts = [0, n]``, ``ostarts = [0]``.  A byte per iteration, its tensor
+    found by a binary search of ``ostarts``."""
+    if words.dtype.kind != "u" or starts.size != ostarts.size + 1:
+        raise CodecValueError(f"sign_bits: words of dtype {words.dtype}, {starts.size - 1} tensors, {ostarts.size} offsets")
+    if out.size and ostarts.size:
+        _sign_bits(words.reshape(-1), starts, ostarts, np.uint64(8 * words.dtype.itemsize - 1), out)
 
 
 def pack_codes(codes, bits, out, crc=-1):
