@@ -396,22 +396,41 @@ def _max_field_chunk(data, bits, n, fmask, c):
     return m
 
 
+@jit
+def _trit_values(vals3, like):
+    """Every trit byte's five values, ``tab[b, r] = vals3[trit r of b]`` in ``like``'s dtype
+    (rounded once), for the 243 bytes a frame may hold."""
+    tab = np.empty((243, 5), like.dtype)
+    for b in range(243):
+        t = b
+        for r in range(5):
+            tab[b, r] = vals3[t % 3]
+            t //= 3
+    return tab
+
+
 @jit(parallel=True)
 def trits_dequantize(data, n, vals3, out, mode):
     """TernGrad decode: ``out[i] (=|+=|-=) vals3[trit_i]`` (rounded once to ``out``'s dtype),
-    trits five per byte, ``t0 + 3*t1 + 9*t2 + 27*t3 + 81*t4``."""
+    trits five per byte, ``t0 + 3*t1 + 9*t2 + 27*t3 + 81*t4`` (every byte below 243: the
+    reader checked).  Each byte's five values are copied from a table of the 243 bytes'
+    values (:func:`_trit_values`); dividing each byte by 3 five times took twice as long
+    (25M values: 10.2-10.5 -> 5.3-5.5 ms, memcpy 5.3-5.6)."""
     nbytes = (n + 4) // 5
     per = TRIT_CHUNK // 5
+    tab = _trit_values(vals3, out)
     for c in prange((nbytes + per - 1) // per):
         lo = c * TRIT_CHUNK
         hi = min(n, lo + TRIT_CHUNK)
         dst, shift = _target(out, mode, lo, hi)
-        for j in range(U(c * per), U(min(nbytes, (c + 1) * per))):
-            t = data[j]
-            base = j * U(5)
-            for r in range(U(5)):
-                if base + r < U(n):
-                    dst[base + r - shift] = vals3[t % np.uint8(3)]
-                t //= np.uint8(3)
+        j0, j1 = c * per, min(nbytes, (c + 1) * per)
+        for j in range(j0, min(j1, n // 5)):  # whole bytes: five values each
+            row = tab[data[j]]
+            at = j * 5 - shift
+            for r in range(5):
+                dst[at + r] = row[r]
+        for j in range(max(j0, n // 5), j1):  # the last byte, holding fewer
+            for r in range(n - j * 5):
+                dst[j * 5 + r - shift] = tab[data[j], r]
         if mode != SET:
             _combine(out, dst, lo, hi, mode)
