@@ -20,6 +20,8 @@ import numpy as np
 from codec import dlpack
 from codec.dtypes import is_torch, on_device, readonly
 from codec.errors import CodecTypeError, CodecValueError
+from codec.kernels import backend
+from codec.modes import ADD
 
 __all__ = ["add", "address", "clear", "as_device_array", "as_device_bytes", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "deliver", "empty", "Memory", "host_copy", "many_on_device", "put_bytes", "span", "spans", "to_device", "to_host", "zeros"]
 
@@ -243,9 +245,6 @@ def clear(a):
 
 def add(x, r, out):
     """``out = x + r`` elementwise on the device, in their dtype (the error-feedback sum)."""
-    from codec.kernels import backend
-    from codec.modes import ADD
-
     out.reshape(out.size).copy_to_device(x.reshape(x.size))
     backend("convert", out).combine(r.reshape(r.size), out.reshape(out.size), ADD)
 
@@ -374,8 +373,6 @@ class Memory:
         where this memory is; on the device int64) in a new array there, by the ``scatter``
         family's ``gather``: on the device neither comes to the host.  16-bit values are
         gathered as their bits."""
-        from codec.kernels import backend
-
         if not self.device:
             src, idx = readonly(src), readonly(np.ascontiguousarray(idx, np.int64).reshape(-1))
         bits = np.dtype(src.dtype).itemsize == 2

@@ -9,6 +9,7 @@ import numpy as np
 
 from codec.dtypes import on_device
 from codec.errors import CodecTypeError, CodecValueError
+from codec.device import address, as_device_bytes
 
 __all__ = ["new_bytes", "frame_out", "frame_bytes"]
 
@@ -74,7 +75,6 @@ def frame_out(out, inputs=()):
     if out is None:
         return None
     if on_device(out):  # a device frame (codec.device.as_device_bytes): the inputs it may overlap are device arrays too
-        from codec.device import as_device_bytes
 
         buf = as_device_bytes(out, "out", write=True)
         for x in inputs:
@@ -116,7 +116,5 @@ def frame_bytes(size: int, out):
 
 def _overlap(buf, x) -> bool:
     """Whether device arrays ``buf`` and ``x`` share any byte."""
-    from codec.device import address
-
     a, b = address(buf), address(x)
     return a < b + x.nbytes and b < a + buf.nbytes

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec import replay
+from codec import device, replay
 from codec.dtypes import as_float_array, on_device
 from codec.errors import CodecTypeError, CodecValueError
 from codec.framebuffer import frame_out
@@ -24,6 +24,7 @@ from codec.manyframe import Layout
 from codec.runs import RUNS, RunShape, elementwise_sections, feedback_shape, select_runs, transform_runs, value_runs
 from codec.context import where
 from codec.stage import Context, check_step
+from codec.device import as_device_array, many_on_device
 
 
 # -------------------------------------------------------------------- inputs
@@ -72,8 +73,6 @@ def many_inputs(tensors, argname: str = "tensors", device: bool = False, skip_mi
 
     def one(v, name):
         if device and on_device(v):
-            from codec.device import as_device_array
-
             return as_device_array(v, name)
         return as_float_array(v, None, name)
 
@@ -90,7 +89,6 @@ def joined(arrays) -> np.ndarray:
     if not arrays:
         return np.empty(0, np.float32)
     if on_device(arrays[0]):  # (device arrays all: many_on_device)
-        from codec import device
 
         whole = device.span(arrays)
         return whole if whole is not None else device.concat(arrays, device.empty(sum(a.size for a in arrays), arrays[0].dtype))
@@ -144,8 +142,6 @@ def prepared(c, tensors, out, skip_missing: bool) -> tuple:
     every stage checked to take them, else TypeError naming the tensor), their
     :class:`~codec.manyframe.Layout` and the frame's ``out`` buffer
     (:func:`codec.framebuffer.frame_out`)."""
-    from codec.device import many_on_device
-
     names, arrays = many_inputs(tensors, device=True, skip_missing=skip_missing)
     many_on_device(c.stages, arrays)
     return names, arrays, Layout.of(arrays, names), frame_out(out, arrays)

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.device import Memory, spans as device_spans
+from codec.device import empty, Memory, spans as device_spans
 from codec.dtypes import checked_out, host_like, on_device
 from codec.errors import CodecTypeError, CodecValueError
 from codec.modes import ADD, SET, SUB
-from codec.ops import WIDE, scatter_checked, scatter_segments, scratch, store, wide_dtype
+from codec.ops import offsets, scatter_checked, scatter_segments, scratch, store, WIDE, wide_dtype
 from codec.readruns import read_jobs, reads_positions, reads_runs
 from codec.runs import RUNS, SEGMENT_ELEMENTS, SEGMENTED_MIN, RunShape
+from codec import device
+from codec.frame import SectionKind
+from codec.kernels import backend
+from codec.section import Encoding
 
 
 def _targets(c, mf, out, *, add: bool) -> list:
@@ -49,7 +53,6 @@ def _targets(c, mf, out, *, add: bool) -> list:
     else:
         raise CodecTypeError(f"out: expected a dict or list of arrays, got {type(out).__name__}")
     lay = mf.layout
-    from codec import device
 
     plain = all(type(a) is np.ndarray for a in arrays)  # (host arrays: no device array among them)
     check = device.checked_out if not plain and device.many_on_device(c.stages, arrays, "out") else checked_out  # (device arrays: decoding writes on the device)
@@ -76,8 +79,6 @@ def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False, check=None
     new array; with ``device``, a new device array (the codes cross the link, not the values);
     ``check``: the frame's payload check, noted as the codes are read (``Codec._write``)."""
     if device:
-        from codec.device import empty
-
         whole = empty(ctx.n, dtype)
     else:
         whole = scratch(ctx.n, dtype) if reuse and ctx.n <= SEGMENT_ELEMENTS else np.empty(ctx.n, dtype)
@@ -88,8 +89,6 @@ def _whole(c, ctx, payload, dtype, reuse: bool, device: bool = False, check=None
 def decode(c, mf, out=None, like=None):
     """``codec.decode_many``: the parsed frame ``mf``, which the codec ``c`` made, decoded
     (new arrays of ``like``'s kind without ``out``: on its device for a device array)."""
-    from codec import device
-
     targets = _targets(c, mf, out, add=False)
     lay = mf.layout
     dev = on_device(*targets) or (out is None and on_device(like))
@@ -156,11 +155,6 @@ def _pairs_at_once(c, mf, targets) -> list | None:
     sample's top-k decode 256 -> ~100 µs.  None, having written nothing, when the frame or
     the arrays are not that: the general path then reads it, and refuses what it refuses,
     naming the tensor."""
-    from codec.frame import SectionKind
-    from codec.kernels import backend
-    from codec.ops import offsets
-    from codec.section import Encoding
-
     lay = mf.layout
     dt = lay.dtypes[0] if len(lay) else None
     if c.select is None or c.value.name != "none" or c.transform is not None or c.post or mf.joint or len(mf) < 2 or not reads_positions(c, mf):

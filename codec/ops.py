@@ -18,6 +18,8 @@ from codec.dtypes import bfloat16, on_device, readonly  # noqa: F401  (readonly:
 from codec.errors import CodecIndexError, CodecTypeError, CodecValueError
 from codec.kernels import backend
 from codec.modes import SET
+from codec.checksum import crc32c
+from codec.device import add as device_add, empty, Memory, to_device, zeros
 
 WIDE = (np.dtype(np.float32), np.dtype(np.float64))
 HALF = np.dtype(np.float16)
@@ -111,8 +113,6 @@ def widen(x: np.ndarray) -> np.ndarray:
     if x.dtype in WIDE:
         return x
     if on_device(x):
-        from codec.device import empty
-
         out = empty(x.size, np.float32).reshape(x.shape)
         codes = x.reshape(x.size).view(np.uint16)
     else:
@@ -153,7 +153,6 @@ def continued(out: np.ndarray, crc: int | None, got: int) -> int | None:
         return None
     if got >= 0:
         return int(got)
-    from codec.checksum import crc32c
 
     return crc32c(out, crc)
 
@@ -179,7 +178,6 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     if src.size != out.size:
         raise CodecValueError(f"src: {src.size} elements for an output of {out.size}")
     if on_device(out):  # a device output (codec.device.checked_out: contiguous): the source's one copy there
-        from codec.device import to_device
 
         flat = out.reshape(out.size)  # float16/float32/float64 (codec.device.DTYPES)
         if mode == SET and src.dtype == flat.dtype and not on_device(src):
@@ -215,8 +213,6 @@ def add(x, r, out):
     """``out = x + r`` elementwise in their dtype, host or device arrays alike (the
     error-feedback sum ``acc = x + residual``); returns ``out``."""
     if on_device(out):
-        from codec.device import add as device_add
-
         device_add(x, r, out)
         return out
     return np.add(x, r, out=out)
@@ -229,8 +225,6 @@ def momentum(u, m, x, out=None):
     ``momentum`` kernel for float32/float64 (and float16 device arrays, which its CUDA twin
     takes), NumPy's two operations for 16-bit host floats (which the CPU kernel does not
     take).  Returns the result."""
-    from codec.device import Memory
-
     mem = Memory(on_device(x))
     out = mem.empty(x.shape, x.dtype) if out is None else out
     if x.dtype not in WIDE and not mem.device:
@@ -249,7 +243,6 @@ def zero_at(a, idx) -> None:
     if not on_device(a):
         flat[slice(None) if idx is None else idx] = 0
         return
-    from codec.device import empty, to_device, zeros
 
     kern = backend("scatter", flat)
     if idx is None:  # SET at no position: every value zeroed, on the device
@@ -289,8 +282,6 @@ def gather(src: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """``src[idx]`` of flat ``src`` (host or device) at positions in ``range(src.size)``, as a
     host array: on the device the positions go there and only the gathered values come back
     (:meth:`codec.device.Memory.gather`, the ``scatter`` family's ``gather``)."""
-    from codec.device import Memory
-
     mem = Memory(on_device(src))
     return mem.host(mem.gather(src, mem.put(_positions(idx)) if mem.device else idx))
 
@@ -322,7 +313,6 @@ def scatter_checked(values: np.ndarray, idx: np.ndarray, flat: np.ndarray, mode:
     1-D of one length, ``flat`` a flat C-contiguous float array: no second check per call."""
     values = widen(values)  # 16-bit values -> float32, exact
     if on_device(flat):  # host values (and positions, unless read on the device) moved once, then the twin
-        from codec.device import to_device
 
         kern = backend("scatter", flat)
         dev_idx = to_device(_positions(idx))

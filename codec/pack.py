@@ -19,7 +19,7 @@ from codec.dtypes import on_device
 from codec.errors import CodecTypeError, CodecValueError, CorruptFrameError
 from codec.frame import SectionKind, Section, SectionRun, raw_length
 from codec.kernels import backend
-from codec.ops import offsets, readonly
+from codec.ops import continued, offsets, readonly
 
 
 def _code_dtype(bits: int):
@@ -78,8 +78,6 @@ def _natural(codes, bits: int) -> np.ndarray:
 def _pack(codes, bits: int, out, crc):
     """The packing of :func:`pack_bits` and :func:`pack_into`, their arguments checked
     (``codes`` in their natural dtype)."""
-    from codec.ops import continued
-
     got = backend("pack", codes).pack_codes(readonly(codes), bits, out, -1 if crc is None else crc) if codes.size else -1
     return continued(out, crc, got)
 

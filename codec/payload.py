@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from codec.dtypes import on_device
+from codec import device
+from codec.checksum import combine, crc32c as crc_of
+from codec.device import deliver
 
 __all__ = ["materialized", "write_payload"]
 
@@ -26,8 +29,6 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
     pieces are checksummed in one call each.  ``late`` pieces are filled last, once every
     other piece is written; the checksum then runs in stretches between them, joined with
     :func:`codec.checksum.combine`.  Both frame formats write their payload here."""
-    from codec.checksum import combine, crc32c as crc_of
-
     if on_device(out):
         return _write_device(out, pieces, crc32c)
     stretches = []  # per late piece, the (crc, length) of the stretch before it
@@ -44,8 +45,6 @@ def write_payload(out: np.ndarray, pieces, crc32c: bool = False) -> int | None:
             pending = start
         elif s.data is not None:
             if on_device(s.data):
-                from codec.device import deliver
-
                 deliver(s.data, dst)
             else:
                 dst[:] = np.frombuffer(s.data, np.uint8, size)
@@ -78,8 +77,6 @@ def _write_device(out, pieces, crc32c: bool) -> int | None:
     host fill writes a host buffer copied up once.  The checksum is then one parallel
     CRC-32C pass over the payload on the device (``codec/kernels/cuda/_crc.py``), so none of
     the payload crosses to the host."""
-    from codec import device
-
     late, pos = [], 0
     for s in pieces:
         dst = out[pos : pos + s.raw_len]
@@ -95,8 +92,6 @@ def _write_device(out, pieces, crc32c: bool) -> int | None:
 
 def _fill_device(s, dst) -> None:
     """One piece's bytes into ``dst``, its slice of a device payload."""
-    from codec import device
-
     if s.data is not None:
         if on_device(s.data):
             device.deliver(s.data, dst)

@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from codec import spec as specmod
-from codec import many, manydecode, replay
+from codec import device, many, manydecode, replay
 from codec.assembly import arrange, default_value, non_default
 from codec.dtypes import as_float_array, checked_out, host_like, on_device
 from codec.errors import CodecError, CodecTypeError, CodecValueError, CorruptFrameError, UnknownCodecError
@@ -24,6 +24,8 @@ from codec.framebuffer import frame_out
 from codec.manyframe import build_many, parse_many
 from codec.modes import ADD, SET, SUB
 from codec.stage import KINDS, Context, check_step, lookup
+from codec.device import as_input
+from codec.ops import scatter_checked, store, WIDE, wide_dtype
 
 
 class Codec:
@@ -97,7 +99,6 @@ class Codec:
         (:func:`codec.device.as_input`)."""
         if not on_device(x):
             return as_float_array(x, dtype, argname)
-        from codec.device import as_input
 
         return as_input(self.stages, x, dtype, argname)
 
@@ -249,8 +250,6 @@ class Codec:
         completed in the same pass where the stages can (:meth:`payload_check`)."""
         on_dev = out is None and on_device(like)
         if on_dev:
-            from codec import device
-
             device.check_stages(self.stages, "like")
             device.check_dtype(fr.dtype, "like")
         target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
@@ -277,7 +276,6 @@ class Codec:
         device array its device view (:func:`codec.device.checked_out`)."""
         if not on_device(out):
             return checked_out(out, fr.n, fr.shape, fr.dtype, add=add)
-        from codec import device
 
         device.check_stages(self.stages, "out")
         return device.checked_out(out, fr.n, fr.shape, fr.dtype, add=add)
@@ -329,8 +327,6 @@ class Codec:
         """Phase 2: write the decoded array into flat ``out`` (store, add or subtract per
         ``mode``); ``check``: the frame's payload check the value stage notes its codes in
         (:meth:`payload_check` gave it)."""
-        from codec.ops import WIDE, scatter_checked, store, wide_dtype
-
         if self.transform is not None:  # coefficients in the domain's dtype, where out lives (the codes cross, not the values), then the inverse
             from codec.device import Memory
 

@@ -26,9 +26,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.errors import CorruptFrameError
+from codec.errors import CodecError, CorruptFrameError
 from codec.streams import key_hash
 from codec.modes import SET
+from codec.checksum import crc32c
+from codec.context import Context
+from codec.frame import _CRC, close_header, FLAG_PAYLOAD_CRC32C
+from codec.framebuffer import new_bytes
+from codec.kernels import backend, module
+from codec.layout import LANES
+from codec.manyframe.build import head_of
+from codec.ops import offsets, readonly, scratch
+from codec.runs import RUN_ELEMENTS, sparse_piece
+from codec.stages.select.magnitude import run_positions, segments_picked
+from codec.stages.transform.powersgd import start_q
 
 __all__ = ["decode_keyed", "decode_lowrank", "decode_pairs", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "keyed", "lowrank", "pairs", "reads_as_run", "selected"]
 
@@ -125,8 +136,6 @@ def _spots(plan, payload):
     section is whole items: a key is 24 bytes) by the ``scatter`` family's kernel: the
     payload follows a header of any length, so its items are seldom aligned, and NumPy's
     gather of BERT-base's 1.1M unaligned float32 items took 5.5 ms against 0.9 aligned."""
-    from codec.kernels import backend
-
     kept = np.empty(plan.spots.size, plan.dtype)
     backend("scatter", kept).gather(payload.view(plan.dtype), plan.spots, kept)
     return kept
@@ -143,9 +152,6 @@ def decode_pairs(plan, frame, addrs) -> bool:
     for anything refused (the general path then names it)."""
     import zlib
 
-    from codec.checksum import crc32c
-    from codec.frame import _CRC
-    from codec.kernels import module
 
     at, sizes, derived, _ = plan.pairs
     bits = plan.dtype.itemsize * 8
@@ -172,11 +178,6 @@ def encode_keyed(plan, views, step: int) -> bytes | None:
     with one kernel call (``random_positions_segments``) and gathered straight into the
     frame; None when the step keeps other counts than the plan's, or a kept value is not
     finite (the general path then names it)."""
-    from codec.checksum import crc32c
-    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
-    from codec.framebuffer import new_bytes
-    from codec.kernels import backend
-
     select = plan.codec.select
     at, sizes, _ = plan.keys
     kstarts = plan.kstarts
@@ -213,16 +214,6 @@ def encode_selected(plan, views, step: int) -> bytes | None:
     run writes it (:func:`codec.runs.sparse_piece`: each tensor's index section, then its
     values), and its CRC-32C.  None when a stage declines the run or a value refuses (a NaN
     or inf: the general path then names it)."""
-    from codec.checksum import crc32c
-    from codec.context import Context
-    from codec.errors import CodecError
-    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
-    from codec.framebuffer import new_bytes
-    from codec.manyframe.build import head_of
-    from codec.ops import scratch
-    from codec.runs import sparse_piece
-    from codec.stages.select.magnitude import segments_picked
-
     c = plan.codec
     starts, layout, names = plan.selected
     flat = scratch(plan.count, plan.dtype)
@@ -266,8 +257,6 @@ def feedback_pairs(plan, flat, ctxs):
     there as they are, so ``acc - decoded`` is ``acc`` with +0.0 there (``v - v`` of a finite
     ``v``; a NaN or inf makes the finds None).  Returns ``(frame, positions)``, or None (the
     general path then takes the step)."""
-    from codec.stages.select.magnitude import run_positions
-
     starts = plan.selected[0]
     finds = plan.codec.select.find_segments(flat, starts, ctxs)
     if finds is None or finds[3] is not None:
@@ -284,11 +273,6 @@ def _encode_pairs(plan, flat, finds) -> bytes | None:
     patterns and counts after the layout's bytes with one ``pair_head`` call; the bytes ``select_segments``,
     ``encode_kept``, ``sparse_piece`` and ``head_of`` give, without their Python per step.
     None when a set's gaps need more than 56 bits (the general path then codes it)."""
-    from codec.checksum import crc32c
-    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
-    from codec.framebuffer import new_bytes
-    from codec.kernels import module
-
     room, pos, counts, _ = finds
     kern = module("pairs")
     table = np.empty((counts.size, 6), np.int64)
@@ -314,12 +298,6 @@ def encode_lowrank(plan, found, step: int) -> bytes | None:
     ``Q``: the same every step with ``warm_start``, so the plan keeps them), the other
     tensors' values copied, under the layout's header and the payload's CRC-32C.  None when
     a matrix holds a NaN or inf (the general path then names it)."""
-    from codec.checksum import crc32c
-    from codec.frame import FLAG_PAYLOAD_CRC32C, close_header
-    from codec.framebuffer import new_bytes
-    from codec.kernels import backend
-    from codec.layout import LANES
-
     start = _starting_qs(plan, step)
     if start is None:
         return None
@@ -347,10 +325,6 @@ def _starting_qs(plan, step: int):
     plan with ``warm_start`` (the same every step).  None when a tensor is larger than a run
     (:data:`codec.runs.RUN_ELEMENTS`: a matrix's products then run on one thread, and the
     general path's own kernels are parallel)."""
-    from codec.ops import offsets, readonly
-    from codec.runs import RUN_ELEMENTS
-    from codec.stages.transform.powersgd import start_q
-
     if plan.power is not None:
         return plan.power
     if max(plan.sizes) > RUN_ELEMENTS:  # (checked when the plan is learned: a plan that does not encode is not kept for encoding)
@@ -370,8 +344,6 @@ def decode_lowrank(plan, payload, addrs, views) -> bool:
     ``Q``): every matrix's ``P Q^T`` formed into its array with one ``expand_segments`` call
     reading its coefficients where the payload holds them (bit for bit the general path's
     ``lowrank.expand``), every other tensor's values copied into its array."""
-    from codec.kernels import backend
-
     index, firsts, ns, ms, rs = plan.matrices
     values = payload.view(plan.dtype)  # (every section is whole items of the dtype: Replay)
     for t, a, b in plan.values:

@@ -10,13 +10,21 @@ from __future__ import annotations
 import numpy as np
 
 from codec import replaydecode
-from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, close_header
+from codec.frame import _CRC, close_header, FLAG_PAYLOAD_CRC32C, SectionKind
 from codec.framebuffer import new_bytes
-from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
+from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_DERIVED, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
 from codec.modes import SET
 from codec.replaydecode import keyed, lowrank, reads_as_run, selected
 from codec.runs import RUN_ELEMENTS
 from codec.section import Encoding
+from codec.checksum import crc32c
+from codec.context import where
+from codec.dtypes import torch_view
+from codec.errors import CorruptFrameError
+from codec.manyframe import parse_many
+from codec.manyframe.parse import read_header
+from codec.ops import offsets, readonly
+from codec.pack import INDEX_KINDS
 
 __all__ = ["Replay", "learned"]
 
@@ -31,8 +39,6 @@ class Replay:
     __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo", "pairs")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
-        from codec.ops import offsets, readonly
-
         lay = mf.layout
         self.codec = codec
         self.crc = bool(mf.flags & FLAG_PAYLOAD_CRC32C)
@@ -67,7 +73,6 @@ class Replay:
             # (writeable, as the general path's runs pass them), the layout and how errors
             # name the tensors; its decoding (codec.replaydecode.decode_pairs) reads each
             # frame's sections after the layout, which is all its prefix holds
-            from codec.context import where
 
             if max(self.sizes) <= RUN_ELEMENTS:
                 self.selected = (offsets(self.sizes), lay, where(lay.names, len(lay)))
@@ -203,8 +208,6 @@ class Replay:
         crc = self.codec.value.write_at(codes, addrs, self.starts, self.like, SET, self.crc)
         if self.crc:  # the codes are the whole payload: their CRC-32C, formed as they were read, is the payload's
             if crc < 0:
-                from codec.checksum import crc32c
-
                 crc = crc32c(codes.view(np.uint8))
             if crc != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
                 from codec.payloadcheck import refuse
@@ -216,8 +219,6 @@ class Replay:
     def _payload(self, frame):
         """The payload of ``frame`` (read-only), or None when its CRC-32C does not hold (the
         general path then raises)."""
-        from codec.checksum import crc32c
-
         hl = self.header_len
         payload = np.frombuffer(frame, np.uint8, self.size - hl, hl)
         payload.flags.writeable = False
@@ -241,12 +242,6 @@ def _pairs_plan(c, frame, mf) -> tuple | None:
     replayed encode's bound, :func:`codec.replaydecode._encode_pairs`); None unless every
     tensor of a :func:`~codec.replaydecode.pairs` codec has an index section then its kept
     values in the layout's dtype (``_pairs_at_once``'s frames)."""
-    from codec.frame import SectionKind
-    from codec.manyframe.parse import read_header
-    from codec.manyframe.wire import FLAG_DERIVED
-    from codec.ops import readonly
-    from codec.pack import INDEX_KINDS
-
     bits = mf.layout.dtypes[0].itemsize * 8
     if not replaydecode.pairs(c) or any(len(s) != 2 or s[0].kind not in INDEX_KINDS or s[1].kind != SectionKind.VALUES or s[1].bits != bits for s in mf.tensor_sections):
         return None
@@ -259,7 +254,6 @@ def _torch_view(x):
     None for anything else (the general path then takes it)."""
     if not type(x).__module__.startswith("torch") or x.device.type != "cpu" or not x.is_contiguous():
         return None
-    from codec.dtypes import torch_view
 
     return torch_view(x, "x")
 
@@ -278,8 +272,6 @@ def learned(c, frame, mf=None) -> Replay | None:
     """The plan of ``frame`` (a v2 frame the codec ``c`` made; ``mf`` it parsed), or None
     when its tensors are not one run of codes: one raw section per tensor, end to end, of
     one float32/float64 dtype, no joint or hashed layout, no zstd, a CRC-32C or none."""
-    from codec.manyframe import parse_many
-
     if mf is None:
         mf = parse_many(frame)
     lay = mf.layout
@@ -311,7 +303,6 @@ def learned(c, frame, mf=None) -> Replay | None:
             return None
         payload = np.frombuffer(frame, np.uint8, len(frame) - mf.header_len, mf.header_len)
         payload.flags.writeable = False
-        from codec.errors import CorruptFrameError
 
         try:
             if c.value.read_run(payload, mf.tensor_sections, list(lay.sizes), lay.dtypes[0]) is None:

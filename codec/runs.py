@@ -24,6 +24,8 @@ from codec.frame import Section, SectionKind
 from codec.manyframe import Entry
 from codec.ops import offsets, scratch
 from codec.stage import Context
+from codec.device import concat, empty, span
+from codec.kernels import backend
 
 
 #: the most elements of one run (:func:`runs`): a run is coded through one buffer of this
@@ -96,7 +98,6 @@ def concatenated(arrays, groups, given: dict | None = None) -> list:
     given = dict(given or {})
     dev = bool(arrays) and on_device(arrays[0])  # device arrays (all of them: codec.device.many_on_device)
     if dev:  # a run whose tensors lie end to end (views of one buffer) is read where it is
-        from codec.device import concat, empty, span
 
         for g in groups:
             whole = None if len(g) == 1 or g[0] in given else span([arrays[i] for i in g])
@@ -293,8 +294,6 @@ def sparse_piece(index, table, vsec, vstarts):
     ``index``, a :class:`codec.frame.SectionRun`) then its value sections, which the value
     stage coded at once (:meth:`codec.stage.Value.encode_kept`: ``table``, the section
     ``vsec`` holding every tensor's bytes, tensor t's from ``vstarts[t]``)."""
-    from codec.kernels import backend
-
     entries = [[Entry(k, w, n), *rest] for k, w, n, rest in zip(index.kinds, index.widths, index.counts, table)]
 
     def fill(out):

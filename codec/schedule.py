@@ -30,7 +30,7 @@ import numbers
 from dataclasses import dataclass
 
 from codec.errors import CodecValueError
-from codec.spec import Call
+from codec.spec import Call, parse_value
 
 __all__ = ["Schedule", "build", "exp", "linear", "parse", "step", "warmup", "FORMS"]
 
@@ -225,8 +225,6 @@ def build(call) -> Schedule:
 
 def parse(text: str) -> Schedule:
     """A :class:`Schedule` from its spec text (``"warmup(0.25,0.001,steps=1000)"``)."""
-    from codec.spec import parse_value
-
     v = parse_value(text)
     if not isinstance(v, Call):
         raise CodecValueError(f"expected a schedule such as {_EXAMPLE['warmup']}, got {text!r}")

@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from codec.dtypes import on_device
+from codec.device import to_host
 
 __all__ = ["Encoding", "Section", "SectionInfo", "SectionKind", "SectionRun", "raw_length"]
 
@@ -95,8 +96,6 @@ class Section:
             self.fill(buf)
             return memoryview(buf)
         if on_device(self.data):
-            from codec.device import to_host
-
             return memoryview(to_host(self.data, np.empty(self.raw_len, np.uint8)))
         return memoryview(self.data).cast("B")
 

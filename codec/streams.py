@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from codec.kernels import backend
 
 def key_text(key) -> str:
     """The text a key's stream is hashed from: str as is, integers in decimal, None empty,
@@ -41,6 +42,4 @@ def _hash_text(text: str) -> int:
 
 def stream(seed: int, ctx) -> np.uint64:
     """The frame's 64-bit stream for ``seed`` and the context's key and step."""
-    from codec.kernels import backend
-
     return np.uint64(backend("rng").stream(np.uint64(seed), np.uint64(key_hash(ctx.key)), np.uint64(ctx.step % (1 << 64))))

@@ -19,6 +19,9 @@ from codec.feedback.runstep import ManyFeedback
 from codec.feedback.step import Step
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
+from codec.device import zeros
+from codec.modes import ADD
+from codec.ops import scatter, store
 
 
 class ErrorFeedback:
@@ -151,8 +154,6 @@ class ErrorFeedback:
         ``device``; none without residuals), no stage state, ``step``."""
         if self.residuals:
             if device:
-                from codec.device import zeros
-
                 return Slot(key, zeros(shape, dtype), step)
             return Slot(key, np.zeros(shape, dtype), step)
         return Slot(key, None, step, shape=shape, dtype=dtype)
@@ -217,8 +218,6 @@ class ErrorFeedback:
         slot = self._get(key)
         if slot is None:
             raise CodecKeyError(f"key: no residual for {key!r}; encode it first")
-        from codec.modes import ADD
-        from codec.ops import scatter, store
 
         flat = slot.residual.reshape(-1)
         vals = as_float_array(values, None, "values").reshape(-1)

@@ -11,6 +11,7 @@ import numpy as np
 from codec.dtypes import on_device
 from codec.errors import CodecTypeError
 from codec.stage import Context
+from codec.device import empty, host_copy, to_device
 
 
 @dataclass
@@ -61,8 +62,6 @@ class Slot:
         the residual intact."""
         if self.spare is None:
             if on_device(self.residual):
-                from codec.device import empty
-
                 self.spare = empty(self.residual.size, self.residual.dtype).reshape(self.residual.shape)
             else:
                 self.spare = np.empty_like(self.residual)
@@ -75,7 +74,6 @@ class Slot:
         The spare is dropped."""
         if self.residual is None or on_device(self.residual) == device:
             return
-        from codec.device import host_copy, to_device
 
         move = to_device if device else host_copy
         self.residual, self.at = move(self.residual), None

@@ -48,6 +48,7 @@ from codec.device import host_copy
 from codec.feedback.slot import Slot
 from codec.pipeline import Codec, get_codec
 from codec.stage import check_step
+from codec.ops import first_nonfinite
 
 
 def saved(s: Slot) -> dict:
@@ -78,7 +79,6 @@ def _show(key) -> str:
 def _check_finite(arr: np.ndarray, where: str, codec: Codec) -> None:
     if codec.passes_nonfinite(arr.shape):
         return
-    from codec.ops import first_nonfinite
 
     i = first_nonfinite(arr)
     if i >= 0:

@@ -13,6 +13,7 @@ from codec.payload import write_payload
 from codec.framebuffer import frame_bytes
 from codec.manyframe.table import Layout
 from codec.manyframe.wire import COUNT_WRITTEN, DERIVED_KINDS, FIXED, FIXED_SIZE, FLAG_DERIVED, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_NAMES, FLAG_ZSTD, MAX_SECTIONS, VERSION, common_rules, count_rules, put_varint
+from codec.ops import remember
 
 
 class Entry(NamedTuple):
@@ -62,8 +63,6 @@ def _tensor(t: tuple, derived: bool) -> tuple:
 
 
 def _remember(key, entry) -> None:
-    from codec.ops import remember
-
     remember(_HEADS, key, entry, _HEADS_MAX)
 
 

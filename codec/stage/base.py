@@ -14,7 +14,7 @@ import numpy as np
 from codec.context import Context
 from codec.errors import CodecTypeError, CodecValueError
 from codec.params import Param
-from codec.spec import Call
+from codec.spec import Call, format_stage
 
 #: the stage kinds, in pipeline order
 KINDS = ("transform", "select", "value", "bytes")
@@ -147,8 +147,6 @@ class Stage(abc.ABC):
         return hash((self.name, tuple(self.config.items())))
 
     def __repr__(self):
-        from codec.spec import format_stage
-
         return format_stage(self.name, self.config)
 
 

@@ -8,6 +8,10 @@ from typing import ClassVar
 import numpy as np
 
 from codec.stage.base import Bound, Stage
+from codec.device import empty, to_device
+from codec.dtypes import on_device
+from codec.kernels import backend
+from codec.ops import round_to, store, WIDE, wide_dtype
 
 class Transform(Stage, kind_base=True):
     """Base of the transform stages (``fft``, ``powersgd``): the array is mapped into another
@@ -92,8 +96,6 @@ class Transform(Stage, kind_base=True):
     def domain_dtype(dtype) -> np.dtype:
         """The coefficients' dtype for an array of ``dtype``: float64 for float64, else float32
         (16-bit input is widened exactly)."""
-        from codec.ops import wide_dtype
-
         return wide_dtype(dtype)
 
     @staticmethod
@@ -101,12 +103,7 @@ class Transform(Stage, kind_base=True):
         """Write the dense piece ``y`` (the domain's float32/float64) into flat ``out`` per
         ``mode``.  A 16-bit frame's values are ``y`` rounded to its ``dtype`` first, so
         ``decode_add`` adds exactly what ``decode`` returns (and rounds once more, into ``out``)."""
-        from codec.dtypes import on_device
-        from codec.ops import WIDE, round_to, store
-
         if dtype not in WIDE and on_device(out):  # rounded to the 16-bit codes on the device, then stored or added from them
-            from codec.device import empty, to_device
-            from codec.kernels import backend
 
             kern = backend("convert", out)
             y = y if on_device(y) else to_device(np.ascontiguousarray(y))

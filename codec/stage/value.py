@@ -9,6 +9,11 @@ import numpy as np
 
 from codec.context import Context
 from codec.stage.base import Bound, Stage
+from codec.device import Memory
+from codec.frame import raw_length
+from codec.manyframe import Entry
+from codec.modes import SET
+from codec.ops import offsets, wide_dtype
 
 class Value(Stage, kind_base=True):
     """Base of the value stages: how the kept values are coded.  Required hooks:
@@ -66,10 +71,6 @@ class Value(Stage, kind_base=True):
     def written(self, payload, count: int, ctx) -> np.ndarray:
         """``count`` decoded values of ``payload`` (what :meth:`read` gave) in a new array of
         the accumulator dtype of ``ctx.dtype`` (float32; float64 for float64): exact."""
-        from codec.device import Memory
-        from codec.modes import SET
-        from codec.ops import wide_dtype
-
         out = Memory(ctx.device).empty(count, wide_dtype(ctx.dtype))  # (decoding into a device array: there)
         self.write(payload, out, SET)
         return out
@@ -101,10 +102,6 @@ class Value(Stage, kind_base=True):
         None to code each tensor's on its own.  The default codes an elementwise stage's
         values as one array (the codes of the concatenation are the tensors' codes), and
         another's as a run of them (:meth:`encode_run`, when the stage has one)."""
-        from codec.frame import raw_length
-        from codec.manyframe import Entry
-        from codec.ops import offsets
-
         if not self.elementwise:  # a quantizer's run of the kept values (its tensors' codes end to end)
             got = self.encode_run(values, kstarts, ctxs)
             if got is None:

@@ -6,13 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
-from codec.ops import offsets, readonly
+from codec.ops import add, offsets, readonly, round_to, store, WIDE, widen
 from codec.dtypes import on_device
 from codec.device import Memory
 from codec.stages.select.base import IndexSelect
 from codec.stages.select.magnitude import collect, raise_nonfinite, segment_room
 from codec.params import Param
 from codec.stage import Bound, Value, register
+from codec.kernels import backend
+from codec.layout import bucket_groups
+from codec.manyframe import Entry
+from codec.pack import encode_indices, unpack_bits
 
 #: the paper's bin lengths: convolutions (ndim >= 3) and everything else
 CONV_BIN, FC_BIN = 50, 500
@@ -30,8 +34,6 @@ class SignScale(Value):
     lossless = False
 
     def encode(self, values, ctx, sections):
-        from codec.kernels import backend
-
         sections.append(Section(SectionKind.SCALARS, 64, 1, np.array([ctx.hints["scale"]], "<f8")))
         mem = Memory(on_device(values))  # device values: the sign bits made there, only they come back
         bits = mem.empty((values.size + 7) // 8, np.uint8)
@@ -44,16 +46,12 @@ class SignScale(Value):
         return Bound(2, 8 + raw_length(ctx.n, 1))
 
     def read(self, reader, ctx, count):
-        from codec.pack import unpack_bits
-
         _, raw = reader.take(SectionKind.SCALARS, bits=64, count=1)
         scale = float(raw.view("<f8")[0])
         _, bits = reader.take(SectionKind.VALUES, bits=1, count=count)
         return scale, unpack_bits(bits, 1, count)
 
     def write(self, payload, out, mode):
-        from codec.ops import store
-
         scale, negative = payload
         if np.ndim(scale):  # a sparse run (read_kept): each value's own tensor's scale, exact in float64
             store(np.where(negative.astype(bool), -scale, scale), out, mode)
@@ -71,9 +69,6 @@ class SignScale(Value):
     def encode_kept(self, values, kstarts, ctxs):
         """A sparse run's scales and sign bits, each tensor's as :meth:`encode` writes them, in
         one buffer (one ``put_items``, one ``pack_segments``)."""
-        from codec.kernels import backend
-        from codec.manyframe import Entry
-
         mem = Memory(on_device(values))  # device values: the bytes made there, only they come back
         ks = np.diff(kstarts)
         starts = offsets(8 + (ks + 7) // 8)
@@ -124,11 +119,6 @@ class AdaComp(IndexSelect):
         return 0, n
 
     def select(self, values, ctx, sections, residual=None, out=None):
-        from codec.kernels import backend
-        from codec.layout import bucket_groups
-        from codec.ops import WIDE, add, round_to, widen
-        from codec.pack import encode_indices
-
         n = values.size
         L = self.length(ctx.shape)
         nbins, per_chunk, nchunk = bucket_groups(n, L)  # kernel chunks of whole bins, about CHUNK values
@@ -172,9 +162,6 @@ class AdaComp(IndexSelect):
         bins' maxima as :meth:`select` takes it (set in each context's hints), the kept
         values as the kernel found them.  ``gradient``: under error feedback, the run's gradients (``flat`` is ``acc =
         gradient + residual``), which the test ``|G + dW| >= max |G|`` reads."""
-        from codec.kernels import backend
-        from codec.ops import round_to
-
         sizes = np.diff(starts)
         lengths = np.array([self.length(c.shape) for c in ctxs], np.int64)
         bstarts = offsets(-(-sizes // lengths))

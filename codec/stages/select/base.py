@@ -9,7 +9,11 @@ import abc
 import numpy as np
 
 from codec.stage import Bound, Select
-from codec.stages.select.magnitude import Magnitudes
+from codec.stages.select.magnitude import Magnitudes, segments_picked
+from codec.frame import SectionKind
+from codec.kernels import backend
+from codec.ops import addresses, readonly
+from codec.pack import decode_index_run, decode_indices, encode_indices, index_bound, INDEX_KINDS, section_table
 
 __all__ = ["IndexSelect", "MagnitudeSelect"]
 
@@ -36,8 +40,6 @@ class IndexSelect(Select):
         positions (the last ones) make the stages keep them, so the bound is reached where the
         count is fixed (topk, randomk aside).  The value stage then codes at most ``most``
         values of the array's dtype (``acc``'s values, in its dtype)."""
-        from codec.pack import index_bound
-
         least, most = self.kept_range(ctx.n, ctx.step)
         return Bound(1, index_bound(most, ctx.n, least), ctx.domain(most, ctx.dtype))
 
@@ -56,16 +58,12 @@ class IndexSelect(Select):
         """:meth:`codec.stage.Select.select_segments` from :meth:`find_segments`: the finds
         packed, every tensor's index section made at once and the kept values gathered
         (:func:`codec.stages.select.magnitude.segments_picked`)."""
-        from codec.stages.select.magnitude import segments_picked
-
         finds = self.find_segments(flat, starts, ctxs, gradient)
         return None if finds is None else segments_picked(flat, starts, *finds)
 
     def positions_run(self, data, sections, sizes, value=None):
         """Every tensor's index section read at once (:func:`codec.pack.decode_index_run`;
         the positions are in the frame, so ``value`` bounds nothing here)."""
-        from codec.pack import INDEX_KINDS, decode_index_run
-
         firsts = [secs[0] if secs else None for secs in sections]
         if any(f is None or f.kind not in INDEX_KINDS for f in firsts):
             return None
@@ -75,10 +73,6 @@ class IndexSelect(Select):
         """Every tensor's index section read, checked and its pairs written in one kernel call
         (``scatter.index_scatter_segments``: what :meth:`positions_run` reads and
         ``scatter_segments`` writes, without the positions and values gathered in between)."""
-        from codec.kernels import backend
-        from codec.ops import addresses, readonly
-        from codec.pack import INDEX_KINDS, section_table
-
         if any(secs[0].kind not in INDEX_KINDS for secs in sections):  # (two sections each: the caller checked)
             return None
         table = section_table([secs[0] for secs in sections])
@@ -87,9 +81,6 @@ class IndexSelect(Select):
         return backend("scatter", arrays[0]).index_scatter_segments(readonly(data), table, values_at, counts, readonly(addresses(arrays)), starts, arrays[0]) < 0
 
     def positions(self, reader, ctx, known=None):
-        from codec.frame import SectionKind
-        from codec.pack import decode_indices
-
         info, raw = reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP), device=ctx.device and known is None)
         return known if known is not None else decode_indices(info, raw, ctx.n, device=ctx.device)
 
@@ -105,8 +96,6 @@ class MagnitudeSelect(IndexSelect):
     devices = frozenset({"cpu", "cuda"})
 
     def select(self, values, ctx, sections, residual=None, out=None):
-        from codec.pack import encode_indices
-
         mags = Magnitudes(values, ctx, self.name, residual, out, sums=self.needs_sums)
         idx = self.choose(mags, ctx)
         if mags.cut is None:  # a rule that never looked (threshold 0 keeps all) still forms and checks acc

@@ -11,6 +11,9 @@ from codec.stages.select.base import MagnitudeSelect
 from codec.stages.select.magnitude import k_of, segment_room
 from codec.params import Param, ratio
 from codec.stage import register
+from codec.device import Memory
+from codec.dtypes import on_device
+from codec.kernels import backend
 
 MIN_SAMPLE = 4096
 RETRIES = 10
@@ -60,10 +63,6 @@ class DGC(MagnitudeSelect):
     def find_segments(self, flat, starts, ctxs, gradient=None):
         """Every tensor's selection in one kernel call (``dgc_segments``: the sample, the
         adaptation loop and the exact top-k fallback per tensor, as :meth:`choose`)."""
-        from codec.device import Memory
-        from codec.dtypes import on_device
-        from codec.kernels import backend
-
         sizes = np.diff(starts)
         ratios = np.array([self.at("ratio", c.step) for c in ctxs], np.float64)
         ks = np.where(sizes > 0, np.minimum(sizes, np.maximum(1, np.floor(ratios * sizes))), 0).astype(np.int64)  # k_of

@@ -9,6 +9,10 @@ from codec.stages.select.base import MagnitudeSelect
 from codec.stages.select.magnitude import k_of, segment_room
 from codec.params import Param, ratio
 from codec.stage import register
+from codec.device import Memory
+from codec.dtypes import on_device
+from codec.kernels import backend
+from codec.layout import CHUNK, LANES
 
 
 def bounds(k: int) -> tuple[int, int]:
@@ -68,10 +72,6 @@ class GaussianK(MagnitudeSelect):
         (``select.lane_means``, where the run lives: one number per tensor crosses)."""
         import numpy as np
 
-        from codec.device import Memory
-        from codec.dtypes import on_device
-        from codec.kernels import backend
-        from codec.layout import CHUNK, LANES
 
         sizes = np.diff(starts)
         if sizes.size and sizes.max() > CHUNK:  # one chunk of sums per tensor

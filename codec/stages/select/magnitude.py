@@ -15,10 +15,13 @@ import math
 
 import numpy as np
 
-from codec.device import Memory
+from codec.device import host_copy, Memory
 from codec.dtypes import on_device
 from codec.errors import NonFiniteError
-from codec.ops import offsets, readonly
+from codec.ops import add, first_nonfinite, offsets, readonly, WIDE, widen
+from codec.kernels import backend
+from codec.layout import CHUNK, chunks, LANES, sample_rank
+from codec.pack import index_segments
 
 #: elements sampled to choose a cut (all of them below this size)
 SAMPLE = 1 << 16
@@ -54,8 +57,6 @@ def collect(run, nchunk: int, cap: int, vdtype=None, device: bool = False):
     gathered there and stay there: only the counts (8 bytes per chunk of ``CHUNK`` values)
     come to the host.
     """
-    from codec.kernels import backend
-
     mem = Memory(device)
     want = vdtype is not None
     vdt = np.dtype(vdtype or np.float32)
@@ -106,8 +107,6 @@ def segments_picked(flat, starts, room, pos, counts, values=None):
     ``flat``) and every tensor's index section at once; None when the index coder cannot
     take them at once (each tensor then selects alone).  Device finds stay on the device:
     the positions and values there, the index sections' bytes come back."""
-    from codec.pack import index_segments
-
     mem = Memory(on_device(pos))
     at, picked, kstarts = _packed(room, pos, counts, mem)
     total = int(kstarts[-1])
@@ -142,17 +141,12 @@ def _packed(room, pos, counts, mem):
 def _in_run(picked, kstarts, starts, mem):
     """Packed per-tensor positions (``picked``, tensor t's from ``kstarts[t]``) as positions in
     the run of tensors starting at ``starts``, where they lie (one ``absolute_positions`` call)."""
-    from codec.kernels import backend
-
     where = mem.empty(picked.size, np.int64)
     backend("index", picked).absolute_positions(picked, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
     return where
 
 
 def raise_nonfinite(acc: np.ndarray, ctx, name: str) -> None:
-    from codec.device import host_copy
-    from codec.ops import first_nonfinite
-
     raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(host_copy(acc) if on_device(acc) else acc)), name)
 
 
@@ -165,8 +159,6 @@ class Magnitudes:
     """
 
     def __init__(self, values, ctx, name, residual=None, out=None, sums=False):
-        from codec.ops import WIDE, widen
-
         self.ctx, self.name, self.n = ctx, name, values.size
         self._mem = Memory(on_device(values))  # a device array: the passes run its CUDA twins
         wide = values.dtype in WIDE
@@ -177,7 +169,6 @@ class Magnitudes:
         elif wide:
             self.acc, self._r = out, readonly(residual)
         else:  # 16-bit: form acc in its own dtype, select from the exact float32 widening
-            from codec.ops import add
 
             self.acc = out
             add(values, residual, out)
@@ -195,8 +186,6 @@ class Magnitudes:
         """``acc[::stride]`` in float64 (formed from ``x`` and the residual before the pass),
         where ``acc`` lives: a device array's sample stays on the device, and cuts are taken
         from it there (:meth:`kth`, :meth:`count_in_sample`), 8 bytes crossing each."""
-        from codec.kernels import backend
-
         if self._r is not None and self.cut is None:
             x, r = self._x, self._r
         else:
@@ -207,14 +196,10 @@ class Magnitudes:
 
     def kth(self, sample, k: int) -> float:
         """The ``k``-th largest of ``|sample|`` (a sample of this array: host or device)."""
-        from codec.kernels import backend
-
         return backend("select", sample).kth_largest(sample, k)
 
     def count_in_sample(self, sample, cut: float) -> int:
         """How many of ``|sample|`` are at least ``cut``."""
-        from codec.kernels import backend
-
         return backend("select", sample).count_at_least(sample, cut)
 
     def sample(self):
@@ -240,8 +225,6 @@ class Magnitudes:
         float32), the runs spread evenly over the array: the same sample size as the strided
         sample's, from a ``LINE``-th of the cache lines it reads.  The cut it gives changes how
         many candidates the pass collects, never the selection (a short cut is retried)."""
-        from codec.kernels import backend
-
         runs = max(1, self.n // (stride * LINE))
         out = self._mem.empty((runs, LINE), np.float64)
         if self._r is not None and self.cut is None:
@@ -251,9 +234,6 @@ class Magnitudes:
         return out.reshape(out.size)
 
     def _scan(self, cut: float) -> None:
-        from codec.kernels import backend
-        from codec.layout import CHUNK, LANES, chunks
-
         n = self.n
         src, dt = self._src, self._src.dtype
         kern = backend("select", src)
@@ -301,8 +281,6 @@ class Magnitudes:
     def _sample_cut(self, need: int) -> float:
         """A cut with, by the sample, ``need`` elements above it plus a margin of 20% and
         four binomial standard deviations (exact when the sample is the whole array)."""
-        from codec.layout import sample_rank
-
         sample = self.sample()
         cut = self.kth(sample, sample_rank(need, sample.size, self.n))
         return self._tiny if cut == 0 else cut
@@ -332,8 +310,6 @@ class Magnitudes:
     def count_candidates(self, t: float, strict: bool = False) -> int:
         """How many candidates have ``|acc_i| >= t`` (``> t`` when ``strict``): every element
         that does when ``t`` is at least :attr:`cut`."""
-        from codec.kernels import backend
-
         if not self.idx.size:
             return 0
         if strict:
@@ -377,8 +353,6 @@ class Magnitudes:
     def _top_of(self, values, k: int):
         """Sorted positions in ``values`` of its ``k`` largest magnitudes (``topk_segments`` of
         one segment: a radix select and an ordered compaction on a device)."""
-        from codec.kernels import backend
-
         mem = self._mem
         out, bad = mem.empty(k, np.int64), mem.zeros(1, np.int64)  # (finite: the pass checked)
         spans = mem.put(np.array([0, values.size], np.int64))
@@ -400,9 +374,6 @@ class Magnitudes:
 
 def _mean(sample) -> float:
     """The mean of ``sample`` (host or device) in the kernels' lanes (``select.lane_means``)."""
-    from codec.kernels import backend
-    from codec.layout import LANES
-
     out = np.zeros(1)
     backend("select", sample).lane_means(sample, np.array([0, sample.size], np.int64), LANES, out)
     return float(out[0])

@@ -6,12 +6,16 @@ from __future__ import annotations
 import numpy as np
 
 from codec.errors import CorruptFrameError, NonFiniteError
-from codec.frame import SectionKind, Section
+from codec.frame import Section, SectionKind, SectionRun
 from codec.stages.select.magnitude import k_of, ks_of
 from codec.params import SEED, Param, ratio
 from codec.stage import Bound, Select, register
 from codec.streams import key_hash
-from codec.ops import offsets
+from codec.ops import add, first_nonfinite, HALF, offsets, round_to, WIDE, widen
+from codec.device import Memory
+from codec.dtypes import on_device
+from codec.kernels import backend
+from codec.layout import feistel_half
 
 __all__ = ["RandomK", "key_hash", "positions"]
 
@@ -23,16 +27,12 @@ def positions(n: int, k: int, seed: int, khash: int, step: int, device: bool = F
     """The sorted kept positions: images of 0..k-1 under a permutation of [0, n) keyed by
     (seed, khash, step) (docs/codecs.md, randomk); ``device``: drawn on the device, a device
     array (the ``randomk`` twin: the same positions)."""
-    from codec.device import Memory
-
     mem = Memory(device)
     if k == 0:
         return mem.empty(0, np.int64)
     if n == 1:
         return mem.zeros(1, np.int64)
-    from codec.kernels import backend
 
-    from codec.layout import feistel_half
 
     out = mem.empty(k, np.int64)
     u64 = np.uint64
@@ -44,9 +44,6 @@ def _scaled(kept, starts, factors, dtype, mem):
     """``kept`` times its tensor's ``n/k`` (``factors``, per segment of ``starts``), the float64
     product rounded once to ``dtype`` (``convert.scale``; 16-bit through float64 and the
     ``convert`` family's rounding), where ``kept`` lives."""
-    from codec.kernels import backend
-    from codec.ops import HALF, WIDE, round_to, widen
-
     kern = backend("convert", kept)
     args = (mem.put(np.ascontiguousarray(starts, np.int64)), mem.put(np.asarray(factors, np.float64)))
     if np.dtype(dtype) in WIDE:
@@ -66,9 +63,6 @@ def _finite(kept) -> bool:
     """Whether ``kept`` (host or device) holds no NaN or inf: one pass on the host; on a
     device, every magnitude is at least 0 (a NaN's is not) and none reaches inf, two counts
     where the values live (8 bytes each come back)."""
-    from codec.dtypes import on_device
-    from codec.kernels import backend
-
     if not on_device(kept):
         return bool(np.isfinite(kept).all())
     count = backend("select", kept).count_at_least
@@ -105,10 +99,6 @@ class RandomK(Select):
         data: on the device by the ``randomk`` twin), and the values gathered there; they stay
         there for the value stage (scaled there too), so a device array sends back only what
         the value stage codes."""
-        from codec.device import Memory
-        from codec.dtypes import on_device
-        from codec.ops import add, first_nonfinite
-
         acc = values if residual is None else add(values, residual, out)
         n = acc.size
         khash = key_hash(ctx.key)
@@ -130,11 +120,6 @@ class RandomK(Select):
     def select_segments(self, flat, starts, ctxs):
         """Every tensor's positions drawn in one kernel call (``random_positions_segments``),
         its key section written into one buffer, the kept values gathered at once."""
-        from codec.device import Memory
-        from codec.dtypes import on_device
-        from codec.frame import SectionRun
-        from codec.kernels import backend
-
         sizes = np.diff(starts)
         steps = [c.step for c in ctxs]
         ks = np.array([k_of(self.at("ratio", st), int(n)) for n, st in zip(sizes.tolist(), steps)], np.int64)
@@ -177,8 +162,6 @@ class RandomK(Select):
         int64 arrays), checked (:meth:`keys_at`) and drawn with one kernel call:
         ``(positions, kstarts)``, tensor ``t``'s sorted positions (from its own start) being
         ``positions[kstarts[t]:kstarts[t+1]]``.  What :meth:`positions_run` reads."""
-        from codec.kernels import backend
-
         kstarts, keys = self.keys_at(data, at, sizes, room)
         pos = np.empty(int(kstarts[-1]), np.int64)
         if pos.size:
@@ -202,8 +185,6 @@ class RandomK(Select):
         ``like``'s dtype at ``addrs[t]`` (its elements ``starts[t]:starts[t+1]`` of the run),
         the rest zeroed with SET: one kernel call that draws while it zeroes
         (``random_scatter_segments``).  How :mod:`codec.replay` decodes a keyed frame."""
-        from codec.kernels import backend
-
         backend("randomk", like).random_scatter_segments(values, kstarts, sizes, *keys, addrs, starts, like, mode)
 
     def _checked_ks(self, seeds, steps, sizes, room) -> np.ndarray:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from codec.errors import CodecValueError
 from codec.stages.select.base import MagnitudeSelect
-from codec.stages.select.magnitude import k_of, segment_room
+from codec.stages.select.magnitude import k_of, ks_of, segment_room
 from codec.frame import MAX_ELEMENTS
 from codec.params import Param, ratio
 from codec.stage import register
+from codec.device import Memory
+from codec.dtypes import on_device
+from codec.kernels import backend
 
 RATIO = 0.01
 
@@ -41,7 +44,6 @@ class TopK(MagnitudeSelect):
         :meth:`kept`, at once."""
         import numpy as np
 
-        from codec.stages.select.magnitude import ks_of
 
         if self.k is not None:
             return np.minimum(sizes, self.k).astype(np.int64)
@@ -54,10 +56,7 @@ class TopK(MagnitudeSelect):
         """Every tensor's top-k in one kernel call (``topk_segments``)."""
         import numpy as np
 
-        from codec.kernels import backend
 
-        from codec.device import Memory
-        from codec.dtypes import on_device
 
         sizes = starts[1:] - starts[:-1]
         step = ctxs[0].step if ctxs else 0

@@ -20,9 +20,15 @@ import math
 import numpy as np
 
 from codec.errors import CodecValueError
-from codec.frame import MAX_ELEMENTS
+from codec.frame import MAX_ELEMENTS, raw_length, SectionKind
 from codec.params import Param
 from codec.stage import Bound, Transform, register
+from codec.device import concat, host_copy, Memory
+from codec.dtypes import on_device
+from codec.kernels import backend
+from codec.ops import first_nonfinite, offsets, readonly, widen
+from codec.pack import decode_indices, encode_indices, index_bound, index_segments
+from codec.stages.select.magnitude import Magnitudes, raise_nonfinite
 
 #: output elements (and spectrum floats) the inverse transform handles at a time: a chunk of
 #: whole blocks, one block when a block is longer.  Decoding's working memory beside the
@@ -105,8 +111,6 @@ class FFT(Transform):
         (``global``).  Only the index section's width depends on the data: its largest gap is
         at most ``total - K`` (global: all of the dropped ones between two kept), and per block
         the free coefficients of two neighbouring blocks (:func:`_largest_gap`)."""
-        from codec.pack import index_bound
-
         lay = Layout(ctx.n, self.block)
         theta = self.at("theta", ctx.step)
         total = lay.coefficients
@@ -120,10 +124,6 @@ class FFT(Transform):
         return Bound(1, nbytes, ctx.domain(2 * k, self.domain_dtype(ctx.dtype)))
 
     def forward(self, flat, ctx, sections):
-        from codec.kernels import backend
-        from codec.ops import readonly, widen
-        from codec.pack import encode_indices
-
         x = widen(flat)
         dt = np.dtype(x.dtype)
         lay = Layout(x.size, self.block)
@@ -147,12 +147,6 @@ class FFT(Transform):
         exact top-k as ``block_top`` and :class:`Magnitudes`: ties to the lower index), one
         gather of their ``re, im`` and the run's index sections (``index_segments``).  None
         (each tensor alone, which raises its error) when a block holds a NaN or inf."""
-        from codec.device import Memory
-        from codec.dtypes import on_device
-        from codec.kernels import backend
-        from codec.ops import offsets, readonly, widen
-        from codec.pack import index_segments
-
         x = widen(flat)
         dt = np.dtype(x.dtype)
         mem = Memory(on_device(flat))
@@ -204,9 +198,6 @@ class FFT(Transform):
         """Every block's kept coefficients (``block_top``), where the spectrum lives: a
         device's positions and values stay there for the index and value stages, only the
         blocks' non-finite flags (a byte per block) come back."""
-        from codec.device import Memory, concat
-        from codec.dtypes import on_device
-
         mem = Memory(on_device(flat))
         pos, vals = [], []
         for base, spec in parts:
@@ -230,10 +221,6 @@ class FFT(Transform):
         """The top of the whole spectrum's magnitudes (:class:`Magnitudes`), where it lives:
         the kept coefficients are gathered as complex pairs from the spectrum in coefficient
         order (its parts end to end), so on a device the positions and values stay there."""
-        from codec.device import Memory, concat
-        from codec.dtypes import on_device
-        from codec.stages.select.magnitude import Magnitudes
-
         total = lay.coefficients
         mem = Memory(on_device(flat))
         mag = mem.empty(total, np.float64)  # (where the spectrum lives)
@@ -256,11 +243,6 @@ class FFT(Transform):
         return pos, mem.gather(whole.view(pairs), pos).view(dt)
 
     def _raise_nonfinite(self, flat, ctx):
-        from codec.device import host_copy
-        from codec.dtypes import on_device
-        from codec.ops import first_nonfinite
-        from codec.stages.select.magnitude import raise_nonfinite
-
         flat = host_copy(flat) if on_device(flat) else flat
         if first_nonfinite(flat) >= 0:
             raise_nonfinite(flat, ctx, self.name)
@@ -268,8 +250,6 @@ class FFT(Transform):
 
     # ------------------------------------------------------------------ decode
     def read(self, reader, ctx):
-        from codec.frame import SectionKind
-
         lay = Layout(ctx.n, self.block)
         pos = _kept_positions(*reader.take((SectionKind.INDEX_DELTA, SectionKind.INDEX_BITMAP)), lay.coefficients)
         k = lay.coefficients if pos is None else pos.size
@@ -299,11 +279,6 @@ class FFT(Transform):
         transform of its whole length, so the result is the unchunked one, bit for bit.  When
         every coefficient is kept (``pos`` None), ``values`` is the spectrum itself and is
         transformed in place of a copy (on the host)."""
-        from codec.device import Memory
-        from codec.dtypes import on_device
-        from codec.kernels import backend
-        from codec.ops import readonly
-
         if isinstance(payload, RunSpectrum):
             payload.inverse(self, values, out, mode)
             return
@@ -337,8 +312,6 @@ class RunLayout:
     in the run's spectrum (``cbase``; the last entry: the run's coefficients)."""
 
     def __init__(self, sizes, block: int):
-        from codec.ops import offsets
-
         self.lays = [Layout(int(n), block) for n in sizes]
         self.starts = offsets([int(n) for n in sizes]).tolist()
         self.cbase = offsets([lay.coefficients for lay in self.lays]).tolist()
@@ -366,11 +339,6 @@ class RunSpectrum:
         coefficients placed in the run's zero spectrum (``place`` over it as one row), every
         block of every tensor inverted together (``irfft_rows``: on a device one launch for
         rows of up to ``ROW_M``).  A block's inverse is that of its tensor alone, bit for bit."""
-        from codec.device import Memory
-        from codec.dtypes import on_device
-        from codec.kernels import backend
-        from codec.ops import readonly
-
         mem = Memory(on_device(out))
         kern = backend("spectral", out)
         total = self.run.cbase[-1]
@@ -421,8 +389,6 @@ def _largest_gap(kept) -> int:
 def _kept_positions(info, raw, total: int):
     """The kept positions an index section holds (sorted, unique, in ``range(total)``:
     ``decode_indices`` checks them, CorruptFrameError), or None when it keeps all ``total``."""
-    from codec.pack import decode_indices
-
     if _keeps_all(info, raw, total):
         return None
     pos = decode_indices(info, raw, total)
@@ -433,8 +399,6 @@ def _keeps_all(info, raw, total: int) -> bool:
     """True when the index section is the one an encoder writes for every one of ``total``
     positions kept: ``total`` gaps-minus-one of 1 bit, all zero (a bitmap is never chosen
     then: ties go to the gaps).  Checked without decoding ``total`` int64 positions."""
-    from codec.frame import SectionKind, raw_length
-
     if int(info.kind) != SectionKind.INDEX_DELTA or int(info.count) != total or int(info.bits) != 1:
         return False
     data = np.asarray(raw).reshape(-1).view(np.uint8)

@@ -26,6 +26,12 @@ from codec.modes import SET
 from codec.params import Param, SEED
 from codec.stage import Bound, Transform, register
 from codec.streams import key_hash
+from codec.device import host_copy, Memory
+from codec.dtypes import on_device
+from codec.kernels import backend, module
+from codec.layout import LANES
+from codec.ops import addresses, offsets, readonly, remember, WIDE, widen
+from codec.stages.select.magnitude import raise_nonfinite
 
 #: ``Q`` of the last step, per key, in ``ctx.state`` (ErrorFeedback's per-key state)
 STATE_Q = "powersgd.q"
@@ -92,8 +98,6 @@ def _first_q(m: int, r: int, dtype: np.dtype, seed: int, key) -> np.ndarray:
         got = orthogonalize(initial_q(m, r, dtype, seed, key, 0))
         got.flags.writeable = False
         if m * r <= FIRST_ITEMS:
-            from codec.ops import remember
-
             remember(_FIRST, at, got, FIRST_KEEP)
     return got
 
@@ -108,8 +112,6 @@ def orthogonalize(p: np.ndarray) -> np.ndarray:
     column whose norm after that is 0 or at most 16 machine epsilons (of ``p``'s dtype) of
     its norm before becomes zero instead of amplified rounding noise, so ``P P^T`` stays a
     projection."""
-    from codec.kernels import module
-
     wide = np.array(p, np.float64, order="C")
     module("lowrank").orthogonalize(wide, float(16 * np.finfo(p.dtype).eps))
     p[...] = wide
@@ -118,9 +120,6 @@ def orthogonalize(p: np.ndarray) -> np.ndarray:
 
 def _where(mat):
     """Where ``mat`` lives (:class:`codec.device.Memory`): ``Q`` or ``P`` is put there."""
-    from codec.device import Memory
-    from codec.dtypes import on_device
-
     return Memory(on_device(mat))
 
 
@@ -129,9 +128,6 @@ def project(mat, q) -> tuple[np.ndarray, int]:
     host or the device), ``Q`` (m x r, host); the product on ``M``'s device in the fixed order
     of ``lowrank.project`` (lanes of ``codec.layout.LANES``), returned on the host in ``M``'s
     dtype (it is frame content)."""
-    from codec.kernels import backend
-    from codec.layout import LANES
-
     n = mat.shape[0]
     p = np.empty((n, q.shape[1]), mat.dtype)
     bad = backend("lowrank", mat).project(mat, _where(mat).put(np.ascontiguousarray(q.T, mat.dtype)), p, LANES)
@@ -141,8 +137,6 @@ def project(mat, q) -> tuple[np.ndarray, int]:
 def back_project(mat, p) -> np.ndarray:
     """``M^T P`` (m x r, host, ``M``'s dtype) in the fixed order of ``lowrank.back_project``,
     on ``M``'s device (``P``: a host array, put there, or already there)."""
-    from codec.kernels import backend
-
     q = np.empty((mat.shape[1], p.shape[1]), mat.dtype)
     backend("lowrank", mat).back_project(mat, _there(mat, p), q)
     return q
@@ -151,8 +145,6 @@ def back_project(mat, p) -> np.ndarray:
 def _there(where, a):
     """``a`` (a host array, or a device array already in place) where ``where`` lives, in
     ``where``'s dtype and C order."""
-    from codec.dtypes import on_device
-
     return a if on_device(a) else _where(where).put(np.ascontiguousarray(a, where.dtype))
 
 
@@ -162,8 +154,6 @@ def expand(p, q, out) -> None:
     ``P`` (n x r; a host array, put there, or already there) and ``Q`` (m x r, a host array,
     put there transposed).  The decode of a frame's P and Q, and the two-round transport's
     ``P Q^T`` (its residual and its result): the same bits on the host and the device."""
-    from codec.kernels import backend
-
     if out.size:
         backend("lowrank", out).expand(_there(out, p), _there(out, q.T), out)
 
@@ -244,8 +234,6 @@ class PowerSGD(Transform):
         return Bound(0, 0, ctx.domain(r * (n + m), self.domain_dtype(ctx.dtype)))
 
     def forward(self, flat, ctx, sections):
-        from codec.ops import widen
-
         plan = self.matrix(ctx.shape)
         if plan is None:
             return flat
@@ -255,9 +243,6 @@ class PowerSGD(Transform):
         q = start_q(ctx.state.get(STATE_Q), m, r, dt, self.seed, ctx.key, ctx.step, self.warm_start)
         p, bad = project(mat, q)
         if bad:  # counted in the product's pass: NaN would spread through every value
-            from codec.device import host_copy
-            from codec.dtypes import on_device
-            from codec.stages.select.magnitude import raise_nonfinite
 
             raise_nonfinite(host_copy(flat) if on_device(flat) else flat, ctx, self.name)
         p = orthogonalize(p)
@@ -300,10 +285,6 @@ class PowerSGD(Transform):
         """Every matrix's ``P Q^T`` in one ``lowrank.expand_segments`` call, each into its own
         array (by address), bit for bit what :meth:`inverse` writes: with SET into host
         arrays of the coefficients' dtype, every tensor a compressed matrix; else False."""
-        from codec.dtypes import on_device
-        from codec.kernels import backend
-        from codec.ops import addresses, offsets, readonly
-
         if mode != SET or not outs or on_device(*outs) or any(plan is None for (plan, _), _, _ in payloads):
             return False
         dt = self.domain_dtype(payloads[0][1].dtype)
@@ -327,8 +308,6 @@ def _emit_chunked(stage, y, out, mode, dtype) -> None:
     16-bit frame or output makes it allocate (the rounded codes, the widened source); in one
     call, parallel and allocating nothing, when both are float32/float64.  Rounding and
     adding are elementwise: the result is the unchunked one."""
-    from codec.ops import WIDE
-
     if np.dtype(dtype) in WIDE and out.dtype in WIDE:
         stage.emit(y, out, mode, dtype)
         return

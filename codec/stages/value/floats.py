@@ -10,6 +10,9 @@ from codec.frame import SectionKind, Section, raw_length
 from codec.kernels import backend  # (imports no kernel module: each is imported on its first call)
 from codec.params import NONFINITE
 from codec.stage import Bound, Value, register
+from codec import device as dev
+from codec.device import host_copy, to_device
+from codec.ops import addresses, continued, first_nonfinite, narrow, offsets, store
 
 @register
 class Exact(Value):
@@ -32,8 +35,6 @@ class Exact(Value):
         return raw.view(ctx.dtype)
 
     def write(self, values, out, mode):
-        from codec.ops import store
-
         store(values, out, mode)
 
     def write_segments(self, values, outs, mode, check=None):
@@ -61,8 +62,6 @@ class _Half(Value):
     bf16: bool
 
     def encode(self, values, ctx, sections):
-        from codec.ops import narrow
-
         if on_device(values):  # codes and CRC made on the device, copied once into the frame
             def code(codes, crc):
                 return backend("convert", values).narrow_codes(values, codes, self.bf16, crc)
@@ -85,7 +84,6 @@ class _Half(Value):
         is built."""
         if x.dtype != np.float32:
             return None
-        from codec.device import host_copy
 
         acc = slot.take_spare()
         r, a = slot.residual.reshape(x.size), acc.reshape(x.size)
@@ -109,9 +107,6 @@ class _Half(Value):
         ``named()`` (host values)."""
 
         def fill(out, crc=None):
-            from codec import device as dev
-            from codec.ops import continued
-
             codes = dev.empty(n, np.uint16) if device and not on_device(out) else out.view(np.uint16)
             bad, got = code(codes, -1 if crc is None else crc)
             if bad and self.nonfinite == "raise":
@@ -123,8 +118,6 @@ class _Half(Value):
         return Section(SectionKind.VALUES, 16, n, fill=fill, fill_crc=True, device=device)
 
     def _raise_nonfinite(self, values, ctx):
-        from codec.ops import first_nonfinite
-
         raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(values)), self.name, f"is lossy, pass {self.name}(nonfinite=keep) to send NaN/inf anyway")
 
     def bound(self, ctx):
@@ -136,8 +129,6 @@ class _Half(Value):
         return raw.view(np.uint16)
 
     def decoded(self, values, ctx):
-        from codec.ops import narrow
-
         codes = np.empty(values.size, np.uint16)
         narrow(values, self.dtype, codes)
         return self.written(codes, values.size, ctx)
@@ -148,8 +139,6 @@ class _Half(Value):
     def encode_segments(self, arrays, ctx, sections):
         """One section of the run's codes, written straight into the frame from every tensor
         where it lies (:meth:`encode_at`), checksummed as they are written."""
-        from codec.ops import addresses, offsets
-
         addrs = addresses(arrays)
         starts = offsets([a.size for a in arrays])
 
@@ -170,8 +159,6 @@ class _Half(Value):
         crc)``, ``ok`` False when a value is NaN/inf under ``nonfinite=raise`` (the caller
         names it), ``crc`` the CRC-32C of ``out`` continued from ``crc`` (None: none).  What
         :meth:`encode_segments` and a replayed step (:mod:`codec.replay`) write."""
-        from codec.ops import continued
-
         bad, got = backend("convert", like).narrow_codes_segments(out.view(np.uint16), addrs, starts, like, self.bf16, -1 if crc is None else crc)
         return not (bad and self.nonfinite == "raise"), continued(out, crc, got)
 
@@ -183,8 +170,6 @@ class _Half(Value):
         return backend("convert", like).half_decode_segments(codes, addrs, starts, like, mode, self.bf16, 0 if crc else -1)
 
     def write(self, codes, out, mode, check=None):
-        from codec.device import to_device
-
         if on_device(out):  # the codes' one copy to the device
             codes = to_device(codes)
         crc = backend("convert", out).half_decode(codes, out, mode, self.bf16, -1 if check is None else 0)
@@ -194,8 +179,6 @@ class _Half(Value):
     def write_segments(self, codes, outs, mode, check=None):
         """The run's codes decoded into every tensor's array in one parallel pass
         (:meth:`write_at`), checksummed as they are read when ``check`` is given."""
-        from codec.ops import addresses, offsets
-
         if outs:
             crc = self.write_at(codes, addresses(outs), offsets([o.size for o in outs]), outs[0], mode, check is not None)
             if check is not None:

@@ -18,7 +18,9 @@ from codec.stages.value.quantizer import Dequant, Quantizer, code_dtype, exponen
 from codec.stages.value.sections import codes_section, magnitude_bits, magnitude_values, ints_section, read_codes, read_ints
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
-from codec.ops import offsets
+from codec.ops import continued, offsets
+from codec.kernels import backend
+from codec.layout import CHUNK
 
 
 @functools.lru_cache(maxsize=64)
@@ -59,8 +61,6 @@ class _MiniFloat(Quantizer):
     def _units(self, n: int):
         """``(block, nblocks, upb, units)``: the window length, the windows, and the kernels'
         work units (``upb`` pieces of at most CHUNK values per window)."""
-        from codec.layout import CHUNK
-
         block = max(1, self.block_len(n))
         nblocks = -(-n // block)
         upb = -(-block // CHUNK)
@@ -87,8 +87,6 @@ class _MiniFloat(Quantizer):
         args = (self.mant, self.maxmag, w - 1, self.stochastic, strm)
 
         def code_into(codes, crc=None):
-            from codec.ops import continued
-
             bad = np.zeros(units, np.int64)
             start = -1 if crc is None else crc
             got = -1
@@ -107,8 +105,6 @@ class _MiniFloat(Quantizer):
         return codes_section(codes, w)
 
     def quantize(self, x, ctx, sections):
-        from codec.kernels import backend
-
         kern = backend("quantize", x)
         n = x.size
         block, nblocks, upb, units = self._units(n)
@@ -136,8 +132,6 @@ class _MiniFloat(Quantizer):
         (``minifloat_encode`` with ``sub``).  Where they are fixed (fp8), one pass does all
         (``feedback_minifloat_encode``).  (Guessing a data window from the last step to make
         it one pass was measured and dropped: docs/benchmarks.md, 2026-11-28.)"""
-        from codec.kernels import backend
-
         if x.dtype not in (np.float32, np.float64):
             return None
         kern = backend("quantize", x)
@@ -183,9 +177,6 @@ class _MiniFloat(Quantizer):
         return blocks, -(-sizes // blocks)
 
     def quantize_run(self, x, starts, ctxs):
-        from codec.kernels import backend
-        from codec.layout import CHUNK
-
         kern = backend("quantize", x)
         sizes = np.diff(starts)
         blocks, nblocks = self._run_blocks(sizes)

@@ -9,13 +9,14 @@ import numpy as np
 
 from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
-from codec.ops import offsets, readonly
+from codec.ops import continued, offsets, readonly
 from codec.layout import bucket_groups
 from codec.stages.value.quantizer import Dequant, Quantizer, top_of
 from codec.stages.value.sections import codes_section, read_codes, read_scalars, scalars_bytes, scalars_section
 from codec.frame import MAX_ELEMENTS, Section, SectionKind, raw_length
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
+from codec.kernels import backend
 
 
 @functools.lru_cache(maxsize=16)
@@ -56,8 +57,6 @@ class MinMax(Quantizer):
     )
 
     def quantize(self, x, ctx, sections):
-        from codec.kernels import backend
-
         n = x.size
         nb, _, ngroups = bucket_groups(n, self.bucket)
         lows, highs = np.empty(nb), np.empty(nb)
@@ -88,8 +87,6 @@ class MinMax(Quantizer):
         return self.bits
 
     def quantize_run(self, x, starts, ctxs):
-        from codec.kernels import backend
-
         nb = -(-np.diff(starts) // self.bucket)
         bstarts = offsets(nb)
         lows, highs = np.empty(int(bstarts[-1])), np.empty(int(bstarts[-1]))
@@ -142,9 +139,6 @@ class MinMax(Quantizer):
         written, and the bounds section, whose width (float32) is known before the pass, is
         filled after it (``Section.late``); otherwise the pass runs here and the frame
         copies its codes."""
-        from codec.kernels import backend
-        from codec.ops import continued
-
         if x.dtype not in (np.float32, np.float64):
             return None
         n = x.size

@@ -15,9 +15,10 @@ from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.ops import offsets, readonly
 from codec.stages.value.quantizer import Dequant, Quantizer, code_dtype, top_of
 from codec.stages.value.sections import codes_section, read_codes, read_scalars, scalars_bytes, scalars_section
-from codec.layout import bucket_groups
+from codec.layout import bucket_groups, LANES
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
+from codec.kernels import backend
 
 
 #: no offsets (a QSGD value is its level times its bucket's norm)
@@ -105,9 +106,6 @@ class Qsgd(Quantizer):
         return 1 + int(self.levels).bit_length()
 
     def quantize(self, x, ctx, sections):
-        from codec.kernels import backend
-        from codec.layout import LANES
-
         n = x.size
         nb, _, ngroups = bucket_groups(n, self.bucket)
         norms = np.empty(nb)
@@ -153,9 +151,6 @@ class Qsgd(Quantizer):
         return ((1 << w) - 1, 1, self.levels)  # level = code >> 1 <= s
 
     def quantize_run(self, x, starts, ctxs):
-        from codec.kernels import backend
-        from codec.layout import LANES
-
         if self.coding != "packed":
             return None
         bstarts = offsets(-(-np.diff(starts) // self.bucket))
@@ -188,9 +183,6 @@ class Qsgd(Quantizer):
         decoded`` there (``qsgd_encode`` with ``r``, ``acc``; a value beyond the dtype's range,
         as under a norm beyond it, saturates as its decoder clips it), bit for bit what adding,
         encoding, decoding and subtracting give.  None (the unfused step) for 16-bit input."""
-        from codec.kernels import backend
-        from codec.layout import LANES
-
         if x.dtype not in (np.float32, np.float64):
             return None
         n = x.size
@@ -223,8 +215,6 @@ class Qsgd(Quantizer):
     def _elias(self, codes):
         """Run-length Elias-gamma streams, one per chunk of buckets, each padded to whole
         bytes so chunks code in parallel; an ``ints`` section holds each chunk's byte length."""
-        from codec.kernels import backend
-
         kern = backend("elias", codes)
         per, nchunk = self._chunks(codes.size)
         sizes = np.zeros(nchunk, np.uint64)
@@ -251,8 +241,6 @@ class Qsgd(Quantizer):
 
     def _read_elias(self, reader, count):
         """The codes (little-endian bytes of uint8/uint16 codes) of an Elias-coded frame."""
-        from codec.kernels import backend
-
         per, nchunk = self._chunks(count)
         _, raw = reader.take(SectionKind.INTS, bits=64, count=nchunk)
         sizes = raw.view("<u8")

@@ -19,12 +19,18 @@ import numpy as np
 from codec.dtypes import on_device
 from codec.errors import CorruptFrameError, NonFiniteError
 from codec.frame import SectionKind, Section
-from codec.ops import addresses, offsets, readonly
+from codec.ops import addresses, first_nonfinite, offsets, readonly, round_to, store, widen
 from codec.pack import _code_dtype as code_dtype, padding_bytes  # noqa: F401  (code_dtype: the narrowest unsigned dtype for a code width)
 import abc
 
 from codec.stage import Value
 from codec.stages.value.sections import F32_MAX
+from codec import device
+from codec.device import host_copy, Memory
+from codec.kernels import backend, module
+from codec.manyframe import Entry
+from codec.modes import SET
+from codec.streams import key_text, stream
 
 
 
@@ -145,8 +151,6 @@ class Quantizer(Value):
     devices = frozenset({"cpu", "cuda"})
 
     def encode(self, values, ctx, sections):
-        from codec.ops import widen
-
         if on_device(values):  # (a device array is contiguous: codec.device.as_device_array)
             x = widen(values).reshape(values.size)
         else:
@@ -157,8 +161,6 @@ class Quantizer(Value):
     def codes_buffer(n: int, dtype, like):
         """An array of ``n`` codes of ``dtype`` where ``like`` lives (a device array's codes are
         made, and packed, on the device)."""
-        from codec.device import Memory
-
         return Memory(on_device(like)).empty(n, dtype)
 
     @abc.abstractmethod
@@ -166,9 +168,6 @@ class Quantizer(Value):
         """Append the sections coding ``x`` (float32/float64, 1-D, contiguous, read-only)."""
 
     def write(self, payload: Dequant, out, mode) -> None:
-        from codec.modes import SET
-        from codec.ops import round_to, store
-
         if _direct(payload, out.dtype):
             self._dequantize(payload, out, mode)
             return
@@ -196,11 +195,8 @@ class Quantizer(Value):
         """``out (=|+=|-=)`` the values of ``p`` (``out``'s dtype: :meth:`write` rounds); a
         run's payload into one array, or with ``addrs`` into each tensor's own (``out`` then
         the first of them: :meth:`write_segments`)."""
-        from codec.kernels import backend
-
         kern = backend("dequant", out)
         if on_device(p.data) and not on_device(out):  # a device frame's codes decoded through a host buffer (a 16-bit frame's float64 values): they cross once
-            from codec.device import host_copy
 
             p = dataclasses.replace(p, data=host_copy(p.data))
         if p.starts is not None:
@@ -219,9 +215,6 @@ class Quantizer(Value):
                 out[mine] = extra[mine]
 
     def raise_nonfinite(self, x, ctx):
-        from codec.device import host_copy
-        from codec.ops import first_nonfinite
-
         raise NonFiniteError(ctx.name, ctx.where(first_nonfinite(host_copy(x) if on_device(x) else x)), self.name)
 
     @property
@@ -233,15 +226,12 @@ class Quantizer(Value):
         """The frame's random stream (0 when the stage rounds to nearest)."""
         if not self.stochastic:
             return np.uint64(0)
-        from codec.streams import stream
 
         return stream(self.seed, ctx)
 
     def streams(self, ctxs) -> np.ndarray:
         """:meth:`stream` of every context (uint64; tensors whose keys have one text and one
         step share it, :func:`codec.streams.key_text`)."""
-        from codec.streams import key_text
-
         if not self.stochastic:
             return np.zeros(len(ctxs), np.uint64)
         memo: dict = {}
@@ -284,9 +274,6 @@ class Quantizer(Value):
         return None
 
     def encode_run(self, flat, starts, ctxs):
-        from codec.kernels import backend
-        from codec.manyframe import Entry
-
         if flat.dtype not in (np.float32, np.float64):
             return None
         got = self.quantize_run(readonly(flat), starts, ctxs)
@@ -312,7 +299,6 @@ class Quantizer(Value):
 
         def fill(out):
             if on_device(codes):  # packed on the device (into a device frame, or copied once into a host one), then the heads (host numbers) written
-                from codec import device
 
                 packed = out if on_device(out) else device.empty(out.size, np.uint8)
                 pack.pack_segments(codes, starts, bits, packed, cstarts)
@@ -390,8 +376,6 @@ class Quantizer(Value):
         bytes) and checked as :meth:`read` checks each tensor (CorruptFrameError): its heads,
         padding bits and code fields, read and tested by one ``quantrun.run_read`` call, the
         errors raised in a tensor's reader's order."""
-        from codec.kernels import module
-
         kern = module("quantrun")
         if data.size < plan.hi:
             return None

@@ -11,7 +11,10 @@ import numpy as np
 from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import Section, SectionKind
-from codec.ops import readonly
+from codec.ops import readonly, round_to
+from codec import device
+from codec.kernels import backend
+from codec.pack import _check_payload, pack_into, raw_length
 
 #: float32's largest finite value (per-bucket scalars beyond it travel as float64)
 F32_MAX = float(np.finfo(np.float32).max)
@@ -42,13 +45,7 @@ def codes_section(codes: np.ndarray, bits: int) -> Section:
     at 8 or 16 bits, bit-packed otherwise, straight into the frame as it is written and
     checksummed as they are packed (``Section.fill_crc``).  Device codes are packed on the
     device and copied once to wherever the frame is written."""
-    from codec.pack import pack_into
-
     if on_device(codes):
-        from codec import device
-        from codec.kernels import backend
-        from codec.pack import raw_length
-
         if bits in (8, 16):
             packed = codes.view(np.uint8)
         else:
@@ -67,13 +64,9 @@ def read_codes(reader, bits: int, count: int, limit=None, device: bool = False) 
     ``(code & fmask) >> fshift`` exceeds ``largest`` (no encoder writes it), raise
     CorruptFrameError.  ``device`` (``Context.codes_on_device``): a device frame's codes stay
     on the device, checked there."""
-    from codec.pack import _check_payload
-
     _, raw = reader.take(SectionKind.VALUES, bits=bits, count=count, device=device)
     _check_payload(raw, count, bits, "values section")
     if limit is not None and count and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
-        from codec.kernels import backend
-
         fmask, fshift, largest = limit
         kernels = backend("dequant", raw)
         if not kernels.fields_within(readonly(raw), bits, count, fmask, fshift, largest):  # (the check alone: a quarter of max_field's time)
@@ -136,8 +129,6 @@ def read_ints(reader, count: int, low: int, high: int, what: str) -> np.ndarray:
 
 def round_up_to(v: float, dtype) -> float:
     """The smallest value of ``dtype`` that is >= ``v`` (finite ``v`` >= 0 below dtype's max)."""
-    from codec.ops import round_to
-
     r = np.asarray(round_to(np.float64(v), dtype)).reshape(1)
     if float(r[0]) < v:
         width = np.dtype(dtype).itemsize

@@ -14,15 +14,15 @@ from codec.stages.value.quantizer import Dequant, Quantizer, top_of
 from codec.stages.value.sections import F32_MAX, read_codes, read_scalars, scalars_bytes, scalars_section, scale_section, sequential_sum
 from codec.params import Param
 from codec.stage import Bound, register
+from codec.kernels import backend
+from codec.layout import chunks, LANES
+from codec.ops import round_to
 
 
 class _Bits(Quantizer):
     """Sign bits (1 = negative) plus whatever reconstruction values ``levels`` gives."""
 
     def quantize(self, x, ctx, sections):
-        from codec.kernels import backend
-        from codec.layout import LANES, chunks
-
         n = x.size
         nchunk = chunks(n)
         out = Memory(on_device(x)).empty(-(-n // 8), np.uint8)  # (device codes stay there until the frame is written)
@@ -53,8 +53,6 @@ class Sign(_Bits):
 
     def add_levels(self, sections, n, sums, nneg, dtype):
         if self.scale == "l1":
-            from codec.ops import round_to
-
             sections.append(scale_section(float(round_to(np.float64(sums[0] / n if n else 0.0), dtype))))
 
     def levels_bound(self, ctx):

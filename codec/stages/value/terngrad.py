@@ -15,6 +15,8 @@ from codec.stages.value.quantizer import Dequant, Quantizer
 from codec.stages.value.sections import magnitude_bits, magnitude_values, read_codes, read_scalars, round_up_to, scale_section, sequential_sum
 from codec.params import Param, SEED
 from codec.stage import Bound, register
+from codec.kernels import backend
+from codec.layout import chunks, LANES
 
 #: 3**5: a byte holds five trits, so byte values 243..255 never occur
 TRIT_BYTES = 243
@@ -32,9 +34,6 @@ class TernGrad(Quantizer):
     params = (Param("clip", float, 2.5, "clip at clip * standard deviation; 0 = no clipping", low=0.0), SEED)
 
     def quantize(self, x, ctx, sections):
-        from codec.kernels import backend
-        from codec.layout import LANES, chunks
-
         kern = backend("quantize", x)
         n = x.size
         nchunk = chunks(n)
