@@ -234,7 +234,7 @@ def test_chunked_powersgd_decode_is_bit_identical(dtype, chunk):
 def test_all_kept_index_section_is_not_expanded(monkeypatch):
     """theta=0 keeps every coefficient; the reader recognises the all-zero 1-bit gap section
     an encoder writes for that and never expands it into n int64 positions."""
-    import codec.pack
+    import codec.stages.transform.fft as fft
 
     x = heavy(10_001, F32)
     cases = []
@@ -243,8 +243,8 @@ def test_all_kept_index_section_is_not_expanded(monkeypatch):
         frame = c.encode(x)
         cases.append((block, frame, reference(frame, c)))
     calls = []
-    real = codec.pack.decode_indices
-    monkeypatch.setattr(codec.pack, "decode_indices", lambda *a: calls.append(1) or real(*a))
+    real = fft.decode_indices
+    monkeypatch.setattr(fft, "decode_indices", lambda *a: calls.append(1) or real(*a))  # (the name the fft stage calls)
     for block, frame, want in cases:
         assert_same(codec.decode(frame), want, f"block={block}")
     assert not calls
