@@ -145,6 +145,41 @@ def random_positions(R, out, n, seed=12345):
     R.random_positions(out, u64(seed), u64(99), u64(3), u64((max(2, (n - 1).bit_length()) + 1) // 2), n)
 
 
+def ref_kth_largest(sample, k):
+    """The ``k``-th largest of ``|sample|`` as NumPy's partition finds it (a NaN the largest)."""
+    mags = np.abs(np.asarray(sample, np.float64))
+    return mags[np.argsort(mags, kind="stable")[mags.size - k]]
+
+
+def kth_cases(dtype):
+    """Samples a cut is taken from: random, heavy-tailed, ties, zeros of both signs, values
+    below float32's normal range (or float64's), two values, NaN and inf; sizes around the
+    radix select's sort threshold (64) and a few thousand."""
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 63, 64, 65, 1001, 5003):
+        yield data("normal", n, dtype)
+        yield data("heavy", n, dtype)
+        t = rng.integers(-3, 4, n).astype(dtype)
+        yield t
+        yield np.where(rng.random(n) < 0.5, dtype(0.0), dtype(-0.0))
+        yield data("normal", n, dtype) * dtype(1e-40 if dtype == np.float32 else 1e-310)
+        yield np.where(rng.random(n) < 0.5, dtype(1.0), dtype(2.0))
+        x = data("heavy", n, dtype, seed=1)
+        x[:: max(1, n // 5)] = np.nan
+        x[1 :: max(2, n // 3)] = -np.inf
+        yield x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kth_largest_matches_numpy(S, dtype):
+    """The cut of a sample: the k-th largest magnitude, bit for bit NumPy's (k from 1 to all)."""
+    for x in kth_cases(dtype):
+        for k in sorted({1, 2, max(1, x.size // 100), max(1, x.size // 2), x.size}):
+            if k <= x.size:
+                got, want = np.float64(S.kth_largest(x, k)), ref_kth_largest(x, k)
+                assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (x.size, k, got, want)
+
+
 def test_random_positions_are_a_permutation_prefix(R):
     for n in (2, 3, 5, 17, 1000, 4097):
         out = np.empty(n, np.int64)

@@ -147,6 +147,22 @@ def test_samples_and_row_gather_match_numpy(n, dtype):
 
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("kind", ("mixed", "heavy", "ties"))
+def test_kth_largest_matches_the_cpu_kernel(dtype, kind):
+    """A sample's cut, the k-th largest magnitude (k from 1 to all; a NaN and an inf in the
+    mixed sample): the CPU kernel's value bit for bit, and NumPy's."""
+    for n in (1, 65, 300):
+        x = data(n, dtype, kind=kind)
+        if kind == "mixed" and n > 2:
+            x[n // 2], x[1] = np.nan, -np.inf
+        mags = np.sort(np.abs(x.astype(np.float64)))  # (a NaN sorts last: the largest)
+        for k in sorted({1, max(1, n // 7), n}):
+            got = np.float64(G.kth_largest(cuda.to_device(x), k))
+            for want in (np.float64(C.kth_largest(x, k)), mags[n - k]):
+                assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (n, k, got, want)
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("items", (2, 128))
 def test_topk_segments_match_the_cpu_kernel(monkeypatch, dtype, items):
     """Segments of 0, 1, 5, ... values, heavy-tailed or full of ties (small integers, zeros of

@@ -146,10 +146,64 @@ def lane_means(x, starts, width, out):
 
 
 def kth_largest(sample, k: int) -> float:
-    """The ``k``-th largest of ``|sample|`` (float64, ``1 <= k <= sample.size``): the cut a
-    sample gives (NumPy's partition; the CUDA twin's radix select gives the same value)."""
-    mags = np.abs(np.asarray(sample, np.float64).reshape(-1))
-    return float(np.partition(mags, mags.size - k)[mags.size - k])
+    """The ``k``-th largest of ``|sample|`` (float32/float64, ``1 <= k <= sample.size``; a NaN
+    counts as the largest, as in NumPy's partition): the cut a sample gives.  A radix select
+    over the float64 magnitudes' bits (:func:`_kth_largest`), as the CUDA twin's: the value
+    ``np.partition`` gives, bit for bit, in 2-3 passes over the sample (65,536 t(2) values:
+    720 -> ~110 us)."""
+    return float(_kth_largest(np.asarray(sample).reshape(-1), k))
+
+
+#: bits of the float64 magnitudes' keys per pass of :func:`_kth_largest`
+_DIGIT = 12
+#: the fewest keys a pass of :func:`_kth_largest` counts; fewer are sorted
+_SORT_BELOW = 64
+
+
+@jit
+def _kth_largest(sample, k):
+    """The ``k``-th largest of ``|sample|`` as float64: the magnitudes' bit patterns (ordered
+    as their values, a NaN above infinity) are counted by the 12 bits below the highest in
+    which they differ, the keys in the bin holding the wanted rank kept, and so on (a
+    gradient's magnitudes spread over the exponent, then the mantissa: two or three passes;
+    keys all equal end it), the last few sorted."""
+    n = sample.size
+    keys = np.empty(n, np.uint64)
+    lo, hi = U(-1), U(0)
+    for i in range(n):
+        key = np.float64(abs(np.float64(sample[i]))).view(np.uint64)
+        keys[i] = key
+        lo, hi = min(lo, key), max(hi, key)
+    r = n - k  # the rank wanted, counted from the smallest
+    m = n
+    mask = U((1 << _DIGIT) - 1)
+    hist = np.empty(1 << _DIGIT, np.int64)
+    while m >= _SORT_BELOW:
+        if lo == hi:
+            return np.uint64(lo).view(np.float64)
+        top = 0  # the highest bit in which the keys left differ
+        while (lo ^ hi) >> U(top + 1):
+            top += 1
+        shift = U(max(0, top + 1 - _DIGIT))
+        hist[:] = 0
+        for i in range(m):
+            hist[(keys[i] >> shift) & mask] += 1
+        b = 0
+        while r >= hist[b]:
+            r -= hist[b]
+            b += 1
+        j = 0
+        lo, hi = U(-1), U(0)
+        for i in range(m):  # branch-free: a bin holding half the keys mispredicted every other one
+            key = keys[i]
+            keep = (key >> shift) & mask == U(b)
+            keys[j] = key
+            j += np.int64(keep)
+            lo = min(lo, key) if keep else lo
+            hi = max(hi, key) if keep else hi
+        m = j
+    part = np.sort(keys[:m])
+    return np.uint64(part[r]).view(np.float64)
 
 
 def count_at_least(sample, cut: float) -> int:
