@@ -24,6 +24,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, chunk_sums, prefetch
+from codec.kernels.cpu.index import _bit_length
 from codec.kernels.cpu._cut import _above, _below, _largest, _sample_cut
 from codec.layout import CHUNK
 
@@ -181,9 +182,7 @@ def _kth_largest(sample, k):
     while m >= _SORT_BELOW:
         if lo == hi:
             return np.uint64(lo).view(np.float64)
-        top = 0  # the highest bit in which the keys left differ
-        while (lo ^ hi) >> U(top + 1):
-            top += 1
+        top = _bit_length(np.int64(lo ^ hi)) - 1  # the highest bit in which the keys left differ (below 2**63: no sign bit)
         shift = U(max(0, top + 1 - _DIGIT))
         hist[:] = 0
         for i in range(m):
