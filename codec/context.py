@@ -55,6 +55,10 @@ class Context:
     device: bool = False
     #: decoding: the value stage that codes the kept values (None: one bit per value at least)
     value: Any = None
+    #: decoding checks the frame's payload in the pass that writes the output (its value
+    #: stage's ``write`` is given a :class:`codec.payloadcheck.PayloadCheck`): a value stage
+    #: may leave its codes' range check to that pass (:meth:`Quantizer.read_codes`)
+    checked_in_pass: bool = False
 
     @property
     def n(self) -> int:

@@ -16,8 +16,8 @@ class PayloadCheck:
     """A frame's payload CRC-32C verified while decoding reads it, instead of one more pass
     over the payload before decoding (docs/robustness.md, "Decoding into out").
 
-    A decoding kernel that reads a stretch of the payload anyway (the fp16/bf16 codes)
-    checksums each chunk of it while it is in cache and reports it with :meth:`note`;
+    A decoding kernel that reads a stretch of the payload anyway (the fp16/bf16 codes, a
+    quantizer's) checksums each chunk of it while it is in cache and reports it with :meth:`note`;
     :meth:`verify`, once decoding is done, checksums every byte nobody noted in one pass
     each, joins the pieces in payload order (the CRC algebra of :func:`combine`, compiled)
     and compares the result with the frame's stored CRC-32C.  The check is exact whatever
@@ -27,7 +27,9 @@ class PayloadCheck:
     The price of reading the frame once is that the output is written before the verdict:
     :meth:`verify` is given the arrays decoding wrote, and fills them with NaN before it
     raises :class:`~codec.errors.CorruptFrameError`, so a damaged frame's values are never
-    left where a caller might use them."""
+    left where a caller might use them.  A decoder that checks its codes in the same pass
+    (a quantizer's code fields) reports a refusal with :meth:`reject`, which :meth:`verify`
+    turns into the same NaN and error."""
 
     def __init__(self, payload, expected: int):
         import numpy as np
@@ -38,6 +40,7 @@ class PayloadCheck:
         self.base = address_of(self.payload)  # (``.ctypes.data`` cost four times as much: a decode's fixed cost)
         self.expected = int(expected)
         self.pieces: list = []  # (byte offset, byte length, CRC-32C)
+        self.rejected: str | None = None  # (the first refusal :meth:`reject` noted)
 
     def note(self, arr, crc: int) -> None:
         """The CRC-32C ``crc`` of ``arr``'s bytes (a view into the payload, which a kernel has
@@ -51,9 +54,17 @@ class PayloadCheck:
         if 0 <= at and at + arr.nbytes <= self.payload.size:
             self.pieces.append((at, arr.nbytes, int(crc)))
 
+    def reject(self, message: str) -> None:
+        """A refusal found while decoding (codes no encoder writes, in a frame whose CRC may
+        still hold: a forged one): :meth:`verify` raises it, once the output is written, as
+        it raises a checksum mismatch.  The first one noted is kept."""
+        if self.rejected is None:
+            self.rejected = message
+
     def verify(self, written=()) -> None:
-        """CorruptFrameError when the payload's CRC-32C is not the stored one, after filling
-        every array of ``written`` (what decoding wrote) with NaN."""
+        """CorruptFrameError when the payload's CRC-32C is not the stored one, or a refusal
+        was noted (:meth:`reject`), after filling every array of ``written`` (what decoding
+        wrote) with NaN."""
         import numpy as np
 
         sums, lens, pos = [], [], 0
@@ -77,12 +88,14 @@ class PayloadCheck:
             got = int(join(np.array(sums, np.uint32), 0, np.array(lens, np.int64)))
         if got != self.expected:
             refuse(written)
+        if self.rejected is not None:
+            refuse(written, self.rejected)
 
 
-def refuse(written=()) -> None:
-    """The verdict on a payload whose CRC-32C is not the stored one, given after decoding
-    wrote ``written`` (arrays; None skipped): each filled with NaN, then
-    :class:`~codec.errors.CorruptFrameError`."""
+def refuse(written=(), message: str = "payload checksum mismatch: the section data is damaged") -> None:
+    """The verdict on a payload whose CRC-32C is not the stored one (or on codes ``message``
+    names), given after decoding wrote ``written`` (arrays; None skipped): each filled with
+    NaN, then :class:`~codec.errors.CorruptFrameError`."""
     import numpy as np
 
     from codec.errors import CorruptFrameError
@@ -90,4 +103,4 @@ def refuse(written=()) -> None:
     for a in written:
         if a is not None and a.size:
             a.fill(np.nan)
-    raise CorruptFrameError("payload checksum mismatch: the section data is damaged")
+    raise CorruptFrameError(message)

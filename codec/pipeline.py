@@ -254,7 +254,7 @@ class Codec:
             device.check_dtype(fr.dtype, "like")
         target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
         check = self.payload_check(fr.check, on_dev or on_device(target))
-        ctx, payload = self._read(fr, device=on_dev or on_device(target))  # every section checked before the dense output is allocated
+        ctx, payload = self._read(fr, device=on_dev or on_device(target), in_pass=check is not None)  # every section checked before the dense output is allocated (the codes' range: in the pass that checks the payload)
         if target is None:
             target = device.empty(fr.n, fr.dtype) if on_dev else np.empty(fr.n, fr.dtype)
         self._write(ctx, payload, target, SET, check)
@@ -303,14 +303,15 @@ class Codec:
             raise CodecError(f"frame was encoded by {fr.spec!r}, not by this codec ({self.spec!r}); use codec.decode(frame)")
         return fr
 
-    def _read(self, fr, positions=None, device=False):
+    def _read(self, fr, positions=None, device=False, in_pass=False):
         """Phase 1 of decoding: check every section against what the stages expect and read
         the compact payload (positions, codes).  Nothing of the dense output size is
         allocated here, so a forged frame fails before any large allocation.  ``positions``:
         the frame's positions already read and checked (a many-tensor frame reads them all at
         once: :meth:`codec.stage.Select.positions_segments`); ``device``: the output is a
-        device array (``Context.device``: the positions may be read there)."""
-        ctx = Context(fr.shape, fr.dtype, device=device, value=self.value)
+        device array (``Context.device``: the positions may be read there); ``in_pass``: the
+        payload check is completed as the value stage writes (``Context.checked_in_pass``)."""
+        ctx = Context(fr.shape, fr.dtype, device=device, value=self.value, checked_in_pass=in_pass)
         rd = fr.reader()
         if self.transform is not None:
             tpay, vctx = self.transform.read(rd, ctx)

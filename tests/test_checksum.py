@@ -1,10 +1,14 @@
 """codec/checksum.py: the payload CRC-32C on several threads equals the one-call CRC-32C.
 codec/payloadcheck.py: a decode's :class:`~codec.payloadcheck.PayloadCheck` (the fp16/bf16
-decoders checksum the codes they read) refuses exactly the damaged frames, and leaves a
-caller's ``out`` NaN when it does, while the codecs that do not fuse it (and every
+decoders and the quantizers' checksum the codes they read; the quantizers' also test their
+fields) refuses exactly the damaged frames, and leaves a caller's ``out`` NaN when it does,
+while the decodes that do not fuse it (small payloads, zstd frames, sparse codecs, every
 ``decode_add``) refuse before writing anything."""
 
 from __future__ import annotations
+
+import struct
+import zlib
 
 import crc32c as ref
 import numpy as np
@@ -137,9 +141,52 @@ def test_a_fused_decode_refuses_a_damaged_payload_and_leaves_out_nan(spec):
             decode(_damaged(frame), None)
 
 
+def _forged(frame, at: int) -> bytes:
+    """``frame`` with its payload's byte ``at`` (from the end) set to 0xFF and both CRCs made
+    right again: what only a forger sends, and only the decoder's range check refuses."""
+    hl = parse_frame(frame).header_len
+    b = bytearray(frame)
+    b[-at] = 0xFF
+    b[hl - 8 : hl - 4] = struct.pack("<I", ref.crc32c(bytes(b[hl:])))
+    b[hl - 4 : hl] = struct.pack("<I", zlib.crc32(bytes(b[: hl - 4])))
+    return bytes(b)
+
+
+@pytest.mark.parametrize("spec", ["qsgd", "fp8", "minmax(bits=4)"])
+def test_a_quantizer_checks_its_codes_in_the_pass_that_decodes_them(spec):
+    """A quantizer's large frame decoded into ``out`` is checksummed, and its code fields
+    tested, in the pass that decodes it (``dequantize_checked``): a sound frame gives what a
+    decode checked before writing gives (``decode_add`` into zeros); a damaged one, and a
+    forged one (a code beyond qsgd's levels or fp8's largest magnitude, both CRCs right),
+    leave ``out`` NaN and raise what the check before writing raises, which ``decode_add``
+    still makes first (its accumulator keeps its sum)."""
+    from codec.frame import CHECK_IN_PASS_MIN
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_t(3, 2 * CHECK_IN_PASS_MIN + 3).astype(np.float32)  # a payload of over 1 MiB: checked in the pass
+    c = codec.get_codec(spec)
+    frame = c.encode(x)
+    out = np.full_like(x, 7.0)
+    c.decode(frame, out=out)
+    assert np.array_equal(out, c.decode_add(frame, np.zeros_like(x)))
+    bad = [(_damaged(frame), r"^payload checksum mismatch: the section data is damaged$")]
+    if spec != "minmax(bits=4)":  # (every 4-bit code is one minmax writes)
+        bad.append((_forged(frame, 1000), r"^values section: a code field of \d+, no encoder writes more than \d+$"))
+    for frame, message in bad:
+        out = np.full_like(x, 7.0)
+        with pytest.raises(codec.CorruptFrameError, match=message):
+            c.decode(frame, out=out)
+        assert np.isnan(out).all()
+        acc = np.full_like(x, 7.0)
+        with pytest.raises(codec.CorruptFrameError, match=message):
+            c.decode_add(frame, acc)
+        assert (acc == 7.0).all()
+
+
 @pytest.mark.parametrize("spec", ["none", "qsgd", "topk(ratio=0.1)", "fp16+zstd", "fp16"])
 def test_what_is_not_checked_in_the_pass_is_checked_before_writing(spec):
-    """A codec whose decode does not checksum its codes, a zstd frame, and every
+    """A decode that does not checksum its codes as it reads them (a sparse codec, ``none``,
+    a payload under ``CHECK_IN_PASS_MIN`` bytes: qsgd's here), a zstd frame, and every
     ``decode_add`` (an accumulator must keep its sum) refuse a damaged frame before writing:
     their ``out`` is untouched."""
     rng = np.random.default_rng(2)

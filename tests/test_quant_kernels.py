@@ -1194,6 +1194,40 @@ def test_max_field_finds_the_last_code_and_chunk_edges():
             assert K.dequant.fields_within(raw, bits, n, (1 << bits) - 2, 0, (1 << bits) - 2)  # the one large code masked
 
 
+# ====================================================================== dequantize_checked
+@pytest.mark.parametrize("bits", [1, 3, 6, 8, 11, 16])
+def test_dequantize_checked_matches_numpy(bits):
+    """``dequantize_checked`` (a decode that checks its codes as it reads them): the values
+    ``ref_dequantize`` gives, whether every field ``(code & fmask) >> fshift`` is within the
+    largest allowed (a code one beyond it anywhere: first, last, at chunk edges), and the
+    CRC-32C of the codes' bytes, on every path of a chunk: a block's table with groups that
+    straddle blocks (1 bit, blocks of 7), the table of 6-bit codes, 8-bit codes through the
+    byte table (blocks of 1,024), per-value codes (3 bits, blocks of 7) and wide codes."""
+    rng = np.random.default_rng(bits)
+    full = (1 << bits) - 1
+    fshift = 1 if bits > 1 else 0
+    largest = (full >> fshift) - 1  # the largest field allowed: a code of all ones is beyond it
+    for n in (0, 1, 9, 1001, 2 * CHUNK + 13):
+        wheres = [None, 0, n - 1] + ([7, CHUNK - 1, CHUNK, 2 * CHUNK + 5] if n > CHUNK else [])
+        for block in sorted({7, 512, 1024, max(1, n)}):
+            _, lut, a, off = dequant_case(bits, n, block, block == 7)
+            fields = rng.integers(0, largest + 1, n, dtype=np.uint64)
+            for where in sorted(set(wheres) & set(range(n)), key=str) + [None] if n else [None]:
+                codes = (fields << U64(fshift)) | rng.integers(0, 1 << fshift, n, dtype=np.uint64)
+                if where is not None:
+                    codes[where] = full
+                raw = ref_pack(codes, bits)
+                for dtype, start in ((np.float32, 0), (np.float64, 0x5EED)):
+                    out = np.full(n, 7.0, dtype)
+                    within, crc = K.dequant.dequantize_checked(ro(raw), bits, n, ro(lut), block, ro(a), ro(off), out, full, fshift, largest, start)
+                    what = f"n={n} block={block} where={where}"
+                    assert bool(within) == (where is None), what
+                    assert_same(out, ref_dequantize(raw, bits, n, lut, block, a, off, out, SET), what)
+                    check_kernel_crc(int(crc), raw, start, K.dequant)
+            within, crc = K.dequant.dequantize_checked(ro(raw), bits, n, ro(lut), block, ro(a), ro(off), out, 0, 0, 0, -1)
+            assert bool(within) and int(crc) == -1  # nothing asked: nothing refused, no CRC
+
+
 # ====================================================================== trits_dequantize
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", [SET, ADD, SUB])

@@ -221,6 +221,9 @@ def test_dequantize(n, dtype):
         for largest in {max(int(cm) - 1, 0), int(cm)}:
             (_, cw), (_, gw) = both("fields_within", "dequant", data_, bits, n, (1 << bits) - 1 - 1, 1, largest)
             assert bool(cw) == bool(gw) == (int(cm) <= largest)
+            (ca, (cok, ccrc)), (ga, (gok, gcrc)) = both("dequantize_checked", "dequant", data_, bits, n, lut, block, a, off, np.zeros(n, dtype), (1 << bits) - 1 - 1, 1, largest, 5, device=(7,))
+            same(ga[7], ca[7])  # (decode and check; the CRC formed on the device)
+            assert bool(cok) == bool(gok) == (int(cm) <= largest) and ccrc in (-1, gcrc)
     trits = rng.integers(0, 243, -(-n // 5), dtype=np.uint8)
     for mode in (SET, SUB):
         (ca, _), (ga, _) = both("trits_dequantize", "dequant", trits, n, np.array([0.0, 0.3, -0.3]), np.ones(n, dtype), mode, device=(3,))

@@ -19,60 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
+from codec.kernels.cpu._codes import _GROUPS, _code_at, _field_test, _groups_safe, _group_code, _load8, _max_field_chunk, _over_chunk, _over_row, _over_word, _rows, _swar
 from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks, view_at
-from codec.layout import CHUNK
+from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.modes import SET, SUB
 
-__all__ = ["dequantize", "dequantize_segments", "max_field", "fields_within", "fields_within_segments", "trits_dequantize"]
-
-#: groups of 8 codes per parallel chunk (CHUNK values)
-_GROUPS = CHUNK // 8
-
-
-@jit
-def _load8(data, p):
-    """uint64 from ``data[p:p+8]``, little-endian (LLVM merges this into one load)."""
-    w = U(0)
-    for t in range(8):
-        w |= U(data[p + U(t)]) << U(8 * t)
-    return w
-
-
-@jit
-def _code_at(data, i, bits, mask):
-    """Code ``i`` of the ``bits``-bit codes packed LSB-first in ``data`` (any position)."""
-    p = U(i) * U(bits)
-    j = p >> U(3)
-    w = U(0)
-    for t in range(3):
-        if j + U(t) < U(data.size):
-            w |= U(data[j + U(t)]) << U(8 * t)
-    return (w >> (p & U(7))) & mask
-
-
-@jit
-def _code_of_group(w0, w1, j, bits, mask):
-    """Code ``j`` (0..7) of a group of 8 codes whose 16 bytes are ``w0``, ``w1``."""
-    off = U(j) * U(bits)
-    lo = (w0 >> (off & U(63))) if off < U(64) else (w1 >> ((off - U(64)) & U(63)))
-    spill = off < U(64) and off + U(bits) > U(64)
-    hi = (w1 << ((U(64) - off) & U(63))) if spill else U(0)
-    return (lo | hi) & mask
-
-
-@jit
-def _groups_safe(nbytes, bits):
-    """How many leading groups of 8 codes can be read with whole 8-byte words (1 word per group
-    up to 8 bits, 2 above) without reading past ``nbytes``."""
-    words = 8 if bits <= 8 else 16
-    return max(0, (nbytes - words) // bits + 1) if nbytes >= words else 0
-
-
-@jit(inline="always")
-def _group_code(w0, w1, j, bits, mask):
-    """Code ``j`` of a group of eight read as ``w0`` (and ``w1`` above 8 bits).  Inlined in
-    Numba's IR: as an ordinary call the decode loop ran 7 -> 12 ms for 25M values."""
-    return (w0 >> (U(j) * U(bits))) & mask if bits <= 8 else _code_of_group(w0, w1, j, bits, mask)
+__all__ = ["dequantize", "dequantize_checked", "dequantize_segments", "max_field", "fields_within", "fields_within_segments", "trits_dequantize"]
 
 
 @jit(inline="always")
@@ -107,7 +59,32 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
     that straddle a block boundary and the last few codes take a per-value path.  ADD and
     SUB decode a chunk into a buffer of ``out``'s dtype, then add it."""
     for c in prange(chunks(n)):
-        _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c)
+        _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, 0, 0, 0)
+
+
+@jit(parallel=True)
+def dequantize_checked(data, bits, n, lut, block, a, off, out, fmask, fshift, largest, crc):
+    """:func:`dequantize` into ``out`` (SET) of codes nobody has checked yet, checking them as
+    each is read, so a decode reads its frame once (:class:`codec.payloadcheck.PayloadCheck`):
+    every field ``(code & fmask) >> fshift`` must be at most ``largest`` (``fmask = 0``:
+    nothing to check), and with ``crc >= 0`` each chunk's bytes of ``data`` are checksummed
+    right after they are read.  ``lut`` must hold a value for every ``bits``-bit code (a code
+    beyond ``largest`` is decoded before it is refused).
+
+    Returns ``(within, crc)``: whether every field was within ``largest`` (when not, ``out``
+    holds values of codes no encoder writes: the caller refuses the frame), and the CRC-32C
+    of ``data``'s bytes continued from ``crc`` (-1 when ``crc < 0`` or this CPU cannot form
+    it).  Up to 8 bits the check is a few operations on the word a group of codes is read
+    from (25M 6-bit qsgd codes: the decode cost the same with it, against 1.7 ms more for
+    ``fields_within`` before it)."""
+    nchunk = chunks(n)
+    sums, lens = crc_pieces(nchunk, crc)
+    over = np.zeros(nchunk, np.uint64)
+    for c in prange(nchunk):
+        over[c] = _dequantize_chunk(data, bits, n, lut, block, a, off, out, SET, c, fmask, fshift, largest)
+        if sums.size:
+            crc_piece(sums, lens, c, data, c * _GROUPS * bits, data.size if c == nchunk - 1 else (c + 1) * _GROUPS * bits)
+    return not over.any(), joined(sums, lens, crc)
 
 
 @jit(parallel=True)
@@ -131,25 +108,17 @@ def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, of
         at = a[astarts[t] : astarts[t + 1]]
         ot = off[astarts[t] : astarts[t + 1]] if off.size else off
         dst = view_at(out, addrs[t], n) if addrs.size else out[starts[t] : starts[t + 1]]
-        _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, r - rows[t])
+        _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, r - rows[t], 0, 0, 0)
 
 
 @jit
-def _rows(starts):
-    """``rows[t]``: the first (tensor, chunk) row of tensor ``t`` of a segmented call (tensor
-    ``t`` holding ``starts[t+1] - starts[t]`` values in ``chunks`` of CHUNK), ``rows[-1]``
-    their number."""
-    count = starts.size - 1
-    rows = np.zeros(max(count, 0) + 1, np.int64)
-    for t in range(count):
-        rows[t + 1] = rows[t] + chunks(starts[t + 1] - starts[t])
-    return rows
-
-
-@jit
-def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c):
-    """Chunk ``c`` of :func:`dequantize` (codes ``8 * _GROUPS * c`` onwards)."""
+def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, fmask, fshift, largest):
+    """Chunk ``c`` of :func:`dequantize` (codes ``8 * _GROUPS * c`` onwards); nonzero when a
+    code's field is beyond ``largest`` (:func:`dequantize_checked`; ``fmask = 0``: none is
+    checked).  Through a block's table the check runs on the words the codes are read from;
+    on the other paths it is ``fields_within``'s test of the chunk, just before it decodes."""
     mask = (U(1) << U(bits)) - U(1)
+    fm, t = _field_test(bits, fmask, fshift, largest)
     has_off = off.size > 0
     full = min(n // 8, _groups_safe(data.size, bits))
     ngroup = (n + 7) // 8
@@ -159,12 +128,15 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c):
     lo = g0 * 8
     hi = min(n, g1 * 8)
     dst, shift = _target(out, mode, lo, hi)
-    if bits == 8 and block >= _TABLE_BLOCK and lut.size >= 256:
+    whole_bytes = bits == 8 and block >= _TABLE_BLOCK and lut.size >= 256
+    tabled = bits <= 8 and min(block, n) >= _TABLE_PER_CODE << bits and lut.size >= 1 << bits and not whole_bytes
+    over = _over_chunk(data, bits, n, fmask, fshift, largest, c) if t <= fm and not tabled else U(0)
+    if whole_bytes:
         _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift)
         if mode != SET:
             _combine(out, dst, lo, hi, mode)
-        return
-    tabled = bits <= 8 and min(block, n) >= _TABLE_PER_CODE << bits and lut.size >= 1 << bits
+        return over
+    even, add, carry = _swar(bits, fm, t) if t <= fm and tabled else (U(0), U(0), U(0))
     tab = np.empty((1 << bits) if tabled else 0, dst.dtype)
     g = U(g0)
     gend = U(max(g0, min(g1, full)))
@@ -173,37 +145,49 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c):
         inside = min(gend, (b + U(1)) * ublock // U(8))  # the groups that end within block b
         if inside <= g:  # this group straddles a block boundary: value by value
             for i in range(g * U(8), g * U(8) + U(8)):
-                bi = i // ublock
-                v = lut[_code_at(data, i, bits, mask)] * a[bi]
-                dst[i - shift] = v + off[bi] if has_off else v
+                over |= _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, dst, shift, fm, t)
             g += U(1)
             continue
         ab = a[b]
         ob = off[b] if has_off else 0.0
         if tabled:
             _block_table(lut, ab, ob, has_off, tab)
-            _tabled_groups(data, g, inside, bits, mask, tab, dst, shift)
+            over |= _tabled_groups(data, g, inside, bits, mask, tab, dst, shift, even, add) & carry
         else:
             _scaled_groups(data, g, inside, bits, mask, lut, ab, ob, has_off, dst, shift)
         g = inside
     for i in range(U(max(lo, full * 8)), U(hi)):
-        bi = i // ublock
-        v = lut[_code_at(data, i, bits, mask)] * a[bi]
-        dst[i - shift] = v + off[bi] if has_off else v
+        over |= _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, dst, shift, fm, t)
     if mode != SET:
         _combine(out, dst, lo, hi, mode)
+    return over
 
 
 @jit(inline="always")
-def _tabled_groups(data, g0, g1, bits, mask, tab, dst, shift):
+def _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, dst, shift, fm, t):
+    """Value ``i`` on its own (a group that straddles a block boundary, the last few codes);
+    nonzero when its code fails :func:`_field_test`'s ``(fm, t)``."""
+    bi = i // ublock
+    code = _code_at(data, i, bits, mask)
+    v = lut[code] * a[bi]
+    dst[i - shift] = v + off[bi] if has_off else v
+    return U((code & fm) >= t)
+
+
+@jit(inline="always")
+def _tabled_groups(data, g0, g1, bits, mask, tab, dst, shift, even, add):
     """Groups ``g0..g1`` of eight codes (of one block, ``bits <= 8``) through the block's
     table ``tab``: one word, eight lookups a group, no branch (a tight loop per block ran
-    16.7M 6-bit codes in 7.2 ms against 11.3 with the block tracked group by group)."""
+    16.7M 6-bit codes in 7.2 ms against 11.3 with the block tracked group by group).  Returns
+    :func:`codec.kernels.cpu._codes._over_word` of every word, or-ed (0 with ``even = add = 0``)."""
+    over = U(0)
     for g in range(g0, g1):
         w0 = _load8(data, g * U(bits))
+        over |= _over_word(w0, bits, even, add)
         base = g * U(8) - shift
         for j in range(U(8)):
             dst[base + j] = tab[(w0 >> (j * U(bits))) & mask]
+    return over
 
 
 @jit(inline="always")
@@ -261,28 +245,6 @@ def _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift):
         i = end
 
 
-@jit
-def _max_bytes(data, lo, hi, fm):
-    """``max(data[lo:hi] & fm)`` over 8-bit codes: one simple loop in uint8 (it vectorises)."""
-    m = np.uint8(0)
-    f = np.uint8(fm)
-    for i in range(U(lo), U(hi)):
-        m = max(m, data[i] & f)
-    return U(m)
-
-
-@jit
-def _max_halves(data, lo, hi, fm):
-    """``max(code & fm)`` over the 16-bit codes ``lo <= i < hi`` stored little-endian in
-    ``data``: one simple loop in uint16 (it vectorises)."""
-    m = np.uint16(0)
-    f = np.uint16(fm)
-    for i in range(U(lo), U(hi)):
-        code = np.uint16(np.uint16(data[U(2) * i]) | np.uint16(np.uint16(data[U(2) * i + U(1)]) << np.uint16(8)))
-        m = max(m, code & f)
-    return U(m)
-
-
 @jit(parallel=True)
 def max_field(data, bits, n, fmask, fshift):
     """The largest ``(code & fmask) >> fshift`` over the ``n`` codes packed in ``data`` (as for
@@ -325,75 +287,6 @@ def fields_within_segments(data, dstarts, bits, starts, fmask, fshift, largest):
     for r in prange(rows[-1]):
         over[r] = _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest)
     return not over.any()
-
-
-@jit(inline="always")
-def _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest):
-    """:func:`_over_chunk` of row ``r`` of a segmented call's (tensor, chunk) rows (``rows``:
-    :func:`_rows` of ``starts``), tensor ``t``'s codes from byte ``dstarts[t]`` of ``data``."""
-    t = np.searchsorted(rows, r, side="right") - 1
-    n = starts[t + 1] - starts[t]
-    d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
-    return _over_chunk(d, bits, n, fmask, fshift, largest, r - rows[t])
-
-
-@jit(inline="always")
-def _over_chunk(data, bits, n, fmask, fshift, largest, c):
-    """Nonzero when a field of chunk ``c`` of :func:`fields_within`'s codes is beyond
-    ``largest`` (its SWAR test up to 8 bits, the largest field above)."""
-    mask = (U(1) << U(bits)) - U(1)
-    fm = U(fmask) & mask
-    t = (U(largest) + U(1)) << U(fshift)
-    if t > fm:  # no masked code reaches it
-        return U(0)
-    if bits > 8:
-        return U(_max_field_chunk(data, bits, n, fmask, c) >= t)
-    b = U(bits)
-    even = U(0)  # the mask of the even slots, the addend and the carry bits
-    add = U(0)
-    carry = U(0)
-    for j in range(U(4)):
-        even |= fm << (U(2) * j * b)
-        add |= ((U(1) << b) - t) << (U(2) * j * b)
-        carry |= (U(1) << b) << (U(2) * j * b)
-    full = min(n // 8, _groups_safe(data.size, bits))
-    g0 = c * _GROUPS
-    g1 = min((n + 7) // 8, g0 + _GROUPS)
-    acc = U(0)
-    for g in range(U(g0), U(min(g1, full))):
-        w = _load8(data, g * b)
-        acc |= ((w & even) + add) | (((w >> b) & even) + add)
-    acc &= carry
-    for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
-        acc |= U((_code_at(data, i, bits, mask) & fm) >= t)
-    return acc
-
-
-@jit(inline="always")
-def _max_field_chunk(data, bits, n, fmask, c):
-    """The largest ``code & fmask`` of chunk ``c`` of :func:`max_field` (inlined in Numba's IR:
-    as an ordinary call it ran ~15% slower)."""
-    mask = (U(1) << U(bits)) - U(1)
-    fm = U(fmask) & mask
-    full = min(n // 8, _groups_safe(data.size, bits))
-    ngroup = (n + 7) // 8
-    m = U(0)
-    g0 = c * _GROUPS
-    g1 = min(ngroup, g0 + _GROUPS)
-    if bits == 8:
-        m = _max_bytes(data, g0 * 8, min(n, g1 * 8), fm)
-    elif bits == 16:
-        m = _max_halves(data, g0 * 8, min(n, g1 * 8), fm)
-    else:
-        for g in range(U(g0), U(min(g1, full))):
-            p = g * U(bits)
-            w0 = _load8(data, p)
-            w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
-            for j in range(U(8)):
-                m = max(m, _group_code(w0, w1, j, bits, mask) & fm)
-        for i in range(U(max(g0 * 8, full * 8)), U(min(n, g1 * 8))):
-            m = max(m, _code_at(data, i, bits, mask) & fm)
-    return m
 
 
 @jit

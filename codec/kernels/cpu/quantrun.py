@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu.dequant import _over_row, _rows
+from codec.kernels.cpu._codes import _over_row, _rows
 from codec.kernels.cpu.pack import _get, _item
 
 __all__ = ["run_read"]

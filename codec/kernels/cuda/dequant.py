@@ -6,7 +6,7 @@ shape never shows in a result: ``lut[code] * a[b] (+ off[b])`` in float64, the p
 rounded on its own (``_common.mul``: NVVM would fuse it with the offset), then rounded once
 to ``out``'s dtype and stored, added or subtracted as the CPU kernel's chunk buffer is.  A
 code is read from the bytes it spans by the CPU file's own ``_code_at``, compiled again as a
-device function.  ``max_field`` takes a block-wide maximum per block and one atomic maximum
+device function (``codec/kernels/cpu/_codes.py``).  ``max_field`` takes a block-wide maximum per block and one atomic maximum
 per block into a device word read back at the end (8 bytes cross).  The ``_segments`` forms
 find each value's tensor by a binary search over ``starts`` (``_common.owner``).
 
@@ -20,15 +20,16 @@ from __future__ import annotations
 import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
-from codec.kernels.cpu import dequant as _cpu
+from codec.kernels.cpu import _codes, dequant as _cpu
 from codec.kernels.cuda._common import THREADS, block_max, constant, dev, launch, mul, owner, views_at
+from codec.kernels.cuda._crc import crc_of
 from codec.modes import SET, SUB
 
 cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-(_code_at,) = device_functions(_cpu, ["_code_at"]).values()
+(_code_at,) = device_functions(_codes, ["_code_at"]).values()
 
 
 @jit(device=True)
@@ -72,6 +73,15 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
     block``, each value rounded once to ``out``'s dtype (see the CPU kernel)."""
     if n:
         _dequantize[launch(n)](dev(data), bits, n, constant(lut), block, dev(a), dev(off), out, mode)
+
+
+def dequantize_checked(data, bits, n, lut, block, a, off, out, fmask, fshift, largest, crc):
+    """The CPU kernel's ``(within, crc)``: the fields checked (``fields_within``), then the
+    codes decoded (a device decode is handed no payload check, so nothing calls this on the
+    device but the twins' tests), the CRC-32C of ``data`` formed on the device."""
+    within = fields_within(data, bits, n, fmask, fshift, largest) if fmask else True
+    dequantize(data, bits, n, lut, block, a, off, out, SET)
+    return within, crc_of(dev(data), crc)
 
 
 @jit

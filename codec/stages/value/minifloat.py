@@ -15,7 +15,7 @@ from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.stages.value.quantizer import Dequant, Quantizer, code_dtype, exponent_range
-from codec.stages.value.sections import codes_section, magnitude_bits, magnitude_values, ints_section, read_codes, read_ints
+from codec.stages.value.sections import codes_section, magnitude_bits, magnitude_values, ints_section, read_ints
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
 from codec.ops import continued, offsets
@@ -232,9 +232,9 @@ class _MiniFloat(Quantizer):
         n = count
         block, nblocks, _, _ = self._units(n)
         stored = self.read_windows(reader, ctx, nblocks)
-        data = read_codes(reader, self.width, n, self.code_limit(), device=ctx.codes_on_device)
+        data, limit = self.read_codes(reader, ctx, self.width, n)
         lut, scale, rescue = _exact_factors(magnitudes(self.mant, self.width), self.emins(stored).astype(np.int64))
-        return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype, rescue=rescue)
+        return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype, rescue=rescue, limit=limit)
 
     def read_windows(self, reader, ctx, nblocks):
         """What the frame stores per window (``nblocks`` int16 in :meth:`window_range`)."""

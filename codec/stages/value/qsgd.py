@@ -14,7 +14,7 @@ from codec.errors import CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.ops import offsets, readonly
 from codec.stages.value.quantizer import Dequant, Quantizer, code_dtype, top_of
-from codec.stages.value.sections import codes_section, read_codes, read_scalars, scalars_bytes, scalars_section
+from codec.stages.value.sections import codes_section, read_scalars, scalars_bytes, scalars_section
 from codec.layout import bucket_groups, LANES
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
@@ -233,11 +233,12 @@ class Qsgd(Quantizer):
         if norms.size and norms.min() < 0:
             raise CorruptFrameError("qsgd frame: a negative norm")
         s, w = self.levels, self.code_bits
+        limit = None  # (the codes checked; else the check the decoding pass makes)
         if self.coding == "elias":
             data, w = self._read_elias(reader, count), 8 * np.dtype(code_dtype(w)).itemsize
         else:
-            data = read_codes(reader, w, count, self.code_limit(), device=ctx.codes_on_device)
-        return Dequant(data, w, count, _levels(s, w), self.bucket, norms, np.empty(0), ctx.dtype, lut_top=1.0)
+            data, limit = self.read_codes(reader, ctx, w, count)
+        return Dequant(data, w, count, _levels(s, w), self.bucket, norms, np.empty(0), ctx.dtype, lut_top=1.0, limit=limit)
 
     def _read_elias(self, reader, count):
         """The codes (little-endian bytes of uint8/uint16 codes) of an Elias-coded frame."""

@@ -24,7 +24,7 @@ from codec.pack import _code_dtype as code_dtype, padding_bytes  # noqa: F401  (
 import abc
 
 from codec.stage import Value
-from codec.stages.value.sections import F32_MAX
+from codec.stages.value.sections import F32_MAX, field_error, read_codes
 from codec import device
 from codec.device import host_copy, Memory
 from codec.kernels import backend, module
@@ -126,6 +126,9 @@ class Dequant:
     #: window below float64's normal range in a frame that also holds one near its top:
     #: rangefloat's ``_exact_factors``); None when one pass decodes every block
     rescue: tuple | None = None
+    #: ``(field mask, shift, largest)`` of the code-field check :meth:`Quantizer.read_codes`
+    #: left to the decoding pass (``dequantize_checked``), None when the codes were checked
+    limit: tuple | None = None
     #: :attr:`top` once computed
     _top: float | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
@@ -145,10 +148,17 @@ class Quantizer(Value):
     Every quantizer takes device arrays: its kernels' CUDA twins (``quantize``, ``bucket``,
     ``elias``, ``dequant``) make the same codes on the device, the small per-block numbers
     (windows, norms, bounds, counts) and the codes cross to the host as the frame's bytes
-    (bit-packed on the device first: :func:`codes_section`)."""
+    (bit-packed on the device first: :func:`codes_section`).
+
+    A decode into host arrays that checks a frame's payload CRC-32C in its own pass hands
+    :meth:`write` the check (``checks_payload``): the kernel that decodes the codes
+    checksums them and tests their fields as it reads them (``dequantize_checked``), so the
+    frame is read once; a damaged or forged frame leaves the output NaN (docs/api.md,
+    "When the check runs")."""
 
     lossless = False
     devices = frozenset({"cpu", "cuda"})
+    checks_payload = True
 
     def encode(self, values, ctx, sections):
         if on_device(values):  # (a device array is contiguous: codec.device.as_device_array)
@@ -167,12 +177,27 @@ class Quantizer(Value):
     def quantize(self, x, ctx, sections) -> None:
         """Append the sections coding ``x`` (float32/float64, 1-D, contiguous, read-only)."""
 
-    def write(self, payload: Dequant, out, mode) -> None:
+    def read_codes(self, reader, ctx, bits: int, count: int):
+        """``(data, limit)``: the values section's ``count`` codes of ``bits`` bits
+        (:func:`~codec.stages.value.sections.read_codes`), their fields checked against
+        :meth:`code_limit` now, or, when decoding checks the payload in its own pass
+        (``ctx.checked_in_pass``), left to that pass: then ``limit`` is the check
+        (:attr:`Dequant.limit`), else None."""
+        limit = self.code_limit()
+        later = limit if ctx.checked_in_pass and not ctx.codes_on_device else None
+        return read_codes(reader, bits, count, None if later else limit, device=ctx.codes_on_device), later
+
+    def write(self, payload: Dequant, out, mode, check=None) -> None:
+        p = payload
+        if p.limit is not None and (check is None or mode != SET):  # (a pass that cannot check them: before anything is written)
+            if not backend("dequant", p.data).fields_within(readonly(p.data), p.bits, p.count, *p.limit):
+                raise CorruptFrameError(field_error(p.data, p.bits, p.count, p.limit))
+            payload = dataclasses.replace(p, limit=None)
         if _direct(payload, out.dtype):
-            self._dequantize(payload, out, mode)
+            self._dequantize(payload, out, mode, check=check)
             return
         wide = np.empty(out.size, np.float64)  # float64 values, rounded once to the frame's dtype
-        self._dequantize(payload, wide, SET)
+        self._dequantize(payload, wide, SET, check=check)
         if payload.top > top_of(payload.dtype):  # saturate: finite input never decodes to inf
             np.clip(wide, -top_of(payload.dtype), top_of(payload.dtype), out=wide)
         store(round_to(wide, payload.dtype), out, mode)
@@ -191,10 +216,12 @@ class Quantizer(Value):
         return True
 
     @staticmethod
-    def _dequantize(p: Dequant, out, mode, addrs=None) -> None:
+    def _dequantize(p: Dequant, out, mode, addrs=None, check=None) -> None:
         """``out (=|+=|-=)`` the values of ``p`` (``out``'s dtype: :meth:`write` rounds); a
         run's payload into one array, or with ``addrs`` into each tensor's own (``out`` then
-        the first of them: :meth:`write_segments`)."""
+        the first of them: :meth:`write_segments`).  ``check``: the frame's payload check
+        (SET into a host array), which one tensor's codes are checksummed for, and their
+        fields tested (``p.limit``), as they are decoded."""
         kern = backend("dequant", out)
         if on_device(p.data) and not on_device(out):  # a device frame's codes decoded through a host buffer (a 16-bit frame's float64 values): they cross once
 
@@ -205,8 +232,16 @@ class Quantizer(Value):
         elif p.trits:
             kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
         else:
-            args = (readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
-            kern.dequantize(readonly(p.data), p.bits, p.count, *args, out, mode)
+            if check is not None and mode == SET:
+                lut = p.lut if p.lut.size >= 1 << p.bits else np.append(p.lut, np.full((1 << p.bits) - p.lut.size, np.nan))  # (a value for every code: the check comes after the read)
+                args = (readonly(lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
+                within, crc = kern.dequantize_checked(readonly(p.data), p.bits, p.count, *args, out, *(p.limit or (0, 0, 0)), 0)
+                check.note(p.data, crc)
+                if not within:
+                    check.reject(field_error(p.data, p.bits, p.count, p.limit))
+            else:
+                args = (readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
+                kern.dequantize(readonly(p.data), p.bits, p.count, *args, out, mode)
             if p.rescue is not None:  # (write() passes a float64 buffer and SET here) the rescued blocks' own pass
                 lut, scale = p.rescue
                 extra = np.empty(p.count, np.float64)

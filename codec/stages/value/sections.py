@@ -67,12 +67,17 @@ def read_codes(reader, bits: int, count: int, limit=None, device: bool = False) 
     _, raw = reader.take(SectionKind.VALUES, bits=bits, count=count, device=device)
     _check_payload(raw, count, bits, "values section")
     if limit is not None and count and limit[2] < (((1 << bits) - 1) & limit[0]) >> limit[1]:
-        fmask, fshift, largest = limit
-        kernels = backend("dequant", raw)
-        if not kernels.fields_within(readonly(raw), bits, count, fmask, fshift, largest):  # (the check alone: a quarter of max_field's time)
-            top = kernels.max_field(readonly(raw), bits, count, fmask, fshift)
-            raise CorruptFrameError(f"values section: a code field of {top}, no encoder writes more than {largest}")
+        if not backend("dequant", raw).fields_within(readonly(raw), bits, count, *limit):  # (the check alone: a quarter of max_field's time)
+            raise CorruptFrameError(field_error(raw, bits, count, limit))
     return raw
+
+
+def field_error(raw, bits: int, count: int, limit) -> str:
+    """What :func:`read_codes` says of codes ``raw`` a field of which exceeds ``limit``'s
+    largest (it names the largest field; only on a refusal: a pass over the codes)."""
+    fmask, fshift, largest = limit
+    top = backend("dequant", raw).max_field(readonly(raw), bits, count, fmask, fshift)
+    return f"values section: a code field of {top}, no encoder writes more than {largest}"
 
 
 def scalars_section(values: np.ndarray) -> Section:
