@@ -130,12 +130,12 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, fmask, fs
     dst, shift = _target(out, mode, lo, hi)
     whole_bytes = bits == 8 and block >= _TABLE_BLOCK and lut.size >= 256
     tabled = bits <= 8 and min(block, n) >= _TABLE_PER_CODE << bits and lut.size >= 1 << bits and not whole_bytes
-    over = _over_chunk(data, bits, n, fmask, fshift, largest, c) if t <= fm and not tabled else U(0)
     if whole_bytes:
-        _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift)
+        top = _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift, fm if t <= fm else U(0))
         if mode != SET:
             _combine(out, dst, lo, hi, mode)
-        return over
+        return U(t <= fm and top >= t)
+    over = _over_chunk(data, bits, n, fmask, fshift, largest, c) if t <= fm and not tabled else U(0)
     even, add, carry = _swar(bits, fm, t) if t <= fm and tabled else (U(0), U(0), U(0))
     tab = np.empty((1 << bits) if tabled else 0, dst.dtype)
     g = U(g0)
@@ -224,13 +224,16 @@ def _block_table(lut, ab, ob, has_off, tab):
 
 
 @jit
-def _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift):
+def _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift, fm):
     """Values ``lo..hi`` of 8-bit codes, block by block: the block's 256 values
     ``lut[c] * a[b] (+ off[b])`` rounded once to ``dst``'s dtype into a table, then one
     gather from it per code (the same values, bit for bit, as computing each code's value; a
-    plain byte-indexed loop that runs ~1.3x faster than the word-at-a-time path)."""
+    plain byte-indexed loop that runs ~1.3x faster than the word-at-a-time path).  Returns
+    the largest ``code & fm`` (:func:`dequantize_checked`'s field test in the same loop)."""
     has_off = off.size > 0
     tab = np.empty(256, dst.dtype)
+    top = np.uint8(0)
+    f = np.uint8(fm)
     i = lo
     while i < hi:
         b = i // block
@@ -241,8 +244,11 @@ def _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift):
             v = lut[c] * ab
             tab[c] = v + ob if has_off else v
         for j in range(U(i), U(end)):
-            dst[j - shift] = tab[data[j]]
+            code = data[j]
+            top = max(top, code & f)
+            dst[j - shift] = tab[code]
         i = end
+    return U(top)
 
 
 @jit(parallel=True)
