@@ -97,7 +97,7 @@ def decode(c, mf, out=None, like=None):
         for dt in set(lay.dtypes):
             device.check_dtype(dt, "like")
     mem = Memory(dev)
-    check = c.payload_check(mf.check, dev)  # completed as the codes are decoded, or verified now
+    check = c.payload_check(mf.check, dev, runs=True)  # completed as the codes are decoded, or verified now
     written = None if dev or check is not None else _pairs_at_once(c, mf, targets)
     if written is not None:  # (new arrays: of like's kind, named as the frame names them)
         results = written if like is None else [host_like(r, like) for r in written]

@@ -287,12 +287,14 @@ class Codec:
         ctx, payload = self._read(fr)
         return ctx.positions, self._kept(ctx, payload)
 
-    def payload_check(self, check, device: bool = False):
+    def payload_check(self, check, device: bool = False, runs: bool = False):
         """``check`` (a parsed frame's :class:`codec.payloadcheck.PayloadCheck`, or None) when
         decoding with this codec completes it in its own pass over the payload (a value stage
         that :attr:`~codec.stage.Value.checks_payload` alone, with no byte stage, into host
-        arrays); otherwise it is verified now, before anything is read (None is returned)."""
-        if check is None or (self.value.checks_payload and self.select is None and self.transform is None and not self.post and not device):
+        arrays; with ``runs``, a many-tensor decode, one whose runs' writes check it too:
+        :attr:`~codec.stage.Value.segmented`); otherwise it is verified now, before anything
+        is read (None is returned)."""
+        if check is None or (self.value.checks_payload and (self.value.segmented or not runs) and self.select is None and self.transform is None and not self.post and not device):
             return check
         check.verify()
         return None

@@ -159,7 +159,8 @@ def test_a_quantizer_checks_its_codes_in_the_pass_that_decodes_them(spec):
     decode checked before writing gives (``decode_add`` into zeros); a damaged one, and a
     forged one (a code beyond qsgd's levels or fp8's largest magnitude, both CRCs right),
     leave ``out`` NaN and raise what the check before writing raises, which ``decode_add``
-    still makes first (its accumulator keeps its sum)."""
+    still makes first (its accumulator keeps its sum), as ``decode_many`` does (a run's
+    write does not checksum its codes, so nothing is gained by writing first)."""
     from codec.frame import CHECK_IN_PASS_MIN
 
     rng = np.random.default_rng(4)
@@ -181,6 +182,11 @@ def test_a_quantizer_checks_its_codes_in_the_pass_that_decodes_them(spec):
         with pytest.raises(codec.CorruptFrameError, match=message):
             c.decode_add(frame, acc)
         assert (acc == 7.0).all()
+    tensors = {"a": x, "b": x[:9]}
+    outs = {k: np.full_like(v, 7.0) for k, v in tensors.items()}
+    with pytest.raises(codec.CorruptFrameError, match=r"^payload checksum mismatch"):
+        c.decode_many(_damaged(c.encode_many(tensors)), out=outs)
+    assert all((v == 7.0).all() for v in outs.values())
 
 
 @pytest.mark.parametrize("spec", ["none", "qsgd", "topk(ratio=0.1)", "fp16+zstd", "fp16"])

@@ -28,8 +28,9 @@ class Value(Stage, kind_base=True):
     elementwise: ClassVar[bool] = False
     #: True when :meth:`write` takes ``check=`` (a :class:`codec.payloadcheck.PayloadCheck`) and
     #: notes the CRC-32C of the payload bytes its kernel reads, so a decode verifies the
-    #: frame in the same pass (``fp16``, ``bf16``); a stage without it is checked before
-    #: decoding, as the whole payload
+    #: frame in the same pass (``fp16``, ``bf16``, the quantizers); a stage without it is
+    #: checked before decoding, as the whole payload.  A many-tensor decode completes the
+    #: check in its pass only where :meth:`write_segments` notes it too (:attr:`segmented`)
     checks_payload: ClassVar[bool] = False
     #: True when the stage has ``encode_segments(arrays, ctx, sections)``: ``encode`` of the
     #: concatenation of ``arrays`` (flat host float32/float64 arrays of one dtype) without
