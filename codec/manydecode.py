@@ -21,6 +21,7 @@ from codec.dtypes import checked_out, host_like, on_device
 from codec.errors import CodecTypeError, CodecValueError
 from codec.modes import ADD, SET, SUB
 from codec.ops import offsets, scatter_checked, scatter_segments, scratch, store, WIDE, wide_dtype
+from codec.payloadcheck import reading
 from codec.readruns import read_jobs, reads_positions, reads_runs
 from codec.runs import RUNS, SEGMENT_ELEMENTS, SEGMENTED_MIN, RunShape
 from codec import device
@@ -97,13 +98,14 @@ def decode(c, mf, out=None, like=None):
         for dt in set(lay.dtypes):
             device.check_dtype(dt, "like")
     mem = Memory(dev)
-    check = c.payload_check(mf.check, dev, runs=True)  # completed as the codes are decoded, or verified now
+    check = c.payload_check(mf.check, dev)  # completed as the codes are decoded, or verified now
     written = None if dev or check is not None else _pairs_at_once(c, mf, targets)
     if written is not None:  # (new arrays: of like's kind, named as the frame names them)
         results = written if like is None else [host_like(r, like) for r in written]
         return out if out is not None else results if lay.names is None else dict(zip(lay.names, results))
     segmented = _segmented(c, mf, targets, dev)
-    jobs = read_jobs(c, mf, device=dev, whole_runs=segmented)
+    with reading(check):
+        jobs = read_jobs(c, mf, device=dev, whole_runs=segmented, in_pass=check is not None)
     spans = device_spans([idx for idx, _, _ in jobs], targets)  # device outputs end to end: a job written at once
     results = [None] * len(mf)  # (new arrays only: with out, the caller's arrays are returned)
     together = _inverse_together(c, mf, jobs, targets) if out is not None and not dev and not mf.joint else set()

@@ -7,9 +7,12 @@ did not (:func:`codec.checksum.crc32c`), so it sits above both.
 
 from __future__ import annotations
 
-from codec.checksum import crc32c
+import contextlib
 
-__all__ = ["PayloadCheck", "refuse"]
+from codec.checksum import crc32c
+from codec.errors import CorruptFrameError
+
+__all__ = ["PayloadCheck", "reading", "refuse"]
 
 
 class PayloadCheck:
@@ -92,13 +95,25 @@ class PayloadCheck:
             refuse(written, self.rejected)
 
 
+@contextlib.contextmanager
+def reading(check):
+    """Reading a frame whose payload check ``check`` (or None) is left to the decoding pass:
+    a :class:`~codec.errors.CorruptFrameError` raised while reading (a damaged number, padding
+    bits) becomes the checksum's own when the payload's CRC-32C fails too, so a damaged frame
+    is named as such whatever its damage broke first."""
+    try:
+        yield
+    except CorruptFrameError:
+        if check is not None:
+            check.verify()
+        raise
+
+
 def refuse(written=(), message: str = "payload checksum mismatch: the section data is damaged") -> None:
     """The verdict on a payload whose CRC-32C is not the stored one (or on codes ``message``
     names), given after decoding wrote ``written`` (arrays; None skipped): each filled with
     NaN, then :class:`~codec.errors.CorruptFrameError`."""
     import numpy as np
-
-    from codec.errors import CorruptFrameError
 
     for a in written:
         if a is not None and a.size:

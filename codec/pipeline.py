@@ -26,6 +26,7 @@ from codec.modes import ADD, SET, SUB
 from codec.stage import KINDS, Context, check_step, lookup
 from codec.device import as_input
 from codec.ops import scatter_checked, store, WIDE, wide_dtype
+from codec.payloadcheck import reading
 
 
 class Codec:
@@ -254,7 +255,8 @@ class Codec:
             device.check_dtype(fr.dtype, "like")
         target = None if out is None else self._out(out, fr, add=False)  # a wrong out: refused first
         check = self.payload_check(fr.check, on_dev or on_device(target))
-        ctx, payload = self._read(fr, device=on_dev or on_device(target), in_pass=check is not None)  # every section checked before the dense output is allocated (the codes' range: in the pass that checks the payload)
+        with reading(check):  # every section checked before the dense output is allocated (the codes' range: in the pass that checks the payload)
+            ctx, payload = self._read(fr, device=on_dev or on_device(target), in_pass=check is not None)
         if target is None:
             target = device.empty(fr.n, fr.dtype) if on_dev else np.empty(fr.n, fr.dtype)
         self._write(ctx, payload, target, SET, check)
@@ -287,14 +289,12 @@ class Codec:
         ctx, payload = self._read(fr)
         return ctx.positions, self._kept(ctx, payload)
 
-    def payload_check(self, check, device: bool = False, runs: bool = False):
+    def payload_check(self, check, device: bool = False):
         """``check`` (a parsed frame's :class:`codec.payloadcheck.PayloadCheck`, or None) when
         decoding with this codec completes it in its own pass over the payload (a value stage
         that :attr:`~codec.stage.Value.checks_payload` alone, with no byte stage, into host
-        arrays; with ``runs``, a many-tensor decode, one whose runs' writes check it too:
-        :attr:`~codec.stage.Value.segmented`); otherwise it is verified now, before anything
-        is read (None is returned)."""
-        if check is None or (self.value.checks_payload and (self.value.segmented or not runs) and self.select is None and self.transform is None and not self.post and not device):
+        arrays); otherwise it is verified now, before anything is read (None is returned)."""
+        if check is None or (self.value.checks_payload and self.select is None and self.transform is None and not self.post and not device):
             return check
         check.verify()
         return None

@@ -18,7 +18,7 @@ from codec.runs import RUNS, RunShape, passing_runs, runs, segment_runs
 from codec.stage import Context
 
 
-def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, whole_runs: bool = False) -> list:
+def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, whole_runs: bool = False, in_pass: bool = False) -> list:
     """The jobs of ``mf`` for the codec ``c``: ``(indices, ctx, payload)`` per tensor, or per run of
     small tensors an elementwise codec decodes at once (:func:`runs`), every section checked
     and compactly read (phase 1 for all tensors before any output is allocated).  ``only``:
@@ -29,10 +29,12 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
     (:func:`reads_runs`) or of a select stage that reads every tensor's positions at once
     (:func:`reads_positions`) are every consecutive tensor of one dtype, whatever its size
     (the decode writes them with :meth:`codec.stage.Value.write_segments`, or scatters
-    their pairs with one ``scatter_segments`` call)."""
+    their pairs with one ``scatter_segments`` call); ``in_pass``: the writes are given the
+    frame's payload check, which tests what the value stage leaves to them
+    (``Context.checked_in_pass``)."""
     lay = mf.layout
     if mf.joint:  # one job: the concatenation
-        jobs = [(list(range(len(mf))), *c._read(mf.whole()))]
+        jobs = [(list(range(len(mf))), *c._read(mf.whole(), in_pass=in_pass))]
         mf.finish()
         return jobs
     segs = None if c.elementwise else segment_runs(list(zip(lay.sizes, lay.dtypes)), shape)
@@ -67,9 +69,9 @@ def read_jobs(c, mf, only=None, shape: RunShape = RUNS, device: bool = False, wh
         elif transform_runs:
             job = _transform_run_job(c, mf, g)
         else:
-            job = _run_job(c, mf, g, by_value, device)
+            job = _run_job(c, mf, g, by_value, device, in_pass)
         if job is None:  # alone, or a run whose tensors are not what the run expects
-            jobs += [([i], *c._read(mf.tensor(i), known[i], device)) for i in g]
+            jobs += [([i], *c._read(mf.tensor(i), known[i], device, in_pass)) for i in g]
         else:
             jobs.append(job)
     if only is None:
@@ -92,7 +94,7 @@ def reads_positions(c, mf) -> bool:
     return c.select is not None and c.transform is None and isinstance(mf.payload, memoryview)
 
 
-def _run_job(c, mf, run, value_runs, device: bool = False):
+def _run_job(c, mf, run, value_runs, device: bool = False, in_pass: bool = False):
     """The job ``(run, ctx, payload)`` of a run of tensors read at once, or None (each is read
     alone): an elementwise codec's one section over the run (:func:`_values_frame`; with
     ``device``, a device frame's codes stay there), or what the value stage's
@@ -100,10 +102,10 @@ def _run_job(c, mf, run, value_runs, device: bool = False):
     lay = mf.layout
     if not value_runs:
         fr = _values_frame(mf, [mf.tensor_sections[i] for i in run], [lay.sizes[i] for i in run], lay.dtypes[run[0]])
-        return None if fr is None else (run, *c._read(fr, device=device))
+        return None if fr is None else (run, *c._read(fr, device=device, in_pass=in_pass))
     sizes = [lay.sizes[i] for i in run]
     dtype = lay.dtypes[run[0]]
-    payload = _or_alone(c.value.read_run, np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i] for i in run], sizes, dtype)
+    payload = _or_alone(c.value.read_run, np.frombuffer(mf.payload, np.uint8), [mf.tensor_sections[i] for i in run], sizes, dtype, in_pass)
     return None if payload is None else (run, Context((sum(sizes),), dtype, name="tensors"), payload)
 
 

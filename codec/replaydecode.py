@@ -90,18 +90,19 @@ def lowrank(c) -> bool:
     return c.transform is not None and c.transform.lowrank and c.value.name == "none" and c.select is None and not c.post
 
 
-def decode_run(plan, payload, addrs, views) -> bool:
+def decode_run(plan, payload, addrs, views, check=None) -> bool:
     """A quantizer's run: read at once through the plan's run layout
     (:meth:`codec.stages.value.quantizer.Quantizer.read_planned`, which checks every
     section as ``read_run`` does) and decoded into each array where it lies
     (``write_segments``); False for a section it refuses or a run its kernel does not write
-    directly."""
+    directly.  ``check``: the frame's payload check, which the decode notes the codes' CRC in
+    and tests their fields for (the caller verifies it)."""
     value = plan.codec.value
     try:
-        got = value.read_planned(payload, plan.run)
+        got = value.read_planned(payload, plan.run, check is not None)
     except CorruptFrameError:
         return False
-    return got is not None and value.write_segments(got, [v.reshape(-1) for v in views], SET, addrs=addrs)
+    return got is not None and value.write_segments(got, [v.reshape(-1) for v in views], SET, check, addrs)
 
 
 def decode_keyed(plan, payload, addrs, views) -> bool:

@@ -25,6 +25,7 @@ from codec.manyframe import parse_many
 from codec.manyframe.parse import read_header
 from codec.ops import offsets, readonly
 from codec.pack import INDEX_KINDS
+from codec.payloadcheck import PayloadCheck, refuse
 
 __all__ = ["Replay", "learned"]
 
@@ -194,11 +195,18 @@ class Replay:
             return None
         if self.pairs is not None:  # a sparse frame: its header's sections read, checked, then its pairs written
             return self._result(out, items) if replaydecode.decode_pairs(self, frame, found[0]) else None
-        if self.infos is not None:  # a frame of one of codec.replaydecode's kinds: its payload's CRC-32C first
+        if self.infos is not None and self.matrices is None and self.values is None:  # a quantizer's run: its payload checked as its codes are decoded
+            check = self._check(frame)
+            if not replaydecode.decode_run(self, self._payload(frame) if check is None else check.payload, *found, check):
+                return None
+            if check is not None:
+                check.verify(found[1])  # NaN in the outputs, then CorruptFrameError, as decode_many does
+            return self._result(out, items)
+        if self.infos is not None:  # a frame of one of codec.replaydecode's other kinds: its payload's CRC-32C first
             payload = self._payload(frame)
             if payload is None:
                 return None
-            kind = replaydecode.decode_lowrank if self.matrices is not None else replaydecode.decode_keyed if self.values is not None else replaydecode.decode_run
+            kind = replaydecode.decode_lowrank if self.matrices is not None else replaydecode.decode_keyed
             return self._result(out, items) if kind(self, payload, *found) else None
         hl = self.header_len
         codes = np.frombuffer(frame, self.codes_dtype, self.count, hl)
@@ -210,8 +218,6 @@ class Replay:
             if crc < 0:
                 crc = crc32c(codes.view(np.uint8))
             if crc != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
-                from codec.payloadcheck import refuse
-
                 refuse(views)  # NaN in the outputs, then CorruptFrameError, as decode_many does
         return self._result(out, items)
 
@@ -225,6 +231,17 @@ class Replay:
         if self.crc and crc32c(payload) != _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0]:
             return None
         return payload
+
+    def _check(self, frame):
+        """The payload check of ``frame`` that its decode completes (a
+        :class:`~codec.payloadcheck.PayloadCheck` of its read-only payload), None for a frame
+        without a CRC-32C."""
+        if not self.crc:
+            return None
+        hl = self.header_len
+        payload = np.frombuffer(frame, np.uint8, self.size - hl, hl)
+        payload.flags.writeable = False
+        return PayloadCheck(payload, _CRC.unpack_from(frame, hl - 2 * _CRC.size)[0])
 
     def _result(self, out, items):
         """What ``decode_many`` returns: ``out`` given, else the new arrays (a dict when the

@@ -141,10 +141,19 @@ def test_a_fused_decode_refuses_a_damaged_payload_and_leaves_out_nan(spec):
             decode(_damaged(frame), None)
 
 
+#: what a decode says of a code no encoder writes (a tensor's, or the first such of a run's)
+FIELD_REFUSED = r"^values section: a code field of \d+, no encoder writes more than \d+$"
+
+
+def _header_len(frame) -> int:
+    """The header length of a frame of either format (the payload follows it)."""
+    return codec.inspect(frame)["header_bytes"]
+
+
 def _forged(frame, at: int) -> bytes:
     """``frame`` with its payload's byte ``at`` (from the end) set to 0xFF and both CRCs made
     right again: what only a forger sends, and only the decoder's range check refuses."""
-    hl = parse_frame(frame).header_len
+    hl = _header_len(frame)
     b = bytearray(frame)
     b[-at] = 0xFF
     b[hl - 8 : hl - 4] = struct.pack("<I", ref.crc32c(bytes(b[hl:])))
@@ -172,7 +181,7 @@ def test_a_quantizer_checks_its_codes_in_the_pass_that_decodes_them(spec):
     assert np.array_equal(out, c.decode_add(frame, np.zeros_like(x)))
     bad = [(_damaged(frame), r"^payload checksum mismatch: the section data is damaged$")]
     if spec != "minmax(bits=4)":  # (every 4-bit code is one minmax writes)
-        bad.append((_forged(frame, 1000), r"^values section: a code field of \d+, no encoder writes more than \d+$"))
+        bad.append((_forged(frame, 1000), FIELD_REFUSED))
     for frame, message in bad:
         out = np.full_like(x, 7.0)
         with pytest.raises(codec.CorruptFrameError, match=message):
@@ -182,11 +191,39 @@ def test_a_quantizer_checks_its_codes_in_the_pass_that_decodes_them(spec):
         with pytest.raises(codec.CorruptFrameError, match=message):
             c.decode_add(frame, acc)
         assert (acc == 7.0).all()
-    tensors = {"a": x, "b": x[:9]}
-    outs = {k: np.full_like(v, 7.0) for k, v in tensors.items()}
-    with pytest.raises(codec.CorruptFrameError, match=r"^payload checksum mismatch"):
-        c.decode_many(_damaged(c.encode_many(tensors)), out=outs)
-    assert all((v == 7.0).all() for v in outs.values())
+
+    tensors = {"a": x[5:], "b": x[:5], "c": x[:0]}  # (a run of tensors: read at once, decoded by one kernel)
+    many = c.encode_many(tensors)
+    bad = [(_damaged(many), r"^payload checksum mismatch: the section data is damaged$")]
+    if spec != "minmax(bits=4)":
+        bad.append((_forged(many, 1000), FIELD_REFUSED))
+    for _ in range(2):  # the general path, then the replayed one (codec.replay: a plan learned from the sound frame)
+        outs = {k: np.full_like(v, 7.0) for k, v in tensors.items()}
+        c.decode_many(many, out=outs)
+        assert all(np.array_equal(outs[k], c.decode_add_many(many, {k: np.zeros_like(v) for k, v in tensors.items()})[k]) for k in tensors)
+        for frame, message in bad:
+            with pytest.raises(codec.CorruptFrameError, match=message):
+                c.decode_many(frame, out=outs)
+            assert all(np.isnan(v).all() for v in outs.values())
+            acc = {k: np.full_like(v, 7.0) for k, v in tensors.items()}
+            with pytest.raises(codec.CorruptFrameError, match=message):
+                codec.decode_add_many(frame, acc)
+            assert all((v == 7.0).all() for v in acc.values())
+
+
+def test_a_damaged_frame_is_named_so_whatever_its_damage_broke_first():
+    """A frame checked in the decoding pass whose damage also breaks what reading checks
+    first (a qsgd bucket's norm made negative) is refused for its checksum, as a frame
+    checked before reading is (``codec.payloadcheck.reading``)."""
+    from codec.frame import CHECK_IN_PASS_MIN
+
+    x = np.random.default_rng(5).standard_normal(2 * CHECK_IN_PASS_MIN).astype(np.float32)
+    c = codec.get_codec("qsgd")
+    for frame, decode in ((c.encode(x), lambda f: c.decode(f, out=np.empty_like(x))), (c.encode_many({"a": x}), lambda f: c.decode_many(f, out={"a": np.empty_like(x)}))):
+        b = bytearray(frame)
+        b[_header_len(frame) + 3] ^= 0x80  # the first norm's sign bit (its scalars come first)
+        with pytest.raises(codec.CorruptFrameError, match=r"^payload checksum mismatch"):
+            decode(bytes(b))
 
 
 @pytest.mark.parametrize("spec", ["none", "qsgd", "topk(ratio=0.1)", "fp16+zstd", "fp16"])

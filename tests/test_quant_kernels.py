@@ -1384,18 +1384,20 @@ def test_encode_segments_report_nonfinite_per_tensor(dtype):
     assert bad.tolist() == [0, 1, 1]
 
 
-@pytest.mark.parametrize("bits", [1, 3, 6, 8, 11, 16])
-@pytest.mark.parametrize("offsets", [False, True])
-def test_dequantize_segments_match_numpy(bits, offsets):
-    """Every tensor's codes at its own byte offset (gaps between them), its own block length
-    and factors; SET, ADD and SUB into float32/float64, into one array and into each tensor's
-    own array by address, each tensor as ref_dequantize gives it."""
-    sizes = [0, 1, 9, 1001, CHUNK + 3, 17, 8]
-    blocks = [1, 7, 8, 512, CHUNK, 17, 1]
+#: the tensors of a run the segmented decoders are tested on: sizes, and their blocks
+SEGMENT_SIZES = [0, 1, 9, 1001, CHUNK + 3, 17, 8]
+SEGMENT_BLOCKS = [1, 7, 8, 512, CHUNK, 17, 1]
+
+
+def segments_case(bits, offsets):
+    """A run's payload for the segmented decoders: every tensor of :data:`SEGMENT_SIZES`
+    with its codes at its own byte offset (gaps of other bytes between them, one after the
+    last), its own block length and factors.  Returns ``(data, args, lut, dstarts, starts,
+    a_parts, off_parts)``, ``args`` the decoders' arguments after ``data`` up to ``out``."""
     parts, dstarts, lut = [], [], None
     a_parts, off_parts = [], []
     pos = 0
-    for t, (n, block) in enumerate(zip(sizes, blocks)):
+    for t, (n, block) in enumerate(zip(SEGMENT_SIZES, SEGMENT_BLOCKS)):
         raw, lut_t, a, off = dequant_case(bits, n, block, offsets, seed=t)
         lut = lut_t if lut is None else lut
         gap = np.full(t % 3, 0xAB, np.uint8)  # bytes of other sections between the codes
@@ -1404,20 +1406,31 @@ def test_dequantize_segments_match_numpy(bits, offsets):
         pos += gap.size + raw.size
         a_parts.append(a)
         off_parts.append(off)
-    data_ = np.concatenate(parts)
-    starts = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=starts[1:])
-    astarts = np.zeros(len(sizes) + 1, np.int64)
+    data_ = np.concatenate(parts + [np.full(3, 0xCD, np.uint8)])
+    starts = np.zeros(len(SEGMENT_SIZES) + 1, np.int64)
+    np.cumsum(SEGMENT_SIZES, out=starts[1:])
+    astarts = np.zeros(len(SEGMENT_SIZES) + 1, np.int64)
     np.cumsum([a.size for a in a_parts], out=astarts[1:])
-    a_all = np.concatenate(a_parts)
     off_all = np.concatenate(off_parts) if offsets else np.empty(0)
+    dstarts = np.array(dstarts, np.int64)
+    args = (dstarts, bits, starts, ro(lut), np.array(SEGMENT_BLOCKS, np.int64), ro(np.concatenate(a_parts)), astarts, ro(off_all))
+    return data_, args, lut, dstarts, starts, a_parts, off_parts
+
+
+@pytest.mark.parametrize("bits", [1, 3, 6, 8, 11, 16])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_dequantize_segments_match_numpy(bits, offsets):
+    """Every tensor's codes at its own byte offset (gaps between them), its own block length
+    and factors; SET, ADD and SUB into float32/float64, into one array and into each tensor's
+    own array by address, each tensor as ref_dequantize gives it."""
+    sizes, blocks = SEGMENT_SIZES, SEGMENT_BLOCKS
+    data_, args, lut, dstarts, starts, a_parts, off_parts = segments_case(bits, offsets)
     rng = np.random.default_rng(bits)
     for dtype in DTYPES:
         for mode in (SET, ADD, SUB):
             out0 = (rng.standard_normal(int(starts[-1])) * 10).astype(dtype)
             out = out0.copy()
             outs = [out0[starts[t] : starts[t + 1]].copy() for t in range(len(sizes))]  # each its own array
-            args = (np.array(dstarts, np.int64), bits, starts, ro(lut), np.array(blocks, np.int64), ro(a_all), astarts, ro(off_all))
             twin = ("serial", "parallel")[mode % 2]  # both twins' (tensor, chunk) rows
             getattr(K.dequant.dequantize_segments, twin)(ro(data_), *args, out, np.empty(0, np.int64), mode)
             addrs = np.array([o.ctypes.data for o in outs], np.int64)
@@ -1428,6 +1441,33 @@ def test_dequantize_segments_match_numpy(bits, offsets):
                 want = ref_dequantize(raw, bits, n, lut, blocks[t], a_parts[t], off_parts[t], out0[sl], mode)
                 assert_same(out[sl], want, f"tensor {t} {np.dtype(dtype)} mode {mode}")
                 assert_same(outs[t], want, f"tensor {t} {np.dtype(dtype)} mode {mode}, by address")
+
+
+@pytest.mark.parametrize("bits", [1, 6, 8, 11])
+def test_dequantize_segments_checked_match_numpy(bits):
+    """``dequantize_segments_checked``: each tensor's values as ``ref_dequantize`` gives them
+    (into one array and into each tensor's own), whether every field of every tensor is
+    within the largest allowed (the NumPy maximum over the run, and one beyond it), and the
+    CRC-32C of the whole run's bytes, the gaps between the tensors' codes included, on both
+    twins' (tensor, chunk) rows."""
+    data_, args, lut, dstarts, starts, a_parts, off_parts = segments_case(bits, bits % 2 == 0)
+    fmask, fshift = (1 << bits) - 1, min(1, bits - 1)
+    top = max(int(((ref_unpack(data_[d:], bits, n) & U64(fmask)) >> U64(fshift)).max(initial=0)) for d, n in zip(dstarts, SEGMENT_SIZES))
+    for dtype, twin, largest, start in ((np.float32, "serial", top, 0), (np.float64, "parallel", top - 1, 0x5EED), (np.float32, "parallel", top, -1)):
+        out = np.full(int(starts[-1]), 7.0, dtype)
+        outs = [np.full(n, 7.0, dtype) for n in SEGMENT_SIZES]
+        for dst, addrs in ((out, np.empty(0, np.int64)), (outs[0], np.array([o.ctypes.data for o in outs], np.int64))):
+            within, crc = getattr(K.dequant.dequantize_segments_checked, twin)(ro(data_), *args, dst, addrs, fmask, fshift, largest, start)
+            assert bool(within) == (top <= largest), (largest, top)
+            if start < 0:
+                assert int(crc) == -1
+            else:
+                check_kernel_crc(int(crc), data_, start, K.dequant)
+        for t, n in enumerate(SEGMENT_SIZES):
+            raw = data_[dstarts[t] : dstarts[t] + -(-n * bits // 8)]
+            want = ref_dequantize(raw, bits, n, lut, SEGMENT_BLOCKS[t], a_parts[t], off_parts[t], np.empty(n, dtype), SET)
+            assert_same(out[starts[t] : starts[t + 1]], want, f"tensor {t} {np.dtype(dtype)}")
+            assert_same(outs[t], want, f"tensor {t} {np.dtype(dtype)}, by address")
 
 
 @pytest.mark.parametrize("bits", [1, 5, 8, 9, 16])

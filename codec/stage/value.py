@@ -29,8 +29,8 @@ class Value(Stage, kind_base=True):
     #: True when :meth:`write` takes ``check=`` (a :class:`codec.payloadcheck.PayloadCheck`) and
     #: notes the CRC-32C of the payload bytes its kernel reads, so a decode verifies the
     #: frame in the same pass (``fp16``, ``bf16``, the quantizers); a stage without it is
-    #: checked before decoding, as the whole payload.  A many-tensor decode completes the
-    #: check in its pass only where :meth:`write_segments` notes it too (:attr:`segmented`)
+    #: checked before decoding, as the whole payload (its :meth:`write_segments` notes the
+    #: check too)
     checks_payload: ClassVar[bool] = False
     #: True when the stage has ``encode_segments(arrays, ctx, sections)``: ``encode`` of the
     #: concatenation of ``arrays`` (flat host float32/float64 arrays of one dtype) without
@@ -126,12 +126,13 @@ class Value(Stage, kind_base=True):
             return None
         return self.read_run(data, sections, counts, dtype)
 
-    def read_run(self, data, infos, sizes, dtype):
+    def read_run(self, data, infos, sizes, dtype, in_pass: bool = False):
         """The inverse of :meth:`encode_run`: from the raw payload ``data`` (uint8) and, per
         tensor of the run, its section infos (offsets into ``data``) and size, a payload that
         :meth:`write` decodes into the run's concatenation (``dtype``), after the checks
         :meth:`read` makes (CorruptFrameError); None (the default, or sections that are not
-        what the run expects) reads each tensor on its own."""
+        what the run expects) reads each tensor on its own.  ``in_pass``: as
+        ``Context.checked_in_pass`` (the write is given the frame's payload check)."""
         return None
 
     def write_segments(self, payload, outs, mode, check=None) -> bool:

@@ -244,6 +244,10 @@ def test_dequantize_segments():
     for off in (np.empty(0), rng.standard_normal(a.size)):
         (ca, _), (ga, _) = both("dequantize_segments", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), np.empty(0, np.int64), ADD, device=(9,))
         same(ga[9], ca[9])
+        for largest in (14, 15):
+            (ca, (cok, ccrc)), (ga, (gok, gcrc)) = both("dequantize_segments_checked", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), np.empty(0, np.int64), 0x1E, 1, largest, 3, device=(9,))
+            same(ga[9], ca[9])
+            assert bool(cok) == bool(gok) and ccrc in (-1, gcrc)
     seen = set()
     for largest in range(16):  # (0x1E >> 1 of 5-bit codes: fields 0..15)
         (_, cw), (_, gw) = both("fields_within_segments", "dequant", data_, dstarts, bits, starts, 0x1E, 1, largest)

@@ -21,10 +21,10 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.kernels.cpu._codes import _GROUPS, _code_at, _field_test, _groups_safe, _group_code, _load8, _max_field_chunk, _over_chunk, _over_row, _over_word, _rows, _swar
 from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks, view_at
-from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
+from codec.kernels.cpu._crc import HARDWARE, combine, crc_bytes, crc_piece, crc_pieces, joined
 from codec.modes import SET, SUB
 
-__all__ = ["dequantize", "dequantize_checked", "dequantize_segments", "max_field", "fields_within", "fields_within_segments", "trits_dequantize"]
+__all__ = ["dequantize", "dequantize_checked", "dequantize_segments", "dequantize_segments_checked", "max_field", "fields_within", "fields_within_segments", "trits_dequantize"]
 
 
 @jit(inline="always")
@@ -102,13 +102,50 @@ def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, of
     per tensor."""
     rows = _rows(starts)
     for r in prange(rows[-1]):
-        t = np.searchsorted(rows, r, side="right") - 1
-        n = starts[t + 1] - starts[t]
-        d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
-        at = a[astarts[t] : astarts[t + 1]]
-        ot = off[astarts[t] : astarts[t + 1]] if off.size else off
-        dst = view_at(out, addrs[t], n) if addrs.size else out[starts[t] : starts[t + 1]]
-        _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, r - rows[t], 0, 0, 0)
+        _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, mode, 0, 0, 0)
+
+
+@jit(parallel=True)
+def dequantize_segments_checked(data, dstarts, bits, starts, lut, blocks, a, astarts, off, out, addrs, fmask, fshift, largest, crc):
+    """:func:`dequantize_segments` (SET) of codes nobody has checked yet, checking each field
+    and checksumming each chunk as :func:`dequantize_checked` does: returns ``(within,
+    crc)``, ``crc`` the CRC-32C of all of ``data``'s bytes (a run's: its tensors' codes and
+    the per-block numbers between them, which are checksummed after the decode) continued
+    from ``crc``, -1 when ``crc < 0`` or this CPU cannot form it.  ``dstarts`` must grow."""
+    rows = _rows(starts)
+    sums, lens = crc_pieces(rows[-1], crc)
+    over = np.zeros(rows[-1], np.uint64)
+    for r in prange(rows[-1]):
+        over[r] = _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, SET, fmask, fshift, largest)
+        if sums.size:
+            t = np.searchsorted(rows, r, side="right") - 1
+            k = r - rows[t]
+            nbytes = ((starts[t + 1] - starts[t]) * bits + 7) // 8
+            end = nbytes if r == rows[t + 1] - 1 else (k + 1) * _GROUPS * bits
+            crc_piece(sums, lens, r, data, dstarts[t] + k * _GROUPS * bits, dstarts[t] + end)
+    if crc < 0 or not HARDWARE:
+        return not over.any(), np.int64(-1)
+    c = np.uint32(crc)  # the pieces in the run's order, the bytes between them checksummed here
+    at = 0
+    for t in range(starts.size - 1):
+        c = crc_bytes(data, at, dstarts[t], c) if dstarts[t] > at else c
+        for r in range(rows[t], rows[t + 1]):
+            c = combine(c, sums[r], lens[r])
+        at = dstarts[t] + ((starts[t + 1] - starts[t]) * bits + 7) // 8
+    return not over.any(), np.int64(crc_bytes(data, at, data.size, c) if data.size > at else c)
+
+
+@jit(inline="always")
+def _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, mode, fmask, fshift, largest):
+    """Row ``r`` of :func:`dequantize_segments` (chunk ``r - rows[t]`` of tensor ``t``);
+    returns :func:`_dequantize_chunk`'s field flag."""
+    t = np.searchsorted(rows, r, side="right") - 1
+    n = starts[t + 1] - starts[t]
+    d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
+    at = a[astarts[t] : astarts[t + 1]]
+    ot = off[astarts[t] : astarts[t + 1]] if off.size else off
+    dst = view_at(out, addrs[t], n) if addrs.size else out[starts[t] : starts[t + 1]]
+    return _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, r - rows[t], fmask, fshift, largest)
 
 
 @jit

@@ -115,6 +115,15 @@ def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, of
         _dequantize_segments[launch(n)](dev(data), dev(dstarts), bits, dev(starts), constant(lut), dev(blocks), dev(a), dev(astarts), dev(off), out, mode)
 
 
+def dequantize_segments_checked(data, dstarts, bits, starts, lut, blocks, a, astarts, off, out, addrs, fmask, fshift, largest, crc):
+    """The CPU kernel's ``(within, crc)`` as :func:`dequantize_checked` forms it: the fields
+    checked (``fields_within_segments``), then the run decoded, the CRC-32C of all of
+    ``data`` formed on the device."""
+    within = fields_within_segments(data, dstarts, bits, starts, fmask, fshift, largest) if fmask else True
+    dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, off, out, addrs, SET)
+    return within, crc_of(dev(data), crc)
+
+
 @jit
 def _max_field(data, bits, n, fm, top):
     tmp = cuda.shared.array(THREADS, np.uint64)

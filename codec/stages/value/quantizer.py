@@ -36,6 +36,8 @@ from codec.streams import key_text, stream
 
 #: ``quantrun.run_read``'s code-field check when no code can fail it
 _NO_LIMIT = (0, 0, -1)
+#: what reading or decoding a run says of a code field beyond the largest an encoder writes
+_RUN_FIELD = "values section: a code field beyond {}, the most an encoder writes"
 
 #: ``dequantize_segments``'s ``addrs`` when it writes one array (a run's concatenation)
 _NO_ADDRS = np.empty(0, np.int64)
@@ -72,6 +74,51 @@ def _direct(p: Dequant, dtype) -> bool:
     """Whether ``p``'s values decode straight into an array of ``dtype``: its own dtype, every
     value within its range, one pass (else :meth:`Quantizer.write` takes a float64 pass)."""
     return dtype == p.dtype and p.rescue is None and p.top <= top_of(p.dtype)
+
+
+def _checked_unless(p: Dequant, check, mode) -> Dequant:
+    """``p`` with its code fields checked now when the read left them to a decoding pass
+    (``p.limit``) that will not check them (no payload check, or a decode that adds): a
+    CorruptFrameError before anything is written, as reading would have raised."""
+    if p.limit is None or (check is not None and mode == SET):
+        return p
+    kern = backend("dequant", p.data)
+    if p.starts is None:
+        within = kern.fields_within(readonly(p.data), p.bits, p.count, *p.limit)
+    else:
+        within = kern.fields_within_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *p.limit)
+    if not within:
+        raise CorruptFrameError(_field_refusal(p))
+    return dataclasses.replace(p, limit=None)
+
+
+def _field_refusal(p: Dequant) -> str:
+    """What reading says of ``p``'s codes, a field of which is beyond ``p.limit``: of a run,
+    what reading its first such tensor alone says (as the many-tensor reader does when a
+    run refuses: ``codec.readruns``)."""
+    if p.starts is None:
+        return field_error(p.data, p.bits, p.count, p.limit)
+    kern = backend("dequant", p.data)
+    for d, n in zip(p.dstarts.tolist(), np.diff(p.starts).tolist()):
+        raw = readonly(p.data[d : d + (n * p.bits + 7) // 8])
+        if n and not kern.fields_within(raw, p.bits, n, *p.limit):
+            return field_error(raw, p.bits, n, p.limit)
+    return _RUN_FIELD.format(p.limit[2])
+
+
+def _every_code(p: Dequant) -> np.ndarray:
+    """``p``'s table with a value (NaN) for every code of its width: a decode that checks
+    the codes as it reads them (``dequantize_checked``) looks a code up before refusing it."""
+    missing = (1 << p.bits) - p.lut.size
+    return p.lut if missing <= 0 else np.append(p.lut, np.full(missing, np.nan))
+
+
+def _noted(p: Dequant, check, within, crc) -> None:
+    """What a checking decode of ``p`` found, told to the frame's payload check: the CRC-32C
+    of the codes' bytes it read, and a code beyond ``p.limit`` (a refusal to raise)."""
+    check.note(p.data, crc)
+    if not within:
+        check.reject(_field_refusal(p))
 
 
 def exponent_range(dtype) -> tuple[int, int]:
@@ -188,11 +235,7 @@ class Quantizer(Value):
         return read_codes(reader, bits, count, None if later else limit, device=ctx.codes_on_device), later
 
     def write(self, payload: Dequant, out, mode, check=None) -> None:
-        p = payload
-        if p.limit is not None and (check is None or mode != SET):  # (a pass that cannot check them: before anything is written)
-            if not backend("dequant", p.data).fields_within(readonly(p.data), p.bits, p.count, *p.limit):
-                raise CorruptFrameError(field_error(p.data, p.bits, p.count, p.limit))
-            payload = dataclasses.replace(p, limit=None)
+        payload = _checked_unless(payload, check, mode)
         if _direct(payload, out.dtype):
             self._dequantize(payload, out, mode, check=check)
             return
@@ -211,8 +254,9 @@ class Quantizer(Value):
         p = payload
         if p.starts is None or any(o.dtype != p.dtype for o in outs) or not _direct(p, p.dtype):
             return False
+        p = _checked_unless(p, check, mode)
         if outs:
-            self._dequantize(p, outs[0], mode, addresses(outs) if addrs is None else addrs)
+            self._dequantize(p, outs[0], mode, addresses(outs) if addrs is None else addrs, check)
         return True
 
     @staticmethod
@@ -227,18 +271,19 @@ class Quantizer(Value):
 
             p = dataclasses.replace(p, data=host_copy(p.data))
         if p.starts is not None:
-            args = (readonly(p.lut), p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset))
-            kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *args, out, _NO_ADDRS if addrs is None else addrs, mode)
+            args = (p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset), out, _NO_ADDRS if addrs is None else addrs)
+            if check is not None and mode == SET:
+                within, crc = kern.dequantize_segments_checked(readonly(p.data), p.dstarts, p.bits, p.starts, readonly(_every_code(p)), *args, *(p.limit or (0, 0, 0)), 0)
+                _noted(p, check, within, crc)
+            else:
+                kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, readonly(p.lut), *args, mode)
         elif p.trits:
             kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
         else:
             if check is not None and mode == SET:
-                lut = p.lut if p.lut.size >= 1 << p.bits else np.append(p.lut, np.full((1 << p.bits) - p.lut.size, np.nan))  # (a value for every code: the check comes after the read)
-                args = (readonly(lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
+                args = (readonly(_every_code(p)), max(1, p.block), readonly(p.scale), readonly(p.offset))
                 within, crc = kern.dequantize_checked(readonly(p.data), p.bits, p.count, *args, out, *(p.limit or (0, 0, 0)), 0)
-                check.note(p.data, crc)
-                if not within:
-                    check.reject(field_error(p.data, p.bits, p.count, p.limit))
+                _noted(p, check, within, crc)
             else:
                 args = (readonly(p.lut), max(1, p.block), readonly(p.scale), readonly(p.offset))
                 kern.dequantize(readonly(p.data), p.bits, p.count, *args, out, mode)
@@ -351,10 +396,10 @@ class Quantizer(Value):
         ]
         return table, Section(SectionKind.VALUES, 8, int(ostarts[-1]), fill=fill, device=on_device(codes))
 
-    def read_run(self, data, infos, sizes, dtype):
+    def read_run(self, data, infos, sizes, dtype, in_pass: bool = False):
         """:meth:`read_planned` of :meth:`run_plan`: the run read and checked at once."""
         plan = self.run_plan(infos, sizes, dtype)
-        return None if plan is None else self.read_planned(data, plan)
+        return None if plan is None else self.read_planned(data, plan, in_pass)
 
     def run_plan(self, infos, sizes, dtype) -> RunPlan | None:
         """What reading a run takes from its tensors' section infos and sizes alone (their
@@ -406,17 +451,19 @@ class Quantizer(Value):
             shape, limit,
         )
 
-    def read_planned(self, data, plan: RunPlan):
+    def read_planned(self, data, plan: RunPlan, in_pass: bool = False):
         """The run of ``plan`` (:meth:`run_plan`) read from the raw payload ``data`` (host
         bytes) and checked as :meth:`read` checks each tensor (CorruptFrameError): its heads,
         padding bits and code fields, read and tested by one ``quantrun.run_read`` call, the
-        errors raised in a tensor's reader's order."""
+        errors raised in a tensor's reader's order.  ``in_pass``: the decode checks the
+        payload in the pass that writes (a payload check given to :meth:`write_segments`),
+        which tests the code fields too (:attr:`Dequant.limit`), so they are not read here."""
         kern = module("quantrun")
         if data.size < plan.hi:
             return None
         data = data[plan.lo : plan.hi]
         head = np.empty(int(plan.hstarts[-1]))
-        limit = _NO_LIMIT if plan.limit is None else plan.limit
+        limit = _NO_LIMIT if plan.limit is None or in_pass else plan.limit
         flags = kern.run_read(readonly(data), plan.hoffs, plan.hwidths, plan.hstarts, head, plan.last, plan.used, plan.dstarts, plan.bits, plan.starts, *limit)
         if flags & kern.NONFINITE:  # (int16 numbers always are)
             raise CorruptFrameError("scalars section: a non-finite value")
@@ -426,10 +473,11 @@ class Quantizer(Value):
         if flags & kern.PADDING:  # as read_codes checks one
             raise CorruptFrameError("values section: padding bits past the last item are set")
         if flags & kern.FIELD:
-            raise CorruptFrameError(f"values section: a code field beyond {limit[2]}, the most an encoder writes")
+            raise CorruptFrameError(_RUN_FIELD.format(limit[2]))
         bits, starts = plan.bits, plan.starts
         lut, blocks, scale, sstarts, offset, lut_top = factors
-        return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, plan.dtype, lut_top=lut_top, starts=starts, dstarts=plan.dstarts, blocks=blocks, sstarts=sstarts)
+        later = plan.limit if in_pass else None
+        return Dequant(data, bits, int(starts[-1]), lut, 0, scale, offset, plan.dtype, lut_top=lut_top, starts=starts, dstarts=plan.dstarts, blocks=blocks, sstarts=sstarts, limit=later)
 
     def run_bits(self) -> int | None:
         """The width of the codes section of a run's tensors; None (the default): this
