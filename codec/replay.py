@@ -20,8 +20,8 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
   would give the recorded frame again; fp16/bf16 codes decoded by ``write_at`` into the
   caller's arrays (checked as ``decode_many`` checks them) or new ones, the payload CRC-32C
   verified in the same pass (:class:`codec.payloadcheck.PayloadCheck`); a quantizer's run
-  checked, read at once (``read_run``) and written where each array lies
-  (``write_segments``).
+  checked, read at once (``read_planned``) and written where each array lies
+  (``write_segments``), its payload CRC-32C and code fields checked in that pass too.
 * ``decode`` of a low-rank frame (PowerSGD with its values as they are, :func:`lowrank`:
   each tensor's values, or its matrix's ``r (n + m)`` coefficients): every matrix's ``P Q^T``
   formed with one ``expand_segments`` call, the other tensors' values copied; and its
