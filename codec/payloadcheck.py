@@ -95,18 +95,31 @@ class PayloadCheck:
             refuse(written, self.rejected)
 
 
-@contextlib.contextmanager
 def reading(check):
-    """Reading a frame whose payload check ``check`` (or None) is left to the decoding pass:
-    a :class:`~codec.errors.CorruptFrameError` raised while reading (a damaged number, padding
-    bits) becomes the checksum's own when the payload's CRC-32C fails too, so a damaged frame
-    is named as such whatever its damage broke first."""
-    try:
-        yield
-    except CorruptFrameError:
-        if check is not None:
-            check.verify()
-        raise
+    """The context of reading a frame whose payload check ``check`` (or None) is left to the
+    decoding pass: a :class:`~codec.errors.CorruptFrameError` raised while reading (a damaged
+    number, padding bits) becomes the checksum's own when the payload's CRC-32C fails too,
+    so a damaged frame is named as such whatever its damage broke first.  (A class, not a
+    generator: a decode's fixed cost.)"""
+    return _NOTHING if check is None else _Reading(check)
+
+
+class _Reading:
+    __slots__ = ("check",)
+
+    def __init__(self, check):
+        self.check = check
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is not None and issubclass(kind, CorruptFrameError):
+            self.check.verify()  # (raises the checksum's error when the CRC fails too)
+        return False
+
+
+_NOTHING = contextlib.nullcontext()
 
 
 def refuse(written=(), message: str = "payload checksum mismatch: the section data is damaged") -> None:
