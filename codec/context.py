@@ -57,7 +57,7 @@ class Context:
     value: Any = None
     #: decoding checks the frame's payload in the pass that writes the output (its value
     #: stage's ``write`` is given a :class:`codec.payloadcheck.PayloadCheck`): a value stage
-    #: may leave its codes' range check to that pass (:meth:`Quantizer.read_codes`)
+    #: may leave its codes' range check to that pass (:meth:`codec.stages.value.quantizer.Quantizer.read_values_section`)
     checked_in_pass: bool = False
 
     @property

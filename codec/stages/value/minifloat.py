@@ -232,7 +232,7 @@ class _MiniFloat(Quantizer):
         n = count
         block, nblocks, _, _ = self._units(n)
         stored = self.read_windows(reader, ctx, nblocks)
-        data, limit = self.read_codes(reader, ctx, self.width, n)
+        data, limit = self.read_values_section(reader, ctx, self.width, n)
         lut, scale, rescue = _exact_factors(magnitudes(self.mant, self.width), self.emins(stored).astype(np.int64))
         return Dequant(data, self.width, n, lut, block, scale, np.empty(0), ctx.dtype, rescue=rescue, limit=limit)
 

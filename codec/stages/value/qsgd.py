@@ -237,7 +237,7 @@ class Qsgd(Quantizer):
         if self.coding == "elias":
             data, w = self._read_elias(reader, count), 8 * np.dtype(code_dtype(w)).itemsize
         else:
-            data, limit = self.read_codes(reader, ctx, w, count)
+            data, limit = self.read_values_section(reader, ctx, w, count)
         return Dequant(data, w, count, _levels(s, w), self.bucket, norms, np.empty(0), ctx.dtype, lut_top=1.0, limit=limit)
 
     def _read_elias(self, reader, count):

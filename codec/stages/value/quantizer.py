@@ -173,7 +173,7 @@ class Dequant:
     #: window below float64's normal range in a frame that also holds one near its top:
     #: rangefloat's ``_exact_factors``); None when one pass decodes every block
     rescue: tuple | None = None
-    #: ``(field mask, shift, largest)`` of the code-field check :meth:`Quantizer.read_codes`
+    #: ``(field mask, shift, largest)`` of the code-field check :meth:`Quantizer.read_values_section`
     #: left to the decoding pass (``dequantize_checked``), None when the codes were checked
     limit: tuple | None = None
     #: :attr:`top` once computed
@@ -224,7 +224,7 @@ class Quantizer(Value):
     def quantize(self, x, ctx, sections) -> None:
         """Append the sections coding ``x`` (float32/float64, 1-D, contiguous, read-only)."""
 
-    def read_codes(self, reader, ctx, bits: int, count: int):
+    def read_values_section(self, reader, ctx, bits: int, count: int):
         """``(data, limit)``: the values section's ``count`` codes of ``bits`` bits
         (:func:`~codec.stages.value.sections.read_codes`), their fields checked against
         :meth:`code_limit` now, or, when decoding checks the payload in its own pass
