@@ -717,6 +717,14 @@ def test_padding_bytes_name_each_sections_last_byte():
     assert padding_bytes(np.array([0, 0]), np.array([0, 1]), 3, 0)[0].tolist() == [0]  # (no bytes: the caller refuses)
     # a last byte outside the data reads the nearest one: the first before it, the last past it
     assert padding_bytes(np.array([-1, 2]), np.array([1, 11]), 2, 3)[0].tolist() == [0, 2]
+    # sections of every width end to end, against the rule written out (1 to 7 bits used)
+    rng = np.random.default_rng(6)
+    counts, widths = rng.integers(0, 3000, 300), rng.integers(1, 17, 300)
+    ends = np.cumsum(-(-counts * widths // 8))
+    starts = np.concatenate([[0], ends[:-1]])
+    last, shift = padding_bytes(starts, counts, widths, int(ends[-1]))
+    want = [(s + -(-c * b // 8) - 1, c * b % 8) for s, c, b in zip(starts.tolist(), counts.tolist(), widths.tolist()) if c * b % 8]
+    assert list(zip(last.tolist(), shift.tolist())) == want and {u for _, u in want} == set(range(1, 8))
 
 
 # ---------------------------------------------------------------- a many-tensor run's bytes
