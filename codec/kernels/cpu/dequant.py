@@ -28,23 +28,18 @@ __all__ = ["dequantize", "dequantize_checked", "dequantize_segments", "dequantiz
 
 
 @jit(inline="always")
-def _target(out, mode, lo, hi):
-    """Where a chunk ``lo..hi`` decodes, and the index shift there: ``out`` itself for SET,
-    else a buffer of the chunk's length (of ``out``'s dtype) that :func:`_combine` adds in."""
+def _put(dst, k, v, mode):
+    """``dst[k] (=|+=|-=) v`` per ``mode`` (SET, ADD, SUB), ``v`` rounded once to ``dst``'s
+    dtype first.  Every value goes straight to ``out``: an ADD reads and writes each element
+    once, in place (25M qsgd values: 11.9 -> 5.7 ms against decoding each chunk into a
+    buffer and adding that; LLVM takes the mode's branch out of the loops)."""
+    w = dst.dtype.type(v)
     if mode == SET:
-        return out, U(0)
-    return np.empty(hi - lo, out.dtype), U(lo)
-
-
-@jit
-def _combine(out, buf, lo, hi, mode):
-    """``out[lo:hi] (+|-)= buf[:hi-lo]`` for ADD / SUB (``buf`` holds values of ``out``'s dtype)."""
-    if mode == SUB:
-        for i in range(U(lo), U(hi)):
-            out[i] -= buf[i - U(lo)]
+        dst[k] = w
+    elif mode == SUB:
+        dst[k] -= w
     else:
-        for i in range(U(lo), U(hi)):
-            out[i] += buf[i - U(lo)]
+        dst[k] += w
 
 
 @jit(parallel=True)
@@ -57,7 +52,7 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
     Codes are read eight at a time from whole words (``bits`` bytes hold eight codes); the
     block is tracked incrementally (a division per group cost ~4 cycles per value); groups
     that straddle a block boundary and the last few codes take a per-value path.  ADD and
-    SUB decode a chunk into a buffer of ``out``'s dtype, then add it."""
+    SUB add each value into ``out`` in place (:func:`_put`)."""
     for c in prange(chunks(n)):
         _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, 0, 0, 0)
 
@@ -165,17 +160,14 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, fmask, fs
     g1 = min(ngroup, g0 + _GROUPS)
     lo = g0 * 8
     hi = min(n, g1 * 8)
-    dst, shift = _target(out, mode, lo, hi)
     whole_bytes = bits == 8 and block >= _TABLE_BLOCK and lut.size >= 256
     tabled = bits <= 8 and min(block, n) >= _TABLE_PER_CODE << bits and lut.size >= 1 << bits and not whole_bytes
     if whole_bytes:
-        top = _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift, fm if t <= fm else U(0))
-        if mode != SET:
-            _combine(out, dst, lo, hi, mode)
+        top = _dequantize_bytes(data, lo, hi, lut, block, a, off, out, mode, fm if t <= fm else U(0))
         return U(t <= fm and top >= t)
     over = _over_chunk(data, bits, n, fmask, fshift, largest, c) if t <= fm and not tabled else U(0)
     even, add, carry = _swar(bits, fm, t) if t <= fm and tabled else (U(0), U(0), U(0))
-    tab = np.empty((1 << bits) if tabled else 0, dst.dtype)
+    tab = np.empty((1 << bits) if tabled else 0, out.dtype)
     g = U(g0)
     gend = U(max(g0, min(g1, full)))
     while g < gend:  # block by block: the groups inside one in a tight loop
@@ -183,37 +175,35 @@ def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, fmask, fs
         inside = min(gend, (b + U(1)) * ublock // U(8))  # the groups that end within block b
         if inside <= g:  # this group straddles a block boundary: value by value
             for i in range(g * U(8), g * U(8) + U(8)):
-                over |= _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, dst, shift, fm, t)
+                over |= _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, out, mode, fm, t)
             g += U(1)
             continue
         ab = a[b]
         ob = off[b] if has_off else 0.0
         if tabled:
             _block_table(lut, ab, ob, has_off, tab)
-            over |= _tabled_groups(data, g, inside, bits, mask, tab, dst, shift, even, add) & carry
+            over |= _tabled_groups(data, g, inside, bits, mask, tab, out, mode, even, add) & carry
         else:
-            _scaled_groups(data, g, inside, bits, mask, lut, ab, ob, has_off, dst, shift)
+            _scaled_groups(data, g, inside, bits, mask, lut, ab, ob, has_off, out, mode)
         g = inside
     for i in range(U(max(lo, full * 8)), U(hi)):
-        over |= _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, dst, shift, fm, t)
-    if mode != SET:
-        _combine(out, dst, lo, hi, mode)
+        over |= _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, out, mode, fm, t)
     return over
 
 
 @jit(inline="always")
-def _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, dst, shift, fm, t):
+def _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, dst, mode, fm, t):
     """Value ``i`` on its own (a group that straddles a block boundary, the last few codes);
     nonzero when its code fails :func:`_field_test`'s ``(fm, t)``."""
     bi = i // ublock
     code = _code_at(data, i, bits, mask)
     v = lut[code] * a[bi]
-    dst[i - shift] = v + off[bi] if has_off else v
+    _put(dst, i, v + off[bi] if has_off else v, mode)
     return U((code & fm) >= t)
 
 
 @jit(inline="always")
-def _tabled_groups(data, g0, g1, bits, mask, tab, dst, shift, even, add):
+def _tabled_groups(data, g0, g1, bits, mask, tab, dst, mode, even, add):
     """Groups ``g0..g1`` of eight codes (of one block, ``bits <= 8``) through the block's
     table ``tab``: one word, eight lookups a group, no branch (a tight loop per block ran
     16.7M 6-bit codes in 7.2 ms against 11.3 with the block tracked group by group).  Returns
@@ -222,24 +212,24 @@ def _tabled_groups(data, g0, g1, bits, mask, tab, dst, shift, even, add):
     for g in range(g0, g1):
         w0 = _load8(data, g * U(bits))
         over |= _over_word(w0, bits, even, add)
-        base = g * U(8) - shift
+        base = g * U(8)
         for j in range(U(8)):
-            dst[base + j] = tab[(w0 >> (j * U(bits))) & mask]
+            _put(dst, base + j, tab[(w0 >> (j * U(bits))) & mask], mode)
     return over
 
 
 @jit(inline="always")
-def _scaled_groups(data, g0, g1, bits, mask, lut, ab, ob, has_off, dst, shift):
+def _scaled_groups(data, g0, g1, bits, mask, lut, ab, ob, has_off, dst, mode):
     """Groups ``g0..g1`` of eight codes of one block (factor ``ab``, offset ``ob``), each
     value ``lut[code] * ab (+ ob)`` rounded once."""
     for g in range(g0, g1):
         p = g * U(bits)
         w0 = _load8(data, p)
         w1 = _load8(data, p + U(8)) if bits > 8 else U(0)
-        base = g * U(8) - shift
+        base = g * U(8)
         for j in range(U(8)):
             v = lut[_group_code(w0, w1, j, bits, mask)] * ab
-            dst[base + j] = v + ob if has_off else v
+            _put(dst, base + j, v + ob if has_off else v, mode)
 
 
 #: the shortest block whose 8-bit codes decode through a table of its 256 values
@@ -262,7 +252,7 @@ def _block_table(lut, ab, ob, has_off, tab):
 
 
 @jit
-def _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift, fm):
+def _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, mode, fm):
     """Values ``lo..hi`` of 8-bit codes, block by block: the block's 256 values
     ``lut[c] * a[b] (+ off[b])`` rounded once to ``dst``'s dtype into a table, then one
     gather from it per code (the same values, bit for bit, as computing each code's value; a
@@ -284,7 +274,7 @@ def _dequantize_bytes(data, lo, hi, lut, block, a, off, dst, shift, fm):
         for j in range(U(i), U(end)):
             code = data[j]
             top = max(top, code & f)
-            dst[j - shift] = tab[code]
+            _put(dst, j, tab[code], mode)
         i = end
     return U(top)
 
@@ -357,17 +347,11 @@ def trits_dequantize(data, n, vals3, out, mode):
     per = TRIT_CHUNK // 5
     tab = _trit_values(vals3, out)
     for c in prange((nbytes + per - 1) // per):
-        lo = c * TRIT_CHUNK
-        hi = min(n, lo + TRIT_CHUNK)
-        dst, shift = _target(out, mode, lo, hi)
         j0, j1 = c * per, min(nbytes, (c + 1) * per)
         for j in range(j0, min(j1, n // 5)):  # whole bytes: five values each
             row = tab[data[j]]
-            at = j * 5 - shift
             for r in range(5):
-                dst[at + r] = row[r]
+                _put(out, j * 5 + r, row[r], mode)
         for j in range(max(j0, n // 5), j1):  # the last byte, holding fewer
             for r in range(n - j * 5):
-                dst[j * 5 + r - shift] = tab[data[j], r]
-        if mode != SET:
-            _combine(out, dst, lo, hi, mode)
+                _put(out, j * 5 + r, tab[data[j], r], mode)
