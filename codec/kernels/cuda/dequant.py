@@ -4,7 +4,7 @@ trit decoder and the decoders' range check, with the CPU file's names, arguments
 Every value is decoded on its own (one thread per value, grid-stride loops), so the parallel
 shape never shows in a result: ``lut[code] * a[b] (+ off[b])`` in float64, the product
 rounded on its own (``_common.mul``: NVVM would fuse it with the offset), then rounded once
-to ``out``'s dtype and stored, added or subtracted as the CPU kernel's chunk buffer is.  A
+to ``out``'s dtype and stored, added or subtracted as the CPU kernel's ``_put`` does.  A
 code is read from the bytes it spans by the CPU file's own ``_code_at``, compiled again as a
 device function (``codec/kernels/cpu/_codes.py``).  ``max_field`` takes a block-wide maximum per block and one atomic maximum
 per block into a device word read back at the end (8 bytes cross).  The ``_segments`` forms
