@@ -4,7 +4,7 @@ trit decoder and the decoders' range check, with the CPU file's names, arguments
 Every value is decoded on its own (one thread per value, grid-stride loops), so the parallel
 shape never shows in a result: ``lut[code] * a[b] (+ off[b])`` in float64, the product
 rounded on its own (``_common.mul``: NVVM would fuse it with the offset), then rounded once
-to ``out``'s dtype and stored, added or subtracted as the CPU kernel's ``_put`` does.  A
+to ``out``'s dtype and stored, added or subtracted by the CPU kernel's own ``_put``.  A
 code is read from the bytes it spans by the CPU file's own ``_code_at``, compiled again as a
 device function (``codec/kernels/cpu/_codes.py``).  ``max_field`` takes a block-wide maximum per block and one atomic maximum
 per block into a device word read back at the end (8 bytes cross).  The ``_segments`` forms
@@ -23,25 +23,13 @@ from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.kernels.cpu import _codes, dequant as _cpu
 from codec.kernels.cuda._common import THREADS, block_max, constant, dev, launch, mul, owner, views_at
 from codec.kernels.cuda._crc import crc_of
-from codec.modes import SET, SUB
+from codec.modes import SET
 
 cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-(_code_at,) = device_functions(_codes, ["_code_at"]).values()
-
-
-@jit(device=True)
-def _store(out, i, v, mode):
-    """``out[i] (=|+=|-=) v`` with float64 ``v`` rounded once to ``out``'s dtype first."""
-    w = out.dtype.type(v)
-    if mode == SET:
-        out[i] = w
-    elif mode == SUB:
-        out[i] -= w
-    else:
-        out[i] += w
+_code_at, _store = device_functions(_codes, ["_code_at", "_put"]).values()  # (_store: out[i] (=|+=|-=) v, rounded once)
 
 
 @jit(device=True)
