@@ -168,8 +168,9 @@ def test_a_quantizer_checks_its_codes_in_the_pass_that_decodes_them(spec):
     decode checked before writing gives (``decode_add`` into zeros); a damaged one, and a
     forged one (a code beyond qsgd's levels or fp8's largest magnitude, both CRCs right),
     leave ``out`` NaN and raise what the check before writing raises, which ``decode_add``
-    still makes first (its accumulator keeps its sum), as ``decode_many`` does (a run's
-    write does not checksum its codes, so nothing is gained by writing first)."""
+    still makes first (its accumulator keeps its sum).  The same for a run of tensors
+    (``dequantize_segments_checked``) through ``decode_many``, its general path and its
+    replayed one, against ``decode_add_many``."""
     from codec.frame import CHECK_IN_PASS_MIN
 
     rng = np.random.default_rng(4)
