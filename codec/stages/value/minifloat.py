@@ -14,7 +14,8 @@ import numpy as np
 from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
-from codec.stages.value.quantizer import Dequant, Quantizer, code_dtype, exponent_range
+from codec.stages.value.dequant import Dequant
+from codec.stages.value.quantizer import Quantizer, code_dtype, exponent_range
 from codec.stages.value.sections import codes_section, magnitude_bits, magnitude_values, ints_section, read_ints
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
@@ -257,7 +258,7 @@ def _exact_factors(lut: np.ndarray, emin: np.ndarray):
     would underflow).  When another block's factor would then overflow (a frame whose windows
     span more than float64's exponent range), the blocks below -1000 get factor 0 here and
     ``rescue`` is their own ``(lut * 2**-K, factors)`` (0 for the other blocks), a second pass
-    :meth:`Quantizer._dequantize` takes for them; else ``rescue`` is None."""
+    :func:`codec.stages.value.dequant.dequantize` takes for them; else ``rescue`` is None."""
     k = max(0, -1000 - int(emin.min())) if emin.size else 0
     if k and int(emin.max()) + k > 1023:
         tiny = emin < -1000

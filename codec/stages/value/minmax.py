@@ -11,7 +11,8 @@ from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.ops import continued, offsets, readonly
 from codec.layout import bucket_groups
-from codec.stages.value.quantizer import Dequant, Quantizer, top_of
+from codec.stages.value.dequant import Dequant, top_of
+from codec.stages.value.quantizer import Quantizer
 from codec.stages.value.sections import codes_section, read_codes, read_scalars, scalars_bytes, scalars_section
 from codec.frame import MAX_ELEMENTS, Section, SectionKind, raw_length
 from codec.params import Param, SEED, rounding

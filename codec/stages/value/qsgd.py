@@ -13,7 +13,8 @@ from codec.dtypes import on_device
 from codec.errors import CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.ops import offsets, readonly
-from codec.stages.value.quantizer import Dequant, Quantizer, code_dtype, top_of
+from codec.stages.value.dequant import Dequant, top_of
+from codec.stages.value.quantizer import Quantizer, code_dtype
 from codec.stages.value.sections import codes_section, read_scalars, scalars_bytes, scalars_section
 from codec.layout import bucket_groups, LANES
 from codec.params import Param, SEED, rounding

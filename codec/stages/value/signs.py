@@ -10,7 +10,8 @@ import numpy as np
 from codec.device import Memory
 from codec.dtypes import on_device
 from codec.frame import SectionKind, Section, raw_length
-from codec.stages.value.quantizer import Dequant, Quantizer, top_of
+from codec.stages.value.dequant import Dequant, top_of
+from codec.stages.value.quantizer import Quantizer
 from codec.stages.value.sections import F32_MAX, read_codes, read_scalars, scalars_bytes, scalars_section, scale_section, sequential_sum
 from codec.params import Param
 from codec.stage import Bound, register

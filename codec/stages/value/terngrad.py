@@ -11,7 +11,8 @@ from codec.device import Memory
 from codec.dtypes import on_device
 from codec.errors import CorruptFrameError
 from codec.frame import SectionKind, Section
-from codec.stages.value.quantizer import Dequant, Quantizer
+from codec.stages.value.dequant import Dequant
+from codec.stages.value.quantizer import Quantizer
 from codec.stages.value.sections import magnitude_bits, magnitude_values, read_codes, read_scalars, round_up_to, scale_section, sequential_sum
 from codec.params import Param, SEED
 from codec.stage import Bound, register
