@@ -20,7 +20,7 @@ from codec.errors import CorruptFrameError
 from codec.kernels import backend
 from codec.modes import SET
 from codec.ops import addresses, readonly, round_to, store
-from codec.stages.value.sections import field_error
+from codec.stages.value.sections import check_fields, field_error
 
 __all__ = ["Dequant", "RUN_FIELD", "dequantize", "largest", "top_of", "write", "write_segments"]
 
@@ -106,12 +106,9 @@ def _checked_unless(p: Dequant, check, mode) -> Dequant:
     CorruptFrameError before anything is written, as reading would have raised."""
     if p.limit is None or (check is not None and mode == SET):
         return p
-    kern = backend("dequant", p.data)
     if p.starts is None:
-        within = kern.fields_within(readonly(p.data), p.bits, p.count, *p.limit)
-    else:
-        within = kern.fields_within_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *p.limit)
-    if not within:
+        check_fields(p.data, p.bits, p.count, p.limit)
+    elif not backend("dequant", p.data).fields_within_segments(readonly(p.data), p.dstarts, p.bits, p.starts, *p.limit):
         raise CorruptFrameError(_field_refusal(p))
     return dataclasses.replace(p, limit=None)
 
