@@ -17,7 +17,7 @@ import numpy as np
 from codec import spec as specmod
 from codec import device, many, manydecode, replay
 from codec.assembly import arrange, default_value, non_default
-from codec.dtypes import as_float_array, checked_out, host_like, on_device
+from codec.dtypes import as_float_array, checked_out, host_like, on_device, readonly
 from codec.errors import CodecError, CodecTypeError, CodecValueError, CorruptFrameError, UnknownCodecError
 from codec.frame import DEFAULT_CHECKSUM, build_frame, parse_frame
 from codec.framebuffer import frame_out
@@ -141,7 +141,10 @@ class Codec:
 
         ``residual``/``out`` (a select stage with ``fuses_feedback`` only): select from
         ``acc = flat + residual``, written into ``out`` in the selection pass.  Sets
-        ``ctx.positions`` to the sent positions when a select stage ran."""
+        ``ctx.positions`` to the sent positions when a select stage ran.  The stages get
+        ``flat`` read-only, whoever made it (a caller's array, error feedback's sum): a kernel
+        compiles one signature per dtype, not one per dtype and writability."""
+        flat = readonly(flat)
         sections: list = []
         values, vctx = flat, ctx
         if self.transform is not None:

@@ -184,12 +184,13 @@ def dequantize(p: Dequant, out, mode, addrs=None, check=None) -> None:
 
         p = dataclasses.replace(p, data=host_copy(p.data))
     if p.starts is not None:
-        args = (p.blocks, readonly(p.scale), p.sstarts, readonly(p.offset), out, _NO_ADDRS if addrs is None else addrs)
+        args = (readonly(p.blocks), readonly(p.scale), readonly(p.sstarts), readonly(p.offset), out, _NO_ADDRS if addrs is None else addrs)
+        dstarts, starts = readonly(p.dstarts), readonly(p.starts)  # (every input read-only: one signature a dtype)
         if check is not None and mode == SET:
-            within, crc = kern.dequantize_segments_checked(readonly(p.data), p.dstarts, p.bits, p.starts, readonly(_every_code(p)), *args, *(p.limit or (0, 0, 0)), 0)
+            within, crc = kern.dequantize_segments_checked(readonly(p.data), dstarts, p.bits, starts, readonly(_every_code(p)), *args, *(p.limit or (0, 0, 0)), 0)
             _noted(p, check, within, crc)
         else:
-            kern.dequantize_segments(readonly(p.data), p.dstarts, p.bits, p.starts, readonly(p.lut), *args, mode)
+            kern.dequantize_segments(readonly(p.data), dstarts, p.bits, starts, readonly(p.lut), *args, mode)
     elif p.trits:
         kern.trits_dequantize(readonly(p.data), p.count, readonly(p.lut * p.scale[0]), out, mode)
     else:

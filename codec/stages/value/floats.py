@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.dtypes import bfloat16, on_device
+from codec.dtypes import bfloat16, on_device, readonly
 from codec.errors import NonFiniteError
 from codec.frame import SectionKind, Section, raw_length
 from codec.kernels import backend  # (imports no kernel module: each is imported on its first call)
@@ -159,7 +159,7 @@ class _Half(Value):
         crc)``, ``ok`` False when a value is NaN/inf under ``nonfinite=raise`` (the caller
         names it), ``crc`` the CRC-32C of ``out`` continued from ``crc`` (None: none).  What
         :meth:`encode_segments` and a replayed step (:mod:`codec.replay`) write."""
-        bad, got = backend("convert", like).narrow_codes_segments(out.view(np.uint16), addrs, starts, like, self.bf16, -1 if crc is None else crc)
+        bad, got = backend("convert", like).narrow_codes_segments(out.view(np.uint16), readonly(addrs), readonly(starts), like, self.bf16, -1 if crc is None else crc)
         return not (bad and self.nonfinite == "raise"), continued(out, crc, got)
 
     def write_at(self, codes, addrs, starts, like, mode, crc: bool = False) -> int:
@@ -167,12 +167,12 @@ class _Half(Value):
         finds them; written, ``mode`` SET, ADD or SUB) in one pass
         (``half_decode_segments``).  Returns the CRC-32C of the codes' bytes, formed as they
         are read, when ``crc`` asks for it; else, or when this CPU's kernel cannot form it, -1."""
-        return backend("convert", like).half_decode_segments(codes, addrs, starts, like, mode, self.bf16, 0 if crc else -1)
+        return backend("convert", like).half_decode_segments(readonly(codes), readonly(addrs), readonly(starts), like, mode, self.bf16, 0 if crc else -1)
 
     def write(self, codes, out, mode, check=None):
         if on_device(out):  # the codes' one copy to the device
             codes = to_device(codes)
-        crc = backend("convert", out).half_decode(codes, out, mode, self.bf16, -1 if check is None else 0)
+        crc = backend("convert", out).half_decode(readonly(codes), out, mode, self.bf16, -1 if check is None else 0)
         if check is not None:
             check.note(codes, crc)
 
