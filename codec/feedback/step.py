@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec.dtypes import on_device
+from codec.dtypes import on_device, readonly
 from codec.feedback.slot import Slot
 from codec.modes import SUB
 from codec.ops import add, momentum, round_to, scatter, zero_at
@@ -81,7 +81,7 @@ class Step:
         else the frame decoded) and ``acc`` is committed.  ``acc`` is a buffer other than the
         residual, so on error the residual is untouched."""
         c = self.codec
-        flat = x.reshape(-1)
+        flat = readonly(x.reshape(-1))  # (kernels take their inputs read-only: one signature a dtype)
         if c.select is None and c.transform is None:
             sections: list = []
             commit = c.value.encode_feedback(flat, slot, ctx, sections)
