@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.layout import LANES
 from codec.modes import ADD, SET, SUB
@@ -32,30 +33,19 @@ def same(a, b):
 def both(fn, family, *args, device=(0,)):
     """``fn`` of the CPU module and of the twin (the arguments at ``device`` moved there; every
     NumPy argument copied first, so each side writes its own), returning each side's args.
-    The CPU side's copies are read-only where the argument is (:func:`ro`)."""
+    The CPU side's copies are read-only where the argument is, as the stages pass a kernel its
+    inputs (``codec.dtypes.readonly``): the CPU kernel then runs the signature the host suite
+    compiles and caches beside this process (with writeable inputs, test_dequantize compiled
+    the chunk decoder again: 74-82 s a dtype in a simulator run beside the host suite)."""
     out = []
     for side in (C, G):
-        a = [_copy(x, side is C) if isinstance(x, np.ndarray) else x for x in args]
+        a = [x.copy() if isinstance(x, np.ndarray) else x for x in args]
+        if side is C:
+            a = [ro(c) if isinstance(x, np.ndarray) and not x.flags.writeable else c for x, c in zip(args, a)]
         a = [cuda.to_device(x) if side is G and i in device else x for i, x in enumerate(a)]
         got = getattr(side[family], fn)(*a)
         out.append(([x.copy_to_host() if i in device and side is G else x for i, x in enumerate(a)], got))
     return out
-
-
-def _copy(x, keep_readonly):
-    c = x.copy()
-    c.flags.writeable = not keep_readonly or x.flags.writeable
-    return c
-
-
-def ro(x):
-    """``x`` read-only: as the stages pass a kernel its inputs (``codec.dtypes.readonly``), so
-    the CPU kernel runs the signature the host suite compiles and caches beside this process
-    (with writeable inputs, test_dequantize compiled the chunk decoder again: 74-82 s a dtype
-    in a simulator run beside the host suite)."""
-    x = x.view()
-    x.flags.writeable = False
-    return x
 
 
 def bits_of(x):
