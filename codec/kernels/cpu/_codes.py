@@ -200,7 +200,7 @@ def _put(dst, k, v, mode):
     """``dst[k] (=|+=|-=) v`` per ``mode`` (SET, ADD, SUB), ``v`` rounded once to ``dst``'s
     dtype first.  Every value goes straight to ``out``: an ADD reads and writes each element
     once, in place (25M qsgd values: 11.9 -> 5.7 ms against decoding each chunk into a
-    buffer and adding that).  Its callers pass the mode as a constant (:func:`_dequantize_chunk`
+    buffer and adding that).  Its callers pass the mode as a constant (:func:`_chunk_decoder`
     holds one copy of its loops per mode), so no loop tests it per value."""
     w = dst.dtype.type(v)
     if mode == SET:
@@ -212,8 +212,18 @@ def _put(dst, k, v, mode):
 
 
 
-@jit
+@jit(inline="always")
 def _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, fmask, fshift, largest):
+    """:func:`_chunk_decoder` of chunk ``c``, every integer argument made an int64 here, so
+    each caller's constants (``SET``, ``0``: Numba types a constant argument as a literal, a
+    signature of its own) share one compilation per array signature: 17-18 s each, and the
+    suite compiled it 4 times for 2 dtypes when the callers' literals differed."""
+    i64 = np.int64
+    return _chunk_decoder(data, i64(bits), i64(n), lut, i64(block), a, off, out, i64(mode), i64(c), i64(fmask), i64(fshift), i64(largest))
+
+
+@jit
+def _chunk_decoder(data, bits, n, lut, block, a, off, out, mode, c, fmask, fshift, largest):
     """Chunk ``c`` of :func:`dequantize` (:func:`_chunk`): one copy of its loops per mode, and
     one that checks the code fields (SET only: :func:`dequantize_checked`), the mode and the
     check constants in each, so no loop tests them per value (with the mode an argument, the

@@ -39,7 +39,7 @@ def dequantize(data, bits, n, lut, block, a, off, out, mode):
     that straddle a block boundary and the last few codes take a per-value path.  ADD and
     SUB add each value into ``out`` in place (:func:`_put`)."""
     for c in prange(chunks(n)):
-        _dequantize_chunk(data, bits, n, lut, block, a, off, out, np.int64(mode), np.int64(c), np.int64(0), np.int64(0), np.int64(0))
+        _dequantize_chunk(data, bits, n, lut, block, a, off, out, mode, c, 0, 0, 0)
 
 
 @jit(parallel=True)
@@ -61,7 +61,7 @@ def dequantize_checked(data, bits, n, lut, block, a, off, out, fmask, fshift, la
     sums, lens = crc_pieces(nchunk, crc)
     over = np.zeros(nchunk, np.uint64)
     for c in prange(nchunk):
-        over[c] = _dequantize_chunk(data, bits, n, lut, block, a, off, out, np.int64(SET), np.int64(c), np.int64(fmask), np.int64(fshift), np.int64(largest))
+        over[c] = _dequantize_chunk(data, bits, n, lut, block, a, off, out, SET, c, fmask, fshift, largest)
         if sums.size:
             crc_piece(sums, lens, c, data, c * _GROUPS * bits, data.size if c == nchunk - 1 else (c + 1) * _GROUPS * bits)
     return not over.any(), joined(sums, lens, crc)
@@ -118,17 +118,14 @@ def dequantize_segments_checked(data, dstarts, bits, starts, lut, blocks, a, ast
 @jit(inline="always")
 def _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, mode, fmask, fshift, largest):
     """Row ``r`` of :func:`dequantize_segments` (chunk ``r - rows[t]`` of tensor ``t``);
-    returns :func:`_dequantize_chunk`'s field flag.  (Every integer an int64, as
-    :func:`dequantize` and :func:`dequantize_checked` pass them: a constant such as ``SET`` or
-    ``0`` would be typed a literal, and each pattern of literals compiles the chunk decoder
-    again, 17-18 s each: the suite compiled it 4 times for 2 dtypes.)"""
+    returns :func:`_dequantize_chunk`'s field flag."""
     t = np.searchsorted(rows, r, side="right") - 1
     n = starts[t + 1] - starts[t]
     d = data[dstarts[t] : dstarts[t] + (n * bits + 7) // 8]
     at = a[astarts[t] : astarts[t + 1]]
     ot = off[astarts[t] : astarts[t + 1]] if off.size else off
     dst = view_at(out, addrs[t], n) if addrs.size else out[starts[t] : starts[t + 1]]
-    return _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, np.int64(mode), np.int64(r - rows[t]), np.int64(fmask), np.int64(fshift), np.int64(largest))
+    return _dequantize_chunk(d, bits, n, lut, blocks[t], at, ot, dst, mode, r - rows[t], fmask, fshift, largest)
 
 
 
