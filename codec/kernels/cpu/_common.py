@@ -91,10 +91,30 @@ def chunk_sums(src, lo, hi, shift, width):
 
 @jit
 def form(x, r, acc, lo, hi):
-    """``acc[lo:hi] = x + r`` in the arrays' dtype: the error-feedback sum that the fused
-    kernels form piece by piece, in cache, before coding it."""
+    """``acc[lo:hi] = x + r`` in the arrays' dtype: the error-feedback sum, where a fused
+    kernel leaves it as it is (QSGD's bucket holding a NaN/inf: the error names it there)."""
     for i in range(U(lo), U(hi)):
         acc[i] = x[i] + r[i]
+
+
+@jit(inline="always")
+def summed(x, r, i):
+    """``x[i]``, or ``x[i] + r[i]`` in the arrays' dtype when ``r`` is an array (None: compiled
+    out): the error-feedback sum read where it is coded, so a fused kernel writes ``acc``
+    once, its new residual, instead of forming it first (:func:`form`) and writing it again
+    (fp8's step: 15.4-17.7 -> 11.1 ms for 25M float32)."""
+    if r is None:
+        return x[i]
+    return x[i] + r[i]
+
+
+@jit(inline="always")
+def bits_of(v, is64):
+    """The bit pattern of float32 ``v`` (or, with ``is64``, of float64 ``v``) as an int64, a
+    float32's sign-extended: a sum's bits where no array holds it (integer keys and maxima)."""
+    if is64:
+        return np.float64(v).view(np.int64)
+    return np.int64(np.float32(v).view(np.int32))
 
 
 @jit(inline="always")

@@ -4,11 +4,11 @@ every quantizer is ``dequant``, QSGD's Elias coder ``elias``.
 
 * ``absmax_units`` / ``minifloat_encode``: custom floats with a per-block exponent window
   (rangefloat, fp8): bit-exact rounding on the float64 bits, nearest-even or stochastic.
-  For the error-feedback step, ``feedback_minifloat_encode`` forms ``acc = x + residual``,
-  codes it in windows known beforehand (fp8's) and leaves ``acc - decoded`` in it, in one
-  pass; where the windows are the data's, ``feedback_absmax_units`` forms ``acc`` in the
-  maxima's pass and ``minifloat_encode(..., sub=acc)`` codes ``acc`` and leaves ``acc -
-  decoded`` in it in a second: one or two passes instead of four.  The ``_segments`` twins
+  For the error-feedback step, ``feedback_minifloat_encode`` reads ``x + residual``, codes
+  it in windows known beforehand and writes ``acc = x + residual - decoded``, in one pass;
+  where the windows are the data's (rangefloat's, fp8's with a scale),
+  ``feedback_absmax_units`` reads the sum for its maxima first, writing nothing: one or
+  two passes instead of four, ``acc`` written once.  The ``_segments`` twins
   code a many-tensor frame's run of small tensors in one call (per-tensor offsets).
 * ``tensor_moments``, ``terngrad_encode`` (five trits per byte), ``sign_encode`` (one bit per
   value plus the sums signSGD's scale and 1-bit SGD's means need).
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import TRIT_CHUNK, U, chunk_sums, copysign, floor_plus, form, mul, rint, saturated, span_end
+from codec.kernels.cpu._common import TRIT_CHUNK, U, bits_of, chunk_sums, copysign, floor_plus, mul, rint, saturated, span_end, summed
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.kernels.cpu.rng import bits32, block_key, uniform
 from codec.layout import CHUNK, TO_UNIT
@@ -92,15 +92,18 @@ def absmax_units_segments(bits, starts, blocks, ustarts, mask, top):
 
 
 @jit(parallel=True)
-def feedback_absmax_units(x, r, acc, bits, block, upb, mask, top):
-    """:func:`absmax_units` of ``acc = x + r``, written into ``acc`` in the same pass (the
-    sum in the arrays' dtype); ``bits`` is ``acc``'s bit-pattern view.  Per work unit, one
-    loop adds (it vectorises), then the unit's maximum is taken from cache."""
+def feedback_absmax_units(x, r, block, upb, mask, top):
+    """:func:`absmax_units` of ``x + r`` (the sum in the arrays' dtype, ``mask`` its bits'
+    sign-clearing mask), written nowhere: the step's coding pass forms the sum again where
+    it codes it (:func:`feedback_minifloat_encode`) and writes ``acc`` once."""
     n = x.size
+    is64 = x.itemsize == 8
     for u in prange(top.size):
         _, lo, hi = _unit(u, block, upb, n)
-        form(x, r, acc, lo, hi)
-        top[u] = _top_bits(bits, lo, hi, mask)
+        m = U(0)
+        for i in range(U(lo), U(hi)):
+            m = max(m, U(bits_of(x[i] + r[i], is64)) & U(mask))
+        top[u] = m
 
 
 @jit
@@ -142,25 +145,18 @@ def _minifloat_value(c, v, m, signpos, off, step):
 
 
 @jit(parallel=True)
-def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, sub=None, crc=-1):
+def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, crc=-1):
     """Codes of ``x`` (float32/float64) into ``codes`` (uint8/uint16): value ``i`` of block ``b``
     in the float whose lowest normal binade is ``2**emin[b]`` (see ``_minifloat``); ``bad[u]``
     counts NaN/inf per work unit.  A window below ``2**-1000`` (float64 data only) is coded on
     the values times ``2**K`` and ``emin + K`` (exact, and the same codes).
-
-    ``sub`` (the error-feedback step, fused; ``x`` itself, no window below ``2**-1000``):
-    each code's value (``_minifloat_value``, clipped to the dtype's range as a decoder
-    saturates it) is subtracted from ``sub[i]`` in the same pass, rounded to its dtype first,
-    exactly as ``dequant.dequantize`` decodes and subtracts it (``SUB``): one pass reads
-    ``acc`` and writes the codes and ``acc - decoded``.  Without it (None) that line is
-    compiled out.
 
     Returns the CRC-32C of the codes' bytes continued from ``crc``, each unit's checksummed
     while in cache (``crc < 0``: none, -1; also -1 where the CPU cannot, see
     ``convert.narrow_codes``)."""
     sums, lens = crc_pieces(bad.size, crc)
     for u in prange(bad.size):
-        bad[u] = _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub)
+        bad[u] = _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, None)
         if sums.size:
             _, lo, hi = _unit(u, block, upb, x.size)
             crc_piece(sums, lens, u, codes, lo, hi)
@@ -170,17 +166,20 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
 @jit(parallel=True)
 def feedback_minifloat_encode(x, r, acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, crc=-1):
     """The whole error-feedback step in one pass, in windows ``emin`` known beforehand (fp8's
-    fixed ones): per work unit, ``acc = x + r`` (in the arrays' dtype), then its codes with
-    ``acc - decoded`` left in ``acc``
-    (``minifloat_encode`` with ``sub=acc``; no window below ``2**-1000``; NaN/inf counted in
-    ``bad``), all while the unit is in cache.  Returns the codes' CRC-32C continued from
+    fixed ones, or the data's from :func:`feedback_absmax_units`; none below ``2**-1000``):
+    each value ``x + r`` (in the arrays' dtype) is read, coded as :func:`minifloat_encode`
+    codes it, and ``acc = x + r - decoded`` written, each code's value (``_minifloat_value``,
+    clipped to the dtype's range as a decoder saturates it) rounded to the dtype first,
+    exactly as ``dequant.dequantize`` decodes and subtracts it (``SUB``).  ``acc`` is written
+    once: forming it first and coding it after in the same work unit took 15.4-17.7 ms for
+    25M float32, against 11.1 (its 256 KB of ``acc`` did not stay in the cache beside ``x``
+    and ``r``).  NaN/inf counted in ``bad``; returns the codes' CRC-32C continued from
     ``crc``, as ``minifloat_encode``."""
     sums, lens = crc_pieces(bad.size, crc)
     for u in prange(bad.size):
-        _, lo, hi = _unit(u, block, upb, x.size)
-        form(x, r, acc, lo, hi)
-        bad[u] = _minifloat_unit(acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, acc)
+        bad[u] = _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, acc, r)
         if sums.size:
+            _, lo, hi = _unit(u, block, upb, x.size)
             crc_piece(sums, lens, u, codes, lo, hi)
     return joined(sums, lens, crc)
 
@@ -205,10 +204,11 @@ def minifloat_encode_segments(x, starts, blocks, bstarts, emin, m, maxmag, signp
 
 
 @jit(inline="always")
-def _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub):
-    """Work unit ``u`` of :func:`minifloat_encode`; returns its NaN/inf count.  Inlined in
-    Numba's IR: as an ordinary call the fused error-feedback pass (``sub``) ran 2.8x slower
-    (12.7 -> 36 ms for 25M float32)."""
+def _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, u, sub, r=None):
+    """Work unit ``u`` of :func:`minifloat_encode` (``sub`` and ``r`` None), or of
+    :func:`feedback_minifloat_encode` (the values ``x + r``, ``sub = x + r - decoded``: ``acc``);
+    returns its NaN/inf count.  Inlined in Numba's IR: as an ordinary call the fused
+    error-feedback pass ran 2.8x slower (12.7 -> 36 ms for 25M float32)."""
     n = x.size
     half = (U(1) << U(51 - m)) - U(1)
     odd0 = U(m == 0)  # no mantissa bits: the kept part is the implicit 1, always odd
@@ -227,23 +227,25 @@ def _minifloat_unit(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, c
             i1 = span_end(i0, hi)
             key = block_key(strm, i0)
             for i in range(U(i0), U(i1)):
-                v = np.float64(x[i]) * pre
+                xi = summed(x, r, i)
+                v = np.float64(xi) * pre
                 nb += np.int64(not (v - v == 0))
-                r = bits32(key, i)
-                c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(r) << U(20 - m), np.float64(r) * TO_UNIT)
+                rb = bits32(key, i)
+                c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, U(rb) << U(20 - m), np.float64(rb) * TO_UNIT)
                 codes[i] = c
                 if sub is not None:
-                    sub[i] -= sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
+                    sub[i] = xi - sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
             i0 = i1
     else:
         for i in range(U(lo), U(hi)):
-            v = np.float64(x[i]) * pre
+            xi = summed(x, r, i)
+            v = np.float64(xi) * pre
             nb += np.int64(not (v - v == 0))
             ab = np.float64(abs(v)).view(np.uint64)
             c = _minifloat(v, m, thr, sub_scale, off, maxmag, signpos, half + (((ab >> U(52 - m)) & U(1)) | odd0), -1.0)
             codes[i] = c
             if sub is not None:
-                sub[i] -= sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
+                sub[i] = xi - sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
     return nb
 
 

@@ -38,9 +38,9 @@ cuda = numba_cuda()
 __all__ = list(_cpu.__all__)
 
 #: the shared rules (``_common``'s) first, then this file's, which call them
-_shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated"], extra=_common.MATH)
+_shared = device_functions(_cpu_common, ["floor_plus", "top_of", "saturated", "bits_of"], extra=_common.MATH)
 _twins = device_functions(_cpu, ["_unit", "_pow2", "_minifloat", "_minifloat_value"], extra={**_common.MATH, **_shared})
-floor_plus, saturated = _shared["floor_plus"], _shared["saturated"]
+floor_plus, saturated, bits_of = _shared["floor_plus"], _shared["saturated"], _shared["bits_of"]
 _unit, _pow2, _minifloat, _minifloat_value = (_twins[k] for k in ("_unit", "_pow2", "_minifloat", "_minifloat_value"))
 
 U = np.uint64
@@ -48,29 +48,30 @@ U = np.uint64
 
 # ---------------------------------------------------------------------------- maxima
 @jit(device=True)
-def _unit_max(bits, lo, hi, mask, x, r, acc, serial, tmp):
+def _unit_max(bits, lo, hi, mask, x, r, serial, tmp):
     """The largest ``bits & mask`` over ``[lo, hi)`` by the unit's thread (``serial``) or block
-    (every thread gets it); with a non-empty ``r``, ``acc = x + r`` is formed in the same loop."""
+    (every thread gets it); with a non-empty ``r``, of the bits of ``x + r`` instead (formed
+    in the loop, written nowhere)."""
     form = r.size > 0
+    is64 = x.itemsize == 8
     first, step = (lo, 1) if serial else (lo + cuda.threadIdx.x, cuda.blockDim.x)
     m = U(0)
     for i in range(first, hi, step):
-        if form:
-            acc[i] = x[i] + r[i]
-        m = max(m, U(bits[i] & mask))
+        b = U(bits_of(x[i] + r[i], is64)) if form else U(bits[i])
+        m = max(m, b & U(mask))
     return m if serial else block_max(m, tmp)
 
 
 @jit
-def _absmax_units(bits, block, upb, mask, top, x, r, acc, serial):
+def _absmax_units(bits, block, upb, mask, top, x, r, serial):
     """``top[u] = max(bits & mask)`` over work unit ``u``, a block per unit (or a thread per
-    unit: ``serial``); with a non-empty ``r``, ``acc = x + r`` is formed first in the same
-    loop (``bits`` then views ``acc``)."""
+    unit: ``serial``); with a non-empty ``r``, of the bits of ``x + r`` (``bits`` unused)."""
     tmp = cuda.shared.array(THREADS, np.uint64)
+    n = x.size if r.size > 0 else bits.size
     u0, ustep = (cuda.grid(1), cuda.gridsize(1)) if serial else (cuda.blockIdx.x, cuda.gridDim.x)
     for u in range(u0, top.size, ustep):
-        _, lo, hi = _unit(u, block, upb, bits.size)
-        m = _unit_max(bits, lo, hi, mask, x, r, acc, serial, tmp)
+        _, lo, hi = _unit(u, block, upb, n)
+        m = _unit_max(bits, lo, hi, mask, x, r, serial, tmp)
         if serial or cuda.threadIdx.x == 0:
             top[u] = m
 
@@ -86,19 +87,19 @@ def absmax_units(bits, block, upb, mask, top):
     out = Results()
     t = out(top)
     if t.size:
-        none = nothing(bits.dtype)
+        none = nothing(np.float32 if bits.itemsize == 4 else np.float64)
         shape, serial = _unit_shape(t.size, block)
-        _absmax_units[shape](bits, block, upb, mask, t, none, none, none, serial)
+        _absmax_units[shape](bits, block, upb, mask, t, none, none, serial)
     out.done()
 
 
-def feedback_absmax_units(x, r, acc, bits, block, upb, mask, top):
-    """:func:`absmax_units` of ``acc = x + r``, written into ``acc`` in the same pass."""
+def feedback_absmax_units(x, r, block, upb, mask, top):
+    """:func:`absmax_units` of ``x + r``, written nowhere (see the CPU kernel)."""
     out = Results()
     t = out(top)
     if t.size:
         shape, serial = _unit_shape(t.size, block)
-        _absmax_units[shape](bits, block, upb, mask, t, x, r, acc, serial)
+        _absmax_units[shape](nothing(np.uint32 if x.itemsize == 4 else np.uint64), block, upb, mask, t, x, r, serial)
     out.done()
 
 
@@ -112,7 +113,7 @@ def _absmax_units_segments(bits, starts, blocks, ustarts, mask, top, serial):
         block = blocks[t]
         upb = (block + CHUNK - 1) // CHUNK
         _, lo, hi = _unit(g - ustarts[t], block, upb, starts[t + 1] - starts[t])
-        m = _unit_max(bits, starts[t] + lo, starts[t] + hi, mask, none, none, none, serial, tmp)
+        m = _unit_max(bits, starts[t] + lo, starts[t] + hi, mask, none, none, serial, tmp)
         if serial or cuda.threadIdx.x == 0:
             top[g] = m
 
@@ -150,30 +151,27 @@ def _mini_code(v, e, m, maxmag, signpos, stochastic, strm, i):
 
 @jit
 def _minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, sub, r):
-    """One thread per value; ``sub`` non-empty: subtract each code's value from it (the fused
-    step; with a non-empty ``r`` it is first formed as ``x + r``, and ``x`` is ``sub``)."""
-    fused = sub.size > 0
-    form = r.size > 0
+    """One thread per value; ``r`` non-empty: the fused error-feedback step, the codes of
+    ``x + r`` and ``sub = x + r - decoded`` (as the CPU's ``_minifloat_unit``)."""
+    fused = r.size > 0
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         b = i // block
         u = b * upb + (i - b * block) // CHUNK
-        if form:
-            sub[i] = x[i] + r[i]
+        xi = x[i] + r[i] if fused else x[i]
         k = max(0, -1000 - emin[b])
-        v = mul(np.float64(sub[i] if form else x[i]), _pow2(k))
+        v = mul(np.float64(xi), _pow2(k))
         if not (v - v == 0):
             cuda.atomic.add(bad, u, 1)
         c, off, step = _mini_code(v, emin[b] + k, m, maxmag, signpos, stochastic, strm, i)
         codes[i] = c
         if fused:
-            sub[i] -= sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
+            sub[i] = xi - sub.dtype.type(saturated(_minifloat_value(c, v, m, signpos, off, step), sub))
 
 
-def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, sub=None, crc=-1):
-    """Codes of ``x`` in the windows ``emin`` (see the CPU kernel); ``sub``: the fused
-    error-feedback step's subtraction.  Returns the codes' CRC-32C continued from ``crc``
-    (-1 when ``crc < 0``)."""
-    return _mini(x, None, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, sub, crc)
+def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, crc=-1):
+    """Codes of ``x`` in the windows ``emin`` (see the CPU kernel).  Returns the codes'
+    CRC-32C continued from ``crc`` (-1 when ``crc < 0``)."""
+    return _mini(x, None, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, None, crc)
 
 
 def feedback_minifloat_encode(x, r, acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, crc=-1):

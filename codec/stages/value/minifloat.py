@@ -19,7 +19,7 @@ from codec.stages.value.quantizer import Quantizer, code_dtype, exponent_range
 from codec.stages.value.sections import codes_section, magnitude_bits, magnitude_values, ints_section, read_ints
 from codec.params import Param, SEED, rounding
 from codec.stage import Bound, register
-from codec.ops import continued, offsets
+from codec.ops import add, continued, offsets
 from codec.kernels import backend
 from codec.layout import CHUNK
 
@@ -69,20 +69,21 @@ class _MiniFloat(Quantizer):
 
     def _stored(self, top, nblocks, upb, values, ctx):
         """What the frame stores per window (T, or fp8's scale exponent) from the work units'
-        largest magnitude bits ``top`` of ``values``; NaN/inf there is the error naming its
-        position in ``values``."""
-        amax, bad = magnitude_values(top, values.dtype)
+        largest magnitude bits ``top`` of the values ``values()`` returns (a function: the
+        error-feedback step forms its sum only to name a NaN/inf); NaN/inf there is the error
+        naming its position."""
+        amax, bad = magnitude_values(top, np.float32 if top.itemsize == 4 else np.float64)  # float32's bits, or float64's
         if bad:
-            self.raise_nonfinite(values, ctx)
+            self.raise_nonfinite(values(), ctx)
         if not self.needs_max():
             return np.zeros(nblocks, np.int64)
         return self.windows(amax.reshape(nblocks, upb).max(1, initial=0.0), ctx.dtype)
 
-    def _codes_section(self, kern, values, units, block, upb, emin, ctx, sub=None, formed=None) -> Section:
+    def _codes_section(self, kern, values, units, block, upb, emin, ctx, formed=None) -> Section:
         """The values section of the codes of ``values`` in the windows ``emin`` (kernel
-        ``minifloat_encode``; with ``sub``, the fused error-feedback step's subtraction; with
-        ``formed = (x, r)``, ``values`` is formed as ``x + r`` in the same pass and left
-        holding ``values - decoded``, ``feedback_minifloat_encode``): written straight into
+        ``minifloat_encode``; with ``formed = (x, r)``, the error-feedback step: the codes of
+        ``x + r``, and ``values`` written once, holding ``x + r - decoded``,
+        ``feedback_minifloat_encode``): written straight into
         the frame for 8- and 16-bit codes, else into an array that is then bit-packed."""
         n, w, strm = values.size, self.width, self.stream(ctx)
         args = (self.mant, self.maxmag, w - 1, self.stochastic, strm)
@@ -94,7 +95,7 @@ class _MiniFloat(Quantizer):
             if n and formed is not None:
                 got = kern.feedback_minifloat_encode(*formed, values, block, upb, emin, *args, codes, bad, start)
             elif n:
-                got = kern.minifloat_encode(values, block, upb, emin, *args, codes, bad, sub, start)
+                got = kern.minifloat_encode(values, block, upb, emin, *args, codes, bad, start)
             if bad.any():  # a NaN/inf stays one in values - decoded, and nothing before it turns into one
                 self.raise_nonfinite(values, ctx)
             return continued(codes, crc, got)
@@ -114,7 +115,7 @@ class _MiniFloat(Quantizer):
             top = np.zeros(units, bits.dtype)
             if n:
                 kern.absmax_units(bits, block, upb, mask, top)
-            stored = self._stored(top, nblocks, upb, x, ctx)
+            stored = self._stored(top, nblocks, upb, lambda: x, ctx)
             sections.append(ints_section(stored))
         else:
             stored = np.zeros(nblocks, np.int64)
@@ -128,9 +129,9 @@ class _MiniFloat(Quantizer):
         (the unfused step) for 16-bit input or a window below ``2**-1000``.
 
         Where the windows are the data's (rangefloat, fp8 with a scale), the codes need the
-        maxima of whole blocks first: one pass forms ``acc`` with the maxima
-        (``feedback_absmax_units``), one codes ``acc`` and leaves ``acc - decoded`` there
-        (``minifloat_encode`` with ``sub``).  Where they are fixed (fp8), one pass does all
+        maxima of whole blocks first: one pass reads ``x + residual`` for its maxima alone
+        (``feedback_absmax_units``), and the one pass of the fixed windows (fp8's) follows:
+        it forms the sum again, codes it and writes ``acc - decoded`` into ``acc``, once
         (``feedback_minifloat_encode``).  (Guessing a data window from the last step to make
         it one pass was measured and dropped: docs/benchmarks.md, 2026-11-28.)"""
         if x.dtype not in (np.float32, np.float64):
@@ -147,13 +148,13 @@ class _MiniFloat(Quantizer):
         bits, mask = magnitude_bits(flat)
         top = np.zeros(units, bits.dtype)
         if n:
-            kern.feedback_absmax_units(x, r, flat, bits, block, upb, mask, top)
-        stored = self._stored(top, nblocks, upb, flat, ctx)  # a NaN/inf is refused before anything is coded
+            kern.feedback_absmax_units(x, r, block, upb, mask, top)
+        stored = self._stored(top, nblocks, upb, lambda: add(x, r, flat), ctx)  # a NaN/inf is refused before anything is coded
         emin = self.emins(stored).astype(np.int64)
         if emin.size and int(emin.min()) < -1000:  # a window the fused kernels do not rescale
             return None
         sections.append(ints_section(stored))
-        sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, sub=flat))
+        sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, formed=(x, r)))
         return lambda: slot.commit(acc)
 
     def bound(self, ctx):

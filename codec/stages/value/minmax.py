@@ -130,9 +130,9 @@ class MinMax(Quantizer):
         return _codes(self.bits), blocks, (highs - lows) / levels, sstarts, lows, float(levels)
 
     def encode_feedback(self, x, slot, ctx, sections):
-        """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
-        x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
-        decoded`` there (``minmax_encode`` with ``r``, ``acc``; a value beyond the dtype's
+        """Fused error-feedback step for float32/float64: one pass over memory codes ``x +
+        residual`` bucket by bucket and writes ``acc = x + residual - decoded`` into a spare
+        buffer (``minmax_encode`` with ``r``, ``acc``; a value beyond the dtype's
         range saturates, as its decoder clips it), bit for bit what adding, encoding,
         decoding and subtracting give.  None (the unfused step) for 16-bit input.
 

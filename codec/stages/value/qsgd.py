@@ -179,9 +179,9 @@ class Qsgd(Quantizer):
         return lut, blocks, head, plan.hstarts, _NO_OFFSET, 1.0
 
     def encode_feedback(self, x, slot, ctx, sections):
-        """Fused error-feedback step for float32/float64: one pass over memory forms ``acc =
-        x + residual`` bucket by bucket (into a spare buffer), codes it and leaves ``acc -
-        decoded`` there (``qsgd_encode`` with ``r``, ``acc``; a value beyond the dtype's range,
+        """Fused error-feedback step for float32/float64: one pass over memory codes ``x +
+        residual`` bucket by bucket and writes ``acc = x + residual - decoded`` into a spare
+        buffer (``qsgd_encode`` with ``r``, ``acc``; a value beyond the dtype's range,
         as under a norm beyond it, saturates as its decoder clips it), bit for bit what adding,
         encoding, decoding and subtracting give.  None (the unfused step) for 16-bit input."""
         if x.dtype not in (np.float32, np.float64):
