@@ -126,9 +126,54 @@ def _squeeze(w, b):
     return (w & np.uint64(0x00000000FFFFFFFF)) | (w >> np.uint64(32)) << (np.uint64(4) * b)
 
 
+@jit(inline="always")
+def _join8(src, i, b, m):
+    """Codes ``src[i:i+8]`` (``8 < b <= 16`` bits each, masked by ``m``) joined LSB-first into
+    ``8 * b`` bits: ``(w0, w1)``, the first 64 and the rest.  Which word a code lands in
+    depends on its place and the width only, so every branch is taken the same way each
+    group."""
+    w0 = np.uint64(0)
+    w1 = np.uint64(0)
+    for j in range(8):
+        v = np.uint64(src[i + np.uint64(j)]) & m
+        off = np.uint64(j) * b
+        if off < np.uint64(64):
+            w0 |= v << off
+            if off + b > np.uint64(64):
+                w1 |= v >> (np.uint64(64) - off)
+        else:
+            w1 |= v << (off - np.uint64(64))
+    return w0, w1
+
+
+@jit
+def _pack_two_words(src, bits, dst):
+    """Typed codes ``src`` (a multiple of 8, ``8 < bits <= 16``) -> ``dst``, ``bits`` bytes per
+    eight codes (:func:`_join8`): all but the last groups store both words whole (the bytes past
+    the group belong to later groups of this slice, which rewrite them), the last ones their
+    own bytes.  25M 12-bit codes: 12.0-13.1 ms through the accumulator of
+    :func:`_pack_wide`, whose branch on a full word depends on the code's place."""
+    m = _mask(bits)
+    b = np.uint64(bits)
+    ng = src.size // 8
+    safe = min(ng, (dst.size - 16) // bits + 1 if dst.size >= 16 else 0)
+    for g in range(np.uint64(safe)):
+        w0, w1 = _join8(src, g * np.uint64(8), b, m)
+        _put8(dst, g * b, w0)
+        _put8(dst, g * b + np.uint64(8), w1)
+    for g in range(safe, ng):
+        w0, w1 = _join8(src, np.uint64(g) * np.uint64(8), b, m)
+        _put8(dst, np.uint64(g) * b, w0)
+        _put(dst, np.uint64(g) * b + np.uint64(8), w1, bits - 8)
+
+
 @jit
 def _pack_wide(src, bits, dst):
-    """Typed codes ``src`` (a multiple of 8, any ``bits``) -> ``dst`` through a 64-bit accumulator."""
+    """Typed codes ``src`` (a multiple of 8, any ``bits``) -> ``dst`` through a 64-bit
+    accumulator (:func:`_pack_two_words` for ``8 < bits <= 16``)."""
+    if 8 < bits <= 16:
+        _pack_two_words(src, bits, dst)
+        return
     m = _mask(bits)
     b = np.uint64(bits)
     for g in range(src.size // 8):
