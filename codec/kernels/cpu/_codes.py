@@ -244,10 +244,11 @@ def _chunk_decoder(data, bits, n, lut, block, a, off, out, mode, c, fmask, fshif
 def _chunk(data, bits, n, lut, block, a, off, out, mode, c, fmask, fshift, largest, check):
     """Chunk ``c`` of :func:`dequantize` (codes ``8 * _GROUPS * c`` onwards); nonzero when a
     code's field is beyond ``largest`` (:func:`dequantize_checked`; ``fmask = 0``: none is
-    checked).  Through a block's table (or the byte table of 8-bit codes) the check runs on
-    the words (bytes) the codes are read from, and codes wider than a byte are checked as
-    each is decoded (:func:`_scaled_groups`); on the other path (short blocks of narrow
-    codes) it is ``fields_within``'s test of the chunk, just before it decodes."""
+    checked).  Each code is checked once: through a block's table (or the byte table of 8-bit
+    codes) on the words (bytes) the codes are read from; codes wider than a byte as each is
+    decoded (:func:`_scaled_groups`); narrow codes of short blocks by ``fields_within``'s
+    test of the chunk (:func:`_over_chunk`), just before it decodes.  (The few values that
+    straddle a block boundary or end the chunk, :func:`_value_at`, test their own code.)"""
     mask = (U(1) << U(bits)) - U(1)
     fm, t = _field_test(bits, fmask, fshift, largest) if check else (U(0), U(1))  # (no code fails (0, 1))
     has_off = off.size > 0
@@ -282,7 +283,7 @@ def _chunk(data, bits, n, lut, block, a, off, out, mode, c, fmask, fshift, large
             _block_table(lut, ab, ob, has_off, tab)
             over |= _tabled_groups(data, g, inside, bits, mask, tab, out, mode, even, add) & carry
         else:
-            over |= U(_scaled_groups(data, g, inside, bits, mask, lut, ab, ob, has_off, out, mode, fm if t <= fm else U(0)) >= t)
+            over |= U(_scaled_groups(data, g, inside, bits, mask, lut, ab, ob, has_off, out, mode, fm if t <= fm and bits > 8 else U(0)) >= t)
         g = inside
     for i in range(U(max(lo, full * 8)), U(hi)):
         over |= _value_at(data, i, bits, mask, lut, a, off, has_off, ublock, out, mode, fm, t)

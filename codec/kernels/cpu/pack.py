@@ -4,8 +4,9 @@
   ``ceil(n*bits/8)`` bytes.  Eight codes always fill ``bits`` whole bytes, so groups of eight
   are independent and run in parallel with no shared bytes.  Fast paths: full-width codes
   (8/16/32/64 bits in that dtype) are a byte copy, 1-bit codes one byte per group, 2..7 bits
-  one uint64 per group; other widths use a 64-bit accumulator (pack) or one unaligned 8-byte
-  load per code (unpack).
+  one uint64 per group, 9..16 bits packed two words a group (``_pack_two_words``, branch-free);
+  other widths use a 64-bit accumulator (pack) or one unaligned 8-byte load per code
+  (unpack).
 * ``sign_bits``: the top bit of each word (a float's sign, read from its bits: -0.0 and
   NaN's sign included), one bit per value LSB-first, a byte per iteration (its kernels are
   ``_signs``'s: codec/kernels/cpu/_signs.py).

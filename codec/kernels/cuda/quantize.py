@@ -87,7 +87,7 @@ def absmax_units(bits, block, upb, mask, top):
     out = Results()
     t = out(top)
     if t.size:
-        none = nothing(np.float32 if bits.itemsize == 4 else np.float64)
+        none = nothing(np.float32 if np.dtype(bits.dtype).itemsize == 4 else np.float64)
         shape, serial = _unit_shape(t.size, block)
         _absmax_units[shape](bits, block, upb, mask, t, none, none, serial)
     out.done()
@@ -99,7 +99,7 @@ def feedback_absmax_units(x, r, block, upb, mask, top):
     t = out(top)
     if t.size:
         shape, serial = _unit_shape(t.size, block)
-        _absmax_units[shape](nothing(np.uint32 if x.itemsize == 4 else np.uint64), block, upb, mask, t, x, r, serial)
+        _absmax_units[shape](nothing(np.uint32 if np.dtype(x.dtype).itemsize == 4 else np.uint64), block, upb, mask, t, x, r, serial)
     out.done()
 
 
@@ -175,7 +175,8 @@ def minifloat_encode(x, block, upb, emin, m, maxmag, signpos, stochastic, strm, 
 
 
 def feedback_minifloat_encode(x, r, acc, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, crc=-1):
-    """The whole error-feedback step in one pass: ``acc = x + r``, its codes, ``acc - decoded``."""
+    """The whole error-feedback step in one pass: each ``x + r`` coded where it is read, and
+    ``acc = x + r - decoded`` written once (see the CPU kernel)."""
     return _mini(x, r, block, upb, emin, m, maxmag, signpos, stochastic, strm, codes, bad, acc, crc)
 
 

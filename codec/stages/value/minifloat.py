@@ -124,8 +124,8 @@ class _MiniFloat(Quantizer):
 
     def encode_feedback(self, x, slot, ctx, sections):
         """Fused error-feedback step for float32/float64, bit for bit what adding, encoding,
-        decoding and subtracting give (four passes), ``acc = x + residual`` formed in a spare
-        buffer; a value beyond the dtype's range saturates, as its decoder clips it.  None
+        decoding and subtracting give (four passes): ``x + residual`` formed where it is coded
+        and ``acc`` written once, with the residual; a value beyond the dtype's range saturates, as its decoder clips it.  None
         (the unfused step) for 16-bit input or a window below ``2**-1000``.
 
         Where the windows are the data's (rangefloat, fp8 with a scale), the codes need the
