@@ -30,6 +30,7 @@ def apply(setattr_=setattr) -> None:
     if numba.config.ENABLE_CUDASIM:
         sys.setswitchinterval(SWITCH_INTERVAL)
         lock_shared_arrays()
+        device_arrays_as_on_a_gpu()
     for module, name, value in settings():
         setattr_(module, name, value)
 
@@ -69,3 +70,39 @@ def lock_shared_arrays() -> None:
 
     cls.array = array
     cls._gradcodec_locked = True
+
+
+#: the public attributes of numba-cuda's ``DeviceNDArray`` (its class's, numba-cuda 0.30, and
+#: those ``DeviceNDBase.__init__`` sets); under the simulator ``numba.cuda.cudadrv.devicearray``
+#: is the simulator's module, so the list is written out here
+DEVICE_ARRAY_ATTRIBUTES = frozenset({
+    "T", "as_cuda_arg", "bind", "copy_to_device", "copy_to_host", "device_ctypes_pointer", "flags", "get_ipc_handle",
+    "getitem", "is_c_contiguous", "is_f_contiguous", "nbytes", "ravel", "reshape", "setitem", "split", "squeeze",
+    "transpose", "view", "ndim", "shape", "strides", "dtype", "size", "alloc_size", "gpu_data", "stream",
+})
+
+
+def device_arrays_as_on_a_gpu() -> None:
+    """Give host code the simulator's device arrays with only what a real ``DeviceNDArray``
+    has.  numba-cuda's ``FakeCUDAArray`` hands any other attribute on to the NumPy array it
+    wraps, so a host wrapper that reads, say, ``.itemsize`` of a device array passed every
+    simulator test and raised AttributeError on a GPU (codec/kernels/cuda/quantize.py's
+    ``absmax_units``, 2026-12-03).  Kernel code (the simulator's block threads) still sees
+    the whole array, as a kernel's own array type has ``itemsize`` and the rest."""
+    import threading
+
+    from numba.cuda.simulator import kernel
+    from numba.cuda.simulator.cudadrv import devicearray
+
+    cls = devicearray.FakeCUDAArray
+    if getattr(cls, "_gradcodec_gpu_like", False):
+        return
+    real = cls.__getattr__
+
+    def __getattr__(self, name):
+        if not (name.startswith("_") or name in DEVICE_ARRAY_ATTRIBUTES or isinstance(threading.current_thread(), kernel.BlockThread)):
+            raise AttributeError(f"a device array has no attribute {name!r} on a GPU (the simulator's wraps a NumPy array that has)")
+        return real(self, name)
+
+    cls.__getattr__ = __getattr__
+    cls._gradcodec_gpu_like = True
