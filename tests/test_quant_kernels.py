@@ -821,6 +821,40 @@ def test_qsgd_encode_subnormal_bucket():
     assert norms.tolist() == [2.0**-149]
 
 
+def test_bucket_level_is_floor_plus_at_every_boundary():
+    """The bucket quantizers' integer rounding (``bucket._level``: ``(floor(t * 2**32) + bits)
+    >> 32``) against ``floor_plus(t, bits / 2**32)`` capped at ``s``, where they could part: a
+    fraction exactly ``1 - u`` and one ulp either side, tiny fractions, integers, ``t`` at,
+    just below and above the cap, inf and NaN (0), nearest's ties; for bits 0, 1 and
+    ``2**32 - 1``.  Random data never lands on these (one value in 2**32)."""
+    from codec.kernels.cpu import bucket
+    from codec.kernels.cpu._common import floor_plus
+    from codec.kernels.cpu.rng import bits32
+
+    def key_of(b):  # the key whose bits32(key, 0) is b: Wellons' hash inverted step by step
+        m = 2**32 - 1
+        b ^= (b >> 15) ^ (b >> 30)
+        b = b * pow(0x735A2D97, -1, 2**32) & m
+        b ^= (b >> 15) ^ (b >> 30)
+        b = b * pow(0x21F0AAAD, -1, 2**32) & m
+        return np.uint32(b ^ (b >> 16))
+
+    fs, i = 16.0, 0
+    for b in (0, 1, 12345, 2**31, 2**32 - 1):
+        key = key_of(b)
+        assert int(bits32(key, i)) == b
+        u = b * 2.0**-32
+        edge = [k + (1.0 - u) for k in (0, 1, 7, 15)]
+        ts = [0.0, 2.0**-1074, 2.0**-40, 0.5, 1.0, 2.5, 15.0, np.nextafter(fs, 0), fs, fs + 0.5, 1e300, np.inf, np.nan]
+        ts += edge + [np.nextafter(t, 0) for t in edge] + [np.nextafter(t, np.inf) for t in edge]
+        for t in ts:
+            for stochastic in (True, False):
+                want = min(floor_plus(t, u) if stochastic else np.rint(t), fs)
+                want = 0 if want != want else int(want)
+                got = int(bucket._level(np.float64(t), fs, stochastic, key, i))
+                assert got == want, (t, b, stochastic, got, want)
+
+
 def test_qsgd_encode_bucket_longer_than_chunk():
     """A bucket longer than 65,536 values is one segment cut into 65,536-value chunks (docs:
     "lanesum"): the chunk results are added in order.  float64 norms (beyond float32's range)
