@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import TRIT_CHUNK, U, bits_of, chunk_sums, copysign, floor_plus, mul, rint, saturated, span_end, summed
+from codec.kernels.cpu._common import TRIT_CHUNK, U, bits_of, chunk_sums, copysign, floor_plus, floor_plus_bits, mul, rint, saturated, span_end, summed
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
-from codec.kernels.cpu.rng import bits32, block_key, uniform
+from codec.kernels.cpu.rng import bits32, block_key
 from codec.layout import CHUNK, TO_UNIT
 
 __all__ = [
@@ -283,7 +283,7 @@ def terngrad_encode(x, clip, s, strm, out):
             for i in range(U(i0), U(i1)):
                 v = np.float64(x[i])
                 p = abs(min(max(v, -clip), clip)) / s if s > 0 else 0.0
-                b = floor_plus(p, uniform(key, i))
+                b = floor_plus_bits(p, bits32(key, i))  # (p <= 1: s is at least every clipped |v|)
                 trits[i - U(lo)] = np.uint8(b) * np.uint8(2 if v < 0 else 1)
             i0 = i1
         for j in range(U((hi - lo + 4) // 5)):
