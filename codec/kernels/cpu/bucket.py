@@ -126,6 +126,14 @@ def _level(t, fs, stochastic, key, i):
     return lv if t == t else U(0)
 
 
+@jit(inline="always")
+def _fraction(c, fs, inv, pow2):
+    """``level / s`` of code ``c`` (``level = c >> 1``) as the decoder's table holds it: times
+    ``1 / s`` where ``s`` is a power of two (exact), else divided."""
+    lv = np.float64(c >> U(1))
+    return lv * inv if pow2 else lv / fs
+
+
 @jit
 def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub, r=None):
     """One bucket of :func:`qsgd_encode`: its codes, and ``(norm, non-finite count)``; with
@@ -136,6 +144,8 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub, r=None):
     norm = up if up < np.inf else norm
     scale = s / norm if norm > 0 else 0.0
     fs = np.float64(s)
+    inv = 1.0 / fs
+    pow2 = (s & (s - 1)) == 0
     i0 = lo
     while i0 < hi:
         i1 = span_end(i0, hi)
@@ -151,12 +161,12 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub, r=None):
         if norm <= top_of(sub):  # |value| <= norm: nothing to clip (the loop without it is ~4% faster)
             for i in range(U(lo), U(hi)):
                 c = U(codes[i])
-                q = np.float64(c >> U(1)) / fs
+                q = _fraction(c, fs, inv, pow2)
                 sub[i] = summed(x, r, i) - sub.dtype.type((-q if c & U(1) else q) * norm)
         else:
             for i in range(U(lo), U(hi)):
                 c = U(codes[i])
-                q = np.float64(c >> U(1)) / fs
+                q = _fraction(c, fs, inv, pow2)
                 sub[i] = summed(x, r, i) - sub.dtype.type(saturated((-q if c & U(1) else q) * norm, sub))
     elif sub is not None:
         form(x, r, sub, lo, hi)
