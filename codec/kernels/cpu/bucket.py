@@ -134,6 +134,37 @@ def _fraction(c, fs, inv, pow2):
     return lv * inv if pow2 else lv / fs
 
 
+@jit(inline="always")
+def _qsgd_code(v, scale, fs, stochastic, key, i, codes):
+    """Value ``i`` (``v``, float64) coded into ``codes[i] = level << 1 | sign``; returns
+    ``(level, sign)`` (NaN: level 0, reported through the non-finite count)."""
+    lv = _level(abs(v) * scale, fs, stochastic, key, i)
+    neg = (v < 0) & (lv > 0)
+    codes[i] = (lv << U(1)) | U(neg)
+    return lv, neg
+
+
+@jit
+def _qsgd_spans(x, r, lo, hi, scale, fs, inv, stochastic, strm, codes, sub, norm):
+    """The codes of values ``lo..hi`` (``x + r`` with ``r``; :func:`summed`), span by span of
+    one random key; with ``sub`` (not None) also ``sub[i] = value - level * inv * norm`` (the
+    decoded value where ``inv = 1 / s`` is exact and the product needs no clipping)."""
+    i0 = lo
+    while i0 < hi:
+        i1 = span_end(i0, hi)
+        key = block_key(strm, i0) if stochastic else np.uint32(0)
+        if sub is not None:
+            for i in range(U(i0), U(i1)):
+                xi = summed(x, r, i)
+                lv, neg = _qsgd_code(np.float64(xi), scale, fs, stochastic, key, i, codes)
+                q = np.float64(lv) * inv
+                sub[i] = xi - sub.dtype.type((-q if neg else q) * norm)
+        else:
+            for i in range(U(i0), U(i1)):
+                _qsgd_code(np.float64(summed(x, r, i)), scale, fs, stochastic, key, i, codes)
+        i0 = i1
+
+
 @jit
 def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub, r=None):
     """One bucket of :func:`qsgd_encode`: its codes, and ``(norm, non-finite count)``; with
@@ -146,18 +177,14 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub, r=None):
     fs = np.float64(s)
     inv = 1.0 / fs
     pow2 = (s & (s - 1)) == 0
-    i0 = lo
-    while i0 < hi:
-        i1 = span_end(i0, hi)
-        key = block_key(strm, i0) if stochastic else np.uint32(0)
-        for i in range(U(i0), U(i1)):
-            v = np.float64(summed(x, r, i))
-            lv = _level(abs(v) * scale, fs, stochastic, key, i)  # (NaN input: 0, reported through bad)
-            codes[i] = (lv << U(1)) | U((v < 0) & (lv > 0))
-        i0 = i1
-    if sub is not None and not k:  # with a NaN/inf the step fails: sub keeps it to say where
-        # a loop of its own: it vectorises (its division inside the coding loop, which draws
-        # random numbers, ran the fused step 2.3x slower)
+    # where s is a power of two and nothing clips, each residual is formed in the coding loop
+    # (one loop against two: 25M float32 23.5 -> 21.3 ms); other s divide, which there ran
+    # the fused step 2.3x slower: their residuals take a loop of their own, which vectorises
+    if sub is not None and not k and pow2 and norm <= top_of(sub):
+        _qsgd_spans(x, r, lo, hi, scale, fs, inv, stochastic, strm, codes, sub, norm)
+        return norm, k
+    _qsgd_spans(x, r, lo, hi, scale, fs, inv, stochastic, strm, codes, None, norm)
+    if sub is not None and not k:  # with a NaN/inf the step fails: sub keeps x + r to say where
         if norm <= top_of(sub):  # |value| <= norm: nothing to clip (the loop without it is ~4% faster)
             for i in range(U(lo), U(hi)):
                 c = U(codes[i])
