@@ -304,17 +304,22 @@ def _minmax_bucket(x, ibits, lo, hi, low, inf, is64, levels, stochastic, strm, c
     mn, mx, nbad = _bounds(kmin, kmax, low, inf, is64)
     inv = levels / (mx - mn) if mx > mn else 0.0
     fl = np.float64(levels)
+    step = (mx - mn) / levels
     i0 = lo
     while i0 < hi:
         i1 = span_end(i0, hi)
         key = block_key(strm, i0) if stochastic else np.uint32(0)
-        for i in range(U(i0), U(i1)):
-            codes[i] = np.int32(_level(max((np.float64(summed(x, r, i)) - mn) * inv, 0.0), fl, stochastic, key, i))
+        if sub is not None:  # each residual formed where its value is coded (one loop, not two: 25M float32
+            # EF step 17.0-17.3 -> 15.4-15.8 ms, stochastic 20.9-21.1 -> 17.3-18.4)
+            for i in range(U(i0), U(i1)):
+                xi = summed(x, r, i)
+                c = _level(max((np.float64(xi) - mn) * inv, 0.0), fl, stochastic, key, i)
+                codes[i] = np.int32(c)
+                sub[i] = xi - sub.dtype.type(saturated(np.float64(c) * step + mn, sub))
+        else:
+            for i in range(U(i0), U(i1)):
+                codes[i] = np.int32(_level(max((np.float64(summed(x, r, i)) - mn) * inv, 0.0), fl, stochastic, key, i))
         i0 = i1
-    if sub is not None:  # a loop of its own, as in _qsgd_bucket
-        step = (mx - mn) / levels
-        for i in range(U(lo), U(hi)):
-            sub[i] = summed(x, r, i) - sub.dtype.type(saturated(np.float64(codes[i]) * step + mn, sub))
     return mn, mx, nbad
 
 
