@@ -127,14 +127,6 @@ def _level(t, fs, stochastic, key, i):
 
 
 @jit(inline="always")
-def _fraction(c, fs, inv, pow2):
-    """``level / s`` of code ``c`` (``level = c >> 1``) as the decoder's table holds it: times
-    ``1 / s`` where ``s`` is a power of two (exact), else divided."""
-    lv = np.float64(c >> U(1))
-    return lv * inv if pow2 else lv / fs
-
-
-@jit(inline="always")
 def _qsgd_code(v, scale, fs, stochastic, key, i, codes):
     """Value ``i`` (``v``, float64) coded into ``codes[i] = level << 1 | sign``; returns
     ``(level, sign)`` (NaN: level 0, reported through the non-finite count)."""
@@ -177,9 +169,11 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub, r=None):
     fs = np.float64(s)
     inv = 1.0 / fs
     pow2 = (s & (s - 1)) == 0
-    # where s is a power of two and nothing clips, each residual is formed in the coding loop
-    # (one loop against two: 25M float32 23.5 -> 21.3 ms); other s divide, which there ran
-    # the fused step 2.3x slower: their residuals take a loop of their own, which vectorises
+    # where s is a power of two (its 1/s exact: level * (1/s) is level / s) and nothing
+    # clips, each residual is formed in the coding loop (one loop against two: 25M float32
+    # 23.5 -> 21.3 ms); a division there ran the fused step 2.3x slower, so other s, and a
+    # norm that clips (float64 values near the top of their range), form theirs in a loop of
+    # its own, which vectorises
     if sub is not None and not k and pow2 and norm <= top_of(sub):
         _qsgd_spans(x, r, lo, hi, scale, fs, inv, stochastic, strm, codes, sub, norm)
         return norm, k
@@ -188,12 +182,12 @@ def _qsgd_bucket(x, lo, hi, s, stochastic, strm, width, codes, sub, r=None):
         if norm <= top_of(sub):  # |value| <= norm: nothing to clip (the loop without it is ~4% faster)
             for i in range(U(lo), U(hi)):
                 c = U(codes[i])
-                q = _fraction(c, fs, inv, pow2)
+                q = np.float64(c >> U(1)) / fs
                 sub[i] = summed(x, r, i) - sub.dtype.type((-q if c & U(1) else q) * norm)
         else:
             for i in range(U(lo), U(hi)):
                 c = U(codes[i])
-                q = _fraction(c, fs, inv, pow2)
+                q = np.float64(c >> U(1)) / fs
                 sub[i] = summed(x, r, i) - sub.dtype.type(saturated((-q if c & U(1) else q) * norm, sub))
     elif sub is not None:
         form(x, r, sub, lo, hi)
