@@ -1,5 +1,5 @@
 """Little-endian byte loads and stores (Numba CPU) shared by the ``pack`` family's kernels
-(codec/kernels/cpu/pack.py, items.py) and the quantizer runs' reader (quantrun.py); their CUDA
+(codec/kernels/cpu/pack.py) and the quantizer runs' reader (quantrun.py); their CUDA
 twins are compiled from this source (codec/kernels/cuda/pack.py).  Byte by byte in the
 source, so they read and write at any offset; LLVM merges the eight-byte forms into one
 load or store."""

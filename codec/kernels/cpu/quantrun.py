@@ -20,7 +20,7 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.kernels.cpu._codes import _over_row, _rows
 from codec.kernels.cpu._bytes import _get
-from codec.kernels.cpu.items import _item
+from codec.kernels.cpu.pack import _item
 
 __all__ = ["run_read"]
 

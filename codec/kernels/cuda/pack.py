@@ -1,6 +1,6 @@
 """CUDA twin of ``codec/kernels/cpu/pack.py``: the same names, arguments and bytes.
 
-The byte-level helpers (``_mask``, ``_get``, ``_get8``, ``_put``, ``_code_at``; ``_item``, ``_item_bits`` of cpu/items.py) are the
+The byte-level helpers (``_mask``, ``_get``, ``_get8``, ``_put``, ``_item``, ``_item_bits``, ``_code_at``; the first four from cpu/_bytes.py) are the
 CPU file's own, compiled again as device functions from their Python source
 (:func:`codec._cuda_jit.device_functions`), so both backends read and write a code's bytes
 with one statement of the rule.  The parallel shape differs, the bytes do not:
@@ -24,7 +24,7 @@ import numpy as np
 
 from codec._cuda_jit import device_functions, jit, numba_cuda
 from codec.errors import CodecValueError
-from codec.kernels.cpu import _signs as _cpu_signs, items as _cpu_items, pack as _cpu
+from codec.kernels.cpu import _signs as _cpu_signs, pack as _cpu
 from codec.kernels.cuda import _common
 from codec.kernels.cuda._common import launch
 
@@ -32,7 +32,7 @@ cuda = numba_cuda()
 
 __all__ = list(_cpu.__all__)
 
-_twins = {**device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_code_at"]), **device_functions(_cpu_items, ["_item", "_item_bits"])}
+_twins = device_functions(_cpu, ["_mask", "_get8", "_get", "_put", "_item", "_item_bits", "_code_at"])
 _sign_out = device_functions(_cpu_signs, ["_sign_byte", "_sign_out"], {"owner": _common.owner})["_sign_out"]
 _mask, _get, _put, _item, _item_bits, _code_at = (_twins[k] for k in ("_mask", "_get", "_put", "_item", "_item_bits", "_code_at"))
 
