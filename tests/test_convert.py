@@ -435,11 +435,13 @@ def test_kernels_continue_the_crc_of_their_codes(n, start, backend):
 
 
 @pytest.mark.parametrize("lo", (0, 1, 5))
-@pytest.mark.parametrize("n", (0, 1, 7, 8, 23, 24, 25, 1000, 3 * 8 * 4099 + 13))
+@pytest.mark.parametrize("n", (0, 1, 7, 8, 23, 24, 25, 255, 256, 257, 1000, 2047, 2048, 3 * 8 * 4099 + 13))
 def test_crc_bytes_of_any_range(n, lo):
-    """_crc.crc_bytes: the CRC-32C of any byte range (three streams, words, the tail), continued
-    from any value; join/combine put chunks' CRCs together; the byte-table step (the fallback
-    where the CPU has no CRC-32C instruction) gives the same register."""
+    """_crc.crc_bytes: the CRC-32C of any byte range (folded 256-byte blocks where the CPU can,
+    three streams, words, the tail), continued from any value; the register steps alone
+    (``_streams``: all a CPU without VPCLMULQDQ runs) give it too; join/combine put chunks'
+    CRCs together; the byte-table step (the fallback where the CPU has no CRC-32C
+    instruction) gives the same register."""
     from codec.kernels.cpu import _crc
 
     rng = np.random.default_rng(n + lo)
@@ -447,6 +449,7 @@ def test_crc_bytes_of_any_range(n, lo):
     data = buf[lo : lo + n].tobytes()
     for start in (0, 0xFFFFFFFF, 0xDEADBEEF):
         assert int(_crc.crc_bytes(buf, lo, lo + n, start)) == crc32c.crc32c(data, start)
+        assert int(_crc._streams(buf, lo, lo + n, np.uint32(start ^ 0xFFFFFFFF)) ^ 0xFFFFFFFF) == crc32c.crc32c(data, start)
     c = np.uint32(0xFFFFFFFF)
     for b in data[:64]:
         c = _crc._sw_u8(c, b)
@@ -589,6 +592,32 @@ def test_crc_without_the_instruction(tmp_path):
     import hashlib
 
     assert got.stdout.strip() == hashlib.sha256(_frames_and_values()).hexdigest()
+
+
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"), reason="an x86-64 target")
+def test_crc_without_the_fold(tmp_path):
+    """Where Numba compiles for a CPU with the CRC-32C instruction but without VPCLMULQDQ
+    (x86-64-v2: most CPUs before 2019) nothing folds (``FOLD`` False, the intrinsic never
+    compiled), and the register steps give every range's CRC-32C, the kernels' too."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, crc32c\n"
+        "from codec.kernels.cpu import _crc, convert\n"
+        "assert _crc.HARDWARE and not _crc.FOLD\n"
+        "buf = np.random.default_rng(1).integers(0, 256, 9000, dtype=np.uint8)\n"
+        "for lo, hi in ((0, 9000), (3, 8191), (5, 300), (7, 7)):\n"
+        "    assert int(_crc.crc_bytes(buf, lo, hi, 5)) == crc32c.crc32c(buf[lo:hi].tobytes(), 5)\n"
+        "x = np.random.default_rng(0).standard_normal(70000).astype(np.float32)\n"
+        "c = np.empty(x.size, np.uint16)\n"
+        "assert convert.narrow_codes(x, c, False, 9)[1] == crc32c.crc32c(c.tobytes(), 9)\n"
+    )
+    features = "+64bit,+cx16,+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+crc32,+popcnt"
+    env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v2", NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path))
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
 
 
 def test_fp16_edges_are_numpys():
