@@ -38,6 +38,28 @@ def test_parallel_crc_equals_one_call(monkeypatch, count):
         assert checksum.crc32c(memoryview(buf)[1:]) == ref.crc32c(memoryview(buf)[1:]), n
 
 
+def test_parts_folded_by_the_kernels_when_loaded(monkeypatch):
+    """With the kernels loaded, parts from FOLD_MIN bytes are checksummed by their CRC where
+    the CPU folds (``_crc.FOLD``), the package's below it or elsewhere: the package's value
+    either way, from bytes, a bytearray and a slice, continued from any value."""
+    from codec.kernels.cpu import _crc
+
+    calls = []
+    kernel = _crc.crc_bytes
+    monkeypatch.setattr(_crc, "crc_bytes", lambda *a: calls.append(a[2]) or kernel(*a))
+    monkeypatch.setattr(threads, "budget", lambda: 2)
+    rng = np.random.default_rng(4)
+    sizes = (checksum.FOLD_MIN - 1, checksum.FOLD_MIN, checksum.FOLD_MIN + 257, checksum.PARALLEL_MIN + 5)
+    for n in sizes:
+        data = rng.bytes(n)
+        for buf in (data, bytearray(data), memoryview(data)[3:]):
+            assert checksum.crc32c(buf, 0xC0FFEE) == ref.crc32c(buf, 0xC0FFEE), n
+    if _crc.FOLD:  # every part of FOLD_MIN bytes or more, and only those
+        assert calls and min(calls) >= checksum.FOLD_MIN and checksum.FOLD_MIN in calls, calls
+    else:
+        assert not calls
+
+
 def test_large_frames_carry_the_crc_of_their_payload(monkeypatch):
     monkeypatch.setattr(threads, "budget", lambda: 2)
     x = np.random.default_rng(0).standard_normal(checksum.PARALLEL_MIN // 2 + 999).astype(np.float32)
