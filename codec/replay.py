@@ -58,10 +58,8 @@ general path keeps them.  docs/api.md, "Replayed steps".
 
 from __future__ import annotations
 
-import zlib
-
 from codec import manydecode, replaydecode
-from codec.frame import _CRC, element_limit
+from codec.frame import element_limit
 from codec.ops import remember
 from codec.replaydecode import keyed, lowrank, pairs, reads_as_run, selected
 from codec.replayplan import Replay, learned
@@ -184,10 +182,8 @@ def decode(frame, out, codec=None, like=None, max_elements=None):
         return None
     if max_elements is not None and plan.count > element_limit(max_elements):  # (a bad limit: ValueError naming it, as the general path raises)
         return None
-    if plan.pairs is None:  # (a sparse frame's header is read, and its CRC checked, as it is decoded)
-        hl = plan.header_len
-        if zlib.crc32(memoryview(frame)[: hl - _CRC.size]) != _CRC.unpack_from(frame, hl - _CRC.size)[0]:
-            return None
+    if plan.pairs is None and not plan.header_holds(frame):  # (a sparse frame's header is read, and its CRC checked, as it is decoded)
+        return None
     return plan.decode(frame, out)
 
 

@@ -202,7 +202,7 @@ def encode_keyed(plan, views, step: int) -> bytes | None:
         return None
     backend("scatter", kept).put(kept, plan.spots, payload.view(plan.dtype))  # (every section is whole items: a key is 24 bytes; _spots)
     crc = crc32c(payload) if plan.crc else None
-    close_header(bytearray(plan.prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc)
+    plan.close(out, crc)
     return frame
 
 
@@ -316,7 +316,7 @@ def encode_lowrank(plan, found, step: int) -> bytes | None:
             return None
     for t, a, b in plan.values:
         np.copyto(values[a:b], views[t].reshape(-1))
-    close_header(bytearray(plan.prefix), out, hl, FLAG_PAYLOAD_CRC32C if plan.crc else 0, None, crc32c(payload) if plan.crc else None)
+    plan.close(out, crc32c(payload) if plan.crc else None)
     return frame
 
 

@@ -7,10 +7,12 @@ steps"."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from codec import replaydecode
-from codec.frame import _CRC, close_header, FLAG_PAYLOAD_CRC32C, SectionKind
+from codec.frame import _CRC, FLAG_PAYLOAD_CRC32C, SectionKind
 from codec.framebuffer import new_bytes
 from codec.manyframe.wire import CHECKSUM_FLAGS, FLAG_DERIVED, FLAG_JOINT, FLAG_LAYOUT_HASH, FLAG_ZSTD
 from codec.modes import SET
@@ -37,7 +39,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo", "pairs")
+    __slots__ = ("codec", "prefix", "head_crc", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo", "pairs")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         lay = mf.layout
@@ -78,7 +80,7 @@ class Replay:
             if max(self.sizes) <= RUN_ELEMENTS:
                 self.selected = (offsets(self.sizes), lay, where(lay.names, len(lay)))
             self.pairs = _pairs_plan(codec, frame, mf)
-            if self.pairs is not None:
+            if self.pairs is not None:  # (its prefix ends with the layout: no header CRC continues from it)
                 self.prefix = bytes(frame[: self.pairs[0]])
         elif codes_dtype is None and lowrank(codec):
             # each tensor's one section: its values (passed through) or P then Q, at offsets
@@ -106,6 +108,10 @@ class Replay:
             self.kept = [t for t, (a, b) in enumerate(self.values) if b > a]
             self.spots = readonly(np.concatenate([np.arange(a // item, b // item) for a, b in self.values] or [np.empty(0, np.int64)]).astype(np.int64))
             self.keyspots = readonly((self.keys[0][:, None] + np.arange(24)).reshape(-1))
+        #: the zlib CRC32 of the header bytes the plan records (``prefix``: up to the payload CRC,
+        #: or a sparse frame's up to its layout), from which a frame's header CRC continues
+        #: (:meth:`close`, :meth:`header_holds`)
+        self.head_crc = zlib.crc32(self.prefix)
 
     def _addresses(self, arrays, write: bool):
         """The data addresses of ``arrays`` (int64, read-only) and the arrays as ``ndarray``
@@ -156,19 +162,33 @@ class Replay:
         found = self._addresses(arrays, False)
         if found is None:
             return None
+        if self.codes_dtype is not None:  # fp16/bf16: the codes written where the frame holds them
+            frame, out = new_bytes(self.size)
+            ok, crc = self.codec.value.encode_at(out[self.header_len :], found[0], self.starts, self.like, 0 if self.crc else None)
+            if not ok:  # (a NaN under nonfinite=raise: the general path names its tensor)
+                return None
+            self.close(out, crc)
+            return frame
         if selected(self.codec):  # a sparse codec: not above a run's size
             return None if self.selected is None else replaydecode.encode_selected(self, found[1], step)
         if self.matrices is not None:  # a low-rank frame (PowerSGD)
             return replaydecode.encode_lowrank(self, found, step)
-        if self.codes_dtype is None:  # a keyed sparse frame (random-k)
-            return replaydecode.encode_keyed(self, found[1], step)
-        frame, out = new_bytes(self.size)
+        return replaydecode.encode_keyed(self, found[1], step)  # a keyed sparse frame (random-k)
+
+    def close(self, out, crc) -> None:
+        """The header of a new frame of this plan into ``out[:header_len]`` (the frame's uint8
+        view): the recorded prefix, the payload CRC-32C ``crc`` (a frame with one) and the
+        header's CRC32, continued from the prefix's (what :func:`codec.frame.close_header`
+        writes, without reading the prefix again).  Not for a sparse frame's plan (``pairs``:
+        its header changes with the step)."""
+        tail = _CRC.pack(crc) if self.crc else b""
+        memoryview(out)[: self.header_len] = self.prefix + tail + _CRC.pack(zlib.crc32(tail, self.head_crc))
+
+    def header_holds(self, frame) -> bool:
+        """Whether the header CRC32 of ``frame``, which starts with the plan's prefix (found by
+        it), holds: continued from the prefix's over the payload CRC after it."""
         hl = self.header_len
-        ok, crc = self.codec.value.encode_at(out[hl:], found[0], self.starts, self.like, 0 if self.crc else None)
-        if not ok:  # (a NaN under nonfinite=raise: the general path names its tensor)
-            return None
-        close_header(bytearray(self.prefix), out, hl, FLAG_PAYLOAD_CRC32C if self.crc else 0, None, crc)
-        return frame
+        return zlib.crc32(memoryview(frame)[len(self.prefix) : hl - _CRC.size], self.head_crc) == _CRC.unpack_from(frame, hl - _CRC.size)[0]
 
     # -------------------------------------------------------------- decoding
     def decode(self, frame, out):
