@@ -11,7 +11,7 @@ per-chunk loops its parallel kernels run.
   ``convert`` kernel.  float32 blocks take eight values at a time where that is faster and
   gives the same bits: fp16 through the CPU's F16C instructions (:mod:`codec.kernels.cpu._f16c`;
   eight values with a NaN or an infinity, float64, and CPUs without F16C take the integer
-  code), bf16 through vector operations of the same integer arithmetic
+  code), bf16 sixteen at a time through vector operations of the same integer arithmetic
   (:mod:`codec.kernels.cpu._bf16`).  Each ``@overload`` below picks its loop at compile time.
 """
 
@@ -112,7 +112,7 @@ def narrow_block(xs, os, bf16):
 
 def _narrow_bf16(xs, os):
     """bf16 codes of the block ``xs`` into ``os``; returns the non-finite count.  float32
-    eight values at a time as vector operations (:mod:`codec.kernels.cpu._bf16`, the same
+    sixteen values at a time as vector operations (:mod:`codec.kernels.cpu._bf16`, the same
     bits), else (float64, rounded to odd first) one simple loop of the integer code."""
 
 
@@ -122,9 +122,9 @@ def _narrow_bf16_impl(xs, os):
 
         def lanes(xs, os):
             k = np.int64(0)
-            m = xs.size - xs.size % LANES
-            for i in range(0, m, LANES):
-                k += _bf16.narrow8(xs, i, os)
+            m = xs.size - xs.size % _bf16.LANES
+            for i in range(0, m, _bf16.LANES):
+                k += _bf16.narrow16(xs, i, os)
             for i in range(m, xs.size):
                 v = xs[i]
                 os[i] = f32_to_bf16_bits(np.float32(v).view(np.uint32))
@@ -355,8 +355,8 @@ def feedback_block(xs, rs, accs, cs, bf16):
     if not bf16:
         return _feedback_fp16(xs, rs, accs, cs)
     k = np.int64(0)
-    m = xs.size - xs.size % LANES
-    for i in range(0, m, LANES):  # eight at a time as vector operations (codec.kernels.cpu._bf16)
+    m = xs.size - xs.size % _bf16.FEEDBACK_LANES
+    for i in range(0, m, _bf16.FEEDBACK_LANES):  # eight at a time as vector operations (codec.kernels.cpu._bf16)
         k += _bf16.feedback8(xs, rs, accs, cs, i)
     for i in range(m, xs.size):
         a = np.float32(xs[i] + rs[i])
