@@ -4,14 +4,15 @@ The fp16 kernels of ``convert`` compute each code in integer arithmetic, which i
 vectorises, but costs about 1.3 ns a value on one core (25M values: compute-bound, not
 memory-bound, and slower still beside other work).  x86-64 CPUs since 2012 convert eight
 values in one instruction (``vcvtps2ph``, ``vcvtph2ps``): what torch's cast uses.  The
-intrinsics here emit LLVM's ``fptrunc``/``fpext`` of 8-lane vectors, which LLVM selects as
+intrinsics here emit LLVM's ``fptrunc``/``fpext`` of 8-lane vectors (16 for the encoder's
+:func:`narrow16`: two instructions, or one where the CPU has AVX-512), which LLVM selects as
 those instructions where the target has F16C.
 
 The instructions round to nearest even, as the integer code does, and convert every finite
 value and infinity exactly as it does; they differ only on NaN (a signalling NaN comes back
-quiet, and a float32 NaN's payload is cut differently).  So each intrinsic looks at its eight
+quiet, and a float32 NaN's payload is cut differently).  So each intrinsic looks at its
 values first, and when one of them is special (a NaN or an infinity in; a code whose exponent
-is all ones) it writes nothing and returns True: the kernel then codes those eight with its
+is all ones) it writes nothing and returns True: the kernel then codes those values with its
 integer code, and the bytes never depend on which path ran.  The test rides in the same pass
 (a vector compare), so a block pays no second read.
 
@@ -32,20 +33,25 @@ from codec.modes import ADD, SET
 
 #: whether the CPU Numba compiles for converts fp16 in hardware (x86-64 with F16C)
 HARDWARE = target_has("f16c")
+#: values per call of the encoder's intrinsic (:func:`narrow16`: two ``vcvtps2ph`` of eight,
+#: or one of sixteen with AVX-512; 35,424 values in cache 3.6 -> 2.4 us against eight, issue
+#: 33's twentieth stop); the decoder's and the error-feedback step's take :data:`LANES` (16
+#: lanes did not speed up the decoder, and made bf16's feedback step slower)
+NARROW_LANES = 16
 
 
 
 
 
-def _any(builder, mask):
-    """Whether any lane of the ``<LANES x i1>`` ``mask`` is set."""
-    return builder.icmp_unsigned("!=", builder.bitcast(mask, ir.IntType(LANES)), ir.Constant(ir.IntType(LANES), 0))
+def _any(builder, mask, count: int = LANES):
+    """Whether any lane of the ``<count x i1>`` ``mask`` is set."""
+    return builder.icmp_unsigned("!=", builder.bitcast(mask, ir.IntType(count)), ir.Constant(ir.IntType(count), 0))
 
 
-def _nonfinite(builder, v):
-    """Per lane of the float32 vector ``v``: is it a NaN or an infinity (exponent all ones)."""
-    lanes = ir.VectorType(ir.IntType(32), LANES)
-    exp = ir.Constant(lanes, [0x7F800000] * LANES)
+def _nonfinite(builder, v, count: int = LANES):
+    """Per lane of the ``count``-lane float32 vector ``v``: is it a NaN or an infinity (exponent all ones)."""
+    lanes = ir.VectorType(ir.IntType(32), count)
+    exp = ir.Constant(lanes, [0x7F800000] * count)
     return builder.icmp_unsigned("==", builder.and_(builder.bitcast(v, lanes), exp), exp)
 
 
@@ -58,18 +64,19 @@ def u16_array(t) -> bool:
 
 
 @intrinsic
-def narrow8(typingctx, src, i, dst):
-    """``dst[i:i+8] = fp16 codes of float32 src[i:i+8]`` (nearest, ties to even), unless one
-    of the eight is a NaN or an infinity: then nothing is written and the result is True."""
+def narrow16(typingctx, src, i, dst):
+    """``dst[i:i+16] = fp16 codes of float32 src[i:i+16]`` (nearest, ties to even), unless one
+    of the sixteen is a NaN or an infinity: then nothing is written and the result is True."""
     if not (f32_array(src) and u16_array(dst) and isinstance(i, types.Integer)):
         return None
+    n = NARROW_LANES
 
     def codegen(context, builder, sig, args):
-        v = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.FloatType(), LANES)), align=1)
-        special = _any(builder, _nonfinite(builder, v))
+        v = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.FloatType(), n)), align=1)
+        special = _any(builder, _nonfinite(builder, v, n), n)
         with builder.if_then(builder.not_(special), likely=True):
-            codes = ir.VectorType(ir.IntType(16), LANES)
-            h = builder.fptrunc(v, ir.VectorType(ir.HalfType(), LANES))
+            codes = ir.VectorType(ir.IntType(16), n)
+            h = builder.fptrunc(v, ir.VectorType(ir.HalfType(), n))
             builder.store(builder.bitcast(h, codes), lanes_at(context, builder, sig.args[2], args[2], args[1], codes), align=1)
         return special
 

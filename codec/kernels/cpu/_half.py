@@ -23,7 +23,7 @@ from numba.extending import overload
 
 from codec._jit import jit
 from codec.kernels.cpu import _bf16, _f16c, _stream
-from codec.kernels.cpu._f16c import LANES, feedback8, narrow8, widen8, widen8_stream
+from codec.kernels.cpu._f16c import LANES, NARROW_LANES, feedback8, narrow16, widen8, widen8_stream
 from codec.modes import ADD, SET, SUB
 
 
@@ -146,8 +146,8 @@ def _narrow_bf16_impl(xs, os):
 
 def _narrow_fp16(xs, os):
     """fp16 codes of the block ``xs`` into ``os``; returns the non-finite count.  Compiled as
-    the CPU's F16C instructions eight values at a time for float32 where the CPU has them
-    (:mod:`codec.kernels.cpu._f16c`: eight with a NaN or an infinity take the integer code),
+    the CPU's F16C instructions sixteen values at a time for float32 where the CPU has them
+    (:mod:`codec.kernels.cpu._f16c`: sixteen with a NaN or an infinity take the integer code),
     else one simple loop of the integer code (float64, rounded to odd first)."""
 
 
@@ -157,10 +157,10 @@ def _narrow_fp16_impl(xs, os):
 
         def fast(xs, os):
             k = np.int64(0)
-            m = xs.size - xs.size % LANES
-            for i in range(0, m, LANES):
-                if narrow8(xs, i, os):
-                    for j in range(i, i + LANES):
+            m = xs.size - xs.size % NARROW_LANES
+            for i in range(0, m, NARROW_LANES):
+                if narrow16(xs, i, os):
+                    for j in range(i, i + NARROW_LANES):
                         k += _narrow_one(xs, os, j)
             for j in range(m, xs.size):
                 k += _narrow_one(xs, os, j)
