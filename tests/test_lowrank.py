@@ -991,6 +991,36 @@ def test_expand_segments_is_expand_of_each_matrix(dt):
 
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
+def test_rank_4_products_are_the_fixed_order_sums(dt):
+    """At rank 4 ``project`` sums a few rows' lanes at once in vector registers and
+    ``back_project`` a tile of columns (float32; float64 takes the loop): both twins bit for
+    bit the reference's fixed-order sums (tests/reference/lowrank.py) on heavy tails, rows
+    not a multiple of the rows summed at once, rows shorter and longer than the lanes and
+    columns not a multiple of the tile; the non-finite entries of ``M`` counted, only the real
+    rows'."""
+    from codec.kernels import module
+    from codec.layout import LANES
+
+    K = module("lowrank")
+    rng = np.random.default_rng(11)
+    for n, m in [(1, 1), (1, LANES), (3, LANES + 1), (5, 3 * LANES + 5), (6, 2 * LANES), (9, 31), (2, 33), (7, 1030)]:
+        mat = np.asarray(rng.standard_t(2, (n, m))).astype(dt)
+        q = rng.standard_normal((m, 4)).astype(dt)
+        pin = rng.standard_normal((n, 4)).astype(dt)
+        for twin in ("serial", "parallel"):
+            p = np.full((n, 4), np.nan, dt)
+            assert getattr(K.project, twin)(mat, np.ascontiguousarray(q.T), p, LANES) == 0
+            assert_same(p, ref.project(mat, q), f"P of {n} x {m} ({twin})")
+            out = np.full((m, 4), np.nan, dt)
+            getattr(K.back_project, twin)(mat, pin, out)
+            assert_same(out, ref.back_project(mat, pin), f"Q of {n} x {m} ({twin})")
+        broken = mat.copy()
+        broken[n - 1, m - 1] = np.nan
+        broken[0, 0] = np.inf
+        assert K.project(broken, np.ascontiguousarray(q.T), np.empty((n, 4), dt), LANES) == (2 if n * m > 1 else 1)
+
+
+@pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
 def test_power_segments_is_one_power_iteration_of_each_matrix(dt):
     """Many matrices' power iterations in one call, each read where it lies (by address), in
     both twins: bit for bit ``project``, ``orthogonalize`` and ``back_project`` of each (1 x 1
@@ -1002,7 +1032,7 @@ def test_power_segments_is_one_power_iteration_of_each_matrix(dt):
 
     K = module("lowrank")
     rng = np.random.default_rng(3)
-    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 3 * LANES + 5, 5), (2, 2, 2)]
+    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 3 * LANES + 5, 5), (2, 2, 2), (9, 2 * LANES + 40, 4)]
     clean = [np.asarray(rng.standard_t(2, (n, m))).astype(dt) for n, m, _ in plans]
     qts = [psgd.orthogonalize(rng.standard_normal((m, r)).astype(dt)).T.copy() for _, m, r in plans]
     tiny = float(16 * np.finfo(dt).eps)
