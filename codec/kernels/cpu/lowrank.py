@@ -43,10 +43,10 @@ from codec.layout import LANES
 __all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments", "power_segments"]
 
 #: columns of ``M`` per parallel task of ``back_project`` (its float64 accumulators: ``r x
-#: COLUMNS``, in cache); 128 so that the narrow matrices of a model (ResNet-50's 2048 x 512,
-#: 1024 x 256) still split over the threads (1024 until issue 33's twentieth stop: ResNet-50's
-#: PowerSGD encode 30 -> 25 ms on 2 threads)
-COLUMNS = 128
+#: COLUMNS``, in cache), at most; and the fewest tasks a matrix of enough columns is cut into
+#: (a narrow one in blocks of COLUMNS would leave a thread idle)
+COLUMNS = 1024
+MIN_BLOCKS = 4
 
 
 #: row chunks of ``project``'s parallel loop (each allocates its lane accumulators once)
@@ -219,8 +219,9 @@ def _lane_sums4_vectors(typingctx, m, i, nrows, qw, block):
             counted.append(builder.zext(real, i64))
         blocks = builder.udiv(mm, ir.Constant(i64, LANES))
         exp = ir.Constant(v8i, [0x7F800000] * _GROUP)
-        popcount = builder.module.declare_intrinsic("llvm.ctpop", [ir.IntType(_GROUP)])
-        count = cgutils.alloca_once_value(builder, ir.Constant(i64, 0))
+        # each row's non-finite entries counted per lane in a vector (a scalar count through
+        # memory chained every block of every row), added up at the end
+        counts = [cgutils.alloca_once_value(builder, ir.Constant(v8i, [0] * _GROUP)) for _ in range(ROWS4)]
         sums = [[cgutils.alloca_once(builder, v8d) for _ in range(RANK4)] for _ in range(ROWS4)]
         zero = ir.Constant(v8d, [0.0] * _GROUP)
         for g in range(LANES // _GROUP):
@@ -233,8 +234,7 @@ def _lane_sums4_vectors(typingctx, m, i, nrows, qw, block):
                 for b in range(ROWS4):
                     raw = builder.load(builder.bitcast(builder.gep(rows[b], [at]), v8f.as_pointer()), align=4)
                     special = builder.icmp_unsigned("==", builder.and_(builder.bitcast(raw, v8i), exp), exp)
-                    bits = builder.zext(builder.call(popcount, [builder.bitcast(special, ir.IntType(_GROUP))]), i64)
-                    builder.store(builder.add(builder.load(count), builder.mul(bits, counted[b])), count)
+                    builder.store(builder.add(builder.load(counts[b]), builder.zext(special, v8i)), counts[b])
                     v = builder.fpext(raw, v8d)
                     for c in range(RANK4):
                         builder.store(builder.fadd(builder.load(sums[b][c]), builder.fmul(v, qs[c])), sums[b][c])
@@ -242,7 +242,14 @@ def _lane_sums4_vectors(typingctx, m, i, nrows, qw, block):
                 for c in range(RANK4):
                     ptr = builder.gep(out.data, [ir.Constant(i64, (b * RANK4 + c) * LANES + g * _GROUP)])
                     builder.store(builder.load(sums[b][c]), builder.bitcast(ptr, v8d.as_pointer()), align=8)
-        return builder.load(count)
+        total = ir.Constant(i64, 0)
+        for b in range(ROWS4):
+            lanes = builder.load(counts[b])
+            row = ir.Constant(i64, 0)
+            for l in range(_GROUP):
+                row = builder.add(row, builder.zext(builder.extract_element(lanes, ir.Constant(ir.IntType(32), l)), i64))
+            total = builder.add(total, builder.mul(row, counted[b]))
+        return total
 
     return types.int64(m, i, nrows, qw, block), codegen
 
@@ -251,8 +258,14 @@ def _lane_sums4_vectors(typingctx, m, i, nrows, qw, block):
 def back_project(m, p, q):
     """``q[j, c] = sum_i m[i, j] * p[i, c]``, the terms in order of ``i`` (see the module)."""
     mm = m.shape[1]
-    for ch in prange((mm + COLUMNS - 1) // COLUMNS):
-        _back_project_columns(m, p, q, ch * COLUMNS, min(mm, (ch + 1) * COLUMNS))
+    # at least MIN_BLOCKS blocks where the matrix has the tiles for them (a narrow matrix,
+    # ResNet-50's 2048 x 512, in blocks of COLUMNS would run on one thread); the blocks change
+    # nothing in the sums
+    nblock = max((mm + COLUMNS - 1) // COLUMNS, min(MIN_BLOCKS, mm // TILE4))
+    width = (mm + nblock - 1) // nblock
+    width = (width + TILE4 - 1) // TILE4 * TILE4
+    for ch in prange((mm + width - 1) // width):
+        _back_project_columns(m, p, q, ch * width, min(mm, (ch + 1) * width))
 
 
 @jit(inline="always")
@@ -287,9 +300,11 @@ def _back_project_columns(m, p, q, lo, hi):
 
 
 #: columns of ``M`` a tile of :func:`_back_sums4` sums at once (4 groups of 8: two cache
-#: lines of a float32 row), and the rows it sums per call
+#: lines of a float32 row), and the rows it sums per call: a block's rows (32 x 4 KB) stay in
+#: cache while its tiles read them (ResNet-50's matrices, one thread: 64-row blocks of 128
+#: columns 22.5 ms, 32 rows of 1024 columns 8.7, the loop before 18.5)
 TILE4 = 32
-ROW_BLOCK = 64
+ROW_BLOCK = 32
 
 
 def _back_sums4(m, p, lo, i0, i1, tile):
