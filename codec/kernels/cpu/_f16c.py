@@ -48,7 +48,7 @@ def _any(builder, mask, count: int = LANES):
     return builder.icmp_unsigned("!=", builder.bitcast(mask, ir.IntType(count)), ir.Constant(ir.IntType(count), 0))
 
 
-def _nonfinite(builder, v, count: int = LANES):
+def nonfinite(builder, v, count: int = LANES):
     """Per lane of the ``count``-lane float32 vector ``v``: is it a NaN or an infinity (exponent all ones)."""
     lanes = ir.VectorType(ir.IntType(32), count)
     exp = ir.Constant(lanes, [0x7F800000] * count)
@@ -73,7 +73,7 @@ def narrow16(typingctx, src, i, dst):
 
     def codegen(context, builder, sig, args):
         v = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.FloatType(), n)), align=1)
-        special = _any(builder, _nonfinite(builder, v, n), n)
+        special = _any(builder, nonfinite(builder, v, n), n)
         with builder.if_then(builder.not_(special), likely=True):
             codes = ir.VectorType(ir.IntType(16), n)
             h = builder.fptrunc(v, ir.VectorType(ir.HalfType(), n))
@@ -141,7 +141,7 @@ def feedback8(typingctx, xs, rs, accs, cs, i):
         x = builder.load(lanes_at(context, builder, sig.args[0], args[0], args[4], vals), align=1)
         r = builder.load(lanes_at(context, builder, sig.args[1], args[1], args[4], vals), align=1)
         a = builder.fadd(x, r)
-        special = _any(builder, _nonfinite(builder, a))
+        special = _any(builder, nonfinite(builder, a))
         with builder.if_then(builder.not_(special), likely=True):
             codes = ir.VectorType(ir.IntType(16), LANES)
             h = builder.fptrunc(a, ir.VectorType(ir.HalfType(), LANES))

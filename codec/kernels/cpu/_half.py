@@ -122,8 +122,8 @@ def _narrow_bf16_impl(xs, os):
 
         def lanes(xs, os):
             k = np.int64(0)
-            m = xs.size - xs.size % _bf16.LANES
-            for i in range(0, m, _bf16.LANES):
+            m = xs.size - xs.size % _bf16.NARROW_LANES
+            for i in range(0, m, _bf16.NARROW_LANES):
                 k += _bf16.narrow16(xs, i, os)
             for i in range(m, xs.size):
                 v = xs[i]
