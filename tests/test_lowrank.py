@@ -991,33 +991,35 @@ def test_expand_segments_is_expand_of_each_matrix(dt):
 
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
-def test_rank_4_products_are_the_fixed_order_sums(dt):
-    """At rank 4 ``project`` sums a few rows' lanes at once in vector registers and
-    ``back_project`` a tile of columns (float32; float64 takes the loop): both twins bit for
-    bit the reference's fixed-order sums (tests/reference/lowrank.py) on heavy tails, rows
-    not a multiple of the rows summed at once, rows shorter and longer than the lanes and
-    columns not a multiple of the tile; the non-finite entries of ``M`` counted, only the real
-    rows'."""
+def test_register_products_are_the_fixed_order_sums(dt):
+    """At ranks 1 to 4 ``project`` sums a few rows' lanes at once in vector registers and
+    ``back_project`` a tile of columns (float32; float64 and rank 5 take the loops): both
+    twins bit for bit the reference's fixed-order sums (tests/reference/lowrank.py) on heavy
+    tails, rows not a multiple of the rows summed at once, rows shorter and longer than the
+    lanes and columns not a multiple of the tile; the non-finite entries of ``M`` counted,
+    only the real rows'."""
     from codec.kernels import module
     from codec.layout import LANES
 
     K = module("lowrank")
     rng = np.random.default_rng(11)
-    for n, m in [(1, 1), (1, LANES), (3, LANES + 1), (5, 3 * LANES + 5), (6, 2 * LANES), (9, 31), (2, 33), (7, 1030)]:
-        mat = np.asarray(rng.standard_t(2, (n, m))).astype(dt)
-        q = rng.standard_normal((m, 4)).astype(dt)
-        pin = rng.standard_normal((n, 4)).astype(dt)
-        for twin in ("serial", "parallel"):
-            p = np.full((n, 4), np.nan, dt)
-            assert getattr(K.project, twin)(mat, np.ascontiguousarray(q.T), p, LANES) == 0
-            assert_same(p, ref.project(mat, q), f"P of {n} x {m} ({twin})")
-            out = np.full((m, 4), np.nan, dt)
-            getattr(K.back_project, twin)(mat, pin, out)
-            assert_same(out, ref.back_project(mat, pin), f"Q of {n} x {m} ({twin})")
-        broken = mat.copy()
-        broken[n - 1, m - 1] = np.nan
-        broken[0, 0] = np.inf
-        assert K.project(broken, np.ascontiguousarray(q.T), np.empty((n, 4), dt), LANES) == (2 if n * m > 1 else 1)
+    shapes = [(1, 1), (1, LANES), (3, LANES + 1), (5, 3 * LANES + 5), (6, 2 * LANES), (9, 31), (2, 33), (7, 1030)]
+    for r in range(1, 6):
+        for n, m in shapes:
+            mat = np.asarray(rng.standard_t(2, (n, m))).astype(dt)
+            q = rng.standard_normal((m, r)).astype(dt)
+            pin = rng.standard_normal((n, r)).astype(dt)
+            for twin in ("serial", "parallel"):
+                p = np.full((n, r), np.nan, dt)
+                assert getattr(K.project, twin)(mat, np.ascontiguousarray(q.T), p, LANES) == 0
+                assert_same(p, ref.project(mat, q), f"P of {n} x {m} at rank {r} ({twin})")
+                out = np.full((m, r), np.nan, dt)
+                getattr(K.back_project, twin)(mat, pin, out)
+                assert_same(out, ref.back_project(mat, pin), f"Q of {n} x {m} at rank {r} ({twin})")
+            broken = mat.copy()
+            broken[n - 1, m - 1] = np.nan
+            broken[0, 0] = np.inf
+            assert K.project(broken, np.ascontiguousarray(q.T), np.empty((n, r), dt), LANES) == (2 if n * m > 1 else 1)
 
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])

@@ -20,12 +20,13 @@ depends on neither the BLAS nor its thread count nor the device (docs/kernels.md
 
 Products of float32 values are exact in float64; float64 products are rounded on their own,
 never fused with the sum (the CUDA twin writes them with ``_common.mul``).  A matrix is read
-once per product: at rank <= 8 both could be memory-bound.  At rank 4 (:data:`RANK4`) on
+once per product: at rank <= 8 both could be memory-bound.  At ranks 1 to :data:`RANKS` on
 float32 both products keep their sums in vector registers (LLVM intrinsics emitting
 ``<8 x double>`` ``fmul`` and ``fadd``, so on every CPU the same bits): ``project`` sums
-:data:`ROWS4` rows' lanes at once (:func:`~codec.kernels.cpu._rank4.lane_sums4`), ``back_project`` a tile of
-:data:`TILE4` columns down a block of rows (:func:`~codec.kernels.cpu._rank4.back_sums4`); the loops' sums went
-through memory and ran at a third of memory speed (issue 33, twentieth stop).
+:data:`ROWS` rows' lanes at once (:func:`~codec.kernels.cpu._ranks.lane_sums`), ``back_project`` a tile of
+:data:`TILE` columns down a block of rows (:func:`~codec.kernels.cpu._ranks.back_sums`); the loops' sums went
+through memory and ran at a third of memory speed (issue 33, twentieth and twenty-first
+stops).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, fma, view_at
-from codec.kernels.cpu._rank4 import RANK4, ROW_BLOCK, ROWS4, TILE4, back_sums4, lane_sums4, widened
+from codec.kernels.cpu._ranks import RANKS, ROW_BLOCK, ROWS, TILE, back_sums, lane_sums, widened
 from codec.layout import LANES
 
 __all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments", "power_segments"]
@@ -70,40 +71,46 @@ def project(m, qt, p, width):
 def _project_rows(m, qt, qw, p, width, lo, hi, lanes):
     """Rows ``lo:hi`` of :func:`project` (``lanes``: an ``r x width`` float64 scratch);
     returns how many of their entries are NaN or infinite.  With ``qw`` (``qt`` in float64:
-    :func:`~codec.kernels.cpu._rank4.widened`, at rank :data:`RANK4` with :data:`codec.layout.LANES` lanes), each
-    row's lane sums are :func:`~codec.kernels.cpu._rank4.lane_sums4`'s; else the loop below (the same sums, term for
-    term)."""
+    :func:`~codec.kernels.cpu._ranks.widened`, at ranks 1 to :data:`RANKS` with
+    :data:`codec.layout.LANES` lanes), each row's lane sums are
+    :func:`~codec.kernels.cpu._ranks.lane_sums`'s; else the loop below (the same sums, term
+    for term)."""
     mm = m.shape[1]
     r = qt.shape[0]
     rows = mm // width
     k = np.int64(0)
-    four = qw.shape[0] == RANK4
-    block = np.empty((ROWS4 * RANK4 if four else 0, LANES))
+    fast = qw.shape[0] > 0
+    block = np.empty((ROWS * r if fast else 0, LANES))
+    # ranks past r repeat the last one in the four chains below and are not written
+    c1, c2, c3 = min(1, r - 1), min(2, r - 1), min(3, r - 1)
     for i in range(lo, hi):
-        if four:
-            b = (i - lo) % ROWS4
-            if b == 0:  # the lane sums of this row and the next ROWS4 - 1 at once
-                k += lane_sums4(m, i, min(ROWS4, hi - i), qw, block)
-            # the four ranks' sums side by side (four chains of additions, each in its order:
-            # one after another they cost a row of 64 columns more than its products)
-            o = b * RANK4
+        if fast:
+            b = (i - lo) % ROWS
+            if b == 0:  # the lane sums of this row and the next ROWS - 1 at once
+                k += lane_sums(m, i, min(ROWS, hi - i), qw, block)
+            # up to four ranks' sums side by side (four chains of additions, each in its
+            # order: one after another they cost a row of 64 columns more than its products)
+            o = b * r
             s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
             for col in range(width):
                 s0 += block[o, col]
-                s1 += block[o + 1, col]
-                s2 += block[o + 2, col]
-                s3 += block[o + 3, col]
+                s1 += block[o + c1, col]
+                s2 += block[o + c2, col]
+                s3 += block[o + c3, col]
             for j in range(U(rows * width), U(mm)):
                 v = np.float64(m[i, j])
                 k += np.int64(not (v - v == 0))
                 s0 += v * qw[0, j]
-                s1 += v * qw[1, j]
-                s2 += v * qw[2, j]
-                s3 += v * qw[3, j]
+                s1 += v * qw[c1, j]
+                s2 += v * qw[c2, j]
+                s3 += v * qw[c3, j]
             p[i, 0] = s0
-            p[i, 1] = s1
-            p[i, 2] = s2
-            p[i, 3] = s3
+            if r > 1:
+                p[i, 1] = s1
+            if r > 2:
+                p[i, 2] = s2
+            if r > 3:
+                p[i, 3] = s3
             continue
         lanes[:] = 0.0
         for t in range(U(rows)):
@@ -134,33 +141,34 @@ def back_project(m, p, q):
     # at least MIN_BLOCKS blocks where the matrix has the tiles for them (a narrow matrix,
     # ResNet-50's 2048 x 512, in blocks of COLUMNS would run on one thread); the blocks change
     # nothing in the sums
-    nblock = max((mm + COLUMNS - 1) // COLUMNS, min(MIN_BLOCKS, mm // TILE4))
+    nblock = max((mm + COLUMNS - 1) // COLUMNS, min(MIN_BLOCKS, mm // TILE))
     width = (mm + nblock - 1) // nblock
-    width = (width + TILE4 - 1) // TILE4 * TILE4
+    width = (width + TILE - 1) // TILE * TILE
     for ch in prange((mm + width - 1) // width):
         _back_project_columns(m, p, q, ch * width, min(mm, (ch + 1) * width))
 
 
 @jit(inline="always")
 def _back_project_columns(m, p, q, lo, hi):
-    """Columns ``lo:hi`` of :func:`back_project` (their float64 sums in cache).  At rank
-    :data:`RANK4`, each whole tile of :data:`TILE4` columns is :func:`~codec.kernels.cpu._rank4.back_sums4`'s; the
-    rest the loop below (the same sums, term for term)."""
+    """Columns ``lo:hi`` of :func:`back_project` (their float64 sums in cache).  At ranks 1
+    to :data:`RANKS` on float32, each whole tile of :data:`TILE` columns is
+    :func:`~codec.kernels.cpu._ranks.back_sums`'s; the rest the loop below (the same sums,
+    term for term)."""
     n = m.shape[0]
     r = p.shape[1]
-    if r == RANK4 and n > 0 and hi - lo >= TILE4:
+    if 1 <= r <= RANKS and n > 0 and hi - lo >= TILE:
         # the tiles' sums kept across blocks of ROW_BLOCK rows, so a block's rows stay in
         # cache while every tile reads them
-        ntile = (hi - lo) // TILE4
-        tiles = np.zeros((ntile, RANK4, TILE4))
+        ntile = (hi - lo) // TILE
+        tiles = np.zeros((ntile, r, TILE))
         for i0 in range(0, n, ROW_BLOCK):
             for t in range(ntile):
-                back_sums4(m, p, lo + t * TILE4, i0, min(n, i0 + ROW_BLOCK), tiles[t])
+                back_sums(m, p, lo + t * TILE, i0, min(n, i0 + ROW_BLOCK), tiles[t])
         for t in range(ntile):
-            for j in range(TILE4):
-                for c in range(RANK4):
-                    q[lo + t * TILE4 + j, c] = tiles[t, c, j]
-        lo += ntile * TILE4
+            for j in range(TILE):
+                for c in range(r):
+                    q[lo + t * TILE + j, c] = tiles[t, c, j]
+        lo += ntile * TILE
     acc = np.zeros((r, hi - lo))
     for i in range(n):
         for c in range(r):
