@@ -50,6 +50,16 @@ def widened(qt, width):
     return qw
 
 
+def muladd(builder, a, b, c):
+    """``a * b + c`` of ``<8 x double>`` vectors, fused where the CPU has FMA instructions
+    (``llvm.fmuladd``), else a ``fmul`` then a ``fadd``: the same bits either way where ``a``
+    and ``b`` are float32 values widened (their product is exact in float64, so rounding it
+    before the sum changes nothing), which is all the intrinsics here multiply."""
+    t = a.type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t, t]), f"llvm.fmuladd.v{t.count}f64")
+    return builder.call(fn, [a, b, c])
+
+
 #: values per vector of the intrinsics (:data:`codec.layout.LANES` is 8 such groups), and the
 #: rows :func:`lane_sums` sums at once (each value of ``Q`` loaded once for all of them)
 _GROUP = 8
@@ -115,7 +125,7 @@ def _lane_sums_vectors(rank):
                         builder.store(builder.add(builder.load(counts[b]), builder.zext(special, v8i)), counts[b])
                         v = builder.fpext(raw, v8d)
                         for c in range(rank):
-                            builder.store(builder.fadd(builder.load(sums[b][c]), builder.fmul(v, qs[c])), sums[b][c])
+                            builder.store(muladd(builder, v, qs[c], builder.load(sums[b][c])), sums[b][c])
                 for b in range(ROWS):
                     for c in range(rank):
                         ptr = builder.gep(out.data, [ir.Constant(i64, (b * rank + c) * LANES + g * _GROUP)])
@@ -228,7 +238,7 @@ def _back_sums_vectors(rank):
                 for g in range(groups):
                     v = builder.fpext(builder.load(builder.bitcast(builder.gep(row, [ir.Constant(i64, g * _GROUP)]), v8f.as_pointer()), align=4), v8d)
                     for c in range(rank):
-                        builder.store(builder.fadd(builder.load(sums[g][c]), builder.fmul(v, pcs[c])), sums[g][c])
+                        builder.store(muladd(builder, v, pcs[c], builder.load(sums[g][c])), sums[g][c])
             for g in range(groups):
                 for c in range(rank):
                     builder.store(builder.load(sums[g][c]), spots[g][c], align=8)

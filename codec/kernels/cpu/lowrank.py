@@ -75,43 +75,13 @@ def _project_rows(m, qt, qw, p, width, lo, hi, lanes):
     :data:`codec.layout.LANES` lanes), each row's lane sums are
     :func:`~codec.kernels.cpu._ranks.lane_sums`'s; else the loop below (the same sums, term
     for term)."""
+    if qw.shape[0] > 0:
+        return _project_register_rows(m, qw, p, lo, hi)
     mm = m.shape[1]
     r = qt.shape[0]
     rows = mm // width
     k = np.int64(0)
-    fast = qw.shape[0] > 0
-    block = np.empty((ROWS * r if fast else 0, LANES))
-    # ranks past r repeat the last one in the four chains below and are not written
-    c1, c2, c3 = min(1, r - 1), min(2, r - 1), min(3, r - 1)
     for i in range(lo, hi):
-        if fast:
-            b = (i - lo) % ROWS
-            if b == 0:  # the lane sums of this row and the next ROWS - 1 at once
-                k += lane_sums(m, i, min(ROWS, hi - i), qw, block)
-            # up to four ranks' sums side by side (four chains of additions, each in its
-            # order: one after another they cost a row of 64 columns more than its products)
-            o = b * r
-            s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
-            for col in range(width):
-                s0 += block[o, col]
-                s1 += block[o + c1, col]
-                s2 += block[o + c2, col]
-                s3 += block[o + c3, col]
-            for j in range(U(rows * width), U(mm)):
-                v = np.float64(m[i, j])
-                k += np.int64(not (v - v == 0))
-                s0 += v * qw[0, j]
-                s1 += v * qw[c1, j]
-                s2 += v * qw[c2, j]
-                s3 += v * qw[c3, j]
-            p[i, 0] = s0
-            if r > 1:
-                p[i, 1] = s1
-            if r > 2:
-                p[i, 2] = s2
-            if r > 3:
-                p[i, 3] = s3
-            continue
         lanes[:] = 0.0
         for t in range(U(rows)):
             base = t * U(width)
@@ -131,6 +101,62 @@ def _project_rows(m, qt, qw, p, width, lo, hi, lanes):
             for j in range(U(rows * width), U(mm)):
                 s += np.float64(m[i, j]) * np.float64(qt[c, j])
             p[i, c] = s
+    return k
+
+
+#: the chains of additions :func:`_project_register_rows` runs side by side (a float64 add's
+#: latency times the adds a core issues per cycle: 4 x 2)
+CHAINS = 8
+
+
+@jit(inline="always")
+def _project_register_rows(m, qw, p, lo, hi):
+    """:func:`_project_rows` with its lane sums in registers
+    (:func:`~codec.kernels.cpu._ranks.lane_sums`, :data:`ROWS` rows at a time), the same
+    sums term for term: each row's and rank's 64 lane sums are then added in order, the
+    chains of the rows' ranks :data:`CHAINS` side by side (one after another, a chain of 64
+    additions cost more than the row's products), then the columns past the whole blocks."""
+    mm = m.shape[1]
+    r = qw.shape[0]
+    tail = mm // LANES * LANES
+    k = np.int64(0)
+    block = np.empty((ROWS * r, LANES))
+    sums = np.empty(ROWS * r)
+    for i in range(lo, hi, ROWS):
+        nb = min(ROWS, hi - i)
+        k += lane_sums(m, i, nb, qw, block)
+        last = nb * r - 1
+        for e in range(0, last + 1, CHAINS):
+            # chains past the last repeat it and are not written
+            e1, e2, e3 = min(e + 1, last), min(e + 2, last), min(e + 3, last)
+            e4, e5, e6, e7 = min(e + 4, last), min(e + 5, last), min(e + 6, last), min(e + 7, last)
+            s0, s1, s2, s3, s4, s5, s6, s7 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+            for col in range(LANES):
+                s0 += block[e, col]
+                s1 += block[e1, col]
+                s2 += block[e2, col]
+                s3 += block[e3, col]
+                s4 += block[e4, col]
+                s5 += block[e5, col]
+                s6 += block[e6, col]
+                s7 += block[e7, col]
+            sums[e] = s0
+            sums[e1] = s1
+            sums[e2] = s2
+            sums[e3] = s3
+            sums[e4] = s4
+            sums[e5] = s5
+            sums[e6] = s6
+            sums[e7] = s7
+        for b in range(nb):
+            for j in range(U(tail), U(mm)):
+                v = np.float64(m[i + b, j])
+                k += np.int64(not (v - v == 0))
+            for c in range(r):
+                s = sums[b * r + c]
+                for j in range(U(tail), U(mm)):
+                    s += np.float64(m[i + b, j]) * qw[c, j]
+                p[i + b, c] = s
     return k
 
 
