@@ -6,11 +6,12 @@ the same sums term for term as its loops.
 The loops keep their float64 sums in memory (``project``: 64 lanes x r per row;
 ``back_project``: a block of columns x r per row) and ran at a third of memory speed
 (ResNet-50's 54 matrices on one thread, rank 4: 24.3 and 18.5 ms against 6.0 to read them
-once).  Here LLVM intrinsics emit ``<8 x double>`` ``fmul`` then ``fadd`` (never fused: the
-same bits on every CPU): :func:`lane_sums` sums :data:`ROWS` rows' lanes at once, each value
-of ``Q`` widened once per matrix (:func:`widened`) and loaded once for the rows, and
-:func:`back_sums` a tile of :data:`TILE` columns down a block of :data:`ROW_BLOCK` rows
-(rank 4: 14.4 and 10.0 ms; issue 33, twentieth stop).  Each rank has its own intrinsic (its
+once).  Here LLVM intrinsics emit ``<8 x double>`` multiply-adds (:func:`muladd`: fused or
+not, the same bits on every CPU, as a product of two float32 values is exact in float64):
+:func:`lane_sums` sums :data:`ROWS` rows' lanes at once, each value of ``Q`` widened once
+per matrix (:func:`widened`) and loaded once for the rows, and :func:`back_sums` a tile of
+:data:`TILE` columns down a block of :data:`ROW_BLOCK` rows (rank 4: 10.8 and 7.8 ms; issue
+33, twentieth and twenty-first stops).  Each rank has its own intrinsic (its
 ``r`` sums unrolled into registers), picked at run time by the matrix's rank; other dtypes
 and layouts take a loop of the same sums (the ``@overload`` picks at compile time), and
 ranks above :data:`RANKS` the loops of lowrank.py.
@@ -78,8 +79,8 @@ def lane_sums(m, i, nrows, qw, block):
 def _lane_sums_vectors(rank):
     """:func:`lane_sums` at rank ``rank`` for a C-contiguous float32 ``m``, an intrinsic: each
     group of 8 lanes summed over the rows' blocks with the :data:`ROWS` rows' ``rank`` sums in
-    vector registers (``<8 x double>``: one AVX-512 register or two AVX2 ones; a ``fmul`` then
-    a ``fadd``, never fused), so a value of ``m`` is loaded and converted once, one of ``Q``
+    vector registers (``<8 x double>``: one AVX-512 register or two AVX2 ones;
+    :func:`muladd`), so a value of ``m`` is loaded and converted once, one of ``Q``
     once for all the rows, and no sum goes through memory (the loop's 64 x r sums in memory, a
     row at a time, ran at a third of memory speed).  Rows past ``nrows`` repeat row ``i`` and
     are neither counted nor meant to be read from ``block``."""
@@ -202,7 +203,7 @@ def _back_sums_vectors(rank):
     """:func:`back_sums` at rank ``rank`` for C-contiguous float32 ``m`` and ``p``, an
     intrinsic: the tile's 4 groups of 8 columns times ``rank`` ranks summed down the rows in
     vector registers (``<8 x double>``, loaded from ``tile`` and stored back; each ``P[i, c]``
-    broadcast, a ``fmul`` then a ``fadd``, never fused), so each value of ``M`` is loaded and
+    broadcast; :func:`muladd`), so each value of ``M`` is loaded and
     converted once and no sum goes through memory row by row."""
     groups = TILE // _GROUP
 

@@ -22,7 +22,8 @@ Products of float32 values are exact in float64; float64 products are rounded on
 never fused with the sum (the CUDA twin writes them with ``_common.mul``).  A matrix is read
 once per product: at rank <= 8 both could be memory-bound.  At ranks 1 to :data:`RANKS` on
 float32 both products keep their sums in vector registers (LLVM intrinsics emitting
-``<8 x double>`` ``fmul`` and ``fadd``, so on every CPU the same bits): ``project`` sums
+``<8 x double>`` multiply-adds of float32 values, exact products, so fused or not
+the same bits on every CPU): ``project`` sums
 :data:`ROWS` rows' lanes at once (:func:`~codec.kernels.cpu._ranks.lane_sums`), ``back_project`` a tile of
 :data:`TILE` columns down a block of rows (:func:`~codec.kernels.cpu._ranks.back_sums`); the loops' sums went
 through memory and ran at a third of memory speed (issue 33, twentieth and twenty-first
