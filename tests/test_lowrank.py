@@ -943,23 +943,28 @@ def test_expand_is_the_fma_chain(r, dt):
     """The decoder's ``P Q^T`` (``lowrank.expand``) against exact rational arithmetic: each
     element ``fma(p[r-1], q[r-1], ... fma(p[1], q[1], p[0] * q[0]))``, every step rounded
     once (to nearest even) to the dtype (every pass width of a row: 1-4 ranks at once, and
-    later passes continuing the chain)."""
+    later passes continuing the chain; a block of four rows written together and a row after
+    it; rows longer than a vector), in both twins."""
     from fractions import Fraction
 
     from codec.kernels import module
 
     rng = np.random.default_rng(r)
-    p, q = rng.standard_normal((4, r)).astype(dt), (rng.standard_normal((6, r)) * 1e-3).astype(dt)
-    out = np.empty((4, 6), dt)
-    module("lowrank").expand(p, np.ascontiguousarray(q.T), out)
+    n, m = 5, 21
+    p, q = rng.standard_normal((n, r)).astype(dt), (rng.standard_normal((m, r)) * 1e-3).astype(dt)
+    out = np.empty((n, m), dt)
+    module("lowrank").expand.serial(p, np.ascontiguousarray(q.T), out)
+    again = np.empty((n, m), dt)
+    module("lowrank").expand.parallel(p, np.ascontiguousarray(q.T), again)
+    assert_same(again, out, "the twins")
 
     def rounded(x):  # the dtype value nearest the Fraction x, ties to even
         f = dt.type(float(x))
         cands = [f, np.nextafter(f, dt.type(-np.inf)), np.nextafter(f, dt.type(np.inf))]
         return min(cands, key=lambda v: (abs(Fraction(float(v)) - x), int(np.array(v).view(f"u{dt.itemsize}")) & 1))
 
-    for i in range(4):
-        for j in range(6):
+    for i in range(n):
+        for j in range(m):
             acc = rounded(Fraction(float(p[i, 0])) * Fraction(float(q[j, 0])))
             for c in range(1, r):
                 acc = rounded(Fraction(float(p[i, c])) * Fraction(float(q[j, c])) + Fraction(float(acc)))
@@ -974,7 +979,7 @@ def test_expand_segments_is_expand_of_each_matrix(dt):
 
     K = module("lowrank")
     rng = np.random.default_rng(2)
-    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 33, 5), (2, 2, 2)]
+    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 33, 5), (2, 2, 2), (9, 37, 4), (8, 19, 1)]
     values = np.concatenate([rng.standard_normal(r * (n + m)) for n, m, r in plans]).astype(dt)
     vstarts = np.concatenate([[0], np.cumsum([r * (n + m) for n, m, r in plans])]).astype(np.int64)
     ns, ms, rs = (np.array(col, np.int64) for col in zip(*plans))
