@@ -25,7 +25,7 @@ import numba  # noqa: E402
 
 _DEFAULTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
-#: below this many items (the size of a parallel kernel's first argument) the serial
+#: below this many items (the size of a parallel kernel's first argument, or its ``work``) the serial
 #: compilation runs: waking the thread pool costs ~60 us, and on a busy machine a parallel
 #: region waits a whole scheduler slice (~16 ms) for a descheduled worker.
 PARALLEL_MIN = 1 << 17
@@ -35,12 +35,14 @@ class _SizeDispatch:
     """A parallel kernel compiled twice: ``prange`` as threads, and as a plain loop.
 
     Both compilations run the same chunked loop (chunk boundaries depend on the array length
-    only), so results are identical; the call picks by the size of the first argument.  The
-    serial twin is a copy of the function with its own qualified name, so the two never share
+    only), so results are identical; the call picks by the size of the first argument, or by
+    ``work(*args)`` where the kernel names its work otherwise (a decode whose first argument
+    is the frame's few coefficients and whose output is a whole matrix).  The serial twin is a copy of the function with its own qualified name, so the two never share
     an entry in Numba's on-disk cache.  Parallel kernels are called from Python only.
     """
 
-    def __init__(self, fn, opts):
+    def __init__(self, fn, opts, work=None):
+        self.work = work
         twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
         twin.__qualname__ = fn.__qualname__ + "__serial"
         twin.__module__ = fn.__module__
@@ -48,8 +50,12 @@ class _SizeDispatch:
         self.serial = numba.njit(**opts)(twin)
         functools.update_wrapper(self, fn)
 
+    def items(self, *args) -> int:
+        """The size the call picks its twin by: the first argument's, or ``work(*args)``."""
+        return getattr(args[0], "size", 0) if self.work is None else self.work(*args)
+
     def __call__(self, *args):
-        if getattr(args[0], "size", 0) < PARALLEL_MIN:
+        if self.items(*args) < PARALLEL_MIN:
             return self.serial(*args)
         n = threads.budget()  # this process's share of the cores (codec/threads.py)
         if n <= 1:
@@ -66,15 +72,19 @@ class _SizeDispatch:
 
 def jit(fn=None, **options):
     """``numba.njit`` with the project's defaults; usable as ``@jit`` or ``@jit(parallel=True)``
-    (a parallel kernel runs serially below ``PARALLEL_MIN`` items, see ``_SizeDispatch``)."""
+    (a parallel kernel runs serially below ``PARALLEL_MIN`` items, see ``_SizeDispatch``;
+    ``work=f``: ``f(*args)`` counts them instead of the first argument's size)."""
     opts = dict(_DEFAULTS)
     opts.update(options)
     if opts.get("fastmath"):
         raise CodecValueError("fastmath is not allowed on gradient kernels")
     parallel = opts.pop("parallel", False)
+    work = opts.pop("work", None)
+    if work is not None and not parallel:
+        raise CodecValueError("work= names a parallel kernel's size: it needs parallel=True")
 
     def wrap(f):
-        return _SizeDispatch(f, opts) if parallel else numba.njit(**opts)(f)
+        return _SizeDispatch(f, opts, work) if parallel else numba.njit(**opts)(f)
 
     return wrap if fn is None else wrap(fn)
 

@@ -50,6 +50,22 @@ def test_parallel_kernels_pick_by_size_and_both_twins_agree():
     assert runs[0] == runs[1]
 
 
+def test_a_kernel_names_its_work_when_its_first_argument_is_not_it():
+    """The twin is picked by the first argument's size, or by ``work(*args)``: PowerSGD's
+    decode gets a matrix's few coefficients first and writes the whole matrix, so it counts
+    its output (a 2048 x 4608 decode at rank 4 ran on one thread); ``work`` without
+    ``parallel`` is refused."""
+    lowrank = module("lowrank", "cpu")
+    p, qt, out = np.empty((3, 2), np.float32), np.empty((2, 5), np.float32), np.empty((3, 5), np.float32)
+    assert lowrank.expand.items(p, qt, out) == 15
+    ns, ms = np.array([3, 4], np.int64), np.array([5, 6], np.int64)
+    assert lowrank.expand_segments.items(np.empty(4), None, ns, ms, None, None, None) == 39
+    assert lowrank.power_segments.items(np.empty(4), None, None, None, ns, ms) == 39
+    assert module("convert", "cpu").half_decode.items(np.empty(7, np.uint16), None) == 7
+    with pytest.raises(ValueError, match="parallel"):
+        _jit.jit(work=len)
+
+
 # ---------------------------------------------------------------- codec._cuda_jit
 def test_cuda_fastmath_is_refused():
     with pytest.raises(ValueError, match="fastmath"):

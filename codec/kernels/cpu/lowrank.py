@@ -235,14 +235,20 @@ def orthogonalize(p, tiny):
             p[k, i] = 0.0 if zero else p[k, i] / norm
 
 
-@jit(parallel=True)
+def _expand_work(p, qt, out):
+    """:func:`expand`'s size for the serial/parallel choice: its output, not ``p``."""
+    return out.size
+
+
+@jit(parallel=True, work=_expand_work)
 def expand(p, qt, out):
     """``out = P Q^T`` (``n x r`` times ``r x m``, ``qt`` is ``Q`` transposed: ``r x m``,
     contiguous), each element the chain of fused multiply-adds ``fma(p[i, r-1], q[j, r-1],
     ... fma(p[i, 1], q[j, 1], p[i, 0] * q[j, 0]))`` in ``p``'s dtype: the order a BLAS
     micro-kernel with FMA instructions (OpenBLAS on AVX2 and AVX-512) takes, so frames frozen
     with ``P @ Q.T`` decode as they did, now on any machine and device.  Each block of
-    :data:`EXPAND_ROWS` rows is :func:`_expand_rows`."""
+    :data:`EXPAND_ROWS` rows is :func:`_expand_rows` (dispatched by ``out``'s size: ``p``
+    has only ``n x r`` items)."""
     n, r = p.shape
     m = qt.shape[1]
     q1 = np.ascontiguousarray(qt).reshape(r * m)
@@ -369,7 +375,13 @@ def _expand_row(coef, p, r, qt, q, m, row):
         c += k
 
 
-@jit(parallel=True)
+def _segments_work(values, vstarts, ns, ms, *rest):
+    """:func:`expand_segments`' size for the serial/parallel choice: the matrices' items (the coefficients alone sent a model of a few large matrices
+    to one thread)."""
+    return int(ns @ ms)
+
+
+@jit(parallel=True, work=_segments_work)
 def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
     """:func:`expand` of many matrices in one call: matrix ``t`` is ``P`` (``ns[t] x rs[t]``)
     then ``Q`` (``ms[t] x rs[t]``), both row-major, from ``values[vstarts[t]:]`` (a frame's
@@ -377,8 +389,8 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
     of ``like``'s dtype (``values``'s) at the address ``addrs[t]`` (the caller keeps it
     alive).  Each element is :func:`expand`'s chain, bit for bit.  Every matrix's ``Q`` is
     first laid out transposed (``r x m``, as :func:`expand` takes it), then one parallel
-    region runs over every matrix's blocks of :data:`EXPAND_ROWS` rows (dispatched, as
-    :func:`expand`, by the coefficients' count), each :func:`_expand_rows`."""
+    region runs over every matrix's blocks of :data:`EXPAND_ROWS` rows (dispatched by the
+    outputs' size), each :func:`_expand_rows`."""
     count = ns.size
     tstarts = np.zeros(count + 1, np.int64)
     blocks = np.zeros(count + 1, np.int64)
@@ -401,7 +413,12 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
         _expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
 
 
-@jit(parallel=True)
+def _power_work(values, addrs, like, firsts, ns, ms, *rest):
+    """:func:`power_segments`' size for the serial/parallel choice: the matrices' items."""
+    return int(ns @ ms)
+
+
+@jit(parallel=True, work=_power_work)
 def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width, tiny):
     """One power iteration of many matrices in one call (a many-tensor encode), bit for bit
     what :func:`project`, :func:`orthogonalize` and :func:`back_project` give each: matrix
@@ -411,8 +428,7 @@ def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width,
     orthonormalised in float64 with ``tiny`` as :func:`orthogonalize` takes it, and rounded
     again) then ``Q = M^T P`` go row-major to ``values[firsts[t]:]`` (a frame's coefficients,
     in ``like``'s dtype).  One parallel task per matrix (a matrix's products run on one
-    thread, so nothing depends on the thread count); dispatched by ``values``' size (the
-    frame's coefficients and the values of the tensors passed through).
+    thread, so nothing depends on the thread count); dispatched by the matrices' size.
     Returns how many entries of the matrices are NaN or infinite (a matrix with one is left
     with its unnormalised ``P`` and no ``Q``: the caller discards the frame and raises)."""
     count = ns.size
