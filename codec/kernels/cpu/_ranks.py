@@ -253,9 +253,17 @@ def _back_sums_vectors(rank):
             for g in range(groups):
                 for c in range(rank):
                     builder.store(builder.load(spots[g][c], align=8), sums[g][c])
+            total = builder.extract_value(mat.shape, 0)
             with cgutils.for_range(builder, builder.sub(last, first)) as loop:
                 i = builder.add(first, loop.index)
                 row = builder.gep(mat.data, [builder.add(builder.mul(i, mm), start)])
+                # the tile's lines ROW_BLOCK rows further on (the next block's call), asked for
+                # while this block is summed: a tile reads 128 bytes of each of its rows
+                later = builder.add(i, ir.Constant(i64, ROW_BLOCK))
+                with builder.if_then(builder.icmp_signed("<", later, total), likely=True):
+                    ahead = builder.gep(mat.data, [builder.add(builder.mul(later, mm), start)])
+                    for line in range(0, TILE, 16):
+                        prefetch_line(builder, builder.gep(ahead, [ir.Constant(i64, line)]))
                 prow = builder.gep(pa.data, [builder.mul(i, ir.Constant(i64, rank))])
                 pcs = []
                 for c in range(rank):
