@@ -375,6 +375,10 @@ def _expand_row(coef, p, r, qt, q, m, row):
         c += k
 
 
+#: the parallel tasks of :func:`expand_segments` (runs of blocks of equal work)
+EXPAND_TASKS = 64
+
+
 def _segments_work(values, vstarts, ns, ms, *rest):
     """:func:`expand_segments`' size for the serial/parallel choice: the matrices' items (the coefficients alone sent a model of a few large matrices
     to one thread)."""
@@ -404,13 +408,27 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
         for j in range(m):
             for c in range(r):
                 qt[tstarts[t] + c * m + j] = values[q + j * r + c]
-    for blk in prange(blocks[count]):
-        t = np.searchsorted(blocks, blk, side="right") - 1
-        n, m, r = ns[t], ms[t], rs[t]
-        i = (blk - blocks[t]) * EXPAND_ROWS
-        nb = min(EXPAND_ROWS, n - i)
-        out = view_at(like, addrs[t], n * m)
-        _expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
+    # each block's matrix, and the values written before it: the parallel tasks are runs of
+    # blocks of equal work (a static split of the blocks by count gave one thread the late
+    # layers' wide rows), a block's matrix looked up, not searched for
+    nblk = blocks[count]
+    owner = np.empty(nblk, np.int32)
+    done = np.zeros(nblk + 1, np.int64)
+    for t in range(count):
+        for blk in range(blocks[t], blocks[t + 1]):
+            owner[blk] = t
+            done[blk + 1] = done[blk] + min(EXPAND_ROWS, ns[t] - (blk - blocks[t]) * EXPAND_ROWS) * ms[t]
+    tasks = min(nblk, EXPAND_TASKS)
+    for task in prange(tasks):
+        first = np.searchsorted(done[:nblk], done[nblk] * task // tasks)
+        last = nblk if task == tasks - 1 else np.searchsorted(done[:nblk], done[nblk] * (task + 1) // tasks)
+        for blk in range(first, last):
+            t = owner[blk]
+            n, m, r = ns[t], ms[t], rs[t]
+            i = (blk - blocks[t]) * EXPAND_ROWS
+            nb = min(EXPAND_ROWS, n - i)
+            out = view_at(like, addrs[t], n * m)
+            _expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
 
 
 def _power_work(values, addrs, like, firsts, ns, ms, *rest):
