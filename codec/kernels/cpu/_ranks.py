@@ -90,12 +90,19 @@ def lane_sums(m, i, nrows, qw, block):
     same sums term for term."""
 
 
+def _per_pass(rank):
+    """The groups of 8 lanes one pass of :func:`lane_sums` takes at rank ``rank``: as many
+    as keep its :data:`ROWS` x ``rank`` x groups sums within 16 registers (rank 1: 4 groups,
+    a pass reading two whole lines of each row's block; rank 4: 1)."""
+    return max(1, 4 // rank) if rank != 3 else 1
+
+
 def _lane_sums_vectors(rank):
     """:func:`lane_sums` at rank ``rank`` for a C-contiguous float32 ``m``, an intrinsic: each
     group of 8 lanes summed over the rows' blocks with the :data:`ROWS` rows' ``rank`` sums in
     vector registers (``<8 x double>``: one AVX-512 register or two AVX2 ones;
-    :func:`muladd`), so a value of ``m`` is loaded and converted once, one of ``Q``
-    once for all the rows, and no sum goes through memory (the loop's 64 x r sums in memory, a
+    :func:`muladd`; :func:`_per_pass` groups a pass), so a value of ``m`` is loaded and
+    converted once, one of ``Q`` once for all the rows, and no sum goes through memory (the loop's 64 x r sums in memory, a
     row at a time, ran at a third of memory speed).  Rows past ``nrows`` repeat row ``i`` and
     are neither counted nor meant to be read from ``block``."""
 
@@ -134,29 +141,36 @@ def _lane_sums_vectors(rank):
             # each row's non-finite entries counted per lane in a vector (a scalar count
             # through memory chained every block of every row), added up at the end
             counts = [cgutils.alloca_once_value(builder, ir.Constant(v8i, [0] * _GROUP)) for _ in range(ROWS)]
-            sums = [[cgutils.alloca_once(builder, v8d) for _ in range(rank)] for _ in range(ROWS)]
+            per = _per_pass(rank)
+            sums = [[[cgutils.alloca_once(builder, v8d) for _ in range(per)] for _ in range(rank)] for _ in range(ROWS)]
             zero = ir.Constant(v8d, [0.0] * _GROUP)
-            for g in range(LANES // _GROUP):
+            for g0 in range(0, LANES // _GROUP, per):
                 for row in sums:
-                    for slot in row:
-                        builder.store(zero, slot)
+                    for ranks in row:
+                        for slot in ranks:
+                            builder.store(zero, slot)
                 with cgutils.for_range(builder, blocks) as loop:
-                    at = builder.add(builder.mul(loop.index, ir.Constant(i64, LANES)), ir.Constant(i64, g * _GROUP))
-                    qs = [builder.load(builder.bitcast(builder.gep(qa.data, [builder.add(builder.mul(ir.Constant(i64, c), mm), at)]), v8d.as_pointer()), align=8) for c in range(rank)]
+                    base = builder.mul(loop.index, ir.Constant(i64, LANES))
+                    ats = [builder.add(base, ir.Constant(i64, (g0 + k) * _GROUP)) for k in range(per)]
+                    qs = [[builder.load(builder.bitcast(builder.gep(qa.data, [builder.add(builder.mul(ir.Constant(i64, c), mm), at)]), v8d.as_pointer()), align=8) for at in ats] for c in range(rank)]
                     for b in range(ROWS):
-                        if g % 2 == 0:  # (a line is two groups: each line asked for once)
+                        lines = [at for k, at in enumerate(ats) if (g0 + k) % 2 == 0]  # (a line is two groups: each asked for once)
+                        if lines:
                             with builder.if_then(short, likely=True):
-                                prefetch_line(builder, builder.gep(ahead[b], [at]))
-                        raw = builder.load(builder.bitcast(builder.gep(rows[b], [at]), v8f.as_pointer()), align=4)
-                        special = nonfinite(builder, raw, _GROUP)
-                        builder.store(builder.add(builder.load(counts[b]), builder.zext(special, v8i)), counts[b])
-                        v = builder.fpext(raw, v8d)
-                        for c in range(rank):
-                            builder.store(muladd(builder, v, qs[c], builder.load(sums[b][c])), sums[b][c])
+                                for at in lines:
+                                    prefetch_line(builder, builder.gep(ahead[b], [at]))
+                        for k, at in enumerate(ats):
+                            raw = builder.load(builder.bitcast(builder.gep(rows[b], [at]), v8f.as_pointer()), align=4)
+                            special = nonfinite(builder, raw, _GROUP)
+                            builder.store(builder.add(builder.load(counts[b]), builder.zext(special, v8i)), counts[b])
+                            v = builder.fpext(raw, v8d)
+                            for c in range(rank):
+                                builder.store(muladd(builder, v, qs[c][k], builder.load(sums[b][c][k])), sums[b][c][k])
                 for b in range(ROWS):
                     for c in range(rank):
-                        ptr = builder.gep(out.data, [ir.Constant(i64, (b * rank + c) * LANES + g * _GROUP)])
-                        builder.store(builder.load(sums[b][c]), builder.bitcast(ptr, v8d.as_pointer()), align=8)
+                        for k in range(per):
+                            ptr = builder.gep(out.data, [ir.Constant(i64, (b * rank + c) * LANES + (g0 + k) * _GROUP)])
+                            builder.store(builder.load(sums[b][c][k]), builder.bitcast(ptr, v8d.as_pointer()), align=8)
             total = ir.Constant(i64, 0)
             for b in range(ROWS):
                 lanes = builder.load(counts[b])
