@@ -10,8 +10,8 @@ once).  Here LLVM intrinsics emit ``<8 x double>`` multiply-adds (:func:`muladd`
 not, the same bits on every CPU, as a product of two float32 values is exact in float64):
 :func:`lane_sums` sums :data:`ROWS` rows' lanes at once, each value of ``Q`` widened once
 per matrix (:func:`widened`) and loaded once for the rows, and :func:`back_sums` a tile of
-:data:`TILE` columns down a block of :data:`ROW_BLOCK` rows (rank 4: 10.8 and 7.8 ms; issue
-33, twentieth and twenty-first stops).  Each rank has its own intrinsic (its
+:data:`TILE` columns down a block of :data:`ROW_BLOCK` rows (rank 4: 10.4-11.6 and 6.6 ms;
+issue 33, twentieth and twenty-first stops).  Each rank has its own intrinsic (its
 ``r`` sums unrolled into registers), picked at run time by the matrix's rank; other dtypes
 and layouts take a loop of the same sums (the ``@overload`` picks at compile time), and
 ranks above :data:`RANKS` the loops of lowrank.py.
@@ -93,8 +93,8 @@ def lane_sums(m, i, nrows, qw, block):
 def _per_pass(rank):
     """The groups of 8 lanes one pass of :func:`lane_sums` takes at rank ``rank``: as many
     as keep its :data:`ROWS` x ``rank`` x groups sums within 16 registers (rank 1: 4 groups,
-    a pass reading two whole lines of each row's block; rank 4: 1)."""
-    return max(1, 4 // rank) if rank != 3 else 1
+    a pass reading two whole lines of each row's block; ranks 3 and 4: 1)."""
+    return max(1, 4 // rank)
 
 
 def _lane_sums_vectors(rank):
