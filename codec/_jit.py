@@ -25,9 +25,9 @@ import numba  # noqa: E402
 
 _DEFAULTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
-#: below this many items (the size of a parallel kernel's first argument, or its ``work``) the serial
-#: compilation runs: waking the thread pool costs ~60 us, and on a busy machine a parallel
-#: region waits a whole scheduler slice (~16 ms) for a descheduled worker.
+#: below this many items (the size of a parallel kernel's first argument, or its ``work``)
+#: the serial compilation runs: waking the thread pool costs ~60 us, and on a busy machine a
+#: parallel region waits a whole scheduler slice (~16 ms) for a descheduled worker.
 PARALLEL_MIN = 1 << 17
 
 
@@ -37,7 +37,8 @@ class _SizeDispatch:
     Both compilations run the same chunked loop (chunk boundaries depend on the array length
     only), so results are identical; the call picks by the size of the first argument, or by
     ``work(*args)`` where the kernel names its work otherwise (a decode whose first argument
-    is the frame's few coefficients and whose output is a whole matrix).  The serial twin is a copy of the function with its own qualified name, so the two never share
+    is the frame's few coefficients and whose output is a whole matrix).  The serial twin is
+    a copy of the function with its own qualified name, so the two never share
     an entry in Numba's on-disk cache.  Parallel kernels are called from Python only.
     """
 

@@ -187,6 +187,15 @@ def floor_plus_bits(t, bits):
     return (U(t * 4294967296.0) + U(bits)) >> U(32)
 
 
+def emit_prefetch(builder, ptr, write: bool, locality: int) -> None:
+    """Emit ``llvm.prefetch`` of the cache line at ``ptr`` (for reading or writing; locality
+    0-3, 3 keeping it closest): the code generation :func:`prefetch` and the register
+    kernels' read-ahead (``_ranks``) share."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, int(write)), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+
+
 @intrinsic
 def prefetch(typingctx, arr, i):
     """Ask the CPU to start loading the cache line of ``arr[i]`` for writing (LLVM's
@@ -204,11 +213,7 @@ def prefetch(typingctx, arr, i):
         ary = context.make_array(aryty)(context, builder, args[0])
         idx = context.cast(builder, args[1], signature.args[1], types.intp)
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False, boundscheck=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        emit_prefetch(builder, ptr, write=True, locality=3)
         return context.get_dummy_value()
 
     return types.void(arr, i), codegen

@@ -26,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from codec._jit import jit
-from codec.kernels.cpu._common import U
+from codec.kernels.cpu._common import U, emit_prefetch
 from codec.kernels.cpu._f16c import nonfinite
 from codec.layout import LANES
 
@@ -68,11 +68,10 @@ def muladd(builder, a, b, c):
     return builder.call(fn, [a, b, c])
 
 
-def prefetch_line(builder, ptr, locality=PREFETCH_LOCALITY):
-    """Ask for the cache line at ``ptr`` to be read soon (``llvm.prefetch``; a hint)."""
-    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+def prefetch_line(builder, ptr):
+    """Ask for the cache line at ``ptr`` to be read soon (into L2: :data:`PREFETCH_LOCALITY`;
+    a hint)."""
+    emit_prefetch(builder, ptr, write=False, locality=PREFETCH_LOCALITY)
 
 
 #: values per vector of the intrinsics (:data:`codec.layout.LANES` is 8 such groups), and the

@@ -35,7 +35,8 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, fma, view_at
+from codec.kernels.cpu._common import U, view_at
+from codec.kernels.cpu._expand import EXPAND_ROWS, expand_rows
 from codec.kernels.cpu._ranks import RANKS, ROW_BLOCK, ROWS, TILE, back_sums, lane_sums, widened
 from codec.layout import LANES
 
@@ -247,8 +248,9 @@ def expand(p, qt, out):
     ... fma(p[i, 1], q[j, 1], p[i, 0] * q[j, 0]))`` in ``p``'s dtype: the order a BLAS
     micro-kernel with FMA instructions (OpenBLAS on AVX2 and AVX-512) takes, so frames frozen
     with ``P @ Q.T`` decode as they did, now on any machine and device.  Each block of
-    :data:`EXPAND_ROWS` rows is :func:`_expand_rows` (dispatched by ``out``'s size: ``p``
-    has only ``n x r`` items)."""
+    :data:`~codec.kernels.cpu._expand.EXPAND_ROWS` rows is
+    :func:`~codec.kernels.cpu._expand.expand_rows` (dispatched by ``out``'s size: ``p`` has
+    only ``n x r`` items)."""
     n, r = p.shape
     m = qt.shape[1]
     q1 = np.ascontiguousarray(qt).reshape(r * m)
@@ -256,123 +258,7 @@ def expand(p, qt, out):
     o1 = out.reshape(n * m)
     for blk in prange((n + EXPAND_ROWS - 1) // EXPAND_ROWS):
         i = blk * EXPAND_ROWS
-        _expand_rows(p1, i * r, r, min(EXPAND_ROWS, n - i), q1, 0, m, o1, i * m)
-
-
-#: rows :func:`_expand_rows` writes at once (each value of ``Q`` loaded once for all of them:
-#: one row at a time read 4 rows of ``Q`` per row written, from L2, and took ResNet-50's 54
-#: matrices 11.0 ms on one thread; 4 rows at a time 6.9, numpy's ``fill`` of them 6.4)
-EXPAND_ROWS = 4
-
-
-@jit(inline="always")
-def _chain(k, a, x0, x1, x2, x3):
-    """The first ``k`` (1 to 4, a constant where inlined) terms' chain ``fma(a[k-1], x_{k-1},
-    ... fma(a[1], x1, a[0] * x0))``."""
-    if k == 1:
-        return a[0] * x0
-    if k == 2:
-        return fma(a[1], x1, a[0] * x0)
-    if k == 3:
-        return fma(a[2], x2, fma(a[1], x1, a[0] * x0))
-    return fma(a[3], x3, fma(a[2], x2, fma(a[1], x1, a[0] * x0)))
-
-
-@jit(inline="always")
-def _four_rows(k, a, b, c, d, qt, q0, q1, q2, q3, out, o, m):
-    """Four rows at rank ``k`` (1 to 4, a constant where inlined): ``out[o + j] =
-    chain(a, x)``, ``out[o + m + j] = chain(b, x)`` and so on, ``x`` the values ``qt[q0 + j]``
-    to ``qt[q3 + j]``, each loaded once for the four rows (unsigned offsets, so the loop
-    vectorises)."""
-    o0 = U(o)
-    o1, o2, o3 = o0 + U(m), o0 + U(2 * m), o0 + U(3 * m)
-    p0, p1, p2, p3 = U(q0), U(q1), U(q2), U(q3)
-    for j in range(U(m)):
-        x0, x1, x2, x3 = qt[p0 + j], qt[p1 + j], qt[p2 + j], qt[p3 + j]
-        out[o0 + j] = _chain(k, a, x0, x1, x2, x3)
-        out[o1 + j] = _chain(k, b, x0, x1, x2, x3)
-        out[o2 + j] = _chain(k, c, x0, x1, x2, x3)
-        out[o3 + j] = _chain(k, d, x0, x1, x2, x3)
-
-
-@jit(inline="always")
-def _expand_rows(coef, p, r, nb, qt, q, m, out, o):
-    """``out[o + b*m + j] = sum_c coef[p + b*r + c] * qt[q + c*m + j]`` for the ``nb`` (1 to
-    :data:`EXPAND_ROWS`) rows ``b``, each element :func:`expand`'s chain.  A whole block at
-    ranks up to 4 is written together (:func:`_four_rows`), else row by row
-    (:func:`_expand_row`)."""
-    if r > EXPAND_RANKS or nb < EXPAND_ROWS:
-        for i in range(nb):
-            _expand_row(coef, p + i * r, r, qt, q, m, out[o + i * m : o + (i + 1) * m])
-        return
-    q1, q2, q3 = q + min(1, r - 1) * m, q + min(2, r - 1) * m, q + min(3, r - 1) * m
-    a = _coefs(coef, p, r)
-    b = _coefs(coef, p + r, r)
-    c = _coefs(coef, p + 2 * r, r)
-    d = _coefs(coef, p + 3 * r, r)
-    if r == 4:
-        _four_rows(4, a, b, c, d, qt, q, q1, q2, q3, out, o, m)
-    elif r == 3:
-        _four_rows(3, a, b, c, d, qt, q, q1, q2, q3, out, o, m)
-    elif r == 2:
-        _four_rows(2, a, b, c, d, qt, q, q1, q2, q3, out, o, m)
-    else:
-        _four_rows(1, a, b, c, d, qt, q, q1, q2, q3, out, o, m)
-
-
-@jit(inline="always")
-def _coefs(coef, o, r):
-    """A row's ``r`` (1 to 4) coefficients from ``coef[o]``, the last repeated to four."""
-    return coef[o], coef[o + min(1, r - 1)], coef[o + min(2, r - 1)], coef[o + min(3, r - 1)]
-
-
-#: ranks a pass of :func:`_expand_row` takes at once (one fused chain per element)
-EXPAND_RANKS = 4
-
-
-@jit(inline="always")
-def _expand_row(coef, p, r, qt, q, m, row):
-    """``row[j] = sum_c coef[p + c] * qt[q + c*m + j]`` over ``c < r``, each element the chain
-    ``fma(a[r-1], b[r-1], ... fma(a[1], b[1], a[0] * b[0]))``: up to :data:`EXPAND_RANKS`
-    ranks a pass, their chain in registers, each later pass continuing it from the row
-    (the same chain, the same rounding).  At rank 4, one pass of one store per element
-    instead of four passes of a load and a store each: ResNet-50's 54 matrices (25.5M
-    values) 11.6 -> ~6 ms on two threads."""
-    c = 0
-    while c < r:
-        k = min(EXPAND_RANKS, r - c)
-        a0 = coef[p + c]
-        b0 = U(q + c * m)  # (unsigned indices: no negative-index wraparound, so the loops vectorise)
-        a1 = coef[p + c + 1] if k > 1 else a0
-        a2 = coef[p + c + 2] if k > 2 else a0
-        a3 = coef[p + c + 3] if k > 3 else a0
-        b1, b2, b3 = b0 + U(m), b0 + U(2 * m), b0 + U(3 * m)
-        if c == 0:
-            if k == 1:
-                for j in range(U(m)):
-                    row[j] = a0 * qt[b0 + j]
-            elif k == 2:
-                for j in range(U(m)):
-                    row[j] = fma(a1, qt[b1 + j], a0 * qt[b0 + j])
-            elif k == 3:
-                for j in range(U(m)):
-                    row[j] = fma(a2, qt[b2 + j], fma(a1, qt[b1 + j], a0 * qt[b0 + j]))
-            else:
-                for j in range(U(m)):
-                    row[j] = fma(a3, qt[b3 + j], fma(a2, qt[b2 + j], fma(a1, qt[b1 + j], a0 * qt[b0 + j])))
-        elif k == 1:
-            for j in range(U(m)):
-                row[j] = fma(a0, qt[b0 + j], row[j])
-        elif k == 2:
-            for j in range(U(m)):
-                row[j] = fma(a1, qt[b1 + j], fma(a0, qt[b0 + j], row[j]))
-        elif k == 3:
-            for j in range(U(m)):
-                row[j] = fma(a2, qt[b2 + j], fma(a1, qt[b1 + j], fma(a0, qt[b0 + j], row[j])))
-        else:
-            for j in range(U(m)):
-                row[j] = fma(a3, qt[b3 + j], fma(a2, qt[b2 + j], fma(a1, qt[b1 + j], fma(a0, qt[b0 + j], row[j]))))
-        c += k
+        expand_rows(p1, i * r, r, min(EXPAND_ROWS, n - i), q1, 0, m, o1, i * m)
 
 
 #: the parallel tasks of :func:`expand_segments` (runs of blocks of equal work)
@@ -394,7 +280,7 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
     alive).  Each element is :func:`expand`'s chain, bit for bit.  Every matrix's ``Q`` is
     first laid out transposed (``r x m``, as :func:`expand` takes it), then one parallel
     region runs over every matrix's blocks of :data:`EXPAND_ROWS` rows (dispatched by the
-    outputs' size), each :func:`_expand_rows`."""
+    outputs' size), each :func:`~codec.kernels.cpu._expand.expand_rows`."""
     count = ns.size
     tstarts = np.zeros(count + 1, np.int64)
     blocks = np.zeros(count + 1, np.int64)
@@ -428,7 +314,7 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
             i = (blk - blocks[t]) * EXPAND_ROWS
             nb = min(EXPAND_ROWS, n - i)
             out = view_at(like, addrs[t], n * m)
-            _expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
+            expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
 
 
 def _power_work(values, addrs, like, firsts, ns, ms, *rest):
