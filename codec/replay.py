@@ -25,8 +25,7 @@ the header, the table, each tensor's place in the payload; so is a quantizer's h
 * ``decode`` of a low-rank frame (PowerSGD with its values as they are, :func:`lowrank`:
   each tensor's values, or its matrix's ``r (n + m)`` coefficients): every matrix's ``P Q^T``
   formed with one ``expand_segments`` call, the other tensors' values copied; and its
-  ``encode`` (tensors of a run's size): every matrix's power iteration in one
-  ``power_segments`` call (:func:`codec.replaydecode.encode_lowrank`).
+  ``encode``: every matrix's power iteration in one ``power_segments`` call (:func:`codec.replaydecode.encode_lowrank`).
 * ``decode`` of a keyed sparse frame (random-k with its values as they are, :func:`keyed`:
   a key and k values per tensor, k fixed by the size and step, so its header is the
   layout's too): every key checked at once (``keys_at``), then one kernel call draws every
@@ -80,8 +79,7 @@ def replayable(c) -> bool:
     alone that codes a run where its tensors lie, and no byte stage; or a keyed select stage
     with its values as they are, unscaled (random-k: :func:`codec.replaydecode.encode_keyed`);
     or another select stage (:func:`codec.replaydecode.encode_selected`); or a low-rank
-    transform with its values as they are (PowerSGD: :func:`codec.replaydecode.encode_lowrank`,
-    tensors of a run's size)."""
+    transform with its values as they are (PowerSGD: :func:`codec.replaydecode.encode_lowrank`)."""
     return (c.elementwise and c.value.segmented and not c.post) or (keyed(c) and not getattr(c.select, "scale", False)) or selected(c) or lowrank(c)
 
 

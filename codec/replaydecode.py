@@ -37,7 +37,7 @@ from codec.kernels import backend, module
 from codec.layout import LANES
 from codec.manyframe.build import head_of
 from codec.ops import offsets, readonly, scratch
-from codec.runs import RUN_ELEMENTS, sparse_piece
+from codec.runs import sparse_piece
 from codec.stages.select.magnitude import run_positions, segments_picked
 from codec.stages.transform.powersgd import start_q
 
@@ -85,8 +85,8 @@ def lowrank(c) -> bool:
     """Whether the codec ``c`` is a low-rank transform (:attr:`codec.stage.Transform.lowrank`:
     PowerSGD) with its values stored as they are (``none``), no select or byte stage: its
     frames' headers are the layout's (each tensor's one section counts its values or its
-    ``r (n + m)`` coefficients), so its decoding is replayed, and its encoding of tensors of a
-    run's size (:func:`encode_lowrank`)."""
+    ``r (n + m)`` coefficients), so its decoding is replayed, and its encoding
+    (:func:`encode_lowrank`)."""
     return c.transform is not None and c.transform.lowrank and c.value.name == "none" and c.select is None and not c.post
 
 
@@ -292,16 +292,13 @@ def _encode_pairs(plan, flat, finds) -> bytes | None:
 
 
 def encode_lowrank(plan, found, step: int) -> bytes | None:
-    """A PowerSGD ``encode_many`` replayed (:func:`lowrank`, every tensor of a run's size):
+    """A PowerSGD ``encode_many`` replayed (:func:`lowrank`):
     every matrix's power iteration in one ``power_segments`` call (bit for bit ``project``,
     ``orthogonalize`` and ``back_project`` of each), from the ``Q`` a step without error
     feedback starts from (:func:`~codec.stages.transform.powersgd.start_q` with no warm
     ``Q``: the same every step with ``warm_start``, so the plan keeps them), the other
     tensors' values copied, under the layout's header and the payload's CRC-32C.  None when
     a matrix holds a NaN or inf (the general path then names it)."""
-    start = _starting_qs(plan, step)
-    if start is None:
-        return None
     addrs, views = found
     index, firsts, ns, ms, rs = plan.matrices
     hl = plan.header_len
@@ -311,7 +308,7 @@ def encode_lowrank(plan, found, step: int) -> bytes | None:
     if index.size:
         picked = addrs[index]
         picked.flags.writeable = False
-        qts, qstarts, tiny = start
+        qts, qstarts, tiny = _starting_qs(plan, step)
         if backend("lowrank", plan.like).power_segments(values, picked, plan.like, firsts, ns, ms, rs, qts, qstarts, LANES, tiny):
             return None
     for t, a, b in plan.values:
@@ -323,13 +320,9 @@ def encode_lowrank(plan, found, step: int) -> bytes | None:
 def _starting_qs(plan, step: int):
     """Every matrix's starting ``Q`` of a step without error feedback, transposed and laid
     end to end (read-only), their offsets and ``orthogonalize``'s epsilon guard; kept in the
-    plan with ``warm_start`` (the same every step).  None when a tensor is larger than a run
-    (:data:`codec.runs.RUN_ELEMENTS`: a matrix's products then run on one thread, and the
-    general path's own kernels are parallel)."""
+    plan with ``warm_start`` (the same every step)."""
     if plan.power is not None:
         return plan.power
-    if max(plan.sizes) > RUN_ELEMENTS:  # (checked when the plan is learned: a plan that does not encode is not kept for encoding)
-        return None
     tr = plan.codec.transform
     _, _, ns, ms, rs = plan.matrices
     qs = [start_q(None, m, r, plan.dtype, tr.seed, None, step, tr.warm_start) for m, r in zip(ms.tolist(), rs.tolist())]

@@ -1031,7 +1031,8 @@ def test_register_products_are_the_fixed_order_sums(dt):
 def test_power_segments_is_one_power_iteration_of_each_matrix(dt):
     """Many matrices' power iterations in one call, each read where it lies (by address), in
     both twins: bit for bit ``project``, ``orthogonalize`` and ``back_project`` of each (1 x 1
-    at rank 1, odd shapes, a row shorter and longer than the lanes, heavy tails, ranks 1-5),
+    at rank 1, odd shapes, a row shorter and longer than the lanes, heavy tails, ranks 1-5,
+    and a matrix large enough to be cut into several pieces of rows and of columns),
     against the NumPy product of the P it wrote; a matrix holding a NaN or inf is counted and
     writes no ``Q``, the others are written."""
     from codec.kernels import module
@@ -1039,7 +1040,7 @@ def test_power_segments_is_one_power_iteration_of_each_matrix(dt):
 
     K = module("lowrank")
     rng = np.random.default_rng(3)
-    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 3 * LANES + 5, 5), (2, 2, 2), (9, 2 * LANES + 40, 4)]
+    plans = [(1, 1, 1), (4, 6, 2), (7, 3, 3), (1, 9, 1), (50, 3 * LANES + 5, 5), (2, 2, 2), (9, 2 * LANES + 40, 4), (300, 17 * LANES + 3, 3)]
     clean = [np.asarray(rng.standard_t(2, (n, m))).astype(dt) for n, m, _ in plans]
     qts = [psgd.orthogonalize(rng.standard_normal((m, r)).astype(dt)).T.copy() for _, m, r in plans]
     tiny = float(16 * np.finfo(dt).eps)

@@ -465,8 +465,9 @@ def test_a_powersgd_step_is_replayed_on_encode(spec, dtype, no_general):
     """PowerSGD's ``encode_many`` replays from the step before: every matrix's power
     iteration in one kernel call, the tensors it passes through copied (a NaN among them
     too, as the general path sends it), bit for bit the general path's frame at any step
-    (warm starts or a cold ``Q`` drawn per step) on heavy-tailed data; a NaN in a matrix and
-    keys go to the general path, and a tensor beyond a run's size is never replayed."""
+    (warm starts or a cold ``Q`` drawn per step) on heavy-tailed data, a matrix beyond a
+    run's size too (its rows and columns in several parallel runs); a NaN in a matrix and
+    keys go to the general path."""
     shapes = [*SHAPES, (64, 48), (16, 3, 3, 3)]  # (matrices PowerSGD compresses at rank 4)
     c = codec.Codec(spec)
     c.encode_many(tensors(dtype, 0, shapes), step=3)  # learned
@@ -477,13 +478,18 @@ def test_a_powersgd_step_is_replayed_on_encode(spec, dtype, no_general):
     nan = {**data[0], "t7": np.full_like(data[0]["t7"], np.nan)}  # (a matrix)
     assert c.transform.matrix(nan["t7"].shape) is not None and c.transform.matrix(data[2]["t2"].shape) is None
     big = codec.Codec(spec)
+    rng = np.random.default_rng(5)
     ts = {"big": np.ones((8, RUN_ELEMENTS // 8 + 1), dtype), "small": np.ones((16, 16), dtype)}
     big.encode_many(ts)
+    wide = [{"big": rng.standard_t(2, (8, RUN_ELEMENTS // 8 + 1)).astype(dtype), "tall": rng.standard_t(2, (RUN_ELEMENTS // 16 + 3, 16)).astype(dtype), "small": rng.standard_t(2, (16, 16)).astype(dtype)} for _ in range(2)]
+    big.encode_many(wide[0], step=1)
+    wants = [codec.Codec(spec).encode_many(w, step=st) for w in wide for st in steps]
     no_general()
     for d, per_step in zip(data, want):
         for st, frame in zip(steps, per_step):
             assert c.encode_many(d, step=st) == frame
-    for call in (lambda: c.encode_many(nan, step=5), lambda: c.encode_many(data[0], keys=list(range(len(data[0])))), lambda: big.encode_many(ts)):
+    assert [big.encode_many(w, step=st) for w in wide for st in steps] == wants
+    for call in (lambda: c.encode_many(nan, step=5), lambda: c.encode_many(data[0], keys=list(range(len(data[0]))))):
         with pytest.raises(AssertionError, match="general path"):
             call()
 
