@@ -1,6 +1,6 @@
 """gradcodec next to its peers' own math, in one process on the same arrays and threads.
 
-    python benchmarks/bench_peers.py [--workloads 25M,sample,resnet50] [--codecs fp16,bf16,topk,topk-ef,randomk,qsgd,powersgd]
+    python benchmarks/bench_peers.py [--workloads 25M,sample,resnet50] [--codecs fp16,bf16,topk,topk-ef,randomk,qsgd,powersgd,powersgd-ef]
                                      [--repeat 7] [--load N] [--markdown]
 
 Issue 15 asks that no codec be slower than its best peer, on one 25M-element gradient and on
@@ -30,6 +30,12 @@ torch==2.13.0``; without it the script says so and exits):
   ``min_compression_rate`` of 2, are sent as they are, as the hook does): ``P = M Q``,
   orthogonalise ``P``, ``Q = M^T P``; decompressed with ``P Q^T`` into ``out``. The 25M
   gradient is viewed as 5000 x 5000 by both sides.
+* ``powersgd-ef``: the same with the hook's error feedback (its default,
+  ``use_error_feedback=True``), per tensor: ``acc = t + error``, the products of ``acc`` as
+  above, ``error = acc - P Q^T`` (the hook keeps a copy of ``acc`` and subtracts its
+  decompression); gradcodec's side is ``ErrorFeedback(spec)``, as for ``topk-ef``.  Both
+  start each matrix's power iteration from its last ``Q`` (warm start, the hook's default).
+  Decoding is PowerSGD's.
 
 gradcodec's side is the call a user makes: ``encode`` (a self-describing frame of bytes with
 its CRC-32C) and ``decode(frame, out=)``, one call per tensor and, for the many-tensor
@@ -58,10 +64,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import best, bullets, busy, footer, heading, log, machine_info, render, synthetic  # noqa: E402
 
-CODECS = ("fp16", "bf16", "topk", "topk-ef", "randomk", "qsgd", "powersgd")
-SPECS = {"fp16": "fp16", "bf16": "bf16", "topk": "topk(ratio=0.01)", "topk-ef": "topk(ratio=0.01)", "randomk": "randomk(ratio=0.01)", "qsgd": "qsgd(levels=16)", "powersgd": "powersgd(rank=4)"}
+CODECS = ("fp16", "bf16", "topk", "topk-ef", "randomk", "qsgd", "powersgd", "powersgd-ef")
+SPECS = {"fp16": "fp16", "bf16": "bf16", "topk": "topk(ratio=0.01)", "topk-ef": "topk(ratio=0.01)", "randomk": "randomk(ratio=0.01)", "qsgd": "qsgd(levels=16)", "powersgd": "powersgd(rank=4)", "powersgd-ef": "powersgd(rank=4)"}
 #: the rows whose step keeps residuals (gradcodec: ``ErrorFeedback``; the peer: GRACE's ``ResidualMemory``)
-FEEDBACK = {"topk-ef"}
+FEEDBACK = {"topk-ef", "powersgd-ef"}
 RATIO, LEVELS, RANK = 0.01, 16, 4
 
 
@@ -88,7 +94,7 @@ class Peer:
             self.dtype = torch.float16 if codec == "fp16" else torch.bfloat16
         if codec in FEEDBACK:
             self.residuals = [torch.zeros(t.numel(), dtype=t.dtype) for t in self.ts]
-        if codec == "powersgd":
+        if codec.startswith("powersgd"):
             from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
             self.orthogonalize = _orthogonalize
@@ -136,14 +142,20 @@ class Peer:
                 prob = torch.empty_like(flat).uniform_()
                 new_level = previous + (prob < (level_float - previous)).type(torch.float32)
                 out.append(((new_level * flat.sign()).type(torch.int8), norm))
-            else:  # powersgd
+            else:  # powersgd, powersgd-ef
+                ef = c == "powersgd-ef"
+                acc = flat + self.residuals[i] if ef else flat
                 if self.qs[i] is None:
-                    out.append(flat)  # the hook allreduces 1-D and small tensors as they are
+                    out.append(acc)  # the hook allreduces 1-D and small tensors as they are (their error: zero)
+                    if ef:
+                        self.residuals[i].zero_()
                     continue
-                m = t.reshape(t.shape[0], -1)
+                m = acc.reshape(t.shape[0], -1)
                 p = m @ self.qs[i]
                 self.orthogonalize(p.unsqueeze(0))
                 self.qs[i] = m.t() @ p
+                if ef:  # the hook's error: its copy of acc minus the decompression
+                    self.residuals[i] = (m - p @ self.qs[i].t()).reshape(-1)
                 out.append((p, self.qs[i]))
         return out
 
@@ -219,7 +231,8 @@ def main(argv=None):
                   "peer dec", "dec (per tensor)", "dec (many)", "dec ratio"], rows, md))
     footer(["peers: fp16/bf16 DDP compress hooks on one flat bucket; topk/randomk/qsgd GRACE's compressors per tensor "
             "(topk-ef: with its ResidualMemory, against gradcodec's ErrorFeedback); "
-            "powersgd PyTorch's powerSGD_hook math per matrix (1-D tensors copied)",
+            "powersgd PyTorch's powerSGD_hook math per matrix (1-D tensors copied; powersgd-ef: with the hook's error feedback, "
+            "against gradcodec's ErrorFeedback)",
             "gradcodec: frames of bytes with their CRC-32C, decoded into preallocated arrays"], t_run, [], md)
 
 

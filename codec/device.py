@@ -21,7 +21,6 @@ from codec import dlpack
 from codec.dtypes import is_torch, on_device, readonly
 from codec.errors import CodecTypeError, CodecValueError
 from codec.kernels import backend
-from codec.modes import ADD
 
 __all__ = ["add", "address", "clear", "as_device_array", "as_device_bytes", "as_input", "as_like", "check_dtype", "check_stages", "checked_out", "concat", "crc32c", "deliver", "empty", "Memory", "host_copy", "many_on_device", "put_bytes", "span", "spans", "to_device", "to_host", "zeros"]
 
@@ -244,9 +243,8 @@ def clear(a):
 
 
 def add(x, r, out):
-    """``out = x + r`` elementwise on the device, in their dtype (the error-feedback sum)."""
-    out.reshape(out.size).copy_to_device(x.reshape(x.size))
-    backend("convert", out).combine(r.reshape(r.size), out.reshape(out.size), ADD)
+    """``out = x + r`` elementwise on the device, in their dtype (the error-feedback sum), one pass."""
+    backend("convert", out).add(x.reshape(x.size), r.reshape(r.size), out.reshape(out.size))
 
 
 def concat(arrays, out):

@@ -211,11 +211,16 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
 
 def add(x, r, out):
     """``out = x + r`` elementwise in their dtype, host or device arrays alike (the
-    error-feedback sum ``acc = x + residual``); returns ``out``."""
+    error-feedback sum ``acc = x + residual``), in one parallel pass (the ``convert``
+    family's ``add``; NumPy's ``np.add``, on one thread, for host arrays the kernel does not
+    take: 16-bit, mixed dtypes, not C-contiguous); returns ``out``."""
     if on_device(out):
         device_add(x, r, out)
         return out
-    return np.add(x, r, out=out)
+    if out.dtype not in WIDE or x.dtype != out.dtype or r.dtype != out.dtype or x.size != out.size or r.size != out.size or not all(type(a) is np.ndarray and a.flags.c_contiguous for a in (x, r, out)):
+        return np.add(x, r, out=out)
+    backend("convert", out).add(readonly(x.reshape(-1)), readonly(r.reshape(-1)), out.reshape(-1))
+    return out
 
 
 def momentum(u, m, x, out=None):

@@ -674,6 +674,24 @@ def test_scale_kernel_matches_numpy(dtype, backend):
 
 @pytest.mark.parametrize("dtype", (np.float32, np.float64))
 @pytest.mark.parametrize("n", [0, 1, 7, 3 * (1 << 16) + 5])
+def test_add_kernel_matches_numpy(n, dtype, backend):
+    """``out = x + r`` (error feedback's ``acc``): NumPy's ``np.add`` in the dtype, bit for bit,
+    across parallel chunks (the last one short); heavy tails, signed zeros, inf, NaN, a sum
+    that overflows and one that cancels to +0.0."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    r = (rng.standard_t(2, n) * 10.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    if n > 6:
+        big = np.finfo(dtype).max
+        x[:6], r[:6] = (-0.0, -0.0, np.inf, np.nan, big, 1.5), (-0.0, 0.0, -1.0, 2.0, big, -1.5)
+    out = np.full(n, np.nan, dtype)
+    with np.errstate(over="ignore"):
+        module("convert", backend).add(x, r, out)
+        assert out.tobytes() == np.add(x, r).tobytes()
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("n", [0, 1, 7, 3 * (1 << 16) + 5])
 def test_momentum_kernel_matches_numpy(n, dtype, backend):
     """``out = u * m + x``: NumPy's product rounded to the dtype, then its sum (never one fused
     multiply-add), across parallel chunks; heavy tails and signed zeros."""

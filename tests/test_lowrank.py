@@ -27,6 +27,7 @@ import codec
 from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import SectionKind, parse_frame
+from codec.modes import ADD, SUB
 from codec.lowrank import Factors, Plan, factorize, plan
 from codec.stages.transform import powersgd as psgd
 from codec.sample import load_sample
@@ -969,6 +970,30 @@ def test_expand_is_the_fma_chain(r, dt):
             for c in range(1, r):
                 acc = rounded(Fraction(float(p[i, c])) * Fraction(float(q[j, c])) + Fraction(float(acc)))
             assert out[i, j] == acc, (i, j)
+
+
+@pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
+def test_expand_adds_and_subtracts_what_it_stores(dt):
+    """``expand(..., mode)`` with ADD or SUB: ``out +- P Q^T`` with the stored ``P Q^T``
+    (NumPy's sum or difference in the dtype of what SET writes), bit for bit, in both twins:
+    ranks 1-5, rows not a multiple of a block and more than one task's scratch, heavy tails."""
+    from codec.kernels import module
+    from codec.kernels.cpu.lowrank import EXPAND_CHUNK
+
+    K = module("lowrank")
+    rng = np.random.default_rng(7)
+    n, m = EXPAND_CHUNK * 4 + 7, 37
+    for r in range(1, 6):
+        p, q = rng.standard_t(2, (n, r)).astype(dt), rng.standard_t(2, (m, r)).astype(dt)
+        qt = np.ascontiguousarray(q.T)
+        stored = np.empty((n, m), dt)
+        K.expand.serial(p, qt, stored)
+        base = rng.standard_t(2, (n, m)).astype(dt)
+        for mode, want in ((ADD, base + stored), (SUB, base - stored)):
+            for twin in ("serial", "parallel"):
+                out = base.copy()
+                getattr(K.expand, twin)(p, qt, out, mode)
+                assert_same(out, want, f"rank {r}, mode {mode}, {twin}")
 
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])

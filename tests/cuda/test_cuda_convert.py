@@ -234,6 +234,25 @@ def test_scale_kernel_matches_numpy(dtype):
 
 
 @pytest.mark.parametrize("dtype", (np.float16, np.float32, np.float64))
+@pytest.mark.parametrize("n", [0, 1, 7, 301])
+def test_add_kernel_matches_numpy(n, dtype):
+    """The convert twin's ``add`` (error feedback's ``acc = x + r``): NumPy's ``np.add`` in the
+    dtype, bit for bit (heavy tails, signed zeros, inf, NaN, an overflowing sum)."""
+    rng = np.random.default_rng(n)
+    e = 4 if dtype == np.float16 else 20
+    with np.errstate(over="ignore"):
+        x = (rng.standard_t(2, n) * 10.0 ** rng.integers(-e, e, n)).astype(dtype)
+        r = (rng.standard_t(2, n) * 10.0 ** rng.integers(-e, e, n)).astype(dtype)
+        if n > 6:
+            big = np.finfo(dtype).max
+            x[:6], r[:6] = (-0.0, -0.0, np.inf, np.nan, big, 1.5), (-0.0, 0.0, -1.0, 2.0, big, -1.5)
+        want = np.add(x, r)
+    out = cuda.device_array(n, dtype)
+    K.add(cuda.to_device(x), cuda.to_device(r), out)
+    assert out.copy_to_host().tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", (np.float16, np.float32, np.float64))
 def test_momentum_kernel_matches_numpy(dtype):
     """The convert twin's ``momentum``: the product rounded before the sum, never fused (float16
     too: NumPy's two float16 operations, each rounded once)."""

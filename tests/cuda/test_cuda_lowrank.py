@@ -11,6 +11,7 @@ import pytest
 from numba import cuda
 
 from codec.kernels import module
+from codec.modes import ADD, SUB
 
 G, C = module("lowrank", "cuda"), module("lowrank", "cpu")
 
@@ -42,6 +43,12 @@ def test_products(n, m, r, dtype):
     C.expand(p, np.ascontiguousarray(q.T), oc)
     G.expand(cuda.to_device(p), np.ascontiguousarray(q.T), og)
     same(og.copy_to_host(), oc)
+    base = rng.standard_t(2, (n, m)).astype(dtype)
+    for mode in (ADD, SUB):  # (added to or subtracted from what out holds, as the CPU's)
+        oc, og = base.copy(), cuda.to_device(base)
+        C.expand(p, np.ascontiguousarray(q.T), oc, mode)
+        G.expand(cuda.to_device(p), np.ascontiguousarray(q.T), og, mode)
+        same(og.copy_to_host(), oc)
     w = rng.standard_normal((n + 4, r))
     wc, wg = w.copy(), cuda.to_device(w)
     C.orthogonalize(wc, 1e-10)

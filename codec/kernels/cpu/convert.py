@@ -10,7 +10,7 @@ bits).  The two kernels that write a frame's codes (``narrow_codes``, ``half_fee
 also return their CRC-32C, each chunk checksummed while it is in cache
 (``codec/kernels/cpu/_crc.py``), so the frame needs no second pass for its checksum;
 ``half_decode`` likewise checksums the codes it reads, for the decode's check of the frame.
-The rest (``combine``, ``momentum``, ``combine_odd``, ``scale``, ``divide``) are the
+The rest (``combine``, ``add``, ``momentum``, ``combine_odd``, ``scale``, ``divide``) are the
 elementwise steps around them.
 
 Work is cut into chunks whose boundaries depend only on the array length, so results never
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import chunk_segments, chunks, view_at
+from codec.kernels.cpu._common import U, chunk_segments, chunks, view_at
 from codec.kernels.cpu._crc import crc_piece, crc_pieces, joined
 from codec.kernels.cpu._half import STREAM, combine_block, decode_block, feedback_block, narrow_block, sum_odd
 from codec.kernels.cpu._stream import STREAM_MIN
@@ -35,6 +35,7 @@ __all__ = [
     "half_decode",
     "half_decode_segments",
     "combine",
+    "add",
     "momentum",
     "combine_odd",
     "half_combine",
@@ -157,6 +158,17 @@ def combine(src, out, mode):
         else:
             for i in range(lo, hi):
                 out[i] -= src[i]
+
+
+@jit(parallel=True)
+def add(x, r, out):
+    """``out = x + r`` elementwise in the arrays' dtype (error feedback's ``acc = x +
+    residual``), one pass over the three arrays (NumPy's ``np.add`` runs on one thread)."""
+    n = x.size
+    for c in prange(chunks(n)):
+        lo = c * CHUNK
+        for i in range(U(lo), U(min(n, lo + CHUNK))):
+            out[i] = x[i] + r[i]
 
 
 @jit(parallel=True)

@@ -40,6 +40,7 @@ from codec.kernels.cpu._common import U, view_at
 from codec.kernels.cpu._expand import EXPAND_ROWS, expand_rows
 from codec.kernels.cpu._ranks import RANKS, ROW_BLOCK, ROWS, TILE, back_sums, lane_sums, widened
 from codec.layout import LANES
+from codec.modes import ADD, SET
 
 __all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments", "power_segments"]
 
@@ -237,29 +238,54 @@ def orthogonalize(p, tiny):
             p[k, i] = 0.0 if zero else p[k, i] / norm
 
 
-def _expand_work(p, qt, out):
+def _expand_work(p, qt, out, mode=SET):
     """:func:`expand`'s size for the serial/parallel choice: its output, not ``p``."""
     return out.size
 
 
+#: blocks of rows a task of :func:`expand` with ``mode`` ADD or SUB writes through its one
+#: scratch block
+EXPAND_CHUNK = 16
+
+
 @jit(parallel=True, work=_expand_work)
-def expand(p, qt, out):
-    """``out = P Q^T`` (``n x r`` times ``r x m``, ``qt`` is ``Q`` transposed: ``r x m``,
-    contiguous), each element the chain of fused multiply-adds ``fma(p[i, r-1], q[j, r-1],
-    ... fma(p[i, 1], q[j, 1], p[i, 0] * q[j, 0]))`` in ``p``'s dtype: the order a BLAS
-    micro-kernel with FMA instructions (OpenBLAS on AVX2 and AVX-512) takes, so frames frozen
-    with ``P @ Q.T`` decode as they did, now on any machine and device.  Each block of
+def expand(p, qt, out, mode=SET):
+    """``out (=|+=|-=) P Q^T`` (``mode`` SET, ADD or SUB; ``n x r`` times ``r x m``, ``qt``
+    is ``Q`` transposed: ``r x m``, contiguous), each element of ``P Q^T`` the chain of
+    fused multiply-adds ``fma(p[i, r-1], q[j, r-1], ... fma(p[i, 1], q[j, 1], p[i, 0] *
+    q[j, 0]))`` in ``p``'s dtype: the order a BLAS micro-kernel with FMA instructions
+    (OpenBLAS on AVX2 and AVX-512) takes, so frames frozen with ``P @ Q.T`` decode as they
+    did, now on any machine and device.  Each block of
     :data:`~codec.kernels.cpu._expand.EXPAND_ROWS` rows is
-    :func:`~codec.kernels.cpu._expand.expand_rows` (dispatched by ``out``'s size: ``p`` has
+    :func:`~codec.kernels.cpu._expand.expand_rows`, written into ``out`` (SET) or into a
+    scratch block then added to or subtracted from ``out``'s rows (each element rounded
+    once more: what adding or subtracting the stored ``P Q^T`` gives, in one pass over
+    ``out``: error feedback's ``acc -= decoded``).  Dispatched by ``out``'s size (``p`` has
     only ``n x r`` items)."""
     n, r = p.shape
     m = qt.shape[1]
     q1 = np.ascontiguousarray(qt).reshape(r * m)
     p1 = np.ascontiguousarray(p).reshape(n * r)
     o1 = out.reshape(n * m)
-    for blk in prange((n + EXPAND_ROWS - 1) // EXPAND_ROWS):
-        i = blk * EXPAND_ROWS
-        expand_rows(p1, i * r, r, min(EXPAND_ROWS, n - i), q1, 0, m, o1, i * m)
+    nblk = (n + EXPAND_ROWS - 1) // EXPAND_ROWS
+    if mode == SET:
+        for blk in prange(nblk):
+            i = blk * EXPAND_ROWS
+            expand_rows(p1, i * r, r, min(EXPAND_ROWS, n - i), q1, 0, m, o1, i * m)
+        return
+    for ch in prange((nblk + EXPAND_CHUNK - 1) // EXPAND_CHUNK):
+        block = np.empty(EXPAND_ROWS * m, out.dtype)
+        for blk in range(ch * EXPAND_CHUNK, min(nblk, (ch + 1) * EXPAND_CHUNK)):
+            i = blk * EXPAND_ROWS
+            nb = min(EXPAND_ROWS, n - i)
+            expand_rows(p1, i * r, r, nb, q1, 0, m, block, 0)
+            o = U(i * m)
+            if mode == ADD:
+                for k in range(U(nb * m)):
+                    o1[o + k] += block[k]
+            else:
+                for k in range(U(nb * m)):
+                    o1[o + k] -= block[k]
 
 
 #: the parallel tasks of :func:`expand_segments` (runs of blocks of equal work)

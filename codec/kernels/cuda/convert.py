@@ -192,6 +192,18 @@ def combine(src, out, mode):
 
 
 @jit
+def _add(x, r, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = x[i] + r[i]
+
+
+def add(x, r, out):
+    """``out = x + r`` elementwise in the arrays' dtype (float16 too), one pass."""
+    if x.size:
+        _add[launch(x.size)](x, r, out)
+
+
+@jit
 def _combine_odd(src, out, mode):
     for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
         s = np.float64(src[i])

@@ -25,6 +25,7 @@ import numpy as np
 from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import lowrank as _cpu
 from codec.dtypes import on_device
+from codec.modes import SET, SUB
 from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, dev, launch, mul, per_unit, views_at
 
 cuda = numba_cuda()
@@ -158,7 +159,7 @@ else:
 
 
 @jit
-def _expand(p, qt, out):
+def _expand(p, qt, out, mode):
     n, r = p.shape
     m = qt.shape[1]
     for e in range(cuda.grid(1), n * m, cuda.gridsize(1)):
@@ -167,14 +168,20 @@ def _expand(p, qt, out):
         acc = p[i, 0] * qt[0, j]
         for c in range(1, r):
             acc = _fma(p[i, c], qt[c, j], acc)
-        out[i, j] = acc
+        if mode == SET:
+            out[i, j] = acc
+        elif mode == SUB:
+            out[i, j] -= acc
+        else:
+            out[i, j] += acc
 
 
-def expand(p, qt, out):
-    """``out = P Q^T`` (``qt``: ``Q`` transposed), each element the CPU kernel's chain of fused
-    multiply-adds (a thread per element: adjacent threads read adjacent columns of ``qt``)."""
+def expand(p, qt, out, mode=SET):
+    """``out (=|+=|-=) P Q^T`` (``qt``: ``Q`` transposed), each element of ``P Q^T`` the CPU
+    kernel's chain of fused multiply-adds (a thread per element: adjacent threads read
+    adjacent columns of ``qt``)."""
     if out.size and p.shape[1]:
-        _expand[launch(out.size)](dev(p), dev(qt), out)
+        _expand[launch(out.size)](dev(p), dev(qt), out, mode)
 
 
 def expand_segments(values, vstarts, ns, ms, rs, addrs, like):

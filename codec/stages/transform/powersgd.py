@@ -148,14 +148,15 @@ def _there(where, a):
     return a if on_device(a) else _where(where).put(np.ascontiguousarray(a, where.dtype))
 
 
-def expand(p, q, out) -> None:
-    """``out = P Q^T`` (``out``: n x m, ``P``'s dtype, host or device) in the fixed order of
-    ``lowrank.expand`` (a chain of fused multiply-adds per element), on ``out``'s device:
+def expand(p, q, out, mode: int = SET) -> None:
+    """``out (=|+=|-=) P Q^T`` (``mode``; ``out``: n x m, ``P``'s dtype, host or device), ``P
+    Q^T`` in the fixed order of ``lowrank.expand`` (a chain of fused multiply-adds per
+    element), on ``out``'s device:
     ``P`` (n x r; a host array, put there, or already there) and ``Q`` (m x r, a host array,
     put there transposed).  The decode of a frame's P and Q, and the two-round transport's
     ``P Q^T`` (its residual and its result): the same bits on the host and the device."""
     if out.size:
-        backend("lowrank", out).expand(_there(out, p), _there(out, q.T), out)
+        backend("lowrank", out).expand(_there(out, p), _there(out, q.T), out, mode)
 
 
 @register
@@ -262,7 +263,8 @@ class PowerSGD(Transform):
         """``P Q^T`` into ``out``, in the fixed order of ``lowrank.expand`` (a chain of fused
         multiply-adds per element: what OpenBLAS's kernels computed for earlier versions), on
         ``out``'s device (``P`` and ``Q``, frame content, laid out on the host and moved there).  Stored as is into a
-        float32/float64 ``out`` of the domain's dtype, else formed once in the domain's dtype
+        float32/float64 ``out`` of the domain's dtype (added or subtracted in the same pass
+        for a float32/float64 frame: error feedback's ``acc -= decoded``), else formed once in the domain's dtype
         where ``out`` lives and rounded to a 16-bit frame's dtype and stored or added
         ``CHUNK`` elements at a time (:meth:`emit`)."""
         plan, dtype = payload
@@ -274,8 +276,8 @@ class PowerSGD(Transform):
         mem = _where(out)
         values = mem.host(values)  # (P and Q laid out on the host: r(n + m) values, frame content)
         p, q = values[: n * r].reshape(n, r), values[n * r :].reshape(m, r)
-        if mode == SET and flat.dtype == values.dtype:
-            expand(p, q, flat.reshape(n, m))
+        if flat.dtype == values.dtype and (mode == SET or np.dtype(dtype) in WIDE):  # stored, added or subtracted in one pass
+            expand(p, q, flat.reshape(n, m), mode)
             return
         y = mem.empty((n, m), values.dtype)
         expand(p, q, y)
