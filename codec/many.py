@@ -159,27 +159,35 @@ def encode_step(c, arrays, lay, form: str, dest, *, ctxs=None, feedback=None, jo
     (``plan``): without residuals the codec's own runs code the tensors; with them the runs
     of :func:`codec.runs.feedback_runs` take their step together from their ``acc``
     (``accumulate``), every other tensor its own (``alone``), and once the frame is built
-    ``finish`` completes the step and changes the slots."""
+    ``finish`` completes the step and changes the slots.  A step whose plan was learned is
+    replayed (:mod:`codec.replay`: a run of a codec whose frames are pairs, PowerSGD's
+    tensors each on its own)."""
     groups = None
+    plain = form == "table" and dest is None and not joint  # (a step a replay may take)
     if feedback is not None:
         groups, ctxs = feedback.plan(c, arrays, joint)
     if groups is None:  # the codec's own runs: nothing fed back
         secs, pieces, ran = ([c.sections(arrays[0].reshape(-1), ctxs[0])], None, set()) if joint else sections(c, arrays, ctxs)
     elif groups:  # runs take their step together, every other tensor its own
         inputs, flats, gradients = feedback.accumulate(c, groups)
-        whole = form == "table" and dest is None and len(groups) == 1 and len(groups[0]) == len(arrays) and feedback.replayable(flats)
+        whole = plain and len(groups) == 1 and len(groups[0]) == len(arrays) and feedback.replayable(flats.values())
         got = replay.encode_feedback(c, lay, flats[0], ctxs) if whole else None
         if got is not None:  # (every tensor one run of a codec whose frames are pairs: codec.replay)
             frame, feedback.sent[0] = got
             feedback.finish(c, frame, lay, groups, set(groups[0]), ctxs, joint)
             return frame
         secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, feedback_shape(c, arrays), flats, gradients)
-    else:  # every tensor its own step
+    else:  # every tensor its own step (PowerSGD's replayed, every matrix's products at once: codec.replay)
+        got = replay.encode_lowrank_feedback(c, lay, feedback) if plain else None
+        if got is not None:
+            return got
         secs, pieces, ran = [feedback.alone(i) for i in range(len(arrays))], None, set()
     frame = c.frame_many(secs, lay, form, pieces=pieces, joint=joint, out=dest)
     if feedback is not None:
         if groups and whole and ran == set(groups[0]):
             replay.learn_feedback(c, lay, flats[0], ctxs, frame)
+        elif groups is not None and not groups and plain and feedback.replayable(arrays):
+            replay.learn_lowrank_feedback(c, lay, frame)
         feedback.finish(c, frame, lay, groups, ran, ctxs, joint)
     return frame
 

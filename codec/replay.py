@@ -63,7 +63,7 @@ from codec.ops import remember
 from codec.replaydecode import keyed, lowrank, pairs, reads_as_run, selected
 from codec.replayplan import Replay, learned
 
-__all__ = ["Replay", "decode", "decode_many", "encode", "encode_feedback", "learn_decode", "learn_encode", "learn_feedback", "replayable"]
+__all__ = ["Replay", "decode", "decode_many", "encode", "encode_feedback", "encode_lowrank_feedback", "learn_decode", "learn_encode", "learn_feedback", "learn_lowrank_feedback", "replayable"]
 
 #: plans kept per codec (encoding) and in all (decoding); the oldest goes first
 KEEP = 8
@@ -150,6 +150,36 @@ def learn_feedback(c, lay, flat, ctxs, frame) -> None:
         got = replaydecode.feedback_pairs(plan, flat, ctxs)
         plan = plan if got is not None and got[0] == frame else None
     remember(plans, lay, plan, KEEP)
+
+
+def encode_lowrank_feedback(c, lay, feedback) -> bytes | None:
+    """An error-feedback step of PowerSGD (:func:`lowrank`) replayed
+    (:func:`codec.replaydecode.feedback_lowrank`) when the codec ``c`` has learned the plan
+    of ``lay`` and ``feedback`` (:class:`codec.feedback.runstep.ManyFeedback`, every tensor
+    its own step) may replay: the frame, its slots installed; else None (the general path
+    takes the step)."""
+    plan = c.__dict__.get("_feedback_replays", {}).get(lay)
+    if plan is None or plan.matrices is None or not feedback.replayable(feedback.arrays):
+        return None
+    got = replaydecode.feedback_lowrank(plan, feedback.arrays, feedback.slots)
+    if got is None:
+        return None
+    frame, accs, states = got
+    feedback.install(accs, states)
+    return frame
+
+
+def learn_lowrank_feedback(c, lay, frame) -> None:
+    """After the general path took an error-feedback step of PowerSGD (:func:`lowrank`; every
+    tensor its own step, table form, no ``out``, no momentum) into ``frame``: keep the plan
+    of ``lay`` (its frames' header and where each tensor's values, ``P`` and ``Q`` lie), which
+    the step's replay (:func:`encode_lowrank_feedback`) then codes from."""
+    if not lowrank(c):
+        return
+    plans = c.__dict__.setdefault("_feedback_replays", {})
+    if lay not in plans:
+        plan = learned(c, frame)
+        remember(plans, lay, plan if plan is not None and plan.matrices is not None else None, KEEP)
 
 
 def decode_many(frame, out, parsed, *, codec=None, layout=None, max_elements=None, like=None):

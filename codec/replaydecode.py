@@ -17,8 +17,9 @@ Each takes the plan (a :class:`codec.replayplan.Replay`), the payload (read-only
 arrays' addresses and the arrays, and returns whether it wrote them; False sends the frame
 to the general path, which then refuses and names what it refuses.  The replayed encodes
 are here too: :func:`encode_keyed` (random-k's keys and values), :func:`encode_selected` (the
-other sparsifiers' runs) and :func:`encode_lowrank` (PowerSGD's power iterations in one
-``power_segments`` call); each returns the frame, or None for the general path.  docs/api.md,
+other sparsifiers' runs), :func:`encode_lowrank` (PowerSGD's power iterations in one
+``power_segments`` call) and :func:`feedback_lowrank` (its error-feedback step); each
+returns the frame, or None for the general path.  docs/api.md,
 "Replayed steps".
 """
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from codec.errors import CodecError, CorruptFrameError
 from codec.streams import key_hash
-from codec.modes import SET
+from codec.modes import SET, SUB
 from codec.checksum import crc32c
 from codec.context import Context
 from codec.frame import _CRC, close_header, FLAG_PAYLOAD_CRC32C
@@ -36,12 +37,12 @@ from codec.framebuffer import new_bytes
 from codec.kernels import backend, module
 from codec.layout import LANES
 from codec.manyframe.build import head_of
-from codec.ops import offsets, readonly, scratch
+from codec.ops import add, offsets, readonly, scratch
 from codec.runs import sparse_piece
 from codec.stages.select.magnitude import run_positions, segments_picked
-from codec.stages.transform.powersgd import start_q
+from codec.stages.transform.powersgd import STATE_Q, start_q
 
-__all__ = ["decode_keyed", "decode_lowrank", "decode_pairs", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "keyed", "lowrank", "pairs", "reads_as_run", "selected"]
+__all__ = ["decode_keyed", "decode_lowrank", "decode_pairs", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "feedback_lowrank", "keyed", "lowrank", "pairs", "reads_as_run", "selected"]
 
 
 def selected(c) -> bool:
@@ -315,6 +316,58 @@ def encode_lowrank(plan, found, step: int) -> bytes | None:
         np.copyto(values[a:b], views[t].reshape(-1))
     plan.close(out, crc32c(payload) if plan.crc else None)
     return frame
+
+
+def feedback_lowrank(plan, arrays, slots):
+    """An error-feedback step of PowerSGD replayed (a plan with ``matrices``, learned from a
+    frame of this layout; ``arrays`` the step's gradients in layout order, ``slots`` their
+    keys' slots): each tensor's ``acc = x + residual`` formed in its slot's spare, every
+    matrix's power iteration from its key's starting ``Q`` (its last, warm, or drawn: what
+    the general step's ``start_q`` gives) in one ``power_segments`` call reading the
+    ``acc`` where it lies, the other tensors' ``acc`` copied, under the layout's header and
+    the payload's CRC-32C; then ``acc -= decoded`` (each matrix's ``P Q^T`` subtracted in
+    one pass, ``lowrank.expand`` with SUB; the others' values subtracted from themselves).
+    Bit for bit the general step of each tensor.  Returns ``(frame, accs, states)``, each
+    tensor's new residual and stage state, which the caller installs; None (nothing
+    installed, the spares' contents the only change) when the arrays are not what the plan
+    was learned from or a matrix holds a NaN or inf (the general path then names it)."""
+    if plan.dtype not in (np.float32, np.float64) or len(slots) != len(plan.shapes):
+        return None
+    found = plan._addresses(arrays, False)
+    if found is None:
+        return None
+    tr = plan.codec.transform
+    index, firsts, ns, ms, rs = plan.matrices
+    accs = []
+    for x, s in zip(found[1], slots):
+        acc = s.take_spare()
+        if type(acc) is not np.ndarray or acc.dtype != plan.dtype or not acc.flags.c_contiguous:
+            return None
+        accs.append(add(x, s.residual, acc))
+    states = [dict(s.state) for s in slots]
+    hl = plan.header_len
+    frame, out = new_bytes(plan.size)
+    payload = out[hl:]
+    values = payload.view(plan.dtype)
+    plans = list(zip(index.tolist(), firsts.tolist(), ns.tolist(), ms.tolist(), rs.tolist()))
+    if plans:
+        qs = [start_q(slots[t].state.get(STATE_Q), m, r, plan.dtype, tr.seed, slots[t].key, slots[t].step, tr.warm_start) for t, _, _, m, r in plans]
+        qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs]))
+        picked = readonly(np.array([accs[t].ctypes.data for t, *_ in plans], np.int64))
+        if backend("lowrank", plan.like).power_segments(values, picked, plan.like, firsts, ns, ms, rs, qts, readonly(offsets([q.size for q in qs])), LANES, float(16 * np.finfo(plan.dtype).eps)):
+            return None
+    for t, a, b in plan.values:
+        np.copyto(values[a:b], accs[t].reshape(-1))
+    plan.close(out, crc32c(payload) if plan.crc else None)
+    kern = backend("lowrank", plan.like)
+    for t, v, n, m, r in plans:
+        p, q = values[v : v + n * r].reshape(n, r), values[v + n * r : v + (n + m) * r].reshape(m, r)
+        kern.expand(p, np.ascontiguousarray(q.T), accs[t].reshape(n, m), SUB)
+        if tr.warm_start:
+            states[t][STATE_Q] = q.copy()
+    for t, a, b in plan.values:
+        backend("convert", plan.like).combine(readonly(values[a:b]), accs[t].reshape(-1), SUB)
+    return frame, accs, states
 
 
 def _starting_qs(plan, step: int):

@@ -494,6 +494,51 @@ def test_a_powersgd_step_is_replayed_on_encode(spec, dtype, no_general):
             call()
 
 
+@pytest.mark.parametrize("spec", ["powersgd(rank=4)", "powersgd(rank=2,min_compression_rate=0)", "powersgd(rank=5,warm_start=false,seed=3)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_powersgd_error_feedback_step_is_replayed(spec, dtype, monkeypatch):
+    """``ErrorFeedback(powersgd).encode_many`` replays from its second step (the plan learned
+    from the first frame): ``acc`` formed, every matrix's power iteration from its key's warm
+    (or drawn) ``Q`` in one kernel call, ``acc -= decoded``; frames, residuals, warm ``Q``s and
+    steps bit for bit each tensor's own step's, over steps with heavy tails, keys, an
+    all-zero gradient, a NaN in a tensor passed
+    through (sent as it is) and a matrix beyond a run's size.  A NaN in a matrix goes to the
+    general path, which names it and changes nothing; momentum and an ``out=`` buffer are
+    not replayed."""
+    import pickle
+
+    from codec import replaydecode
+
+    calls = []
+    real = replaydecode.feedback_lowrank
+    monkeypatch.setattr(replaydecode, "feedback_lowrank", lambda *a: calls.append(1) or real(*a))
+    shapes = [*SHAPES, (64, 48), (16, 3, 3, 3), (8, RUN_ELEMENTS // 8 + 1)]
+    keys = [f"k{i}" for i in range(len(shapes))]
+    together, alone = codec.ErrorFeedback(spec), codec.ErrorFeedback(spec)
+    for step in range(5):
+        ts = tensors(dtype, step, shapes)
+        if step == 2:
+            ts["t7"] = np.zeros_like(ts["t7"])  # (acc is its residual alone)
+        if step == 3:
+            ts["t3"] = np.full_like(ts["t3"], np.nan)  # (passed through: its NaN sent as it is)
+        got = codec.decode_many(together.encode_many(ts, keys=keys))
+        for k, key, x in zip(ts, keys, ts.values()):
+            assert got[k].tobytes() == codec.decode(alone.encode(x, key=key)).tobytes(), (step, k)
+        assert pickle.dumps(together.state_dict()) == pickle.dumps(alone.state_dict()), step
+    assert len(calls) == 4  # (the first step learned the plan)
+    before = pickle.dumps(together.state_dict())
+    nan = {**ts, "t8": np.full_like(ts["t8"], np.nan)}
+    with pytest.raises(NonFiniteError, match="t8"):
+        together.encode_many(nan, keys=keys)
+    assert pickle.dumps(together.state_dict()) == before
+    calls.clear()
+    others = [codec.ErrorFeedback(spec, momentum=0.9), codec.ErrorFeedback(spec)]
+    for ef, kw in zip(others, [{}, {"out": bytearray(1 << 22)}]):
+        for step in range(3):
+            ef.encode_many(tensors(dtype, step, shapes), **kw)
+    assert not calls
+
+
 @pytest.mark.parametrize("spec", ["topk(ratio=warmup(0.5,0.1,steps=3))", "topk(k=3)", "gaussiank(ratio=0.2)", "dgc(ratio=0.2)", "topk(ratio=0.2)+fp16"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_an_error_feedback_step_is_replayed(spec, dtype, monkeypatch):

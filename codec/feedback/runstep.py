@@ -144,10 +144,19 @@ class ManyFeedback:
                 ctxs[i] = self.slots[i].context(arrays[i], self.named[i])
         return groups, ctxs
 
-    def replayable(self, flats: dict) -> bool:
-        """Whether the runs' coding may be replayed (:func:`codec.replay.encode_feedback`): no
-        momentum (its masking reads each tensor's sent positions), host arrays."""
-        return not self.step.momentum and not any(on_device(f) for f in flats.values())
+    def replayable(self, arrays) -> bool:
+        """Whether a step over ``arrays`` (the runs' ``acc``, or the gradients) may be replayed
+        (:func:`codec.replay.encode_feedback`, :func:`codec.replay.encode_lowrank_feedback`):
+        residuals, no momentum (its masking reads each tensor's sent positions), host arrays."""
+        return self.step.residuals and not self.step.momentum and not any(on_device(a) for a in arrays)
+
+    def install(self, accs, states) -> None:
+        """A replayed step's end (:func:`codec.replay.encode_lowrank_feedback`): each slot's
+        new residual ``accs[i]`` (its spare, holding ``acc - decoded``) and stage state
+        ``states[i]`` installed, its step counted, in tensor order."""
+        for slot, acc, state in zip(self.slots, accs, states):
+            slot.commit(acc)
+            advance(slot, state)
 
     def alone(self, i: int) -> list:
         """Tensor ``i``'s sections from its own step (its momentum too)."""
