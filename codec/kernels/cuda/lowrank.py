@@ -10,7 +10,7 @@ kernels' fixed order, so a frame made from a device gradient equals the host's b
   ``RANKS`` columns of ``P`` per pass over ``M`` (``M`` is read ``ceil(r / RANKS)`` times).
 * ``expand`` (the decoder's ``P Q^T``): one thread per element, the CPU kernel's chain of
   fused multiply-adds (``cuda.fma``; in the simulator, whose ``fma`` rounds twice, an exact
-  one: :func:`_fma`).  Its kernel is the one whose PTX holds ``fma`` on purpose (``FUSED``).
+  one: :func:`_fma`).  Its kernels (one a dtype) are the ones whose PTX holds ``fma`` on purpose (``FUSED``).
 * ``orthogonalize``: ``P`` is ``n x r`` and frame content, so the stage runs it on the host
   (the CPU kernel, one order for both); this twin copies a device ``P`` there and back.
 
@@ -26,7 +26,7 @@ from codec._cuda_jit import jit, numba_cuda
 from codec.kernels.cpu import lowrank as _cpu
 from codec.dtypes import on_device
 from codec.modes import SET, SUB
-from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, dev, launch, mul, per_unit, views_at
+from codec.kernels.cuda._common import MAX_WIDTH, Results, check_width, dev, launch, mul, mul32, per_unit, views_at
 
 cuda = numba_cuda()
 
@@ -125,7 +125,7 @@ def orthogonalize(p, tiny):
 
 #: the kernels whose fused multiply-adds are their rule (scripts/cuda_compile_check.py
 #: refuses an ``fma`` instruction in any other kernel of codec)
-FUSED = ("_expand",)
+FUSED = ("_expand64", "_expand32")
 
 
 def _simulated() -> bool:
@@ -158,22 +158,32 @@ else:
         return cuda.fma(a, b, c)
 
 
-@jit
-def _expand(p, qt, out, mode):
-    n, r = p.shape
-    m = qt.shape[1]
-    for e in range(cuda.grid(1), n * m, cuda.gridsize(1)):
-        i = e // m
-        j = e - i * m
-        acc = p[i, 0] * qt[0, j]
-        for c in range(1, r):
-            acc = _fma(p[i, c], qt[c, j], acc)
-        if mode == SET:
-            out[i, j] = acc
-        elif mode == SUB:
-            out[i, j] -= acc
-        else:
-            out[i, j] += acc
+def _expander(product, name: str):
+    """The ``expand`` kernel ``name`` whose first term is ``product`` (``mul`` for float64,
+    ``mul32`` for float32): rounded on its own, so NVVM cannot fuse a rank-1 ``P Q^T`` into
+    ``out``'s sum or difference, which the CPU rounds twice."""
+
+    def kernel(p, qt, out, mode):
+        n, r = p.shape
+        m = qt.shape[1]
+        for e in range(cuda.grid(1), n * m, cuda.gridsize(1)):
+            i = e // m
+            j = e - i * m
+            acc = product(p[i, 0], qt[0, j])
+            for c in range(1, r):
+                acc = _fma(p[i, c], qt[c, j], acc)
+            if mode == SET:
+                out[i, j] = acc
+            elif mode == SUB:
+                out[i, j] -= acc
+            else:
+                out[i, j] += acc
+
+    kernel.__name__ = kernel.__qualname__ = name  # (what the compile check finds it by)
+    return jit(kernel)
+
+
+_expand64, _expand32 = _expander(mul, "_expand64"), _expander(mul32, "_expand32")
 
 
 def expand(p, qt, out, mode=SET):
@@ -181,7 +191,7 @@ def expand(p, qt, out, mode=SET):
     kernel's chain of fused multiply-adds (a thread per element: adjacent threads read
     adjacent columns of ``qt``)."""
     if out.size and p.shape[1]:
-        _expand[launch(out.size)](dev(p), dev(qt), out, mode)
+        (_expand64 if np.dtype(out.dtype) == np.float64 else _expand32)[launch(out.size)](dev(p), dev(qt), out, mode)
 
 
 def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
