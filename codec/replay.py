@@ -52,7 +52,12 @@ replays its coding too (``encode_feedback``, learned by ``learn_feedback`` from 
 path's frame of the run's ``acc``): the frame written from the selection's finds in
 ``acc`` and the sent positions, where ``acc - decoded`` is +0.0
 (:func:`codec.replaydecode.feedback_pairs`); the residuals are formed and kept as the
-general path keeps them.  docs/api.md, "Replayed steps".
+general path keeps them.  PowerSGD's error-feedback step (:func:`lowrank`, no momentum,
+every tensor its own step) is replayed whole (``encode_lowrank_feedback``, the plan learned
+by ``learn_lowrank_feedback`` from the general path's frame): every ``acc``, every matrix's
+power iteration from its key's starting ``Q`` in one call, ``acc -= decoded``, then each
+key's residual, ``Q`` and step installed (:func:`codec.replaydecode.feedback_lowrank`).
+docs/api.md, "Replayed steps".
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ class ManyFeedback:
     take their step together (:meth:`accumulate`, then :meth:`finish`); every other tensor,
     and a run the stage declines, takes its own (:meth:`alone`), as
     :meth:`ErrorFeedback.encode` would.  No slot changes until :meth:`finish`, after the
-    frame is built; the caller stores the slots."""
+    frame is built (or :meth:`install`, a replayed step's end); the caller stores the slots."""
 
     def __init__(self, step, slots, named):
         self.step, self.slots, self.named = step, slots, named
