@@ -44,7 +44,7 @@ PREFETCH_LOCALITY = 2
 
 @jit(inline="always")
 def widened(qt, width):
-    """``qt`` in float64 when :func:`codec.kernels.cpu.lowrank._project_rows` takes its lane
+    """``qt`` in float64 when :func:`codec.kernels.cpu._products.project_rows` takes its lane
     sums in registers (rank 1 to :data:`RANKS`, :data:`codec.layout.LANES` lanes, a row of
     at least one block), else an empty array: converted once per matrix, not per chunk of
     rows."""
@@ -85,7 +85,7 @@ def lane_sums(m, i, nrows, qw, block):
     order of ``t``, from 0.0) for the ``nrows`` (1 to :data:`ROWS`) rows ``i + b``, the ranks
     ``c < r`` (``r = qw.shape[0]``, 1 to :data:`RANKS`) and the 64 lanes ``l``, over the rows'
     whole blocks of 64; returns how many of those entries of ``m`` are NaN or infinite.
-    :func:`codec.kernels.cpu.lowrank._project_rows`'s lane loop for a few rows at once, the
+    :func:`codec.kernels.cpu._products.project_rows`'s lane loop for a few rows at once, the
     same sums term for term."""
 
 
@@ -234,7 +234,7 @@ def back_sums(m, p, lo, i0, i1, tile):
     """``tile[c, j] += sum_i m[i, lo + j] * p[i, c]`` (float64, terms in order of ``i`` from
     ``i0`` to ``i1``, added to the tile's sums so far) for the ranks ``c < r`` (``r =
     p.shape[1]``, 1 to :data:`RANKS`) and the :data:`TILE` columns from ``lo``:
-    :func:`codec.kernels.cpu.lowrank._back_project_columns`'s sums for one tile and a block of
+    :func:`codec.kernels.cpu._products.back_columns`'s sums for one tile and a block of
     rows."""
 
 

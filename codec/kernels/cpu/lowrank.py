@@ -21,14 +21,16 @@ depends on neither the BLAS nor its thread count nor the device (docs/kernels.md
 
 Products of float32 values are exact in float64; float64 products are rounded on their own,
 never fused with the sum (the CUDA twin writes them with ``_common.mul``).  A matrix is read
-once per product: at rank <= 8 both could be memory-bound.  At ranks 1 to :data:`RANKS` on
+once per product: at rank <= 8 both could be memory-bound.  At ranks 1 to
+:data:`~codec.kernels.cpu._ranks.RANKS` on
 float32 both products keep their sums in vector registers (LLVM intrinsics emitting
 ``<8 x double>`` multiply-adds of float32 values, exact products, so fused or not
 the same bits on every CPU): ``project`` sums
-:data:`ROWS` rows' lanes at once (:func:`~codec.kernels.cpu._ranks.lane_sums`), ``back_project`` a tile of
+:data:`~codec.kernels.cpu._ranks.ROWS` rows' lanes at once (:func:`~codec.kernels.cpu._ranks.lane_sums`), ``back_project`` a tile of
 :data:`TILE` columns down a block of rows (:func:`~codec.kernels.cpu._ranks.back_sums`); the loops' sums went
 through memory and ran at a third of memory speed (issue 33, twentieth and twenty-first
-stops).
+stops).  Each row's and column's sums are :mod:`codec.kernels.cpu._products`'s, whatever
+piece of the matrix a task gives them.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ import numpy as np
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, view_at
 from codec.kernels.cpu._expand import EXPAND_ROWS, expand_rows
-from codec.kernels.cpu._ranks import RANKS, ROW_BLOCK, ROWS, TILE, back_sums, lane_sums, widened
-from codec.layout import LANES
+from codec.kernels.cpu._products import back_columns, project_rows
+from codec.kernels.cpu._ranks import TILE, widened
 from codec.modes import ADD, SET
 
 __all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments", "power_segments"]
@@ -67,101 +69,8 @@ def project(m, qt, p, width):
     qw = widened(qt, width)
     for ch in prange(nch):
         lanes = np.empty((r, width))
-        bad[ch] = _project_rows(m, qt, qw, p, width, ch * n // nch, (ch + 1) * n // nch, lanes)
+        bad[ch] = project_rows(m, qt, qw, p, width, ch * n // nch, (ch + 1) * n // nch, lanes)
     return bad.sum()
-
-
-@jit(inline="always")
-def _project_rows(m, qt, qw, p, width, lo, hi, lanes):
-    """Rows ``lo:hi`` of :func:`project` (``lanes``: an ``r x width`` float64 scratch);
-    returns how many of their entries are NaN or infinite.  With ``qw`` (``qt`` in float64:
-    :func:`~codec.kernels.cpu._ranks.widened`, at ranks 1 to :data:`RANKS` with
-    :data:`codec.layout.LANES` lanes), each row's lane sums are
-    :func:`~codec.kernels.cpu._ranks.lane_sums`'s; else the loop below (the same sums, term
-    for term)."""
-    if qw.shape[0] > 0:
-        return _project_register_rows(m, qw, p, lo, hi)
-    mm = m.shape[1]
-    r = qt.shape[0]
-    rows = mm // width
-    k = np.int64(0)
-    for i in range(lo, hi):
-        lanes[:] = 0.0
-        for t in range(U(rows)):
-            base = t * U(width)
-            for col in range(U(width)):
-                v = np.float64(m[i, base + col])
-                k += np.int64(not (v - v == 0))
-            for c in range(r):
-                for col in range(U(width)):
-                    lanes[c, col] += np.float64(m[i, base + col]) * np.float64(qt[c, base + col])
-        for j in range(U(rows * width), U(mm)):
-            v = np.float64(m[i, j])
-            k += np.int64(not (v - v == 0))
-        for c in range(r):
-            s = 0.0
-            for col in range(width):
-                s += lanes[c, col]
-            for j in range(U(rows * width), U(mm)):
-                s += np.float64(m[i, j]) * np.float64(qt[c, j])
-            p[i, c] = s
-    return k
-
-
-#: the chains of additions :func:`_project_register_rows` runs side by side (a float64 add's
-#: latency times the adds a core issues per cycle: 4 x 2)
-CHAINS = 8
-
-
-@jit(inline="always")
-def _project_register_rows(m, qw, p, lo, hi):
-    """:func:`_project_rows` with its lane sums in registers
-    (:func:`~codec.kernels.cpu._ranks.lane_sums`, :data:`ROWS` rows at a time), the same
-    sums term for term: each row's and rank's 64 lane sums are then added in order, the
-    chains of the rows' ranks :data:`CHAINS` side by side (one after another, a chain of 64
-    additions cost more than the row's products), then the columns past the whole blocks."""
-    mm = m.shape[1]
-    r = qw.shape[0]
-    tail = mm // LANES * LANES
-    k = np.int64(0)
-    block = np.empty((ROWS * r, LANES))
-    sums = np.empty(ROWS * r)
-    for i in range(lo, hi, ROWS):
-        nb = min(ROWS, hi - i)
-        k += lane_sums(m, i, nb, qw, block)
-        last = nb * r - 1
-        for e in range(0, last + 1, CHAINS):
-            # chains past the last repeat it and are not written
-            e1, e2, e3 = min(e + 1, last), min(e + 2, last), min(e + 3, last)
-            e4, e5, e6, e7 = min(e + 4, last), min(e + 5, last), min(e + 6, last), min(e + 7, last)
-            s0, s1, s2, s3, s4, s5, s6, s7 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-            for col in range(LANES):
-                s0 += block[e, col]
-                s1 += block[e1, col]
-                s2 += block[e2, col]
-                s3 += block[e3, col]
-                s4 += block[e4, col]
-                s5 += block[e5, col]
-                s6 += block[e6, col]
-                s7 += block[e7, col]
-            sums[e] = s0
-            sums[e1] = s1
-            sums[e2] = s2
-            sums[e3] = s3
-            sums[e4] = s4
-            sums[e5] = s5
-            sums[e6] = s6
-            sums[e7] = s7
-        for b in range(nb):
-            for j in range(U(tail), U(mm)):
-                v = np.float64(m[i + b, j])
-                k += np.int64(not (v - v == 0))
-            for c in range(r):
-                s = sums[b * r + c]
-                for j in range(U(tail), U(mm)):
-                    s += np.float64(m[i + b, j]) * qw[c, j]
-                p[i + b, c] = s
-    return k
 
 
 @jit(parallel=True)
@@ -175,39 +84,7 @@ def back_project(m, p, q):
     width = (mm + nblock - 1) // nblock
     width = (width + TILE - 1) // TILE * TILE
     for ch in prange((mm + width - 1) // width):
-        _back_project_columns(m, p, q, ch * width, min(mm, (ch + 1) * width))
-
-
-@jit(inline="always")
-def _back_project_columns(m, p, q, lo, hi):
-    """Columns ``lo:hi`` of :func:`back_project` (their float64 sums in cache).  At ranks 1
-    to :data:`RANKS` on float32, each whole tile of :data:`TILE` columns is
-    :func:`~codec.kernels.cpu._ranks.back_sums`'s; the rest the loop below (the same sums,
-    term for term)."""
-    n = m.shape[0]
-    r = p.shape[1]
-    if 1 <= r <= RANKS and n > 0 and hi - lo >= TILE:
-        # the tiles' sums kept across blocks of ROW_BLOCK rows, so a block's rows stay in
-        # cache while every tile reads them
-        ntile = (hi - lo) // TILE
-        tiles = np.zeros((ntile, r, TILE))
-        for i0 in range(0, n, ROW_BLOCK):
-            for t in range(ntile):
-                back_sums(m, p, lo + t * TILE, i0, min(n, i0 + ROW_BLOCK), tiles[t])
-        for t in range(ntile):
-            for j in range(TILE):
-                for c in range(r):
-                    q[lo + t * TILE + j, c] = tiles[t, c, j]
-        lo += ntile * TILE
-    acc = np.zeros((r, hi - lo))
-    for i in range(n):
-        for c in range(r):
-            pc = np.float64(p[i, c])
-            for j in range(U(lo), U(hi)):
-                acc[c, j - U(lo)] += np.float64(m[i, j]) * pc
-    for j in range(lo, hi):
-        for c in range(r):
-            q[j, c] = acc[c, j - lo]
+        back_columns(m, p, q, ch * width, min(mm, (ch + 1) * width))
 
 
 @jit
@@ -333,8 +210,7 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
             done[blk + 1] = done[blk] + min(EXPAND_ROWS, ns[t] - (blk - blocks[t]) * EXPAND_ROWS) * ms[t]
     tasks = min(nblk, EXPAND_TASKS)
     for task in prange(tasks):
-        first = np.searchsorted(done[:nblk], done[nblk] * task // tasks)
-        last = nblk if task == tasks - 1 else np.searchsorted(done[:nblk], done[nblk] * (task + 1) // tasks)
+        first, last = _task(done, task, tasks)
         for blk in range(first, last):
             t = owner[blk]
             n, m, r = ns[t], ms[t], rs[t]
@@ -407,7 +283,7 @@ def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width,
             p = values[firsts[t] : firsts[t] + n * r].reshape((n, r))
             qt = qts[qstarts[t] : qstarts[t] + r * m].reshape((r, m))
             lanes = np.empty((r, width))
-            bad[k] = _project_rows(mat, qt, widened(qt, width), p, width, j * n // runs, (j + 1) * n // runs, lanes)
+            bad[k] = project_rows(mat, qt, widened(qt, width), p, width, j * n // runs, (j + 1) * n // runs, lanes)
     broken = np.zeros(max(count, 1), np.int64)
     for t in range(count):
         broken[t] = bad[rows[t] : rows[t + 1]].sum()
@@ -436,7 +312,7 @@ def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width,
             mat = view_at(like, addrs[t], n * m).reshape((n, m))
             p = values[firsts[t] : firsts[t] + n * r].reshape((n, r))
             q = values[firsts[t] + n * r : firsts[t] + (n + m) * r].reshape((m, r))
-            _back_project_columns(mat, p, q, lo, min(m, lo + span[t]))
+            back_columns(mat, p, q, lo, min(m, lo + span[t]))
     return broken.sum()
 
 
