@@ -37,7 +37,7 @@ from codec.framebuffer import new_bytes
 from codec.kernels import backend, module
 from codec.layout import LANES
 from codec.manyframe.build import head_of
-from codec.ops import add, offsets, readonly, scratch
+from codec.ops import add, addresses, offsets, readonly, scratch
 from codec.runs import sparse_piece
 from codec.stages.select.magnitude import run_positions, segments_picked
 from codec.stages.transform.powersgd import STATE_Q, start_q
@@ -293,94 +293,99 @@ def _encode_pairs(plan, flat, finds) -> bytes | None:
 
 
 def encode_lowrank(plan, found, step: int) -> bytes | None:
-    """A PowerSGD ``encode_many`` replayed (:func:`lowrank`):
-    every matrix's power iteration in one ``power_segments`` call (bit for bit ``project``,
-    ``orthogonalize`` and ``back_project`` of each), from the ``Q`` a step without error
+    """A PowerSGD ``encode_many`` replayed (:func:`lowrank`): the frame of
+    :func:`_power_frame`, every matrix's power iteration from the ``Q`` a step without error
     feedback starts from (:func:`~codec.stages.transform.powersgd.start_q` with no warm
-    ``Q``: the same every step with ``warm_start``, so the plan keeps them), the other
-    tensors' values copied, under the layout's header and the payload's CRC-32C.  None when
-    a matrix holds a NaN or inf (the general path then names it)."""
-    addrs, views = found
-    index, firsts, ns, ms, rs = plan.matrices
-    hl = plan.header_len
-    frame, out = new_bytes(plan.size)
-    payload = out[hl:]
-    values = payload.view(plan.dtype)  # (every section is whole items of the dtype: Replay)
-    if index.size:
-        picked = addrs[index]
-        picked.flags.writeable = False
-        qts, qstarts, tiny = _starting_qs(plan, step)
-        if backend("lowrank", plan.like).power_segments(values, picked, plan.like, firsts, ns, ms, rs, qts, qstarts, LANES, tiny):
-            return None
-    for t, a, b in plan.values:
-        np.copyto(values[a:b], views[t].reshape(-1))
-    plan.close(out, crc32c(payload) if plan.crc else None)
-    return frame
+    ``Q``: the same every step with ``warm_start``, so the plan keeps them).  None when a
+    matrix holds a NaN or inf (the general path then names it)."""
+    got = _power_frame(plan, *found, lambda: _starting_qs(plan, step))
+    return None if got is None else got[0]
 
 
 def feedback_lowrank(plan, arrays, slots):
     """An error-feedback step of PowerSGD replayed (a plan with ``matrices``, learned from a
     frame of this layout; ``arrays`` the step's gradients in layout order, ``slots`` their
-    keys' slots): each tensor's ``acc = x + residual`` formed in its slot's spare, every
-    matrix's power iteration from its key's starting ``Q`` (its last, warm, or drawn: what
-    the general step's ``start_q`` gives) in one ``power_segments`` call reading the
-    ``acc`` where it lies, the other tensors' ``acc`` copied, under the layout's header and
-    the payload's CRC-32C; then ``acc -= decoded`` (each matrix's ``P Q^T`` subtracted in
-    one pass, ``lowrank.expand`` with SUB; the others' values subtracted from themselves).
-    Bit for bit the general step of each tensor.  Returns ``(frame, accs, states)``, each
-    tensor's new residual and stage state, which the caller installs; None (nothing
-    installed, the spares' contents the only change) when the arrays are not what the plan
-    was learned from or a matrix holds a NaN or inf (the general path then names it)."""
+    keys' slots): each tensor's ``acc = x + residual`` formed in its slot's spare, the frame
+    of :func:`_power_frame` over them, every matrix's power iteration from its key's starting
+    ``Q`` (its last, warm, or drawn: what the general step's ``start_q`` gives); then ``acc
+    -= decoded`` (each matrix's ``P Q^T`` subtracted in one pass, ``lowrank.expand`` with
+    SUB; the others' values subtracted from themselves).  Bit for bit the general step of
+    each tensor.  Returns ``(frame, accs, states)``, each tensor's new residual and stage
+    state, which the caller installs; None (nothing installed, the spares' contents the
+    only change) when the arrays are not what the plan was learned from or a matrix holds a
+    NaN or inf (the general path then names it)."""
     if plan.dtype not in (np.float32, np.float64) or len(slots) != len(plan.shapes):
         return None
     found = plan._addresses(arrays, False)
     if found is None:
         return None
     tr = plan.codec.transform
-    index, firsts, ns, ms, rs = plan.matrices
     accs = []
     for x, s in zip(found[1], slots):
         acc = s.take_spare()
         if type(acc) is not np.ndarray or acc.dtype != plan.dtype or not acc.flags.c_contiguous:
             return None
         accs.append(add(x, s.residual, acc))
+    index, _, _, ms, rs = plan.matrices
+
+    def starts():
+        return _laid_out([start_q(slots[t].state.get(STATE_Q), m, r, plan.dtype, tr.seed, slots[t].key, slots[t].step, tr.warm_start) for t, m, r in zip(index.tolist(), ms.tolist(), rs.tolist())], plan.dtype)
+
+    got = _power_frame(plan, addresses(accs), accs, starts)
+    if got is None:
+        return None
+    frame, values = got
     states = [dict(s.state) for s in slots]
-    hl = plan.header_len
-    frame, out = new_bytes(plan.size)
-    payload = out[hl:]
-    values = payload.view(plan.dtype)
-    plans = list(zip(index.tolist(), firsts.tolist(), ns.tolist(), ms.tolist(), rs.tolist()))
-    if plans:
-        qs = [start_q(slots[t].state.get(STATE_Q), m, r, plan.dtype, tr.seed, slots[t].key, slots[t].step, tr.warm_start) for t, _, _, m, r in plans]
-        qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs]))
-        picked = readonly(np.array([accs[t].ctypes.data for t, *_ in plans], np.int64))
-        if backend("lowrank", plan.like).power_segments(values, picked, plan.like, firsts, ns, ms, rs, qts, readonly(offsets([q.size for q in qs])), LANES, float(16 * np.finfo(plan.dtype).eps)):
-            return None
-    for t, a, b in plan.values:
-        np.copyto(values[a:b], accs[t].reshape(-1))
-    plan.close(out, crc32c(payload) if plan.crc else None)
-    kern = backend("lowrank", plan.like)
-    for t, v, n, m, r in plans:
+    lowrank_kernels, convert = backend("lowrank", plan.like), backend("convert", plan.like)
+    for t, v, n, m, r in zip(*(col.tolist() for col in plan.matrices)):
         p, q = values[v : v + n * r].reshape(n, r), values[v + n * r : v + (n + m) * r].reshape(m, r)
-        kern.expand(p, np.ascontiguousarray(q.T), accs[t].reshape(n, m), SUB)
+        lowrank_kernels.expand(p, np.ascontiguousarray(q.T), accs[t].reshape(n, m), SUB)
         if tr.warm_start:
             states[t][STATE_Q] = q.copy()
     for t, a, b in plan.values:
-        backend("convert", plan.like).combine(readonly(values[a:b]), accs[t].reshape(-1), SUB)
+        convert.combine(readonly(values[a:b]), accs[t].reshape(-1), SUB)
     return frame, accs, states
 
 
+def _power_frame(plan, addrs, tensors, starts):
+    """The frame of a low-rank plan's step: every matrix's power iteration (tensor ``t`` the
+    array at ``addrs[t]``) in one ``power_segments`` call (bit for bit ``project``,
+    ``orthogonalize`` and ``back_project`` of each) from ``starts()`` (the starting ``Q``s
+    laid out, :func:`_laid_out`; asked only when the layout has a matrix), the other
+    tensors' values copied from ``tensors``, under the layout's header and the payload's
+    CRC-32C.  Returns ``(frame, values)`` (the payload's coefficients, in the plan's dtype),
+    or None when a matrix holds a NaN or inf."""
+    index, firsts, ns, ms, rs = plan.matrices
+    frame, out = new_bytes(plan.size)
+    payload = out[plan.header_len :]
+    values = payload.view(plan.dtype)  # (every section is whole items of the dtype: Replay)
+    if index.size:
+        picked = addrs[index]
+        picked.flags.writeable = False
+        qts, qstarts, tiny = starts()
+        if backend("lowrank", plan.like).power_segments(values, picked, plan.like, firsts, ns, ms, rs, qts, qstarts, LANES, tiny):
+            return None
+    for t, a, b in plan.values:
+        np.copyto(values[a:b], tensors[t].reshape(-1))
+    plan.close(out, crc32c(payload) if plan.crc else None)
+    return frame, values
+
+
+def _laid_out(qs, dtype):
+    """Starting ``Q``s as ``power_segments`` takes them: transposed and laid end to end
+    (read-only), their offsets, and ``orthogonalize``'s epsilon guard for ``dtype``."""
+    qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs] or [np.empty(0, dtype)]))
+    return qts, readonly(offsets([q.size for q in qs])), float(16 * np.finfo(dtype).eps)
+
+
 def _starting_qs(plan, step: int):
-    """Every matrix's starting ``Q`` of a step without error feedback, transposed and laid
-    end to end (read-only), their offsets and ``orthogonalize``'s epsilon guard; kept in the
-    plan with ``warm_start`` (the same every step)."""
+    """Every matrix's starting ``Q`` of a step without error feedback, laid out
+    (:func:`_laid_out`); kept in the plan with ``warm_start`` (the same every step)."""
     if plan.power is not None:
         return plan.power
     tr = plan.codec.transform
     _, _, ns, ms, rs = plan.matrices
-    qs = [start_q(None, m, r, plan.dtype, tr.seed, None, step, tr.warm_start) for m, r in zip(ms.tolist(), rs.tolist())]
-    qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs] or [np.empty(0, plan.dtype)]))
-    got = (qts, readonly(offsets([q.size for q in qs])), float(16 * np.finfo(plan.dtype).eps))
+    got = _laid_out([start_q(None, m, r, plan.dtype, tr.seed, None, step, tr.warm_start) for m, r in zip(ms.tolist(), rs.tolist())], plan.dtype)
     if tr.warm_start:
         plan.power = got
     return got
