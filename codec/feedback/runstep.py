@@ -31,7 +31,7 @@ from codec.dtypes import on_device
 from codec.kernels import backend
 from codec.manyframe import parse_many
 from codec.modes import ADD, SUB
-from codec.ops import momentum, offsets, round_to, scatter, zero_at
+from codec.ops import add, momentum, offsets, round_to, scatter, zero_at
 from codec.feedback.step import advance
 from codec.runs import feedback_runs, feedback_shape
 
@@ -101,11 +101,11 @@ def run_acc(xs, slots, device: bool):
         return place
     if r is not None:  # the gradients copied in (one call), the residuals added at once: x + r as each tensor's step adds
         np.concatenate([x.reshape(-1) for x in xs], out=acc)
-        np.add(acc, r, out=acc)
+        add(acc, r, acc)
         return place
     at = 0
     for x, s, size in zip(xs, slots, sizes):
-        np.add(x.reshape(-1), s.residual.reshape(-1), out=acc[at : at + size])
+        add(x.reshape(-1), s.residual.reshape(-1), acc[at : at + size])
         at += size
     return place
 
