@@ -160,8 +160,10 @@ def encode_step(c, arrays, lay, form: str, dest, *, ctxs=None, feedback=None, jo
     of :func:`codec.runs.feedback_runs` take their step together from their ``acc``
     (``accumulate``), every other tensor its own (``alone``), and once the frame is built
     ``finish`` completes the step and changes the slots.  A step whose plan was learned is
-    replayed (:mod:`codec.replay`: a run of a codec whose frames are pairs, PowerSGD's
-    tensors each on its own)."""
+    replayed (:mod:`codec.replay`: a run of a codec whose frames are pairs); PowerSGD's
+    steps, every tensor on its own, are learned here (``learn_lowrank_feedback``) and
+    replayed before the step's inputs are formed
+    (:meth:`~codec.feedback.ErrorFeedback.encode_many`, ``replay.encode_lowrank_feedback``)."""
     groups = None
     plain = form == "table" and dest is None and not joint  # (a step a replay may take)
     if feedback is not None:
@@ -177,10 +179,7 @@ def encode_step(c, arrays, lay, form: str, dest, *, ctxs=None, feedback=None, jo
             feedback.finish(c, frame, lay, groups, set(groups[0]), ctxs, joint)
             return frame
         secs, pieces, ran = sections(c, inputs, ctxs, feedback.alone, feedback_shape(c, arrays), flats, gradients)
-    else:  # every tensor its own step (PowerSGD's replayed, every matrix's products at once: codec.replay)
-        got = replay.encode_lowrank_feedback(c, lay, feedback) if plain else None
-        if got is not None:
-            return got
+    else:  # every tensor its own step (PowerSGD's is replayed before it gets here: ErrorFeedback.encode_many)
         secs, pieces, ran = [feedback.alone(i) for i in range(len(arrays))], None, set()
     frame = c.frame_many(secs, lay, form, pieces=pieces, joint=joint, out=dest)
     if feedback is not None:

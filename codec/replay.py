@@ -67,6 +67,7 @@ from codec.frame import element_limit
 from codec.ops import remember
 from codec.replaydecode import keyed, lowrank, pairs, reads_as_run, selected
 from codec.replayplan import Replay, learned
+from codec.stage import MAX_STEP
 
 __all__ = ["Replay", "decode", "decode_many", "encode", "encode_feedback", "encode_lowrank_feedback", "learn_decode", "learn_encode", "learn_feedback", "learn_lowrank_feedback", "replayable"]
 
@@ -157,34 +158,52 @@ def learn_feedback(c, lay, flat, ctxs, frame) -> None:
     remember(plans, lay, plan, KEEP)
 
 
-def encode_lowrank_feedback(c, lay, feedback) -> bytes | None:
+def encode_lowrank_feedback(c, tensors, keys, slots: dict):
     """An error-feedback step of PowerSGD (:func:`lowrank`) replayed
-    (:func:`codec.replaydecode.feedback_lowrank`) when the codec ``c`` has learned the plan
-    of ``lay`` and ``feedback`` (:class:`codec.feedback.runstep.ManyFeedback`, every tensor
-    its own step) may replay: the frame, its slots installed; else None (the general path
-    takes the step)."""
-    plan = c.__dict__.get("_feedback_replays", {}).get(lay)
-    if plan is None or plan.matrices is None or not feedback.replayable(feedback.arrays):
+    (:func:`codec.replaydecode.feedback_lowrank`) before anything else is checked or formed,
+    as :func:`encode` replays a codec's own step: ``tensors`` and ``keys`` as
+    ``ErrorFeedback.encode_many`` takes them (keys None: the names, or the positions), and
+    ``slots`` its slots by key.  When the codec ``c`` has learned the plan of these names
+    (:func:`learn_lowrank_feedback`), the arrays are what it was learned from and every key
+    has a slot of its tensor's shape and dtype with steps left: ``(frame, slots, accs,
+    states)``, the caller installing each slot's new residual and stage state; else None (the
+    general path takes the step, and raises what it raises)."""
+    plans = c.__dict__.get("_lowrank_feedback")
+    if not plans:
         return None
-    got = replaydecode.feedback_lowrank(plan, feedback.arrays, feedback.slots)
-    if got is None:
+    key, values = _encode_key(tensors, "table")
+    plan = plans.get(key)
+    if plan is None:
         return None
-    frame, accs, states = got
-    feedback.install(accs, states)
-    return frame
+    try:
+        if keys is None:
+            keys = key[1] if type(tensors) is dict else range(len(values))
+        elif type(keys) not in (list, tuple) or len(keys) != len(values) or len(set(keys)) != len(keys):
+            return None
+        got = [slots.get(k) for k in keys]
+    except TypeError:  # (an unhashable key: the general path names it)
+        return None
+    dt = plan.dtype
+    for s, shape in zip(got, plan.shapes):
+        if s is None or s.step > MAX_STEP or s.shape != shape or s.dtype != dt:
+            return None
+    done = replaydecode.feedback_lowrank(plan, values, got)
+    return None if done is None else (done[0], got, done[1], done[2])
 
 
 def learn_lowrank_feedback(c, lay, frame) -> None:
     """After the general path took an error-feedback step of PowerSGD (:func:`lowrank`; every
     tensor its own step, table form, no ``out``, no momentum) into ``frame``: keep the plan
-    of ``lay`` (its frames' header and where each tensor's values, ``P`` and ``Q`` lie), which
-    the step's replay (:func:`encode_lowrank_feedback`) then codes from."""
+    of ``lay`` (its frames' header and where each tensor's values, ``P`` and ``Q`` lie) under
+    its names (or count), as :func:`encode_lowrank_feedback` looks it up."""
     if not lowrank(c):
         return
-    plans = c.__dict__.setdefault("_feedback_replays", {})
-    if lay not in plans:
+    plans = c.__dict__.setdefault("_lowrank_feedback", {})
+    key = ("table", lay.names if lay.names is not None else len(lay))
+    known = plans.get(key)
+    if key not in plans or (known is not None and (known.shapes != tuple(lay.shapes) or known.dtype != lay.dtypes[0])):
         plan = learned(c, frame)
-        remember(plans, lay, plan if plan is not None and plan.matrices is not None else None, KEEP)
+        remember(plans, key, plan if plan is not None and plan.matrices is not None else None, KEEP)
 
 
 def decode_many(frame, out, parsed, *, codec=None, layout=None, max_elements=None, like=None):

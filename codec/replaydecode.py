@@ -37,7 +37,7 @@ from codec.framebuffer import new_bytes
 from codec.kernels import backend, module
 from codec.layout import LANES
 from codec.manyframe.build import head_of
-from codec.ops import add, addresses, offsets, readonly, scratch
+from codec.ops import addresses, offsets, readonly, scratch
 from codec.runs import sparse_piece
 from codec.stages.select.magnitude import run_positions, segments_picked
 from codec.stages.transform.powersgd import STATE_Q, start_q
@@ -296,77 +296,84 @@ def encode_lowrank(plan, found, step: int) -> bytes | None:
     """A PowerSGD ``encode_many`` replayed (:func:`lowrank`): the frame of
     :func:`_power_frame`, every matrix's power iteration from the ``Q`` a step without error
     feedback starts from (:func:`~codec.stages.transform.powersgd.start_q` with no warm
-    ``Q``: the same every step with ``warm_start``, so the plan keeps them).  None when a
-    matrix holds a NaN or inf (the general path then names it)."""
-    got = _power_frame(plan, *found, lambda: _starting_qs(plan, step))
+    ``Q``: the same every step with ``warm_start``, so the plan keeps them), the other
+    tensors' values copied.  None when a matrix holds a NaN or inf (the general path then
+    names it)."""
+    addrs, tensors = found
+
+    def passed(values):
+        for t, a, b in plan.values:
+            np.copyto(values[a:b], tensors[t].reshape(-1))
+
+    got = _power_frame(plan, addrs, lambda: _starting_qs(plan, step), passed)
     return None if got is None else got[0]
 
 
 def feedback_lowrank(plan, arrays, slots):
     """An error-feedback step of PowerSGD replayed (a plan with ``matrices``, learned from a
     frame of this layout; ``arrays`` the step's gradients in layout order, ``slots`` their
-    keys' slots): each tensor's ``acc = x + residual`` formed in its slot's spare, the frame
-    of :func:`_power_frame` over them, every matrix's power iteration from its key's starting
-    ``Q`` (its last, warm, or drawn: what the general step's ``start_q`` gives); then ``acc
-    -= decoded`` (each matrix's ``P Q^T`` subtracted in one pass, ``lowrank.expand`` with
-    SUB; the others' values subtracted from themselves).  Bit for bit the general step of
-    each tensor.  Returns ``(frame, accs, states)``, each tensor's new residual and stage
-    state, which the caller installs; None (nothing installed, the spares' contents the
-    only change) when the arrays are not what the plan was learned from or a matrix holds a
-    NaN or inf (the general path then names it)."""
-    if plan.dtype not in (np.float32, np.float64) or len(slots) != len(plan.shapes):
+    keys' slots), each pass one kernel call for every tensor (the ``feedstep`` family):
+    every ``acc = x + residual`` formed in its slot's spare (``add_segments``); the frame of
+    :func:`_power_frame` over them, every matrix's power iteration from its key's starting
+    ``Q`` (:func:`_warm_qs`), the other tensors' ``acc`` copied into it and subtracted from
+    themselves (``pass_segments``); then every matrix's ``acc -= P Q^T`` in one pass
+    (``lowrank.expand_segments`` with SUB).  Bit for bit the general step of each tensor.
+    Returns ``(frame, accs, states)``, each tensor's new residual and stage state, which the
+    caller installs; None (nothing installed, the spares' contents the only change) when
+    the arrays are not what the plan was learned from, a residual or spare is not a plain
+    C-contiguous array of the dtype, or a matrix holds a NaN or inf (the general path then
+    names it)."""
+    dt = plan.dtype
+    if dt not in (np.float32, np.float64) or len(slots) != len(plan.shapes):
         return None
     found = plan._addresses(arrays, False)
     if found is None:
         return None
-    tr = plan.codec.transform
-    accs = []
-    for x, s in zip(found[1], slots):
-        acc = s.take_spare()
-        if type(acc) is not np.ndarray or acc.dtype != plan.dtype or not acc.flags.c_contiguous:
+    accs, residuals = [s.take_spare() for s in slots], [s.residual for s in slots]
+    for a in accs + residuals:
+        if type(a) is not np.ndarray or a.dtype != dt or not a.flags.c_contiguous:
             return None
-        accs.append(add(x, s.residual, acc))
-    index, _, _, ms, rs = plan.matrices
+    steps = module("feedstep")
+    at = addresses(accs)
+    steps.add_segments(found[0], addresses(residuals), at, plan.starts, plan.like)
+    vt, vstarts, vrun = plan.passing
 
-    def starts():
-        return _laid_out([start_q(slots[t].state.get(STATE_Q), m, r, plan.dtype, tr.seed, slots[t].key, slots[t].step, tr.warm_start) for t, m, r in zip(index.tolist(), ms.tolist(), rs.tolist())], plan.dtype)
+    def passed(values):
+        if vt.size:
+            steps.pass_segments(values, vstarts, readonly(at[vt]), vrun, plan.like)
 
-    got = _power_frame(plan, addresses(accs), accs, starts)
+    got = _power_frame(plan, at, lambda: _warm_qs(plan, slots), passed)
     if got is None:
         return None
     frame, values = got
+    index, firsts, ns, ms, rs = plan.matrices
+    if index.size:
+        backend("lowrank", plan.like).expand_segments(values, firsts, ns, ms, rs, readonly(at[index]), plan.like, SUB)
     states = [dict(s.state) for s in slots]
-    lowrank_kernels, convert = backend("lowrank", plan.like), backend("convert", plan.like)
-    for t, v, n, m, r in zip(*(col.tolist() for col in plan.matrices)):
-        p, q = values[v : v + n * r].reshape(n, r), values[v + n * r : v + (n + m) * r].reshape(m, r)
-        lowrank_kernels.expand(p, np.ascontiguousarray(q.T), accs[t].reshape(n, m), SUB)
-        if tr.warm_start:
-            states[t][STATE_Q] = q.copy()
-    for t, a, b in plan.values:
-        convert.combine(readonly(values[a:b]), accs[t].reshape(-1), SUB)
+    if plan.codec.transform.warm_start:
+        for t, v, n, m, r in zip(*(col.tolist() for col in plan.matrices)):
+            states[t][STATE_Q] = values[v + n * r : v + (n + m) * r].reshape(m, r).copy()
     return frame, accs, states
 
 
-def _power_frame(plan, addrs, tensors, starts):
+def _power_frame(plan, addrs, starts, passed):
     """The frame of a low-rank plan's step: every matrix's power iteration (tensor ``t`` the
     array at ``addrs[t]``) in one ``power_segments`` call (bit for bit ``project``,
     ``orthogonalize`` and ``back_project`` of each) from ``starts()`` (the starting ``Q``s
-    laid out, :func:`_laid_out`; asked only when the layout has a matrix), the other
-    tensors' values copied from ``tensors``, under the layout's header and the payload's
-    CRC-32C.  Returns ``(frame, values)`` (the payload's coefficients, in the plan's dtype),
-    or None when a matrix holds a NaN or inf."""
+    laid out, ``(qts, qstarts, tiny)`` as :func:`_laid_out` gives them; asked only when the
+    layout has a matrix), the other tensors' values written by ``passed(values)``, under the
+    layout's header and the payload's CRC-32C.  Returns ``(frame, values)`` (the payload's
+    coefficients, in the plan's dtype), or None when a matrix holds a NaN or inf."""
     index, firsts, ns, ms, rs = plan.matrices
     frame, out = new_bytes(plan.size)
     payload = out[plan.header_len :]
     values = payload.view(plan.dtype)  # (every section is whole items of the dtype: Replay)
     if index.size:
-        picked = addrs[index]
-        picked.flags.writeable = False
+        picked = readonly(addrs[index])
         qts, qstarts, tiny = starts()
         if backend("lowrank", plan.like).power_segments(values, picked, plan.like, firsts, ns, ms, rs, qts, qstarts, LANES, tiny):
             return None
-    for t, a, b in plan.values:
-        np.copyto(values[a:b], tensors[t].reshape(-1))
+    passed(values)
     plan.close(out, crc32c(payload) if plan.crc else None)
     return frame, values
 
@@ -375,7 +382,38 @@ def _laid_out(qs, dtype):
     """Starting ``Q``s as ``power_segments`` takes them: transposed and laid end to end
     (read-only), their offsets, and ``orthogonalize``'s epsilon guard for ``dtype``."""
     qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs] or [np.empty(0, dtype)]))
-    return qts, readonly(offsets([q.size for q in qs])), float(16 * np.finfo(dtype).eps)
+    return qts, readonly(offsets([q.size for q in qs])), _tiny(dtype)
+
+
+def _tiny(dtype) -> float:
+    """``orthogonalize``'s epsilon guard for ``dtype`` (``powersgd.orthogonalize``'s)."""
+    return float(16 * np.finfo(dtype).eps)
+
+
+def _warm_qs(plan, slots):
+    """Every matrix's starting ``Q`` of an error-feedback step, laid out as :func:`_laid_out`
+    lays them: what :func:`~codec.stages.transform.powersgd.start_q` gives each from its
+    key's state.  With ``warm_start``, every last ``Q`` that is a C-contiguous array of the
+    matrix's shape and dtype is orthonormalised in one ``warm_starts`` call; ``start_q``
+    itself gives the others and those that came out with a zero column (it then draws
+    them)."""
+    index, _, _, ms, rs = plan.matrices
+    tr, dt = plan.codec.transform, plan.dtype
+    rows = list(zip(index.tolist(), ms.tolist(), rs.tolist()))
+    lasts = [slots[t].state.get(STATE_Q) for t, _, _ in rows]
+    if not tr.warm_start:
+        return _laid_out([start_q(q, m, r, dt, tr.seed, slots[t].key, slots[t].step, False) for q, (t, m, r) in zip(lasts, rows)], dt)
+    qstarts, tiny = plan.qstarts, _tiny(dt)
+    warm = np.zeros(len(rows), np.int64)
+    for k, (q, (_, m, r)) in enumerate(zip(lasts, rows)):
+        if type(q) is np.ndarray and q.shape == (m, r) and q.dtype == dt and q.flags.c_contiguous:
+            warm[k] = q.ctypes.data
+    qts = np.empty(int(qstarts[-1]), dt)
+    redo = (warm == 0) | (module("feedstep").warm_starts(readonly(warm), plan.like, ms, rs, qts, qstarts, tiny) != 0)
+    for k in np.flatnonzero(redo).tolist():
+        t, m, r = rows[k]
+        qts[qstarts[k] : qstarts[k + 1]] = start_q(lasts[k], m, r, dt, tr.seed, slots[t].key, slots[t].step, True).T.reshape(-1)
+    return readonly(qts), qstarts, tiny
 
 
 def _starting_qs(plan, step: int):

@@ -39,7 +39,7 @@ class Replay:
     C-contiguous strides and dtype, where each starts in the run, and the dtype of their
     codes (fp16/bf16), or every tensor's section infos (a quantizer's run: ``infos``)."""
 
-    __slots__ = ("codec", "prefix", "head_crc", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo", "pairs")
+    __slots__ = ("codec", "prefix", "head_crc", "header_len", "size", "crc", "names", "shapes", "sizes", "strides", "starts", "dtype", "codes_dtype", "count", "infos", "values", "keys", "kstarts", "matrices", "like", "last", "run", "kept", "spots", "selected", "power", "keyspots", "memo", "pairs", "passing", "qstarts")
 
     def __init__(self, codec, frame, mf, codes_dtype=None):
         lay = mf.layout
@@ -70,6 +70,11 @@ class Replay:
         #: a keyed frame's key bytes in the payload and the last keys that passed
         #: (codec.replaydecode.decode_keyed)
         self.power = self.keyspots = self.memo = self.pairs = None
+        #: a low-rank frame: its pass-through tensors' indices, first values (in items of the
+        #: payload) and offsets in their run, and its matrices' starting Qs' offsets
+        #: (``power_segments``' ``qstarts``): what its error-feedback step
+        #: (codec.replaydecode.feedback_lowrank) hands its kernels
+        self.passing = self.qstarts = None
         if codes_dtype is None and selected(codec):
             # a sparse codec: its encoding (tensors of a run's size, whose selection runs on
             # one thread: codec.replaydecode.encode_selected) takes the run's starts
@@ -94,6 +99,8 @@ class Replay:
             index = [t for t, plan in enumerate(plans) if plan is not None]
             ns, ms, rs = (readonly(np.array(col, np.int64)) for col in zip(*[plans[t] for t in index])) if index else (readonly(np.empty(0, np.int64)),) * 3
             self.matrices = (readonly(np.array(index, np.int64)), readonly(np.array([secs[t][0].offset // item for t in index], np.int64)), ns, ms, rs)
+            self.passing = tuple(readonly(np.array(col, np.int64)) for col in ([t for t, _, _ in self.values], [a for _, a, _ in self.values])) + (readonly(offsets([b - a for _, a, b in self.values])),)
+            self.qstarts = readonly(offsets((ms * rs).tolist()))
         elif codes_dtype is None and reads_as_run(codec):  # what reading the run takes from the layout alone
             self.run = codec.value.run_plan(mf.tensor_sections, list(self.sizes), self.dtype)
         elif codes_dtype is None and codec.select is not None:

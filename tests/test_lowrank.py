@@ -998,9 +998,11 @@ def test_expand_adds_and_subtracts_what_it_stores(dt):
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
 def test_expand_segments_is_expand_of_each_matrix(dt):
-    """Many matrices' ``P Q^T`` in one call, each into its own array (by address), in both
-    twins: bit for bit :func:`expand` of each (1 x 1 at rank 1, odd shapes, ranks 1-5)."""
+    """Many matrices' ``P Q^T`` in one call, each stored into, added to or subtracted from
+    its own array (by address), in both twins: bit for bit :func:`expand` of each with the
+    same mode (1 x 1 at rank 1, odd shapes, ranks 1-5; the outputs heavy-tailed)."""
     from codec.kernels import module
+    from codec.modes import SET
 
     K = module("lowrank")
     rng = np.random.default_rng(2)
@@ -1009,15 +1011,17 @@ def test_expand_segments_is_expand_of_each_matrix(dt):
     vstarts = np.concatenate([[0], np.cumsum([r * (n + m) for n, m, r in plans])]).astype(np.int64)
     ns, ms, rs = (np.array(col, np.int64) for col in zip(*plans))
     for twin in ("serial", "parallel"):
-        outs = [np.full((n, m), np.nan, dt) for n, m, _ in plans]
-        addrs = np.array([o.ctypes.data for o in outs], np.int64)
-        getattr(K.expand_segments, twin)(values, vstarts, ns, ms, rs, addrs, outs[0])
-        for t, (n, m, r) in enumerate(plans):
-            v = values[vstarts[t] : vstarts[t + 1]]
-            p, q = v[: n * r].reshape(n, r), v[n * r :].reshape(m, r)
-            want = np.empty((n, m), dt)
-            K.expand(p, np.ascontiguousarray(q.T), want)
-            assert_same(outs[t], want, f"matrix {t} ({twin})")
+        for mode in (SET, ADD, SUB):
+            before = [(rng.standard_t(2, (n, m)) if mode != SET else np.full((n, m), np.nan)).astype(dt) for n, m, _ in plans]
+            outs = [b.copy() for b in before]
+            addrs = np.array([o.ctypes.data for o in outs], np.int64)
+            getattr(K.expand_segments, twin)(values, vstarts, ns, ms, rs, addrs, outs[0], mode)
+            for t, (n, m, r) in enumerate(plans):
+                v = values[vstarts[t] : vstarts[t + 1]]
+                p, q = v[: n * r].reshape(n, r), v[n * r :].reshape(m, r)
+                want = before[t].copy()
+                K.expand(p, np.ascontiguousarray(q.T), want, mode)
+                assert_same(outs[t], want, f"matrix {t} ({twin}, mode {mode})")
 
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])

@@ -12,11 +12,11 @@ from codec.feedback.slot import Slot
 from codec.frame import parse_frame
 from codec.framebuffer import frame_out
 from codec.feedback.state import check, saved
-from codec import many
+from codec import many, replay
 from codec.context import where
 from codec.many import hashable_key, joined, many_keys
 from codec.feedback.runstep import ManyFeedback
-from codec.feedback.step import Step
+from codec.feedback.step import Step, advance
 from codec.pipeline import Codec, get_codec
 from codec.stage import MAX_STEP
 from codec.device import zeros
@@ -90,6 +90,14 @@ class ErrorFeedback:
         framed with every tensor's shape.
 
         ``out``: a buffer to write the frame into, as for :meth:`encode`."""
+        if not joint and out is None and layout == "table" and self.residuals and not self.momentum:
+            got = replay.encode_lowrank_feedback(self.codec, tensors, keys, self._slots)
+            if got is not None:  # PowerSGD's step replayed (codec.replay): installed as finish would
+                frame, slots, accs, states = got
+                for slot, acc, state in zip(slots, accs, states):
+                    slot.commit(acc)
+                    advance(slot, state)
+                return frame
         names, arrays, lay, dest = many.prepared(self.codec, tensors, out, skip_missing)
         dev = bool(arrays) and on_device(arrays[0])
         if joint:

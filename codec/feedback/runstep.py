@@ -117,7 +117,7 @@ class ManyFeedback:
     take their step together (:meth:`accumulate`, then :meth:`finish`); every other tensor,
     and a run the stage declines, takes its own (:meth:`alone`), as
     :meth:`ErrorFeedback.encode` would.  No slot changes until :meth:`finish`, after the
-    frame is built (or :meth:`install`, a replayed step's end); the caller stores the slots."""
+    frame is built; the caller stores the slots."""
 
     def __init__(self, step, slots, named):
         self.step, self.slots, self.named = step, slots, named
@@ -146,17 +146,9 @@ class ManyFeedback:
 
     def replayable(self, arrays) -> bool:
         """Whether a step over ``arrays`` (the runs' ``acc``, or the gradients) may be replayed
-        (:func:`codec.replay.encode_feedback`, :func:`codec.replay.encode_lowrank_feedback`):
+        (:func:`codec.replay.encode_feedback`, :func:`codec.replay.learn_lowrank_feedback`):
         residuals, no momentum (its masking reads each tensor's sent positions), host arrays."""
         return self.step.residuals and not self.step.momentum and not any(on_device(a) for a in arrays)
-
-    def install(self, accs, states) -> None:
-        """A replayed step's end (:func:`codec.replay.encode_lowrank_feedback`): each slot's
-        new residual ``accs[i]`` (its spare, holding ``acc - decoded``) and stage state
-        ``states[i]`` installed, its step counted, in tensor order."""
-        for slot, acc, state in zip(self.slots, accs, states):
-            slot.commit(acc)
-            advance(slot, state)
 
     def alone(self, i: int) -> list:
         """Tensor ``i``'s sections from its own step (its momentum too)."""

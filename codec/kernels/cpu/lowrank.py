@@ -176,15 +176,18 @@ def _segments_work(values, vstarts, ns, ms, *rest):
 
 
 @jit(parallel=True, work=_segments_work)
-def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
+def expand_segments(values, vstarts, ns, ms, rs, addrs, like, mode=SET):
     """:func:`expand` of many matrices in one call: matrix ``t`` is ``P`` (``ns[t] x rs[t]``)
     then ``Q`` (``ms[t] x rs[t]``), both row-major, from ``values[vstarts[t]:]`` (a frame's
-    coefficients, in the frame's order), and ``P Q^T`` goes into the ``ns[t] x ms[t]`` array
-    of ``like``'s dtype (``values``'s) at the address ``addrs[t]`` (the caller keeps it
-    alive).  Each element is :func:`expand`'s chain, bit for bit.  Every matrix's ``Q`` is
-    first laid out transposed (``r x m``, as :func:`expand` takes it), then one parallel
-    region runs over every matrix's blocks of :data:`EXPAND_ROWS` rows (dispatched by the
-    outputs' size), each :func:`~codec.kernels.cpu._expand.expand_rows`."""
+    coefficients, in the frame's order), and ``P Q^T`` is stored into (``mode`` SET), added
+    to (ADD) or subtracted from (SUB) the ``ns[t] x ms[t]`` array of ``like``'s dtype
+    (``values``'s) at the address ``addrs[t]`` (the caller keeps it alive): a many-tensor
+    decode, or error feedback's ``acc -= decoded``.  Each element is :func:`expand`'s, bit for
+    bit.  Every matrix's ``Q`` is first laid out transposed (``r x m``, as :func:`expand`
+    takes it), then one parallel region runs over every matrix's blocks of
+    :data:`EXPAND_ROWS` rows (dispatched by the outputs' size), each
+    :func:`~codec.kernels.cpu._expand.expand_rows` (with ADD or SUB into a scratch block
+    first, as :func:`expand`)."""
     count = ns.size
     tstarts = np.zeros(count + 1, np.int64)
     blocks = np.zeros(count + 1, np.int64)
@@ -208,16 +211,30 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
         for blk in range(blocks[t], blocks[t + 1]):
             owner[blk] = t
             done[blk + 1] = done[blk] + min(EXPAND_ROWS, ns[t] - (blk - blocks[t]) * EXPAND_ROWS) * ms[t]
+    widest = np.int64(0)
+    for t in range(count):
+        widest = max(widest, ms[t])
     tasks = min(nblk, EXPAND_TASKS)
     for task in prange(tasks):
         first, last = _task(done, task, tasks)
+        block = np.empty(EXPAND_ROWS * widest if mode != SET else 0, values.dtype)
         for blk in range(first, last):
             t = owner[blk]
             n, m, r = ns[t], ms[t], rs[t]
             i = (blk - blocks[t]) * EXPAND_ROWS
             nb = min(EXPAND_ROWS, n - i)
             out = view_at(like, addrs[t], n * m)
-            expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
+            if mode == SET:
+                expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
+                continue
+            expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, block, 0)
+            o = U(i * m)
+            if mode == ADD:
+                for k in range(U(nb * m)):
+                    out[o + k] += block[k]
+            else:
+                for k in range(U(nb * m)):
+                    out[o + k] -= block[k]
 
 
 def _power_work(values, addrs, like, firsts, ns, ms, *rest):

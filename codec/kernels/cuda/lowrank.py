@@ -194,17 +194,17 @@ def expand(p, qt, out, mode=SET):
         (_expand64 if np.dtype(out.dtype) == np.float64 else _expand32)[launch(out.size)](dev(p), dev(qt), out, mode)
 
 
-def expand_segments(values, vstarts, ns, ms, rs, addrs, like):
-    """:func:`expand` of many matrices (see the CPU kernel), matrix ``t`` into the device array
-    of ``like``'s dtype at device address ``addrs[t]``, one launch per matrix (``P`` and ``Q``
-    taken from the host ``values``).  Needs a real device: the simulator cannot view an
-    address (CodecTypeError)."""
+def expand_segments(values, vstarts, ns, ms, rs, addrs, like, mode=SET):
+    """:func:`expand` of many matrices (see the CPU kernel), matrix ``t`` stored into, added to
+    or subtracted from (``mode``) the device array of ``like``'s dtype at device address
+    ``addrs[t]``, one launch per matrix (``P`` and ``Q`` taken from the host ``values``).
+    Needs a real device: the simulator cannot view an address (CodecTypeError)."""
     sizes = np.zeros(len(ns) + 1, np.int64)
     np.cumsum(np.asarray(ns, np.int64) * np.asarray(ms, np.int64), out=sizes[1:])
     for t, _, _, out in views_at(addrs, sizes, like):
         n, m, r, v = int(ns[t]), int(ms[t]), int(rs[t]), int(vstarts[t])
         p, q = values[v : v + n * r].reshape(n, r), values[v + n * r : v + (n + m) * r].reshape(m, r)
-        expand(p, np.ascontiguousarray(q.T), out.reshape(n, m))
+        expand(p, np.ascontiguousarray(q.T), out.reshape(n, m), mode)
 
 
 def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width, tiny):
