@@ -17,9 +17,14 @@ from codec._jit import jit, prange
 
 __all__ = ["block_top", "irfft", "irfft_rows", "magnitudes", "place", "rfft", "rfft_rows"]
 
-#: FFT worker threads (scipy.fft ``workers``): every CPU.  Each 1-D transform runs whole on one
-#: thread, so the result does not depend on the count.
-WORKERS = -1
+def workers() -> int:
+    """FFT worker threads (scipy.fft ``workers``): this process's share of the cores
+    (:func:`codec.threads.budget`, as the parallel kernels take; every core was asked for
+    before, whatever the ranks beside it).  Each 1-D transform runs whole on one thread, so
+    the result does not depend on the count."""
+    from codec import threads
+
+    return threads.budget()
 
 #: a row's magnitudes (float64, >= 0) are binned by the top bits of their bit patterns, which
 #: order like the values: 11 exponent and 4 mantissa bits, 1/16 of a binade per bin
@@ -169,7 +174,7 @@ def rfft(x):
     float32 for float32 rows).  A new array."""
     import scipy.fft
 
-    return scipy.fft.rfft(x, axis=1, workers=WORKERS).view(x.dtype)
+    return scipy.fft.rfft(x, axis=1, workers=workers()).view(x.dtype)
 
 
 def irfft(spec, length):
@@ -179,7 +184,7 @@ def irfft(spec, length):
     import scipy.fft
 
     ctype = np.complex128 if spec.dtype == np.float64 else np.complex64
-    return scipy.fft.irfft(spec.view(ctype), n=length, axis=1, workers=WORKERS)
+    return scipy.fft.irfft(spec.view(ctype), n=length, axis=1, workers=workers())
 
 
 def rfft_rows(x, parts, out):

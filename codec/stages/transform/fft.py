@@ -39,6 +39,12 @@ CHUNK = 1 << 16
 #: the same for a device output: launches, not memory, are what a chunk costs there (one
 #: radix-2 pass is a launch over every row of a chunk)
 DEVICE_CHUNK = 1 << 22
+#: output elements a host inverse transforms per call, a chunk of whole blocks (each chunk's
+#: elements then emitted ``CHUNK`` at a time): pocketfft's workers split a call's rows, and a
+#: call of a few rows cost more on two workers than on one (25M float32 in blocks of 4096,
+#: ``decode(out=)``: 15 rows a call 105-123 ms, 255 rows a call 40 ms; beside two busy
+#: processes 148-155 -> 100-116 ms; issue 33, twenty-third stop)
+ROWS_CHUNK = 1 << 20
 
 
 class Layout:
@@ -273,7 +279,7 @@ class FFT(Transform):
         return RunSpectrum(run, np.concatenate(pos) if pos else np.empty(0, np.int64), np.dtype(dtype)), counts
 
     def inverse(self, payload, values, out, mode):
-        """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements, or
+        """Invert the blocks a chunk of rows at a time (about ``ROWS_CHUNK`` output elements, or
         ``DEVICE_CHUNK`` into a device array), where ``out`` lives: the working memory is the
         chunk's spectrum and inverse, not the tensor's.  Every block is still one inverse
         transform of its whole length, so the result is the unchunked one, bit for bit.  When
@@ -290,7 +296,7 @@ class FFT(Transform):
         if pos is not None:
             pos, vals = readonly(pos), readonly(values)
         for start, length, rows, c, base in lay.parts():
-            step = chunk_rows(length, rows, DEVICE_CHUNK if device else CHUNK)
+            step = chunk_rows(length, rows, DEVICE_CHUNK if device else ROWS_CHUNK)
             buf = None if pos is None else mem.empty((min(step, rows), 2 * c), values.dtype)
             for r0 in range(0, rows, step):
                 r1 = min(rows, r0 + step)
