@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from codec.errors import CodecValueError
 
-__all__ = ["ENV", "LAUNCHER_VARS", "SPINCOUNT", "budget", "local_ranks", "prepare_numba", "refresh", "set_local_ranks", "usable_cores"]
+__all__ = ["ENV", "LAUNCHER_VARS", "SPINCOUNT", "budget", "each", "local_ranks", "prepare_numba", "refresh", "set_local_ranks", "usable_cores"]
 
 #: the one setting: a thread count, or "off"
 ENV = "GRADCODEC_THREADS"
@@ -132,6 +133,56 @@ def _compute() -> int:
 
 #: how long an idle kernel thread spins before it sleeps (GNU OpenMP's unit: spin-loop turns)
 SPINCOUNT = "10000"
+
+
+def each(count: int, work, scratch=lambda: None) -> None:
+    """``work(i, s)`` for every ``i`` in ``range(count)``, on up to :func:`budget` threads (the
+    calling thread one of them), ``s`` each thread's own ``scratch()``: for work that
+    releases the GIL (NumPy, the ``nogil`` kernels, scipy's FFT) in items too small for a
+    parallel kernel of their own.  Each thread takes the next item as it finishes one, so a
+    descheduled thread holds back only the item in its hands: no barrier between items and
+    nothing spinning (helpers are plain threads started for the call, tens of microseconds).
+    Items run in any order, so each must write its own part of the output.  The first
+    exception an item raises is raised once every thread has stopped (the others stop
+    taking items).  Serial (in order, one ``scratch()``) with a budget of one thread, one
+    item, or from inside another call's item."""
+    n = min(budget(), count)
+    if n <= 1 or getattr(_inside, "item", False):
+        s = scratch()
+        for i in range(count):
+            work(i, s)
+        return
+    items = iter(range(count))
+    lock = threading.Lock()
+    errors: list = []
+
+    def loop():
+        _inside.item = True
+        try:
+            s = scratch()
+            while not errors:
+                with lock:
+                    i = next(items, None)
+                if i is None:
+                    return
+                work(i, s)
+        except BaseException as e:  # (stops every thread; raised by the caller)
+            errors.append(e)
+        finally:
+            _inside.item = False
+
+    helpers = [threading.Thread(target=loop, daemon=True) for _ in range(n - 1)]
+    for t in helpers:
+        t.start()
+    loop()
+    for t in helpers:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+#: whether this thread is running an item of :func:`each` (a nested call runs serially)
+_inside = threading.local()
 
 
 def prepare_numba() -> None:

@@ -26,6 +26,7 @@ import pytest
 
 import codec
 import codec.stages.transform.powersgd as psgd
+from codec import threads
 import codec.stages.transform.fft as fftmod
 from codec.dtypes import bfloat16
 from codec.modes import ADD
@@ -98,7 +99,7 @@ def test_fft_decode_memory_is_bounded(dtype, value, theta):
     domain = 8 if dtype == F64 else 4
     coefficients = 2 * k * domain  # the pipeline's buffer of decoded re, im
     positions = 0 if k == lay.coefficients else 8 * k
-    chunks = 6 * CHUNK * domain  # spectrum, inverse, rounding/widening of a chunk, slack
+    chunks = (2 + 4 * threads.budget()) * CHUNK * domain  # per thread a chunk's spectrum, inverse, rounding/widening; slack
     bound = coefficients + positions + chunks
     limit = {0.9: 0.75, 0.0: 2.25 if dtype.itemsize == 2 else 1.1}[theta]
     for what, extra in (("decode", d), ("decode(out=)", o), ("decode_add", a)):
@@ -116,7 +117,7 @@ def test_fft_block_1_decode_memory(dtype):
     x = heavy(n, dtype)
     frame = c.encode(x)
     (d, o, a), nbytes = measure(c, frame, x.shape, dtype)
-    bound = 2 * n * 4 + 6 * CHUNK * 4
+    bound = 2 * n * 4 + (2 + 4 * threads.budget()) * CHUNK * 4
     for what, extra in (("decode", d), ("decode(out=)", o), ("decode_add", a)):
         assert extra <= bound, f"{what}: {extra / 1e6:.1f} MB beyond a {nbytes / 1e6:.1f} MB output, bound {bound / 1e6:.1f} MB"
 

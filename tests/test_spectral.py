@@ -757,23 +757,27 @@ def test_decode_add_rounds_once(frame_dtype, exact_round):
 
 @pytest.mark.parametrize("dt", [F32, F64, F16], ids=["f32", "f64", "f16"])
 def test_the_host_inverse_in_chunks_of_rows_is_the_whole_inverse(dt, monkeypatch):
-    """The host inverse transforms about ``ROWS_CHUNK`` output elements of whole blocks per
-    call: a decode (per-block and global top) and error feedback's ``acc -= decoded`` give
-    the same bits for chunks of one block, of a few and odd counts of blocks, and of the
-    whole tensor (pocketfft's answer for a row does not depend on the rows beside it)."""
+    """The host inverse runs chunks of about ``CHUNK`` output elements of whole blocks on the
+    thread budget's threads, in any order: a decode (per-block and global top) and error
+    feedback's ``acc -= decoded`` give the same bits for chunks of one block, of a few and
+    odd counts of blocks, and of the whole tensor, on one thread and on two (pocketfft's
+    answer for a row does not depend on the rows beside it)."""
+    from codec import threads
     from codec.stages.transform import fft as F
 
     rng = np.random.default_rng(11)
     x = (rng.standard_t(3, 64 * 77 + 9) * 1e-2).astype(dt)
     frames = [codec.get_codec(spec).encode(x) for spec in ("fft(block=64)", "fft(block=64,theta=0.5,keep=global)")]
     got = {}
-    for chunk in (10**9, 1, 64 * 3 + 5, 64 * 10):
-        monkeypatch.setattr(F, "ROWS_CHUNK", chunk)
+    for chunk, budget in ((10**9, 1), (1, 1), (1, 2), (64 * 3 + 5, 2), (64 * 10, 2)):
+        monkeypatch.setattr(F, "CHUNK", chunk)
+        monkeypatch.setattr(threads, "budget", lambda: budget)
         ef = codec.ErrorFeedback("fft(block=64)")
         for step in range(3):
             ef.encode(np.roll(x, step), key="w")
-        got[chunk] = ([codec.decode(f) for f in frames], pickle.dumps(ef.state_dict()))
-    for chunk, (decoded, state) in got.items():
-        for a, b in zip(decoded, got[10**9][0]):
-            assert_same(a, b, f"chunk {chunk}")
-        assert state == got[10**9][1], chunk
+        got[chunk, budget] = ([codec.decode(f) for f in frames], pickle.dumps(ef.state_dict()))
+    whole = got[10**9, 1]
+    for how, (decoded, state) in got.items():
+        for a, b in zip(decoded, whole[0]):
+            assert_same(a, b, f"chunk, threads {how}")
+        assert state == whole[1], how

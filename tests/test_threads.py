@@ -195,3 +195,44 @@ def test_pool_asked_before_numba_loads_is_the_pool_numba_makes():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True).stdout.split()
     assert out == ["1", "1"], out
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_each_runs_every_item_once_on_the_budgets_threads(budget, monkeypatch):
+    """``each``: every item once, each thread with its own scratch, at most the budget's
+    threads (the caller's among them); serial in order with a budget of one, one item, or
+    from inside another call's item; the first exception raised after every thread stops,
+    the other threads taking no item after it."""
+    monkeypatch.setattr(threads, "budget", lambda: budget)
+    done, names, scratches = [], set(), []
+
+    def work(i, s):
+        s.append(i)
+        done.append(i)
+        names.add(threading.current_thread().name)
+
+    def scratch():
+        scratches.append([])
+        return scratches[-1]
+
+    threads.each(40, work, scratch)
+    assert sorted(done) == list(range(40)) and len(names) <= budget
+    assert sorted(i for s in scratches for i in s) == list(range(40)) and len(scratches) <= budget
+    if budget == 1:
+        assert done == list(range(40)) and names == {threading.current_thread().name}
+    done.clear()
+    threads.each(3, lambda i, s: threads.each(4, lambda j, t: done.append((i, j))))  # (nested: serial inside an item)
+    assert sorted(done) == [(i, j) for i in range(3) for j in range(4)]
+    for i in range(3):  # (each nested call in order, on its item's thread)
+        assert [j for a, j in done if a == i] == [0, 1, 2, 3]
+    done.clear()
+
+    def fail(i, s):
+        done.append(i)
+        if i == 5:
+            raise KeyError("five")
+
+    with pytest.raises(KeyError, match="five"):
+        threads.each(10_000, fail)
+    assert 5 in done and len(done) < 10_000
+    threads.each(0, fail)  # (no items: nothing runs)

@@ -17,7 +17,7 @@ from codec._jit import jit, prange
 
 __all__ = ["block_top", "irfft", "irfft_rows", "magnitudes", "place", "rfft", "rfft_rows"]
 
-def workers() -> int:
+def _workers() -> int:
     """FFT worker threads (scipy.fft ``workers``): this process's share of the cores
     (:func:`codec.threads.budget`, as the parallel kernels take; every core was asked for
     before, whatever the ranks beside it).  Each 1-D transform runs whole on one thread, so
@@ -174,17 +174,19 @@ def rfft(x):
     float32 for float32 rows).  A new array."""
     import scipy.fft
 
-    return scipy.fft.rfft(x, axis=1, workers=workers()).view(x.dtype)
+    return scipy.fft.rfft(x, axis=1, workers=_workers()).view(x.dtype)
 
 
-def irfft(spec, length):
+def irfft(spec, length, threads=None):
     """The inverse of :func:`rfft`: ``rows x length`` real values of ``spec``'s dtype from the
     float view ``rows x 2c`` of each row's ``c = length//2 + 1`` coefficients (the imaginary
-    parts of the first, and of the last when ``length`` is even, are ignored).  A new array."""
+    parts of the first, and of the last when ``length`` is even, are ignored).  A new array.
+    ``threads``: scipy's workers (default :func:`_workers`; 1 from a caller that runs its
+    chunks on threads of its own)."""
     import scipy.fft
 
     ctype = np.complex128 if spec.dtype == np.float64 else np.complex64
-    return scipy.fft.irfft(spec.view(ctype), n=length, axis=1, workers=workers())
+    return scipy.fft.irfft(spec.view(ctype), n=length, axis=1, workers=_workers() if threads is None else threads)
 
 
 def rfft_rows(x, parts, out):

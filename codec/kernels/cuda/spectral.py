@@ -38,8 +38,9 @@ def rfft(x):
     return out
 
 
-def irfft(spec, length):
-    """The CPU kernel's ``irfft`` on the device (:mod:`codec.kernels.cuda._fft`)."""
+def irfft(spec, length, threads=None):
+    """The CPU kernel's ``irfft`` on the device (:mod:`codec.kernels.cuda._fft`; ``threads``,
+    the host's FFT workers, means nothing here)."""
     rows = spec.shape[0]
     out = cuda.device_array((rows, length), spec.dtype)
     _fft.transform(spec.reshape(spec.size), out.reshape(out.size), ((0, length, rows, 2 * (length // 2 + 1), 0, length),), 1)

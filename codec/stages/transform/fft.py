@@ -23,6 +23,7 @@ from codec.errors import CodecValueError
 from codec.frame import MAX_ELEMENTS, raw_length, SectionKind
 from codec.params import Param
 from codec.stage import Bound, Transform, register
+from codec import threads
 from codec.device import concat, host_copy, Memory
 from codec.dtypes import on_device
 from codec.kernels import backend
@@ -32,19 +33,15 @@ from codec.stages.select.magnitude import Magnitudes, raise_nonfinite
 
 #: output elements (and spectrum floats) the inverse transform handles at a time: a chunk of
 #: whole blocks, one block when a block is longer.  Decoding's working memory beside the
-#: coefficients is a few chunks.  Below ``codec._jit.PARALLEL_MIN``, so a chunk's kernels run
-#: serially: one parallel region per chunk cost up to a scheduler slice each on a busy
-#: machine (2**18-element chunks: 0.1 s -> 2 s for 20M elements on 2 loaded cores)
+#: coefficients is a few chunks per thread.  Below ``codec._jit.PARALLEL_MIN``, so a chunk's
+#: kernels run serially: one parallel region per chunk cost up to a scheduler slice each on
+#: a busy machine (2**18-element chunks: 0.1 s -> 2 s for 20M elements on 2 loaded cores);
+#: the host's chunks run on the thread budget's threads instead, each taking the next chunk
+#: (``codec.threads.each``), each transform on one worker
 CHUNK = 1 << 16
 #: the same for a device output: launches, not memory, are what a chunk costs there (one
 #: radix-2 pass is a launch over every row of a chunk)
 DEVICE_CHUNK = 1 << 22
-#: output elements a host inverse transforms per call, a chunk of whole blocks (each chunk's
-#: elements then emitted ``CHUNK`` at a time): pocketfft's workers split a call's rows, and a
-#: call of a few rows cost more on two workers than on one (25M float32 in blocks of 4096,
-#: ``decode(out=)``: 15 rows a call 105-123 ms, 255 rows a call 40 ms; beside two busy
-#: processes 148-155 -> 100-116 ms; issue 33, twenty-third stop)
-ROWS_CHUNK = 1 << 20
 
 
 class Layout:
@@ -279,9 +276,11 @@ class FFT(Transform):
         return RunSpectrum(run, np.concatenate(pos) if pos else np.empty(0, np.int64), np.dtype(dtype)), counts
 
     def inverse(self, payload, values, out, mode):
-        """Invert the blocks a chunk of rows at a time (about ``ROWS_CHUNK`` output elements, or
-        ``DEVICE_CHUNK`` into a device array), where ``out`` lives: the working memory is the
-        chunk's spectrum and inverse, not the tensor's.  Every block is still one inverse
+        """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements, or
+        ``DEVICE_CHUNK`` into a device array), where ``out`` lives: the working memory is a
+        chunk's spectrum and inverse per thread, not the tensor's.  On the host the chunks
+        run on the thread budget's threads (``codec.threads.each``: each takes the next chunk,
+        its transform on one worker).  Every block is still one inverse
         transform of its whole length, so the result is the unchunked one, bit for bit.  When
         every coefficient is kept (``pos`` None), ``values`` is the spectrum itself and is
         transformed in place of a copy (on the host)."""
@@ -296,9 +295,10 @@ class FFT(Transform):
         if pos is not None:
             pos, vals = readonly(pos), readonly(values)
         for start, length, rows, c, base in lay.parts():
-            step = chunk_rows(length, rows, DEVICE_CHUNK if device else ROWS_CHUNK)
-            buf = None if pos is None else mem.empty((min(step, rows), 2 * c), values.dtype)
-            for r0 in range(0, rows, step):
+            step = chunk_rows(length, rows, DEVICE_CHUNK if device else CHUNK)
+
+            def chunk(i, buf):
+                r0 = i * step
                 r1 = min(rows, r0 + step)
                 lo, hi = base + r0 * c, base + r1 * c
                 if pos is None:
@@ -307,9 +307,17 @@ class FFT(Transform):
                     spec = buf[: r1 - r0]
                     p0, p1 = np.searchsorted(pos, (lo, hi))
                     kern.place(spec, lo, pos[p0:p1], vals[2 * p0 : 2 * p1])
-                y = kern.irfft(readonly(spec), length)
+                y = kern.irfft(readonly(spec), length, None if device else 1)  # (a host chunk's transform on its thread alone)
                 emit_chunked(self, y.reshape(y.size), flat[start + r0 * length : start + r1 * length], mode, dtype, DEVICE_CHUNK if device else CHUNK)
-                y = None
+
+            count = -(-rows // step)
+            scratch = (lambda: None) if pos is None else (lambda: mem.empty((min(step, rows), 2 * c), values.dtype))
+            if device:
+                buf = scratch()
+                for i in range(count):
+                    chunk(i, buf)
+            else:  # (each chunk writes its own rows of out)
+                threads.each(count, chunk, scratch)
 
 
 class RunLayout:
