@@ -202,11 +202,12 @@ def rfft_rows(x, parts, out):
             np.lib.stride_tricks.as_strided(out[o0:], got.shape, (ostep * out.itemsize, out.itemsize))[...] = got
 
 
-def irfft_rows(spec, parts, out):
+def irfft_rows(spec, parts, out, threads=None):
     """:func:`irfft` of rows of flat ``spec`` into flat ``out``, as :func:`rfft_rows` (``in
-    at`` and ``in step`` count ``spec``'s floats, ``out at`` and ``out step`` ``out``'s)."""
+    at`` and ``in step`` count ``spec``'s floats, ``out at`` and ``out step`` ``out``'s;
+    ``threads`` as :func:`irfft` takes it)."""
     for i0, length, rows, istep, o0, ostep in np.asarray(parts, np.int64).reshape(-1, 6).tolist():
         if rows and length:
             c = length // 2 + 1
-            got = irfft(np.ascontiguousarray(np.lib.stride_tricks.as_strided(spec[i0:], (rows, 2 * c), (istep * spec.itemsize, spec.itemsize))), length)
+            got = irfft(np.ascontiguousarray(np.lib.stride_tricks.as_strided(spec[i0:], (rows, 2 * c), (istep * spec.itemsize, spec.itemsize))), length, threads)
             np.lib.stride_tricks.as_strided(out[o0:], got.shape, (ostep * out.itemsize, out.itemsize))[...] = got

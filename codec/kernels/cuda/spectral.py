@@ -53,8 +53,9 @@ def rfft_rows(x, parts, out):
     _fft.transform(x, out, np.asarray(parts, np.int64).reshape(-1, 6).tolist(), 0)
 
 
-def irfft_rows(spec, parts, out):
-    """The CPU kernel's ``irfft_rows`` on the device (see :func:`rfft_rows`)."""
+def irfft_rows(spec, parts, out, threads=None):
+    """The CPU kernel's ``irfft_rows`` on the device (see :func:`rfft_rows`; ``threads`` means
+    nothing here)."""
     _fft.transform(spec, out, np.asarray(parts, np.int64).reshape(-1, 6).tolist(), 1)
 
 

@@ -276,29 +276,38 @@ class FFT(Transform):
         return RunSpectrum(run, np.concatenate(pos) if pos else np.empty(0, np.int64), np.dtype(dtype)), counts
 
     def inverse(self, payload, values, out, mode):
-        """Invert the blocks a chunk of rows at a time (about ``CHUNK`` output elements, or
-        ``DEVICE_CHUNK`` into a device array), where ``out`` lives: the working memory is a
-        chunk's spectrum and inverse per thread, not the tensor's.  On the host the chunks
-        run on the thread budget's threads (``codec.threads.each``: each takes the next chunk,
-        its transform on one worker).  Every block is still one inverse
-        transform of its whole length, so the result is the unchunked one, bit for bit.  When
-        every coefficient is kept (``pos`` None), ``values`` is the spectrum itself and is
-        transformed in place of a copy (on the host)."""
-        if isinstance(payload, RunSpectrum):
-            payload.inverse(self, values, out, mode)
-            return
-        lay, pos, dtype = payload
+        """Invert the blocks a chunk at a time, where ``out`` lives: the working memory is a
+        chunk's spectrum and inverse (per thread on the host), not the tensor's.  Every block
+        is still one inverse transform of its whole length, so the result is the unchunked
+        one, bit for bit.  When every coefficient is kept (``pos`` None), ``values`` is the
+        spectrum itself and is transformed in place of a copy (on the host).
+
+        On the host (:meth:`_host_inverse`) a tensor's blocks, or every tensor's of a run
+        (:class:`RunSpectrum`), go in chunks of about ``CHUNK`` output elements on the
+        thread budget's threads.  Into a device array, a tensor's rows go ``DEVICE_CHUNK``
+        output elements at a time, and a run's in one ``irfft_rows`` launch or a few."""
         device = on_device(out)
+        if isinstance(payload, RunSpectrum):
+            if device:
+                payload.inverse(self, values, out, mode)
+                return
+            run, pos, dtype = payload.run, payload.pos, payload.dtype
+            parts = [(s + start, length, rows, c, cb + base) for lay, s, cb in zip(run.lays, run.starts, run.cbase) for start, length, rows, c, base in lay.parts()]
+        else:
+            lay, pos, dtype = payload
+            parts = list(lay.parts())
+        if pos is not None:
+            pos, values = readonly(pos), readonly(values)
+        if not device:
+            self._host_inverse(parts, pos, values, out.reshape(out.size), mode, dtype)
+            return
         mem = Memory(device)
         kern = backend("spectral", out)
         flat = out.reshape(out.size)
-        if pos is not None:
-            pos, vals = readonly(pos), readonly(values)
-        for start, length, rows, c, base in lay.parts():
-            step = chunk_rows(length, rows, DEVICE_CHUNK if device else CHUNK)
-
-            def chunk(i, buf):
-                r0 = i * step
+        for start, length, rows, c, base in parts:
+            step = chunk_rows(length, rows, DEVICE_CHUNK)
+            buf = None if pos is None else mem.empty((min(step, rows), 2 * c), values.dtype)
+            for r0 in range(0, rows, step):
                 r1 = min(rows, r0 + step)
                 lo, hi = base + r0 * c, base + r1 * c
                 if pos is None:
@@ -306,18 +315,65 @@ class FFT(Transform):
                 else:
                     spec = buf[: r1 - r0]
                     p0, p1 = np.searchsorted(pos, (lo, hi))
-                    kern.place(spec, lo, pos[p0:p1], vals[2 * p0 : 2 * p1])
-                y = kern.irfft(readonly(spec), length, None if device else 1)  # (a host chunk's transform on its thread alone)
-                emit_chunked(self, y.reshape(y.size), flat[start + r0 * length : start + r1 * length], mode, dtype, DEVICE_CHUNK if device else CHUNK)
+                    kern.place(spec, lo, pos[p0:p1], values[2 * p0 : 2 * p1])
+                y = kern.irfft(readonly(spec), length)
+                emit_chunked(self, y.reshape(y.size), flat[start + r0 * length : start + r1 * length], mode, dtype, DEVICE_CHUNK)
+                y = None
 
-            count = -(-rows // step)
-            scratch = (lambda: None) if pos is None else (lambda: mem.empty((min(step, rows), 2 * c), values.dtype))
-            if device:
-                buf = scratch()
-                for i in range(count):
-                    chunk(i, buf)
-            else:  # (each chunk writes its own rows of out)
-                threads.each(count, chunk, scratch)
+    def _host_inverse(self, parts, pos, values, flat, mode, dtype):
+        """:meth:`inverse` into the host's ``flat``: ``parts`` (first element, length, rows,
+        coefficients per row, first coefficient; elements and coefficients each lying end to
+        end, a tensor's or a run's) cut into pieces of whole rows of at most ``CHUNK``
+        elements and spectrum floats (:func:`chunk_rows`), consecutive pieces grouped into
+        chunks of at most that much.  A chunk's kept coefficients are placed in its zero
+        spectrum (``place`` over it as one row), its rows inverted (``irfft_rows``, on its
+        thread's one worker), its elements emitted; the chunks run on the thread budget's
+        threads (``codec.threads.each``: each takes the next chunk; no barrier between
+        chunks, nothing spinning), each writing its own elements of ``flat``."""
+        kern = backend("spectral", flat)
+        chunks, rows_of = [], []  # (first element, elements, first coefficient, coefficients), its irfft_rows table
+
+        def close():
+            if rows_of:
+                e0, c0 = rows_of[0][4], rows_of[0][0]
+                last = rows_of[-1]
+                chunks.append((e0, last[4] + last[2] * last[1] - e0, c0, last[0] + last[2] * last[3] - c0, np.array([(2 * (cs - c0), n, r, 2 * c, es - e0, n) for cs, n, r, c, es in rows_of], np.int64)))
+                rows_of.clear()
+
+        size = 0
+        for start, length, rows, c, base in parts:
+            step = chunk_rows(length, rows, CHUNK)
+            for r0 in range(0, rows, step):
+                r = min(step, rows - r0)
+                work = r * max(length, 2 * c)
+                if rows_of and size + work > CHUNK:
+                    close()
+                    size = 0
+                rows_of.append((base + r0 * c, length, r, c, start + r0 * length))
+                size += work
+        close()
+        widest = max((max(ne, 2 * nc) for _, ne, _, nc, _ in chunks), default=0)
+
+        def chunk(i, bufs):
+            e0, ne, c0, nc, table = chunks[i]
+            if pos is None:
+                spec = values[2 * c0 : 2 * (c0 + nc)]
+            else:
+                spec = bufs[0][: 2 * nc]
+                p0, p1 = np.searchsorted(pos, (c0, c0 + nc))
+                kern.place(spec.reshape(1, 2 * nc), c0, pos[p0:p1], values[2 * p0 : 2 * p1])
+            if table.shape[0] == 1:  # (one piece: its inverse emitted as it is)
+                _, n, r, w, _, _ = table[0].tolist()
+                y = kern.irfft(readonly(spec).reshape(r, w), n, 1).reshape(ne)
+            else:
+                if bufs[1] is None:
+                    bufs[1] = np.empty(widest, values.dtype)
+                y = bufs[1][:ne]
+                kern.irfft_rows(readonly(spec), table, y, 1)
+            emit_chunked(self, y, flat[e0 : e0 + ne], mode, dtype, CHUNK)
+
+        # (a thread's spectrum, when it is not ``values`` itself, and its chunks' inverse, made when a chunk has several pieces)
+        threads.each(len(chunks), chunk, lambda: [None if pos is None else np.empty(widest, values.dtype), None])
 
 
 class RunLayout:
@@ -349,10 +405,11 @@ class RunSpectrum:
         self.run, self.pos, self.dtype = run, pos, dtype
 
     def inverse(self, stage, values, out, mode):
-        """The run's concatenation into flat ``out`` (``stage.emit``, ``mode``): the kept
-        coefficients placed in the run's zero spectrum (``place`` over it as one row), every
-        block of every tensor inverted together (``irfft_rows``: on a device one launch for
-        rows of up to ``ROW_M``).  A block's inverse is that of its tensor alone, bit for bit."""
+        """The run's concatenation into flat device ``out`` (``stage.emit``, ``mode``): the
+        kept coefficients placed in the run's zero spectrum (``place`` over it as one row),
+        every block of every tensor inverted together (``irfft_rows``: one launch for rows of
+        up to ``ROW_M``).  A block's inverse is that of its tensor alone, bit for bit.  (On
+        the host, :meth:`FFT.inverse` inverts a run chunk by chunk, as it does a tensor.)"""
         mem = Memory(on_device(out))
         kern = backend("spectral", out)
         total = self.run.cbase[-1]
