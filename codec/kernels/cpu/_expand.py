@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from codec._jit import jit
 from codec.kernels.cpu._common import U, fma
+from codec.modes import ADD
 
 #: rows :func:`expand_rows` writes at once (each value of ``Q`` loaded once for all of them:
 #: one row at a time read 4 rows of ``Q`` per row written, from L2, and took ResNet-50's 54
@@ -126,3 +127,16 @@ def _expand_row(coef, p, r, qt, q, m, row):
             for j in range(U(m)):
                 row[j] = fma(a3, qt[b3 + j], fma(a2, qt[b2 + j], fma(a1, qt[b1 + j], fma(a0, qt[b0 + j], row[j]))))
         c += k
+
+
+@jit(inline="always")
+def apply_block(block, out, o, count, mode):
+    """``out[o + k] (+|-)= block[k]`` for ``k < count`` (``mode`` ADD, else SUB): a block of
+    rows written through a scratch block into ``out`` (``expand``'s and ``expand_segments``'
+    ADD and SUB), each element rounded once more."""
+    if mode == ADD:
+        for k in range(U(count)):
+            out[U(o) + k] += block[k]
+    else:
+        for k in range(U(count)):
+            out[U(o) + k] -= block[k]

@@ -6,7 +6,7 @@ float64) at an address (``_common.view_at``; the caller keeps the arrays alive),
 bundled sample's PowerSGD step made three calls for each of its eight tensors).
 
 * ``add_segments``: every tensor's ``acc = x + residual``, each element as ``convert.add``
-  forms it, in chunks of the run (so one parallel pass for a whole model).
+  forms it, in pieces cut at the run's chunks (so one parallel pass for a whole model).
 * ``pass_segments``: the tensors a frame carries as they are (PowerSGD's 1-D and small
   tensors): each ``acc`` copied into its place in the frame's values, then ``acc -=`` what
   was copied (``acc - acc``: zero, or NaN where ``acc`` is not finite), what error
@@ -24,9 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, chunk_segments, chunks, view_at
+from codec.kernels.cpu._common import U, run_pieces, view_at
 from codec.kernels.cpu.lowrank import orthogonalize
-from codec.layout import CHUNK
 
 __all__ = ["add_segments", "pass_segments", "warm_starts"]
 
@@ -41,38 +40,30 @@ def _run_work(*args):
 def add_segments(xs, rs, accs, starts, like):
     """``acc = x + residual`` of every tensor: the arrays at ``accs[t]`` from those at
     ``xs[t]`` and ``rs[t]``, each element ``x[i] + r[i]`` rounded once in the dtype (what
-    ``convert.add`` writes), in chunks of the whole run."""
-    n = starts[starts.size - 1] if starts.size else 0
-    for c in prange(chunks(n)):
-        lo = c * CHUNK
-        rows = chunk_segments(starts, lo, min(n, lo + CHUNK))
-        for j in range(rows.shape[0]):
-            t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
-            size = starts[t + 1] - starts[t]
-            x = view_at(like, xs[t], size)
-            r = view_at(like, rs[t], size)
-            o = view_at(like, accs[t], size)
-            for i in range(U(a - starts[t]), U(b - starts[t])):
-                o[i] = x[i] + r[i]
+    ``convert.add`` writes), in pieces cut at the run's chunks (``_common.run_pieces``)."""
+    rows = run_pieces(starts)
+    for k in prange(rows.shape[0]):
+        t, a, b = rows[k, 0], rows[k, 1], rows[k, 2]
+        s, size = starts[t], starts[t + 1] - starts[t]
+        x, r, o = view_at(like, xs[t], size), view_at(like, rs[t], size), view_at(like, accs[t], size)
+        for i in range(U(a - s), U(b - s)):
+            o[i] = x[i] + r[i]
 
 
 @jit(parallel=True, work=_run_work)
 def pass_segments(values, vstarts, accs, starts, like):
     """The tensors a frame carries as they are: the array at ``accs[t]`` copied to
     ``values[vstarts[t]:]`` (the frame's values, in ``like``'s dtype), then that array minus
-    what was copied (``acc - acc``, each element as ``convert.combine`` with SUB gives it)."""
-    n = starts[starts.size - 1] if starts.size else 0
-    for c in prange(chunks(n)):
-        lo = c * CHUNK
-        rows = chunk_segments(starts, lo, min(n, lo + CHUNK))
-        for j in range(rows.shape[0]):
-            t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
-            s = starts[t]
-            o = view_at(like, accs[t], starts[t + 1] - s)
-            v = vstarts[t]
-            for i in range(a - s, b - s):
-                values[v + i] = o[i]
-                o[i] -= values[v + i]
+    what was copied (``acc - acc``, each element as ``convert.combine`` with SUB gives it),
+    in pieces cut at the run's chunks."""
+    rows = run_pieces(starts)
+    for k in prange(rows.shape[0]):
+        t, a, b = rows[k, 0], rows[k, 1], rows[k, 2]
+        s, v = starts[t], vstarts[t]
+        o = view_at(like, accs[t], starts[t + 1] - s)
+        for i in range(a - s, b - s):
+            values[v + i] = o[i]
+            o[i] -= values[v + i]
 
 
 @jit

@@ -39,10 +39,10 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, view_at
-from codec.kernels.cpu._expand import EXPAND_ROWS, expand_rows
+from codec.kernels.cpu._expand import EXPAND_ROWS, apply_block, expand_rows
 from codec.kernels.cpu._products import back_columns, project_rows
 from codec.kernels.cpu._ranks import TILE, widened
-from codec.modes import ADD, SET
+from codec.modes import SET
 
 __all__ = ["project", "back_project", "orthogonalize", "expand", "expand_segments", "power_segments"]
 
@@ -156,13 +156,7 @@ def expand(p, qt, out, mode=SET):
             i = blk * EXPAND_ROWS
             nb = min(EXPAND_ROWS, n - i)
             expand_rows(p1, i * r, r, nb, q1, 0, m, block, 0)
-            o = U(i * m)
-            if mode == ADD:
-                for k in range(U(nb * m)):
-                    o1[o + k] += block[k]
-            else:
-                for k in range(U(nb * m)):
-                    o1[o + k] -= block[k]
+            apply_block(block, o1, i * m, nb * m, mode)
 
 
 #: the parallel tasks of :func:`expand_segments` (runs of blocks of equal work)
@@ -228,13 +222,7 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like, mode=SET):
                 expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, out, i * m)
                 continue
             expand_rows(values, vstarts[t] + i * r, r, nb, qt, tstarts[t], m, block, 0)
-            o = U(i * m)
-            if mode == ADD:
-                for k in range(U(nb * m)):
-                    out[o + k] += block[k]
-            else:
-                for k in range(U(nb * m)):
-                    out[o + k] -= block[k]
+            apply_block(block, out, i * m, nb * m, mode)
 
 
 def _power_work(values, addrs, like, firsts, ns, ms, *rest):
