@@ -761,23 +761,30 @@ def test_the_host_inverse_in_chunks_of_rows_is_the_whole_inverse(dt, monkeypatch
     thread budget's threads, in any order: a decode (per-block and global top) and error
     feedback's ``acc -= decoded`` give the same bits for chunks of one block, of a few and
     odd counts of blocks, and of the whole tensor, on one thread and on two (pocketfft's
-    answer for a row does not depend on the rows beside it)."""
+    answer for a row does not depend on the rows beside it); the frames and a NaN's name do
+    not depend on them either."""
     from codec import threads
     from codec.stages.transform import fft as F
 
     rng = np.random.default_rng(11)
     x = (rng.standard_t(3, 64 * 77 + 9) * 1e-2).astype(dt)
-    frames = [codec.get_codec(spec).encode(x) for spec in ("fft(block=64)", "fft(block=64,theta=0.5,keep=global)")]
+    specs = ("fft(block=64)", "fft(block=64,theta=0.5,keep=global)")
     got = {}
     for chunk, budget in ((10**9, 1), (1, 1), (1, 2), (64 * 3 + 5, 2), (64 * 10, 2)):
         monkeypatch.setattr(F, "CHUNK", chunk)
         monkeypatch.setattr(threads, "budget", lambda: budget)
+        frames = [codec.get_codec(spec).encode(x) for spec in specs]
         ef = codec.ErrorFeedback("fft(block=64)")
         for step in range(3):
             ef.encode(np.roll(x, step), key="w")
-        got[chunk, budget] = ([codec.decode(f) for f in frames], pickle.dumps(ef.state_dict()))
+        got[chunk, budget] = (frames, [codec.decode(f) for f in frames], pickle.dumps(ef.state_dict()))
+        bad = x.copy()
+        bad[-70] = np.nan
+        with pytest.raises(ValueError, match=str(x.size - 70)):
+            codec.get_codec(specs[0]).encode(bad)
     whole = got[10**9, 1]
-    for how, (decoded, state) in got.items():
-        for a, b in zip(decoded, whole[0]):
+    for how, (frames, decoded, state) in got.items():
+        assert frames == whole[0], how
+        for a, b in zip(decoded, whole[1]):
             assert_same(a, b, f"chunk, threads {how}")
-        assert state == whole[1], how
+        assert state == whole[2], how
