@@ -28,6 +28,7 @@ import codec
 import codec.stages.transform.powersgd as psgd
 from codec import threads
 import codec.stages.transform.fft as fftmod
+import codec.stages.transform.fftinverse as fftinverse
 from codec.dtypes import bfloat16
 from codec.modes import ADD
 from codec.ops import round_to, store
@@ -41,7 +42,7 @@ DT_IDS = ["f16", "bf16", "f32", "f64"]
 #: an odd size, not a multiple of the 4096 block nor of the chunk: 16 chunks of float16 output (8 MB)
 N = (1 << 22) + 4097 + 3
 #: the inverse's chunk (output elements)
-CHUNK = getattr(fftmod, "CHUNK", 1 << 18)
+CHUNK = fftinverse.CHUNK
 
 
 def heavy(n: int, dtype, seed: int = 0) -> np.ndarray:

@@ -195,7 +195,7 @@ def rfft_rows(x, parts, out):
     at, out step``: row ``r`` of a part is ``x[in at + r*in step :][:length]`` and its
     ``2*(length//2 + 1)`` floats go to ``out[out at + r*out step :]``.  Each row's result is
     :func:`rfft`'s for it (pocketfft's answer for a row does not depend on the rows beside
-    it, see ``codec.stages.transform.fft.chunk_rows``)."""
+    it, see ``codec.stages.transform.fftinverse.chunk_rows``)."""
     for i0, length, rows, istep, o0, ostep in np.asarray(parts, np.int64).reshape(-1, 6).tolist():
         if rows and length:
             got = rfft(np.lib.stride_tricks.as_strided(x[i0:], (rows, length), (istep * x.itemsize, x.itemsize)))

@@ -23,25 +23,14 @@ from codec.errors import CodecValueError
 from codec.frame import MAX_ELEMENTS, raw_length, SectionKind
 from codec.params import Param
 from codec.stage import Bound, Transform, register
-from codec import threads
 from codec.device import concat, host_copy, Memory
 from codec.dtypes import on_device
 from codec.kernels import backend
 from codec.ops import first_nonfinite, offsets, readonly, widen
 from codec.pack import decode_indices, encode_indices, index_bound, index_segments
 from codec.stages.select.magnitude import Magnitudes, raise_nonfinite
+from codec.stages.transform.fftinverse import RunSpectrum, invert
 
-#: output elements (and spectrum floats) the inverse transform handles at a time: a chunk of
-#: whole blocks, one block when a block is longer.  Decoding's working memory beside the
-#: coefficients is a few chunks per thread.  Below ``codec._jit.PARALLEL_MIN``, so a chunk's
-#: kernels run serially: one parallel region per chunk cost up to a scheduler slice each on
-#: a busy machine (2**18-element chunks: 0.1 s -> 2 s for 20M elements on 2 loaded cores);
-#: the host's chunks run on the thread budget's threads instead, each taking the next chunk
-#: (``codec.threads.each``), each transform on one worker
-CHUNK = 1 << 16
-#: the same for a device output: launches, not memory, are what a chunk costs there (one
-#: radix-2 pass is a launch over every row of a chunk)
-DEVICE_CHUNK = 1 << 22
 
 
 class Layout:
@@ -276,104 +265,11 @@ class FFT(Transform):
         return RunSpectrum(run, np.concatenate(pos) if pos else np.empty(0, np.int64), np.dtype(dtype)), counts
 
     def inverse(self, payload, values, out, mode):
-        """Invert the blocks a chunk at a time, where ``out`` lives: the working memory is a
-        chunk's spectrum and inverse (per thread on the host), not the tensor's.  Every block
-        is still one inverse transform of its whole length, so the result is the unchunked
-        one, bit for bit.  When every coefficient is kept (``pos`` None), ``values`` is the
-        spectrum itself and is transformed in place of a copy (on the host).
-
-        On the host (:meth:`_host_inverse`) a tensor's blocks, or every tensor's of a run
-        (:class:`RunSpectrum`), go in chunks of about ``CHUNK`` output elements on the
-        thread budget's threads.  Into a device array, a tensor's rows go ``DEVICE_CHUNK``
-        output elements at a time, and a run's in one ``irfft_rows`` launch or a few."""
-        device = on_device(out)
-        if isinstance(payload, RunSpectrum):
-            if device:
-                payload.inverse(self, values, out, mode)
-                return
-            run, pos, dtype = payload.run, payload.pos, payload.dtype
-            parts = [(s + start, length, rows, c, cb + base) for lay, s, cb in zip(run.lays, run.starts, run.cbase) for start, length, rows, c, base in lay.parts()]
-        else:
-            lay, pos, dtype = payload
-            parts = list(lay.parts())
-        if pos is not None:
-            pos, values = readonly(pos), readonly(values)
-        if not device:
-            self._host_inverse(parts, pos, values, out.reshape(out.size), mode, dtype)
-            return
-        mem = Memory(device)
-        kern = backend("spectral", out)
-        flat = out.reshape(out.size)
-        for start, length, rows, c, base in parts:
-            step = chunk_rows(length, rows, DEVICE_CHUNK)
-            buf = None if pos is None else mem.empty((min(step, rows), 2 * c), values.dtype)
-            for r0 in range(0, rows, step):
-                r1 = min(rows, r0 + step)
-                lo, hi = base + r0 * c, base + r1 * c
-                if pos is None:
-                    spec = mem.put(values[2 * lo : 2 * hi].reshape(r1 - r0, 2 * c))
-                else:
-                    spec = buf[: r1 - r0]
-                    p0, p1 = np.searchsorted(pos, (lo, hi))
-                    kern.place(spec, lo, pos[p0:p1], values[2 * p0 : 2 * p1])
-                y = kern.irfft(readonly(spec), length)
-                emit_chunked(self, y.reshape(y.size), flat[start + r0 * length : start + r1 * length], mode, dtype, DEVICE_CHUNK)
-                y = None
-
-    def _host_inverse(self, parts, pos, values, flat, mode, dtype):
-        """:meth:`inverse` into the host's ``flat``: ``parts`` (first element, length, rows,
-        coefficients per row, first coefficient; elements and coefficients each lying end to
-        end, a tensor's or a run's) cut into pieces of whole rows of at most ``CHUNK``
-        elements and spectrum floats (:func:`chunk_rows`), consecutive pieces grouped into
-        chunks of at most that much.  A chunk's kept coefficients are placed in its zero
-        spectrum (``place`` over it as one row), its rows inverted (``irfft_rows``, on its
-        thread's one worker), its elements emitted; the chunks run on the thread budget's
-        threads (``codec.threads.each``: each takes the next chunk; no barrier between
-        chunks, nothing spinning), each writing its own elements of ``flat``."""
-        kern = backend("spectral", flat)
-        chunks, rows_of = [], []  # (first element, elements, first coefficient, coefficients), its irfft_rows table
-
-        def close():
-            if rows_of:
-                e0, c0 = rows_of[0][4], rows_of[0][0]
-                last = rows_of[-1]
-                chunks.append((e0, last[4] + last[2] * last[1] - e0, c0, last[0] + last[2] * last[3] - c0, np.array([(2 * (cs - c0), n, r, 2 * c, es - e0, n) for cs, n, r, c, es in rows_of], np.int64)))
-                rows_of.clear()
-
-        size = 0
-        for start, length, rows, c, base in parts:
-            step = chunk_rows(length, rows, CHUNK)
-            for r0 in range(0, rows, step):
-                r = min(step, rows - r0)
-                work = r * max(length, 2 * c)
-                if rows_of and size + work > CHUNK:
-                    close()
-                    size = 0
-                rows_of.append((base + r0 * c, length, r, c, start + r0 * length))
-                size += work
-        close()
-        widest = max((max(ne, 2 * nc) for _, ne, _, nc, _ in chunks), default=0)
-
-        def chunk(i, bufs):
-            e0, ne, c0, nc, table = chunks[i]
-            if pos is None:
-                spec = values[2 * c0 : 2 * (c0 + nc)]
-            else:
-                spec = bufs[0][: 2 * nc]
-                p0, p1 = np.searchsorted(pos, (c0, c0 + nc))
-                kern.place(spec.reshape(1, 2 * nc), c0, pos[p0:p1], values[2 * p0 : 2 * p1])
-            if table.shape[0] == 1:  # (one piece: its inverse emitted as it is)
-                _, n, r, w, _, _ = table[0].tolist()
-                y = kern.irfft(readonly(spec).reshape(r, w), n, 1).reshape(ne)
-            else:
-                if bufs[1] is None:
-                    bufs[1] = np.empty(widest, values.dtype)
-                y = bufs[1][:ne]
-                kern.irfft_rows(readonly(spec), table, y, 1)
-            emit_chunked(self, y, flat[e0 : e0 + ne], mode, dtype, CHUNK)
-
-        # (a thread's spectrum, when it is not ``values`` itself, and its chunks' inverse, made when a chunk has several pieces)
-        threads.each(len(chunks), chunk, lambda: [None if pos is None else np.empty(widest, values.dtype), None])
+        """Invert the blocks a chunk at a time, where ``out`` lives
+        (:func:`codec.stages.transform.fftinverse.invert`): the working memory is a chunk's
+        spectrum and inverse, not the tensor's, and the result the unchunked one, bit for
+        bit."""
+        invert(self, payload, values, out, mode)
 
 
 class RunLayout:
@@ -395,47 +291,6 @@ class RunLayout:
                 elements, coefficients = (s + start, length), (2 * (cb + base), 2 * c)
                 rows.append((elements[0], length, count, elements[1], *coefficients) if forward else (coefficients[0], length, count, coefficients[1], *elements))
         return np.array(rows, np.int64).reshape(-1, 6)
-
-
-class RunSpectrum:
-    """What :meth:`FFT.read_segments` reads of a run of tensors: its :class:`RunLayout`, the
-    kept positions in the run's spectrum (sorted, checked) and the frame's dtype."""
-
-    def __init__(self, run: RunLayout, pos, dtype):
-        self.run, self.pos, self.dtype = run, pos, dtype
-
-    def inverse(self, stage, values, out, mode):
-        """The run's concatenation into flat device ``out`` (``stage.emit``, ``mode``): the
-        kept coefficients placed in the run's zero spectrum (``place`` over it as one row),
-        every block of every tensor inverted together (``irfft_rows``: one launch for rows of
-        up to ``ROW_M``).  A block's inverse is that of its tensor alone, bit for bit.  (On
-        the host, :meth:`FFT.inverse` inverts a run chunk by chunk, as it does a tensor.)"""
-        mem = Memory(on_device(out))
-        kern = backend("spectral", out)
-        total = self.run.cbase[-1]
-        spectrum = mem.empty((1, 2 * total), values.dtype)
-        if total:
-            kern.place(spectrum, 0, readonly(self.pos), readonly(values))
-        y = mem.empty(self.run.starts[-1], values.dtype)
-        kern.irfft_rows(readonly(spectrum.reshape(2 * total)), self.run.parts(forward=False), y)
-        emit_chunked(stage, y, out.reshape(out.size), mode, self.dtype, DEVICE_CHUNK if mem.device else CHUNK)
-
-
-def chunk_rows(length: int, rows: int, chunk: int = CHUNK) -> int:
-    """Rows of ``length`` elements the inverse transforms at a time: at most ``chunk`` output
-    elements and spectrum floats (``2*(length//2 + 1)`` a row), at least one row.  Each row
-    is one whole inverse transform; pocketfft's result for a row does not depend on which
-    rows share the call (checked for lengths 1 to 65537, arbitrary row ranges, 1-3 workers),
-    nor does the device's (a fixed order per row)."""
-    return min(max(1, chunk // max(length, 2 * (length // 2 + 1))), max(rows, 1))
-
-
-def emit_chunked(stage, y, out, mode, dtype, chunk: int = CHUNK) -> None:
-    """``stage.emit`` of flat ``y`` into flat ``out``, ``chunk`` elements at a time: rounding
-    to a 16-bit dtype and adding are elementwise, so the result is the unchunked one, and the
-    temporaries are those of a chunk."""
-    for i in range(0, y.size, chunk):
-        stage.emit(y[i : i + chunk], out[i : i + chunk], mode, dtype)
 
 
 def _largest_gap(kept) -> int:
