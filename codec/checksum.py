@@ -4,7 +4,8 @@ A frame's payload CRC-32C (docs/format.md) is one pass over the payload: the ``c
 package's SSE4.2 instruction runs at about 16 GB/s on one core, 3 ms for the 50 MB of an fp16
 frame of 25M values, as much as the conversion itself.  :func:`crc32c` splits a large buffer
 into one part per thread of the budget (``codec.threads.budget()``), checksums the parts at
-once in a small thread pool (the package releases the GIL with ``gil_release_mode=1``), and
+once on the budget's threads (``codec.threads.each``; the package releases the GIL with
+``gil_release_mode=1``, the kernels always), and
 joins them with :func:`combine`, the CRC algebra of zlib's ``crc32_combine`` for the
 Castagnoli polynomial.  The value is the CRC-32C of the whole buffer, bit for bit, whatever
 the thread count.  Where the CPU folds 256-byte blocks with VPCLMULQDQ
@@ -14,9 +15,7 @@ checksummed by the kernels' CRC instead of the package (about 60 GB/s on one cor
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 
 import crc32c as _crc32c
 
@@ -27,8 +26,6 @@ PARALLEL_MIN = 8 << 20
 #: the reflected Castagnoli polynomial
 POLY = 0x82F63B78
 
-_lock = threading.Lock()
-_pool = None
 _ZEROS = None  # uint32[64, 32]: row k, the 32x32 GF(2) operator of appending 2**k zero bytes
 
 
@@ -55,8 +52,7 @@ def zero_operators():
             ops[k] = op
             op = times(op, op)
         ops.flags.writeable = False
-        with _lock:
-            _ZEROS = ops
+        _ZEROS = ops  # (two threads computing it at once set the same value)
     return _ZEROS
 
 
@@ -82,27 +78,6 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     return crc1 ^ crc2
 
 
-def _forget_pool() -> None:
-    """In a forked child the pool's threads are gone: start a new pool there on first use."""
-    global _pool, _lock
-    _pool, _lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _workers():
-    global _pool
-    if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with _lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gradcodec-crc")
-    return _pool
-
-
 def crc32c(buf, value: int = 0) -> int:
     """CRC-32C (Castagnoli) of ``buf`` (a contiguous bytes-like object), continuing from the
     CRC ``value`` of the bytes before it: ``crc32c.crc32c(buf, value)``'s result, on up to
@@ -117,10 +92,16 @@ def crc32c(buf, value: int = 0) -> int:
         return _part(mv, value)
     step = -(-n // parts)
     cuts = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
-    futures = [_workers().submit(_part, mv[lo:hi], 0) for lo, hi in cuts[1:]]
-    crc = _part(mv[cuts[0][0] : cuts[0][1]], value)  # the first part on this thread
-    for (lo, hi), f in zip(cuts[1:], futures):
-        crc = combine(crc, f.result(), hi - lo)
+    crcs = [0] * len(cuts)
+
+    def part(i, _):
+        lo, hi = cuts[i]
+        crcs[i] = _part(mv[lo:hi], value if i == 0 else 0)
+
+    threads.each(len(cuts), part)
+    crc = crcs[0]
+    for (lo, hi), c in zip(cuts[1:], crcs[1:]):
+        crc = combine(crc, c, hi - lo)
     return crc
 
 

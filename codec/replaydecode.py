@@ -37,10 +37,10 @@ from codec.framebuffer import new_bytes
 from codec.kernels import backend, module
 from codec.layout import LANES
 from codec.manyframe.build import head_of
-from codec.ops import addresses, offsets, readonly, scratch
+from codec.ops import addresses, readonly, scratch
 from codec.runs import sparse_piece
 from codec.stages.select.magnitude import run_positions, segments_picked
-from codec.stages.transform.powersgd import STATE_Q, start_q
+from codec.stages.transform.powersgd import STATE_Q, start_q, tiny
 
 __all__ = ["decode_keyed", "decode_lowrank", "decode_pairs", "decode_run", "encode_keyed", "encode_lowrank", "encode_selected", "feedback_lowrank", "keyed", "lowrank", "pairs", "reads_as_run", "selected"]
 
@@ -360,7 +360,7 @@ def _power_frame(plan, addrs, starts, passed):
     """The frame of a low-rank plan's step: every matrix's power iteration (tensor ``t`` the
     array at ``addrs[t]``) in one ``power_segments`` call (bit for bit ``project``,
     ``orthogonalize`` and ``back_project`` of each) from ``starts()`` (the starting ``Q``s
-    laid out, ``(qts, qstarts, tiny)`` as :func:`_laid_out` gives them; asked only when the
+    laid out, ``(qts, qstarts, guard)`` as :func:`_laid_out` gives them; asked only when the
     layout has a matrix), the other tensors' values written by ``passed(values)``, under the
     layout's header and the payload's CRC-32C.  Returns ``(frame, values)`` (the payload's
     coefficients, in the plan's dtype), or None when a matrix holds a NaN or inf."""
@@ -378,16 +378,12 @@ def _power_frame(plan, addrs, starts, passed):
     return frame, values
 
 
-def _laid_out(qs, dtype):
+def _laid_out(plan, qs):
     """Starting ``Q``s as ``power_segments`` takes them: transposed and laid end to end
-    (read-only), their offsets, and ``orthogonalize``'s epsilon guard for ``dtype``."""
-    qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs] or [np.empty(0, dtype)]))
-    return qts, readonly(offsets([q.size for q in qs])), _tiny(dtype)
-
-
-def _tiny(dtype) -> float:
-    """``orthogonalize``'s epsilon guard for ``dtype`` (``powersgd.orthogonalize``'s)."""
-    return float(16 * np.finfo(dtype).eps)
+    (read-only), their offsets (the plan's ``qstarts``), and ``orthogonalize``'s epsilon
+    guard for the plan's dtype."""
+    qts = readonly(np.concatenate([q.T.reshape(-1) for q in qs] or [np.empty(0, plan.dtype)]))
+    return qts, plan.qstarts, tiny(plan.dtype)
 
 
 def _warm_qs(plan, slots):
@@ -402,18 +398,18 @@ def _warm_qs(plan, slots):
     rows = list(zip(index.tolist(), ms.tolist(), rs.tolist()))
     lasts = [slots[t].state.get(STATE_Q) for t, _, _ in rows]
     if not tr.warm_start:
-        return _laid_out([start_q(q, m, r, dt, tr.seed, slots[t].key, slots[t].step, False) for q, (t, m, r) in zip(lasts, rows)], dt)
-    qstarts, tiny = plan.qstarts, _tiny(dt)
+        return _laid_out(plan, [start_q(q, m, r, dt, tr.seed, slots[t].key, slots[t].step, False) for q, (t, m, r) in zip(lasts, rows)])
+    qstarts, guard = plan.qstarts, tiny(dt)
     warm = np.zeros(len(rows), np.int64)
     for k, (q, (_, m, r)) in enumerate(zip(lasts, rows)):
         if type(q) is np.ndarray and q.shape == (m, r) and q.dtype == dt and q.flags.c_contiguous:
             warm[k] = q.ctypes.data
     qts = np.empty(int(qstarts[-1]), dt)
-    redo = (warm == 0) | (module("feedstep").warm_starts(readonly(warm), plan.like, ms, rs, qts, qstarts, tiny) != 0)
+    redo = (warm == 0) | (module("feedstep").warm_starts(readonly(warm), plan.like, ms, rs, qts, qstarts, guard) != 0)
     for k in np.flatnonzero(redo).tolist():
         t, m, r = rows[k]
         qts[qstarts[k] : qstarts[k + 1]] = start_q(lasts[k], m, r, dt, tr.seed, slots[t].key, slots[t].step, True).T.reshape(-1)
-    return readonly(qts), qstarts, tiny
+    return readonly(qts), qstarts, guard
 
 
 def _starting_qs(plan, step: int):
@@ -423,7 +419,7 @@ def _starting_qs(plan, step: int):
         return plan.power
     tr = plan.codec.transform
     _, _, ns, ms, rs = plan.matrices
-    got = _laid_out([start_q(None, m, r, plan.dtype, tr.seed, None, step, tr.warm_start) for m, r in zip(ms.tolist(), rs.tolist())], plan.dtype)
+    got = _laid_out(plan, [start_q(None, m, r, plan.dtype, tr.seed, None, step, tr.warm_start) for m, r in zip(ms.tolist(), rs.tolist())])
     if tr.warm_start:
         plan.power = got
     return got

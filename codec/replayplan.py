@@ -71,9 +71,9 @@ class Replay:
         #: (codec.replaydecode.decode_keyed)
         self.power = self.keyspots = self.memo = self.pairs = None
         #: a low-rank frame: its pass-through tensors' indices, first values (in items of the
-        #: payload) and offsets in their run, and its matrices' starting Qs' offsets
-        #: (``power_segments``' ``qstarts``): what its error-feedback step
-        #: (codec.replaydecode.feedback_lowrank) hands its kernels
+        #: payload) and offsets in their run (what its error-feedback step hands
+        #: ``pass_segments``), and its matrices' starting Qs' offsets (``power_segments``'
+        #: ``qstarts``, in every replayed encode: codec.replaydecode)
         self.passing = self.qstarts = None
         if codes_dtype is None and selected(codec):
             # a sparse codec: its encoding (tensors of a run's size, whose selection runs on

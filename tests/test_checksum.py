@@ -77,15 +77,15 @@ def test_large_frames_carry_the_crc_of_their_payload(monkeypatch):
             (codec.decode if codec.inspect(frame)["format_version"] == 1 else codec.decode_many)(bytes(bad))
 
 
-def test_a_forked_child_checksums_on_its_own_pool(monkeypatch):
-    """The pool's threads do not survive fork(): a child starts its own (else it would wait
-    forever on threads that do not exist)."""
+def test_a_forked_child_checksums_on_its_own_threads(monkeypatch):
+    """Threads do not survive fork(): a child checksums a large buffer on threads of its own
+    (a pool kept across calls would leave it waiting forever on threads that do not exist)."""
     import os
 
     monkeypatch.setattr(threads, "budget", lambda: 2)
     buf = np.random.default_rng(9).integers(0, 256, checksum.PARALLEL_MIN + 1, dtype=np.uint8)
     want = ref.crc32c(buf)
-    assert checksum.crc32c(buf) == want  # the parent's pool exists now
+    assert checksum.crc32c(buf) == want  # (the parent's parts on two threads)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit status
         os._exit(0 if checksum.crc32c(buf) == want else 1)

@@ -113,9 +113,14 @@ def orthogonalize(p: np.ndarray) -> np.ndarray:
     its norm before becomes zero instead of amplified rounding noise, so ``P P^T`` stays a
     projection."""
     wide = np.array(p, np.float64, order="C")
-    module("lowrank").orthogonalize(wide, float(16 * np.finfo(p.dtype).eps))
+    module("lowrank").orthogonalize(wide, tiny(p.dtype))
     p[...] = wide
     return p
+
+
+def tiny(dtype) -> float:
+    """:func:`orthogonalize`'s epsilon guard for ``dtype``: 16 of its machine epsilons."""
+    return float(16 * np.finfo(dtype).eps)
 
 
 def _where(mat):
