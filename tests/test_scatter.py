@@ -18,6 +18,7 @@ import pytest
 from codec import ops
 from codec.kernels import module
 from codec.modes import ADD, SET, SUB
+from support.threads import host_twins
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
 
@@ -276,7 +277,7 @@ def test_put_family_leaves_the_rest(backend, dtype):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", WIDE, ids=str)
 @pytest.mark.parametrize("val_dtype", WIDE, ids=str)
-def test_scatter_segments_family_and_ops(backend, dtype, val_dtype, mode):
+def test_scatter_segments_family_and_ops(backend, dtype, val_dtype, mode, monkeypatch):
     """``scatter_segments``: each tensor of a run (sizes 0, 1, odd, one past a chunk, no pairs
     at all) gets its share of the run's sorted pairs, as :func:`ops.scatter_checked` of its
     own pairs gives it; SET zeroes the rest of every tensor.  ``ops.scatter_segments`` calls
@@ -296,10 +297,12 @@ def test_scatter_segments_family_and_ops(backend, dtype, val_dtype, mode):
     takes = mode == SET or val_dtype == dtype or dtype == F64  # (float64 added into float32: scatter_checked rounds once)
     if takes:
         kernel = module("scatter", backend).scatter_segments
-        for twin in ("serial", "parallel") if backend == "cpu" else (None,):  # (the CPU's: chosen by size)
+        for twin in ("serial", "parallel") if backend == "cpu" else (None,):  # (the CPU's: by size and budget)
+            if twin:
+                host_twins(monkeypatch, twin)
             outs = [b.copy() for b in base]
             addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
-            (getattr(kernel, twin) if twin else kernel)(ops.readonly(values), ops.readonly(idx), ops.readonly(cut.astype(np.int64)), ops.readonly(addrs), ops.readonly(starts), outs[0], mode)
+            kernel(ops.readonly(values), ops.readonly(idx), ops.readonly(cut.astype(np.int64)), ops.readonly(addrs), ops.readonly(starts), outs[0], mode)
             assert [o.tobytes() for o in outs] == [w.tobytes() for w in want], twin
     outs = [b.copy() for b in base]
     assert ops.scatter_segments(values, idx, starts, outs, mode) == takes
@@ -365,7 +368,7 @@ def _sparse_payload(sizes, picks, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", WIDE, ids=str)
-def test_index_scatter_segments_reads_each_index_section_and_writes_its_pairs(dtype):
+def test_index_scatter_segments_reads_each_index_section_and_writes_its_pairs(dtype, monkeypatch):
     """``index_scatter_segments``: each tensor of a run (sizes 0, 1, odd, one past a chunk;
     its index section packed gaps or a bitmap, no pairs, every element) is zeroed and gets
     its own values at its index section's positions, as NumPy's ``out[pos] = values``; a
@@ -390,9 +393,10 @@ def test_index_scatter_segments_reads_each_index_section_and_writes_its_pairs(dt
     wrong_bits = table.copy()
     wrong_bits[gap, 1] = 57
     for twin in ("serial", "parallel"):
+        host_twins(monkeypatch, twin)
         outs = [np.full(n, 7, dtype) for n in sizes]
         addrs = np.array([o.ctypes.data for o in outs], np.int64)
-        run = lambda tab=table, a=at, c=counts, d=data: getattr(kernel, twin)(ops.readonly(d), ops.readonly(tab), ops.readonly(a), ops.readonly(c), ops.readonly(addrs), ops.readonly(starts), outs[0])
+        run = lambda tab=table, a=at, c=counts, d=data: kernel(ops.readonly(d), ops.readonly(tab), ops.readonly(a), ops.readonly(c), ops.readonly(addrs), ops.readonly(starts), outs[0])
         for refused, tensor in ((lambda: run(tab=late), gap), (lambda: run(tab=wrong_bits), gap), (lambda: run(c=counts + (np.arange(len(sizes)) == 3)), 3), (lambda: run(a=at + (np.arange(len(sizes)) == 6) * 10**6), 6)):
             assert refused() == tensor, twin
             assert all((o == 7).all() for o in outs), "a refused frame writes nothing"

@@ -16,6 +16,7 @@ from codec.modes import ADD, SET, SUB
 from codec.stages.select.magnitude import collect
 from codec.stages.select.dgc import MIN_SAMPLE, RETRIES
 from reference.sparse import topk
+from support.threads import host_twins
 
 SIZES = [0, 1, 7, CHUNK - 1, CHUNK + 1, 3 * CHUNK + 17]
 DTYPES = [np.float32, np.float64]
@@ -349,12 +350,12 @@ def test_random_positions_segments_match_numpy(R):
 
 @pytest.mark.parametrize("mode", [SET, ADD, SUB])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=str)
-def test_random_scatter_segments_match_numpy(R, dtype, mode):
+def test_random_scatter_segments_match_numpy(R, dtype, mode, monkeypatch):
     """``random_scatter_segments`` writes each tensor's kept values at the positions the
-    reference draws for it (sorted), into its own array, the rest zeroed with SET and kept
-    with ADD/SUB, on both CPU twins (the parallel one draws on every thread in chunks of the
-    positions, zeroes on one thread while another sorts, then writes the pairs in chunks of
-    them): sizes 0, 1, 2 and odd, k from 0 to n, a tensor of more pairs than a chunk and one
+    reference draws for it, into its own array, the rest zeroed with SET and kept with
+    ADD/SUB, as one thread and as two run it (``support.threads.host_twins``: the draw on
+    every thread in chunks of the positions, the zeroing in spans on ``threads.each``, then
+    the pairs in chunks of them): sizes 0, 1, 2 and odd, k from 0 to n, a tensor of more pairs than a chunk and one
     across a chunk's end."""
     from reference.sparse import key_hash, randomk_positions
 
@@ -377,9 +378,10 @@ def test_random_scatter_segments_match_numpy(R, dtype, mode):
     u64 = np.uint64
     args = (kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64))
     for twin in ("serial", "parallel"):
+        host_twins(monkeypatch, twin)
         outs = [b.copy() for b in base]
         addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)
-        getattr(R.random_scatter_segments, twin)(values, *args, addrs, starts, outs[0], mode)
+        R.random_scatter_segments(values, *args, addrs, starts, outs[0], mode)
         assert [o.tobytes() for o in outs] == [w.tobytes() for w in want], twin
 
 

@@ -32,3 +32,21 @@ def same_across_threads(script: str, *args: str, counts=(1, 2), timeout: float =
         f"{t} thread(s): {o[:80]}" for t, o in outs.items()
     )
     return first
+
+
+def host_twins(monkeypatch, twin: str) -> None:
+    """Run a host kernel that is several steps (parallel kernels, then work on
+    ``codec.threads.each``, as ``scatter.index_scatter_segments``) as one thread runs it
+    (``"serial"``: a budget of one thread, every serial compilation, the zeroing on the
+    calling thread, by the kernel) or as two threads run a large run (``"parallel"``: a
+    budget of two, every parallel kernel's parallel compilation whatever its size, the
+    zeroing on ``threads.each`` in spans of 7 elements, streamed), so a test's small arrays
+    take the paths a large run takes."""
+    from codec import _jit, threads
+    from codec.kernels.cpu import _stream
+
+    parallel = twin == "parallel"
+    monkeypatch.setattr(threads, "budget", lambda: 2 if parallel else 1)
+    monkeypatch.setattr(_jit, "PARALLEL_MIN", 0 if parallel else 1 << 62)
+    monkeypatch.setattr(_stream, "ZERO_SPAN", 7 if parallel else 1 << 62)
+    monkeypatch.setattr(_stream, "STREAM_MIN", 0 if parallel else 1 << 62)

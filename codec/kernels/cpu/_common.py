@@ -342,3 +342,24 @@ def view_at(typingctx, like, addr, n):
         return ary._getvalue()
 
     return arrty(like, addr, n), codegen
+
+
+@intrinsic
+def copy_bytes(typingctx, dst, at, src, frm, n):
+    """``dst[at:at+n] = src[frm:frm+n]`` for 1-D C-contiguous uint8 arrays (LLVM's
+    ``memcpy``; the caller has checked both ranges, and the two never overlap).  A byte loop
+    copying the raw values of a sparse frame out of its payload did not vectorise: ResNet-50's
+    1 MB of top-k values took 0.60 ms, a slice assignment 0.23 ms (its overlap check and
+    element loop), this 0.03 ms."""
+    ok = all(isinstance(a, types.Array) and a.dtype == types.uint8 and a.ndim == 1 and a.layout == "C" for a in (dst, src))
+    if not ok or not all(isinstance(i, types.Integer) for i in (at, frm, n)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        d = context.make_array(signature.args[0])(context, builder, args[0])
+        s = context.make_array(signature.args[2])(context, builder, args[2])
+        at, frm, n = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+        cgutils.raw_memcpy(builder, builder.gep(d.data, [at]), builder.gep(s.data, [frm]), n, 1)
+        return context.get_dummy_value()
+
+    return types.none(dst, at, src, frm, n), codegen

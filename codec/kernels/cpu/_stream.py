@@ -21,10 +21,12 @@ loop's.
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from codec import threads
 from codec._jit import jit
 from codec.kernels.cpu._common import view_at
 
@@ -35,6 +37,8 @@ STREAM_MIN = 1 << 23
 ALIGN = 32
 #: values per vector store
 LANES = 8
+#: the run elements a thread of :func:`zero_threads` zeroes at a time (4 MB of float32)
+ZERO_SPAN = 1 << 20
 
 
 def lanes_at(context, builder, aryty, ary, i, vecty):
@@ -136,3 +140,41 @@ def zero_arrays(addrs, starts, like):
             zero(out)
         else:
             out[:] = 0
+
+
+def spread(starts) -> bool:
+    """Whether a run (tensor offsets ``starts``) is zeroed on the budget's threads
+    (:func:`zero_threads`): more than :data:`ZERO_SPAN` elements.  A smaller run is zeroed
+    by the decoding kernel itself, on the calling thread (:func:`zero_arrays`): a call
+    fewer for a small model's decode."""
+    return int(starts[-1] - starts[0]) > ZERO_SPAN
+
+
+def zero_threads(addrs, starts, like) -> None:
+    """Every array of a run zeroed (tensor ``t``'s: ``starts[t+1] - starts[t]`` items of
+    ``like``'s dtype at ``addrs[t]``), as :func:`zero_arrays` zeroes them, on the budget's
+    threads (``codec.threads.each``, which never spins or waits at a barrier), a span of
+    :data:`ZERO_SPAN` elements at a time (:func:`zero_span`).  Zeroing ResNet-50's 102 MB of
+    outputs took 4.0-4.2 ms on one thread, 2.1-2.5 ms on two (docs/benchmarks.md)."""
+    total = int(starts[-1] - starts[0])
+    stream = total >= STREAM_MIN
+    threads.each(-(-total // ZERO_SPAN), lambda i, _: zero_span(addrs, starts, like, i * ZERO_SPAN, min(total, (i + 1) * ZERO_SPAN), stream))
+
+
+@jit
+def zero_span(addrs, starts, like, lo, hi, stream):
+    """Elements ``lo:hi`` of a run (counted from ``starts[0]``) zeroed in the arrays that hold
+    them (:func:`zero_threads`' item), with streaming stores when ``stream``."""
+    base = starts[0]
+    t = np.searchsorted(starts, base + lo, side="right") - 1
+    while t < addrs.size and starts[t] - base < hi:
+        first = starts[t] - base
+        a = max(lo, first) - first
+        b = min(hi, starts[t + 1] - base) - first
+        if b > a:
+            out = view_at(like, addrs[t], starts[t + 1] - starts[t])[a:b]
+            if stream:
+                zero(out)
+            else:
+                out[:] = 0
+        t += 1
