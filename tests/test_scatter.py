@@ -222,9 +222,10 @@ def test_scatter_rejects_bad_input():
 # ---------------------------------------------------------------- the scatter family, per backend
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", WIDE, ids=str)
-def test_scatter_family_across_chunks(backend, dtype, mode):
+def test_scatter_family_across_chunks(backend, dtype, mode, monkeypatch):
     """``out[idx] (=|+=|-=) values`` for unique ``idx`` in ``out``'s own dtype (one rounding,
-    as NumPy's); SET zeroes the rest.  More than two parallel chunks of indices."""
+    as NumPy's); SET zeroes the rest.  More than two parallel chunks of indices; on the CPU
+    as one thread and as two run it (SET's zeroing in spans on ``threads.each``)."""
     rng = np.random.default_rng(mode)
     n = 8 * CHUNK
     idx = np.sort(rng.choice(n, 2 * CHUNK + 5, replace=False)).astype(np.int64)
@@ -235,9 +236,12 @@ def test_scatter_family_across_chunks(backend, dtype, mode):
         want[idx] -= values
     else:
         want[idx] = values if mode == SET else want[idx] + values
-    out = base.copy()
-    module("scatter", backend).scatter(ops.readonly(values), ops.readonly(idx), out, mode)
-    assert out.tobytes() == want.tobytes()
+    for twin in ("serial", "parallel") if backend == "cpu" else (None,):
+        if twin:
+            host_twins(monkeypatch, twin)
+        out = base.copy()
+        module("scatter", backend).scatter(ops.readonly(values), ops.readonly(idx), out, mode)
+        assert out.tobytes() == want.tobytes(), twin
 
 
 @pytest.mark.parametrize("dtype", WIDE, ids=str)
