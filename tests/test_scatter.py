@@ -18,7 +18,7 @@ import pytest
 from codec import ops
 from codec.kernels import module
 from codec.modes import ADD, SET, SUB
-from support.threads import host_twins
+from support.threads import HOST_TWINS, host_twins
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf/NaN test data
 
@@ -225,7 +225,8 @@ def test_scatter_rejects_bad_input():
 def test_scatter_family_across_chunks(backend, dtype, mode, monkeypatch):
     """``out[idx] (=|+=|-=) values`` for unique ``idx`` in ``out``'s own dtype (one rounding,
     as NumPy's); SET zeroes the rest.  More than two parallel chunks of indices; on the CPU
-    as one thread and as two run it (SET's zeroing in spans on ``threads.each``)."""
+    in both compilations, SET's zeroing by the kernel or in streamed spans on ``threads.each``
+    (``support.threads.HOST_TWINS``)."""
     rng = np.random.default_rng(mode)
     n = 8 * CHUNK
     idx = np.sort(rng.choice(n, 2 * CHUNK + 5, replace=False)).astype(np.int64)
@@ -236,7 +237,7 @@ def test_scatter_family_across_chunks(backend, dtype, mode, monkeypatch):
         want[idx] -= values
     else:
         want[idx] = values if mode == SET else want[idx] + values
-    for twin in ("serial", "parallel") if backend == "cpu" else (None,):
+    for twin in HOST_TWINS if backend == "cpu" else (None,):
         if twin:
             host_twins(monkeypatch, twin)
         out = base.copy()
@@ -301,7 +302,7 @@ def test_scatter_segments_family_and_ops(backend, dtype, val_dtype, mode, monkey
     takes = mode == SET or val_dtype == dtype or dtype == F64  # (float64 added into float32: scatter_checked rounds once)
     if takes:
         kernel = module("scatter", backend).scatter_segments
-        for twin in ("serial", "parallel") if backend == "cpu" else (None,):  # (the CPU's: by size and budget)
+        for twin in HOST_TWINS if backend == "cpu" else (None,):
             if twin:
                 host_twins(monkeypatch, twin)
             outs = [b.copy() for b in base]
@@ -378,7 +379,7 @@ def test_index_scatter_segments_reads_each_index_section_and_writes_its_pairs(dt
     its own values at its index section's positions, as NumPy's ``out[pos] = values``; a
     section an encoder does not write (a position past its tensor, a bitmap's count, a
     values count that is not its positions', values past the payload) is refused, naming
-    the tensor, before anything is written; in both compilations."""
+    the tensor, before anything is written; every way of ``support.threads.HOST_TWINS``."""
     from codec.pack import SectionKind
 
     rng = np.random.default_rng(11)
@@ -396,7 +397,7 @@ def test_index_scatter_segments_reads_each_index_section_and_writes_its_pairs(dt
     late[gap, 2] += 1  # (one gap more than written: past the section's bytes)
     wrong_bits = table.copy()
     wrong_bits[gap, 1] = 57
-    for twin in ("serial", "parallel"):
+    for twin in HOST_TWINS:
         host_twins(monkeypatch, twin)
         outs = [np.full(n, 7, dtype) for n in sizes]
         addrs = np.array([o.ctypes.data for o in outs], np.int64)

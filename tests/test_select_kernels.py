@@ -16,7 +16,7 @@ from codec.modes import ADD, SET, SUB
 from codec.stages.select.magnitude import collect
 from codec.stages.select.dgc import MIN_SAMPLE, RETRIES
 from reference.sparse import topk
-from support.threads import host_twins
+from support.threads import HOST_TWINS, host_twins
 
 SIZES = [0, 1, 7, CHUNK - 1, CHUNK + 1, 3 * CHUNK + 17]
 DTYPES = [np.float32, np.float64]
@@ -353,10 +353,9 @@ def test_random_positions_segments_match_numpy(R):
 def test_random_scatter_segments_match_numpy(R, dtype, mode, monkeypatch):
     """``random_scatter_segments`` writes each tensor's kept values at the positions the
     reference draws for it, into its own array, the rest zeroed with SET and kept with
-    ADD/SUB, as one thread and as two run it (``support.threads.host_twins``: the draw on
-    every thread in chunks of the positions, the zeroing in spans on ``threads.each``, then
-    the pairs in chunks of them): sizes 0, 1, 2 and odd, k from 0 to n, a tensor of more pairs than a chunk and one
-    across a chunk's end."""
+    ADD/SUB, in both compilations with SET's zeroing by the kernel or in streamed spans on
+    ``threads.each`` (``support.threads.HOST_TWINS``): sizes 0, 1, 2 and odd, k from 0 to
+    n, a tensor of more pairs than a chunk and one across a chunk's end."""
     from reference.sparse import key_hash, randomk_positions
 
     cases = [(1, 1), (2, 1), (7, 3), (5, 0), (0, 0), (40_000, 20_000), (1000, 10), (3, 3), (20_000, 13_000)]
@@ -377,7 +376,7 @@ def test_random_scatter_segments_match_numpy(R, dtype, mode, monkeypatch):
             want[t][pos] += kept if mode == ADD else -kept
     u64 = np.uint64
     args = (kstarts, sizes, np.full(len(cases), 11, u64), np.array([key_hash(k) for k in keys], u64), np.array(steps, u64))
-    for twin in ("serial", "parallel"):
+    for twin in HOST_TWINS:
         host_twins(monkeypatch, twin)
         outs = [b.copy() for b in base]
         addrs = np.array([o.__array_interface__["data"][0] for o in outs], np.int64)

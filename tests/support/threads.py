@@ -34,19 +34,25 @@ def same_across_threads(script: str, *args: str, counts=(1, 2), timeout: float =
     return first
 
 
-def host_twins(monkeypatch, twin: str) -> None:
+#: the ways :func:`host_twins` runs a host kernel: each compilation with each zeroing
+HOST_TWINS = (("serial", "kernel"), ("parallel", "spans"), ("parallel", "kernel"), ("serial", "spans"))
+
+
+def host_twins(monkeypatch, twin) -> None:
     """Run a host kernel that is several steps (parallel kernels, then work on
-    ``codec.threads.each``, as ``scatter.index_scatter_segments``) as one thread runs it
-    (``"serial"``: a budget of one thread, every serial compilation, the zeroing on the
-    calling thread, by the kernel) or as two threads run a large run (``"parallel"``: a
-    budget of two, every parallel kernel's parallel compilation whatever its size, the
-    zeroing on ``threads.each`` in spans of 7 elements, streamed), so a test's small arrays
-    take the paths a large run takes."""
+    ``codec.threads.each``, as ``scatter.index_scatter_segments``) one of the ways of
+    :data:`HOST_TWINS`, so a test's small arrays take the paths a large run takes:
+    ``(compilation, zeroing)``, the compilation ``"serial"`` (a budget of one thread: every
+    serial compilation, ``each`` serial) or ``"parallel"`` (a budget of two: every parallel
+    kernel's parallel compilation whatever its size), the zeroing of SET ``"kernel"`` (by
+    the kernel, on the calling thread, as a small run's) or ``"spans"`` (on ``threads.each``
+    in spans of 21 elements, streamed: ``_stream.zero_threads``, as a large run's)."""
     from codec import _jit, threads
     from codec.kernels.cpu import _stream
 
-    parallel = twin == "parallel"
+    compilation, zeroing = twin
+    parallel, spans = compilation == "parallel", zeroing == "spans"
     monkeypatch.setattr(threads, "budget", lambda: 2 if parallel else 1)
     monkeypatch.setattr(_jit, "PARALLEL_MIN", 0 if parallel else 1 << 62)
-    monkeypatch.setattr(_stream, "ZERO_SPAN", 7 if parallel else 1 << 62)
-    monkeypatch.setattr(_stream, "STREAM_MIN", 0 if parallel else 1 << 62)
+    monkeypatch.setattr(_stream, "ZERO_SPAN", 21 if spans else 1 << 62)
+    monkeypatch.setattr(_stream, "STREAM_MIN", 0 if spans else 1 << 62)

@@ -8,9 +8,10 @@ the same decode took 5.4 ms instead of 9.1 on this 2-core AMD EPYC (torch's ``co
 9.2), while 4M values (16 MB out, within its 32 MB L3) took the same time either way and 1M
 values took 0.20 ms against 0.11-0.14 (the output no longer in the cache for its reader).
 So a decode streams only from :data:`STREAM_MIN` output values, and only in ``SET`` mode
-(adding reads the line anyway).  A sparse decode's zeroing streams too (:func:`zero`): glibc's
-``memset`` streams only above a share of the last-level cache per call, so zeroing ResNet-50's
-tensors one by one (the largest 9.4 MB) took about 6 ms of top-k's 15 ms decode.
+(adding reads the line anyway).  A sparse decode's zeroing streams too (:func:`zero`, in
+:func:`zero_threads`' spans): glibc's ``memset`` streams only above a share of the
+last-level cache per call, so zeroing ResNet-50's tensors one by one (the largest 9.4 MB)
+took about 6 ms of top-k's 15 ms decode.
 
 A streaming store needs its address aligned to the vector (:data:`ALIGN` bytes): the loops
 write the items before the first aligned one with ordinary stores (:func:`head`), and end
@@ -130,31 +131,28 @@ def zero(out):
 
 @jit
 def zero_arrays(addrs, starts, like):
-    """Every array of a run zeroed: tensor ``t``'s is the one of ``starts[t+1] - starts[t]``
-    items of ``like``'s dtype at the address ``addrs[t]``; with streaming stores (:func:`zero`)
-    from ``STREAM_MIN`` items in all, so a whole model's outputs do not evict each other."""
-    stream = starts[-1] - starts[0] >= STREAM_MIN
+    """Every array of a small run zeroed with ordinary stores (at most :data:`ZERO_SPAN`
+    elements, below ``STREAM_MIN``: the run stays in the cache for its reader): tensor
+    ``t``'s is the one of ``starts[t+1] - starts[t]`` items of ``like``'s dtype at the
+    address ``addrs[t]``.  A larger run is :func:`zero_threads`'."""
     for t in range(addrs.size):
-        out = view_at(like, addrs[t], starts[t + 1] - starts[t])
-        if stream:
-            zero(out)
-        else:
-            out[:] = 0
+        view_at(like, addrs[t], starts[t + 1] - starts[t])[:] = 0
 
 
 def spread(starts) -> bool:
     """Whether a run (tensor offsets ``starts``) is zeroed on the budget's threads
     (:func:`zero_threads`): more than :data:`ZERO_SPAN` elements.  A smaller run is zeroed
-    by the decoding kernel itself, on the calling thread (:func:`zero_arrays`): a call
-    fewer for a small model's decode."""
+    by the decoding kernel itself, on the calling thread (:func:`zero_arrays`, or
+    ``out[:] = 0`` for one array): a call fewer for a small model's decode."""
     return int(starts[-1] - starts[0]) > ZERO_SPAN
 
 
 def zero_threads(addrs, starts, like) -> None:
     """Every array of a run zeroed (tensor ``t``'s: ``starts[t+1] - starts[t]`` items of
-    ``like``'s dtype at ``addrs[t]``), as :func:`zero_arrays` zeroes them, on the budget's
-    threads (``codec.threads.each``, which never spins or waits at a barrier), a span of
-    :data:`ZERO_SPAN` elements at a time (:func:`zero_span`).  Zeroing ResNet-50's 102 MB of
+    ``like``'s dtype at ``addrs[t]``), on the budget's threads (``codec.threads.each``,
+    which never spins or waits at a barrier), a span of :data:`ZERO_SPAN` elements at a time
+    (:func:`zero_span`), with streaming stores (:func:`zero`) from ``STREAM_MIN`` elements in
+    all, so a whole model's outputs do not evict each other.  Zeroing ResNet-50's 102 MB of
     outputs took 4.0-4.2 ms on one thread, 2.1-2.5 ms on two (docs/benchmarks.md)."""
     total = int(starts[-1] - starts[0])
     stream = total >= STREAM_MIN

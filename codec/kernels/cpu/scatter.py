@@ -7,7 +7,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunk_segments, copy_bytes, prefetch, view_at
-from codec.kernels.cpu._stream import STREAM_MIN, spread, zero, zero_arrays, zero_threads
+from codec.kernels.cpu._stream import spread, zero_arrays, zero_threads
 from codec.kernels.cpu.index import BEGIN, BITMAP, BITS, COUNT, KIND, LENGTH, _read_section, _section_count
 from codec.modes import ADD, SET
 
@@ -31,17 +31,13 @@ def scatter(values, idx, out, mode):
 
 @jit(parallel=True)
 def _scatter(values, idx, out, mode, zero_first):
-    """:func:`scatter`'s kernel, ``out`` zeroed first when ``zero_first``.
+    """:func:`scatter`'s kernel, ``out`` (a small one) zeroed first when ``zero_first``.
 
     Sparse positions touch a new cache line per value, which the hardware cannot predict:
     each loop asks for the line ``_AHEAD`` values ahead (an error-feedback step's subtraction
-    at 217k sorted positions of a cold 100 MB residual: 1.18 -> 0.49 ms).  From
-    ``STREAM_MIN`` elements the zeroing streams (:mod:`codec.kernels.cpu._stream`)."""
+    at 217k sorted positions of a cold 100 MB residual: 1.18 -> 0.49 ms)."""
     if zero_first:
-        if out.size >= STREAM_MIN:
-            zero(out)
-        else:
-            out[:] = 0
+        out[:] = 0
     k = idx.size
     nchunk = (k + _CHUNK - 1) // _CHUNK
     for c in prange(nchunk):
@@ -114,8 +110,8 @@ def _read_pairs(data, sections, values_at, counts, addrs, starts, like, write):
     ``values`` (``like``'s dtype), tensor ``t``'s pairs at ``kst[t]:kst[t+1]``; with
     ``write`` the arrays are then zeroed on the calling thread and the pairs written
     (:func:`_pairs`).  Returns ``(bad, idx, values, kst)``: ``bad`` the first refused
-    tensor (nothing written), or -1; nothing is allocated by the size of a refused
-    section's claims."""
+    tensor (nothing written), or -1; the pairs are allocated only once every section's
+    count is checked against the payload."""
     count = starts.size - 1
     item = like.itemsize
     found = np.empty(count, np.int64)
