@@ -29,7 +29,8 @@ from numba.extending import intrinsic
 
 from codec import threads
 from codec._jit import jit
-from codec.kernels.cpu._common import view_at
+from codec.kernels.cpu._common import chunk_segments, view_at
+from codec.modes import SET
 
 #: the fewest output values a SET decode streams (32 MiB of float32: above the L3 of this
 #: machine's 32 MB; below it the output is better left in the cache for its reader)
@@ -147,6 +148,21 @@ def spread(starts) -> bool:
     return int(starts[-1] - starts[0]) > ZERO_SPAN
 
 
+def zero_for(mode, addrs, starts, like) -> bool:
+    """The zeroing a ``mode`` write of sparse values into a run needs (SET only): a large run
+    (:func:`spread`) is zeroed now, on the budget's threads (:func:`zero_threads`); returns
+    True when the caller's kernel is to zero the run itself (SET, a small run).  ``addrs``
+    None: the run is the one array ``like``."""
+    if mode != SET:
+        return False
+    if not spread(starts):
+        return True
+    if addrs is None:
+        addrs, starts = np.array([like.ctypes.data], np.int64), np.array(starts, np.int64)
+    zero_threads(addrs, starts, like)
+    return False
+
+
 def zero_threads(addrs, starts, like) -> None:
     """Every array of a run zeroed (tensor ``t``'s: ``starts[t+1] - starts[t]`` items of
     ``like``'s dtype at ``addrs[t]``), on the budget's threads (``codec.threads.each``,
@@ -154,25 +170,22 @@ def zero_threads(addrs, starts, like) -> None:
     (:func:`zero_span`), with streaming stores (:func:`zero`) from ``STREAM_MIN`` elements in
     all, so a whole model's outputs do not evict each other.  Zeroing ResNet-50's 102 MB of
     outputs took 4.0-4.2 ms on one thread, 2.1-2.5 ms on two (docs/benchmarks.md)."""
-    total = int(starts[-1] - starts[0])
-    stream = total >= STREAM_MIN
-    threads.each(-(-total // ZERO_SPAN), lambda i, _: zero_span(addrs, starts, like, i * ZERO_SPAN, min(total, (i + 1) * ZERO_SPAN), stream))
+    first, last = int(starts[0]), int(starts[-1])
+    stream = last - first >= STREAM_MIN
+    threads.each(-(-(last - first) // ZERO_SPAN), lambda i, _: zero_span(addrs, starts, like, first + i * ZERO_SPAN, min(last, first + (i + 1) * ZERO_SPAN), stream))
 
 
 @jit
 def zero_span(addrs, starts, like, lo, hi, stream):
-    """Elements ``lo:hi`` of a run (counted from ``starts[0]``) zeroed in the arrays that hold
-    them (:func:`zero_threads`' item), with streaming stores when ``stream``."""
-    base = starts[0]
-    t = np.searchsorted(starts, base + lo, side="right") - 1
-    while t < addrs.size and starts[t] - base < hi:
-        first = starts[t] - base
-        a = max(lo, first) - first
-        b = min(hi, starts[t + 1] - base) - first
-        if b > a:
-            out = view_at(like, addrs[t], starts[t + 1] - starts[t])[a:b]
-            if stream:
-                zero(out)
-            else:
-                out[:] = 0
-        t += 1
+    """The run positions ``lo:hi`` zeroed in the arrays that hold them
+    (``_common.chunk_segments``; :func:`zero_threads`' item), with streaming stores when
+    ``stream``."""
+    rows = chunk_segments(starts, lo, hi)
+    for j in range(rows.shape[0]):
+        t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
+        s = starts[t]
+        out = view_at(like, addrs[t], starts[t + 1] - s)[a - s : b - s]
+        if stream:
+            zero(out)
+        else:
+            out[:] = 0

@@ -16,9 +16,8 @@ from numba.extending import intrinsic
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, chunk_segments, chunks, feistel_half
 from codec.kernels.cpu.rng import mix, stream
-from codec.kernels.cpu._stream import spread, zero_arrays, zero_threads
-from codec.kernels.cpu.scatter import _CHUNK as _PAIRS, _pairs
-from codec.modes import SET
+from codec.kernels.cpu._stream import zero_for
+from codec.kernels.cpu.scatter import _write_pairs
 from codec.layout import CHUNK
 
 __all__ = ["random_positions", "random_positions_segments", "random_scatter_segments", "sorted_positions"]
@@ -263,42 +262,17 @@ def _sort_segment(out, kstarts, sizes, s):
 
 
 def random_scatter_segments(values, kstarts, sizes, seeds, khashes, steps, addrs, starts, like, mode):
-    """Random-k's many-tensor decode: tensor ``t``'s positions drawn and sorted as
-    :func:`random_positions_segments` draws them (``kstarts``, ``sizes``, ``seeds``,
-    ``khashes``, ``steps``), and its kept values ``values[kstarts[t]:kstarts[t+1]]`` written
-    at them (``mode``: SET, ADD, SUB) into the array of ``starts[t+1] - starts[t]`` items of
+    """Random-k's many-tensor decode: tensor ``t``'s positions drawn and sorted by
+    :func:`random_positions_segments` (``kstarts``, ``sizes``, ``seeds``, ``khashes``,
+    ``steps``), and its kept values ``values[kstarts[t]:kstarts[t+1]]`` written at them
+    (``mode``: SET, ADD, SUB) into the array of ``starts[t+1] - starts[t]`` items of
     ``like``'s dtype at the address ``addrs[t]`` (``starts``: the run's tensor offsets; the
-    caller keeps the arrays alive), the rest of it zeroed with SET: what
-    ``random_positions_segments`` then the scatter kernel's ``scatter_segments`` write.
-
-    With SET the arrays are zeroed first, a large run's on the budget's threads
-    (``_stream.zero_threads``: nothing spinning, no barrier), a small one's by the kernel on
-    the calling thread; then one kernel call (:func:`_draw_and_write`) draws, sorts and
-    writes the pairs."""
-    threaded = mode == SET and spread(starts)
-    if threaded:
-        zero_threads(addrs, starts, like)
-    _draw_and_write(values, kstarts, sizes, seeds, khashes, steps, addrs, starts, like, mode, mode == SET and not threaded)
-
-
-@jit(parallel=True)
-def _draw_and_write(values, kstarts, sizes, seeds, khashes, steps, addrs, starts, like, mode, zero_first):
-    """:func:`random_scatter_segments` after its zeroing, in three parallel steps: the draw on
-    every thread in chunks of the positions (as :func:`random_positions_segments` draws
-    them), each tensor's sort, then the pairs in chunks of the pairs (``scatter._pairs``,
-    which asks for each line ahead of its store); the arrays zeroed first on the calling
-    thread when ``zero_first``.  ``values`` comes first: the threads are woken by the number
-    of positions."""
-    if zero_first:
-        zero_arrays(addrs, starts, like)
+    caller keeps the arrays alive) by the scatter family's ``_write_pairs``, the rest of it
+    zeroed with SET: a large run's on the budget's threads first (``_stream.zero_for``:
+    nothing spinning, no barrier), a small one's by that kernel on the calling thread."""
     pos = np.empty(values.size, np.int64)
-    for c in prange(chunks(pos.size)):
-        _draw_chunk(pos, kstarts, sizes, seeds, khashes, steps, c)
-    for s in prange(sizes.size):
-        _sort_segment(pos, kstarts, sizes, s)
-    k = values.size
-    for c in prange((k + _PAIRS - 1) // _PAIRS):
-        _pairs(values, pos, kstarts, addrs, starts, like, mode, c * _PAIRS, min(k, (c + 1) * _PAIRS), False)
+    random_positions_segments(pos, kstarts, sizes, seeds, khashes, steps)
+    _write_pairs(values, pos, kstarts, addrs, starts, like, mode, False, zero_for(mode, addrs, starts, like))
 
 
 def sorted_positions(out, seed, khash, step, half, n):

@@ -7,7 +7,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunk_segments, copy_bytes, prefetch, view_at
-from codec.kernels.cpu._stream import spread, zero_arrays, zero_threads
+from codec.kernels.cpu._stream import spread, zero_arrays, zero_for
 from codec.kernels.cpu.index import BEGIN, BITMAP, BITS, COUNT, KIND, LENGTH, _read_section, _section_count
 from codec.modes import ADD, SET
 
@@ -21,12 +21,9 @@ _AHEAD = 64
 def scatter(values, idx, out, mode):
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed:
     an output of more than ``_stream.ZERO_SPAN`` elements on the thread budget's threads
-    first (``_stream.zero_threads``; a 25M top-k decode 6.4 -> 4.6 ms), a smaller one by
-    the kernel (:func:`_scatter`)."""
-    threaded = mode == SET and spread((0, out.size))
-    if threaded:
-        zero_threads(np.array([out.ctypes.data], np.int64), np.array([0, out.size], np.int64), out)
-    _scatter(values, idx, out, mode, mode == SET and not threaded)
+    first (``_stream.zero_for``; a 25M top-k decode 6.4 -> 4.6 ms), a smaller one by the
+    kernel (:func:`_scatter`)."""
+    _scatter(values, idx, out, mode, zero_for(mode, None, (0, out.size), out))
 
 
 @jit(parallel=True)
@@ -68,16 +65,13 @@ def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
     the address ``addrs[t]`` (the caller keeps them alive).  One call for a run of small
     tensors (or a joint frame's tensors): the work each tensor's own scatter did, without a
     call per tensor.  With SET the arrays are zeroed first, a large run's on the budget's
-    threads (``_stream.zero_threads``: ``codec.threads.each``, nothing spinning, no barrier;
+    threads (``_stream.zero_for``: ``codec.threads.each``, nothing spinning, no barrier;
     a parallel region's zeroing lost beside busy processes, docs/benchmarks.md, "Against
     issue 33's targets"), a small one's by the kernel on the calling thread; then the pairs
     are written on the threads in chunks of the pairs (:func:`_write_pairs`): each lands on
     a line of its own that the streamed zeroing left in memory, so the threads' misses
     overlap."""
-    threaded = mode == SET and spread(starts)
-    if threaded:
-        zero_threads(addrs, starts, like)
-    _write_pairs(values, idx, kstarts, addrs, starts, like, mode, True, mode == SET and not threaded)
+    _write_pairs(values, idx, kstarts, addrs, starts, like, mode, True, zero_for(mode, addrs, starts, like))
 
 
 def index_scatter_segments(data, sections, values_at, counts, addrs, starts, like):
@@ -93,13 +87,15 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
     and read (a position reaching its tensor's size is refused) before anything is written
     (:func:`_read_pairs`); then the arrays are zeroed and the pairs written on the threads
     in chunks of the pairs.  A large run is zeroed between two calls, on the budget's
-    threads (``_stream.zero_threads``); a small one in the same call, on the calling thread.
+    threads (``_stream.zero_for``); a small one in the same call, on the calling thread
+    (the zeroing and the pairs' loop of :func:`_write_pairs` written again in
+    :func:`_read_pairs`: Numba makes no parallel loop of a ``prange`` in a function it
+    inlines, and the one call saves ~1 µs of the bundled sample's decode).
     Returns -1, or the first tensor whose sections are refused (nothing written)."""
-    threaded = spread(starts)
-    bad, idx, values, kst = _read_pairs(data, sections, values_at, counts, addrs, starts, like, not threaded)
-    if bad < 0 and threaded:
-        zero_threads(addrs, starts, like)
-        _write_pairs(values, idx, kst, addrs, starts, like, SET, False, False)
+    small = not spread(starts)
+    bad, idx, values, kst = _read_pairs(data, sections, values_at, counts, addrs, starts, like, small)
+    if bad < 0 and not small:
+        _write_pairs(values, idx, kst, addrs, starts, like, SET, False, zero_for(SET, addrs, starts, like))
     return bad
 
 
@@ -156,7 +152,7 @@ def _write_pairs(values, idx, kstarts, addrs, starts, like, mode, run, zero_firs
     ``idx[kstarts[t]:kstarts[t+1]]``, run positions when ``run``, else its own) written
     (``mode``) into its array (``addrs[t]``), on the threads in chunks of the pairs
     (:func:`_pairs`); every array zeroed first on the calling thread when ``zero_first``
-    (a small run: ``_stream.spread``)."""
+    (a small run: ``_stream.zero_for``)."""
     if zero_first:
         zero_arrays(addrs, starts, like)
     k = idx.size
