@@ -19,6 +19,8 @@ import sys
 
 import crc32c as _crc32c
 
+from codec import threads
+
 __all__ = ["FOLD_MIN", "PARALLEL_MIN", "POLY", "combine", "crc32c", "zero_operators"]
 
 #: buffers shorter than this are checksummed in one call (a thread hand-off costs ~20 us)
@@ -83,8 +85,6 @@ def crc32c(buf, value: int = 0) -> int:
     CRC ``value`` of the bytes before it: ``crc32c.crc32c(buf, value)``'s result, on up to
     ``codec.threads.budget()`` threads when ``buf`` is large, each part folded by the kernels'
     CRC where it can be (:func:`_part`)."""
-    from codec import threads
-
     mv = memoryview(buf).cast("B")
     n = mv.nbytes
     parts = min(threads.budget(), 8, n // (PARALLEL_MIN // 2)) if n >= PARALLEL_MIN else 1

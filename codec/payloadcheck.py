@@ -8,6 +8,10 @@ did not (:func:`codec.checksum.crc32c`), so it sits above both.
 from __future__ import annotations
 
 import contextlib
+import functools
+import types
+
+import numpy as np
 
 from codec.checksum import crc32c
 from codec.errors import CorruptFrameError
@@ -35,12 +39,10 @@ class PayloadCheck:
     turns into the same NaN and error."""
 
     def __init__(self, payload, expected: int):
-        import numpy as np
-
-        from codec.kernels.cpu._common import address_of  # (a decoding kernel runs next: Numba is loaded anyway)
-
-        self.payload = np.frombuffer(payload, np.uint8) if len(payload) else np.empty(0, np.uint8)
-        self.base = address_of(self.payload)  # (``.ctypes.data`` cost four times as much: a decode's fixed cost)
+        if type(payload) is not np.ndarray or payload.dtype != np.uint8:  # (a replayed decode's payload is its uint8 view already)
+            payload = np.frombuffer(payload, np.uint8) if len(payload) else np.empty(0, np.uint8)
+        self.payload = payload
+        self.base = _kernels().address_of(payload)
         self.expected = int(expected)
         self.pieces: list = []  # (byte offset, byte length, CRC-32C)
         self.rejected: str | None = None  # (the first refusal :meth:`reject` noted)
@@ -51,9 +53,7 @@ class PayloadCheck:
         ignored: :meth:`verify` checksums those bytes itself."""
         if crc < 0 or not arr.nbytes:
             return
-        from codec.kernels.cpu._common import address_of
-
-        at = address_of(arr) - self.base
+        at = _kernels().address_of(arr) - self.base
         if 0 <= at and at + arr.nbytes <= self.payload.size:
             self.pieces.append((at, arr.nbytes, int(crc)))
 
@@ -68,8 +68,6 @@ class PayloadCheck:
         """CorruptFrameError when the payload's CRC-32C is not the stored one, or a refusal
         was noted (:meth:`reject`), after filling every array of ``written`` (what decoding
         wrote) with NaN."""
-        import numpy as np
-
         sums, lens, pos = [], [], 0
         for at, n, crc in sorted(self.pieces):
             if at < pos:  # (bytes noted twice: counted once)
@@ -86,9 +84,7 @@ class PayloadCheck:
         if len(sums) == 1:
             got = sums[0]
         else:
-            from codec.kernels.cpu._crc import join
-
-            got = int(join(np.array(sums, np.uint32), 0, np.array(lens, np.int64)))
+            got = int(_kernels().join(np.array(sums, np.uint32), 0, np.array(lens, np.int64)))
         if got != self.expected:
             refuse(written)
         if self.rejected is not None:
@@ -126,9 +122,17 @@ def refuse(written=(), message: str = "payload checksum mismatch: the section da
     """The verdict on a payload whose CRC-32C is not the stored one (or on codes ``message``
     names), given after decoding wrote ``written`` (arrays; None skipped): each filled with
     NaN, then :class:`~codec.errors.CorruptFrameError`."""
-    import numpy as np
-
     for a in written:
         if a is not None and a.size:
             a.fill(np.nan)
     raise CorruptFrameError(message)
+
+
+@functools.cache
+def _kernels():
+    """What the check takes from the CPU kernels (``address_of``, the CRC's ``join``), imported
+    at the first check, when a decoding kernel runs anyway (they import Numba, which ``import
+    codec`` does not); looked up once (an import statement in a decode's path cost ~0.5 µs)."""
+    from codec.kernels.cpu import _common, _crc
+
+    return types.SimpleNamespace(address_of=_common.address_of, join=_crc.join)

@@ -103,7 +103,7 @@ def decode_run(plan, payload, addrs, views, check=None) -> bool:
         got = value.read_planned(payload, plan.run, check is not None)
     except CorruptFrameError:
         return False
-    return got is not None and value.write_segments(got, [v.reshape(-1) for v in views], SET, check, addrs)
+    return got is not None and value.write_segments(got, views, SET, check, addrs)
 
 
 def decode_keyed(plan, payload, addrs, views) -> bool:

@@ -45,7 +45,8 @@ def largest(lut_top: float, scale, offset=()) -> float:
     can exceed the largest finite value of its dtype (QSGD decodes ``norm * level / s`` and
     the norm of values near float32's maximum exceeds it); such a frame decodes saturated to
     that value, as an fp8 "satfinite" conversion does."""
-    return lut_top * float(np.abs(scale).max(initial=0.0)) + float(np.abs(np.asarray(offset)).max(initial=0.0))
+    top = lut_top * float(np.abs(scale).max(initial=0.0))
+    return top + float(np.abs(np.asarray(offset)).max()) if len(offset) else top
 
 
 @dataclass
@@ -160,16 +161,18 @@ def write(payload: Dequant, out, mode, check=None) -> None:
 
 def write_segments(payload: Dequant, outs, mode, check=None, addrs=None) -> bool:
     """A run's codes (:meth:`Quantizer.read_run`) decoded into every tensor's own array in one
-    parallel kernel call (``dequantize_segments``, each tensor's array by address:
-    ``addrs`` when the caller has them): the values :func:`write` gives.  False when
-    :func:`write` would take its float64 pass (a scale beyond the run's dtype, blocks to
-    rescue, arrays of another dtype)."""
+    parallel kernel call (``dequantize_segments``, each tensor's array by address): the
+    values :func:`write` gives.  False when :func:`write` would take its float64 pass (a
+    scale beyond the run's dtype, blocks to rescue, arrays of another dtype).  ``addrs``:
+    the arrays' addresses, from a caller that has checked each is a C-contiguous array of
+    the run's dtype (a replayed decode, ``codec.replayplan``), whose ``outs`` need not be
+    flat; None: ``outs`` flat arrays, checked here."""
     p = payload
-    if p.starts is None or any(o.dtype != p.dtype for o in outs) or not _direct(p, p.dtype):
+    if p.starts is None or (addrs is None and any(o.dtype != p.dtype for o in outs)) or not _direct(p, p.dtype):
         return False
     p = _checked_unless(p, check, mode)
     if outs:
-        dequantize(p, outs[0], mode, addresses(outs) if addrs is None else addrs, check)
+        dequantize(p, outs[0].reshape(-1), mode, addresses(outs) if addrs is None else addrs, check)
     return True
 
 
