@@ -4,8 +4,10 @@ Every kernel module does ``from codec._jit import jit`` and decorates with ``@ji
 ``@jit(parallel=True)``).  Options fixed here: ``cache=True`` (compiled code is kept on disk
 next to the module), lazy signatures (nothing compiles before the first call), no
 ``fastmath`` (gradient code must keep IEEE semantics: NaN checks, signed zeros, exact
-rounding), and the NumPy error model (division by zero gives inf/nan, never a Python
-exception from inside a kernel).
+rounding), the NumPy error model (division by zero gives inf/nan, never a Python
+exception from inside a kernel), and Numba's optimisation level ``NUMBA_OPT=max`` unless the
+user chose one (:data:`OPT`: a kernel compiled in this process runs as fast as one loaded
+from the cache).
 
 Importing this module imports numba, so only kernel modules import it, and kernel modules
 are only imported from inside stage methods: ``import codec`` stays cheap.
@@ -14,6 +16,7 @@ are only imported from inside stage methods: ``import codec`` stays cheap.
 from __future__ import annotations
 
 import functools
+import os
 import types
 
 from codec import threads
@@ -21,7 +24,23 @@ from codec.errors import CodecValueError
 
 threads.prepare_numba()  # before Numba's OpenMP runtime loads: idle threads wait passively
 
+#: Numba's optimisation level, unless the user set ``NUMBA_OPT``: "max" runs its first
+#: module pass at -O3 with loop vectorisation as well (the default runs that one at -O0, to
+#: inline, then the full -O3 pass once).  Why it matters: a kernel's ``@jit`` helpers are
+#: compiled as functions of their own and again, already optimised once, inside the kernel;
+#: a process that compiles the kernel calls the helpers' own copies (the JIT linker binds
+#: its calls to the copy it loaded first), a process that loads it from the disk cache calls
+#: the copies inside it.  Optimised once, some helpers' loops are not vectorised (qsgd's
+#: coding loop: 3.2 against 0.77 ns a value), so at the default level a kernel compiled in
+#: this process (a first run, or any run after a change) ran up to 4x slower than the same
+#: kernel loaded from the cache: the qsgd error-feedback step 55 ms against 26
+#: (docs/kernels.md, "The jit wrappers").  Compiling takes ~20% longer; values unchanged.
+OPT = "max"
+os.environ.setdefault("NUMBA_OPT", OPT)
+
 import numba  # noqa: E402
+
+numba.core.config.reload_config()  # (where Numba was imported before this module: read before its first compile fixes its passes)
 
 _DEFAULTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 

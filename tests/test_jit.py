@@ -67,6 +67,29 @@ def test_a_kernel_names_its_work_when_its_first_argument_is_not_it():
 
 
 # ---------------------------------------------------------------- codec._cuda_jit
+@pytest.mark.parametrize("user", [None, "2"])
+def test_numba_optimises_at_max_unless_the_user_chose(user):
+    """``codec._jit`` sets ``NUMBA_OPT=max`` (a kernel's helpers optimised before they are
+    linked in, so a kernel compiled in this process runs as fast as one loaded from the
+    cache), even where Numba was imported first, and leaves a user's own level alone."""
+    script = textwrap.dedent(
+        """
+        import os
+        import numba
+        numba.get_num_threads()  # (Numba imported and started before codec)
+        import codec._jit
+        from numba.core.registry import cpu_target
+        cg = cpu_target.target_context.codegen()
+        print(os.environ['NUMBA_OPT'], numba.core.config.OPT.is_opt_max, cg._loopvect)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_OPT"}
+    if user is not None:
+        env["NUMBA_OPT"] = user
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out == (["max", "True", "True"] if user is None else ["2", "False", "False"])
+
+
 def test_cuda_fastmath_is_refused():
     with pytest.raises(ValueError, match="fastmath"):
         _cuda_jit.jit(fastmath=True)
