@@ -66,7 +66,6 @@ def test_a_kernel_names_its_work_when_its_first_argument_is_not_it():
         _jit.jit(work=len)
 
 
-# ---------------------------------------------------------------- codec._cuda_jit
 @pytest.mark.parametrize("user", [None, "2"])
 def test_numba_optimises_at_max_unless_the_user_chose(user):
     """``codec._jit`` sets ``NUMBA_OPT=max`` (a kernel's helpers optimised before they are
@@ -90,6 +89,7 @@ def test_numba_optimises_at_max_unless_the_user_chose(user):
     assert out == (["max", "True", "True"] if user is None else ["2", "False", "False"])
 
 
+# ---------------------------------------------------------------- codec._cuda_jit
 def test_cuda_fastmath_is_refused():
     with pytest.raises(ValueError, match="fastmath"):
         _cuda_jit.jit(fastmath=True)
