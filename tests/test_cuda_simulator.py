@@ -41,10 +41,7 @@ def start() -> None:
         return
     where = Path(tempfile.mkdtemp(prefix="gradcodec-cudasim-"))
     log = open(where / "output.txt", "w")
-    # (Numba's default optimisation level unless one was chosen: the CPU kernels this run
-    # compiles are the twins' references, whose speed it never measures; codec._jit's "max"
-    # compiles them ~20% slower and changes no value, and this run is the suite's long pole)
-    env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning", NUMBA_OPT=os.environ.get("NUMBA_OPT", "3"))
+    env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning")
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "record", str(where / "signatures.json"), "--", str(HERE / "cuda")],
         cwd=HERE.parent, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
