@@ -10,6 +10,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+# The suite compiles at Numba's default optimisation level unless one is set: codec._jit
+# raises it to "max" (a kernel compiled in its own process then runs at the cached speed),
+# which no value depends on (no fastmath) and which cost a fresh clone's run 15-16 -> 19-20
+# minutes, most of it compiling (tests/README.md, "Where the time goes"). test_jit checks
+# the library's setting; subprocesses (the simulator's run, launched ranks) inherit this one.
+os.environ.setdefault("NUMBA_OPT", "3")
+
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # significand bits (implicit one included), exponent of the subnormal quantum, first overflowing magnitude
