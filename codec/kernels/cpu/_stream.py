@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 from codec import threads
 from codec._jit import jit
-from codec.kernels.cpu._common import chunk_segments, view_at
+from codec.kernels.cpu._common import address_of, chunk_segments, view_at
 from codec.modes import SET
 
 #: the fewest output values a SET decode streams (32 MiB of float32: above the L3 of this
@@ -158,7 +158,7 @@ def zero_for(mode, addrs, starts, like) -> bool:
     if not spread(starts):
         return True
     if addrs is None:
-        addrs, starts = np.array([like.ctypes.data], np.int64), np.array(starts, np.int64)
+        addrs, starts = np.array([address_of(like)], np.int64), np.array(starts, np.int64)
     zero_threads(addrs, starts, like)
     return False
 
