@@ -10,6 +10,7 @@ import pytest
 from numba import cuda
 
 import codec
+from codec.dtypes import readonly
 from codec.errors import NonFiniteError
 from codec.kernels import module
 from codec.kernels.cuda import _common
@@ -24,10 +25,11 @@ def run(kern, put, dw, r, g, length, per_chunk, nchunk, cap, form):
     arrs = [put(np.zeros((nchunk, cap), np.int64)), put(np.zeros((nchunk, cap), dtype)), put(np.zeros(nchunk, np.int64)),
             put(np.zeros(nchunk, np.int64)), put(np.zeros(nb, dtype))]
     chunks = np.array([0, nchunk])
+    inp = put if kern is G else readonly  # (the CPU kernel's inputs read-only, as the stages pass them: one signature a dtype)
     if form:
-        kern.feedback_adacomp_bins(put(dw), put(r), g, length, per_chunk, chunks, *arrs)
+        kern.feedback_adacomp_bins(inp(dw), inp(r), g, length, per_chunk, chunks, *arrs)
     else:
-        kern.adacomp_bins(put(dw), g, length, per_chunk, chunks, *arrs)
+        kern.adacomp_bins(inp(dw), inp(g), length, per_chunk, chunks, *arrs)
     return [a if isinstance(a, np.ndarray) else a.copy_to_host() for a in arrs + [g]]
 
 
@@ -129,7 +131,8 @@ def test_segments_match_the_cpu_kernel(monkeypatch, dtype):
     for name, kern, put in (("cpu", C, np.asarray), ("cuda", G, cuda.to_device)):
         arrs = [put(np.full(x.size, -1, np.int64)), put(np.zeros(x.size, dtype)), put(np.zeros(len(sizes), np.int64)),
                 put(np.zeros(len(sizes), np.int64)), put(np.zeros(bstarts[-1], dtype))]
-        kern.adacomp_segments(put(dw), put(x), put(starts), put(lengths), put(bstarts), *arrs)
+        inp = put if kern is G else readonly  # (read-only inputs, as run's)
+        kern.adacomp_segments(inp(dw), inp(x), put(starts), put(lengths), put(bstarts), *arrs)
         res[name] = [a if isinstance(a, np.ndarray) else a.copy_to_host() for a in arrs]
     pos, vals, counts, bad, gmax = res["cpu"]
     assert np.array_equal(res["cuda"][2], counts) and np.array_equal(res["cuda"][3], bad) and bad.tolist() == [0, 0, 0, 0, 1, 0]

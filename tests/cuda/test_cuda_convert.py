@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.modes import ADD, SET, SUB
 
@@ -18,7 +19,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = (F16, BF16)
 SIZES = (0, 1, 7, 255, 256, 257, 700)  # on a GPU, blocks of 256 threads: none, part of one, several (the simulator's shapes: conftest.py)
 K = module("convert", "cuda")
-CPU = module("convert", "cpu")
+CPU = module("convert", "cpu")  # (its inputs passed read-only, as the stages pass them: the signatures the host suite compiles)
 
 
 def data(n, dtype, seed=0):
@@ -62,7 +63,7 @@ def test_narrow_codes(n, dtype, half, ref16):
     fine = ~np.isnan(x)
     same(got[fine], ref16(x, half)[fine])
     want = np.empty(n, np.uint16)
-    CPU.narrow_codes(x, want, half == BF16, -1)
+    CPU.narrow_codes(ro(x), want, half == BF16, -1)
     same(got, want)  # NaN payloads too: the CPU kernel's codes, bit for bit
 
 
@@ -99,7 +100,7 @@ def test_half_decode(half, out_dtype, mode):
     got = out.copy_to_host()
     cpu = base.copy()
     with np.errstate(invalid="ignore"):
-        CPU.half_decode(codes, cpu, mode, half == BF16)
+        CPU.half_decode(ro(codes), cpu, mode, half == BF16)
     (same if mode == SET else same_values)(got, cpu)
     same_values(got, want)
 
@@ -125,7 +126,7 @@ def test_combine_and_combine_odd(pair, mode):
         out, cpu = cuda.to_device(base), base.copy()
         with np.errstate(invalid="ignore", over="ignore"):
             getattr(K, name)(cuda.to_device(src), out, mode)
-            getattr(CPU, name)(src, cpu, mode)
+            getattr(CPU, name)(ro(src), cpu, mode)
         (same if mode == SET else same_values)(out.copy_to_host(), cpu)
     if mode != SET:  # combine_odd's reference: the exact sum, rounded once to out's dtype
         fine = np.isfinite(src) & np.isfinite(base) & (np.abs(src.astype(np.float64)) < 1e30) & (np.abs(base.astype(np.float64)) < 1e30)
@@ -151,7 +152,7 @@ def test_half_combine(half, mode, ref16):
     with np.errstate(invalid="ignore", over="ignore"):
         K.half_combine(cuda.to_device(src), d, mode, half == BF16)
         cpu = codes.copy()
-        CPU.half_combine(src, cpu, mode, half == BF16)
+        CPU.half_combine(ro(src), cpu, mode, half == BF16)
         exact = codes.view(half).astype(np.float64) + (src.astype(np.float64) if mode == ADD else -src.astype(np.float64))
     got = d.copy_to_host()
     fine = np.isfinite(exact)
@@ -175,7 +176,7 @@ def test_half_feedback(n, half, ref16):
     same(codes.copy_to_host()[fine], ref16(a, half)[fine])
     assert np.array_equal(acc.copy_to_host(), acc_want, equal_nan=True)
     cpu_acc, cpu_codes = np.full(n, 7.0, np.float32), np.zeros(n, np.uint16)
-    CPU.half_feedback(x, r, cpu_acc, cpu_codes, half == BF16, -1)
+    CPU.half_feedback(ro(x), r, cpu_acc, cpu_codes, half == BF16, -1)
     same(codes.copy_to_host()[fine], cpu_codes[fine])
     same_values(acc.copy_to_host(), cpu_acc)
 
@@ -202,7 +203,7 @@ def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16, thr
         out = cuda.device_array(n, np.uint16)
         bad, _ = K.narrow_codes(cuda.to_device(x), out, bf16, -1)
         want = np.empty(n, np.uint16)
-        assert bad == CPU.narrow_codes(x, want, bf16, -1)[0] == int((~np.isfinite(x)).sum())
+        assert bad == CPU.narrow_codes(ro(x), want, bf16, -1)[0] == int((~np.isfinite(x)).sum())
         same(out.copy_to_host(), want)
         dec = cuda.to_device(np.zeros(n, np.float32))
         K.half_decode(out, dec, SET, bf16)
@@ -212,7 +213,7 @@ def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16, thr
         bad, _ = K.half_feedback(cuda.to_device(x), cuda.to_device(r), acc, codes, bf16, -1)
         cpu_acc, cpu_codes = np.empty(n, np.float32), np.empty(n, np.uint16)
         with np.errstate(over="ignore", invalid="ignore"):
-            assert bad == CPU.half_feedback(x, r, cpu_acc, cpu_codes, bf16, -1)[0]
+            assert bad == CPU.half_feedback(ro(x), r, cpu_acc, cpu_codes, bf16, -1)[0]
         same_values(acc.copy_to_host(), cpu_acc)
 
 

@@ -14,6 +14,7 @@ import codec
 from codec.errors import CorruptFrameError
 from codec.frame import SectionInfo, SectionKind
 from codec.kernels import module
+from codec.dtypes import readonly as ro
 from codec.dtypes import on_device
 from codec.pack import encode_indices, index_segments, section_table
 
@@ -45,7 +46,7 @@ def test_gaps_round_trip_as_the_cpu():
         gaps = cuda.to_device(np.full(idx.size, 7, np.uint64))
         assert K.delta_encode(cuda.to_device(idx) if idx.size else idx, gaps) == (ref_gaps(idx).max() if idx.size else 0), n
         want = np.empty(idx.size, np.uint64)
-        CPU.delta_encode(idx, want)
+        CPU.delta_encode(ro(idx), want)  # (the CPU kernels' inputs read-only, as the stages pass them)
         assert np.array_equal(gaps.copy_to_host(), want)
         back = cuda.to_device(np.full(idx.size, -5, np.int64))
         assert K.delta_decode(gaps, n, back) is True
@@ -59,7 +60,7 @@ def test_gaps_refused_as_the_cpu():
     gaps = ref_gaps(idx).astype(np.uint64)
     for n in (int(idx[-1]), 1, 0):  # the last position reaches n; every one does
         assert K.delta_decode(gaps, n, np.empty(idx.size, np.int64)) is False
-        assert CPU.delta_decode(gaps, n, np.empty(idx.size, np.int64)) is False
+        assert CPU.delta_decode(ro(gaps), n, np.empty(idx.size, np.int64)) is False
     huge = gaps.copy()
     huge[K.CHUNK + 3] = np.uint64(2**63)  # one gap past any n, in a later chunk: no sum wraps
     assert K.delta_decode(huge, 10**9, np.empty(idx.size, np.int64)) is False
@@ -125,7 +126,7 @@ def test_many_sets_as_the_cpu():
     widths = cuda.device_array(sizes.size, np.int64)
     K.index_widths(cuda.to_device(pos), starts, sizes, widths)
     want = np.empty(sizes.size, np.int64)
-    CPU.index_widths(pos, starts, sizes, want)
+    CPU.index_widths(ro(pos), ro(starts), ro(sizes), want)
     assert np.array_equal(widths.copy_to_host(), want)
     bad = pos.copy()
     bad[starts[-2]] = sizes[-1]  # the last set's first position: past its tensor
@@ -145,7 +146,7 @@ def test_many_sets_as_the_cpu():
     damaged[0, 4] += 1  # a length not its count's
     K.index_counts(out, cuda.to_device(damaged), sizes, found)
     want = np.empty(sizes.size, np.int64)
-    CPU.index_counts(run.data, damaged, sizes, want)
+    CPU.index_counts(ro(run.data), ro(damaged), sizes, want)
     assert found.copy_to_host().tolist() == want.tolist() and want[0] == -1
     back = cuda.to_device(np.full(pos.size, -1, np.int64))
     flags = cuda.to_device(np.zeros(sizes.size, np.uint8))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.modes import ADD, SUB
 
@@ -31,11 +32,11 @@ def test_products(n, m, r, dtype):
         mat[1, 3] = np.nan
     for width in (4, m):
         pc, pg = np.empty((n, r), dtype), np.empty((n, r), dtype)
-        assert C.project(mat, qt, pc, width) == G.project(cuda.to_device(mat), qt, pg, width)
+        assert C.project(ro(mat), qt, pc, width) == G.project(cuda.to_device(mat), qt, pg, width)
         same(pg, pc)
     p = rng.standard_normal((n, r)).astype(dtype)
     qc, qg = np.empty((m, r), dtype), np.empty((m, r), dtype)
-    C.back_project(mat, p, qc)
+    C.back_project(ro(mat), p, qc)  # (the matrix read-only, as the stage passes it)
     G.back_project(cuda.to_device(mat), p, qg)
     same(qg, qc)
     q = rng.standard_normal((m, r)).astype(dtype)

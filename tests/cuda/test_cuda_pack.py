@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 
 K = module("pack", "cuda")
@@ -42,7 +43,7 @@ def test_pack_and_unpack_codes(n, dtype):
         K.pack_codes(cuda.to_device(c), bits, out)
         got = out.copy_to_host()
         want = np.empty_like(got)
-        CPU.pack_codes(c, bits, want)
+        CPU.pack_codes(ro(c), bits, want)  # (the codes read-only, as the stages pass them)
         assert np.array_equal(got, want), bits
         if n <= 63:
             assert np.array_equal(got, reference(c, bits)), bits
@@ -62,7 +63,7 @@ def test_pack_segments(dtype):
         ostarts = np.concatenate([[5], 5 + np.cumsum([(n * bits + 7) // 8 + 2 for n in sizes[:-1]])]).astype(np.int64)
         total = int(ostarts[-1] + (sizes[-1] * bits + 7) // 8 + 4)
         want = np.full(total, 0x5A, np.uint8)
-        CPU.pack_segments(c, starts, bits, want, ostarts)
+        CPU.pack_segments(ro(c), starts, bits, want, ostarts)
         out = cuda.to_device(np.full(total, 0x5A, np.uint8))
         K.pack_segments(cuda.to_device(c), cuda.to_device(starts), bits, out, cuda.to_device(ostarts))
         assert np.array_equal(out.copy_to_host(), want), bits  # the bytes between tensors untouched too

@@ -61,6 +61,7 @@ def test_minifloat(n, dtype):
         x = data(kind, n, dtype)
         if kind == "heavy" and n > 3:
             x[3] = np.nan
+        x = ro(x)  # (an input, read-only as the stages pass it: see both)
         block, upb = (100, 1) if n > 100 else (3, 1)  # a block per window, or a thread per window (<= 64 values)
         units = -(-n // block)
         bits, mask = bits_of(x)
@@ -85,7 +86,7 @@ def test_minifloat_feedback(dtype):
     for side in (C, G):
         units = -(-n // block)
         top = np.zeros(units, bits.dtype)
-        args = (cuda.to_device(x), cuda.to_device(r)) if side is G else (x, r)
+        args = (cuda.to_device(x), cuda.to_device(r)) if side is G else (ro(x), r)  # (x read-only, r not: as the stage passes them)
         side["quantize"].feedback_absmax_units(*args, block, upb, mask, top)
         host = (lambda d: d.copy_to_host()) if side is G else (lambda d: d)
         got = [top]
@@ -100,7 +101,7 @@ def test_minifloat_feedback(dtype):
 
 
 def test_minifloat_segments():
-    x = data("heavy", 300, np.float32)
+    x = ro(data("heavy", 300, np.float32))
     starts = np.array([0, 7, 7, 150, 300])
     blocks = np.array([7, 1, 40, 150])
     nblocks = -(-np.diff(starts) // blocks)
@@ -122,6 +123,7 @@ def test_per_tensor(n, dtype):
         x = data(kind, n, dtype)
         if kind == "sparse" and n > 5:
             x[5] = -np.inf
+        x = ro(x)
         bits, mask = bits_of(x)
         (ca, _), (ga, _) = both("tensor_moments", "quantize", x, bits, mask, float(x[0]) if n else 0.0, LANES, np.zeros((1, 2)), np.zeros(1, bits.dtype), device=(0, 1))
         same(ga[5], ca[5]), same(ga[6], ca[6])
@@ -148,14 +150,14 @@ def test_buckets(n, dtype):
         if kind == "heavy" and n > 9:
             x[9] = np.nan
         nb, _, ng = bucket_groups(n, bucket)
-        (ca, _), (ga, _) = both("qsgd_encode", "bucket", x, bucket, 7, stochastic, STRM, width, np.zeros(nb), np.zeros(n, np.uint8), np.zeros(ng, np.int64))
+        (ca, _), (ga, _) = both("qsgd_encode", "bucket", ro(x), bucket, 7, stochastic, STRM, width, np.zeros(nb), np.zeros(n, np.uint8), np.zeros(ng, np.int64))
         for j in (6, 7, 8):
             same(ga[j], ca[j])
         wide = dtype == np.float64
         ibits = x.view(np.int64 if wide else np.int32)
         low, inf = ((1 << 63) - 1, 0x7FF0000000000000) if wide else (0x7FFFFFFF, 0x7F800000)
         (ca, cc), (ga, gc) = both(
-            "minmax_encode", "bucket", x, ibits, low, inf, bucket, 15, stochastic, STRM, np.zeros(nb), np.zeros(nb), np.zeros(n, np.uint8), np.zeros(ng, np.int64), None, None, 3, device=(0, 1)
+            "minmax_encode", "bucket", ro(x), ibits, low, inf, bucket, 15, stochastic, STRM, np.zeros(nb), np.zeros(nb), np.zeros(n, np.uint8), np.zeros(ng, np.int64), None, None, 3, device=(0, 1)
         )
         for j in (10, 11, 12, 13):
             same(ga[j], ca[j])
@@ -165,7 +167,7 @@ def test_buckets(n, dtype):
 def test_tiny_norms_are_rescued():
     """A bucket whose sum of squares underflows takes the CPU's rescue (values times 2**-E)."""
     x = np.array([3e-170, -1e-165, 0.0, 2e-168, 5e-300], np.float64)
-    (ca, _), (ga, _) = both("qsgd_encode", "bucket", x, 5, 7, False, STRM, 4, np.zeros(1), np.zeros(5, np.uint8), np.zeros(1, np.int64))
+    (ca, _), (ga, _) = both("qsgd_encode", "bucket", ro(x), 5, 7, False, STRM, 4, np.zeros(1), np.zeros(5, np.uint8), np.zeros(1, np.int64))
     same(ga[6], ca[6]), same(ga[7], ca[7])
 
 
@@ -178,12 +180,13 @@ def test_bucket_feedback(dtype):
     out = []
     for side in (C, G):
         dv = (lambda a: cuda.to_device(a)) if side is G else (lambda a: a.copy())
+        inp = (lambda a: cuda.to_device(a)) if side is G else (lambda a: ro(a.copy()))  # (the data: read-only, as the stages pass it)
         host = (lambda d: d.copy_to_host()) if side is G else (lambda d: d)
         acc, acc2 = dv(np.zeros(n, dtype)), dv(np.zeros(n, dtype))
         norms, codes, bad = np.zeros(3), np.zeros(n, np.uint8), np.zeros(1, np.int64)
-        side["bucket"].qsgd_encode(dv(x), bucket, 5, True, STRM, 4, norms, codes, bad, dv(r), acc)
+        side["bucket"].qsgd_encode(inp(x), bucket, 5, True, STRM, 4, norms, codes, bad, dv(r), acc)
         lows, highs, codes2 = np.zeros(3), np.zeros(3), np.zeros(n, np.uint8)
-        crc = side["bucket"].minmax_encode(dv(x), acc2.view(np.int64 if wide else np.int32), low, inf, bucket, 255, False, STRM, lows, highs, codes2, bad, dv(r), acc2, 9)
+        crc = side["bucket"].minmax_encode(inp(x), acc2.view(np.int64 if wide else np.int32), low, inf, bucket, 255, False, STRM, lows, highs, codes2, bad, dv(r), acc2, 9)
         out.append((norms, codes, host(acc), lows, highs, codes2, host(acc2), crc))
     for c, g in zip(*out):
         assert (c == g) if isinstance(c, int) else same(g, c) is None
@@ -269,6 +272,7 @@ def test_elias():
     bucket, per, levels = 8, 3, 7
     codes = (rng.integers(0, 8, 100) * (rng.random(100) < 0.3) * 2 + rng.integers(0, 2, 100)).astype(np.uint8)
     codes[(codes >> 1) == 0] = 0  # a zero level has no sign
+    codes = ro(codes)
     nch = -(-100 // (bucket * per))
     sizes = []
     for side in (C, G):
@@ -289,7 +293,7 @@ def test_elias():
         got = []
         for side in (C, G):
             dec, bad = np.zeros(100, np.uint8), np.zeros(nch, np.int64)
-            side["elias"].elias_decode(data_, starts, 100, bucket, per, levels, dec, bad)
+            side["elias"].elias_decode(ro(data_), starts, 100, bucket, per, levels, dec, bad)
             got.append((dec, bad))
         same(got[1][0], got[0][0]), same(got[1][1], got[0][1])
         assert got[0][1].any() == (data_ is damaged)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.modes import ADD, SET, SUB
 
@@ -123,7 +124,8 @@ def test_index_scatter_segments_refuses_as_the_cpu_kernel():
     addrs = np.array([host.ctypes.data, host.ctypes.data + 20], np.int64)
     like = cuda.device_array(14, np.float32)
     for counts in (np.array([2, 4]), np.array([3, 3])):
-        want = C.index_scatter_segments(data, table, values_at, counts, addrs, starts, host)
-        assert want >= 0 and S.index_scatter_segments(data, table, values_at, counts, addrs, starts, like) == want
+        inputs = [ro(a) for a in (data, table, values_at, counts, addrs, starts)]  # (read-only, as the decode passes them)
+        want = C.index_scatter_segments(*inputs, host)
+        assert want >= 0 and S.index_scatter_segments(*inputs, like) == want
     with pytest.raises(CodecTypeError, match="addrs"):
         S.index_scatter_segments(data, table, values_at, np.array([2, 3]), addrs, starts, like)

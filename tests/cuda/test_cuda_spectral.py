@@ -19,6 +19,7 @@ import pytest
 import scipy.fft
 from numba import cuda
 
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.kernels.cuda import _fft as F  # the twin's FFT (its ROW_M)
 from test_spectral import ROW_PARTS, _block_top, _kernel_rows, check_rows
@@ -106,12 +107,12 @@ def test_selection_matches_the_cpu_kernels(dtype, c):
         out = cuda.to_device(np.full((rows, 2 * c), 7, dtype))
         G.place(out, 100, pos, vals)
         host = np.full((rows, 2 * c), 7, dtype)
-        C.place(host, 100, pos, vals)
+        C.place(host, 100, ro(pos), ro(vals))  # (inputs read-only, as the stage passes them)
         assert np.array_equal(out.copy_to_host(), host)
     mag_c, mag_g = np.empty(rows * c), np.empty(rows * c)
     spec[1, 3], spec[3, 0] = np.nan, np.inf
     bad_c, bad_g = np.zeros(rows, np.uint8), np.zeros(rows, np.uint8)
-    C.magnitudes(spec, mag_c, bad_c)
+    C.magnitudes(ro(spec), mag_c, bad_c)
     G.magnitudes(cuda.to_device(spec), mag_g, bad_g)
     assert bad_g.tolist() == bad_c.tolist() == [0, 1, 0, 1, 0]
     assert np.array_equal(mag_g, mag_c, equal_nan=True)

@@ -132,10 +132,11 @@ def project(mat, q) -> tuple[np.ndarray, int]:
     """``(M Q, how many entries of M are NaN or inf)``: ``M`` (n x m, float32/float64, on the
     host or the device), ``Q`` (m x r, host); the product on ``M``'s device in the fixed order
     of ``lowrank.project`` (lanes of ``codec.layout.LANES``), returned on the host in ``M``'s
-    dtype (it is frame content)."""
+    dtype (it is frame content).  ``M`` reaches the kernel read-only from every caller (the
+    stage, the transport's two rounds): one compiled signature a dtype."""
     n = mat.shape[0]
     p = np.empty((n, q.shape[1]), mat.dtype)
-    bad = backend("lowrank", mat).project(mat, _where(mat).put(np.ascontiguousarray(q.T, mat.dtype)), p, LANES)
+    bad = backend("lowrank", mat).project(readonly(mat), _where(mat).put(np.ascontiguousarray(q.T, mat.dtype)), p, LANES)
     return p, int(bad)
 
 
@@ -143,7 +144,7 @@ def back_project(mat, p) -> np.ndarray:
     """``M^T P`` (m x r, host, ``M``'s dtype) in the fixed order of ``lowrank.back_project``,
     on ``M``'s device (``P``: a host array, put there, or already there)."""
     q = np.empty((mat.shape[1], p.shape[1]), mat.dtype)
-    backend("lowrank", mat).back_project(mat, _there(mat, p), q)
+    backend("lowrank", mat).back_project(readonly(mat), _there(mat, p), q)
     return q
 
 
