@@ -241,7 +241,7 @@ class Magnitudes:
         mem = self._mem
         empty = mem.empty(0, dt)
         form = self._r is not None and self.cut is None
-        x, r, acc = (src, self._r, self.acc) if form else (src, empty, empty)
+        x, r, acc = (src, self._r, self.acc) if form else (src, readonly(empty), empty)  # (r read-only either way: one signature)
         sums = mem.zeros((nchunk if self._want_sums and self.mean is None else 0, 2), np.float64)
         if sums.shape[0]:
             self.sample()  # sets the shift
