@@ -356,7 +356,7 @@ class Magnitudes:
         mem = self._mem
         out, bad = mem.empty(k, np.int64), mem.zeros(1, np.int64)  # (finite: the pass checked)
         spans = mem.put(np.array([0, values.size], np.int64))
-        backend("select", values).topk_segments(values, spans, mem.put(np.array([k], np.int64)), spans[:1], out, bad)
+        backend("select", values).topk_segments(readonly(values), spans, mem.put(np.array([k], np.int64)), spans[:1], out, bad)
         return out
 
     def values(self, idx):

@@ -166,12 +166,12 @@ class FFT(Transform):
         kern.rfft_rows(x, run.parts(forward=True), spectrum)
         mag = mem.empty(total, np.float64)
         if total:
-            kern.magnitudes(spectrum.reshape(1, 2 * total), mag, mem.zeros(1, np.uint8))
+            kern.magnitudes(readonly(spectrum.reshape(1, 2 * total)), mag, mem.zeros(1, np.uint8))  # (inputs read-only: _global's signature)
         kstarts = offsets(ks)
         found = mem.empty(int(kstarts[-1]), np.int64)
         bad = mem.zeros(segs.size, np.uint8)
         dk = mem.put(kstarts)
-        backend("select", mag).topk_segments(mag, mem.put(np.append(segs, total)), mem.put(ks), dk, found, bad)
+        backend("select", mag).topk_segments(readonly(mag), mem.put(np.append(segs, total)), mem.put(ks), dk, found, bad)
         if mem.host(bad).any():
             return None
         index_kern = backend("index", found)
