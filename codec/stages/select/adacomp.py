@@ -170,7 +170,7 @@ class AdaComp(IndexSelect):
         room, pos, counts, bad = segment_room(sizes)  # (only each tensor's first sends are written)
         pos, counts, bad = mem.put(pos), mem.put(counts), mem.put(bad)
         vals = mem.empty(flat.size, flat.dtype)
-        dw = flat if gradient is None else readonly(gradient)
+        dw = readonly(flat if gradient is None else gradient)  # (read-only either way: one signature)
         backend("adacomp", flat).adacomp_segments(dw, readonly(flat), mem.put(starts), mem.put(lengths), mem.put(bstarts), pos, vals, counts, bad, gmax)
         if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position

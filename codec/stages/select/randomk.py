@@ -13,7 +13,7 @@ from codec.stage import Bound, Select, register
 from codec.streams import key_hash
 from codec.ops import add, first_nonfinite, HALF, offsets, round_to, WIDE, widen
 from codec.device import Memory
-from codec.dtypes import on_device
+from codec.dtypes import on_device, readonly
 from codec.kernels import backend
 from codec.layout import feistel_half
 
@@ -129,7 +129,7 @@ class RandomK(Select):
         pos = mem.empty(int(kstarts[-1]), np.int64)
         wrapped = np.array([st % (1 << 64) for st in steps], np.uint64)
         seeds = np.full(ks.size, self.seed, np.uint64)
-        backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, seeds, khashes, wrapped)
+        backend("randomk", pos).random_positions_segments(pos, readonly(kstarts), readonly(sizes), seeds, khashes, wrapped)  # (read-only as the decode's: one signature)
         where = mem.empty(pos.size, np.int64)
         backend("index", pos).absolute_positions(pos, mem.put(kstarts), mem.put(np.ascontiguousarray(starts, np.int64)), where)
         kept = mem.gather(flat, where)
@@ -165,7 +165,7 @@ class RandomK(Select):
         kstarts, keys = self.keys_at(data, at, sizes, room)
         pos = np.empty(int(kstarts[-1]), np.int64)
         if pos.size:
-            backend("randomk", pos).random_positions_segments(pos, kstarts, sizes, *keys)
+            backend("randomk", pos).random_positions_segments(pos, readonly(kstarts), readonly(sizes), *keys)
         return pos, kstarts
 
     def keys_at(self, data, at, sizes, room):
