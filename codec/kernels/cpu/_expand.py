@@ -9,6 +9,8 @@ order OpenBLAS's FMA kernels took, so frames frozen with ``P @ Q.T`` decode as t
 
 from __future__ import annotations
 
+import numpy as np
+
 from codec._jit import jit
 from codec.kernels.cpu._common import U, fma
 from codec.modes import ADD
@@ -52,9 +54,20 @@ def _four_rows(k, a, b, c, d, qt, q0, q1, q2, q3, out, o, m):
 @jit(inline="always")
 def expand_rows(coef, p, r, nb, qt, q, m, out, o):
     """``out[o + b*m + j] = sum_c coef[p + b*r + c] * qt[q + c*m + j]`` for the ``nb`` (1 to
-    :data:`EXPAND_ROWS`) rows ``b``, each element the module's chain.  A whole block at
-    ranks up to 4 is written together (:func:`_four_rows`), else row by row
-    (:func:`_expand_row`)."""
+    :data:`EXPAND_ROWS`) rows ``b``, each element the module's chain (:func:`_block_rows`,
+    its integers made int64 here: a constant argument is typed a literal, a compilation of
+    its own)."""
+    i64 = np.int64
+    _block_rows(coef, i64(p), i64(r), i64(nb), qt, i64(q), i64(m), out, i64(o))
+
+
+@jit
+def _block_rows(coef, p, r, nb, qt, q, m, out, o):
+    """:func:`expand_rows`: a whole block at ranks up to 4 is written together
+    (:func:`_four_rows`), else row by row (:func:`_expand_row`).  A function of its own,
+    not inlined: the kernels' parallel loops compiled in 18-23 s with it inlined (each of
+    ``expand``'s and ``expand_segments``' two compilations held two copies of it), 4-6 s
+    calling it, at the same speed (2026-12-04)."""
     if r > EXPAND_RANKS or nb < EXPAND_ROWS:
         for i in range(nb):
             _expand_row(coef, p + i * r, r, qt, q, m, out[o + i * m : o + (i + 1) * m])

@@ -18,7 +18,7 @@ from codec.kernels.cpu._ranks import RANKS, ROW_BLOCK, ROWS, TILE, back_sums, la
 from codec.layout import LANES
 
 
-@jit(inline="always")
+@jit
 def project_rows(m, qt, qw, p, width, lo, hi, lanes):
     """Rows ``lo:hi`` of :func:`~codec.kernels.cpu.lowrank.project` (``lanes``: an ``r x width`` float64 scratch);
     returns how many of their entries are NaN or infinite.  With ``qw`` (``qt`` in float64:
@@ -111,7 +111,7 @@ def _register_rows(m, qw, p, lo, hi):
     return k
 
 
-@jit(inline="always")
+@jit
 def back_columns(m, p, q, lo, hi):
     """Columns ``lo:hi`` of :func:`~codec.kernels.cpu.lowrank.back_project` (their float64 sums in cache).  At ranks 1
     to :data:`RANKS` on float32, each whole tile of :data:`TILE` columns is

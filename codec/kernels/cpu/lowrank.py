@@ -277,18 +277,9 @@ def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width,
         cols[t + 1] = cols[t] + (m + w - 1) // w
     bad = np.zeros(max(rows[count], 1), np.int64)
     owner, done = _pieces(rows, ns, ms, True)
-    for task in prange(min(rows[count], POWER_TASKS)):
-        first, last = _task(done, task, min(rows[count], POWER_TASKS))
-        for k in range(first, last):
-            t = owner[k]
-            n, m, r = ns[t], ms[t], rs[t]
-            runs = rows[t + 1] - rows[t]
-            j = k - rows[t]
-            mat = view_at(like, addrs[t], n * m).reshape((n, m))
-            p = values[firsts[t] : firsts[t] + n * r].reshape((n, r))
-            qt = qts[qstarts[t] : qstarts[t] + r * m].reshape((r, m))
-            lanes = np.empty((r, width))
-            bad[k] = project_rows(mat, qt, widened(qt, width), p, width, j * n // runs, (j + 1) * n // runs, lanes)
+    tasks = min(rows[count], POWER_TASKS)
+    for task in prange(tasks):
+        _project_pieces(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width, rows, owner, done, task, tasks, bad)
     broken = np.zeros(max(count, 1), np.int64)
     for t in range(count):
         broken[t] = bad[rows[t] : rows[t + 1]].sum()
@@ -306,19 +297,45 @@ def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width,
             for c in range(r):
                 p[i, c] = wide[i, c]
     owner, done = _pieces(cols, ns, span, False)
-    for task in prange(min(cols[count], POWER_TASKS)):
-        first, last = _task(done, task, min(cols[count], POWER_TASKS))
-        for k in range(first, last):
-            t = owner[k]
-            if broken[t]:
-                continue
-            n, m, r = ns[t], ms[t], rs[t]
-            lo = (k - cols[t]) * span[t]
-            mat = view_at(like, addrs[t], n * m).reshape((n, m))
-            p = values[firsts[t] : firsts[t] + n * r].reshape((n, r))
-            q = values[firsts[t] + n * r : firsts[t] + (n + m) * r].reshape((m, r))
-            back_columns(mat, p, q, lo, min(m, lo + span[t]))
+    tasks = min(cols[count], POWER_TASKS)
+    for task in prange(tasks):
+        _back_pieces(values, addrs, like, firsts, ns, ms, rs, cols, span, owner, done, task, tasks, broken)
     return broken.sum()
+
+
+@jit
+def _project_pieces(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width, rows, owner, done, task, tasks, bad):
+    """Task ``task`` of :func:`power_segments`' ``P = M Q``: its pieces of rows (a function
+    of its own, as every parallel loop's body here: the kernel's parallel loops compile in
+    a fraction of the time with their bodies out of line, and the two compilations of a
+    kernel share them)."""
+    first, last = _task(done, task, tasks)
+    for k in range(first, last):
+        t = owner[k]
+        n, m, r = ns[t], ms[t], rs[t]
+        runs = rows[t + 1] - rows[t]
+        j = k - rows[t]
+        mat = view_at(like, addrs[t], n * m).reshape((n, m))
+        p = values[firsts[t] : firsts[t] + n * r].reshape((n, r))
+        qt = qts[qstarts[t] : qstarts[t] + r * m].reshape((r, m))
+        lanes = np.empty((r, width))
+        bad[k] = project_rows(mat, qt, widened(qt, width), p, width, j * n // runs, (j + 1) * n // runs, lanes)
+
+
+@jit
+def _back_pieces(values, addrs, like, firsts, ns, ms, rs, cols, span, owner, done, task, tasks, broken):
+    """Task ``task`` of :func:`power_segments`' ``Q = M^T P``: its pieces of columns."""
+    first, last = _task(done, task, tasks)
+    for k in range(first, last):
+        t = owner[k]
+        if broken[t]:
+            continue
+        n, m, r = ns[t], ms[t], rs[t]
+        lo = (k - cols[t]) * span[t]
+        mat = view_at(like, addrs[t], n * m).reshape((n, m))
+        p = values[firsts[t] : firsts[t] + n * r].reshape((n, r))
+        q = values[firsts[t] + n * r : firsts[t] + (n + m) * r].reshape((m, r))
+        back_columns(mat, p, q, lo, min(m, lo + span[t]))
 
 
 @jit
