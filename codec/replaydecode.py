@@ -348,7 +348,7 @@ def feedback_lowrank(plan, arrays, slots):
     frame, values = got
     index, firsts, ns, ms, rs = plan.matrices
     if index.size:
-        backend("lowrank", plan.like).expand_segments(values, firsts, ns, ms, rs, readonly(at[index]), plan.like, SUB)
+        backend("lowrank", plan.like).expand_segments(readonly(values), firsts, ns, ms, rs, readonly(at[index]), plan.like, SUB)
     states = [dict(s.state) for s in slots]
     if plan.codec.transform.warm_start:
         for t, v, n, m, r in zip(*(col.tolist() for col in plan.matrices)):
@@ -437,5 +437,5 @@ def decode_lowrank(plan, payload, addrs, views) -> bool:
     if index.size:
         picked = addrs[index]
         picked.flags.writeable = False
-        backend("lowrank", plan.like).expand_segments(values, firsts, ns, ms, rs, picked, plan.like)
+        backend("lowrank", plan.like).expand_segments(values, firsts, ns, ms, rs, picked, plan.like, SET)
     return True

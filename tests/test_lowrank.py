@@ -27,7 +27,8 @@ import codec
 from codec.testing import assert_identical as assert_same
 from codec.dtypes import bfloat16
 from codec.frame import SectionKind, parse_frame
-from codec.modes import ADD, SUB
+from codec.dtypes import readonly as ro
+from codec.modes import ADD, SET, SUB
 from codec.lowrank import Factors, Plan, factorize, plan
 from codec.stages.transform import powersgd as psgd
 from codec.sample import load_sample
@@ -954,9 +955,9 @@ def test_expand_is_the_fma_chain(r, dt):
     n, m = 5, 21
     p, q = rng.standard_normal((n, r)).astype(dt), (rng.standard_normal((m, r)) * 1e-3).astype(dt)
     out = np.empty((n, m), dt)
-    module("lowrank").expand.serial(p, np.ascontiguousarray(q.T), out)
+    module("lowrank").expand.serial(p, np.ascontiguousarray(q.T), out, SET)  # (the mode given, as the stage gives it)
     again = np.empty((n, m), dt)
-    module("lowrank").expand.parallel(p, np.ascontiguousarray(q.T), again)
+    module("lowrank").expand.parallel(p, np.ascontiguousarray(q.T), again, SET)
     assert_same(again, out, "the twins")
 
     def rounded(x):  # the dtype value nearest the Fraction x, ties to even
@@ -987,7 +988,7 @@ def test_expand_adds_and_subtracts_what_it_stores(dt):
         p, q = rng.standard_t(2, (n, r)).astype(dt), rng.standard_t(2, (m, r)).astype(dt)
         qt = np.ascontiguousarray(q.T)
         stored = np.empty((n, m), dt)
-        K.expand.serial(p, qt, stored)
+        K.expand.serial(p, qt, stored, SET)
         base = rng.standard_t(2, (n, m)).astype(dt)
         for mode, want in ((ADD, base + stored), (SUB, base - stored)):
             for twin in ("serial", "parallel"):
@@ -1015,7 +1016,7 @@ def test_expand_segments_is_expand_of_each_matrix(dt):
             before = [(rng.standard_t(2, (n, m)) if mode != SET else np.full((n, m), np.nan)).astype(dt) for n, m, _ in plans]
             outs = [b.copy() for b in before]
             addrs = np.array([o.ctypes.data for o in outs], np.int64)
-            getattr(K.expand_segments, twin)(values, vstarts, ns, ms, rs, addrs, outs[0], mode)
+            getattr(K.expand_segments, twin)(*map(ro, (values, vstarts, ns, ms, rs, addrs)), outs[0].reshape(-1), mode)  # (as the codecs call it)
             for t, (n, m, r) in enumerate(plans):
                 v = values[vstarts[t] : vstarts[t + 1]]
                 p, q = v[: n * r].reshape(n, r), v[n * r :].reshape(m, r)
@@ -1045,15 +1046,15 @@ def test_register_products_are_the_fixed_order_sums(dt):
             pin = rng.standard_normal((n, r)).astype(dt)
             for twin in ("serial", "parallel"):
                 p = np.full((n, r), np.nan, dt)
-                assert getattr(K.project, twin)(mat, np.ascontiguousarray(q.T), p, LANES) == 0
+                assert getattr(K.project, twin)(ro(mat), np.ascontiguousarray(q.T), p, LANES) == 0  # (the matrix read-only, as the stage passes it)
                 assert_same(p, ref.project(mat, q), f"P of {n} x {m} at rank {r} ({twin})")
                 out = np.full((m, r), np.nan, dt)
-                getattr(K.back_project, twin)(mat, pin, out)
+                getattr(K.back_project, twin)(ro(mat), pin, out)
                 assert_same(out, ref.back_project(mat, pin), f"Q of {n} x {m} at rank {r} ({twin})")
             broken = mat.copy()
             broken[n - 1, m - 1] = np.nan
             broken[0, 0] = np.inf
-            assert K.project(broken, np.ascontiguousarray(q.T), np.empty((n, r), dt), LANES) == (2 if n * m > 1 else 1)
+            assert K.project(ro(broken), np.ascontiguousarray(q.T), np.empty((n, r), dt), LANES) == (2 if n * m > 1 else 1)
 
 
 @pytest.mark.parametrize("dt", [F32, F64], ids=["f32", "f64"])
@@ -1084,7 +1085,7 @@ def test_power_segments_is_one_power_iteration_of_each_matrix(dt):
                 mats[broken][1, 2] = np.inf if twin == "serial" else np.nan
             values = np.full(int(firsts[-1]), np.nan, dt)
             addrs = np.array([a.ctypes.data for a in mats], np.int64)
-            bad = getattr(K.power_segments, twin)(values, addrs, mats[0], firsts, ns, ms, rs, flat_q, qstarts, LANES, tiny)
+            bad = getattr(K.power_segments, twin)(values, ro(addrs), mats[0].reshape(-1), *map(ro, (firsts, ns, ms, rs, flat_q, qstarts)), LANES, tiny)  # (as the codecs call it)
             assert bad == (0 if broken is None else 1)
             for t, ((n, m, r), mat) in enumerate(zip(plans, mats)):
                 got = values[firsts[t] : firsts[t + 1]]
@@ -1092,10 +1093,10 @@ def test_power_segments_is_one_power_iteration_of_each_matrix(dt):
                     assert np.isnan(got[n * r :]).all(), "a matrix with a NaN or inf writes no Q"
                     continue
                 p = np.empty((n, r), dt)
-                assert K.project(mat, qts[t], p, LANES) == 0
+                assert K.project(ro(mat), qts[t], p, LANES) == 0
                 p = psgd.orthogonalize(p)
                 q = np.empty((m, r), dt)
-                K.back_project(mat, p, q)
+                K.back_project(ro(mat), p, q)
                 assert_same(got[: n * r].reshape(n, r), p, f"P of matrix {t} ({twin})")
                 assert_same(got[n * r :].reshape(m, r), q, f"Q of matrix {t} ({twin})")
                 np.testing.assert_allclose(q, (mat.astype(np.float64).T @ p.astype(np.float64)), rtol=1e-5 if dt == F32 else 1e-12, atol=1e-5 if dt == F32 else 1e-12)

@@ -1436,7 +1436,7 @@ def segments_case(bits, offsets):
     np.cumsum([a.size for a in a_parts], out=astarts[1:])
     off_all = np.concatenate(off_parts) if offsets else np.empty(0)
     dstarts = np.array(dstarts, np.int64)
-    args = (dstarts, bits, starts, ro(lut), np.array(SEGMENT_BLOCKS, np.int64), ro(np.concatenate(a_parts)), astarts, ro(off_all))
+    args = (ro(dstarts), bits, ro(starts), ro(lut), ro(np.array(SEGMENT_BLOCKS, np.int64)), ro(np.concatenate(a_parts)), ro(astarts), ro(off_all))  # (read-only, as the stage passes them)
     return data_, args, lut, dstarts, starts, a_parts, off_parts
 
 
@@ -1455,9 +1455,9 @@ def test_dequantize_segments_match_numpy(bits, offsets):
             out = out0.copy()
             outs = [out0[starts[t] : starts[t + 1]].copy() for t in range(len(sizes))]  # each its own array
             twin = ("serial", "parallel")[mode % 2]  # both twins' (tensor, chunk) rows
-            getattr(K.dequant.dequantize_segments, twin)(ro(data_), *args, out, np.empty(0, np.int64), mode)
+            getattr(K.dequant.dequantize_segments, twin)(ro(data_), *args, out, ro(np.empty(0, np.int64)), mode)
             addrs = np.array([o.ctypes.data for o in outs], np.int64)
-            getattr(K.dequant.dequantize_segments, twin)(ro(data_), *args, outs[0], addrs, mode)
+            getattr(K.dequant.dequantize_segments, twin)(ro(data_), *args, outs[0], ro(addrs), mode)
             for t, n in enumerate(sizes):
                 raw = data_[dstarts[t] : dstarts[t] + -(-n * bits // 8)]
                 sl = slice(starts[t], starts[t + 1])
@@ -1479,7 +1479,7 @@ def test_dequantize_segments_checked_match_numpy(bits):
     for dtype, twin, largest, start in ((np.float32, "serial", top, 0), (np.float64, "parallel", top - 1, 0x5EED), (np.float32, "parallel", top, -1)):
         out = np.full(int(starts[-1]), 7.0, dtype)
         outs = [np.full(n, 7.0, dtype) for n in SEGMENT_SIZES]
-        for dst, addrs in ((out, np.empty(0, np.int64)), (outs[0], np.array([o.ctypes.data for o in outs], np.int64))):
+        for dst, addrs in ((out, ro(np.empty(0, np.int64))), (outs[0], ro(np.array([o.ctypes.data for o in outs], np.int64)))):
             within, crc = getattr(K.dequant.dequantize_segments_checked, twin)(ro(data_), *args, dst, addrs, fmask, fshift, largest, start)
             assert bool(within) == (top <= largest), (largest, top)
             if start < 0:

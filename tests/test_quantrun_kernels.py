@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.kernels.cpu.quantrun import FIELD, NONFINITE, PADDING
 from codec.layout import CHUNK
@@ -64,6 +65,12 @@ def reference(data, hoffs, widths, hstarts, last, used, dstarts, bits, starts, f
     return head, flags
 
 
+def read(kern, data, hoffs, hw, hstarts, head, last, used, dstarts, bits, starts, *limit):
+    """``kern`` (a ``run_read`` twin) with its inputs read-only, as the quantizer passes them:
+    one compiled signature, the one the codecs use."""
+    return kern(data, ro(hoffs), ro(hw), ro(hstarts), head, ro(last), ro(used), ro(dstarts), bits, ro(starts), *limit)
+
+
 @pytest.mark.parametrize("twin", ["serial", "parallel"])
 @pytest.mark.parametrize("bits", [1, 3, 6, 8, 11, 16])
 def test_run_read_matches_numpy(twin, bits):
@@ -89,7 +96,7 @@ def test_run_read_matches_numpy(twin, bits):
             d.flags.writeable = False
             want_head, want = reference(d, hoffs, hw, hstarts, last, used, dstarts, bits, starts, fmask, fshift, lim)
             head = np.full(int(hstarts[-1]), 7.0)
-            got = kern(d, hoffs, hw, hstarts, head, last, used, dstarts, bits, starts, fmask, fshift, lim)
+            got = read(kern, d, hoffs, hw, hstarts, head, last, used, dstarts, bits, starts, fmask, fshift, lim)
             assert got == want, (widths, mutate, got, want)
             assert np.array_equal(head, want_head, equal_nan=True)
             cases += bool(want)
@@ -101,11 +108,11 @@ def test_run_read_edges():
     empty = np.empty(0, np.int64)
     no = np.empty(0, np.uint8)
     no.flags.writeable = False
-    assert kern(no, empty, empty, np.zeros(1, np.int64), np.empty(0), empty, empty, empty, 5, np.zeros(1, np.int64), 31, 1, 3) == 0  # no tensors
+    assert read(kern, no, empty, empty, np.zeros(1, np.int64), np.empty(0), empty, empty, empty, 5, np.zeros(1, np.int64), 31, 1, 3) == 0  # no tensors
     # a codes section whose last byte lies past an empty payload: its padding cannot be clear
-    assert kern(no, empty, empty, np.zeros(2, np.int64), np.empty(0), np.zeros(1, np.int64), np.array([3], np.int64), np.zeros(1, np.int64), 5, np.array([0, 1], np.int64), 31, 1, 3) == PADDING
+    assert read(kern, no, empty, empty, np.zeros(2, np.int64), np.empty(0), np.zeros(1, np.int64), np.array([3], np.int64), np.zeros(1, np.int64), 5, np.array([0, 1], np.int64), 31, 1, 3) == PADDING
     data = np.array([0b00011111], np.uint8)  # one 5-bit code 31: field 15
     data.flags.writeable = False
     one = np.array([0, 1], np.int64)
-    assert kern(data, empty, empty, np.zeros(2, np.int64), np.empty(0), empty, empty, np.zeros(1, np.int64), 5, one, 31, 1, 15) == 0
-    assert kern(data, empty, empty, np.zeros(2, np.int64), np.empty(0), empty, empty, np.zeros(1, np.int64), 5, one, 31, 1, 14) == FIELD
+    assert read(kern, data, empty, empty, np.zeros(2, np.int64), np.empty(0), empty, empty, np.zeros(1, np.int64), 5, one, 31, 1, 15) == 0
+    assert read(kern, data, empty, empty, np.zeros(2, np.int64), np.empty(0), empty, empty, np.zeros(1, np.int64), 5, one, 31, 1, 14) == FIELD

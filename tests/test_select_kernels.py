@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from codec._jit import PARALLEL_MIN
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.layout import CHUNK, LANES
 from codec.modes import ADD, SET, SUB
@@ -224,7 +225,7 @@ def run_topk_segments(S, parts, ks, twin=None):
     out = np.full(int(out_starts[-1]), -1, np.int64)
     bad = np.zeros(ks.size, np.int64)  # as the codec passes it (segment_room)
     fn = S.topk_segments if twin is None else getattr(S.topk_segments, twin)
-    fn(flat, starts, ks, out_starts, out, bad)
+    fn(ro(flat), starts, ks, out_starts, out, bad)  # (the values read-only, as every stage passes them)
     return [out[out_starts[i] : out_starts[i + 1]] for i in range(ks.size)], bad
 
 

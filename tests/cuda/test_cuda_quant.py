@@ -251,10 +251,10 @@ def test_dequantize_segments():
     a, lut = rng.standard_normal(astarts[-1]), rng.standard_normal(32)
     data_, dstarts, starts, blocks, astarts, a, lut = map(ro, (data_, dstarts, starts, blocks, astarts, a, lut))
     for off in (ro(np.empty(0)), ro(rng.standard_normal(a.size))):
-        (ca, _), (ga, _) = both("dequantize_segments", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), np.empty(0, np.int64), ADD, device=(9,))
+        (ca, _), (ga, _) = both("dequantize_segments", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), ro(np.empty(0, np.int64)), ADD, device=(9,))
         same(ga[9], ca[9])
         for largest in (14, 15):
-            (ca, (cok, ccrc)), (ga, (gok, gcrc)) = both("dequantize_segments_checked", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), np.empty(0, np.int64), 0x1E, 1, largest, 3, device=(9,))
+            (ca, (cok, ccrc)), (ga, (gok, gcrc)) = both("dequantize_segments_checked", "dequant", data_, dstarts, bits, starts, lut, blocks, a, astarts, off, np.ones(41), ro(np.empty(0, np.int64)), 0x1E, 1, largest, 3, device=(9,))
             same(ga[9], ca[9])
             assert bool(cok) == bool(gok) and ccrc in (-1, gcrc)
     seen = set()

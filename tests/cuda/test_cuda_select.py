@@ -182,7 +182,7 @@ def test_topk_segments_match_the_cpu_kernel(monkeypatch, dtype, items):
     ks = np.array([0, 1, 2, 7, 30, 37, 10, 4, 5], np.int64)
     room = np.concatenate([[0], np.cumsum(ks)]).astype(np.int64)
     want, want_bad = np.full(room[-1], -1, np.int64), np.zeros(len(sizes), np.int64)
-    C.topk_segments(x, starts, ks, room, want, want_bad)
+    C.topk_segments(ro(x), starts, ks, room, want, want_bad)
     out, bad = cuda.to_device(np.full(room[-1], -1, np.int64)), cuda.to_device(np.zeros(len(sizes), np.int64))
     G.topk_segments(cuda.to_device(x), cuda.to_device(starts), cuda.to_device(ks), cuda.to_device(room), out, bad)
     assert np.array_equal(bad.copy_to_host(), want_bad) and want_bad.tolist() == [0] * 7 + [1, 1]

@@ -10,7 +10,7 @@ from codec.stages.select.magnitude import k_of, segment_room
 from codec.params import Param, ratio
 from codec.stage import register
 from codec.device import Memory
-from codec.dtypes import on_device
+from codec.dtypes import on_device, readonly
 from codec.kernels import backend
 from codec.layout import CHUNK, LANES
 
@@ -88,7 +88,7 @@ class GaussianK(MagnitudeSelect):
         pos, bad, put = mem.put(pos), mem.put(bad), mem.put
         kern = backend("select", flat)
         if self.exact:
-            kern.topk_segments(flat, put(starts), put(ks), put(room), pos, bad)
+            kern.topk_segments(readonly(flat), put(starts), put(ks), put(room), pos, bad)
             counts[:] = ks
         else:
             shifts = np.zeros(sizes.size)

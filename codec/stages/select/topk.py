@@ -9,7 +9,7 @@ from codec.frame import MAX_ELEMENTS
 from codec.params import Param, ratio
 from codec.stage import register
 from codec.device import Memory
-from codec.dtypes import on_device
+from codec.dtypes import on_device, readonly
 from codec.kernels import backend
 
 RATIO = 0.01
@@ -67,7 +67,7 @@ class TopK(MagnitudeSelect):
         room, pos, counts, bad = segment_room(ks)
         mem = Memory(on_device(flat))  # device arrays: the twin's one launch, the picked positions stay there
         pos, bad = mem.put(pos), mem.put(bad)
-        backend("select", flat).topk_segments(flat, mem.put(starts), mem.put(ks), mem.put(room), pos, bad)
+        backend("select", flat).topk_segments(readonly(flat), mem.put(starts), mem.put(ks), mem.put(room), pos, bad)
         if mem.host(bad).any():
             return None  # select() raises the error naming the tensor and position
         counts[:] = ks

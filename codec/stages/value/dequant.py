@@ -187,7 +187,7 @@ def dequantize(p: Dequant, out, mode, addrs=None, check=None) -> None:
 
         p = dataclasses.replace(p, data=host_copy(p.data))
     if p.starts is not None:
-        args = (readonly(p.blocks), readonly(p.scale), readonly(p.sstarts), readonly(p.offset), out, _NO_ADDRS if addrs is None else addrs)
+        args = (readonly(p.blocks), readonly(p.scale), readonly(p.sstarts), readonly(p.offset), out, readonly(_NO_ADDRS if addrs is None else addrs))
         dstarts, starts = readonly(p.dstarts), readonly(p.starts)  # (every input read-only: one signature a dtype)
         if check is not None and mode == SET:
             within, crc = kern.dequantize_segments_checked(readonly(p.data), dstarts, p.bits, starts, readonly(_every_code(p)), *args, *(p.limit or (0, 0, 0)), 0)
