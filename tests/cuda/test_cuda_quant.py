@@ -86,7 +86,7 @@ def test_minifloat_feedback(dtype):
     for side in (C, G):
         units = -(-n // block)
         top = np.zeros(units, bits.dtype)
-        args = (cuda.to_device(x), cuda.to_device(r)) if side is G else (ro(x), r)  # (x read-only, r not: as the stage passes them)
+        args = (cuda.to_device(x), cuda.to_device(r)) if side is G else (ro(x), ro(r))  # (read-only, as the stage passes them)
         side["quantize"].feedback_absmax_units(*args, block, upb, mask, top)
         host = (lambda d: d.copy_to_host()) if side is G else (lambda d: d)
         got = [top]
@@ -184,9 +184,9 @@ def test_bucket_feedback(dtype):
         host = (lambda d: d.copy_to_host()) if side is G else (lambda d: d)
         acc, acc2 = dv(np.zeros(n, dtype)), dv(np.zeros(n, dtype))
         norms, codes, bad = np.zeros(3), np.zeros(n, np.uint8), np.zeros(1, np.int64)
-        side["bucket"].qsgd_encode(inp(x), bucket, 5, True, STRM, 4, norms, codes, bad, dv(r), acc)
+        side["bucket"].qsgd_encode(inp(x), bucket, 5, True, STRM, 4, norms, codes, bad, inp(r), acc)
         lows, highs, codes2 = np.zeros(3), np.zeros(3), np.zeros(n, np.uint8)
-        crc = side["bucket"].minmax_encode(inp(x), acc2.view(np.int64 if wide else np.int32), low, inf, bucket, 255, False, STRM, lows, highs, codes2, bad, dv(r), acc2, 9)
+        crc = side["bucket"].minmax_encode(inp(x), acc2.view(np.int64 if wide else np.int32), low, inf, bucket, 255, False, STRM, lows, highs, codes2, bad, inp(r), acc2, 9)
         out.append((norms, codes, host(acc), lows, highs, codes2, host(acc2), crc))
     for c, g in zip(*out):
         assert (c == g) if isinstance(c, int) else same(g, c) is None
