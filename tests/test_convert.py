@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from codec import ops
+from codec.dtypes import readonly as ro
 from codec.kernels import module
 from codec.layout import CHUNK  # elements per parallel chunk of the convert kernels
 from codec.modes import ADD, SET, SUB
@@ -338,8 +339,8 @@ def test_half_decode_segments_writes_each_tensor_where_it_lies(dtype, out_dtype,
             with np.errstate(invalid="ignore"):
                 assert_same_floats(o, {SET: v, ADD: b + v, SUB: b - v}[mode])
     out = np.empty(codes.size, out_dtype)
-    check_kernel_crc(K.half_decode(codes, out, mode, dtype == BF16, 3), codes, 3, K)
-    assert K.half_decode(codes, out, mode, dtype == BF16) == -1  # none asked
+    check_kernel_crc(K.half_decode(ro(codes), out, mode, dtype == BF16, 3), codes, 3, K)  # (the codes read-only, as the stages pass them)
+    assert K.half_decode(ro(codes), out, mode, dtype == BF16) == -1  # none asked
 
 
 @pytest.mark.parametrize("mode", (SET, ADD, SUB))
@@ -353,7 +354,7 @@ def test_half_decode_modes(dtype, out_dtype, mode, backend):
     want = {SET: vals, ADD: base + vals, SUB: base - vals}[mode]
     out = base.copy()
     with np.errstate(invalid="ignore"):
-        module("convert", backend).half_decode(codes, out, mode, dtype == BF16)
+        module("convert", backend).half_decode(ro(codes), out, mode, dtype == BF16, -1)
     assert_same_floats(out, want)
     # the same through ops.store (16-bit source into a wide output)
     out = base.copy()
@@ -389,7 +390,7 @@ def test_a_streamed_decode_writes_the_same_bits(dtype, out_dtype):
     if out_dtype == np.float32:
         codes = rng.integers(0, 1 << 16, STREAM_MIN + 3, dtype=np.uint16)
         out = np.empty(codes.size, np.float32)
-        check_kernel_crc(module("convert", "cpu").half_decode(codes, out, SET, dtype == BF16, 0), codes, 0, module("convert", "cpu"))
+        check_kernel_crc(module("convert", "cpu").half_decode(ro(codes), out, SET, dtype == BF16, 0), codes, 0, module("convert", "cpu"))
         assert_same_floats(out, lut_reference(dtype)[codes])
 
 
@@ -409,7 +410,7 @@ def test_half_feedback(n, dtype, ref16, backend):
     acc_want = a - lut_reference(dtype)[codes_want]
     acc = np.full(n, 7.0, np.float32)
     codes = np.zeros(n, np.uint16)
-    bad, crc = module("convert", backend).half_feedback(x, r, acc, codes, dtype == BF16, -1)
+    bad, crc = module("convert", backend).half_feedback(ro(x), ro(r), acc, codes, dtype == BF16, -1)  # (inputs read-only, as the stage passes them)
     assert bad == int((~np.isfinite(a)).sum()) and crc == -1
     assert_codes(codes, codes_want, dtype)
     assert_same_floats(acc, acc_want)
@@ -426,7 +427,7 @@ def test_kernels_continue_the_crc_of_their_codes(n, start, backend):
     x = heavy(rng, n, np.float32)
     r = (heavy(rng, n, np.float32) * np.float32(1e-3)).astype(np.float32)
     for bf16 in (False, True):
-        for kernel, args in ((conv.narrow_codes, (x,)), (conv.half_feedback, (x, r, np.empty(n, np.float32)))):
+        for kernel, args in ((conv.narrow_codes, (ro(x),)), (conv.half_feedback, (ro(x), ro(r), np.empty(n, np.float32)))):
             plain, codes = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
             assert kernel(*args, plain, bf16, -1)[1] == -1
             got = kernel(*args, codes, bf16, start)[1]

@@ -60,7 +60,7 @@ def run_candidates(S, x, r, cut, cap, sums=False, shift=0.0):
     sm = np.zeros((nchunk if sums else 0, 2))
 
     def run(chunks, buf, vals, counts):
-        S.candidates(x, r, acc, x.dtype.type(cut), chunks, buf, vals, counts, bad, sm, shift, LANES)
+        S.candidates(ro(x), ro(r), acc, x.dtype.type(cut), chunks, buf, vals, counts, bad, sm, shift, LANES)  # (inputs read-only, as the stages pass them)
 
     idx, vals = collect(run, nchunk, cap, x.dtype) if nchunk else (np.empty(0, np.int64), np.empty(0, x.dtype))
     return idx, vals, acc, bad, sm
@@ -128,9 +128,9 @@ def test_adacomp_bins_match_numpy(A, n, L, dtype, feedback):
 
     def run(chunks, buf, vals, counts):
         if feedback and chunks[1] - chunks[0] == nchunk:
-            A.feedback_adacomp_bins(dw, r, out, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
+            A.feedback_adacomp_bins(ro(dw), ro(r), out, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
         else:
-            A.adacomp_bins(dw, out if feedback else g, L, per_chunk, chunks, buf, vals, counts, bad, gmax)
+            A.adacomp_bins(ro(dw), ro(out if feedback else g), L, per_chunk, chunks, buf, vals, counts, bad, gmax)
 
     idx, vals = collect(run, nchunk, 3, dtype)  # cap 3: overfull rows re-run on the formed G
     want, want_gmax = ref_adacomp(dw, g, L)
@@ -206,7 +206,7 @@ def test_serial_and_parallel_twins_agree():
         counts, bad = np.zeros(nchunk, np.int64), np.zeros(nchunk, np.int64)
         sums = np.zeros((nchunk, 2))
         acc = np.empty(n, np.float32)
-        getattr(S.candidates, twin)(x, r, acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0, LANES)
+        getattr(S.candidates, twin)(ro(x), ro(r), acc, cut, np.array([0, nchunk]), buf, vals, counts, bad, sums, 0.0, LANES)
         pos = np.empty(5000, np.int64)
         u64 = np.uint64
         getattr(module("randomk", "cpu").random_positions, twin)(pos, u64(7), u64(1), u64(2), u64(((n - 1).bit_length() + 1) // 2), n)
@@ -475,7 +475,7 @@ def test_adacomp_segments_match_numpy(A, kind, dtype):
     for feedback in (False, True):  # g = dw alone, and g = r + dw (error feedback's acc) beside its dw
         g = np.concatenate([np.add(r, p, dtype=dtype) for r, p in zip(residuals, parts)]) if feedback else flat
         gmax = np.full(int(bstarts[-1]), np.nan, dtype)
-        A.adacomp_segments(flat, g, starts, lengths, bstarts, pos, vals, counts, bad, gmax)
+        A.adacomp_segments(ro(flat), ro(g), starts, lengths, bstarts, pos, vals, counts, bad, gmax)
         assert not bad.any()
         for t, p in enumerate(parts):
             want, _, _ = adacomp(p, residuals[t] if feedback else None, int(lengths[t]), value="none")
@@ -490,7 +490,7 @@ def test_adacomp_segments_match_numpy(A, kind, dtype):
     nan[5] = np.nan
     counts[:] = bad[:] = 0
     both = np.concatenate([parts[3], nan])
-    A.adacomp_segments(both, both, np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
+    A.adacomp_segments(ro(both), ro(both), np.array([0, 50, 70], np.int64), np.array([50, 50], np.int64), np.array([0, 1, 2], np.int64), pos, vals, counts, bad, gmax)
     assert bad[0] == 0 and bad[1] == 1
 
 

@@ -100,7 +100,7 @@ def test_half_decode(half, out_dtype, mode):
     got = out.copy_to_host()
     cpu = base.copy()
     with np.errstate(invalid="ignore"):
-        CPU.half_decode(ro(codes), cpu, mode, half == BF16)
+        CPU.half_decode(ro(codes), cpu, mode, half == BF16, -1)  # (the crc given, as the stages give it)
     (same if mode == SET else same_values)(got, cpu)
     same_values(got, want)
 
@@ -176,7 +176,7 @@ def test_half_feedback(n, half, ref16):
     same(codes.copy_to_host()[fine], ref16(a, half)[fine])
     assert np.array_equal(acc.copy_to_host(), acc_want, equal_nan=True)
     cpu_acc, cpu_codes = np.full(n, 7.0, np.float32), np.zeros(n, np.uint16)
-    CPU.half_feedback(ro(x), r, cpu_acc, cpu_codes, half == BF16, -1)
+    CPU.half_feedback(ro(x), ro(r), cpu_acc, cpu_codes, half == BF16, -1)
     same(codes.copy_to_host()[fine], cpu_codes[fine])
     same_values(acc.copy_to_host(), cpu_acc)
 
@@ -213,7 +213,7 @@ def test_threads_stride_over_arrays_longer_than_the_grid(monkeypatch, ref16, thr
         bad, _ = K.half_feedback(cuda.to_device(x), cuda.to_device(r), acc, codes, bf16, -1)
         cpu_acc, cpu_codes = np.empty(n, np.float32), np.empty(n, np.uint16)
         with np.errstate(over="ignore", invalid="ignore"):
-            assert bad == CPU.half_feedback(ro(x), r, cpu_acc, cpu_codes, bf16, -1)[0]
+            assert bad == CPU.half_feedback(ro(x), ro(r), cpu_acc, cpu_codes, bf16, -1)[0]
         same_values(acc.copy_to_host(), cpu_acc)
 
 
