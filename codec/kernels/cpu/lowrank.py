@@ -305,10 +305,11 @@ def power_segments(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width,
 
 @jit
 def _project_pieces(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width, rows, owner, done, task, tasks, bad):
-    """Task ``task`` of :func:`power_segments`' ``P = M Q``: its pieces of rows (a function
-    of its own, as every parallel loop's body here: the kernel's parallel loops compile in
-    a fraction of the time with their bodies out of line, and the two compilations of a
-    kernel share them)."""
+    """Task ``task`` of :func:`power_segments`' ``P = M Q``: its pieces of rows.  Out of
+    line, as the body of every product's parallel loop in this module (``project_rows``,
+    ``back_columns``, ``expand_rows``' block writer): a kernel's threaded and serial
+    compilations share one compilation of it, and its parallel loop compiles in a fraction
+    of the time (docs/kernels.md, "The jit wrappers")."""
     first, last = _task(done, task, tasks)
     for k in range(first, last):
         t = owner[k]
