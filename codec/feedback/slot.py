@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.dtypes import on_device
+from codec.dtypes import on_device, readonly
 from codec.errors import CodecTypeError
 from codec.stage import Context
 from codec.device import empty, host_copy, to_device
@@ -54,6 +54,13 @@ class Slot:
         stage state, which the step installs as ``state`` once it has succeeded (so a failed
         step leaves it as it was); ``name``: what errors call ``x``."""
         return Context(x.shape, x.dtype, key=self.key, step=self.step, state=dict(self.state), name=name)
+
+    def read_residual(self) -> np.ndarray:
+        """The residual as a step's kernels read it: flat and read-only (an input of the
+        fused step, which writes the new residual into :meth:`take_spare`'s buffer;
+        :meth:`commit` is its one writer), so every stage hands a kernel the signature the
+        kernel tests compile."""
+        return readonly(self.residual.reshape(-1))
 
     def take_spare(self) -> np.ndarray:
         """The residual-sized buffer for the step's ``acc``: the spare, made on first use.  It

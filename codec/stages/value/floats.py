@@ -86,7 +86,7 @@ class _Half(Value):
             return None
 
         acc = slot.take_spare()
-        r, a = readonly(slot.residual.reshape(x.size)), acc.reshape(x.size)  # (the residual read-only: an input)
+        r, a = slot.read_residual(), acc.reshape(x.size)
 
         def code(codes, crc):
             return backend("convert", x).half_feedback(x, r, a, codes, self.bf16, crc)

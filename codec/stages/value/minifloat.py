@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from codec.dtypes import on_device, readonly
+from codec.dtypes import on_device
 from codec.errors import CodecValueError, CorruptFrameError
 from codec.frame import MAX_ELEMENTS, SectionKind, Section, raw_length
 from codec.stages.value.dequant import Dequant
@@ -140,7 +140,7 @@ class _MiniFloat(Quantizer):
         n = x.size
         block, nblocks, upb, units = self._units(n)
         acc = slot.take_spare()
-        flat, r = acc.reshape(acc.size), readonly(slot.residual.reshape(acc.size))  # (inputs read-only: one signature a dtype)
+        flat, r = acc.reshape(acc.size), slot.read_residual()
         if not self.needs_max():
             emin = self.emins(np.zeros(nblocks, np.int64)).astype(np.int64)
             sections.append(self._codes_section(kern, flat, units, block, upb, emin, ctx, formed=(x, r)))

@@ -155,7 +155,7 @@ class MinMax(Quantizer):
                 ibits, low, inf = _keys(flat)
                 got = backend("bucket", x).minmax_encode(
                     x, ibits, low, inf, self.bucket, (1 << self.bits) - 1, self.stochastic, self.stream(ctx),
-                    lows, highs, codes, bad, readonly(slot.residual.reshape(n)), flat, -1 if crc is None else crc,
+                    lows, highs, codes, bad, slot.read_residual(), flat, -1 if crc is None else crc,
                 )
             if bad.any():
                 self.raise_nonfinite(flat, ctx)

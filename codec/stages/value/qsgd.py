@@ -195,7 +195,7 @@ class Qsgd(Quantizer):
         flat = acc.reshape(acc.size)
         if n:
             backend("bucket", x).qsgd_encode(
-                x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad, readonly(slot.residual.reshape(n)), flat
+                x, self.bucket, self.levels, self.stochastic, self.stream(ctx), LANES, norms, codes, bad, slot.read_residual(), flat
             )
         if bad.any():
             self.raise_nonfinite(flat, ctx)
