@@ -59,10 +59,17 @@ class _SizeDispatch:
     is the frame's few coefficients and whose output is a whole matrix).  The serial twin is
     a copy of the function with its own qualified name, so the two never share
     an entry in Numba's on-disk cache.  Parallel kernels are called from Python only.
+
+    A call that leaves out defaulted arguments gets them filled in before Numba sees it:
+    Numba types a left-out argument ``omitted(default=...)``, a compilation of its own beside
+    the one for a caller that passes the same value (``half_decode`` with and without its
+    ``crc``, ``expand`` with and without its mode: 18-47 s each for PowerSGD's).
     """
 
     def __init__(self, fn, opts, work=None):
         self.work = work
+        self._defaults = fn.__defaults__ or ()
+        self._nargs = fn.__code__.co_argcount
         twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
         twin.__qualname__ = fn.__qualname__ + "__serial"
         twin.__module__ = fn.__module__
@@ -74,7 +81,16 @@ class _SizeDispatch:
         """The size the call picks its twin by: the first argument's, or ``work(*args)``."""
         return getattr(args[0], "size", 0) if self.work is None else self.work(*args)
 
+    def complete(self, args: tuple) -> tuple:
+        """``args`` with the defaults of the arguments it leaves out (one signature whether
+        a caller passes them or not)."""
+        missing = self._nargs - len(args)
+        if 0 < missing <= len(self._defaults):
+            args += self._defaults[len(self._defaults) - missing :]
+        return args
+
     def __call__(self, *args):
+        args = self.complete(args)
         if self.items(*args) < PARALLEL_MIN:
             return self.serial(*args)
         n = threads.budget()  # this process's share of the cores (codec/threads.py)

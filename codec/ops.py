@@ -118,7 +118,7 @@ def widen(x: np.ndarray) -> np.ndarray:
     else:
         out = np.empty(x.shape, np.float32)
         codes = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
-    backend("convert", out).half_decode(readonly(codes), out.reshape(out.size), SET, x.dtype != HALF, -1)  # (the crc given, as every caller: one signature)
+    backend("convert", out).half_decode(readonly(codes), out.reshape(out.size), SET, x.dtype != HALF)
     return out
 
 
@@ -193,7 +193,7 @@ def store(src: np.ndarray, out: np.ndarray, mode: int) -> None:
     kern = backend("convert", flat)
     if flat.dtype in WIDE:
         if src.dtype not in WIDE:  # 16-bit source: converted and combined in one pass
-            kern.half_decode(readonly(src.view(np.uint16)), flat, mode, src.dtype != HALF, -1)
+            kern.half_decode(readonly(src.view(np.uint16)), flat, mode, src.dtype != HALF)
         elif mode != SET and flat.dtype == np.float32 and src.dtype == np.float64:
             kern.combine_odd(readonly(src), flat, mode)
         else:

@@ -437,5 +437,5 @@ def decode_lowrank(plan, payload, addrs, views) -> bool:
     if index.size:
         picked = addrs[index]
         picked.flags.writeable = False
-        backend("lowrank", plan.like).expand_segments(values, firsts, ns, ms, rs, picked, plan.like, SET)
+        backend("lowrank", plan.like).expand_segments(values, firsts, ns, ms, rs, picked, plan.like)
     return True

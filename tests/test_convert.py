@@ -354,7 +354,7 @@ def test_half_decode_modes(dtype, out_dtype, mode, backend):
     want = {SET: vals, ADD: base + vals, SUB: base - vals}[mode]
     out = base.copy()
     with np.errstate(invalid="ignore"):
-        module("convert", backend).half_decode(ro(codes), out, mode, dtype == BF16, -1)
+        module("convert", backend).half_decode(ro(codes), out, mode, dtype == BF16)
     assert_same_floats(out, want)
     # the same through ops.store (16-bit source into a wide output)
     out = base.copy()

@@ -50,6 +50,26 @@ def test_parallel_kernels_pick_by_size_and_both_twins_agree():
     assert runs[0] == runs[1]
 
 
+@_jit.jit(parallel=True)
+def _scaled(x, out, by=2.0):
+    for i in _jit.prange(out.size):
+        out[i] = x[i] * by
+
+
+def test_a_left_out_default_is_filled_in_before_numba_types_the_call():
+    """A parallel kernel called with and without a defaulted argument compiles once: the
+    wrapper passes the default (Numba types a left-out argument ``omitted``, a signature of
+    its own); the twins themselves are plain dispatchers."""
+    x = np.arange(5.0)
+    out, again = np.empty(5), np.empty(5)
+    _scaled(x, out)
+    _scaled(x, again, 2.0)
+    assert np.array_equal(out, 2 * x) and np.array_equal(again, out)
+    assert len(_scaled.serial.signatures) == 1, _scaled.serial.signatures
+    assert _scaled.complete((x, out)) == (x, out, 2.0)
+    assert _scaled.complete((x, out, 3.0)) == (x, out, 3.0)
+
+
 def test_a_kernel_names_its_work_when_its_first_argument_is_not_it():
     """The twin is picked by the first argument's size, or by ``work(*args)``: PowerSGD's
     decode gets a matrix's few coefficients first and writes the whole matrix, so it counts

@@ -955,7 +955,7 @@ def test_expand_is_the_fma_chain(r, dt):
     n, m = 5, 21
     p, q = rng.standard_normal((n, r)).astype(dt), (rng.standard_normal((m, r)) * 1e-3).astype(dt)
     out = np.empty((n, m), dt)
-    module("lowrank").expand.serial(p, np.ascontiguousarray(q.T), out, SET)  # (the mode given, as the stage gives it)
+    module("lowrank").expand.serial(p, np.ascontiguousarray(q.T), out, SET)  # (every argument given: a twin called directly fills in no default)
     again = np.empty((n, m), dt)
     module("lowrank").expand.parallel(p, np.ascontiguousarray(q.T), again, SET)
     assert_same(again, out, "the twins")

@@ -12,7 +12,7 @@ from numba import cuda
 
 from codec.dtypes import readonly as ro
 from codec.kernels import module
-from codec.modes import ADD, SET, SUB
+from codec.modes import ADD, SUB
 
 G, C = module("lowrank", "cuda"), module("lowrank", "cpu")
 
@@ -41,7 +41,7 @@ def test_products(n, m, r, dtype):
     same(qg, qc)
     q = rng.standard_normal((m, r)).astype(dtype)
     oc, og = np.empty((n, m), dtype), cuda.device_array((n, m), dtype)
-    C.expand(p, np.ascontiguousarray(q.T), oc, SET)  # (the mode given, as the stage gives it)
+    C.expand(p, np.ascontiguousarray(q.T), oc)
     G.expand(cuda.to_device(p), np.ascontiguousarray(q.T), og)
     same(og.copy_to_host(), oc)
     base = rng.standard_t(2, (n, m)).astype(dtype)

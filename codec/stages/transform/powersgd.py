@@ -307,7 +307,7 @@ class PowerSGD(Transform):
                 value.write(vpay, values[lo:hi], SET)
         ns, ms, rs = (np.array(col, np.int64) for col in zip(*(plan for (plan, _), _, _ in payloads)))
         addrs = addresses(outs)
-        backend("lowrank", outs[0]).expand_segments(readonly(values), *map(readonly, (vstarts, ns, ms, rs, addrs)), outs[0], SET)  # (read-only, the mode given: as every caller, one signature)
+        backend("lowrank", outs[0]).expand_segments(readonly(values), *map(readonly, (vstarts, ns, ms, rs, addrs)), outs[0])  # (read-only, as every caller: one signature)
         return True
 
 
