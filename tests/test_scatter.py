@@ -351,6 +351,34 @@ def test_a_large_zeroing_streams_and_zeroes_exactly_its_array(dtype):
     np.testing.assert_array_equal(np.concatenate(outs), want)
 
 
+@pytest.mark.parametrize("dtype", WIDE, ids=str)
+def test_a_large_set_scatter_writes_its_zeros_and_pairs_in_one_streamed_pass(dtype, monkeypatch):
+    """A SET scatter of more than ``ZERO_SPAN`` elements whose positions increase writes each
+    span once with streaming stores (``_stream.pairs_threads``; ``ZERO_SPAN`` lowered to 64
+    here, so small arrays take that path): from every alignment of the array's first item,
+    pairs in its unaligned head, at its ends, on each side of a span's cut, filling whole
+    vectors, one to all of its items, equal to NumPy's, nothing written outside the array.
+    Positions that do not increase take the zeroing path (the same result)."""
+    from codec.kernels.cpu import _stream
+
+    monkeypatch.setattr(_stream, "ZERO_SPAN", 64)
+    K = module("scatter", "cpu")
+    rng = np.random.default_rng(11)
+    for n in (65, 200, 1001):
+        cuts = [c for c in range(60, n, 64) for c in (c - 1, c, c + 1) if c < n]
+        picks = [[], [0], [n - 1], list(range(16)), cuts, list(range(0, n, 3)), sorted(rng.choice(n, n // 7, replace=False)), list(range(n))]
+        for at in range(8):  # the array's first item at every offset from a 32-byte boundary
+            for pick in picks:
+                idx = np.array(sorted(set(pick)), np.int64)
+                vals = rng.standard_normal(idx.size).astype(dtype)
+                want = np.zeros(n, dtype)
+                want[idx] = vals
+                for order in (idx, idx[::-1]) if idx.size > 1 else (idx,):
+                    whole = np.full(n + 8, 3.0, dtype)
+                    K.scatter(ops.readonly(vals if order is idx else vals[::-1].copy()), ops.readonly(order.copy()), whole[at : at + n], SET)
+                    np.testing.assert_array_equal(whole, np.r_[np.full(at, 3.0), want, np.full(8 - at, 3.0)].astype(dtype))
+
+
 def _sparse_payload(sizes, picks, dtype, rng):
     """A sparse many-tensor frame's payload as the index coder writes it (per tensor its index
     section, packed gaps or a bitmap, then its values raw), its index section table, where

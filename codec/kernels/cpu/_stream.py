@@ -114,6 +114,22 @@ def _zero8(typingctx, i, dst):
     return types.none(i, dst), codegen
 
 
+@intrinsic
+def _put8(typingctx, buf, i, dst):
+    """``dst[i:i+8] = buf[:8]`` with a streaming store (``buf`` of ``dst``'s dtype; ``&dst[i]``
+    aligned to :data:`ALIGN`)."""
+    if not (isinstance(dst, types.Array) and dst.dtype in (types.float32, types.float64) and isinstance(buf, types.Array) and buf.dtype == dst.dtype and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vals = ir.VectorType(context.get_value_type(sig.args[2].dtype), LANES)
+        v = builder.load(lanes_at(context, builder, sig.args[0], args[0], context.get_constant(types.intp, 0), vals), align=1)
+        store_nt(builder, v, lanes_at(context, builder, sig.args[2], args[2], args[1], vals))
+        return context.get_dummy_value()
+
+    return types.none(buf, i, dst), codegen
+
+
 @jit
 def zero(out):
     """``out[:] = 0`` (float32/float64, 1-D) with streaming stores: its aligned body eight
@@ -128,6 +144,57 @@ def zero(out):
         _zero8(i, out)
     out[m:] = 0
     fence()
+
+
+@jit
+def pairs_span(values, idx, out, lo, hi):
+    """``out[lo:hi] = 0``, but ``values[i]`` at each ``idx[i]`` inside (``idx`` increasing),
+    in one pass of streaming stores (``out`` float32/float64, 1-D, aligned to its items): each
+    aligned vector is written whole, zeros or a vector formed with its values, so no line is
+    read for a pair (:func:`pairs_threads`); the items before the span's first aligned vector
+    and after its last with ordinary stores."""
+    k = idx.size
+    i = np.searchsorted(idx, lo)
+    at = head(out)
+    a = max(lo, at)
+    a = min(hi, a + (at - a) % LANES)  # the span's first item on a vector boundary
+    out[lo:a] = 0  # (the array's items before its first aligned vector: ordinary stores)
+    while i < k and idx[i] < a:
+        out[idx[i]] = values[i]
+        i += 1
+    m = a + (hi - a) // LANES * LANES
+    vec = np.zeros(LANES, out.dtype)
+    v = a
+    while v < m:
+        p = idx[i] if i < k else m
+        stop = min(m, p - (p - at) % LANES)  # the vector that holds the next pair
+        while v < stop:
+            _zero8(v, out)
+            v += LANES
+        if v < m:
+            vec[:] = 0
+            while i < k and idx[i] < v + LANES:
+                vec[idx[i] - v] = values[i]
+                i += 1
+            _put8(vec, v, out)
+            v += LANES
+    out[m:hi] = 0
+    while i < k and idx[i] < hi:
+        out[idx[i]] = values[i]
+        i += 1
+    fence()
+
+
+def pairs_threads(values, idx, out) -> None:
+    """``out[:] = 0`` with ``out[idx] = values`` (``idx`` increasing; a SET scatter into an
+    output of more than :data:`ZERO_SPAN` items) on the budget's threads, a span of
+    :data:`ZERO_SPAN` items at a time (:func:`pairs_span`).  Zeroing first and writing the
+    pairs after read every pair's line back in: 25M float32, 250k pairs, 2.14-2.39 -> 1.78-1.92
+    ms (three alternating rounds)."""
+    n, at = out.size, head(out)
+    span = max(LANES, ZERO_SPAN - ZERO_SPAN % LANES)  # (whole vectors: a span's ends on vector boundaries)
+    cuts = [0, *range(at + span, n, span), n]
+    threads.each(len(cuts) - 1, lambda j, _: pairs_span(values, idx, out, cuts[j], cuts[j + 1]))
 
 
 @jit

@@ -7,7 +7,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import chunk_segments, copy_bytes, prefetch, view_at
-from codec.kernels.cpu._stream import spread, zero_arrays, zero_for
+from codec.kernels.cpu._stream import head, pairs_threads, spread, zero_arrays, zero_for
 from codec.kernels.cpu.index import BEGIN, BITMAP, BITS, COUNT, KIND, LENGTH, _read_section, _section_count
 from codec.modes import ADD, SET
 
@@ -20,10 +20,25 @@ _AHEAD = 64
 
 def scatter(values, idx, out, mode):
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed:
-    an output of more than ``_stream.ZERO_SPAN`` elements on the thread budget's threads
-    first (``_stream.zero_for``; a 25M top-k decode 6.4 -> 4.6 ms), a smaller one by the
-    kernel (:func:`_scatter`)."""
+    an output of more than ``_stream.ZERO_SPAN`` elements on the thread budget's threads,
+    zeroed and its pairs written in one pass of streaming stores when ``idx`` increases (as
+    every sparse frame's positions do: ``_stream.pairs_threads``), else zeroed first
+    (``_stream.zero_for``; a 25M top-k decode 6.4 -> 4.6 ms); a smaller one by the kernel
+    (:func:`_scatter`)."""
+    if mode == SET and spread((0, out.size)) and head(out) >= 0 and _increasing(idx):
+        pairs_threads(values, idx, out)
+        return
     _scatter(values, idx, out, mode, zero_for(mode, None, (0, out.size), out))
+
+
+@jit
+def _increasing(idx):
+    """Whether ``idx`` increases strictly (a sorted set of positions); no branch a position,
+    so the loop vectorises (250k positions 0.23 -> 0.03 ms with an early exit's branch)."""
+    ok = True
+    for i in range(1, idx.size):
+        ok &= idx[i] > idx[i - 1]
+    return ok
 
 
 @jit(parallel=True)
