@@ -147,54 +147,70 @@ def zero(out):
 
 
 @jit
-def pairs_span(values, idx, out, lo, hi):
-    """``out[lo:hi] = 0``, but ``values[i]`` at each ``idx[i]`` inside (``idx`` increasing),
-    in one pass of streaming stores (``out`` float32/float64, 1-D, aligned to its items): each
-    aligned vector is written whole, zeros or a vector formed with its values, so no line is
-    read for a pair (:func:`pairs_threads`); the items before the span's first aligned vector
-    and after its last with ordinary stores."""
+def pairs_span(values, idx, out, lo, hi, off):
+    """``out[lo:hi] = 0``, but ``values[i]`` at each ``idx[i] - off`` inside (``idx``
+    increasing), in one pass of streaming stores (``out`` float32/float64, 1-D): each aligned
+    vector is written whole, zeros or a vector formed with its values, so no line is read for
+    a pair (:func:`pairs_threads`); the items before the span's first aligned vector and after
+    its last (all of them in an array not aligned to its items) with ordinary stores."""
     k = idx.size
-    i = np.searchsorted(idx, lo)
+    i = np.searchsorted(idx, lo + off)
     at = head(out)
-    a = max(lo, at)
+    a = hi if at < 0 else max(lo, at)
     a = min(hi, a + (at - a) % LANES)  # the span's first item on a vector boundary
-    out[lo:a] = 0  # (the array's items before its first aligned vector: ordinary stores)
-    while i < k and idx[i] < a:
-        out[idx[i]] = values[i]
+    out[lo:a] = 0
+    while i < k and idx[i] - off < a:
+        out[idx[i] - off] = values[i]
         i += 1
     m = a + (hi - a) // LANES * LANES
     vec = np.zeros(LANES, out.dtype)
     v = a
     while v < m:
-        p = idx[i] if i < k else m
-        stop = min(m, p - (p - at) % LANES)  # the vector that holds the next pair
+        p = idx[i] - off if i < k else m
+        stop = min(m, p - (p - a) % LANES)  # the vector that holds the next pair
         while v < stop:
             _zero8(v, out)
             v += LANES
         if v < m:
             vec[:] = 0
-            while i < k and idx[i] < v + LANES:
-                vec[idx[i] - v] = values[i]
+            while i < k and idx[i] - off < v + LANES:
+                vec[idx[i] - off - v] = values[i]
                 i += 1
             _put8(vec, v, out)
             v += LANES
     out[m:hi] = 0
-    while i < k and idx[i] < hi:
-        out[idx[i]] = values[i]
+    while i < k and idx[i] - off < hi:
+        out[idx[i] - off] = values[i]
         i += 1
     fence()
 
 
-def pairs_threads(values, idx, out) -> None:
-    """``out[:] = 0`` with ``out[idx] = values`` (``idx`` increasing; a SET scatter into an
-    output of more than :data:`ZERO_SPAN` items) on the budget's threads, a span of
-    :data:`ZERO_SPAN` items at a time (:func:`pairs_span`).  Zeroing first and writing the
-    pairs after read every pair's line back in: 25M float32, 250k pairs, 2.14-2.39 -> 1.78-1.92
-    ms (three alternating rounds)."""
-    n, at = out.size, head(out)
-    span = max(LANES, ZERO_SPAN - ZERO_SPAN % LANES)  # (whole vectors: a span's ends on vector boundaries)
-    cuts = [0, *range(at + span, n, span), n]
-    threads.each(len(cuts) - 1, lambda j, _: pairs_span(values, idx, out, cuts[j], cuts[j + 1]))
+@jit
+def pairs_run_span(values, idx, kstarts, addrs, starts, like, lo, hi, run):
+    """Run positions ``lo:hi`` of :func:`pairs_threads`: each tensor's part (its array the one
+    of ``like``'s dtype at ``addrs[t]``) zeroed, its pairs inside written (:func:`pairs_span`;
+    ``idx`` run positions when ``run``, else the tensor's own)."""
+    rows = chunk_segments(starts, lo, hi)
+    for j in range(rows.shape[0]):
+        t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
+        s = starts[t]
+        out = view_at(like, addrs[t], starts[t + 1] - s)
+        k0, k1 = kstarts[t], kstarts[t + 1]
+        pairs_span(values[k0:k1], idx[k0:k1], out, a - s, b - s, s if run else 0)
+
+
+def pairs_threads(values, idx, kstarts, addrs, starts, like, run) -> None:
+    """Every array of a run zeroed with its pairs written (SET), on the budget's threads, a
+    span of :data:`ZERO_SPAN` run positions at a time (:func:`pairs_run_span`): tensor ``t``'s
+    pairs are ``values[kstarts[t]:kstarts[t+1]]`` at the positions ``idx[...]`` (run positions
+    when ``run``, else its own; increasing), its array the one of ``like``'s dtype at
+    ``addrs[t]``.  Zeroing first and writing the pairs after read every pair's line back in:
+    one 25M float32 array, 250k pairs, 2.14-2.39 -> 1.72-1.92 ms (three alternating rounds)."""
+    first, last = int(starts[0]), int(starts[-1])
+    span = max(LANES, ZERO_SPAN - ZERO_SPAN % LANES)
+    at = -int(addrs[0]) % ALIGN // like.itemsize  # (the cuts on the first array's vector boundaries)
+    cuts = [first, *range(first + at + span, last, span), last]
+    threads.each(len(cuts) - 1, lambda j, _: pairs_run_span(values, idx, kstarts, addrs, starts, like, cuts[j], cuts[j + 1], run))
 
 
 @jit

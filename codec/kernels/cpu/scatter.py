@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import chunk_segments, copy_bytes, prefetch, view_at
-from codec.kernels.cpu._stream import head, pairs_threads, spread, zero_arrays, zero_for
+from codec.kernels.cpu._common import address_of, chunk_segments, copy_bytes, prefetch, view_at
+from codec.kernels.cpu._stream import pairs_threads, spread, zero_arrays, zero_for
 from codec.kernels.cpu.index import BEGIN, BITMAP, BITS, COUNT, KIND, LENGTH, _read_section, _section_count
 from codec.modes import ADD, SET
 
@@ -20,24 +20,48 @@ _AHEAD = 64
 
 def scatter(values, idx, out, mode):
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed:
-    an output of more than ``_stream.ZERO_SPAN`` elements on the thread budget's threads,
-    zeroed and its pairs written in one pass of streaming stores when ``idx`` increases (as
-    every sparse frame's positions do: ``_stream.pairs_threads``), else zeroed first
-    (``_stream.zero_for``; a 25M top-k decode 6.4 -> 4.6 ms); a smaller one by the kernel
-    (:func:`_scatter`)."""
-    if mode == SET and spread((0, out.size)) and head(out) >= 0 and _increasing(idx):
-        pairs_threads(values, idx, out)
+    an output of more than ``_stream.ZERO_SPAN`` elements on the thread budget's threads
+    (:func:`write_pairs`), a smaller one by the kernel (:func:`_scatter`)."""
+    if mode == SET and spread((0, out.size)):
+        k = np.array([0, idx.size], np.int64)
+        write_pairs(values, idx, k, np.array([address_of(out)], np.int64), np.array([0, out.size], np.int64), out, mode, False)
         return
-    _scatter(values, idx, out, mode, zero_for(mode, None, (0, out.size), out))
+    _scatter(values, idx, out, mode, mode == SET)
+
+
+def write_pairs(values, idx, kstarts, addrs, starts, like, mode, run):
+    """Tensor ``t``'s pairs (``values[kstarts[t]:kstarts[t+1]]`` at the positions
+    ``idx[kstarts[t]:kstarts[t+1]]``, run positions when ``run``, else its own) written
+    (``mode``) into its array (the one of ``like``'s dtype at ``addrs[t]``, ``starts[t+1] -
+    starts[t]`` items).  With SET the arrays are zeroed: a large run's (``_stream.spread``)
+    and its pairs in one pass of streaming stores on the budget's threads when each tensor's
+    positions increase, as every sparse frame's do (``_stream.pairs_threads``: one 25M
+    array, 250k pairs 2.14-2.39 -> 1.72-1.92 ms), else zeroed first on those threads
+    (``_stream.zero_for``; a 25M top-k decode 6.4 -> 4.6 ms) and the pairs written after
+    (:func:`_write_pairs`); a small run's by that kernel, on the calling thread."""
+    if mode == SET and spread(starts) and _increasing(idx, kstarts):
+        pairs_threads(values, idx, kstarts, addrs, starts, like, run)
+        return
+    _write_pairs(values, idx, kstarts, addrs, starts, like, mode, run, zero_for(mode, addrs, starts, like))
 
 
 @jit
-def _increasing(idx):
-    """Whether ``idx`` increases strictly (a sorted set of positions); no branch a position,
+def _increasing(idx, kstarts):
+    """Whether each segment of ``idx`` (``kstarts``) increases strictly; no branch a position,
     so the loop vectorises (250k positions 0.23 -> 0.03 ms with an early exit's branch)."""
     ok = True
-    for i in range(1, idx.size):
-        ok &= idx[i] > idx[i - 1]
+    for t in range(kstarts.size - 1):
+        ok &= _increases(idx[kstarts[t] : kstarts[t + 1]])
+    return ok
+
+
+@jit
+def _increases(seg):
+    """Whether ``seg`` increases strictly (:func:`_increasing`' loop, a function of its own so
+    that it vectorises: inlined in the segments' loop it did not, 0.22 ms against 0.03)."""
+    ok = True
+    for i in range(1, seg.size):
+        ok &= seg[i] > seg[i - 1]
     return ok
 
 
@@ -79,14 +103,12 @@ def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
     (unique, within the tensor's elements), and its array is the one of ``like``'s dtype at
     the address ``addrs[t]`` (the caller keeps them alive).  One call for a run of small
     tensors (or a joint frame's tensors): the work each tensor's own scatter did, without a
-    call per tensor.  With SET the arrays are zeroed first, a large run's on the budget's
-    threads (``_stream.zero_for``: ``codec.threads.each``, nothing spinning, no barrier;
-    a parallel region's zeroing lost beside busy processes, docs/benchmarks.md, "Against
-    issue 33's targets"), a small one's by the kernel on the calling thread; then the pairs
-    are written on the threads in chunks of the pairs (:func:`_write_pairs`): each lands on
-    a line of its own that the streamed zeroing left in memory, so the threads' misses
-    overlap."""
-    _write_pairs(values, idx, kstarts, addrs, starts, like, mode, True, zero_for(mode, addrs, starts, like))
+    call per tensor (:func:`write_pairs`).  With SET a large run's arrays are written on the
+    budget's threads (``codec.threads.each``, nothing spinning, no barrier: a parallel
+    region's zeroing lost beside busy processes, docs/benchmarks.md, "Against issue 33's
+    targets"), zeros and pairs in one streamed pass; a small run's are zeroed by the kernel on
+    the calling thread and the pairs written after (:func:`_write_pairs`)."""
+    write_pairs(values, idx, kstarts, addrs, starts, like, mode, True)
 
 
 def index_scatter_segments(data, sections, values_at, counts, addrs, starts, like):
@@ -100,9 +122,9 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
     :func:`scatter_segments` do in four calls: every section is checked (the index section
     as ``index_counts`` checks it, as many positions as values, the values inside ``data``)
     and read (a position reaching its tensor's size is refused) before anything is written
-    (:func:`_read_pairs`); then the arrays are zeroed and the pairs written on the threads
-    in chunks of the pairs.  A large run is zeroed between two calls, on the budget's
-    threads (``_stream.zero_for``); a small one in the same call, on the calling thread
+    (:func:`_read_pairs`); then the arrays are zeroed and the pairs written.  A large run's
+    in a second call, on the budget's threads (:func:`write_pairs`: zeros and pairs in one
+    streamed pass); a small one's in the same call, on the calling thread
     (the zeroing and the pairs' loop of :func:`_write_pairs` written again in
     :func:`_read_pairs`: Numba makes no parallel loop of a ``prange`` in a function it
     inlines, and the one call saves ~1 µs of the bundled sample's decode).
@@ -110,7 +132,7 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
     small = not spread(starts)
     bad, idx, values, kst = _read_pairs(data, sections, values_at, counts, addrs, starts, like, small)
     if bad < 0 and not small:
-        _write_pairs(values, idx, kst, addrs, starts, like, SET, False, zero_for(SET, addrs, starts, like))
+        write_pairs(values, idx, kst, addrs, starts, like, SET, False)
     return bad
 
 
