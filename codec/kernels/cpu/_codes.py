@@ -68,16 +68,31 @@ def _group_code(w0, w1, j, bits, mask):
     return (w0 >> (U(j) * U(bits))) & mask if bits <= 8 else _code_of_group(w0, w1, j, bits, mask)
 
 
+#: the parallel tasks of a segmented call's (tensor, chunk) rows: runs of rows of about equal
+#: work (:func:`_rows`)
+ROW_TASKS = 64
+
+
 @jit
 def _rows(starts):
-    """``rows[t]``: the first (tensor, chunk) row of tensor ``t`` of a segmented call (tensor
-    ``t`` holding ``starts[t+1] - starts[t]`` values in ``chunks`` of CHUNK), ``rows[-1]``
-    their number."""
+    """``(rows, done, tasks)`` of a segmented call (tensor ``t`` holding ``starts[t+1] -
+    starts[t]`` values in ``chunks`` of CHUNK): ``rows[t]`` the first (tensor, chunk) row of
+    tensor ``t``, ``rows[-1]`` their number; ``done[r]`` the values before row ``r``, and in
+    all; ``tasks`` the parallel tasks the rows run in, runs of rows of about equal work
+    (``_common.task_span``).  A static split of the rows by their count gave one thread
+    most of a model's late, large layers: ResNet-50's 161 qsgd tensors (508 rows, 10.2M
+    values in the first half, 15.4M in the second) decoded in 6.6 ms against 5.5 for one
+    tensor of the same values."""
     count = starts.size - 1
     rows = np.zeros(max(count, 0) + 1, np.int64)
     for t in range(count):
         rows[t + 1] = rows[t] + chunks(starts[t + 1] - starts[t])
-    return rows
+    done = np.zeros(rows[-1] + 1, np.int64)
+    for t in range(count):
+        n = starts[t + 1] - starts[t]
+        for r in range(rows[t], rows[t + 1]):
+            done[r + 1] = done[r] + min(CHUNK, n - (r - rows[t]) * CHUNK)
+    return rows, done, min(rows[-1], ROW_TASKS)
 
 
 @jit(inline="always")

@@ -279,6 +279,17 @@ def run_pieces(starts):
 
 
 @jit
+def task_span(done, task, tasks):
+    """The pieces ``first:last`` of task ``task`` of ``tasks``: runs of pieces of about equal
+    work (``done``: the work before each piece, and in all).  A parallel loop over such tasks
+    balances pieces of unequal work that a static split by their count would not."""
+    npiece = done.size - 1
+    first = np.searchsorted(done[:npiece], done[npiece] * task // tasks)
+    last = npiece if task == tasks - 1 else np.searchsorted(done[:npiece], done[npiece] * (task + 1) // tasks)
+    return first, last
+
+
+@jit
 def chunk_segments(starts, lo, hi):
     """The tensors that positions ``lo:hi`` of a run cross (tensor ``t`` holds positions
     ``starts[t]:starts[t+1]`` of the run; ``starts[0] <= lo < hi <= starts[-1]``): rows

@@ -20,7 +20,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._codes import _GROUPS, _dequantize_chunk, _max_field_chunk, _over_chunk, _over_row, _put, _rows
-from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks, view_at
+from codec.kernels.cpu._common import TRIT_CHUNK, U, chunks, task_span, view_at
 from codec.kernels.cpu._crc import HARDWARE, combine, crc_bytes, crc_piece, crc_pieces, joined
 from codec.modes import SET
 
@@ -77,12 +77,14 @@ def dequantize_segments(data, dstarts, bits, starts, lut, blocks, a, astarts, of
     the array of ``out``'s dtype at the address ``addrs[t]`` (each tensor's own output; the
     caller keeps them alive).  Exactly what one :func:`dequantize` per tensor gives.
 
-    One parallel region over every (tensor, chunk) row, so a model of a few large tensors
-    and many small ones keeps every thread busy, and pays one wake-up of the pool, not one
-    per tensor."""
-    rows = _rows(starts)
-    for r in prange(rows[-1]):
-        _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, mode, 0, 0, 0)
+    One parallel region over every (tensor, chunk) row, in tasks of about equal work
+    (``_codes._rows``), so a model of a few large tensors and many small ones keeps every
+    thread busy, and pays one wake-up of the pool, not one per tensor."""
+    rows, done, tasks = _rows(starts)
+    for task in prange(tasks):
+        first, last = task_span(done, task, tasks)
+        for r in range(first, last):
+            _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, mode, 0, 0, 0)
 
 
 @jit(parallel=True)
@@ -92,17 +94,19 @@ def dequantize_segments_checked(data, dstarts, bits, starts, lut, blocks, a, ast
     crc)``, ``crc`` the CRC-32C of all of ``data``'s bytes (a run's: its tensors' codes and
     the per-block numbers between them, which are checksummed after the decode) continued
     from ``crc``, -1 when ``crc < 0`` or this CPU cannot form it.  ``dstarts`` must grow."""
-    rows = _rows(starts)
+    rows, done, tasks = _rows(starts)
     sums, lens = crc_pieces(rows[-1], crc)
     over = np.zeros(rows[-1], np.uint64)
-    for r in prange(rows[-1]):
-        over[r] = _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, SET, fmask, fshift, largest)
-        if sums.size:
-            t = np.searchsorted(rows, r, side="right") - 1
-            k = r - rows[t]
-            nbytes = ((starts[t + 1] - starts[t]) * bits + 7) // 8
-            end = nbytes if r == rows[t + 1] - 1 else (k + 1) * _GROUPS * bits
-            crc_piece(sums, lens, r, data, dstarts[t] + k * _GROUPS * bits, dstarts[t] + end)
+    for task in prange(tasks):
+        first, last = task_span(done, task, tasks)
+        for r in range(first, last):
+            over[r] = _segment_row(data, dstarts, bits, starts, rows, r, lut, blocks, a, astarts, off, out, addrs, SET, fmask, fshift, largest)
+            if sums.size:
+                t = np.searchsorted(rows, r, side="right") - 1
+                k = r - rows[t]
+                nbytes = ((starts[t + 1] - starts[t]) * bits + 7) // 8
+                end = nbytes if r == rows[t + 1] - 1 else (k + 1) * _GROUPS * bits
+                crc_piece(sums, lens, r, data, dstarts[t] + k * _GROUPS * bits, dstarts[t] + end)
     if crc < 0 or not HARDWARE:
         return not over.any(), np.int64(-1)
     c = np.uint32(crc)  # the pieces in the run's order, the bytes between them checksummed here
@@ -166,10 +170,12 @@ def fields_within(data, bits, n, fmask, fshift, largest):
 def fields_within_segments(data, dstarts, bits, starts, fmask, fshift, largest):
     """:func:`fields_within` over many tensors' codes (as :func:`dequantize_segments` reads
     them), in one parallel region over their (tensor, chunk) rows."""
-    rows = _rows(starts)
+    rows, done, tasks = _rows(starts)
     over = np.zeros(rows[-1], np.uint64)
-    for r in prange(rows[-1]):
-        over[r] = _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest)
+    for task in prange(tasks):
+        first, last = task_span(done, task, tasks)
+        for r in range(first, last):
+            over[r] = _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest)
     return not over.any()
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from codec._jit import jit, prange
-from codec.kernels.cpu._common import U, view_at
+from codec.kernels.cpu._common import U, task_span, view_at
 from codec.kernels.cpu._expand import EXPAND_ROWS, apply_block, expand_rows
 from codec.kernels.cpu._products import back_columns, project_rows
 from codec.kernels.cpu._ranks import TILE, widened
@@ -210,7 +210,7 @@ def expand_segments(values, vstarts, ns, ms, rs, addrs, like, mode=SET):
         widest = max(widest, ms[t])
     tasks = min(nblk, EXPAND_TASKS)
     for task in prange(tasks):
-        first, last = _task(done, task, tasks)
+        first, last = task_span(done, task, tasks)
         block = np.empty(EXPAND_ROWS * widest if mode != SET else 0, values.dtype)
         for blk in range(first, last):
             t = owner[blk]
@@ -310,7 +310,7 @@ def _project_pieces(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width
     ``back_columns``, ``expand_rows``' block writer): a kernel's threaded and serial
     compilations share one compilation of it, and its parallel loop compiles in a fraction
     of the time (docs/kernels.md, "The jit wrappers")."""
-    first, last = _task(done, task, tasks)
+    first, last = task_span(done, task, tasks)
     for k in range(first, last):
         t = owner[k]
         n, m, r = ns[t], ms[t], rs[t]
@@ -326,7 +326,7 @@ def _project_pieces(values, addrs, like, firsts, ns, ms, rs, qts, qstarts, width
 @jit
 def _back_pieces(values, addrs, like, firsts, ns, ms, rs, cols, span, owner, done, task, tasks, broken):
     """Task ``task`` of :func:`power_segments`' ``Q = M^T P``: its pieces of columns."""
-    first, last = _task(done, task, tasks)
+    first, last = task_span(done, task, tasks)
     for k in range(first, last):
         t = owner[k]
         if broken[t]:
@@ -359,13 +359,3 @@ def _pieces(cuts, ns, ms, by_rows):
                 work = ns[t] * ms[t]
             done[k + 1] = done[k] + work
     return owner, done
-
-
-@jit
-def _task(done, task, tasks):
-    """The pieces ``first:last`` of task ``task`` of ``tasks``: runs of pieces of about
-    equal work (``done``: the work before each piece, and in all)."""
-    npiece = done.size - 1
-    first = np.searchsorted(done[:npiece], done[npiece] * task // tasks)
-    last = npiece if task == tasks - 1 else np.searchsorted(done[:npiece], done[npiece] * (task + 1) // tasks)
-    return first, last

@@ -19,6 +19,7 @@ import numpy as np
 
 from codec._jit import jit, prange
 from codec.kernels.cpu._codes import _over_row, _rows
+from codec.kernels.cpu._common import task_span
 from codec.kernels.cpu._bytes import _get
 from codec.kernels.cpu.pack import _item
 
@@ -54,10 +55,12 @@ def run_read(data, hoffs, hwidths, hstarts, head, last, used, dstarts, bits, sta
             if np.uint64(data[last[j]]) >> np.uint64(used[j]):
                 flags |= PADDING
     if largest >= 0 and starts.size > 1 and starts[-1]:
-        rows = _rows(starts)
+        rows, done, tasks = _rows(starts)
         over = np.zeros(rows[-1], np.uint64)
-        for r in prange(rows[-1]):
-            over[r] = _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest)
+        for task in prange(tasks):
+            first, last = task_span(done, task, tasks)
+            for r in range(first, last):
+                over[r] = _over_row(data, dstarts, bits, starts, rows, r, fmask, fshift, largest)
         if over.any():
             flags |= FIELD
     return flags

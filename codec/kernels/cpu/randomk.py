@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 from codec._jit import jit, prange
 from codec.kernels.cpu._common import U, chunk_segments, chunks, feistel_half
 from codec.kernels.cpu.rng import mix, stream
-from codec.kernels.cpu.scatter import write_pairs
+from codec.kernels.cpu.scatter import _put_pairs
 from codec.layout import CHUNK
 
 __all__ = ["random_positions", "random_positions_segments", "random_scatter_segments", "sorted_positions"]
@@ -251,12 +251,12 @@ def random_scatter_segments(values, kstarts, sizes, seeds, khashes, steps, addrs
     ``steps``), and its kept values ``values[kstarts[t]:kstarts[t+1]]`` written at them
     (``mode``: SET, ADD, SUB) into the array of ``starts[t+1] - starts[t]`` items of
     ``like``'s dtype at the address ``addrs[t]`` (``starts``: the run's tensor offsets; the
-    caller keeps the arrays alive) by the scatter family's ``write_pairs``, the rest of it
+    caller keeps the arrays alive) by the scatter family's ``_put_pairs``, the rest of it
     zeroed with SET (a large run's on the budget's threads, in the same pass as its pairs:
     ``_stream.pairs_threads``; nothing spinning, no barrier)."""
     pos = np.empty(values.size, np.int64)
     random_positions_segments(pos, kstarts, sizes, seeds, khashes, steps)
-    write_pairs(values, pos, kstarts, addrs, starts, like, mode, False)
+    _put_pairs(values, pos, kstarts, addrs, starts, like, mode, False)
 
 
 def sorted_positions(out, seed, khash, step, half, n):

@@ -21,15 +21,15 @@ _AHEAD = 64
 def scatter(values, idx, out, mode):
     """``out[idx] (=|+=|-=) values`` for unique ``idx``; with SET the rest of ``out`` is zeroed:
     an output of more than ``_stream.ZERO_SPAN`` elements on the thread budget's threads
-    (:func:`write_pairs`), a smaller one by the kernel (:func:`_scatter`)."""
+    (:func:`_put_pairs`), a smaller one by the kernel (:func:`_scatter`)."""
     if mode == SET and spread((0, out.size)):
         k = np.array([0, idx.size], np.int64)
-        write_pairs(values, idx, k, np.array([address_of(out)], np.int64), np.array([0, out.size], np.int64), out, mode, False)
+        _put_pairs(values, idx, k, np.array([address_of(out)], np.int64), np.array([0, out.size], np.int64), out, mode, False)
         return
     _scatter(values, idx, out, mode, mode == SET)
 
 
-def write_pairs(values, idx, kstarts, addrs, starts, like, mode, run):
+def _put_pairs(values, idx, kstarts, addrs, starts, like, mode, run):
     """Tensor ``t``'s pairs (``values[kstarts[t]:kstarts[t+1]]`` at the positions
     ``idx[kstarts[t]:kstarts[t+1]]``, run positions when ``run``, else its own) written
     (``mode``) into its array (the one of ``like``'s dtype at ``addrs[t]``, ``starts[t+1] -
@@ -103,12 +103,12 @@ def scatter_segments(values, idx, kstarts, addrs, starts, like, mode):
     (unique, within the tensor's elements), and its array is the one of ``like``'s dtype at
     the address ``addrs[t]`` (the caller keeps them alive).  One call for a run of small
     tensors (or a joint frame's tensors): the work each tensor's own scatter did, without a
-    call per tensor (:func:`write_pairs`).  With SET a large run's arrays are written on the
+    call per tensor (:func:`_put_pairs`).  With SET a large run's arrays are written on the
     budget's threads (``codec.threads.each``, nothing spinning, no barrier: a parallel
     region's zeroing lost beside busy processes, docs/benchmarks.md, "Against issue 33's
     targets"), zeros and pairs in one streamed pass; a small run's are zeroed by the kernel on
     the calling thread and the pairs written after (:func:`_write_pairs`)."""
-    write_pairs(values, idx, kstarts, addrs, starts, like, mode, True)
+    _put_pairs(values, idx, kstarts, addrs, starts, like, mode, True)
 
 
 def index_scatter_segments(data, sections, values_at, counts, addrs, starts, like):
@@ -123,7 +123,7 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
     as ``index_counts`` checks it, as many positions as values, the values inside ``data``)
     and read (a position reaching its tensor's size is refused) before anything is written
     (:func:`_read_pairs`); then the arrays are zeroed and the pairs written.  A large run's
-    in a second call, on the budget's threads (:func:`write_pairs`: zeros and pairs in one
+    in a second call, on the budget's threads (:func:`_put_pairs`: zeros and pairs in one
     streamed pass); a small one's in the same call, on the calling thread
     (the zeroing and the pairs' loop of :func:`_write_pairs` written again in
     :func:`_read_pairs`: Numba makes no parallel loop of a ``prange`` in a function it
@@ -132,7 +132,7 @@ def index_scatter_segments(data, sections, values_at, counts, addrs, starts, lik
     small = not spread(starts)
     bad, idx, values, kst = _read_pairs(data, sections, values_at, counts, addrs, starts, like, small)
     if bad < 0 and not small:
-        write_pairs(values, idx, kst, addrs, starts, like, SET, False)
+        _put_pairs(values, idx, kst, addrs, starts, like, SET, False)
     return bad
 
 
