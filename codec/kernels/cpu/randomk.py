@@ -28,7 +28,7 @@ __all__ = ["random_positions", "random_positions_segments", "random_scatter_segm
 #: table instead of hashing: ResNet-50's largest tensor (n = 2.36M, k = 23.6k, 2**11 values a
 #: round) drew its positions in 0.14 ms instead of 0.62
 TABLE_PER_POSITION = 2
-#: a tabulated draw walks its positions this many at a time (:func:`_batch`)
+#: a draw walks its positions this many at a time (:func:`_batch`)
 BATCH = 1024
 #: a draw sorts its positions through a bitmap of ``n`` bits when ``n`` is at most this many
 #: times their number (a scan of ``n / 64`` words, linear), else with Numba's sort
@@ -42,14 +42,22 @@ def _round(strm, rnd, right, mask):
 
 
 @jit
+def _hashed(v, strm, half, mask):
+    """One pass of the 4-round Feistel permutation of ``[0, 2**(2*half))`` on ``v``, each
+    round's function hashed (:func:`_round`)."""
+    left = v >> half
+    right = v & mask
+    for rnd in range(4):
+        left, right = right, left ^ _round(strm, rnd, right, mask)
+    return (left << half) | right
+
+
+@jit
 def _permute(v, strm, half, mask, n):
-    """The 4-round Feistel permutation of ``[0, 2**(2*half))``, cycle-walked into ``[0, n)``."""
+    """The 4-round Feistel permutation of ``[0, 2**(2*half))``, cycle-walked into ``[0, n)``
+    (:func:`_hashed` until the value falls there; the CUDA twin's draw, a thread a position)."""
     while True:
-        left = v >> half
-        right = v & mask
-        for rnd in range(4):
-            left, right = right, left ^ _round(strm, rnd, right, mask)
-        v = (left << half) | right
+        v = _hashed(v, strm, half, mask)
         if v < n:
             return v
 
@@ -82,14 +90,10 @@ def _draw(out, lo, hi, strm, half, n):
 @jit(inline="always")
 def _pass(v, tab, strm, half, mask):
     """One pass of the 4-round permutation of ``v`` (in ``[0, 4**half)``): through the
-    tabulated round functions ``tab`` (:func:`_rounds`), or hashing each round
-    (:func:`_round`) when ``tab`` is empty."""
+    tabulated round functions ``tab`` (:func:`_rounds`), or :func:`_hashed` when ``tab`` is
+    empty."""
     if tab.shape[1] == 0:
-        left = v >> half
-        right = v & mask
-        for rnd in range(4):
-            left, right = right, left ^ _round(strm, rnd, right, mask)
-        return (left << half) | right
+        return _hashed(v, strm, half, mask)
     m32 = np.uint32(mask)
     left32 = np.uint32(v >> half)
     right32 = np.uint32(v) & m32

@@ -1,13 +1,13 @@
 """CUDA twin of ``codec/kernels/cpu/randomk.py``: random-k's positions drawn on the device.
 
 A position is the image of its index under the keyed Feistel permutation, the CPU file's own
-``_permute`` and ``_round`` compiled again as device functions (the ``rng`` twin's ``mix``
-and ``stream`` bound in), so each value is the CPU's by construction (the CPU's tabulated
-rounds are the same values, read from a table).  The frame codes them sorted; instead
-of a device sort, the drawn positions are marked in a bitmap of the ``n`` positions (an
-atomic OR per draw: they are distinct) and read back in order by the ``index`` twin's
-``bitmap_count`` / ``bitmap_decode``.  A run of tensors marks one bitmap over their
-concatenation and subtracts each tensor's start.
+``_permute``, ``_hashed`` and ``_round`` compiled again as device functions (the ``rng``
+twin's ``mix`` and ``stream`` bound in), so each value is the CPU's by construction (the
+CPU's tabulated rounds are the same values, read from a table).  The frame codes them
+sorted; instead of a device sort, the drawn positions are marked in a bitmap of the ``n``
+positions (an atomic OR per draw: they are distinct) and read back in order by the
+``index`` twin's ``bitmap_count`` / ``bitmap_decode``.  A run of tensors marks one bitmap
+over their concatenation and subtracts each tensor's start.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _offsets(counts):
     np.cumsum(counts, out=out[1:])
     return out
 
-_permute = device_functions(_cpu, ["_round", "_permute"], extra={"mix": rng.mix, **_common.MATH})["_permute"]
+_permute = device_functions(_cpu, ["_round", "_hashed", "_permute"], extra={"mix": rng.mix, **_common.MATH})["_permute"]
 
 
 @jit
