@@ -326,15 +326,16 @@ def test_scatter_segments_declines_what_scatter_does_not_take():
 @pytest.mark.parametrize("dtype", WIDE, ids=str)
 def test_a_large_zeroing_streams_and_zeroes_exactly_its_array(dtype):
     """A SET scatter of ``STREAM_MIN`` elements or more zeroes with streaming stores
-    (codec/kernels/cpu/_stream.py; the CPU kernels only): ``zero`` writes exactly its array's
+    (codec/kernels/cpu/_stream.py; the CPU kernels only): a span with no pairs
+    (``pairs_span``, as the zeroing before unsorted pairs runs it) writes exactly its array's
     items from every alignment and edge size, and ``scatter`` / ``scatter_segments`` of a
     large output equal the NumPy reference."""
-    from codec.kernels.cpu._stream import STREAM_MIN, zero
+    from codec.kernels.cpu._stream import STREAM_MIN, pairs_span
 
     for n in (0, 1, 7, 8, 9, 17, 1001):
         for at in range(8):  # the array's first item at every offset from a 32-byte boundary
             whole = np.full(n + 8, 3.0, dtype)
-            zero(whole[at : at + n])
+            pairs_span(whole[:0], np.empty(0, np.int64), whole[at : at + n], 0, n, 0, True)
             np.testing.assert_array_equal(whole, np.r_[np.full(at, 3.0), np.zeros(n), np.full(8 - at, 3.0)].astype(dtype))
     K = module("scatter", "cpu")
     rng = np.random.default_rng(3)
@@ -351,17 +352,20 @@ def test_a_large_zeroing_streams_and_zeroes_exactly_its_array(dtype):
     np.testing.assert_array_equal(np.concatenate(outs), want)
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "cached"])
 @pytest.mark.parametrize("dtype", WIDE, ids=str)
-def test_a_large_set_scatter_writes_its_zeros_and_pairs_in_one_streamed_pass(dtype, monkeypatch):
+def test_a_large_set_scatter_writes_its_zeros_and_pairs_in_one_streamed_pass(dtype, stream, monkeypatch):
     """A SET scatter of more than ``ZERO_SPAN`` elements whose positions increase writes each
-    span once with streaming stores (``_stream.pairs_threads``; ``ZERO_SPAN`` lowered to 64
-    here, so small arrays take that path): from every alignment of the array's first item,
-    pairs in its unaligned head, at its ends, on each side of a span's cut, filling whole
-    vectors, one to all of its items, equal to NumPy's, nothing written outside the array.
-    Positions that do not increase take the zeroing path (the same result)."""
+    span once (``_stream.pairs_threads``; ``ZERO_SPAN`` lowered to 64 here, so small arrays
+    take that path), with streaming stores from ``STREAM_MIN`` elements (lowered to 0, or
+    not): from every alignment of the array's first item, pairs in its unaligned head, at its
+    ends, on each side of a span's cut, filling whole vectors, one to all of its items, equal
+    to NumPy's, nothing written outside the array.  Positions that do not increase take the
+    zeroing path (the same result)."""
     from codec.kernels.cpu import _stream
 
     monkeypatch.setattr(_stream, "ZERO_SPAN", 64)
+    monkeypatch.setattr(_stream, "STREAM_MIN", 0 if stream else 1 << 62)
     K = module("scatter", "cpu")
     rng = np.random.default_rng(11)
     for n in (65, 200, 1001):

@@ -46,7 +46,7 @@ def host_twins(monkeypatch, twin) -> None:
     serial compilation, ``each`` serial) or ``"parallel"`` (a budget of two: every parallel
     kernel's parallel compilation whatever its size), the zeroing of SET ``"kernel"`` (by
     the kernel, on the calling thread, as a small run's) or ``"spans"`` (on ``threads.each``
-    in spans of 21 elements, streamed: ``_stream.zero_threads``, as a large run's)."""
+    in spans of 21 elements, streamed: ``_stream.pairs_threads``, as a large run's)."""
     from codec import _jit, threads
     from codec.kernels.cpu import _stream
 

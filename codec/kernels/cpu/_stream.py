@@ -8,10 +8,10 @@ the same decode took 5.4 ms instead of 9.1 on this 2-core AMD EPYC (torch's ``co
 9.2), while 4M values (16 MB out, within its 32 MB L3) took the same time either way and 1M
 values took 0.20 ms against 0.11-0.14 (the output no longer in the cache for its reader).
 So a decode streams only from :data:`STREAM_MIN` output values, and only in ``SET`` mode
-(adding reads the line anyway).  A sparse decode's zeroing streams too (:func:`zero`, in
-:func:`zero_threads`' spans): glibc's ``memset`` streams only above a share of the
-last-level cache per call, so zeroing ResNet-50's tensors one by one (the largest 9.4 MB)
-took about 6 ms of top-k's 15 ms decode.
+(adding reads the line anyway).  A sparse decode's zeroing streams too, with its pairs in
+the same stores (:func:`pairs_threads`' spans): glibc's ``memset`` streams only above a
+share of the last-level cache per call, so zeroing ResNet-50's tensors one by one (the
+largest 9.4 MB) took about 6 ms of top-k's 15 ms decode.
 
 A streaming store needs its address aligned to the vector (:data:`ALIGN` bytes): the loops
 write the items before the first aligned one with ordinary stores (:func:`head`), and end
@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 from codec import threads
 from codec._jit import jit
-from codec.kernels.cpu._common import address_of, chunk_segments, view_at
+from codec.kernels.cpu._common import chunk_segments, view_at
 from codec.modes import SET
 
 #: the fewest output values a SET decode streams (32 MiB of float32: above the L3 of this
@@ -39,8 +39,11 @@ STREAM_MIN = 1 << 23
 ALIGN = 32
 #: values per vector store
 LANES = 8
-#: the run elements a thread of :func:`zero_threads` zeroes at a time (4 MB of float32)
+#: the run elements a thread of :func:`pairs_threads` writes at a time (4 MB of float32)
 ZERO_SPAN = 1 << 20
+#: no positions (:func:`zero_for`'s zeroing alone)
+_NO_PAIRS = np.empty(0, np.int64)
+_NO_PAIRS.flags.writeable = False
 
 
 def lanes_at(context, builder, aryty, ary, i, vecty):
@@ -131,32 +134,17 @@ def _put8(typingctx, buf, i, dst):
 
 
 @jit
-def zero(out):
-    """``out[:] = 0`` (float32/float64, 1-D) with streaming stores: its aligned body eight
-    at a time, ordinary stores before and after, then :func:`fence`."""
-    at = head(out)
-    if at < 0 or out.size - at < LANES:
-        out[:] = 0
-        return
-    m = at + (out.size - at) // LANES * LANES
-    out[:at] = 0
-    for i in range(at, m, LANES):
-        _zero8(i, out)
-    out[m:] = 0
-    fence()
-
-
-@jit
-def pairs_span(values, idx, out, lo, hi, off):
+def pairs_span(values, idx, out, lo, hi, off, stream):
     """``out[lo:hi] = 0``, but ``values[i]`` at each ``idx[i] - off`` inside (``idx``
-    increasing), in one pass of streaming stores (``out`` float32/float64, 1-D): each aligned
-    vector is written whole, zeros or a vector formed with its values, so no line is read for
-    a pair (:func:`pairs_threads`); the items before the span's first aligned vector and after
-    its last (all of them in an array not aligned to its items) with ordinary stores."""
+    increasing; none: the span zeroed), ``out`` float32/float64, 1-D.  With ``stream``, one
+    pass of streaming stores: each aligned vector written whole, zeros or a vector formed with
+    its values, so no line is read for a pair; the items before the span's first aligned
+    vector and after its last (all of them in an array not aligned to its items, or without
+    ``stream``) with ordinary stores, the pairs after the zeros (:func:`pairs_threads`)."""
     k = idx.size
     i = np.searchsorted(idx, lo + off)
     at = head(out)
-    a = hi if at < 0 else max(lo, at)
+    a = hi if at < 0 or not stream else max(lo, at)
     a = min(hi, a + (at - a) % LANES)  # the span's first item on a vector boundary
     out[lo:a] = 0
     while i < k and idx[i] - off < a:
@@ -186,7 +174,7 @@ def pairs_span(values, idx, out, lo, hi, off):
 
 
 @jit
-def pairs_run_span(values, idx, kstarts, addrs, starts, like, lo, hi, run):
+def pairs_run_span(values, idx, kstarts, addrs, starts, like, lo, hi, run, stream):
     """Run positions ``lo:hi`` of :func:`pairs_threads`: each tensor's part (its array the one
     of ``like``'s dtype at ``addrs[t]``) zeroed, its pairs inside written (:func:`pairs_span`;
     ``idx`` run positions when ``run``, else the tensor's own)."""
@@ -196,21 +184,24 @@ def pairs_run_span(values, idx, kstarts, addrs, starts, like, lo, hi, run):
         s = starts[t]
         out = view_at(like, addrs[t], starts[t + 1] - s)
         k0, k1 = kstarts[t], kstarts[t + 1]
-        pairs_span(values[k0:k1], idx[k0:k1], out, a - s, b - s, s if run else 0)
+        pairs_span(values[k0:k1], idx[k0:k1], out, a - s, b - s, s if run else 0, stream)
 
 
 def pairs_threads(values, idx, kstarts, addrs, starts, like, run) -> None:
-    """Every array of a run zeroed with its pairs written (SET), on the budget's threads, a
-    span of :data:`ZERO_SPAN` run positions at a time (:func:`pairs_run_span`): tensor ``t``'s
-    pairs are ``values[kstarts[t]:kstarts[t+1]]`` at the positions ``idx[...]`` (run positions
-    when ``run``, else its own; increasing), its array the one of ``like``'s dtype at
-    ``addrs[t]``.  Zeroing first and writing the pairs after read every pair's line back in:
-    one 25M float32 array, 250k pairs, 2.14-2.39 -> 1.72-1.92 ms (three alternating rounds)."""
+    """Every array of a run zeroed with its pairs written (SET): tensor ``t``'s pairs are
+    ``values[kstarts[t]:kstarts[t+1]]`` at the positions ``idx[...]`` (run positions when
+    ``run``, else its own; increasing; none: the arrays zeroed), its array the one of
+    ``like``'s dtype at ``addrs[t]``.  On the budget's threads (``codec.threads.each``, which
+    never spins or waits at a barrier), a span of :data:`ZERO_SPAN` run positions at a time
+    (:func:`pairs_run_span`), with streaming stores from ``STREAM_MIN`` elements in all, so a
+    whole model's outputs do not evict each other.  Zeroing first and writing the pairs after
+    read every pair's line back in: one 25M float32 array, 250k pairs, 2.14-2.39 -> 1.72-1.92
+    ms (three alternating rounds); zeroing ResNet-50's 102 MB of outputs took 4.0-4.2 ms on
+    one thread, 2.1-2.5 ms on two (docs/benchmarks.md)."""
     first, last = int(starts[0]), int(starts[-1])
-    span = max(LANES, ZERO_SPAN - ZERO_SPAN % LANES)
-    at = -int(addrs[0]) % ALIGN // like.itemsize  # (the cuts on the first array's vector boundaries)
-    cuts = [first, *range(first + at + span, last, span), last]
-    threads.each(len(cuts) - 1, lambda j, _: pairs_run_span(values, idx, kstarts, addrs, starts, like, cuts[j], cuts[j + 1], run))
+    stream = last - first >= STREAM_MIN
+    span = max(LANES, ZERO_SPAN - ZERO_SPAN % LANES)  # (whole vectors: a span's streamed vectors stay its own)
+    threads.each(-(-(last - first) // span), lambda j, _: pairs_run_span(values, idx, kstarts, addrs, starts, like, first + j * span, min(last, first + (j + 1) * span), run, stream))
 
 
 @jit
@@ -218,57 +209,28 @@ def zero_arrays(addrs, starts, like):
     """Every array of a small run zeroed with ordinary stores (at most :data:`ZERO_SPAN`
     elements, below ``STREAM_MIN``: the run stays in the cache for its reader): tensor
     ``t``'s is the one of ``starts[t+1] - starts[t]`` items of ``like``'s dtype at the
-    address ``addrs[t]``.  A larger run is :func:`zero_threads`'."""
+    address ``addrs[t]``.  A larger run is :func:`pairs_threads`'."""
     for t in range(addrs.size):
         view_at(like, addrs[t], starts[t + 1] - starts[t])[:] = 0
 
 
 def spread(starts) -> bool:
     """Whether a run (tensor offsets ``starts``) is zeroed on the budget's threads
-    (:func:`zero_threads`): more than :data:`ZERO_SPAN` elements.  A smaller run is zeroed
+    (:func:`pairs_threads`): more than :data:`ZERO_SPAN` elements.  A smaller run is zeroed
     by the decoding kernel itself, on the calling thread (:func:`zero_arrays`, or
     ``out[:] = 0`` for one array): a call fewer for a small model's decode."""
     return int(starts[-1] - starts[0]) > ZERO_SPAN
 
 
 def zero_for(mode, addrs, starts, like) -> bool:
-    """The zeroing a ``mode`` write of sparse values into a run needs (SET only): a large run
-    (:func:`spread`) is zeroed now, on the budget's threads (:func:`zero_threads`); returns
-    True when the caller's kernel is to zero the run itself (SET, a small run).  ``addrs``
-    None: the run is the one array ``like``."""
+    """The zeroing a ``mode`` write of sparse values into a run needs (SET only), for pairs
+    written after it (positions that do not increase, which :func:`pairs_threads` cannot take
+    with the zeros): a large run (:func:`spread`) is zeroed now, on the budget's threads
+    (:func:`pairs_threads` with no pairs); returns True when the caller's kernel is to zero
+    the run itself (SET, a small run)."""
     if mode != SET:
         return False
     if not spread(starts):
         return True
-    if addrs is None:
-        addrs, starts = np.array([address_of(like)], np.int64), np.array(starts, np.int64)
-    zero_threads(addrs, starts, like)
+    pairs_threads(like[:0], _NO_PAIRS, np.zeros(starts.size, np.int64), addrs, starts, like, False)
     return False
-
-
-def zero_threads(addrs, starts, like) -> None:
-    """Every array of a run zeroed (tensor ``t``'s: ``starts[t+1] - starts[t]`` items of
-    ``like``'s dtype at ``addrs[t]``), on the budget's threads (``codec.threads.each``,
-    which never spins or waits at a barrier), a span of :data:`ZERO_SPAN` elements at a time
-    (:func:`zero_span`), with streaming stores (:func:`zero`) from ``STREAM_MIN`` elements in
-    all, so a whole model's outputs do not evict each other.  Zeroing ResNet-50's 102 MB of
-    outputs took 4.0-4.2 ms on one thread, 2.1-2.5 ms on two (docs/benchmarks.md)."""
-    first, last = int(starts[0]), int(starts[-1])
-    stream = last - first >= STREAM_MIN
-    threads.each(-(-(last - first) // ZERO_SPAN), lambda i, _: zero_span(addrs, starts, like, first + i * ZERO_SPAN, min(last, first + (i + 1) * ZERO_SPAN), stream))
-
-
-@jit
-def zero_span(addrs, starts, like, lo, hi, stream):
-    """The run positions ``lo:hi`` zeroed in the arrays that hold them
-    (``_common.chunk_segments``; :func:`zero_threads`' item), with streaming stores when
-    ``stream``."""
-    rows = chunk_segments(starts, lo, hi)
-    for j in range(rows.shape[0]):
-        t, a, b = rows[j, 0], rows[j, 1], rows[j, 2]
-        s = starts[t]
-        out = view_at(like, addrs[t], starts[t + 1] - s)[a - s : b - s]
-        if stream:
-            zero(out)
-        else:
-            out[:] = 0
